@@ -1,0 +1,338 @@
+"""Noise schedules and sampler update rules: the diffusion math every implementation shares.
+
+This module owns the beta schedules, every quantity derived from them, the forward process
+q(x_t | x_0), the posterior q(x_{t-1} | x_t, x_0), and the update rules of the three samplers
+(DDPM ancestral, DDIM, DPM-Solver++(2M)). It owns no network and does no file I/O; the
+"original", "cuda" and "tensorrt" implementations all take their coefficients from here, so
+they cannot drift apart.
+
+Schedules are computed in float64 and kept as float32 buffers that move with ``.to(device)``.
+
+Sampling plans
+--------------
+A sampler visits ``S`` timesteps chosen by :func:`sampling_timesteps`: ``S`` evenly spaced
+points from the last trained timestep ``T - 1`` down to ``0`` (rounded half up, so they are
+distinct whenever ``S <= T``; ``S = T`` visits every timestep). Step ``i`` goes from
+``t_i`` to ``t_{i+1}``; the last step goes from ``t = 0`` to clean data (alpha-bar = 1).
+
+Every sampler's step then has the same shape, which is what lets one fused kernel serve all
+of them::
+
+    pred_xstart = a * x_t - b * eps                       # x_0 predicted from eps
+    pred_xstart = clamp(pred_xstart, -1, 1)              # optional
+    x_prev      = c_xt * x_t + c_x0 * pred_xstart + c_prev * prev_xstart + sigma * z
+
+with six per-step coefficients precomputed in float64 (:class:`SamplingPlan`):
+
+* DDPM: ``c_x0``, ``c_xt`` are the posterior-mean coefficients of the (respaced) chain,
+  ``sigma`` the square root of the posterior variance ("fixed_small") or of beta
+  ("fixed_large"), ``c_prev = 0``.
+* DDIM: the eps re-derived from the (clipped) ``pred_xstart`` is folded into ``c_x0``, ``c_xt``.
+* DPM-Solver++(2M): ``prev_xstart`` is the previous step's ``pred_xstart``; the first step, the
+  final jump to clean data and (for ``S < 15``) the step into ``t = 0`` are first order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+SCHEDULES = ("linear", "cosine")
+SAMPLERS = ("ddpm", "ddim", "dpm_solver")
+VARIANCE_TYPES = ("fixed_small", "fixed_large")
+
+# Columns of SamplingPlan.coefficients, in the order the fused kernels read them.
+COEFFICIENT_NAMES = ("a", "b", "c_xt", "c_x0", "c_prev", "sigma")
+NUM_COEFFICIENTS = len(COEFFICIENT_NAMES)
+
+DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20}  # None: all T steps
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The forward process. Linear endpoints are for T = 1000 and scale by 1000 / T."""
+
+    kind: str = "linear"
+    num_timesteps: int = 1000
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
+    cosine_s: float = 0.008
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"unknown beta schedule {self.kind!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.num_timesteps < 2:
+            raise ValueError(f"the number of diffusion timesteps must be at least 2, got {self.num_timesteps}")
+        if not 0.0 < self.beta_start < self.beta_end < 1.0:
+            raise ValueError(
+                f"need 0 < beta_start < beta_end < 1, got beta_start={self.beta_start}, beta_end={self.beta_end}"
+            )
+        if self.cosine_s <= 0.0:
+            raise ValueError(f"cosine_s must be positive, got {self.cosine_s}")
+
+
+def make_betas(config: ScheduleConfig) -> torch.Tensor:
+    """The beta schedule as a float64 tensor of length T."""
+    T = config.num_timesteps
+    if config.kind == "linear":
+        # Ho et al. 2020; scaled so that T != 1000 still ends with alpha-bar near zero.
+        scale = 1000.0 / T
+        return torch.linspace(scale * config.beta_start, scale * config.beta_end, T, dtype=torch.float64).clamp(
+            max=0.999
+        )
+    # Nichol & Dhariwal 2021: alpha-bar(t) = f(t) / f(0), f(t) = cos^2(((t / T + s) / (1 + s)) * pi / 2).
+    steps = torch.arange(T + 1, dtype=torch.float64) / T
+    f = torch.cos((steps + config.cosine_s) / (1.0 + config.cosine_s) * math.pi / 2) ** 2
+    alphas_cumprod = f / f[0]
+    return (1.0 - alphas_cumprod[1:] / alphas_cumprod[:-1]).clamp(max=0.999)
+
+
+def sampling_timesteps(num_timesteps: int, num_steps: int) -> torch.Tensor:
+    """The timesteps a sampler visits, descending: ``T - 1`` first, ``0`` last (for ``S >= 2``)."""
+    if not 1 <= num_steps <= num_timesteps:
+        raise ValueError(f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {num_steps}")
+    points = torch.linspace(num_timesteps - 1, 0, num_steps, dtype=torch.float64)
+    return torch.floor(points + 0.5).long()  # round half up: distinct points for spacing >= 1
+
+
+def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
+    """Gather ``values[t]`` for a batch of timesteps and shape it to broadcast over ``ndim`` dims."""
+    out = values.gather(0, t)
+    return out.view(t.shape[0], *([1] * (ndim - 1)))
+
+
+class NoiseSchedule(nn.Module):
+    """Schedule arrays as float32 buffers (standard names), plus q(x_t | x_0) and the posterior."""
+
+    def __init__(self, config: ScheduleConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or ScheduleConfig()
+        betas = make_betas(self.config)
+        alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
+        alphas_cumprod_prev = torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
+        posterior_variance = betas * (1.0 - alphas_cumprod_prev) / (1.0 - alphas_cumprod)
+        float64 = {
+            "betas": betas,
+            "alphas_cumprod": alphas_cumprod,
+            "alphas_cumprod_prev": alphas_cumprod_prev,
+            "sqrt_alphas_cumprod": alphas_cumprod.sqrt(),
+            "sqrt_one_minus_alphas_cumprod": (1.0 - alphas_cumprod).sqrt(),
+            "sqrt_recip_alphas_cumprod": (1.0 / alphas_cumprod).sqrt(),
+            "sqrt_recipm1_alphas_cumprod": (1.0 / alphas_cumprod - 1.0).sqrt(),
+            "posterior_variance": posterior_variance,
+            # The variance is 0 at t = 0; clip the log to the t = 1 value (Ho et al.).
+            "posterior_log_variance_clipped": torch.log(torch.cat([posterior_variance[1:2], posterior_variance[1:]])),
+            "posterior_mean_coef1": betas * alphas_cumprod_prev.sqrt() / (1.0 - alphas_cumprod),
+            "posterior_mean_coef2": (1.0 - alphas_cumprod_prev) * (1.0 - betas).sqrt() / (1.0 - alphas_cumprod),
+        }
+        for name, value in float64.items():
+            self.register_buffer(name, value.float(), persistent=False)
+
+    # Type hints for the buffers registered above.
+    betas: torch.Tensor
+    alphas_cumprod: torch.Tensor
+    alphas_cumprod_prev: torch.Tensor
+    sqrt_alphas_cumprod: torch.Tensor
+    sqrt_one_minus_alphas_cumprod: torch.Tensor
+    sqrt_recip_alphas_cumprod: torch.Tensor
+    sqrt_recipm1_alphas_cumprod: torch.Tensor
+    posterior_variance: torch.Tensor
+    posterior_log_variance_clipped: torch.Tensor
+    posterior_mean_coef1: torch.Tensor
+    posterior_mean_coef2: torch.Tensor
+
+    @property
+    def num_timesteps(self) -> int:
+        return self.config.num_timesteps
+
+    def q_sample(self, x_start: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Draw x_t ~ q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I) given the noise."""
+        n = x_start.ndim
+        return extract(self.sqrt_alphas_cumprod, t, n) * x_start + extract(self.sqrt_one_minus_alphas_cumprod, t, n) * noise
+
+    def predict_xstart_from_eps(self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """x_0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
+        n = x_t.ndim
+        return extract(self.sqrt_recip_alphas_cumprod, t, n) * x_t - extract(self.sqrt_recipm1_alphas_cumprod, t, n) * eps
+
+    def predict_eps_from_xstart(self, x_t: torch.Tensor, t: torch.Tensor, pred_xstart: torch.Tensor) -> torch.Tensor:
+        n = x_t.ndim
+        return (extract(self.sqrt_recip_alphas_cumprod, t, n) * x_t - pred_xstart) / extract(
+            self.sqrt_recipm1_alphas_cumprod, t, n
+        )
+
+    def q_posterior_mean_variance(
+        self, x_start: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0)."""
+        n = x_t.ndim
+        mean = extract(self.posterior_mean_coef1, t, n) * x_start + extract(self.posterior_mean_coef2, t, n) * x_t
+        return mean, extract(self.posterior_variance, t, n), extract(self.posterior_log_variance_clipped, t, n)
+
+    def make_plan(
+        self,
+        sampler: str,
+        *,
+        num_steps: int | None = None,
+        eta: float = 0.0,
+        variance_type: str = "fixed_small",
+        clip_denoised: bool = True,
+        device: torch.device | str | None = None,
+    ) -> SamplingPlan:
+        """Precompute a sampler's timesteps and per-step coefficients as device tensors."""
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+        if variance_type not in VARIANCE_TYPES:
+            raise ValueError(f"unknown variance type {variance_type!r}; choose one of {', '.join(VARIANCE_TYPES)}")
+        if not (math.isfinite(eta) and eta >= 0.0):
+            raise ValueError(f"eta must be a finite number >= 0, got {eta}")
+        if sampler != "ddim" and eta != 0.0:
+            raise ValueError(f"eta only applies to the ddim sampler, got eta={eta} with {sampler}")
+        if num_steps is None:
+            num_steps = DEFAULT_SAMPLING_STEPS[sampler] or self.num_timesteps
+            num_steps = min(num_steps, self.num_timesteps)
+        timesteps = sampling_timesteps(self.num_timesteps, num_steps)
+        alphas_cumprod = torch.cumprod(1.0 - make_betas(self.config), dim=0)  # float64
+        if sampler == "ddpm":
+            columns = _ddpm_coefficients(alphas_cumprod, timesteps, variance_type)
+        elif sampler == "ddim":
+            columns = _ddim_coefficients(alphas_cumprod, timesteps, eta)
+        else:
+            columns = _dpm_solver_coefficients(alphas_cumprod, timesteps)
+        coefficients = torch.stack([columns[name] for name in COEFFICIENT_NAMES], dim=1)  # (S, 6) float64
+        return SamplingPlan(
+            sampler=sampler,
+            timesteps=timesteps.to(device),
+            coefficients=coefficients.float().to(device),
+            clip_denoised=clip_denoised,
+            noise_steps=tuple(bool(s > 0.0) for s in columns["sigma"].tolist()),
+        )
+
+
+def _step_alphas(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """alpha-bar at each visited timestep and at the one after it (1.0 after the last: clean data)."""
+    ac_t = alphas_cumprod[timesteps]
+    ac_prev = torch.cat([alphas_cumprod[timesteps[1:]], torch.ones(1, dtype=torch.float64)])
+    return ac_t, ac_prev
+
+
+def _xstart_from_eps(ac_t: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"a": (1.0 / ac_t).sqrt(), "b": (1.0 / ac_t - 1.0).sqrt()}
+
+
+def _ddpm_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, variance_type: str) -> dict[str, torch.Tensor]:
+    # The respaced chain has its own betas: beta_i = 1 - abar_t / abar_prev (the originals when S = T).
+    ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
+    betas = 1.0 - ac_t / ac_prev
+    posterior_variance = betas * (1.0 - ac_prev) / (1.0 - ac_t)
+    if variance_type == "fixed_small":
+        variance = posterior_variance
+    else:
+        variance = torch.cat([betas[:-1], torch.zeros(1, dtype=torch.float64)])  # no noise into clean data
+    return {
+        **_xstart_from_eps(ac_t),
+        "c_x0": betas * ac_prev.sqrt() / (1.0 - ac_t),  # posterior_mean_coef1
+        "c_xt": (1.0 - ac_prev) * (1.0 - betas).sqrt() / (1.0 - ac_t),  # posterior_mean_coef2
+        "c_prev": torch.zeros_like(ac_t),
+        "sigma": variance.clamp(min=0.0).sqrt(),
+    }
+
+
+def _ddim_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, eta: float) -> dict[str, torch.Tensor]:
+    # Song et al. 2021, eq. 12: x_prev = sqrt(abar_prev) x0 + sqrt(1 - abar_prev - sigma^2) eps + sigma z,
+    # with eps = (a x_t - x0) / b re-derived from the (clipped) x0, folded into c_x0 and c_xt.
+    ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
+    coeffs = _xstart_from_eps(ac_t)
+    sigma = eta * ((1.0 - ac_prev) / (1.0 - ac_t) * (1.0 - ac_t / ac_prev)).sqrt()
+    direction = (1.0 - ac_prev - sigma**2).clamp(min=0.0).sqrt()
+    return {
+        **coeffs,
+        "c_x0": ac_prev.sqrt() - direction / coeffs["b"],
+        "c_xt": direction * coeffs["a"] / coeffs["b"],
+        "c_prev": torch.zeros_like(ac_t),
+        "sigma": sigma,
+    }
+
+
+def _dpm_solver_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> dict[str, torch.Tensor]:
+    # Lu et al. 2022, DPM-Solver++(2M) in data prediction, with lambda = log(alpha / sigma):
+    #   first order:  x_s = (sigma_s / sigma_t) x_t - alpha_s expm1(-h) x0_t
+    #   second order: x0_t is replaced by D = (1 + 1 / 2r) x0_t - (1 / 2r) x0_prev, r = h_prev / h.
+    ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
+    coeffs = _xstart_from_eps(ac_t)
+    num_steps = len(timesteps)
+    c_xt = torch.zeros(num_steps, dtype=torch.float64)
+    c_x0 = torch.ones(num_steps, dtype=torch.float64)  # the final jump to clean data returns x0
+    c_prev = torch.zeros(num_steps, dtype=torch.float64)
+    lam = 0.5 * torch.log(ac_t / (1.0 - ac_t))
+    for i in range(num_steps - 1):
+        alpha_s, sigma_s, sigma_t = ac_prev[i].sqrt(), (1.0 - ac_prev[i]).sqrt(), (1.0 - ac_t[i]).sqrt()
+        h = lam[i + 1] - lam[i]
+        c_xt[i] = sigma_s / sigma_t
+        c_x0[i] = -alpha_s * torch.expm1(-h)
+        # Second order once a previous x0 exists; like diffusers' lower_order_final, the step into
+        # t = 0 stays first order for short plans (S < 15), where r is small and 1 / 2r large.
+        if i > 0 and not (i == num_steps - 2 and num_steps < 15):
+            r = (lam[i] - lam[i - 1]) / h
+            c_prev[i] = c_x0[i] * -(1.0 / (2.0 * r))
+            c_x0[i] = c_x0[i] * (1.0 + 1.0 / (2.0 * r))
+    return {**coeffs, "c_xt": c_xt, "c_x0": c_x0, "c_prev": c_prev, "sigma": torch.zeros(num_steps, dtype=torch.float64)}
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """A sampler's visited timesteps and per-step coefficients, ready on the sampling device.
+
+    ``coefficients`` is ``(S, 6)`` float32 with columns :data:`COEFFICIENT_NAMES`; kernels index
+    its rows with a device-side step counter. ``noise_steps[i]`` says (on the host, no sync)
+    whether step ``i`` adds noise; noise is drawn for exactly those steps, in order.
+    """
+
+    sampler: str
+    timesteps: torch.Tensor  # (S,) int64, descending
+    coefficients: torch.Tensor  # (S, 6) float32
+    clip_denoised: bool
+    noise_steps: tuple[bool, ...]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.noise_steps)
+
+    @property
+    def uses_prev_xstart(self) -> bool:
+        return self.sampler == "dpm_solver"
+
+    def column(self, name: str) -> torch.Tensor:
+        return self.coefficients[:, COEFFICIENT_NAMES.index(name)]
+
+
+def p_step(
+    plan: SamplingPlan,
+    i: int,
+    x_t: torch.Tensor,
+    eps: torch.Tensor,
+    *,
+    noise: torch.Tensor | None = None,
+    prev_xstart: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One reverse step ``t_i -> t_{i+1}`` in plain PyTorch: the reference for every fused kernel.
+
+    Returns ``(x_prev, pred_xstart)``; arithmetic is float32 whatever the input dtypes.
+    """
+    a, b, c_xt, c_x0, c_prev, sigma = plan.coefficients[i].unbind()  # 0-dim device tensors, no sync
+    x_t, eps = x_t.float(), eps.float()
+    # Predict x_0 from eps; optionally clip it to the data range.
+    pred_xstart = a * x_t - b * eps
+    if plan.clip_denoised:
+        pred_xstart = pred_xstart.clamp(-1.0, 1.0)
+    # Move to the next timestep (posterior mean / DDIM / DPM-Solver++ combination).
+    x_prev = c_xt * x_t + c_x0 * pred_xstart
+    if prev_xstart is not None:
+        x_prev = x_prev + c_prev * prev_xstart.float()
+    # Add sigma * z on stochastic steps.
+    if noise is not None:
+        x_prev = x_prev + sigma * noise.float()
+    return x_prev, pred_xstart
