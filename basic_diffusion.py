@@ -1,0 +1,289 @@
+"""The U-Net denoiser, the DDPM training loss and the "original" sampling loop, in plain PyTorch.
+
+The U-Net follows Ho et al. (2020): a sinusoidal time embedding fed through an MLP into every
+residual block (GroupNorm, SiLU, dropout), multi-head self-attention at chosen resolutions,
+skip connections between the down and up paths. :func:`sample` is the baseline every faster
+implementation is checked against: no graphs, no fusion, no tricks.
+
+    model = UNet(unet_preset("small", image_size=28, in_channels=1))
+    images = sample(model, schedule.make_plan("ddim"), shape=(16, 1, 28, 28), generator=g)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from noise_schedule import NoiseSchedule, SamplingPlan, p_step
+
+PRESETS = ("small", "ddpm_cifar10")
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    """Shape of the denoiser. ``attention_resolutions`` are feature-map sizes in pixels."""
+
+    image_size: int = 28
+    in_channels: int = 1
+    model_channels: int = 64
+    channel_mult: tuple[int, ...] = (1, 2, 2)
+    num_res_blocks: int = 2
+    attention_resolutions: tuple[int, ...] = (7,)
+    num_heads: int = 4
+    dropout: float = 0.1
+    norm_groups: int = 32
+
+    def __post_init__(self) -> None:
+        # Tuples may arrive as lists from a checkpoint; normalize so equality and hashing work.
+        object.__setattr__(self, "channel_mult", tuple(int(m) for m in self.channel_mult))
+        object.__setattr__(self, "attention_resolutions", tuple(int(r) for r in self.attention_resolutions))
+        if self.in_channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {self.in_channels}")
+        if self.model_channels < 1 or self.num_res_blocks < 1 or self.num_heads < 1:
+            raise ValueError(
+                "model_channels, num_res_blocks and num_heads must be positive, got "
+                f"{self.model_channels}, {self.num_res_blocks}, {self.num_heads}"
+            )
+        if not self.channel_mult or min(self.channel_mult) < 1:
+            raise ValueError(f"channel_mult must be a non-empty list of positive integers, got {self.channel_mult}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        factor = 2 ** (len(self.channel_mult) - 1)
+        if self.image_size < factor or self.image_size % factor:
+            raise ValueError(
+                f"image size {self.image_size} cannot be downsampled {len(self.channel_mult) - 1} times by this U-Net: "
+                f"use a multiple of {factor} (for example {max(factor, self.image_size // factor * factor)})"
+            )
+
+    @property
+    def resolutions(self) -> tuple[int, ...]:
+        """Feature-map size at each level of the down path."""
+        return tuple(self.image_size // 2**level for level in range(len(self.channel_mult)))
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def unet_preset(name: str, *, image_size: int, in_channels: int, **overrides) -> UNetConfig:
+    """Named configurations: "small" suits MNIST-size data; "ddpm_cifar10" is Ho et al.'s 35.7M network."""
+    if name == "small":
+        base = dict(model_channels=64, channel_mult=(1, 2, 2), num_res_blocks=2, num_heads=4, dropout=0.1)
+        base["attention_resolutions"] = (image_size // 4,)  # the lowest resolution
+    elif name == "ddpm_cifar10":
+        base = dict(model_channels=128, channel_mult=(1, 2, 2, 2), num_res_blocks=2, num_heads=1, dropout=0.1)
+        base["attention_resolutions"] = (16,) if image_size >= 16 else ()
+    else:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    return UNetConfig(image_size=image_size, in_channels=in_channels, **base)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding of (B,) timesteps -> (B, dim), as in Transformer positional encodings."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = t.float()[:, None] * freqs[None, :]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=1)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+def _norm(channels: int, groups: int) -> nn.GroupNorm:
+    return nn.GroupNorm(math.gcd(groups, channels), channels)
+
+
+class ResBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv, add the projected time embedding, GroupNorm -> SiLU -> dropout -> conv."""
+
+    def __init__(self, in_ch: int, out_ch: int, *, emb_dim: int, dropout: float, groups: int) -> None:
+        super().__init__()
+        self.norm1 = _norm(in_ch, groups)
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, padding=1)
+        self.emb_proj = nn.Linear(emb_dim, out_ch)
+        self.norm2 = _norm(out_ch, groups)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        nn.init.zeros_(self.conv2.weight)  # each block starts as the identity
+        nn.init.zeros_(self.conv2.bias)
+        self.skip = nn.Conv2d(in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))  # (B, out, H, W)
+        h = h + self.emb_proj(F.silu(emb))[:, :, None, None]
+        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        return self.skip(x) + h
+
+
+class AttentionBlock(nn.Module):
+    """Multi-head self-attention over the H*W positions, with a residual connection."""
+
+    def __init__(self, channels: int, *, num_heads: int, groups: int) -> None:
+        super().__init__()
+        if channels % num_heads:
+            raise ValueError(f"attention channels {channels} are not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.norm = _norm(channels, groups)
+        self.qkv = nn.Conv2d(channels, 3 * channels, 1)
+        self.proj = nn.Conv2d(channels, channels, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        qkv = self.qkv(self.norm(x)).reshape(B, 3, self.num_heads, C // self.num_heads, H * W)
+        q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, HW, C/heads)
+        h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, C/heads)
+        h = h.transpose(-1, -2).reshape(B, C, H, W)
+        return x + self.proj(h)
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Level(nn.Module):
+    """One resolution of the U-Net: residual blocks, each optionally followed by attention."""
+
+    def __init__(self, blocks: list[ResBlock], attentions: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.attentions = nn.ModuleList(attentions)
+
+
+class UNet(nn.Module):
+    """eps_theta(x_t, t): predicts the noise in ``x_t`` (B, C, H, W) at timesteps ``t`` (B,)."""
+
+    def __init__(self, config: UNetConfig) -> None:
+        super().__init__()
+        self.config = config
+        ch, groups = config.model_channels, config.norm_groups
+        emb_dim = 4 * ch
+        self.time_mlp = nn.Sequential(nn.Linear(ch, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
+        self.conv_in = nn.Conv2d(config.in_channels, ch, 3, padding=1)
+
+        def block(i: int, o: int) -> ResBlock:
+            return ResBlock(i, o, emb_dim=emb_dim, dropout=config.dropout, groups=groups)
+
+        def attention(c: int, resolution: int) -> nn.Module:
+            if resolution in config.attention_resolutions:
+                return AttentionBlock(c, num_heads=config.num_heads, groups=groups)
+            return nn.Identity()
+
+        # Down path: remember every output's channel count for the skip connections.
+        self.down, self.downsample = nn.ModuleList(), nn.ModuleList()
+        skip_channels, cur = [ch], ch
+        for level, (mult, res) in enumerate(zip(config.channel_mult, config.resolutions)):
+            blocks, attns = [], []
+            for _ in range(config.num_res_blocks):
+                blocks.append(block(cur, ch * mult))
+                cur = ch * mult
+                attns.append(attention(cur, res))
+                skip_channels.append(cur)
+            self.down.append(Level(blocks, attns))
+            last = level == len(config.channel_mult) - 1
+            self.downsample.append(nn.Identity() if last else Downsample(cur))
+            if not last:
+                skip_channels.append(cur)
+
+        self.mid_block1 = block(cur, cur)
+        self.mid_attention = AttentionBlock(cur, num_heads=config.num_heads, groups=groups)
+        self.mid_block2 = block(cur, cur)
+
+        # Up path: one more block per level than the down path, each eating one skip.
+        self.up, self.upsample = nn.ModuleList(), nn.ModuleList()
+        for level in reversed(range(len(config.channel_mult))):
+            mult, res = config.channel_mult[level], config.resolutions[level]
+            blocks, attns = [], []
+            for _ in range(config.num_res_blocks + 1):
+                blocks.append(block(cur + skip_channels.pop(), ch * mult))
+                cur = ch * mult
+                attns.append(attention(cur, res))
+            self.up.append(Level(blocks, attns))
+            self.upsample.append(Upsample(cur) if level > 0 else nn.Identity())
+
+        self.norm_out = _norm(cur, groups)
+        self.conv_out = nn.Conv2d(cur, config.in_channels, 3, padding=1)
+        nn.init.zeros_(self.conv_out.weight)
+        nn.init.zeros_(self.conv_out.bias)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        emb = self.time_mlp(timestep_embedding(t, self.config.model_channels))  # (B, 4ch)
+        h = self.conv_in(x)
+        skips = [h]
+        for level, down in zip(self.down, self.downsample):
+            for blk, attn in zip(level.blocks, level.attentions):
+                h = attn(blk(h, emb))
+                skips.append(h)
+            if not isinstance(down, nn.Identity):
+                h = down(h)
+                skips.append(h)
+        h = self.mid_block2(self.mid_attention(self.mid_block1(h, emb)), emb)
+        for level, up in zip(self.up, self.upsample):
+            for blk, attn in zip(level.blocks, level.attentions):
+                h = attn(blk(torch.cat([h, skips.pop()], dim=1), emb))
+            h = up(h)
+        return self.conv_out(F.silu(self.norm_out(h)))  # (B, C, H, W)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def diffusion_loss(
+    model: nn.Module, schedule: NoiseSchedule, x_start: torch.Tensor, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The simplified DDPM objective: MSE between the true and predicted noise at a uniform t."""
+    B = x_start.shape[0]
+    t = torch.randint(0, schedule.num_timesteps, (B,), device=x_start.device, generator=generator)
+    noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
+    x_t = schedule.q_sample(x_start, t, noise)
+    return F.mse_loss(model(x_t, t).float(), noise.float())
+
+
+@torch.no_grad()
+def sample(
+    model: nn.Module,
+    plan: SamplingPlan,
+    *,
+    shape: tuple[int, int, int, int],
+    generator: torch.Generator,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Draw images (B, C, H, W) in [-1, 1] by running ``plan`` from pure noise, one step at a time.
+
+    Noise is drawn from ``generator`` in a fixed order (x_T first, then one tensor per stochastic
+    step), which the other implementations reproduce to give the same images from the same seed.
+    """
+    device = plan.coefficients.device
+    B = shape[0]
+    x = torch.randn(shape, generator=generator, device=device)  # x_T ~ N(0, I)
+    prev_xstart = None
+    for i in tqdm(range(plan.num_steps), desc=f"sampling ({plan.sampler})", disable=not progress, leave=False):
+        t = plan.timesteps[i].expand(B)
+        eps = model(x, t).float()
+        noise = torch.randn(shape, generator=generator, device=device) if plan.noise_steps[i] else None
+        x, prev_xstart = p_step(
+            plan, i, x, eps, noise=noise, prev_xstart=prev_xstart if plan.uses_prev_xstart else None
+        )
+    return x
+

@@ -1,0 +1,159 @@
+"""Training images: MNIST, Fashion-MNIST, CIFAR-10, the offline digits, or a folder of your own.
+
+Every dataset is loaded once into memory as a uint8 tensor (N, C, H, W) at the training size;
+these datasets are small, and a tensor is the fastest, simplest way to feed a small U-Net and
+makes the batch order a pure function of (seed, step), so a resumed run sees the same batches.
+
+    images = load_images("digits", data_dir="./data", image_size=16)   # offline, no download
+    for step in range(...):
+        batch = images.batch(step, batch_size=64, seed=0)               # (B, C, H, W) in [-1, 1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "digits", "folder")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+# (image_size, channels) each dataset trains at by default: the native size, except the 8x8
+# digits, which are upscaled to 16x16 so the U-Net has room for two downsamplings.
+DEFAULT_SHAPE = {"mnist": (28, 1), "fashion_mnist": (28, 1), "cifar10": (32, 3), "digits": (16, 1), "folder": (32, 3)}
+# Horizontal flips only where they keep an image in its class (never for digits).
+FLIP = {"cifar10": True}
+
+
+def default_shape(dataset: str) -> tuple[int, int]:
+    """(image_size, channels) a dataset trains at unless the flags say otherwise."""
+    return DEFAULT_SHAPE[dataset]
+
+
+@dataclass
+class ImageSet:
+    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W)."""
+
+    name: str
+    images: torch.Tensor
+    hflip: bool = False
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    @property
+    def channels(self) -> int:
+        return self.images.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        return self.images.shape[-1]
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return max(1, len(self) // batch_size)
+
+    def batch(self, step: int, *, batch_size: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The batch of a global training step, in [-1, 1]: a function of (seed, step) only.
+
+        Each epoch shuffles with its own seed; the last partial batch is dropped. Flips are drawn
+        from the same per-epoch generator, so a resumed run sees exactly the same pixels.
+        """
+        per_epoch = self.steps_per_epoch(batch_size)
+        epoch, index = divmod(step, per_epoch)
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self), generator=gen)
+        flips = torch.rand(len(self), generator=gen) < 0.5
+        take = order[index * batch_size : (index + 1) * batch_size]
+        x = self.images[take].to(device, non_blocking=True).float().div_(127.5).sub_(1.0)  # (B, C, H, W)
+        if self.hflip:
+            flip = flips[take].to(device)[:, None, None, None]
+            x = torch.where(flip, x.flip(-1), x)
+        return x
+
+
+def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize uint8 (N, C, H, W) to (N, C, size, size) with antialiased bilinear filtering."""
+    if images.shape[-2:] == (size, size):
+        return images
+    out = []
+    for chunk in images.split(4096):  # bounded memory for large sets
+        x = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out.append(x.round_().clamp_(0, 255).to(torch.uint8))
+    return torch.cat(out)
+
+
+def load_images(
+    dataset: str, *, data_dir: str | Path, image_size: int, channels: int | None = None, download: bool = True
+) -> ImageSet:
+    """Load ``dataset`` at ``image_size`` (and ``channels`` for a folder). Raises ValueError on user errors."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    if image_size < 1:
+        raise ValueError(f"image size must be positive, got {image_size}")
+    if dataset == "digits":
+        images = _load_digits()
+    elif dataset == "folder":
+        images = _load_folder(Path(data_dir), image_size=image_size, channels=channels or 3)
+    else:
+        images = _load_torchvision(dataset, Path(data_dir), download=download)
+    native_channels = images.shape[1]
+    if channels is not None and channels != native_channels:
+        if dataset != "folder":
+            raise ValueError(f"{dataset} images have {native_channels} channel(s); --channels {channels} does not fit")
+    return ImageSet(name=dataset, images=resize_uint8(images, image_size), hflip=FLIP.get(dataset, False))
+
+
+def _load_digits() -> torch.Tensor:
+    # scikit-learn ships 1,797 real 8x8 handwritten digits (UCI), grey levels 0..16: no network needed.
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise ValueError("the offline digits need scikit-learn: pip install scikit-learn") from exc
+    pixels = torch.from_numpy(load_digits().images)  # (1797, 8, 8) float64 in [0, 16]
+    return (pixels * (255.0 / 16.0)).round().to(torch.uint8)[:, None]  # (N, 1, 8, 8)
+
+
+def _load_torchvision(dataset: str, root: Path, *, download: bool) -> torch.Tensor:
+    from torchvision import datasets
+
+    cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[dataset]
+    try:
+        ds = cls(root=str(root), train=True, download=download)
+    except (OSError, RuntimeError) as exc:
+        # No network (or a broken partial download): say what to do instead of a traceback.
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"could not load {dataset} into {root} ({reason}); with network access it downloads by itself; "
+            f"offline, place the torchvision {cls.__name__} files under {root}, or train on --dataset digits"
+        ) from exc
+    data = torch.as_tensor(ds.data)
+    if data.ndim == 3:  # (N, H, W) grayscale
+        return data[:, None].contiguous()
+    return data.permute(0, 3, 1, 2).contiguous()  # CIFAR-10: (N, H, W, C) -> (N, C, H, W)
+
+
+def _load_folder(root: Path, *, image_size: int, channels: int) -> torch.Tensor:
+    from PIL import Image, UnidentifiedImageError
+
+    if not root.is_dir():
+        raise ValueError(f"image folder {root} does not exist (give it with --data_dir)")
+    paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise ValueError(f"image folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    mode = "L" if channels == 1 else "RGB"
+    out = torch.empty(len(paths), channels, image_size, image_size, dtype=torch.uint8)
+    for i, path in enumerate(paths):
+        try:
+            with Image.open(path) as img:
+                img = img.convert(mode)
+                # Center-crop to a square, then resize.
+                side = min(img.size)
+                left, top = (img.width - side) // 2, (img.height - side) // 2
+                img = img.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BICUBIC)
+                pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
+            raise ValueError(f"cannot read image {path}: {exc}") from exc
+        out[i] = pixels.view(image_size, image_size, channels).permute(2, 0, 1)
+    return out

@@ -1,0 +1,246 @@
+"""Train DDPMs on small images and sample them fast: the command-line entry point.
+
+    python main.py --mode train --dataset digits --max_steps 1500          # offline, CPU-friendly
+    python main.py --mode train --dataset mnist --n_epochs 10              # downloads MNIST
+    python main.py --mode sample --model_path checkpoints/mnist.pt --n_samples 16 --sampler ddim
+
+Every mistake a user can make (a path, a size, a count, a missing dependency) ends with one line
+on stderr and exit code 2; ``--help`` lists every flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+PROG = "main.py"
+IMPLEMENTATIONS = ("original", "cuda", "tensorrt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from basic_diffusion import PRESETS
+    from data import DATASETS
+    from noise_schedule import SAMPLERS, SCHEDULES
+
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Train a DDPM on small images, draw sample grids, and compare sampling implementations.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mode", choices=("train", "sample", "benchmark"), default="train", help="what to do")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto picks CUDA when available")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights, data order, noise and sampling")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        default="auto",
+        help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise",
+    )
+    p.add_argument(
+        "--model_path",
+        default=None,
+        help="checkpoint to write (train) or read (sample); default checkpoints/<dataset>.pt",
+    )
+
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", choices=DATASETS, default="mnist", help="digits = offline handwritten digits (scikit-learn)")
+    g.add_argument("--data_dir", default="./data", help="download folder, or your images with --dataset folder")
+    g.add_argument("--img_size", type=int, default=None, help="training image size (default: the dataset's)")
+    g.add_argument("--channels", type=int, default=None, help="1 or 3 (default: the dataset's)")
+
+    g = p.add_argument_group("model and schedule")
+    g.add_argument("--model_preset", choices=PRESETS, default="small", help="small suits MNIST; ddpm_cifar10 = Ho et al.'s 35.7M U-Net")
+    g.add_argument("--model_channels", type=int, default=None, help="override the preset's base width")
+    g.add_argument("--num_res_blocks", type=int, default=None, help="override the preset's residual blocks per level")
+    g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    g.add_argument("--beta_schedule", choices=SCHEDULES, default="linear")
+    g.add_argument("--timesteps", type=int, default=1000, help="diffusion steps T")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--n_epochs", type=int, default=None, help="passes over the data (default 10)")
+    g.add_argument("--max_steps", type=int, default=None, help="optimizer steps: the run's length, or its cap with --n_epochs")
+    g.add_argument("--batch_size", type=int, default=64)
+    g.add_argument("--lr", type=float, default=2e-4, help="peak AdamW learning rate")
+    g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up (default: 5%% of the run, at most 500)")
+    g.add_argument("--ema_decay", type=float, default=0.999)
+    g.add_argument("--grad_clip", type=float, default=1.0, help="gradient-norm clipping")
+    g.add_argument("--compile", action="store_true", help="torch.compile the U-Net")
+    g.add_argument("--save_every", type=int, default=1000, help="checkpoint every N steps (0: only at the end)")
+    g.add_argument("--sample_every", type=int, default=1000, help="sample grid every N steps (0: only at the end)")
+    g.add_argument("--resume", action="store_true", help="continue the run saved in --model_path exactly")
+
+    g = p.add_argument_group("sampling")
+    g.add_argument("--implementation", choices=IMPLEMENTATIONS, default="original")
+    g.add_argument("--n_samples", type=int, default=16, help="images to draw")
+    g.add_argument("--sampler", choices=SAMPLERS, default="ddpm")
+    g.add_argument("--sampling_steps", type=int, default=None, help="default: T for ddpm, 50 for ddim, 20 for dpm_solver")
+    g.add_argument("--eta", type=float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
+    g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1]")
+    g.add_argument("--no_ema", action="store_true", help="sample with the raw weights instead of the EMA")
+    g.add_argument("--output", default="samples.png", help="PNG grid to write")
+    g.add_argument("--save_npz", default=None, help="also save the images (uint8, NHWC) to this .npz file")
+    return p
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but PyTorch sees no CUDA GPU here (use --device cpu)")
+    return torch.device(name)
+
+
+def check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value}")
+
+
+def run_train(args: argparse.Namespace, device: torch.device) -> None:
+    from basic_diffusion import UNetConfig, count_parameters, unet_preset
+    from checkpoints import load_checkpoint
+    from data import default_shape, load_images
+    from noise_schedule import ScheduleConfig
+    from training import TrainConfig, Trainer, resume_config
+
+    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    checkpoint = args.model_path or f"checkpoints/{args.dataset}.pt"
+    if args.resume:
+        state = load_checkpoint(checkpoint)
+        model_config = UNetConfig(**state["model_config"])
+        schedule_config = ScheduleConfig(**state["schedule_config"])
+        config = resume_config(state, total_steps=args.max_steps, checkpoint=checkpoint)
+        images = load_images(
+            config.dataset, data_dir=args.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
+        )
+        trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state)
+        print(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}")
+    else:
+        size, channels = default_shape(args.dataset)
+        size, channels = args.img_size or size, args.channels or channels
+        model_config = unet_preset(
+            args.model_preset,
+            image_size=size,
+            in_channels=channels,
+            model_channels=args.model_channels,
+            num_res_blocks=args.num_res_blocks,
+            dropout=args.dropout,
+        )  # validates the size before any download
+        schedule_config = ScheduleConfig(kind=args.beta_schedule, num_timesteps=args.timesteps)
+        images = load_images(args.dataset, data_dir=args.data_dir, image_size=size, channels=channels)
+        # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
+        if args.n_epochs is None and args.max_steps:
+            total = args.max_steps
+        else:
+            total = (args.n_epochs or 10) * images.steps_per_epoch(args.batch_size)
+            total = min(total, args.max_steps) if args.max_steps else total
+        precision = args.precision
+        if precision == "auto":
+            precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        config = TrainConfig(
+            dataset=args.dataset,
+            total_steps=total,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            warmup_steps=args.warmup_steps if args.warmup_steps is not None else min(500, total // 20),
+            grad_clip=args.grad_clip,
+            ema_decay=args.ema_decay,
+            precision=precision,
+            compile=args.compile,
+            seed=args.seed,
+            checkpoint=checkpoint,
+            save_every=args.save_every,
+            sample_every=args.sample_every,
+        )
+        trainer = Trainer(config, model_config, schedule_config, images=images, device=device)
+        print(
+            f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {args.dataset} images "
+            f"({channels}x{size}x{size}) for {total} steps on {device}, {precision}"
+        )
+    try:
+        trainer.run()
+    except KeyboardInterrupt:
+        path = trainer.save()
+        print(f"\ninterrupted at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
+        raise SystemExit(130) from None
+    print(f"checkpoint: {checkpoint}")
+
+
+def run_sample(args: argparse.Namespace, device: torch.device) -> None:
+    import numpy as np
+
+    from basic_diffusion import UNet, UNetConfig
+    from checkpoints import atomic_write, load_checkpoint
+    from noise_schedule import NoiseSchedule, ScheduleConfig
+    from training import save_grid
+
+    check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps)
+    if args.save_npz and not args.save_npz.endswith(".npz"):
+        raise ValueError(f"--save_npz needs a file name ending in .npz, got {args.save_npz}")
+    if args.precision not in ("auto", "fp32") and args.implementation == "original":
+        raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
+    state = load_checkpoint(args.model_path or f"checkpoints/{args.dataset}.pt")
+    model_config = UNetConfig(**state["model_config"])
+    schedule = NoiseSchedule(ScheduleConfig(**state["schedule_config"])).to(device)
+    plan = schedule.make_plan(
+        args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
+    )
+    model = UNet(model_config)
+    model.load_state_dict(state["model" if args.no_ema else "ema"])
+    model.to(device).eval()
+    c, s = model_config.in_channels, model_config.image_size
+    shape = (args.n_samples, c, s, s)
+    generator = torch.Generator(device).manual_seed(args.seed)
+    images = draw(args.implementation, model, plan, shape=shape, generator=generator, precision=args.precision)
+    print(f"wrote {save_grid(images, args.output)} ({args.n_samples} samples, {plan.sampler}, {plan.num_steps} steps)")
+    if args.save_npz:
+        # sync: the images come to the host once, for the file.
+        pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        atomic_write(args.save_npz, lambda f: np.savez_compressed(f, images=pixels))
+        print(f"wrote {args.save_npz}")
+
+
+def draw(implementation: str, model, plan, *, shape, generator, precision: str) -> torch.Tensor:
+    """Run a sampling plan with the chosen implementation: (B, C, H, W) images in [-1, 1]."""
+    from basic_diffusion import sample
+
+    if implementation == "original":
+        return sample(model, plan, shape=shape, generator=generator, progress=True)
+    raise ValueError(f"the {implementation} implementation is not built yet; use --implementation original")
+
+
+def one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        if args.mode == "train":
+            run_train(args, device)
+        elif args.mode == "sample":
+            run_sample(args, device)
+        else:
+            raise ValueError("benchmark mode is not built yet; time sampling with --mode sample for now")
+    except (ValueError, OSError) as exc:
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except torch.cuda.OutOfMemoryError:
+        print(f"{PROG}: error: the GPU ran out of memory; lower --batch_size or --n_samples", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        from training import TrainingDiverged
+
+        if isinstance(exc, TrainingDiverged):
+            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

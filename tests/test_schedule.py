@@ -1,0 +1,270 @@
+"""The schedule module against closed forms: schedules, q(x_t | x_0), the posterior, and the samplers."""
+
+import math
+
+import pytest
+import torch
+
+from basic_diffusion import sample
+from noise_schedule import (
+    COEFFICIENT_NAMES,
+    SAMPLERS,
+    _ddim_coefficients,
+    NoiseSchedule,
+    ScheduleConfig,
+    make_betas,
+    p_step,
+    sampling_timesteps,
+)
+
+F64 = torch.float64
+
+
+@pytest.fixture(params=["linear", "cosine"])
+def schedule(request):
+    return NoiseSchedule(ScheduleConfig(kind=request.param))
+
+
+def alphas_cumprod64(schedule):
+    return torch.cumprod(1.0 - make_betas(schedule.config), 0)
+
+
+def test_alphas_cumprod_is_decreasing_in_unit_interval(schedule):
+    ac = schedule.alphas_cumprod
+    assert torch.all(ac > 0) and torch.all(ac <= 1)
+    assert torch.all(ac[1:] < ac[:-1])
+    assert torch.all(schedule.betas > 0) and torch.all(schedule.betas <= 0.999)
+
+
+def test_linear_schedule_endpoints():
+    betas = make_betas(ScheduleConfig(kind="linear"))
+    assert betas[0].item() == pytest.approx(1e-4) and betas[-1].item() == pytest.approx(0.02)
+    # Other T keep alpha-bar_T near zero by scaling the endpoints by 1000 / T.
+    short = NoiseSchedule(ScheduleConfig(num_timesteps=100))
+    assert short.alphas_cumprod[-1] < 1e-3
+
+
+def test_cosine_schedule_matches_closed_form():
+    T, s = 1000, 0.008
+    ac = alphas_cumprod64(NoiseSchedule(ScheduleConfig(kind="cosine")))
+    f = lambda t: math.cos((t / T + s) / (1 + s) * math.pi / 2) ** 2  # noqa: E731
+    for t in (0, 10, 500, 900):  # far from the beta clip at 0.999
+        assert ac[t].item() == pytest.approx(f(t + 1) / f(0), rel=1e-9)
+
+
+def test_q_sample_is_the_closed_form_gaussian(schedule):
+    x_start = torch.full((200_000,), 0.7)
+    gen = torch.Generator().manual_seed(0)
+    for t_val in (0, 250, 999):
+        t = torch.full((200_000,), t_val)
+        # Exact: the noise enters linearly.
+        assert torch.allclose(schedule.q_sample(x_start, t, torch.zeros_like(x_start)), schedule.sqrt_alphas_cumprod[t] * 0.7)
+        # Statistical: mean sqrt(abar) x0, variance 1 - abar.
+        x_t = schedule.q_sample(x_start, t, torch.randn(x_start.shape, generator=gen))
+        abar = schedule.alphas_cumprod[t_val].item()
+        assert x_t.mean().item() == pytest.approx(math.sqrt(abar) * 0.7, abs=0.01)
+        assert x_t.var().item() == pytest.approx(1 - abar, abs=0.01 * max(1 - abar, 1e-2))
+
+
+def test_posterior_variance_is_gaussian_conditioning(schedule):
+    # q(x_{t-1} | x_0) = N(., 1 - abar_{t-1}) and q(x_t | x_{t-1}) = N(sqrt(alpha_t) x_{t-1}, beta_t):
+    # the posterior precision is 1 / (1 - abar_{t-1}) + alpha_t / beta_t.
+    betas = make_betas(schedule.config)
+    ac = torch.cumprod(1 - betas, 0)
+    t = torch.arange(1, schedule.num_timesteps)
+    expected = 1.0 / (1.0 / (1 - ac[t - 1]) + (1 - betas[t]) / betas[t])
+    assert torch.allclose(schedule.posterior_variance[t].double(), expected, rtol=1e-5)
+    assert schedule.posterior_variance[0] == 0
+
+
+def test_posterior_mean_identity(schedule):
+    # With x_0 predicted from eps, the posterior mean is DDPM's eq. 11: (x_t - beta_t / sqrt(1 - abar_t) eps) / sqrt(alpha_t).
+    gen = torch.Generator().manual_seed(1)
+    x_t, eps = torch.randn(8, 1, 4, 4, generator=gen), torch.randn(8, 1, 4, 4, generator=gen)
+    t = torch.tensor([1, 5, 50, 200, 500, 800, 990, 999])
+    mean, _, _ = schedule.q_posterior_mean_variance(schedule.predict_xstart_from_eps(x_t, t, eps), x_t, t)
+    beta = schedule.betas[t].view(-1, 1, 1, 1)
+    expected = (x_t - beta / schedule.sqrt_one_minus_alphas_cumprod[t].view(-1, 1, 1, 1) * eps) / (1 - beta).sqrt()
+    assert torch.allclose(mean, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_eps_and_xstart_predictions_invert_each_other(schedule):
+    gen = torch.Generator().manual_seed(2)
+    x_t, eps = torch.randn(4, 3, 2, 2, generator=gen), torch.randn(4, 3, 2, 2, generator=gen)
+    t = torch.tensor([3, 100, 600, 900])
+    x0 = schedule.predict_xstart_from_eps(x_t, t, eps)
+    assert torch.allclose(schedule.predict_eps_from_xstart(x_t, t, x0), eps, atol=1e-4)
+
+
+@pytest.mark.parametrize("spacing", ["uniform", "logsnr"])
+@pytest.mark.parametrize("T", [2, 10, 1000])
+def test_respacing_endpoints(T, spacing):
+    ac = torch.cumprod(1 - make_betas(ScheduleConfig(num_timesteps=T)), 0)
+    for S in sorted({1, 2, 3, 10, 20, 50, T // 3 or 1, T - 1, T} & set(range(1, T + 1))):
+        ts = sampling_timesteps(T, S, spacing=spacing, alphas_cumprod=ac)
+        assert len(ts) == S and ts[0] == T - 1
+        assert torch.all(ts[1:] < ts[:-1]), f"timesteps not distinct for T={T}, S={S}"
+        if S >= 2:
+            assert ts[-1] == 0
+    assert torch.equal(sampling_timesteps(T, T, spacing=spacing, alphas_cumprod=ac), torch.arange(T - 1, -1, -1))
+    for bad in (0, T + 1):
+        with pytest.raises(ValueError, match="sampling steps"):
+            sampling_timesteps(T, bad)
+
+
+def test_logsnr_spacing_is_even_in_log_snr():
+    ac = torch.cumprod(1 - make_betas(ScheduleConfig()), 0)
+    lam = 0.5 * torch.log(ac / (1 - ac))
+    steps = lam[sampling_timesteps(1000, 10, spacing="logsnr", alphas_cumprod=ac)].diff()
+    assert steps.std() / steps.mean() < 0.05
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_last_step_returns_predicted_xstart(schedule, sampler):
+    plan = schedule.make_plan(sampler, num_steps=10)
+    last = dict(zip(COEFFICIENT_NAMES, plan.coefficients[-1].tolist()))
+    assert (last["c_xt"], last["c_x0"], last["c_prev"], last["sigma"]) == (0.0, 1.0, 0.0, 0.0)
+    assert plan.noise_steps[-1] is False
+
+
+def test_full_ddpm_plan_is_the_posterior(schedule):
+    plan = schedule.make_plan("ddpm")
+    t = plan.timesteps
+    assert torch.allclose(plan.column("c_x0"), schedule.posterior_mean_coef1[t], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(plan.column("c_xt"), schedule.posterior_mean_coef2[t], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(plan.column("sigma") ** 2, schedule.posterior_variance[t], rtol=1e-4, atol=1e-9)
+    assert plan.noise_steps == (True,) * (len(t) - 1) + (False,)
+
+
+@pytest.mark.parametrize("num_steps", [10, 37, 1000])
+def test_ddim_eta1_equals_ddpm_posterior(schedule, num_steps):
+    ddpm = schedule.make_plan("ddpm", num_steps=num_steps)
+    ddim = schedule.make_plan("ddim", num_steps=num_steps, eta=1.0)
+    for name in ("c_x0", "c_xt", "sigma"):
+        assert torch.allclose(ddim.column(name), ddpm.column(name), rtol=1e-4, atol=1e-6), name
+
+
+def test_ddim_step_matches_the_paper_form(schedule):
+    # Song et al. eq. 12 in float64, with eps re-derived from the clipped x0.
+    ac = alphas_cumprod64(schedule)
+    eta = 0.5
+    plan = schedule.make_plan("ddim", num_steps=20, eta=eta)
+    gen = torch.Generator().manual_seed(3)
+    x_t, eps, z = (torch.randn(2, 1, 8, 8, generator=gen, dtype=F64) for _ in range(3))
+    for i in (0, 7, 18, 19):
+        t = plan.timesteps[i]
+        a_t, a_prev = ac[t], (ac[plan.timesteps[i + 1]] if i + 1 < plan.num_steps else torch.tensor(1.0, dtype=F64))
+        x0 = ((x_t - (1 - a_t).sqrt() * eps) / a_t.sqrt()).clamp(-1, 1)
+        eps_hat = (x_t - a_t.sqrt() * x0) / (1 - a_t).sqrt()
+        sigma = eta * ((1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)).sqrt()
+        expected = a_prev.sqrt() * x0 + (1 - a_prev - sigma**2).sqrt() * eps_hat + sigma * z
+        got, _ = p_step(plan, i, x_t.float(), eps.float(), noise=z.float())
+        assert torch.allclose(got.double(), expected, atol=2e-4), i
+
+
+def test_dpm_solver_first_order_step_is_ddim(schedule):
+    # DPM-Solver++ of order 1 is DDIM (Lu et al. 2022): compare on the same pair of timesteps.
+    dpm = schedule.make_plan("dpm_solver", num_steps=20)
+    ddim = _ddim_coefficients(alphas_cumprod64(schedule), dpm.timesteps, 0.0)
+    ddim_first = torch.tensor([ddim[name][0].item() for name in COEFFICIENT_NAMES])
+    assert torch.allclose(dpm.coefficients[0], ddim_first.float(), rtol=1e-5)
+
+
+def test_dpm_solver_second_order_matches_the_paper_form(schedule):
+    # Lu et al. 2022, Algorithm 2 (DPM-Solver++(2M)), written with lambda = log(alpha / sigma).
+    ac = alphas_cumprod64(schedule)
+    plan = schedule.make_plan("dpm_solver", num_steps=20)
+    ts = plan.timesteps
+    lam = lambda t: 0.5 * torch.log(ac[t] / (1 - ac[t]))  # noqa: E731
+    gen = torch.Generator().manual_seed(4)
+    x_t, x0, x0_prev = (torch.randn(3, 1, 4, 4, generator=gen, dtype=F64) for _ in range(3))
+    for i in (1, 5, 17):
+        t, s, t_last = ts[i], ts[i + 1], ts[i - 1]
+        h, h_last = lam(s) - lam(t), lam(t) - lam(t_last)
+        r = h_last / h
+        D = (1 + 1 / (2 * r)) * x0 - 1 / (2 * r) * x0_prev
+        expected = ((1 - ac[s]) / (1 - ac[t])).sqrt() * x_t - ac[s].sqrt() * torch.expm1(-h) * D
+        c = dict(zip(COEFFICIENT_NAMES, plan.coefficients[i].double()))
+        got = c["c_xt"] * x_t + c["c_x0"] * x0 + c["c_prev"] * x0_prev
+        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), i
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("num_steps", [5, 50])
+def test_samplers_recover_a_point_mass(schedule, sampler, num_steps):
+    # For data that is a single image x*, the optimal eps model is (x_t - sqrt(abar) x*) / sqrt(1 - abar);
+    # every sampler must land exactly on x*.
+    x_star = torch.linspace(-0.9, 0.9, 64).view(1, 1, 8, 8)
+
+    def perfect_model(x, t):
+        n = x.ndim
+        return (x - schedule.sqrt_alphas_cumprod[t].view(-1, *[1] * (n - 1)) * x_star) / schedule.sqrt_one_minus_alphas_cumprod[
+            t
+        ].view(-1, *[1] * (n - 1))
+
+    plan = schedule.make_plan(sampler, num_steps=num_steps, clip_denoised=False)
+    out = sample(perfect_model, plan, shape=(4, 1, 8, 8), generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(out, x_star.expand_as(out), atol=1e-3)
+
+
+# Tolerances on the std are the samplers' discretization error at these step counts (measured, and
+# shrinking with more steps); a wrong coefficient anywhere moves the std by far more.
+@pytest.mark.parametrize(
+    "sampler,num_steps,std_tol",
+    [("ddpm", 1000, 0.03), ("ddpm", 250, 0.08), ("ddim", 200, 0.04), ("ddim", 1000, 0.01), ("dpm_solver", 10, 0.03), ("dpm_solver", 20, 0.03)],
+)
+def test_samplers_draw_the_right_gaussian(sampler, num_steps, std_tol):
+    # Data N(mu, s^2) per pixel has the analytic optimal denoiser; the samples must have mean mu and std s.
+    schedule = NoiseSchedule()
+    mu, s = 0.3, 0.2
+
+    def optimal_model(x, t):
+        abar = schedule.alphas_cumprod[t].view(-1, 1, 1, 1)
+        return (1 - abar).sqrt() * (x - abar.sqrt() * mu) / (abar * s**2 + 1 - abar)
+
+    plan = schedule.make_plan(sampler, num_steps=num_steps, clip_denoised=False)
+    out = sample(optimal_model, plan, shape=(16, 1, 32, 32), generator=torch.Generator().manual_seed(0))
+    assert out.mean().item() == pytest.approx(mu, abs=0.01)
+    assert out.std().item() == pytest.approx(s, rel=std_tol)
+
+
+def test_ddim_eta0_is_deterministic():
+    schedule = NoiseSchedule()
+    plan = schedule.make_plan("ddim", num_steps=10, eta=0.0)
+    assert not any(plan.noise_steps)
+    gen = torch.Generator().manual_seed(5)
+    x_t, eps = torch.randn(2, 1, 4, 4, generator=gen), torch.randn(2, 1, 4, 4, generator=gen)
+    # Noise given to a deterministic step is multiplied by sigma = 0.
+    a, _ = p_step(plan, 3, x_t, eps)
+    b, _ = p_step(plan, 3, x_t, eps, noise=torch.randn(2, 1, 4, 4, generator=gen))
+    assert torch.equal(a, b)
+
+
+def test_clipping_keeps_predicted_xstart_in_range():
+    plan = NoiseSchedule().make_plan("ddpm", num_steps=10, clip_denoised=True)
+    x_t = torch.randn(1, 1, 16, 16) * 5
+    _, x0 = p_step(plan, 2, x_t, -x_t)
+    assert x0.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(sampler="euler"), "unknown sampler"),
+        (dict(sampler="ddim", eta=-1.0), "eta"),
+        (dict(sampler="ddpm", eta=0.5), "eta only applies"),
+        (dict(sampler="ddpm", variance_type="learned"), "variance type"),
+        (dict(sampler="ddim", num_steps=1001), "sampling steps"),
+    ],
+)
+def test_bad_plans_raise_value_errors(kwargs, match):
+    sampler = kwargs.pop("sampler")
+    with pytest.raises(ValueError, match=match):
+        NoiseSchedule().make_plan(sampler, **kwargs)
+
+
+def test_bad_schedule_configs_raise_value_errors():
+    with pytest.raises(ValueError, match="beta schedule"):
+        ScheduleConfig(kind="quadratic")
+    with pytest.raises(ValueError, match="timesteps"):
+        ScheduleConfig(num_timesteps=1)

@@ -1,0 +1,274 @@
+"""Training a DDPM: AdamW, warm-up + cosine LR, gradient clipping, EMA, mixed precision, checkpoints.
+
+The loop is step-based. The batch of step ``k`` is a function of (seed, k) (see data.py), and
+every other source of randomness (timesteps, noise, dropout) lives in states the checkpoint
+keeps, so ``--resume`` continues a run exactly: on a CPU, the same loss curve to the bit.
+
+    trainer = Trainer(train_config, model_config, schedule_config, images=images, device="cpu")
+    trainer.run()   # -> writes the checkpoint and sample grids as configured
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchvision.utils import save_image
+from tqdm.auto import tqdm
+
+from basic_diffusion import UNet, UNetConfig, diffusion_loss, sample
+from checkpoints import FORMAT_VERSION, atomic_write, save_checkpoint
+from data import ImageSet
+from noise_schedule import NoiseSchedule, ScheduleConfig
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MAX_CONSECUTIVE_NONFINITE = 20
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stayed non-finite; the last good checkpoint is left untouched."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    dataset: str = "mnist"
+    total_steps: int = 1000
+    batch_size: int = 64
+    lr: float = 2e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ema_decay: float = 0.999
+    precision: str = "fp32"
+    compile: bool = False
+    seed: int = 0
+    checkpoint: str = "checkpoints/mnist.pt"
+    save_every: int = 1000
+    sample_every: int = 1000
+    preview_samples: int = 64
+    preview_steps: int = 50
+
+    def __post_init__(self) -> None:
+        positive = {"total steps": self.total_steps, "batch size": self.batch_size, "preview samples": self.preview_samples}
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"learning rate must be positive, got {self.lr}")
+        if self.warmup_steps < 0 or self.save_every < 0 or self.sample_every < 0:
+            raise ValueError("warm-up steps, --save_every and --sample_every must be >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"EMA decay must be in [0, 1), got {self.ema_decay}")
+        if self.grad_clip <= 0:
+            raise ValueError(f"gradient clipping norm must be positive, got {self.grad_clip}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+    @property
+    def samples_dir(self) -> Path:
+        path = Path(self.checkpoint)
+        return path.with_name(f"{path.stem}_samples")
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context for a precision (a disabled one for fp32)."""
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES.get(precision), enabled=precision != "fp32")
+
+
+class Trainer:
+    """Owns the model, its EMA, the optimizer, LR schedule and grad scaler of one training run."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model_config: UNetConfig,
+        schedule_config: ScheduleConfig,
+        *,
+        images: ImageSet,
+        device: torch.device | str,
+        resume_state: dict | None = None,
+    ) -> None:
+        self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
+        self.images, self.device = images, torch.device(device)
+        if (images.channels, images.image_size) != (model_config.in_channels, model_config.image_size):
+            raise ValueError(
+                f"the data are {images.channels}x{images.image_size}x{images.image_size} but the model expects "
+                f"{model_config.in_channels}x{model_config.image_size}x{model_config.image_size}"
+            )
+        torch.manual_seed(config.seed)  # weight init and dropout
+        cuda = self.device.type == "cuda"
+        self.memory_format = torch.channels_last if cuda else torch.contiguous_format
+        self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.schedule = NoiseSchedule(schedule_config).to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=cuda or None
+        )
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: lr_factor(step, warmup_steps=config.warmup_steps, total_steps=config.total_steps),
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        self.generator = torch.Generator(self.device).manual_seed(config.seed)  # timesteps and noise
+        self.forward = torch.compile(self.model) if config.compile else self.model
+        self.step = 0
+        if resume_state is not None:
+            self._restore(resume_state)
+
+    # ----- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "model_config": self.model_config.to_dict(),
+            "schedule_config": asdict(self.schedule_config),
+            "train_config": asdict(self.config),
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "lr_schedule": self.lr_schedule.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "generator": self.generator.get_state(),
+            },
+        }
+
+    def _restore(self, state: dict) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.ema.load_state_dict(state["ema"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.lr_schedule.load_state_dict(state["lr_schedule"])
+            self.scaler.load_state_dict(state["grad_scaler"])
+            rng = state["rng"]
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            self.generator.set_state(rng["generator"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"cannot resume from this checkpoint: {str(exc).splitlines()[0]}") from exc
+        self.step = int(state["step"])
+
+    def save(self) -> Path:
+        # sync: one check that no weight is NaN/inf before anything reaches the disk.
+        tensors = list(self.model.parameters()) + list(self.ema.parameters())
+        if not bool(torch.stack([t.isfinite().all() for t in tensors]).all()):
+            raise TrainingDiverged("the weights hold NaN or inf; the checkpoint was not written")
+        return save_checkpoint(self.config.checkpoint, self.state_dict())
+
+    def write_samples(self) -> Path:
+        """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
+        plan = self.schedule.make_plan("ddim", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps))
+        c, s = self.model_config.in_channels, self.model_config.image_size
+        gen = torch.Generator(self.device).manual_seed(self.config.seed)
+        images = sample(self.ema, plan, shape=(self.config.preview_samples, c, s, s), generator=gen)
+        path = self.config.samples_dir / f"step_{self.step:07d}.png"
+        return save_grid(images, path)
+
+    # ----- the loop ------------------------------------------------------------------------------
+    def train_step(self) -> float:
+        """One optimizer step on the batch of ``self.step``; returns the loss (NaN if skipped)."""
+        cfg = self.config
+        x_start = self.images.batch(self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device)
+        x_start = x_start.contiguous(memory_format=self.memory_format)  # (B, C, H, W)
+        # Forward and backward, in the chosen precision.
+        self.model.train()
+        with autocast(self.device, cfg.precision):
+            loss = diffusion_loss(self.forward, self.schedule, x_start, generator=self.generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        # Clip gradients (after unscaling fp16 gradients).
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        # sync: read the loss and check loss and gradients are finite before they touch the weights.
+        loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()
+        finite = math.isfinite(loss_value) and math.isfinite(norm_value)
+        if finite:
+            self.scaler.step(self.optimizer)
+            self._update_ema()
+        self.scaler.update()
+        self.lr_schedule.step()
+        self.step += 1
+        return loss_value if finite else math.nan
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        # Warm the decay up so short runs still get a useful average (Tensorflow's EMA num_updates).
+        decay = min(self.config.ema_decay, (1 + self.step) / (10 + self.step))
+        ema_params, params = list(self.ema.parameters()), list(self.model.parameters())
+        torch._foreach_lerp_(ema_params, params, 1.0 - decay)
+        for ema_buf, buf in zip(self.ema.buffers(), self.model.buffers()):
+            ema_buf.copy_(buf)
+
+    def run(self, *, until_step: int | None = None, progress: bool = True) -> list[float]:
+        """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses."""
+        cfg = self.config
+        end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
+        losses, bad_in_a_row, smoothed = [], 0, None
+        bar = tqdm(total=end, initial=self.step, desc="training", unit="step", disable=not progress, dynamic_ncols=True)
+        window_start, window_steps = time.perf_counter(), 0
+        try:
+            while self.step < end:
+                loss = self.train_step()
+                losses.append(loss)
+                if math.isfinite(loss):
+                    bad_in_a_row = 0
+                    smoothed = loss if smoothed is None else 0.98 * smoothed + 0.02 * loss
+                else:
+                    bad_in_a_row += 1
+                    bar.write(f"step {self.step}: non-finite loss, update skipped")
+                    if bad_in_a_row >= MAX_CONSECUTIVE_NONFINITE:
+                        raise TrainingDiverged(
+                            f"the loss was non-finite for {bad_in_a_row} steps in a row at step {self.step}; "
+                            "try a lower --lr or --precision fp32 (the last good checkpoint is kept)"
+                        )
+                window_steps += 1
+                bar.update(1)
+                elapsed = time.perf_counter() - window_start
+                if elapsed > 1.0 or self.step == end:
+                    bar.set_postfix(
+                        loss=f"{smoothed:.4f}" if smoothed is not None else "nan",
+                        img_s=f"{window_steps * cfg.batch_size / elapsed:.0f}",
+                        lr=f"{self.lr_schedule.get_last_lr()[0]:.2e}",
+                    )
+                    window_start, window_steps = time.perf_counter(), 0
+                at_end = self.step == cfg.total_steps
+                if at_end or (cfg.save_every and self.step % cfg.save_every == 0):
+                    self.save()
+                if at_end or (cfg.sample_every and self.step % cfg.sample_every == 0):
+                    bar.write(f"step {self.step}: samples in {self.write_samples()}")
+        finally:
+            bar.close()
+        return losses
+
+
+def save_grid(images: torch.Tensor, path: str | Path) -> Path:
+    """Save (B, C, H, W) images in [-1, 1] as a square-ish PNG grid, atomically."""
+    nrow = max(1, math.ceil(math.sqrt(images.shape[0])))
+    grid = (images.detach().float().cpu().clamp(-1, 1) + 1) / 2
+    return atomic_write(path, lambda f: save_image(grid, f, nrow=nrow, format="png"))
+
+
+def resume_config(state: dict, **overrides) -> TrainConfig:
+    """The stored training config of a checkpoint, with the given fields replaced."""
+    try:
+        stored = TrainConfig(**state["train_config"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError("this checkpoint holds no training state to resume from (was it exported?)") from exc
+    return replace(stored, **{k: v for k, v in overrides.items() if v is not None})
