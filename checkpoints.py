@@ -76,6 +76,8 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         with open(path, "rb") as f:
             state = torch.load(io.BytesIO(f.read()), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
+        if "global" not in str(exc).lower():  # not a forbidden class or function: just broken bytes
+            raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({_first_line(exc)})") from exc
         raise ValueError(
             f"checkpoint {path} holds objects beyond tensors and plain data, so it is refused "
             "(it was not written by this tool, and loading it could run code)"

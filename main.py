@@ -180,6 +180,9 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps)
     if args.save_npz and not args.save_npz.endswith(".npz"):
         raise ValueError(f"--save_npz needs a file name ending in .npz, got {args.save_npz}")
+    for output in filter(None, (args.output, args.save_npz)):
+        if Path(output).is_dir():
+            raise ValueError(f"output path {output} is a folder; give a file name")
     if args.precision not in ("auto", "fp32") and args.implementation == "original":
         raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
     state = load_checkpoint(args.model_path or f"checkpoints/{args.dataset}.pt")

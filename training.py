@@ -118,10 +118,6 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=cuda or None
         )
-        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: lr_factor(step, warmup_steps=config.warmup_steps, total_steps=config.total_steps),
-        )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.generator = torch.Generator(self.device).manual_seed(config.seed)  # timesteps and noise
         self.forward = torch.compile(self.model) if config.compile else self.model
@@ -139,7 +135,6 @@ class Trainer:
             "model": self.model.state_dict(),
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "lr_schedule": self.lr_schedule.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
             "step": self.step,
             "rng": {
@@ -154,7 +149,6 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             self.ema.load_state_dict(state["ema"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.lr_schedule.load_state_dict(state["lr_schedule"])
             self.scaler.load_state_dict(state["grad_scaler"])
             rng = state["rng"]
             torch.set_rng_state(rng["torch"])
@@ -182,9 +176,17 @@ class Trainer:
         return save_grid(images, path)
 
     # ----- the loop ------------------------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """The LR schedule is a function of the step (and the config), so the checkpoint's step restores it."""
+        cfg = self.config
+        return cfg.lr * lr_factor(self.step, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
+
     def train_step(self) -> float:
         """One optimizer step on the batch of ``self.step``; returns the loss (NaN if skipped)."""
         cfg = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
         x_start = self.images.batch(self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device)
         x_start = x_start.contiguous(memory_format=self.memory_format)  # (B, C, H, W)
         # Forward and backward, in the chosen precision.
@@ -203,7 +205,6 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self._update_ema()
         self.scaler.update()
-        self.lr_schedule.step()
         self.step += 1
         return loss_value if finite else math.nan
 
@@ -245,7 +246,7 @@ class Trainer:
                     bar.set_postfix(
                         loss=f"{smoothed:.4f}" if smoothed is not None else "nan",
                         img_s=f"{window_steps * cfg.batch_size / elapsed:.0f}",
-                        lr=f"{self.lr_schedule.get_last_lr()[0]:.2e}",
+                        lr=f"{self.lr:.2e}",
                     )
                     window_start, window_steps = time.perf_counter(), 0
                 at_end = self.step == cfg.total_steps

@@ -1,0 +1,104 @@
+"""The command line end to end, in subprocesses: train -> sample -> PNG, and one-line errors for bad input."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TRAIN = [
+    "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
+    "--timesteps", "50", "--max_steps", "3", "--batch_size", "8", "--sample_every", "0",
+]  # fmt: skip
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess, match: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("main.py: error:"), result.stderr
+    assert match in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("cli")
+    result = run(*TINY_TRAIN, "--model_path", "ck/digits.pt", cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert (work / "ck" / "digits.pt").is_file()
+    assert (work / "ck" / "digits_samples" / "step_0000003.png").is_file()
+    return work
+
+
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim", "dpm_solver"])
+def test_train_then_sample_writes_a_grid_of_the_right_size(trained, sampler):
+    out = f"grid_{sampler}.png"
+    result = run(
+        "--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "9", "--sampler", sampler,
+        "--sampling_steps", "5", "--output", out, "--save_npz", f"{sampler}.npz", cwd=trained,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with Image.open(trained / out) as img:
+        # torchvision's grid: 3 x 3 tiles of 16 px with 2 px padding.
+        assert img.size == (3 * 18 + 2, 3 * 18 + 2)
+    images = np.load(trained / f"{sampler}.npz")["images"]
+    assert images.shape == (9, 16, 16, 1) and images.dtype == np.uint8
+
+
+def test_sampling_is_reproducible_from_the_seed(trained):
+    def draw(seed: str, name: str):
+        args = ("--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "4", "--sampling_steps", "5")
+        result = run(*args, "--seed", seed, "--output", f"{name}.png", "--save_npz", f"{name}.npz", cwd=trained)
+        assert result.returncode == 0, result.stderr
+        return np.load(trained / f"{name}.npz")["images"]
+
+    assert np.array_equal(draw("1", "a"), draw("1", "b"))
+    assert not np.array_equal(draw("1", "a"), draw("2", "c"))
+
+
+def test_resume_continues_to_a_longer_run(trained):
+    result = run("--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--max_steps", "5", cwd=trained)
+    assert result.returncode == 0, result.stderr
+    assert "resuming ck/digits.pt at step 3 of 5" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--mode", "sample", "--model_path", "missing.pt"], "does not exist"),
+        (["--mode", "sample", "--model_path", "corrupt.pt"], "corrupt"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "0"], "--n_samples must be a positive"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampling_steps", "51"], "between 1 and 50"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampler", "ddpm", "--eta", "1"], "eta only applies"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--save_npz", "x.txt"], ".npz"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--output", "ck"], "is a folder"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--implementation", "tensorrt"], "tensorrt"),
+        (["--mode", "train", "--dataset", "digits", "--img_size", "30"], "cannot be downsampled"),
+        (["--mode", "train", "--dataset", "digits", "--max_steps", "0"], "--max_steps must be a positive"),
+        (["--mode", "train", "--dataset", "digits", "--batch_size", "-4"], "--batch_size must be a positive"),
+        (["--mode", "train", "--dataset", "digits", "--channels", "3"], "channel"),
+        (["--mode", "train", "--dataset", "folder", "--data_dir", "empty"], "holds no images"),
+        (["--mode", "train", "--resume", "--model_path", "missing.pt"], "does not exist"),
+    ],
+)
+def test_user_errors_end_in_one_line_and_exit_code_2(trained, args, match):
+    (trained / "corrupt.pt").write_bytes(b"PK\x03\x04 truncated zip")
+    (trained / "empty").mkdir(exist_ok=True)
+    assert_user_error(run(*args, cwd=trained), match)
+
+
+def test_help_lists_the_seed_flags(tmp_path):
+    result = run("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for flag in ("--mode", "--dataset", "--n_epochs", "--img_size", "--channels", "--implementation", "--n_samples",
+                 "--model_path", "--batch_size", "--sampler", "--resume", "--precision"):  # fmt: skip
+        assert flag in result.stdout

@@ -1,0 +1,200 @@
+"""The U-Net, data, checkpoints and training loop: shapes, learning, exact resume, determinism, safety."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from basic_diffusion import UNet, UNetConfig, count_parameters, sample, unet_preset
+from checkpoints import load_checkpoint, save_checkpoint
+from data import load_images
+from noise_schedule import NoiseSchedule, ScheduleConfig
+from training import TrainConfig, Trainer, TrainingDiverged
+
+TINY = dict(model_channels=16, channel_mult=(1, 2), num_res_blocks=1, attention_resolutions=(8,), num_heads=2, dropout=0.1)
+
+
+@pytest.mark.parametrize("size", [16, 28, 32, 64])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_unet_output_shape_matches_input(size, channels):
+    model = UNet(unet_preset("small", image_size=size, in_channels=channels, model_channels=16)).eval()
+    x = torch.randn(2, channels, size, size)
+    assert model(x, torch.tensor([0, 999])).shape == x.shape
+
+
+def test_ddpm_cifar10_preset_has_the_papers_size():
+    model = UNet(unet_preset("ddpm_cifar10", image_size=32, in_channels=3))
+    assert 35.6e6 < count_parameters(model) < 35.8e6  # Ho et al. report 35.7M
+
+
+def test_attention_is_placed_at_the_requested_resolution():
+    model = UNet(UNetConfig(image_size=16, in_channels=1, **TINY))
+    attn_levels = [
+        res for level, res in zip(model.down, model.config.resolutions) for a in level.attentions if not isinstance(a, torch.nn.Identity)
+    ]
+    assert attn_levels == [8]
+
+
+@pytest.mark.parametrize("size", [30, 2, 0])
+def test_unet_rejects_sizes_it_cannot_downsample(size):
+    with pytest.raises(ValueError, match="cannot be downsampled"):
+        unet_preset("small", image_size=size, in_channels=1)
+
+
+def test_digits_load_offline_at_any_size():
+    images = load_images("digits", data_dir="unused", image_size=16)
+    assert images.images.shape == (1797, 1, 16, 16) and images.images.dtype == torch.uint8
+    batch = images.batch(0, batch_size=8, seed=0)
+    assert batch.shape == (8, 1, 16, 16) and batch.min() >= -1 and batch.max() <= 1
+    assert batch.min() == -1 and batch.max() > 0.9  # the full pixel range is used
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    images = load_images("digits", data_dir="unused", image_size=8)
+    a = images.batch(57, batch_size=32, seed=3)
+    assert torch.equal(a, images.batch(57, batch_size=32, seed=3))
+    assert not torch.equal(a, images.batch(58, batch_size=32, seed=3))
+    # One epoch visits every image once.
+    epoch = torch.cat([images.batch(k, batch_size=599, seed=0) for k in range(3)])
+    assert epoch.shape[0] == 1797 and torch.unique(epoch, dim=0).shape[0] == torch.unique(images.images.float(), dim=0).shape[0]
+
+
+def test_folder_dataset_reads_images_and_rejects_bad_ones(tmp_path):
+    from PIL import Image
+
+    with pytest.raises(ValueError, match="holds no images"):
+        load_images("folder", data_dir=tmp_path, image_size=16, channels=3)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_images("folder", data_dir=tmp_path / "nope", image_size=16, channels=3)
+    Image.new("RGB", (40, 30), (255, 0, 0)).save(tmp_path / "red.png")
+    images = load_images("folder", data_dir=tmp_path, image_size=16, channels=3)
+    assert images.images.shape == (1, 3, 16, 16)
+    assert images.images[0, 0].min() == 255 and images.images[0, 1].max() == 0
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="cannot read image"):
+        load_images("folder", data_dir=tmp_path, image_size=16, channels=3)
+
+
+def test_missing_torchvision_files_explain_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="--dataset digits"):
+        load_images("mnist", data_dir=tmp_path, image_size=28, download=False)
+
+
+def make_trainer(tmp_path, *, total_steps=6, state=None, **overrides):
+    images = load_images("digits", data_dir="unused", image_size=16)
+    config = TrainConfig(
+        dataset="digits",
+        total_steps=total_steps,
+        batch_size=16,
+        lr=1e-3,
+        warmup_steps=2,
+        checkpoint=str(tmp_path / "run.pt"),
+        save_every=0,
+        sample_every=0,
+        preview_samples=4,
+        preview_steps=2,
+        **overrides,
+    )
+    model_config = UNetConfig(image_size=16, in_channels=1, **TINY)
+    return Trainer(config, model_config, ScheduleConfig(num_timesteps=100), images=images, device="cpu", resume_state=state)
+
+
+def test_loss_falls_on_digits(tmp_path):
+    torch.manual_seed(0)
+    trainer = make_trainer(tmp_path, total_steps=200)
+    losses = trainer.run(progress=False)
+    assert all(math.isfinite(x) for x in losses)
+    first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20
+    assert last < 0.5 * first, (first, last)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    trainer = make_trainer(tmp_path, total_steps=3)
+    trainer.run(progress=False)
+    state = load_checkpoint(tmp_path / "run.pt")
+    assert state["step"] == 3
+    for key in ("model", "ema"):
+        ref = getattr(trainer, key).state_dict()
+        assert ref.keys() == state[key].keys()
+        assert all(torch.equal(ref[k], state[key][k]) for k in ref)
+    assert not torch.equal(state["model"]["conv_out.weight"], state["ema"]["conv_out.weight"])
+    assert (tmp_path / "run_samples" / "step_0000003.png").is_file()
+    assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"
+
+
+def test_resume_continues_the_same_loss_curve(tmp_path):
+    straight = make_trainer(tmp_path / "a", total_steps=6).run(progress=False)
+    first = make_trainer(tmp_path / "b", total_steps=6)
+    head = first.run(until_step=3, progress=False)
+    first.save()
+    resumed = make_trainer(tmp_path / "b", total_steps=6, state=load_checkpoint(tmp_path / "b" / "run.pt"))
+    tail = resumed.run(progress=False)
+    assert head + tail == straight  # bit-for-bit on the CPU
+    end_a, end_b = load_checkpoint(tmp_path / "a" / "run.pt"), load_checkpoint(tmp_path / "b" / "run.pt")
+    assert all(torch.equal(end_a["ema"][k], end_b["ema"][k]) for k in end_a["ema"])
+
+
+def test_non_finite_loss_never_reaches_a_checkpoint(tmp_path):
+    trainer = make_trainer(tmp_path, total_steps=30)
+    trainer.images.batch = lambda step, **kw: torch.full((16, 1, 16, 16), math.nan)  # poisoned data
+    before = copy.deepcopy(trainer.model.state_dict())
+    with pytest.raises(TrainingDiverged, match="non-finite"):
+        trainer.run(progress=False)
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items()), "a NaN update was applied"
+    assert not (tmp_path / "run.pt").exists()
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(math.inf)
+    with pytest.raises(TrainingDiverged, match="not written"):
+        trainer.save()
+    assert not (tmp_path / "run.pt").exists()
+
+
+def test_same_seed_same_images_other_seed_other_images():
+    model = UNet(UNetConfig(image_size=16, in_channels=1, **TINY)).eval()
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=50)).make_plan("ddpm", num_steps=10)
+
+    def draw(seed):
+        return sample(model, plan, shape=(2, 1, 16, 16), generator=torch.Generator().manual_seed(seed))
+
+    assert torch.equal(draw(7), draw(7))
+    assert not torch.equal(draw(7), draw(8))
+
+
+def test_checkpoint_loader_refuses_foreign_and_corrupt_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(ValueError, match="corrupt"):
+        load_checkpoint(tmp_path / "junk.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a checkpoint written by this tool"):
+        load_checkpoint(tmp_path / "other.pt")
+    # A pickle that would run code on load is refused by weights_only.
+    torch.save({"payload": Exploit(tmp_path / "pwned")}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="refused"):
+        load_checkpoint(tmp_path / "evil.pt")
+    assert not (tmp_path / "pwned").exists()
+
+
+class Exploit:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+class FailsToPickle:
+    def __reduce__(self):
+        raise RuntimeError("disk full")
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "ck.pt"
+    good = {"format_version": 1, "model_config": {}, "schedule_config": {}, "model": {}, "ema": {}, "step": 1}
+    save_checkpoint(path, good)
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint(path, {**good, "step": FailsToPickle()})
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
