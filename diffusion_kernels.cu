@@ -1,0 +1,237 @@
+// CUDA kernels of the diffusion_kernels ops (schemas and CPU kernels: diffusion_ops.cpp).
+//
+// Both kernels read the step index from device memory (the one-element int64 step counter),
+// so nothing here synchronizes with the host and one captured CUDA graph serves every step of a
+// sampling plan. Every launch goes to the current stream, c10::cuda::getCurrentCUDAStream()
+// (the same as at::cuda::getCurrentCUDAStream(); graph capture makes its capture stream
+// current), and is checked with C10_CUDA_KERNEL_LAUNCH_CHECK().
+//
+// fused_step_ is memory bound: per element it reads x, eps [, noise] [, xstart] and writes x
+// [, xstart], each exactly once. It moves 16 bytes per load/store of the widest tensor when every
+// pointer is aligned for that (a scalar tail covers numel % VEC), and falls back to one element
+// per load otherwise (e.g. a view that starts at an odd element). Arithmetic is float32 with
+// round-to-nearest products and sums (no FMA contraction), which matches noise_schedule.p_step
+// bit for bit.
+// Only c10/cuda headers: ATen/cuda/CUDAContext.h would pull in the cuBLAS/cuSPARSE headers,
+// which a bare CUDA toolkit (as on the CI machines) may not ship.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "diffusion_kernels.h"
+
+namespace diffusion_kernels {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid cap: 4096 blocks of 256 threads are about four times what an H100 (132 SMs x 2048
+// threads) holds at once, enough to saturate memory bandwidth; larger tensors grid-stride. A
+// fixed cap needs no device query, so launching stays cheap and capture-safe.
+constexpr int64_t kMaxBlocks = 4096;
+
+// VEC elements of T loaded or stored as one aligned access.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Packed {
+  T v[VEC];
+};
+
+// The step counter, range-checked on the device. An out-of-range step is a programming error
+// (the host never reads the counter, so it cannot raise): the device assert aborts the kernel,
+// and the early return keeps builds without device asserts from reading out of bounds.
+__device__ __forceinline__ bool read_step(const int64_t* step, int64_t num_steps, int64_t* s) {
+  *s = *step;
+  CUDA_KERNEL_ASSERT(*s >= 0 && *s < num_steps);
+  return *s >= 0 && *s < num_steps;
+}
+
+// One thread handles VEC consecutive elements per grid-stride iteration; VEC == 1 is the
+// unaligned (scalar) path. The elements past the last whole vector go through the scalar tail.
+template <typename T, typename E, int VEC>
+__global__ void __launch_bounds__(kThreads) fused_step_kernel(
+    T* __restrict__ x,
+    const E* __restrict__ eps,
+    const T* __restrict__ noise,  // nullptr: deterministic step
+    T* __restrict__ xstart,  // nullptr: pred_xstart is not stored
+    const float* __restrict__ coefficients,  // (S, 6)
+    const int64_t* __restrict__ step,  // ()
+    int64_t num_steps,
+    int64_t numel,
+    bool clip_denoised,
+    bool use_prev) {
+  int64_t s;
+  if (!read_step(step, num_steps, &s)) {
+    return;
+  }
+  // Six broadcast loads per thread, served from cache after the first warp.
+  const StepCoefficients c = load_coefficients(coefficients + s * kNumCoefficients);
+  const bool has_noise = noise != nullptr;
+  const bool store_xstart = xstart != nullptr;
+
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t num_vec = numel / VEC;
+
+  for (int64_t v = first; v < num_vec; v += stride) {
+    const Packed<T, VEC> xv = reinterpret_cast<const Packed<T, VEC>*>(x)[v];
+    const Packed<E, VEC> ev = reinterpret_cast<const Packed<E, VEC>*>(eps)[v];
+    Packed<T, VEC> nv{};
+    Packed<T, VEC> pv{};
+    if (has_noise) {
+      nv = reinterpret_cast<const Packed<T, VEC>*>(noise)[v];
+    }
+    if (use_prev) {
+      pv = reinterpret_cast<const Packed<T, VEC>*>(xstart)[v];
+    }
+    Packed<T, VEC> x_out;
+    Packed<T, VEC> pred_out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const StepResult r = step_element(
+          c,
+          static_cast<float>(xv.v[k]),
+          static_cast<float>(ev.v[k]),
+          static_cast<float>(nv.v[k]),
+          static_cast<float>(pv.v[k]),
+          clip_denoised,
+          has_noise,
+          use_prev);
+      x_out.v[k] = static_cast<T>(r.x_prev);
+      pred_out.v[k] = static_cast<T>(r.pred_xstart);
+    }
+    reinterpret_cast<Packed<T, VEC>*>(x)[v] = x_out;
+    if (store_xstart) {
+      reinterpret_cast<Packed<T, VEC>*>(xstart)[v] = pred_out;
+    }
+  }
+
+  // Scalar tail: the numel % VEC elements after the last whole vector (none when VEC == 1).
+  for (int64_t i = num_vec * VEC + first; i < numel; i += stride) {
+    const StepResult r = step_element(
+        c,
+        static_cast<float>(x[i]),
+        static_cast<float>(eps[i]),
+        has_noise ? static_cast<float>(noise[i]) : 0.0f,
+        use_prev ? static_cast<float>(xstart[i]) : 0.0f,
+        clip_denoised,
+        has_noise,
+        use_prev);
+    x[i] = static_cast<T>(r.x_prev);
+    if (store_xstart) {
+      xstart[i] = static_cast<T>(r.pred_xstart);
+    }
+  }
+}
+
+// t[:] = timesteps[step] for the U-Net's (B,) timestep input.
+__global__ void gather_timestep_kernel(
+    int64_t* __restrict__ t,
+    int64_t batch,
+    const int64_t* __restrict__ timesteps,  // (S,)
+    const int64_t* __restrict__ step,  // ()
+    int64_t num_steps) {
+  int64_t s;
+  if (!read_step(step, num_steps, &s)) {
+    return;
+  }
+  const int64_t value = timesteps[s];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < batch; i += stride) {
+    t[i] = value;
+  }
+}
+
+bool is_aligned(const void* ptr, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+// Enough blocks to cover `work` items, at most kMaxBlocks; the kernels grid-stride the rest.
+unsigned int grid_size(int64_t work) {
+  const int64_t wanted = (std::max<int64_t>(work, 1) + kThreads - 1) / kThreads;
+  return static_cast<unsigned int>(std::min(wanted, kMaxBlocks));
+}
+
+template <typename T, typename E>
+void launch_fused_step(
+    const at::Tensor& x,
+    const at::Tensor& eps,
+    const std::optional<at::Tensor>& noise,
+    const std::optional<at::Tensor>& xstart,
+    const at::Tensor& coefficients,
+    const at::Tensor& step,
+    bool clip_denoised,
+    bool use_prev) {
+  // 16-byte accesses for the wider of the two element types; the narrower one moves 8 bytes.
+  constexpr int kVec = static_cast<int>(16 / std::max(sizeof(T), sizeof(E)));
+  T* x_ptr = x.mutable_data_ptr<T>();
+  const E* eps_ptr = eps.const_data_ptr<E>();
+  const T* noise_ptr = noise.has_value() ? noise->const_data_ptr<T>() : nullptr;
+  T* xstart_ptr = xstart.has_value() ? xstart->mutable_data_ptr<T>() : nullptr;
+  const bool vectorize = is_aligned(x_ptr, kVec * sizeof(T)) && is_aligned(eps_ptr, kVec * sizeof(E)) &&
+      is_aligned(noise_ptr, kVec * sizeof(T)) && is_aligned(xstart_ptr, kVec * sizeof(T));  // nullptr is aligned
+  const int64_t numel = x.numel();
+  const int64_t num_steps = coefficients.size(0);
+  const float* coefficient_ptr = coefficients.const_data_ptr<float>();
+  const int64_t* step_ptr = step.const_data_ptr<int64_t>();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (vectorize) {
+    fused_step_kernel<T, E, kVec><<<grid_size(numel / kVec), kThreads, 0, stream>>>(
+        x_ptr, eps_ptr, noise_ptr, xstart_ptr, coefficient_ptr, step_ptr, num_steps, numel, clip_denoised, use_prev);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else {
+    fused_step_kernel<T, E, 1><<<grid_size(numel), kThreads, 0, stream>>>(
+        x_ptr, eps_ptr, noise_ptr, xstart_ptr, coefficient_ptr, step_ptr, num_steps, numel, clip_denoised, use_prev);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+void fused_step_cuda(
+    const at::Tensor& x,
+    const at::Tensor& eps,
+    const std::optional<at::Tensor>& noise,
+    const std::optional<at::Tensor>& xstart,
+    const at::Tensor& coefficients,
+    const at::Tensor& step,
+    bool clip_denoised,
+    bool use_prev) {
+  check_fused_step_args(x, eps, noise, xstart, coefficients, step, use_prev);
+  if (x.numel() == 0) {
+    return;
+  }
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  dispatch_step_dtype(x.scalar_type(), "x", [&](auto x_tag) {
+    using T = decltype(x_tag);
+    dispatch_step_dtype(eps.scalar_type(), "eps", [&](auto eps_tag) {
+      using E = decltype(eps_tag);
+      launch_fused_step<T, E>(x, eps, noise, xstart, coefficients, step, clip_denoised, use_prev);
+    });
+  });
+}
+
+void gather_timestep_cuda(const at::Tensor& t, const at::Tensor& timesteps, const at::Tensor& step) {
+  check_gather_timestep_args(t, timesteps, step);
+  const int64_t batch = t.numel();
+  if (batch == 0) {
+    return;
+  }
+  const c10::cuda::CUDAGuard device_guard(t.device());
+  gather_timestep_kernel<<<grid_size(batch), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      t.mutable_data_ptr<int64_t>(),
+      batch,
+      timesteps.const_data_ptr<int64_t>(),
+      step.const_data_ptr<int64_t>(),
+      timesteps.size(0));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(diffusion_kernels, CUDA, m) {
+  m.impl("fused_step_", &fused_step_cuda);
+  m.impl("gather_timestep_", &gather_timestep_cuda);
+}
+
+}  // namespace diffusion_kernels

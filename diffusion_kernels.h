@@ -1,0 +1,134 @@
+// Shared by diffusion_ops.cpp (schemas, CPU kernels, argument checks) and
+// diffusion_kernels.cu (CUDA kernels): the per-element step arithmetic, the dtype
+// dispatch and the argument checks, so that the CPU and CUDA kernels cannot drift apart.
+//
+// The reference for everything here is noise_schedule.p_step:
+//
+//   pred_xstart = a * x_t - b * eps                    (optionally clamped to [-1, 1])
+//   x_prev      = c_xt * x_t + c_x0 * pred_xstart [+ c_prev * prev_xstart] [+ sigma * noise]
+//
+// evaluated in float32 with every product and sum rounded separately, in that order, so the
+// kernels reproduce the reference bit for bit (no fused multiply-add: see mul_rn below).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace diffusion_kernels {
+
+// Columns of SamplingPlan.coefficients (noise_schedule.COEFFICIENT_NAMES).
+constexpr int64_t kNumCoefficients = 6;
+
+struct StepCoefficients {
+  float a, b, c_xt, c_x0, c_prev, sigma;
+};
+
+// One row of the (S, 6) float32 coefficient table.
+C10_HOST_DEVICE inline StepCoefficients load_coefficients(const float* row) {
+  return {row[0], row[1], row[2], row[3], row[4], row[5]};
+}
+
+// Products and sums rounded one at a time, as PyTorch's separate elementwise ops round them.
+// On the device the _rn intrinsics keep nvcc from contracting a * b + c into one FMA; on the
+// host the .cpp is compiled with -ffp-contract=off for the same reason.
+C10_HOST_DEVICE inline float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+C10_HOST_DEVICE inline float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+C10_HOST_DEVICE inline float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+struct StepResult {
+  float x_prev;
+  float pred_xstart;
+};
+
+// The whole reverse step for one element. `noise` and `prev_xstart` are read only when their
+// flags are set (the reference skips those terms entirely rather than adding zeros).
+C10_HOST_DEVICE inline StepResult step_element(
+    const StepCoefficients& c,
+    float x_t,
+    float eps,
+    float noise,
+    float prev_xstart,
+    bool clip_denoised,
+    bool has_noise,
+    bool use_prev) {
+  // Predict x_0 from eps; optionally clip it to the data range. Written with comparisons
+  // (not fminf/fmaxf) so that a NaN propagates exactly as torch.clamp propagates it; both
+  // comparisons are evaluated unconditionally so the host compiler can vectorize the select.
+  float pred = sub_rn(mul_rn(c.a, x_t), mul_rn(c.b, eps));
+  if (clip_denoised) {
+    const bool below = pred < -1.0f;
+    const bool above = pred > 1.0f;
+    pred = below ? -1.0f : (above ? 1.0f : pred);
+  }
+  // Move to the next timestep: posterior mean / DDIM / DPM-Solver++ combination.
+  float x_prev = add_rn(mul_rn(c.c_xt, x_t), mul_rn(c.c_x0, pred));
+  if (use_prev) {
+    x_prev = add_rn(x_prev, mul_rn(c.c_prev, prev_xstart));
+  }
+  // Add sigma * z on stochastic steps.
+  if (has_noise) {
+    x_prev = add_rn(x_prev, mul_rn(c.sigma, noise));
+  }
+  return {x_prev, pred};
+}
+
+// Calls f(tag) with a value of the C++ type matching `dtype` (float, c10::Half or
+// c10::BFloat16); anything else is a TORCH_CHECK error naming `what`.
+template <typename F>
+void dispatch_step_dtype(at::ScalarType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case at::kFloat:
+      f(float{});
+      break;
+    case at::kHalf:
+      f(c10::Half{});
+      break;
+    case at::kBFloat16:
+      f(c10::BFloat16{});
+      break;
+    default:
+      TORCH_CHECK(false, "diffusion_kernels: ", what, " must be float32, float16 or bfloat16, got ", dtype);
+  }
+}
+
+// Argument checks shared by the CPU and CUDA kernels of fused_step_. None of them reads device
+// memory (no host-device sync); the step index is range-checked by each kernel itself.
+void check_fused_step_args(
+    const at::Tensor& x,
+    const at::Tensor& eps,
+    const std::optional<at::Tensor>& noise,
+    const std::optional<at::Tensor>& xstart,
+    const at::Tensor& coefficients,
+    const at::Tensor& step,
+    bool use_prev);
+
+// Argument checks shared by the CPU and CUDA kernels of gather_timestep_ (no sync either).
+void check_gather_timestep_args(const at::Tensor& t, const at::Tensor& timesteps, const at::Tensor& step);
+
+}  // namespace diffusion_kernels

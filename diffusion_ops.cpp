@@ -1,0 +1,263 @@
+// The diffusion_kernels custom ops: schemas, argument checks and CPU kernels.
+// (Named diffusion_ops.cpp, not diffusion_kernels.cpp: torch's ninja build names object files
+// after the source's stem, so a .cpp and a .cu of the same stem would collide.)
+//
+// Built by setup.py (`pip install -e . --no-build-isolation` or
+// `python setup.py build_ext --inplace`) into the Python module _diffusion_kernels, or
+// JIT-compiled by optimized_diffusion.load_extension(). Importing the module registers the ops
+// under torch.ops.diffusion_kernels; diffusion_kernels.cu adds the CUDA kernels of the same ops.
+//
+// Ops (all mutate their first arguments in place and return nothing, so one CUDA graph can
+// replay them with every buffer fixed):
+//
+//   fused_step_(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev)
+//       One reverse-diffusion step of any sampler (noise_schedule.p_step), in one pass over
+//       memory: reads row `step` of the (S, 6) float32 coefficient table, writes x_prev into
+//       `x` and pred_xstart into `xstart` (when given). With use_prev the old `xstart` (the
+//       previous step's pred_xstart, DPM-Solver++'s history) is read before it is overwritten.
+//       `step` is a one-element int64 tensor on the same device: the device-side step counter.
+//
+//   gather_timestep_(t, timesteps, step)
+//       t[:] = timesteps[step]: the U-Net's (B,) timestep input, gathered on the device.
+#include <Python.h>
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "diffusion_kernels.h"
+
+#include <type_traits>
+
+namespace diffusion_kernels {
+namespace {
+
+bool is_step_dtype(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
+}
+
+// Same sizes and the same memory layout: the strides agree in every dimension of size > 1
+// (a size-1 dimension's stride never addresses anything). Elementwise work in memory order is
+// then correct for any shared layout, contiguous and channels-last alike.
+void check_same_layout(const at::Tensor& x, const at::Tensor& other, const char* name) {
+  TORCH_CHECK(other.device() == x.device(), "fused_step_: ", name, " is on ", other.device(), " but x is on ", x.device());
+  TORCH_CHECK(other.sizes() == x.sizes(), "fused_step_: ", name, " has shape ", other.sizes(), " but x has shape ", x.sizes());
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    TORCH_CHECK(
+        x.size(d) <= 1 || other.stride(d) == x.stride(d),
+        "fused_step_: ", name, " must have the same memory layout as x (strides ", other.strides(), " vs ",
+        x.strides(), "); make both contiguous");
+  }
+}
+
+void check_step_counter(const at::Tensor& step, const at::Device& device, const char* op) {
+  TORCH_CHECK(step.device() == device, op, ": step is on ", step.device(), " but the data is on ", device);
+  TORCH_CHECK(step.scalar_type() == at::kLong, op, ": step must be int64, got ", step.scalar_type());
+  TORCH_CHECK(step.numel() == 1, op, ": step must hold one element, got shape ", step.sizes());
+}
+
+}  // namespace
+
+void check_fused_step_args(
+    const at::Tensor& x,
+    const at::Tensor& eps,
+    const std::optional<at::Tensor>& noise,
+    const std::optional<at::Tensor>& xstart,
+    const at::Tensor& coefficients,
+    const at::Tensor& step,
+    bool use_prev) {
+  TORCH_CHECK(is_step_dtype(x.scalar_type()), "fused_step_: x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(is_step_dtype(eps.scalar_type()), "fused_step_: eps must be float32, float16 or bfloat16, got ", eps.scalar_type());
+  TORCH_CHECK(
+      x.is_non_overlapping_and_dense(),
+      "fused_step_: x must be dense and non-overlapping (contiguous or channels-last), got strides ", x.strides());
+  check_same_layout(x, eps, "eps");
+  // The outputs (x and xstart) may not share memory with any other argument.
+  at::assert_no_overlap(x, eps);
+  if (noise.has_value()) {
+    check_same_layout(x, *noise, "noise");
+    TORCH_CHECK(noise->scalar_type() == x.scalar_type(), "fused_step_: noise must have x's dtype ", x.scalar_type(), ", got ", noise->scalar_type());
+    at::assert_no_overlap(x, *noise);
+  }
+  TORCH_CHECK(!use_prev || xstart.has_value(), "fused_step_: use_prev=True needs the xstart buffer (the previous pred_xstart)");
+  if (xstart.has_value()) {
+    check_same_layout(x, *xstart, "xstart");
+    TORCH_CHECK(xstart->scalar_type() == x.scalar_type(), "fused_step_: xstart must have x's dtype ", x.scalar_type(), ", got ", xstart->scalar_type());
+    at::assert_no_overlap(x, *xstart);
+    at::assert_no_overlap(*xstart, eps);
+    if (noise.has_value()) {
+      at::assert_no_overlap(*xstart, *noise);
+    }
+  }
+  TORCH_CHECK(coefficients.device() == x.device(), "fused_step_: coefficients are on ", coefficients.device(), " but x is on ", x.device());
+  TORCH_CHECK(coefficients.scalar_type() == at::kFloat, "fused_step_: coefficients must be float32, got ", coefficients.scalar_type());
+  TORCH_CHECK(
+      coefficients.dim() == 2 && coefficients.size(0) >= 1 && coefficients.size(1) == kNumCoefficients,
+      "fused_step_: coefficients must have shape (S, ", kNumCoefficients, ") with S >= 1, got ", coefficients.sizes());
+  TORCH_CHECK(coefficients.is_contiguous(), "fused_step_: coefficients must be contiguous");
+  check_step_counter(step, x.device(), "fused_step_");
+}
+
+void check_gather_timestep_args(const at::Tensor& t, const at::Tensor& timesteps, const at::Tensor& step) {
+  TORCH_CHECK(t.scalar_type() == at::kLong, "gather_timestep_: t must be int64, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.is_contiguous(), "gather_timestep_: t must be a contiguous (B,) tensor, got shape ", t.sizes());
+  TORCH_CHECK(timesteps.device() == t.device(), "gather_timestep_: timesteps are on ", timesteps.device(), " but t is on ", t.device());
+  TORCH_CHECK(timesteps.scalar_type() == at::kLong, "gather_timestep_: timesteps must be int64, got ", timesteps.scalar_type());
+  TORCH_CHECK(
+      timesteps.dim() == 1 && timesteps.size(0) >= 1 && timesteps.is_contiguous(),
+      "gather_timestep_: timesteps must be a contiguous (S,) tensor with S >= 1, got shape ", timesteps.sizes());
+  at::assert_no_overlap(t, timesteps);
+  check_step_counter(step, t.device(), "gather_timestep_");
+}
+
+namespace {
+
+// Elements per parallel_for task: small tensors stay on one thread.
+constexpr int64_t kCpuGrain = 1 << 15;
+
+// The step counter of a CPU op lives in host memory: reading it is free (no sync), so the CPU
+// kernels range-check it with a proper error instead of a device-side assert.
+int64_t read_cpu_step(const at::Tensor& step, int64_t num_steps, const char* op) {
+  const int64_t s = *step.const_data_ptr<int64_t>();
+  TORCH_CHECK(s >= 0 && s < num_steps, op, ": step ", s, " is out of range for a plan of ", num_steps, " steps");
+  return s;
+}
+
+// Calls f(std::true_type{}) or f(std::false_type{}): turns a runtime flag into a compile-time one.
+template <typename F>
+void dispatch_flag(bool flag, F&& f) {
+  if (flag) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// The loop for one combination of flags. Compile-time flags (no per-element branches) and
+// __restrict__ pointers (the outputs overlap no input: checked) let the compiler vectorize it.
+template <typename T, typename E, bool kClip, bool kNoise, bool kPrev, bool kStore>
+void fused_step_cpu_range(
+    T* __restrict__ x,
+    const E* __restrict__ eps,
+    const T* __restrict__ noise,
+    T* __restrict__ xstart,
+    const StepCoefficients c,
+    int64_t begin,
+    int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const StepResult r = step_element(
+        c,
+        static_cast<float>(x[i]),
+        static_cast<float>(eps[i]),
+        kNoise ? static_cast<float>(noise[i]) : 0.0f,
+        kPrev ? static_cast<float>(xstart[i]) : 0.0f,
+        kClip,
+        kNoise,
+        kPrev);
+    x[i] = static_cast<T>(r.x_prev);
+    if constexpr (kStore) {
+      xstart[i] = static_cast<T>(r.pred_xstart);
+    }
+  }
+}
+
+template <typename T, typename E>
+void fused_step_cpu_kernel(
+    T* x,
+    const E* eps,
+    const T* noise,
+    T* xstart,
+    StepCoefficients c,
+    int64_t numel,
+    bool clip_denoised,
+    bool use_prev) {
+  // use_prev implies a stored xstart (checked), so (kPrev, kStore) = (true, false) never runs.
+  dispatch_flag(clip_denoised, [&](auto clip) {
+    dispatch_flag(noise != nullptr, [&](auto has_noise) {
+      dispatch_flag(xstart != nullptr, [&](auto store) {
+        dispatch_flag(use_prev && store, [&](auto prev) {
+          at::parallel_for(0, numel, kCpuGrain, [&](int64_t begin, int64_t end) {
+            fused_step_cpu_range<T, E, decltype(clip)::value, decltype(has_noise)::value, decltype(prev)::value, decltype(store)::value>(
+                x, eps, noise, xstart, c, begin, end);
+          });
+        });
+      });
+    });
+  });
+}
+
+void fused_step_cpu(
+    const at::Tensor& x,
+    const at::Tensor& eps,
+    const std::optional<at::Tensor>& noise,
+    const std::optional<at::Tensor>& xstart,
+    const at::Tensor& coefficients,
+    const at::Tensor& step,
+    bool clip_denoised,
+    bool use_prev) {
+  check_fused_step_args(x, eps, noise, xstart, coefficients, step, use_prev);
+  const int64_t s = read_cpu_step(step, coefficients.size(0), "fused_step_");
+  const StepCoefficients c = load_coefficients(coefficients.const_data_ptr<float>() + s * kNumCoefficients);
+  // All tensors share x's dense layout (checked), so flat indexing from each data pointer
+  // visits the same logical element in every tensor.
+  dispatch_step_dtype(x.scalar_type(), "x", [&](auto x_tag) {
+    using T = decltype(x_tag);
+    dispatch_step_dtype(eps.scalar_type(), "eps", [&](auto eps_tag) {
+      using E = decltype(eps_tag);
+      fused_step_cpu_kernel<T, E>(
+          x.mutable_data_ptr<T>(),
+          eps.const_data_ptr<E>(),
+          noise.has_value() ? noise->const_data_ptr<T>() : nullptr,
+          xstart.has_value() ? xstart->mutable_data_ptr<T>() : nullptr,
+          c,
+          x.numel(),
+          clip_denoised,
+          use_prev);
+    });
+  });
+}
+
+void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const at::Tensor& step) {
+  check_gather_timestep_args(t, timesteps, step);
+  const int64_t s = read_cpu_step(step, timesteps.size(0), "gather_timestep_");
+  const int64_t value = timesteps.const_data_ptr<int64_t>()[s];
+  int64_t* out = t.mutable_data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    out[i] = value;
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(diffusion_kernels, m) {
+  m.def(
+      "fused_step_(Tensor(a!) x, Tensor eps, Tensor? noise, Tensor(b!)? xstart, Tensor coefficients, "
+      "Tensor step, *, bool clip_denoised, bool use_prev) -> ()");
+  m.def("gather_timestep_(Tensor(a!) t, Tensor timesteps, Tensor step) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
+  m.impl("fused_step_", &fused_step_cpu);
+  m.impl("gather_timestep_", &gather_timestep_cpu);
+}
+
+}  // namespace diffusion_kernels
+
+// `import _diffusion_kernels` only has to load this library (the static registrations above
+// run at load time); the Python module itself is empty. TORCH_EXTENSION_NAME is set by
+// torch.utils.cpp_extension for both setup.py and JIT builds.
+#define DIFFUSION_KERNELS_CONCAT_(a, b) a##b
+#define DIFFUSION_KERNELS_CONCAT(a, b) DIFFUSION_KERNELS_CONCAT_(a, b)
+#define DIFFUSION_KERNELS_STR_(a) #a
+#define DIFFUSION_KERNELS_STR(a) DIFFUSION_KERNELS_STR_(a)
+
+PyMODINIT_FUNC DIFFUSION_KERNELS_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT,
+      DIFFUSION_KERNELS_STR(TORCH_EXTENSION_NAME), /* m_name */
+      "diffusion_kernels custom ops (registered in torch.ops.diffusion_kernels on import)", /* m_doc */
+      -1, /* m_size */
+      nullptr, /* m_methods */
+  };
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,400 @@
+"""The "cuda" sampling implementation: fused custom ops, static buffers and one CUDA graph.
+
+Same calling convention and, in fp32 with the same seed, the same images as the original loop
+(:func:`basic_diffusion.sample`), faster:
+
+    from optimized_diffusion import sample
+    images = sample(model, plan, shape=(64, 1, 28, 28), generator=g, precision="bf16")
+
+Build the extension first (otherwise it is JIT-compiled on first use, which takes a minute):
+
+    pip install -e . --no-build-isolation        # or: python setup.py build_ext --inplace
+
+What it changes, step by step:
+
+* **One fused op per step.** ``torch.ops.diffusion_kernels.fused_step_`` does the whole
+  update of :func:`noise_schedule.p_step` (predict x_0, clip, posterior / DDIM / DPM-Solver++
+  combination, add sigma * z) in one pass over memory, in place, reading the step's six
+  coefficients from the plan's table on the device. Its CPU and CUDA kernels match ``p_step``
+  bit for bit (float32 arithmetic whatever the input dtypes).
+* **Static buffers and a device-side step counter.** x_t, the noise, DPM-Solver's previous
+  pred_xstart, the U-Net's (B,) timestep input and the step index live in fixed buffers; the
+  ops read the step index on the device, so no step needs the host.
+* **One CUDA graph.** On CUDA one denoising step (timestep gather, U-Net forward, noise draw,
+  fused step, counter advance) is warmed up, captured once and replayed for every step. Steps
+  of the other kind (with or without noise; for DDPM only the last, noise-free one) run the
+  same code eagerly, so the generator is consumed exactly as by the original loop.
+* **Precision and layout.** ``precision`` is "fp32", "bf16" or "fp16"; bf16/fp16 run the U-Net
+  under autocast and feed its half-precision eps straight to the fused op (the sampler state
+  stays float32). On CUDA the U-Net runs channels-last with cuDNN autotuning.
+
+TF32 policy: with ``precision="fp32"`` TF32 is switched off for cuDNN convolutions and cuBLAS
+matmuls while sampling, so fp32 results match an fp32 original (run the original under
+:func:`backend_policy` ``("fp32")`` too: PyTorch's default allows TF32 in cuDNN). With bf16/fp16
+TF32 is on for the few float32 convolutions and matmuls autocast leaves. The previous settings
+are restored when sampling returns; nothing global is left changed.
+
+CPU: the same code path with the CPU kernels and no graph (for tests and machines without a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from noise_schedule import NUM_COEFFICIENTS, SamplingPlan
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+# --------------------------------------------------------------------------------------------
+# Loading the extension
+# --------------------------------------------------------------------------------------------
+
+EXTENSION_NAME = "_diffusion_kernels"
+BUILD_COMMAND = "pip install -e . --no-build-isolation (or: python setup.py build_ext --inplace)"
+_ROOT = Path(__file__).resolve().parent
+_CPU_SOURCES = ("diffusion_ops.cpp",)
+_CUDA_SOURCES = ("diffusion_ops.cpp", "diffusion_kernels.cu")
+# The same flags as setup.py (see there why there is no fast math).
+_JIT_CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math"]
+_JIT_NVCC_FLAGS = ["-O3", "-lineinfo"]
+
+_loaded_from: str | None = None  # "compiled" or "jit" once the ops are registered
+
+
+class ExtensionUnavailableError(ImportError):
+    """The diffusion_kernels extension is neither built nor JIT-compilable (or lacks CUDA kernels)."""
+
+
+def load_extension(*, allow_jit: bool = True) -> str:
+    """Register ``torch.ops.diffusion_kernels`` once; returns "compiled" or "jit".
+
+    Imports the module built by setup.py; if there is none (or it was built against another
+    torch), JIT-compiles the same sources with ``torch.utils.cpp_extension.load``: with the .cu
+    when a GPU and a CUDA toolkit are present, CPU-only otherwise.
+    """
+    global _loaded_from
+    if _loaded_from is not None:
+        return _loaded_from
+    try:
+        importlib.import_module(EXTENSION_NAME)
+        source = "compiled"
+    except ImportError as exc:  # not built, or built against another torch (undefined symbols)
+        if not allow_jit:
+            raise ExtensionUnavailableError(
+                f"the diffusion_kernels extension is not built ({_first_line(exc)}); build it with: {BUILD_COMMAND}"
+            ) from exc
+        _jit_compile()
+        source = "jit"
+    _register_fakes()
+    _loaded_from = source
+    return source
+
+
+def has_cuda_kernels() -> bool:
+    """Whether the loaded extension was built with its CUDA kernels."""
+    load_extension()
+    return torch._C._dispatch_has_kernel_for_dispatch_key("diffusion_kernels::fused_step_", "CUDA")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _jit_compile() -> None:
+    from torch.utils import cpp_extension
+
+    # The CUDA sources only with a GPU and a complete toolkit (setup.py checks the same way).
+    toolkit = cpp_extension.CUDA_HOME
+    with_cuda = (
+        torch.cuda.is_available()
+        and bool(toolkit)
+        and Path(toolkit, "bin", "nvcc").is_file()
+        and Path(toolkit, "include", "cuda_runtime.h").is_file()
+    )
+    sources = [str(_ROOT / name) for name in (_CUDA_SOURCES if with_cuda else _CPU_SOURCES)]
+    try:
+        cpp_extension.load(
+            name=EXTENSION_NAME,
+            sources=sources,
+            extra_cflags=_JIT_CXX_FLAGS,
+            extra_cuda_cflags=_JIT_NVCC_FLAGS,
+            is_python_module=False,  # load the library into torch.ops; no Python module needed
+            verbose=False,
+        )
+    except Exception as exc:  # compiler missing, compile error, ...: one line, with the fix
+        raise ExtensionUnavailableError(
+            f"the diffusion_kernels extension is not built and JIT compilation failed ({_first_line(exc)}); "
+            f"build it with: {BUILD_COMMAND}"
+        ) from exc
+
+
+def _register_fakes() -> None:
+    """Fake (meta) kernels, so the ops trace under torch.compile. Both ops mutate in place and
+    return nothing, so there is nothing to allocate or infer."""
+
+    @torch.library.register_fake("diffusion_kernels::fused_step_")
+    def _fused_step_fake(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev):
+        return None
+
+    @torch.library.register_fake("diffusion_kernels::gather_timestep_")
+    def _gather_timestep_fake(t, timesteps, step):
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Op wrappers
+# --------------------------------------------------------------------------------------------
+
+
+def fused_step_(
+    x: torch.Tensor,
+    eps: torch.Tensor,
+    *,
+    noise: torch.Tensor | None,
+    xstart: torch.Tensor | None,
+    coefficients: torch.Tensor,
+    step: torch.Tensor,
+    clip_denoised: bool,
+    use_prev: bool,
+) -> None:
+    """One reverse step (:func:`noise_schedule.p_step`) in place, at the step held in ``step``.
+
+    x: (B, C, H, W) x_t, overwritten with x_prev. eps: the U-Net output, same shape and memory
+    layout. noise: z for stochastic steps (x's dtype) or None. xstart: overwritten with
+    pred_xstart (x's dtype), or None to not store it; with ``use_prev`` its old content is the
+    previous step's pred_xstart (DPM-Solver++). coefficients: the plan's (S, 6) float32 table.
+    step: one-element int64 step counter on the same device (never read by the host).
+    x/eps/noise/xstart may be float32, float16 or bfloat16; arithmetic is float32.
+    """
+    if _loaded_from is None:
+        load_extension()
+    torch.ops.diffusion_kernels.fused_step_(
+        x, eps, noise, xstart, coefficients, step, clip_denoised=clip_denoised, use_prev=use_prev
+    )
+
+
+def gather_timestep_(t: torch.Tensor, *, timesteps: torch.Tensor, step: torch.Tensor) -> None:
+    """``t[:] = timesteps[step]`` on the device: the U-Net's (B,) int64 timestep input."""
+    if _loaded_from is None:
+        load_extension()
+    torch.ops.diffusion_kernels.gather_timestep_(t, timesteps, step)
+
+
+# --------------------------------------------------------------------------------------------
+# The sampler
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def backend_policy(precision: str) -> Iterator[None]:
+    """cuDNN autotuning on; TF32 off for fp32 (exact fp32), on for bf16/fp16. Restored on exit."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    tf32 = precision != "fp32"
+    cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = True, tf32, tf32
+    try:
+        yield
+    finally:
+        cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """The generator ``torch.randn(..., generator=None, device=device)`` would use."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
+
+
+class FusedSampler:
+    """Runs one :class:`SamplingPlan` on static buffers with the fused ops; on CUDA, one CUDA graph.
+
+    Construction allocates the buffers and, on CUDA, warms up and captures one denoising step;
+    each call then draws x_T from the caller's generator and runs every step. Reuse one sampler
+    for many calls with the same model, plan and shape (the capture is paid once).
+
+    Side effects: with ``channels_last`` (CUDA only) the model's parameters are converted to
+    channels-last in place (their values do not change). The model should be in eval mode, as for
+    the original loop.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: SamplingPlan,
+        *,
+        shape: tuple[int, int, int, int],
+        precision: str = "fp32",
+        use_cuda_graph: bool = True,
+        channels_last: bool = True,
+        compile_model: bool = False,
+        warmup_iters: int = 3,
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 4 or min(shape) < 1:
+            raise ValueError(f"shape must be four positive sizes (B, C, H, W), got {shape}")
+        S = plan.num_steps
+        if tuple(plan.coefficients.shape) != (S, NUM_COEFFICIENTS) or tuple(plan.timesteps.shape) != (S,):
+            raise ValueError(
+                f"inconsistent sampling plan: {S} steps, timesteps {tuple(plan.timesteps.shape)}, "
+                f"coefficients {tuple(plan.coefficients.shape)}"
+            )
+        if warmup_iters < 1:
+            raise ValueError(f"warmup_iters must be at least 1, got {warmup_iters}")
+        load_extension()
+        self.plan, self.shape, self.precision = plan, shape, precision
+        self.device = plan.coefficients.device  # like the original: sample where the plan lives
+        on_cuda = self.device.type == "cuda"
+        if on_cuda and not has_cuda_kernels():
+            raise ExtensionUnavailableError(
+                f"the diffusion_kernels extension was built without CUDA kernels; rebuild it where the CUDA "
+                f"toolkit is installed: {BUILD_COMMAND}"
+            )
+        self._channels_last = on_cuda and channels_last
+        if self._channels_last:
+            model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
+        self._model = torch.compile(model, dynamic=False) if compile_model else model
+
+        # Static buffers (float32 sampler state, whatever the precision).
+        B = shape[0]
+        self._coefficients = plan.coefficients.to(self.device, torch.float32).contiguous()  # (S, 6)
+        self._timesteps = plan.timesteps.to(self.device, torch.int64).contiguous()  # (S,)
+        self._step = torch.zeros((), dtype=torch.int64, device=self.device)  # device-side step counter
+        self._t = torch.zeros(B, dtype=torch.int64, device=self.device)  # (B,) U-Net timestep input
+        self._x = torch.zeros(shape, device=self.device)  # (B, C, H, W) x_t, updated in place
+        # DPM-Solver++'s history: the previous step's pred_xstart (zero before the first step,
+        # where c_prev = 0). Other samplers do not store pred_xstart at all.
+        self._xstart = torch.zeros(shape, device=self.device) if plan.uses_prev_xstart else None
+        self._noise = torch.zeros(shape, device=self.device) if any(plan.noise_steps) else None  # z, NCHW
+        # Per-step noise comes from this private generator, loaded with the caller's state at the
+        # start of each call and handed back at the end; so one captured graph serves any generator.
+        self._rng = torch.Generator(device=self.device)
+
+        # The graph holds the more common kind of step (with noise or without); the others run
+        # the same step eagerly, so noise is drawn for exactly the steps the original draws it for.
+        noisy = sum(plan.noise_steps)
+        self._graph_draws_noise = 2 * noisy >= S and noisy > 0
+        self._graph: torch.cuda.CUDAGraph | None = None
+        if on_cuda and use_cuda_graph:
+            with torch.no_grad(), torch.cuda.device(self.device), backend_policy(precision):
+                self._graph = self._capture(warmup_iters)
+
+    @property
+    def captured(self) -> bool:
+        """Whether the steps replay a CUDA graph."""
+        return self._graph is not None
+
+    def _autocast(self) -> torch.autocast:
+        # cache_enabled=False: autocast's weight-cast cache must not outlive a graph capture.
+        dtype = _AUTOCAST_DTYPES.get(self.precision, torch.float32)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=self.precision != "fp32", cache_enabled=False)
+
+    def _denoise_step(self, *, draw_noise: bool) -> None:
+        """One reverse step on the static buffers: the step counter picks t and the coefficients."""
+        gather_timestep_(self._t, timesteps=self._timesteps, step=self._step)  # t[:] = timesteps[step]
+        x_in = self._x.contiguous(memory_format=torch.channels_last) if self._channels_last else self._x
+        # Predict the noise: eps_theta(x_t, t), (B, C, H, W) in the autocast dtype.
+        with self._autocast():
+            eps = self._model(x_in, self._t)
+        eps = eps.contiguous()  # x's NCHW layout, as the fused op requires (no copy when it already is)
+        noise = None
+        if draw_noise:
+            # z ~ N(0, I) into a float32 NCHW buffer: the same draw as the original's torch.randn.
+            noise = self._noise.normal_(generator=self._rng)
+        fused_step_(
+            self._x,
+            eps,
+            noise=noise,
+            xstart=self._xstart,
+            coefficients=self._coefficients,
+            step=self._step,
+            clip_denoised=self.plan.clip_denoised,
+            use_prev=self._xstart is not None,
+        )
+        self._step.add_(1)  # advance the device-side counter (no sync)
+
+    def _capture(self, warmup_iters: int) -> torch.cuda.CUDAGraph:
+        # Warm up on a side stream (cuDNN autotuning, lazy initialization, torch.compile), as
+        # capture requires; the buffers' contents and the private generator are reset per call.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup_iters):
+                self._step.zero_()  # stay in range for plans shorter than the warm-up
+                self._denoise_step(draw_noise=self._graph_draws_noise)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._step.zero_()
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self._rng)  # replays read and advance its philox offset
+        with torch.cuda.graph(graph):
+            self._denoise_step(draw_noise=self._graph_draws_noise)
+        return graph
+
+    @torch.no_grad()
+    def __call__(self, *, generator: torch.Generator | None = None, progress: bool = False) -> torch.Tensor:
+        """Draw images (B, C, H, W) float32 in [-1, 1]: a new tensor (the buffers are reused)."""
+        if generator is not None and generator.device.type != self.device.type:
+            raise ValueError(f"the generator is on {generator.device} but the plan samples on {self.device}")
+        caller_rng = generator if generator is not None else _default_generator(self.device)
+        device_context = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        with device_context, backend_policy(self.precision):
+            # x_T ~ N(0, I): drawn first, from the caller's generator, exactly as the original does.
+            self._x.normal_(generator=caller_rng)
+            if self._xstart is not None:
+                self._xstart.zero_()
+            self._step.zero_()
+            # The rest of the caller's random stream continues in the private generator.
+            self._rng.set_state(caller_rng.get_state())
+            steps = range(self.plan.num_steps)
+            if progress:
+                from tqdm.auto import tqdm
+
+                steps = tqdm(steps, desc=f"sampling ({self.plan.sampler}, cuda)", leave=False)
+            for i in steps:
+                draws_noise = self.plan.noise_steps[i]  # host tuple: no sync
+                if self._graph is not None and draws_noise == self._graph_draws_noise:
+                    self._graph.replay()
+                else:
+                    self._denoise_step(draw_noise=draws_noise)
+            caller_rng.set_state(self._rng.get_state())  # hand the advanced stream back
+        return self._x.clone()
+
+
+def sample(
+    model: nn.Module,
+    plan: SamplingPlan,
+    *,
+    shape: tuple[int, int, int, int],
+    generator: torch.Generator | None,
+    precision: str = "fp32",
+    use_cuda_graph: bool = True,
+    channels_last: bool = True,
+    compile_model: bool = False,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Draw images (B, C, H, W) in [-1, 1]: :func:`basic_diffusion.sample`, fused and graphed.
+
+    Same arguments and generator use as the original; in fp32 the same images from the same seed
+    (to float tolerance on CUDA, where cuDNN may pick other algorithms). See :class:`FusedSampler`
+    for the options; this builds one (capturing the graph) per call.
+    """
+    sampler = FusedSampler(
+        model,
+        plan,
+        shape=shape,
+        precision=precision,
+        use_cuda_graph=use_cuda_graph,
+        channels_last=channels_last,
+        compile_model=compile_model,
+    )
+    return sampler(generator=generator, progress=progress)

@@ -1,0 +1,391 @@
+"""The fused sampling ops against the reference step, noise_schedule.p_step.
+
+Specification: for every sampler, state dtype, memory layout (aligned or not) and step index,
+``fused_step_`` writes exactly (bit for bit) the reference's x_prev into x and pred_xstart into
+xstart, rounded to the state dtype; ``gather_timestep_`` fills t with timesteps[step]; bad
+arguments raise RuntimeError naming the problem; ``torch.library.opcheck`` passes. CPU tests
+always run; ``@pytest.mark.gpu`` tests run the same checks on the CUDA kernels when a GPU is
+present (plus graph capture and large tensors).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import optimized_diffusion as od
+from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig, p_step
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+NUM_STEPS = 20
+SCHEDULE = NoiseSchedule(ScheduleConfig(num_timesteps=200))
+PLAN_CASES = {
+    "ddpm": dict(sampler="ddpm"),
+    "ddpm_fixed_large": dict(sampler="ddpm", variance_type="fixed_large"),
+    "ddim_eta0": dict(sampler="ddim", eta=0.0),
+    "ddim_eta1": dict(sampler="ddim", eta=1.0),
+    "dpm_solver": dict(sampler="dpm_solver"),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+STEPS = [0, NUM_STEPS // 2, NUM_STEPS - 1]
+# (name, shape): "offset" views start one element into their buffer, so no pointer is 16-byte
+# aligned (the CUDA kernel's scalar path); the others are aligned with odd sizes (vector + tail).
+LAYOUTS = [
+    ("contiguous", (2, 3, 5, 7)),
+    ("channels_last", (2, 3, 4, 5)),
+    ("offset", (3, 1, 9, 11)),
+    ("eps_offset", (2, 1, 6, 6)),  # only eps misaligned: one pointer is enough to leave the vector path
+    ("flat_odd", (1003,)),
+    ("single", (1,)),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension() -> str:
+    return od.load_extension()
+
+
+def make_plan(case: str, *, clip: bool = True, device: str = "cpu") -> SamplingPlan:
+    return SCHEDULE.make_plan(**PLAN_CASES[case], num_steps=NUM_STEPS, clip_denoised=clip, device=device)
+
+
+def make_tensor(shape, *, dtype, device, layout: str, offset: bool, generator: torch.Generator) -> torch.Tensor:
+    """Random N(0, 1.5^2) values (some outside [-1, 1], to exercise the clip) in the given layout."""
+    numel = torch.Size(shape).numel()
+    values = 1.5 * torch.randn(numel, generator=generator)
+    if offset:
+        buffer = torch.empty(numel + 1, dtype=dtype, device=device)
+        out = buffer[1:].view(shape)  # data pointer one element past an aligned allocation
+        out.copy_(values.view(shape))
+        return out
+    out = values.view(shape).to(device=device, dtype=dtype)
+    if layout == "channels_last":
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out
+
+
+def make_inputs(
+    shape, *, dtype, eps_dtype=None, device="cpu", layout="contiguous", seed=0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x_t, eps, noise, previous pred_xstart: (shape) tensors in state dtype (eps: eps_dtype)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def make(dt, *, offset):
+        return make_tensor(shape, dtype=dt, device=device, layout=layout, offset=offset, generator=g)
+
+    x = make(dtype, offset=layout == "offset")
+    eps = make(eps_dtype or dtype, offset=layout in ("offset", "eps_offset"))
+    noise = make(dtype, offset=layout == "offset")
+    xstart = make(dtype, offset=layout == "offset")
+    return x, eps, noise, xstart
+
+
+def check_step_matches_reference(plan: SamplingPlan, i: int, x, eps, noise, xstart) -> None:
+    """Run fused_step_ in place on the given tensors and compare with p_step, bit for bit."""
+    use_prev = plan.uses_prev_xstart
+    noise = noise if plan.noise_steps[i] else None  # as the samplers pass it
+    # Reference first: p_step reads the inputs, the op then overwrites x and xstart.
+    ref_x, ref_pred = p_step(plan, i, x, eps, noise=noise, prev_xstart=xstart if use_prev else None)
+    step = torch.tensor(i, device=x.device)
+    od.fused_step_(
+        x,
+        eps,
+        noise=noise,
+        xstart=xstart,
+        coefficients=plan.coefficients,
+        step=step,
+        clip_denoised=plan.clip_denoised,
+        use_prev=use_prev,
+    )
+    torch.testing.assert_close(x, ref_x.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"x_prev at step {i}: {m}")
+    torch.testing.assert_close(xstart, ref_pred.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"pred_xstart at step {i}: {m}")
+    assert int(step) == i  # the op reads the counter, it does not advance it
+
+
+def check_all_layouts_and_steps(case: str, dtype: torch.dtype, clip: bool, device: str) -> None:
+    plan = make_plan(case, clip=clip, device=device)
+    for layout, shape in LAYOUTS:
+        for i in STEPS:
+            x, eps, noise, xstart = make_inputs(shape, dtype=dtype, device=device, layout=layout, seed=i)
+            check_step_matches_reference(plan, i, x, eps, noise, xstart)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_step_ on the CPU
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clip", [True, False], ids=["clip", "noclip"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_fused_step_matches_p_step_bit_for_bit_cpu(case, dtype, clip):
+    check_all_layouts_and_steps(case, dtype, clip, "cpu")
+
+
+@pytest.mark.parametrize("eps_dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fused_step_takes_half_precision_eps_with_float32_state(eps_dtype):
+    # The mixed-precision sampler's case: the U-Net's autocast eps, float32 x_t.
+    plan = make_plan("dpm_solver")
+    x, eps, noise, xstart = make_inputs((2, 3, 8, 8), dtype=torch.float32, eps_dtype=eps_dtype)
+    check_step_matches_reference(plan, 5, x, eps, noise, xstart)
+
+
+def test_fused_step_without_xstart_updates_only_x():
+    plan = make_plan("ddpm")
+    x, eps, noise, _ = make_inputs((2, 3, 8, 8), dtype=torch.float32)
+    ref_x, _ = p_step(plan, 3, x, eps, noise=noise)
+    od.fused_step_(
+        x, eps, noise=noise, xstart=None, coefficients=plan.coefficients, step=torch.tensor(3), clip_denoised=True, use_prev=False
+    )
+    torch.testing.assert_close(x, ref_x, rtol=0, atol=0)
+
+
+def test_fused_step_propagates_nan_like_the_reference():
+    plan = make_plan("ddim_eta0")
+    x, eps, _, xstart = make_inputs((4, 4), dtype=torch.float32)
+    eps[1, 2] = float("nan")
+    ref_x, ref_pred = p_step(plan, 0, x, eps)
+    od.fused_step_(x, eps, noise=None, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(0), clip_denoised=True, use_prev=False)
+    assert torch.isnan(ref_x[1, 2]) and torch.isnan(ref_pred[1, 2])  # the clamp keeps NaN
+    torch.testing.assert_close(x, ref_x, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(xstart, ref_pred, rtol=0, atol=0, equal_nan=True)
+
+
+def test_fused_step_handles_empty_tensors():
+    plan = make_plan("ddpm")
+    x = torch.empty(0, 3, 4, 4)
+    od.fused_step_(x, x.clone(), noise=None, xstart=None, coefficients=plan.coefficients, step=torch.tensor(0), clip_denoised=True, use_prev=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# gather_timestep_
+# ---------------------------------------------------------------------------------------------
+
+
+def check_gather_timestep(device: str) -> None:
+    plan = make_plan("ddim_eta0", device=device)
+    t = torch.full((5,), -1, dtype=torch.int64, device=device)
+    for i in STEPS:
+        step = torch.tensor(i, device=device)
+        od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
+        assert torch.equal(t, plan.timesteps[i].expand(5))
+
+
+def test_gather_timestep_fills_the_batch_with_the_steps_timestep_cpu():
+    check_gather_timestep("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (TORCH_CHECK -> RuntimeError)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fused_args(**overrides):
+    plan = make_plan("dpm_solver")
+    x, eps, noise, xstart = make_inputs((2, 3, 4, 4), dtype=torch.float32)
+    args = dict(x=x, eps=eps, noise=noise, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(1), clip_denoised=True, use_prev=True)
+    args.update({k: (v(args) if callable(v) else v) for k, v in overrides.items()})
+    return args
+
+
+FUSED_STEP_ERRORS = {
+    "eps_shape": (dict(eps=lambda a: a["eps"][:1]), "shape"),
+    "x_float64": (dict(x=lambda a: a["x"].double(), eps=lambda a: a["eps"].double()), "float32, float16 or bfloat16"),
+    "eps_int": (dict(eps=lambda a: a["eps"].int()), "float32, float16 or bfloat16"),
+    "x_not_dense": (dict(x=lambda a: torch.randn(2, 3, 4, 8)[..., ::2]), "dense"),
+    "eps_other_layout": (dict(eps=lambda a: a["eps"].contiguous(memory_format=torch.channels_last)), "memory layout"),
+    "noise_dtype": (dict(noise=lambda a: a["noise"].half()), "noise must have x's dtype"),
+    "xstart_dtype": (dict(xstart=lambda a: a["xstart"].bfloat16()), "xstart must have x's dtype"),
+    "xstart_is_x": (dict(xstart=lambda a: a["x"]), "single memory location"),
+    "eps_is_x": (dict(eps=lambda a: a["x"]), "single memory location"),
+    "use_prev_without_xstart": (dict(xstart=None), "use_prev"),
+    "coefficients_columns": (dict(coefficients=lambda a: a["coefficients"][:, :5]), r"\(S, 6\)"),
+    "coefficients_float64": (dict(coefficients=lambda a: a["coefficients"].double()), "float32"),
+    "coefficients_strided": (dict(coefficients=lambda a: a["coefficients"].t().contiguous().t()), "contiguous"),
+    "step_float": (dict(step=torch.tensor(1.0)), "int64"),
+    "step_two_elements": (dict(step=torch.tensor([1, 2])), "one element"),
+    "step_past_the_end": (dict(step=torch.tensor(NUM_STEPS)), "out of range"),
+    "step_negative": (dict(step=torch.tensor(-1)), "out of range"),
+}
+
+
+@pytest.mark.parametrize("name", FUSED_STEP_ERRORS)
+def test_fused_step_rejects_bad_arguments(name):
+    overrides, message = FUSED_STEP_ERRORS[name]
+    args = _fused_args(**overrides)
+    x, eps = args.pop("x"), args.pop("eps")
+    with pytest.raises(RuntimeError, match=message):
+        od.fused_step_(x, eps, **args)
+
+
+GATHER_ERRORS = {
+    "t_int32": (dict(t=torch.zeros(3, dtype=torch.int32)), "int64"),
+    "t_2d": (dict(t=torch.zeros(3, 1, dtype=torch.int64)), r"\(B,\)"),
+    "timesteps_2d": (dict(timesteps=torch.zeros(4, 1, dtype=torch.int64)), r"\(S,\)"),
+    "step_past_the_end": (dict(step=torch.tensor(4)), "out of range"),
+}
+
+
+@pytest.mark.parametrize("name", GATHER_ERRORS)
+def test_gather_timestep_rejects_bad_arguments(name):
+    overrides, message = GATHER_ERRORS[name]
+    args = dict(t=torch.zeros(3, dtype=torch.int64), timesteps=torch.arange(4), step=torch.tensor(0)) | overrides
+    with pytest.raises(RuntimeError, match=message):
+        od.gather_timestep_(args["t"], timesteps=args["timesteps"], step=args["step"])
+
+
+# ---------------------------------------------------------------------------------------------
+# opcheck and torch.compile
+# ---------------------------------------------------------------------------------------------
+
+
+def opcheck_samples(device: str):
+    plan = make_plan("dpm_solver", device=device)
+    for dtype, with_noise, with_xstart in [
+        (torch.float32, True, True),
+        (torch.bfloat16, False, True),
+        (torch.float16, True, False),
+    ]:
+        x, eps, noise, xstart = make_inputs((2, 3, 5, 5), dtype=dtype, device=device)
+        yield (
+            torch.ops.diffusion_kernels.fused_step_,
+            (x, eps, noise if with_noise else None, xstart if with_xstart else None, plan.coefficients, torch.tensor(2, device=device)),
+            dict(clip_denoised=True, use_prev=with_xstart),
+        )
+    t = torch.zeros(4, dtype=torch.int64, device=device)
+    yield torch.ops.diffusion_kernels.gather_timestep_, (t, plan.timesteps, torch.tensor(3, device=device)), {}
+
+
+def test_opcheck_cpu():
+    for op, args, kwargs in opcheck_samples("cpu"):
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_ops_trace_under_torch_compile():
+    plan = make_plan("dpm_solver")
+
+    def two_steps(x, eps, xstart, t, step):
+        for _ in range(2):
+            od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
+            od.fused_step_(x, eps, noise=None, xstart=xstart, coefficients=plan.coefficients, step=step, clip_denoised=True, use_prev=True)
+            step.add_(1)
+        return x + 0, t + 0
+
+    compiled = torch.compile(two_steps, backend="aot_eager", fullgraph=True)
+    x, eps, _, xstart = make_inputs((2, 3, 4, 4), dtype=torch.float32)
+    eager_args = [x.clone(), eps, xstart.clone(), torch.zeros(2, dtype=torch.int64), torch.tensor(1)]
+    compiled_args = [x.clone(), eps, xstart.clone(), torch.zeros(2, dtype=torch.int64), torch.tensor(1)]
+    for expected, actual in zip(two_steps(*eager_args), compiled(*compiled_args)):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    assert int(compiled_args[-1]) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA kernels
+# ---------------------------------------------------------------------------------------------
+
+
+def _require_cuda_kernels() -> None:
+    if not od.has_cuda_kernels():
+        pytest.fail(f"the extension was built without CUDA kernels; rebuild it: {od.BUILD_COMMAND}")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_fused_step_matches_p_step_bit_for_bit_cuda(case, dtype):
+    _require_cuda_kernels()
+    for clip in (True, False):
+        check_all_layouts_and_steps(case, dtype, clip, "cuda")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("state_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("eps_dtype", DTYPES, ids=str)
+def test_every_dtype_pair_cuda(state_dtype, eps_dtype):
+    _require_cuda_kernels()
+    plan = make_plan("dpm_solver", device="cuda")
+    for layout, shape in [("contiguous", (3, 3, 17, 19)), ("offset", (3, 3, 17, 19)), ("eps_offset", (2, 5, 7, 9))]:
+        x, eps, noise, xstart = make_inputs(shape, dtype=state_dtype, eps_dtype=eps_dtype, device="cuda", layout=layout)
+        check_step_matches_reference(plan, 7, x, eps, noise, xstart)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_large_tensor_grid_strides_cuda():
+    # 5M + 3 elements: more vectors than the grid has threads, plus a 3-element tail.
+    _require_cuda_kernels()
+    plan = make_plan("ddpm", device="cuda")
+    x, eps, noise, xstart = make_inputs((5_000_003,), dtype=torch.float32, device="cuda")
+    check_step_matches_reference(plan, 4, x, eps, noise, xstart)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("on_cpu", ["coefficients", "step", "eps"])
+def test_tensors_on_another_device_are_rejected_cuda(on_cpu):
+    _require_cuda_kernels()
+    plan = make_plan("ddpm", device="cuda")
+    x, eps, noise, _ = make_inputs((2, 3, 4, 4), dtype=torch.float32, device="cuda")
+    args = dict(eps=eps, coefficients=plan.coefficients, step=torch.tensor(0, device="cuda"))
+    args[on_cpu] = args[on_cpu].cpu()
+    with pytest.raises(RuntimeError, match="on cpu but"):
+        od.fused_step_(x, args["eps"], noise=noise, xstart=None, coefficients=args["coefficients"], step=args["step"], clip_denoised=True, use_prev=False)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gather_timestep_cuda():
+    _require_cuda_kernels()
+    check_gather_timestep("cuda")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_opcheck_cuda():
+    _require_cuda_kernels()
+    for op, args, kwargs in opcheck_samples("cuda"):
+        torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", ["ddpm", "dpm_solver"])
+def test_captured_graph_replays_every_step_like_the_reference_cuda(case):
+    # One graph (gather t, fused step, advance the counter) replayed S times == the p_step loop.
+    _require_cuda_kernels()
+    plan = make_plan(case, device="cuda")
+    shape = (4, 3, 16, 16)
+    x0, eps, noise, _ = make_inputs(shape, dtype=torch.float32, device="cuda")
+    x, xstart = x0.clone(), torch.zeros(shape, device="cuda")
+    t = torch.zeros(shape[0], dtype=torch.int64, device="cuda")
+    step = torch.zeros((), dtype=torch.int64, device="cuda")
+
+    def one_step():
+        od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
+        od.fused_step_(x, eps, noise=noise, xstart=xstart, coefficients=plan.coefficients, step=step, clip_denoised=True, use_prev=plan.uses_prev_xstart)
+        step.add_(1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        one_step()  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        one_step()
+    x.copy_(x0)
+    xstart.zero_()
+    step.zero_()
+    for i in range(plan.num_steps):
+        graph.replay()
+        assert torch.equal(t, plan.timesteps[i].expand_as(t))  # sync: this replay gathered t_i
+
+    ref, prev = x0.clone(), None
+    for i in range(plan.num_steps):
+        ref, prev = p_step(plan, i, ref, eps, noise=noise, prev_xstart=prev if plan.uses_prev_xstart else None)
+    assert int(step) == plan.num_steps
+    torch.testing.assert_close(x, ref, rtol=0, atol=0)

@@ -1,0 +1,222 @@
+"""The "cuda" implementation (optimized_diffusion.sample) against the original loop.
+
+Specification: from the same seed, in fp32, the fused and graphed sampler returns the images of
+basic_diffusion.sample for every sampler (bit for bit on the CPU, to float tolerance on a GPU)
+and leaves the generator where the original leaves it; a reused sampler gives fresh, correct
+results per call; bf16 stays close to fp32; bad options are ValueErrors. CPU tests always run;
+``@pytest.mark.gpu`` tests check the CUDA graph path when a GPU is present.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import optimized_diffusion as od
+from basic_diffusion import UNet, UNetConfig
+from basic_diffusion import sample as original_sample
+from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SCHEDULE = NoiseSchedule(ScheduleConfig(num_timesteps=100))
+PLAN_CASES = {
+    "ddpm": dict(sampler="ddpm"),
+    "ddim_eta0": dict(sampler="ddim", eta=0.0),
+    "ddim_eta1": dict(sampler="ddim", eta=1.0),
+    "dpm_solver": dict(sampler="dpm_solver"),
+}
+SHAPE = (2, 1, 16, 16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The models here are tiny: one thread is fastest, and immune to a busy 2-core machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    od.load_extension()
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_plan(case: str, *, num_steps: int = 8, device: str = "cpu") -> SamplingPlan:
+    return SCHEDULE.make_plan(**PLAN_CASES[case], num_steps=num_steps, device=device)
+
+
+def small_unet(device: str = "cpu") -> UNet:
+    """A small real U-Net with every weight perturbed (the zero-initialized output layers would
+    otherwise make eps identically zero), in eval mode."""
+    torch.manual_seed(0)
+    model = UNet(
+        UNetConfig(
+            image_size=16,
+            in_channels=1,
+            model_channels=16,
+            channel_mult=(1, 2),
+            num_res_blocks=1,
+            attention_resolutions=(8,),
+            num_heads=2,
+            dropout=0.0,
+            norm_groups=8,
+        )
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.to(device).eval()
+
+
+class TinyEps(nn.Module):
+    """A stand-in denoiser model(x (B, C, H, W), t (B,)) -> eps: two convolutions and a t-shift."""
+
+    def __init__(self, channels: int = 1) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv2d(channels, 8, 3, padding=1)
+        self.time = nn.Linear(1, 8)
+        self.conv_out = nn.Conv2d(8, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(x) + self.time(t.float()[:, None] / 100.0)[:, :, None, None]
+        return self.conv_out(torch.tanh(h))
+
+
+def both(model, plan, *, seed: int, device: str = "cpu", **options):
+    """(original images, cuda images, original generator, cuda generator) from the same seed."""
+    g_original = torch.Generator(device).manual_seed(seed)
+    g_cuda = torch.Generator(device).manual_seed(seed)
+    with od.backend_policy("fp32"):  # the original in true fp32 too (PyTorch lets cuDNN use TF32)
+        expected = original_sample(model, plan, shape=SHAPE, generator=g_original)
+    actual = od.sample(model, plan, shape=SHAPE, generator=g_cuda, **options)
+    return expected, actual, g_original, g_cuda
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_cuda_implementation_matches_the_original_bit_for_bit_cpu(case):
+    expected, actual, g_original, g_cuda = both(small_unet(), make_plan(case), seed=7)
+    assert actual.shape == SHAPE and actual.dtype == torch.float32
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    # The generator has been consumed exactly alike (x_T, then noise for the stochastic steps).
+    assert torch.equal(torch.randn(4, generator=g_original), torch.randn(4, generator=g_cuda))
+
+
+def test_stand_in_model_matches_the_original_cpu():
+    torch.manual_seed(1)
+    expected, actual, _, _ = both(TinyEps().eval(), make_plan("ddpm", num_steps=20), seed=3)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def test_default_generator_is_used_when_none_is_given():
+    model, plan = TinyEps().eval(), make_plan("ddim_eta1")
+    torch.manual_seed(5)
+    expected = original_sample(model, plan, shape=SHAPE, generator=None)
+    torch.manual_seed(5)
+    actual = od.sample(model, plan, shape=SHAPE, generator=None)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def test_a_reused_sampler_gives_fresh_results_per_call():
+    model, plan = TinyEps().eval(), make_plan("dpm_solver")
+    sampler = od.FusedSampler(model, plan, shape=SHAPE)
+    first = sampler(generator=torch.Generator().manual_seed(1))
+    kept = first.clone()
+    second = sampler(generator=torch.Generator().manual_seed(2))
+    for seed, images in ((1, first), (2, second)):
+        expected = original_sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(images, expected, rtol=0, atol=0)
+    assert torch.equal(first, kept)  # the second call did not overwrite the first result
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_stays_close_to_fp32(precision):
+    model, plan = small_unet(), make_plan("ddim_eta0")
+    reference = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(0))
+    images = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(0), precision=precision)
+    assert images.dtype == torch.float32 and torch.isfinite(images).all()
+    assert (images - reference).abs().mean() < 0.02  # measured: about 1e-3 for bf16 on this model
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(precision="fp64"), "unknown precision"),
+        (dict(shape=(2, 16, 16)), "four positive sizes"),
+        (dict(shape=(0, 1, 16, 16)), "four positive sizes"),
+    ],
+)
+def test_bad_options_are_value_errors(options, message):
+    kwargs = dict(shape=SHAPE, generator=None) | options
+    with pytest.raises(ValueError, match=message):
+        od.sample(TinyEps().eval(), make_plan("ddpm"), **kwargs)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_generator_on_another_device_is_a_value_error():
+    with pytest.raises(ValueError, match="generator"):
+        od.sample(TinyEps().eval(), make_plan("ddpm"), shape=SHAPE, generator=torch.Generator("cuda"))
+
+
+def test_the_cpu_path_captures_no_graph():
+    assert not od.FusedSampler(TinyEps().eval(), make_plan("ddpm"), shape=SHAPE).captured
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+
+
+def _require_cuda_kernels() -> None:
+    if not od.has_cuda_kernels():
+        pytest.fail(f"the extension was built without CUDA kernels; rebuild it: {od.BUILD_COMMAND}")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_cuda_graph_matches_the_original_cuda(case):
+    _require_cuda_kernels()
+    plan = make_plan(case, num_steps=20, device="cuda")
+    expected, actual, g_original, g_cuda = both(small_unet("cuda"), plan, seed=11, device="cuda")
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)  # cuDNN may pick other algorithms
+    assert torch.equal(torch.randn(4, generator=g_original, device="cuda"), torch.randn(4, generator=g_cuda, device="cuda"))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", ["ddpm", "dpm_solver"])
+def test_graph_replay_equals_eager_steps_cuda(case):
+    _require_cuda_kernels()
+    model, plan = small_unet("cuda"), make_plan(case, num_steps=20, device="cuda")
+    graphed = od.FusedSampler(model, plan, shape=SHAPE)
+    eager = od.FusedSampler(model, plan, shape=SHAPE, use_cuda_graph=False)
+    assert graphed.captured and not eager.captured
+    a = graphed(generator=torch.Generator("cuda").manual_seed(3))
+    b = eager(generator=torch.Generator("cuda").manual_seed(3))
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_bf16_graph_stays_close_to_fp32_cuda():
+    _require_cuda_kernels()
+    model, plan = small_unet("cuda"), make_plan("ddim_eta0", num_steps=20, device="cuda")
+    reference = od.sample(model, plan, shape=SHAPE, generator=torch.Generator("cuda").manual_seed(0))
+    images = od.sample(model, plan, shape=SHAPE, generator=torch.Generator("cuda").manual_seed(0), precision="bf16")
+    assert torch.isfinite(images).all()
+    assert (images - reference).abs().mean() < 0.02
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_compiled_model_inside_the_graph_matches_the_original_cuda():
+    _require_cuda_kernels()
+    torch.manual_seed(2)
+    model, plan = TinyEps().cuda().eval(), make_plan("ddpm", num_steps=20, device="cuda")
+    expected, actual, _, _ = both(model, plan, seed=5, device="cuda", compile_model=True)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
