@@ -3,6 +3,9 @@
     python main.py --mode train --dataset digits --max_steps 1500          # offline, CPU-friendly
     python main.py --mode train --dataset mnist --n_epochs 10              # downloads MNIST
     python main.py --mode sample --model_path checkpoints/mnist.pt --n_samples 16 --sampler ddim
+    python main.py --mode export --format onnx --model_path checkpoints/mnist.pt        # -> checkpoints/mnist.onnx
+    python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
+    python main.py --mode benchmark --n_samples 8 --img_size 32 --channels 3 --sampler ddim
 
 Every mistake a user can make (a path, a size, a count, a missing dependency) ends with one line
 on stderr and exit code 2; ``--help`` lists every flag.
@@ -13,36 +16,45 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from tensorrt_integration import TensorRTOptions
+
 PROG = "main.py"
-IMPLEMENTATIONS = ("original", "cuda", "tensorrt")
+IMPLEMENTATIONS = ("original", "cuda", "onnxruntime", "tensorrt")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import benchmark
     from basic_diffusion import PRESETS
     from data import DATASETS
+    from export import DEFAULT_MAX_BATCH, DEFAULT_OPSET, FORMATS
     from noise_schedule import SAMPLERS, SCHEDULES
+    from tensorrt_integration import BACKENDS
 
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Train a DDPM on small images, draw sample grids, and compare sampling implementations.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mode", choices=("train", "sample", "benchmark"), default="train", help="what to do")
+    p.add_argument("--mode", choices=("train", "sample", "benchmark", "export"), default="train", help="what to do")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto picks CUDA when available")
     p.add_argument("--seed", type=int, default=0, help="seed for weights, data order, noise and sampling")
     p.add_argument(
         "--precision",
         choices=("auto", "fp32", "bf16", "fp16"),
         default="auto",
-        help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise",
+        help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise "
+        "(sampling: fp32, so every implementation draws the same images)",
     )
     p.add_argument(
         "--model_path",
         default=None,
-        help="checkpoint to write (train) or read (sample); default checkpoints/<dataset>.pt",
+        help="checkpoint to write (train) or read (sample, export); sample also reads exported .ts, .onnx and "
+        ".engine/.plan files; default checkpoints/<dataset>.pt",
     )
 
     g = p.add_argument_group("data")
@@ -79,9 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sampling_steps", type=int, default=None, help="default: T for ddpm, 50 for ddim, 20 for dpm_solver")
     g.add_argument("--eta", type=float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
     g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1]")
-    g.add_argument("--no_ema", action="store_true", help="sample with the raw weights instead of the EMA")
-    g.add_argument("--output", default="samples.png", help="PNG grid to write")
+    g.add_argument("--no_ema", action="store_true", help="sample (or export) the raw weights instead of the EMA")
+    g.add_argument(
+        "--output",
+        default=None,
+        help="sample: the PNG grid (default samples.png); export: the file (default: beside the checkpoint)",
+    )
     g.add_argument("--save_npz", default=None, help="also save the images (uint8, NHWC) to this .npz file")
+
+    g = p.add_argument_group("export and TensorRT")
+    g.add_argument("--format", choices=FORMATS, default="onnx", help="what --mode export writes")
+    g.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset, >= 18 (21: native GroupNormalization)")
+    g.add_argument("--trt_backend", choices=BACKENDS, default="native", help="native engines or torch_tensorrt.compile")
+    g.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch a TensorRT engine takes")
+    g.add_argument("--trt_opt_level", type=int, default=3, help="TensorRT builder optimization level, 0-5")
+    benchmark.add_arguments(p)
     return p
 
 
@@ -99,8 +123,22 @@ def check_positive(**values: int | None) -> None:
             raise ValueError(f"--{name} must be a positive integer, got {value}")
 
 
+def model_config_from_args(args: argparse.Namespace, *, size: int, channels: int):
+    """The U-Net preset named by --model_preset with the flags' overrides (validated)."""
+    from basic_diffusion import unet_preset
+
+    return unet_preset(
+        args.model_preset,
+        image_size=size,
+        in_channels=channels,
+        model_channels=args.model_channels,
+        num_res_blocks=args.num_res_blocks,
+        dropout=args.dropout,
+    )
+
+
 def run_train(args: argparse.Namespace, device: torch.device) -> None:
-    from basic_diffusion import UNetConfig, count_parameters, unet_preset
+    from basic_diffusion import UNetConfig, count_parameters
     from checkpoints import load_checkpoint
     from data import default_shape, load_images
     from noise_schedule import ScheduleConfig
@@ -121,14 +159,7 @@ def run_train(args: argparse.Namespace, device: torch.device) -> None:
     else:
         size, channels = default_shape(args.dataset)
         size, channels = args.img_size or size, args.channels or channels
-        model_config = unet_preset(
-            args.model_preset,
-            image_size=size,
-            in_channels=channels,
-            model_channels=args.model_channels,
-            num_res_blocks=args.num_res_blocks,
-            dropout=args.dropout,
-        )  # validates the size before any download
+        model_config = model_config_from_args(args, size=size, channels=channels)  # validates before any download
         schedule_config = ScheduleConfig(kind=args.beta_schedule, num_timesteps=args.timesteps)
         images = load_images(args.dataset, data_dir=args.data_dir, image_size=size, channels=channels)
         # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
@@ -172,33 +203,43 @@ def run_train(args: argparse.Namespace, device: torch.device) -> None:
 def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     import numpy as np
 
-    from basic_diffusion import UNet, UNetConfig
-    from checkpoints import atomic_write, load_checkpoint
-    from noise_schedule import NoiseSchedule, ScheduleConfig
+    from checkpoints import atomic_write
+    from export import artifact_kind, check_implementation, load_artifact
+    from noise_schedule import NoiseSchedule
     from training import save_grid
 
     check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps)
+    grid_path = args.output or "samples.png"
     if args.save_npz and not args.save_npz.endswith(".npz"):
         raise ValueError(f"--save_npz needs a file name ending in .npz, got {args.save_npz}")
-    for output in filter(None, (args.output, args.save_npz)):
+    for output in filter(None, (grid_path, args.save_npz)):
         if Path(output).is_dir():
             raise ValueError(f"output path {output} is a folder; give a file name")
     if args.precision not in ("auto", "fp32") and args.implementation == "original":
         raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
-    state = load_checkpoint(args.model_path or f"checkpoints/{args.dataset}.pt")
-    model_config = UNetConfig(**state["model_config"])
-    schedule = NoiseSchedule(ScheduleConfig(**state["schedule_config"])).to(device)
+    # A checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan), with the configs stored in or beside it.
+    model_path = args.model_path or f"checkpoints/{args.dataset}.pt"
+    check_implementation(artifact_kind(model_path), args.implementation)
+    artifact = load_artifact(model_path, device=device, weights="model" if args.no_ema else "ema")
+    schedule = NoiseSchedule(artifact.schedule_config).to(device)
     plan = schedule.make_plan(
         args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
     )
-    model = UNet(model_config)
-    model.load_state_dict(state["model" if args.no_ema else "ema"])
-    model.to(device).eval()
+    model, model_config = artifact.model, artifact.model_config
     c, s = model_config.in_channels, model_config.image_size
     shape = (args.n_samples, c, s, s)
     generator = torch.Generator(device).manual_seed(args.seed)
-    images = draw(args.implementation, model, plan, shape=shape, generator=generator, precision=args.precision)
-    print(f"wrote {save_grid(images, args.output)} ({args.n_samples} samples, {plan.sampler}, {plan.num_steps} steps)")
+    precision = "fp32" if args.precision == "auto" else args.precision  # fp32: the same images as original
+    images = draw(
+        args.implementation,
+        model,
+        plan,
+        shape=shape,
+        generator=generator,
+        precision=precision,
+        tensorrt_options=tensorrt_options(args, source=artifact.path),
+    )
+    print(f"wrote {save_grid(images, grid_path)} ({args.n_samples} samples, {plan.sampler}, {plan.num_steps} steps)")
     if args.save_npz:
         # sync: the images come to the host once, for the file.
         pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
@@ -206,13 +247,110 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
         print(f"wrote {args.save_npz}")
 
 
-def draw(implementation: str, model, plan, *, shape, generator, precision: str) -> torch.Tensor:
+def tensorrt_options(args: argparse.Namespace, *, source: str | Path) -> TensorRTOptions:
+    """The TensorRT flags, with the engine cache in a folder beside the checkpoint or ONNX file."""
+    from tensorrt_integration import TensorRTOptions, cache_dir_for
+
+    return TensorRTOptions(
+        backend=args.trt_backend,
+        max_batch=args.max_batch,
+        optimization_level=args.trt_opt_level,
+        opset=args.opset,
+        cache_dir=cache_dir_for(source),
+    )
+
+
+def draw(
+    implementation: str,
+    model,
+    plan,
+    *,
+    shape,
+    generator,
+    precision: str,
+    tensorrt_options: TensorRTOptions | None = None,
+) -> torch.Tensor:
     """Run a sampling plan with the chosen implementation: (B, C, H, W) images in [-1, 1]."""
     from basic_diffusion import sample
 
     if implementation == "original":
         return sample(model, plan, shape=shape, generator=generator, progress=True)
-    raise ValueError(f"the {implementation} implementation is not built yet; use --implementation original")
+    if implementation == "cuda":
+        import optimized_diffusion
+
+        return optimized_diffusion.sample(
+            model, plan, shape=shape, generator=generator, precision=precision, progress=True
+        )
+    if implementation == "onnxruntime":
+        import export
+
+        if precision != "fp32":
+            raise ValueError("the onnxruntime implementation runs the fp32 ONNX graph; drop --precision")
+        # Only the U-Net call goes through onnxruntime (a checkpoint's U-Net is exported in memory);
+        # the original loop draws the noise, so the images match the original's.
+        opset = tensorrt_options.opset if tensorrt_options is not None else export.DEFAULT_OPSET
+        runtime_model = export.as_onnxruntime(model, device=plan.coefficients.device, opset=opset)
+        return sample(runtime_model, plan, shape=shape, generator=generator, progress=True)
+    if implementation == "tensorrt":
+        import tensorrt_integration
+
+        return tensorrt_integration.sample(
+            model, plan, shape=shape, generator=generator, precision=precision, options=tensorrt_options, progress=True
+        )
+    raise ValueError(f"unknown implementation {implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+
+
+def run_export(args: argparse.Namespace, device: torch.device) -> None:
+    import export
+
+    source = args.model_path or f"checkpoints/{args.dataset}.pt"
+    output = args.output or export.default_output(source, args.format)
+    weights = "model" if args.no_ema else "ema"
+    if args.format == "tensorrt":
+        import tensorrt_integration
+
+        precision = "fp32" if args.precision == "auto" else args.precision
+        options = tensorrt_options(args, source=source)
+        lines = tensorrt_integration.export_engine(
+            source, output=output, weights=weights, device=device, precision=precision, options=options
+        )
+    else:
+        if args.precision not in ("auto", "fp32"):
+            raise ValueError(f"{args.format} exports hold fp32 weights; --precision applies to --format tensorrt")
+        lines = export.export_checkpoint(
+            source, fmt=args.format, output=output, weights=weights, device=device, opset=args.opset
+        )
+    for line in lines:
+        print(line)
+
+
+def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
+    """Every implementation on one model: a checkpoint (--model_path), or a fresh U-Net of --img_size/--channels."""
+    import benchmark
+    from basic_diffusion import UNet, UNetConfig
+    from checkpoints import load_checkpoint
+    from data import default_shape
+    from noise_schedule import NoiseSchedule, ScheduleConfig
+
+    check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps)
+    if args.model_path:
+        state = load_checkpoint(args.model_path)
+        model = UNet(UNetConfig(**state["model_config"]))
+        model.load_state_dict(state["model" if args.no_ema else "ema"])
+        schedule_config = ScheduleConfig(**state["schedule_config"])
+    else:
+        size, channels = default_shape(args.dataset)
+        torch.manual_seed(args.seed)
+        model = UNet(model_config_from_args(args, size=args.img_size or size, channels=args.channels or channels))
+        benchmark.perturb_zero_init(model, seed=args.seed)
+        schedule_config = ScheduleConfig(kind=args.beta_schedule, num_timesteps=args.timesteps)
+    model.to(device).eval()
+    plan = NoiseSchedule(schedule_config).make_plan(
+        args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
+    )
+    c, s = model.config.in_channels, model.config.image_size
+    precision = "fp32" if args.precision == "auto" else args.precision
+    benchmark.main(args, model=model, plan=plan, shape=(args.n_samples, c, s, s), precision=precision)
 
 
 def one_line(exc: BaseException) -> str:
@@ -227,9 +365,11 @@ def main(argv: list[str] | None = None) -> int:
             run_train(args, device)
         elif args.mode == "sample":
             run_sample(args, device)
+        elif args.mode == "export":
+            run_export(args, device)
         else:
-            raise ValueError("benchmark mode is not built yet; time sampling with --mode sample for now")
-    except (ValueError, OSError) as exc:
+            run_benchmark(args, device)
+    except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except torch.cuda.OutOfMemoryError:

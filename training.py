@@ -52,7 +52,7 @@ class TrainConfig:
     save_every: int = 1000
     sample_every: int = 1000
     preview_samples: int = 64
-    preview_steps: int = 50
+    preview_steps: int = 100  # respaced ancestral DDPM: robust early in training, when ODE samplers stay noisy
 
     def __post_init__(self) -> None:
         positive = {"total steps": self.total_steps, "batch size": self.batch_size, "preview samples": self.preview_samples}
@@ -168,7 +168,7 @@ class Trainer:
 
     def write_samples(self) -> Path:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
-        plan = self.schedule.make_plan("ddim", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps))
+        plan = self.schedule.make_plan("ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps))
         c, s = self.model_config.in_channels, self.model_config.image_size
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         images = sample(self.ema, plan, shape=(self.config.preview_samples, c, s, s), generator=gen)

@@ -65,6 +65,21 @@ def test_sampling_is_reproducible_from_the_seed(trained):
     assert not np.array_equal(draw("1", "a"), draw("2", "c"))
 
 
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim", "dpm_solver"])
+def test_cuda_implementation_draws_the_original_images(trained, sampler):
+    # On a CPU the "cuda" implementation runs its fused CPU kernels: same seed, same images.
+    arrays = {}
+    for implementation in ("original", "cuda"):
+        result = run(
+            "--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "4", "--sampler", sampler,
+            "--sampling_steps", "8", "--implementation", implementation, "--output", f"{implementation}.png",
+            "--save_npz", f"{implementation}.npz", cwd=trained,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        arrays[implementation] = np.load(trained / f"{implementation}.npz")["images"]
+    assert np.array_equal(arrays["original"], arrays["cuda"])
+
+
 def test_resume_continues_to_a_longer_run(trained):
     result = run("--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--max_steps", "5", cwd=trained)
     assert result.returncode == 0, result.stderr

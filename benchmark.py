@@ -1,0 +1,467 @@
+"""Benchmark mode: every sampling implementation side by side, on the same model, noise and plan.
+
+    python main.py --mode benchmark --n_samples 64 --img_size 28 --channels 1 --sampler ddpm
+    python main.py --mode benchmark --model_path checkpoints/mnist.pt --sampler ddim --json bench.json
+
+Each row runs one implementation (original fp32 eager, cuda, torch.compile of the original
+U-Net, and the export-based rows when their packages are there) with the same sampler, steps,
+batch, seed and precision. A row that cannot run is listed with its reason, never dropped.
+
+Timing: warm-up runs are excluded; on a GPU each run is bracketed by CUDA events (the device
+is synchronized once per run, when the events are read); on a CPU, ``time.perf_counter``.
+``--repeats`` runs give the median and the min-max. Memory: the peak of
+``torch.cuda.max_memory_allocated`` after a reset (GPU), or the process's peak resident set
+sampled while the row runs (CPU). Parity: each row's images against the original's from the
+same noise (max abs difference, PSNR over the [-1, 1] range).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from basic_diffusion import UNet, count_parameters
+from basic_diffusion import sample as original_sample
+from checkpoints import atomic_write
+from noise_schedule import SamplingPlan
+
+ROWS = ("original", "cuda", "compile", "onnxruntime", "torchscript", "tensorrt")
+
+# A row passes parity when its images match the original's to this PSNR (dB, data range 2).
+# fp32 rows differ only by float reassociation; bf16/fp16 rows by the lower precision.
+PARITY_PSNR_DB = {"fp32": 40.0, "bf16": 20.0, "fp16": 25.0}
+
+
+class Unavailable(Exception):
+    """A row that cannot run here; the message says why (shown in the table)."""
+
+
+@dataclass
+class Row:
+    name: str
+    precision: str
+    status: str = "ok"  # ok | unavailable | failed
+    reason: str = ""
+    times_s: list[float] = field(default_factory=list)
+    median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    ms_per_step: float | None = None
+    images_per_s: float | None = None
+    speedup: float | None = None
+    peak_memory_mb: float | None = None
+    memory_kind: str = ""
+    max_abs_diff: float | None = None
+    psnr_db: float | None = None
+    parity: str = ""  # pass | FAIL | reference | ""
+    tflops: float | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("benchmark")
+    g.add_argument("--repeats", type=int, default=3, help="timed runs per row (median and min-max reported)")
+    g.add_argument("--warmup", type=int, default=1, help="untimed runs per row before timing")
+    g.add_argument("--json", default=None, help="write the result rows as JSON here")
+    g.add_argument("--csv", default=None, help="write the result rows as CSV here")
+    g.add_argument("--chart", default=None, help="write a bar chart PNG here")
+    g.add_argument(
+        "--rows",
+        default="all",
+        help=f"comma-separated rows to run, from {','.join(ROWS)} (default all; original always runs: it is the reference)",
+    )
+
+
+# ----- measuring ---------------------------------------------------------------------------------
+class PeakRSS:
+    """Samples the process's resident set every few ms while a row runs (Linux /proc; else None)."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s, self.peak, self._stop = interval_s, 0, threading.Event()
+        self._page = 4096
+        try:
+            import os
+
+            self._page = os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+
+    def _read(self) -> int | None:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * self._page
+        except OSError:
+            return None
+
+    def __enter__(self) -> PeakRSS:
+        if self._read() is None:
+            self.peak = None
+            return self
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._read() or 0)
+            time.sleep(self.interval_s)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.peak is not None:
+            self._thread.join()
+            self.peak = max(self.peak, self._read() or 0)
+
+
+def time_runs(fn: Callable[[], torch.Tensor], *, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], torch.Tensor]:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; returns (seconds, last output)."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()  # sync: read the run's time
+            times.append(start.elapsed_time(end) / 1000.0)
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR of two image batches in [-1, 1] (peak-to-peak 2)."""
+    mse = torch.mean((a.double() - b.double()) ** 2).item()
+    return math.inf if mse == 0 else 10.0 * math.log10(4.0 / mse)
+
+
+def unet_flops(model: torch.nn.Module, *, shape: tuple[int, ...], device: torch.device) -> int:
+    """FLOPs of one U-Net forward at this batch (torch.utils.flop_counter: 2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros(shape, device=device)
+    t = torch.zeros(shape[0], dtype=torch.long, device=device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x, t)
+    return counter.get_total_flops()
+
+
+def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int = 8192, repeats: int = 10) -> float:
+    """A large square matmul's achieved TFLOP/s: the practical peak the U-Net is compared with."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times, _ = time_runs(lambda: a @ b, device=device, warmup=3, repeats=repeats)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+# ----- rows ----------------------------------------------------------------------------------------
+def build_rows(
+    names: list[str], *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
+) -> list[tuple[str, str, Callable[[torch.Generator], torch.Tensor] | Exception]]:
+    """(name, precision, run(generator) or the reason it cannot run) for each requested row."""
+    rows = []
+    for name in names:
+        try:
+            rows.append((name, *_make_row(name, model=model, plan=plan, shape=shape, precision=precision)))
+        except Unavailable as exc:
+            rows.append((name, precision if name != "original" else "fp32", exc))
+    return rows
+
+
+def _make_row(name, *, model, plan, shape, precision):
+    if name == "original":
+        return "fp32", lambda g: original_sample(model, plan, shape=shape, generator=g)
+    if name == "cuda":
+        try:
+            import optimized_diffusion
+        except ImportError as exc:  # pragma: no cover - the module itself always imports
+            raise Unavailable(str(exc)) from exc
+        try:
+            sampler = optimized_diffusion.FusedSampler(model, plan, shape=shape, precision=precision)
+        except ImportError as exc:
+            raise Unavailable(f"extension not built: {exc}") from exc
+        return precision, lambda g: sampler(generator=g)
+    if name == "compile":
+        compiled = torch.compile(model, mode="max-autotune" if plan.coefficients.is_cuda else "default")
+        return "fp32", lambda g: original_sample(compiled, plan, shape=shape, generator=g)
+    if name in ("onnxruntime", "torchscript", "tensorrt"):
+        import export
+
+        try:
+            if name == "onnxruntime":
+                runtime = export.as_onnxruntime(model, device=plan.coefficients.device)
+                return "fp32", lambda g: original_sample(runtime, plan, shape=shape, generator=g)
+            if name == "torchscript":
+                traced = export.trace_torchscript(model)
+                return "fp32", lambda g: original_sample(traced, plan, shape=shape, generator=g)
+            import tensorrt_integration
+
+            sampler = tensorrt_integration.tensorrt_sampler(model, plan, shape=shape, precision=precision, log=lambda _: None)
+            return precision, lambda g: sampler(generator=g)
+        except ImportError as exc:  # the optional package is not installed: say which
+            raise Unavailable(_first_line(exc)) from exc
+    raise Unavailable(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ----- reporting ---------------------------------------------------------------------------------
+def environment(device: torch.device) -> dict:
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "python": platform.python_version(),
+    }
+    if device.type == "cuda":
+        info["driver"] = _driver_version()
+        info["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    try:
+        import tensorrt
+
+        info["tensorrt"] = tensorrt.__version__
+    except ImportError:
+        info["tensorrt"] = "not installed"
+    return info
+
+
+def _driver_version() -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("implementation", "precision", "median s", "min-max s", "ms/step", "img/s", "speedup", "peak MB", "max|diff|", "PSNR dB", "parity")
+    lines = []
+    for r in rows:
+        if r.status != "ok":
+            lines.append((r.name, r.precision, f"{r.status}: {r.reason}"))
+            continue
+        lines.append((
+            r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
+            f"{r.images_per_s:.1f}", f"{r.speedup:.2f}x", "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
+            "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
+        ))  # fmt: skip
+    widths = [max(len(h), *(len(line[i]) for line in lines if len(line) > 3)) for i, h in enumerate(head)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    for line in lines:
+        out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)) if len(line) > 3 else "  ".join(line))
+    return "\n".join(out)
+
+
+SUMMARY_NAMES = {"original": "Original PyTorch implementation", "cuda": "CUDA-optimized implementation",
+                 "tensorrt": "TensorRT implementation", "compile": "torch.compile implementation",
+                 "onnxruntime": "onnxruntime implementation", "torchscript": "TorchScript implementation"}  # fmt: skip
+
+
+def format_summary(rows: list[Row]) -> str:
+    lines = ["===== BENCHMARK RESULTS ====="]
+    by_name = {r.name: r for r in rows}
+    for r in rows:
+        label = SUMMARY_NAMES.get(r.name, r.name)
+        if r.status != "ok":
+            lines.append(f"{label}: {r.status} ({r.reason})")
+        elif r.name == "original":
+            lines.append(f"{label}: {r.median_s:.2f}s")
+        else:
+            lines.append(f"{label}: {r.median_s:.2f}s (Speedup: {r.speedup:.2f}x)")
+    trt, cuda = by_name.get("tensorrt"), by_name.get("cuda")
+    if trt and cuda and trt.status == cuda.status == "ok":
+        lines.append(f"TensorRT vs CUDA-optimized speedup: {cuda.median_s / trt.median_s:.2f}x")
+    return "\n".join(lines)
+
+
+def write_chart(rows: list[Row], path: str | Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.status == "ok"]
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
+    bars = ax.bar([f"{r.name}\n{r.precision}" for r in ok], [r.median_s for r in ok], color="#4c72b0")
+    for bar, r in zip(bars, ok):
+        ax.annotate(f"{r.speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+    ax.set_ylabel("median seconds per sampling run")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write(path, lambda f: f.write(buf.getvalue()))
+
+
+# ----- the benchmark -----------------------------------------------------------------------------
+def run_benchmark(
+    model: UNet,
+    plan: SamplingPlan,
+    *,
+    shape: tuple[int, int, int, int],
+    seed: int,
+    precision: str,
+    rows: list[str],
+    warmup: int,
+    repeats: int,
+    progress: Callable[[str], None] = print,
+) -> tuple[dict, list[Row]]:
+    """Time every requested row; returns (environment and config, rows)."""
+    device = plan.coefficients.device
+    env = environment(device)
+    flops = unet_flops(model, shape=shape, device=device)
+    env.update(
+        parameters=count_parameters(model),
+        shape=list(shape),
+        sampler=plan.sampler,
+        steps=plan.num_steps,
+        seed=seed,
+        unet_gflops_per_forward=flops / 1e9,
+    )
+    if device.type == "cuda":
+        env["matmul_peak_tflops"] = {"bf16": matmul_peak_tflops(torch.bfloat16, device=device),
+                                     "fp32": matmul_peak_tflops(torch.float32, device=device)}  # fmt: skip
+    names = ["original"] + [n for n in rows if n != "original"]
+    results: list[Row] = []
+    reference = None
+    for name, row_precision, run in build_rows(names, model=model, plan=plan, shape=shape, precision=precision):
+        row = Row(name=name, precision=row_precision)
+        results.append(row)
+        if isinstance(run, Exception):
+            row.status, row.reason = "unavailable", str(run)
+            progress(f"{name}: unavailable ({run})")
+            continue
+        progress(f"{name}: {warmup} warm-up + {repeats} timed runs ...")
+        try:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(device)
+            with PeakRSS() as rss:
+                times, images = time_runs(
+                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=warmup, repeats=repeats
+                )
+        except Exception as exc:  # a row's failure is reported in its row, the others still run
+            row.status, row.reason = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
+            progress(f"{name}: failed ({row.reason})")
+            continue
+        row.times_s = times
+        row.median_s, row.min_s, row.max_s = statistics.median(times), min(times), max(times)
+        row.ms_per_step = 1000.0 * row.median_s / plan.num_steps
+        row.images_per_s = shape[0] / row.median_s
+        row.tflops = flops * plan.num_steps / row.median_s / 1e12
+        if device.type == "cuda":
+            row.peak_memory_mb, row.memory_kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+        else:
+            row.peak_memory_mb = None if rss.peak is None else rss.peak / 2**20
+            row.memory_kind = "process_peak_rss"
+        if reference is None:
+            reference = images
+            row.parity = "reference"
+        else:
+            row.max_abs_diff = (images.float() - reference.float()).abs().max().item()
+            row.psnr_db = psnr_db(images, reference)
+            row.parity = "pass" if row.psnr_db >= PARITY_PSNR_DB[row.precision] else "FAIL"
+    base = results[0].median_s if results[0].status == "ok" else None
+    for row in results:
+        if row.status == "ok" and base:
+            row.speedup = base / row.median_s
+    return env, results
+
+
+def write_outputs(env: dict, rows: list[Row], *, json_path: str | None, csv_path: str | None, chart_path: str | None) -> None:
+    if json_path:
+        payload = json.dumps({"environment": env, "rows": [asdict(r) for r in rows]}, indent=2, default=str)
+        atomic_write(json_path, lambda f: f.write(payload.encode()))
+    if csv_path:
+        buf = io.StringIO()
+        fields = [k for k in asdict(rows[0]) if k != "times_s"]
+        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(asdict(r))
+        atomic_write(csv_path, lambda f: f.write(buf.getvalue().encode()))
+    if chart_path:
+        title = f"{env['device']} · {env['sampler']} {env['steps']} steps · batch {env['shape'][0]} · {'x'.join(map(str, env['shape'][1:]))}"
+        write_chart(rows, chart_path, title=title)
+
+
+# ----- the command line --------------------------------------------------------------------------
+def perturb_zero_init(model: torch.nn.Module, *, seed: int, std: float = 0.05) -> None:
+    """Give a freshly initialized U-Net's zero-initialized layers small random weights.
+
+    A new U-Net's output convolution starts at zero, so it would predict eps = 0 everywhere and
+    every implementation would "agree" on a trivial computation; timing and parity need real values.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def parse_rows(text: str) -> list[str]:
+    names = list(ROWS) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown or not names:
+        raise ValueError(f"unknown benchmark rows {unknown or text!r}; choose from {', '.join(ROWS)}")
+    return names
+
+
+def main(args: argparse.Namespace, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str) -> list[Row]:
+    """Run, print (header, table, summary) and write the requested outputs."""
+    if args.repeats < 1 or args.warmup < 0:
+        raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    names = parse_rows(args.rows)
+    for path in filter(None, (args.json, args.csv, args.chart)):
+        if Path(path).is_dir():
+            raise ValueError(f"output path {path} is a folder; give a file name")
+    env, rows = run_benchmark(
+        model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup, repeats=args.repeats
+    )
+    print()
+    for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python"):
+        if key in env:
+            print(f"{key:>18}: {env[key]}")
+    print(
+        f"{'model':>18}: {env['parameters'] / 1e6:.2f}M parameters, {env['unet_gflops_per_forward']:.2f} GFLOP per forward "
+        f"at batch {shape[0]}; {plan.sampler}, {plan.num_steps} steps; {args.warmup} warm-up + {args.repeats} timed runs"
+    )
+    if "matmul_peak_tflops" in env:
+        peaks = env["matmul_peak_tflops"]
+        print(f"{'matmul peak':>18}: bf16 {peaks['bf16']:.0f} TFLOP/s, fp32 {peaks['fp32']:.0f} TFLOP/s (measured now)")
+    print()
+    print(format_table(rows))
+    print()
+    print(format_summary(rows))
+    failed = [r.name for r in rows if r.parity == "FAIL"]
+    if failed:
+        print(f"PARITY FAILED for: {', '.join(failed)} (PSNR below {PARITY_PSNR_DB})")
+    write_outputs(env, rows, json_path=args.json, csv_path=args.csv, chart_path=args.chart)
+    for path in filter(None, (args.json, args.csv, args.chart)):
+        print(f"wrote {path}")
+    return rows

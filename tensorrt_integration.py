@@ -1,0 +1,760 @@
+"""TensorRT for the U-Net: the engine (build from ONNX, cache, load, infer) and the "tensorrt" implementation.
+
+    python main.py --mode sample --model_path checkpoints/mnist.pt --implementation tensorrt --precision fp16
+    python main.py --mode export --format tensorrt --model_path checkpoints/mnist.pt     # -> mnist.engine (+ .json)
+    python main.py --mode sample --model_path checkpoints/mnist.engine --implementation tensorrt
+
+Written against the TensorRT 10.x Python API (``import tensorrt``), with the names its reference
+documents: Builder, OnnxParser, IBuilderConfig.set_memory_pool_limit / builder_optimization_level /
+create_timing_cache / set_timing_cache, IOptimizationProfile.set_shape, Runtime.deserialize_cuda_engine,
+ICudaEngine.num_io_tensors / get_tensor_name / get_tensor_mode / get_tensor_dtype, and
+IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3. TensorRT 11 removed the
+weak-typing precision flags (BuilderFlag.FP16 / BF16), so with 11.x only fp32 engines are built here.
+tensorrt is imported only when an engine is built or loaded: the rest of the project never needs it.
+
+How a TensorRT sample runs:
+
+1. **ONNX.** The U-Net is exported to ONNX (export.py, from the one I/O spec ``UNetIO``) into a cache
+   folder beside the checkpoint, unless it is an ONNX file already.
+2. **Engine.** Built from that file with the precision asked for, one optimization profile (the
+   spec's (min, opt, max) shapes), a timing cache and a builder optimization level, or loaded from
+   the cache. Beside every engine lies a metadata file (TensorRT version, GPU, compute capability,
+   ONNX sha256, precision, shapes, optimization level): any difference rebuilds. The engine file's
+   own sha256 is checked against that file before it is deserialized, since an engine is code that
+   runs on the GPU; a mismatch is refused, never loaded.
+3. **Sampling.** :class:`Engine` binds fixed torch buffers and runs on PyTorch's current stream, so
+   one whole denoising step (timestep gather, engine, noise draw, update) is captured in one CUDA
+   graph: with the fused step op when the extension is built (optimized_diffusion.FusedSampler),
+   else with noise_schedule.p_step (:class:`StepSampler`). Noise is drawn in the order of
+   basic_diffusion.sample, so an fp32 engine draws the original's images to float tolerance.
+
+``--trt_backend torch_tensorrt`` compiles the PyTorch U-Net with ``torch_tensorrt.compile(ir="dynamo")``
+instead (no ONNX, no engine cache).
+
+What was run where: no machine this was written on has TensorRT, so none of its calls has run.
+The cache rules, the I/O checks and the sampling loop (with a PyTorch U-Net in the engine's place)
+are tested on the CPU (tests/test_export.py); the ONNX files engines are built from are checked
+against PyTorch with onnxruntime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+import export
+from basic_diffusion import UNet, UNetConfig
+from checkpoints import atomic_write
+from export import BatchRange, UNetIO, sha256_file
+from noise_schedule import SamplingPlan, ScheduleConfig, p_step
+
+if TYPE_CHECKING:
+    from optimized_diffusion import FusedSampler
+
+BACKENDS = ("native", "torch_tensorrt")
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16")
+TENSORRT_INSTALL = "pip install tensorrt (NVIDIA's wheels, for a machine with an NVIDIA GPU)"
+TORCH_TENSORRT_INSTALL = "pip install torch-tensorrt (the release matching your torch)"
+MIN_TENSORRT_MAJOR = 10
+METADATA_VERSION = 1
+ENVIRONMENT_FIELDS = ("tensorrt_version", "gpu_name", "compute_capability")
+DEFAULT_CACHE_DIR = Path("tensorrt_cache")
+DEFAULT_WORKSPACE_BYTES = 4 << 30
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TensorRTOptions:
+    """How engines are made: backend, profile size, builder effort, where the caches live."""
+
+    backend: str = "native"
+    max_batch: int = export.DEFAULT_MAX_BATCH  # the profile covers 1 .. max(max_batch, the batch asked for)
+    optimization_level: int = 3  # TensorRT's builder_optimization_level: 0 (fast build) .. 5 (most tactics)
+    opset: int = export.DEFAULT_OPSET
+    cache_dir: Path | None = None  # default: DEFAULT_CACHE_DIR
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown TensorRT backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.max_batch < 1:
+            raise ValueError(f"--max_batch must be a positive integer, got {self.max_batch}")
+        if not 0 <= self.optimization_level <= 5:
+            raise ValueError(f"--trt_opt_level must be between 0 and 5, got {self.optimization_level}")
+
+
+def cache_dir_for(source: str | Path) -> Path:
+    """The engine cache of a checkpoint or ONNX file: a folder beside it."""
+    source = Path(source)
+    return source.with_name(f"{source.stem}_tensorrt")
+
+
+# --------------------------------------------------------------------------------------------
+# Optional imports
+# --------------------------------------------------------------------------------------------
+
+
+def import_tensorrt():
+    """The tensorrt module (10.x or later), or an ImportError that says what to install."""
+    try:
+        import tensorrt as trt
+    except ImportError as exc:
+        raise ImportError(f"TensorRT is not installed ({_first_line(exc)}); install it: {TENSORRT_INSTALL}") from exc
+    if _major(trt.__version__) < MIN_TENSORRT_MAJOR:
+        raise ImportError(
+            f"TensorRT {trt.__version__} is too old; this code uses the 10.x API: pip install 'tensorrt>=10'"
+        )
+    return trt
+
+
+def import_torch_tensorrt():
+    try:
+        import torch_tensorrt
+    except ImportError as exc:
+        raise ImportError(
+            f"torch_tensorrt is not installed ({_first_line(exc)}); install it: {TORCH_TENSORRT_INSTALL}"
+        ) from exc
+    return torch_tensorrt
+
+
+def check_precision(tensorrt_version: str, precision: str) -> None:
+    if precision not in ENGINE_PRECISIONS:
+        raise ValueError(f"unknown engine precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    if precision != "fp32" and _major(tensorrt_version) >= 11:
+        raise ValueError(
+            f"TensorRT {tensorrt_version} builds strongly typed networks only (BuilderFlag.FP16/BF16 were removed "
+            "in 11.0); build fp32 engines, or use TensorRT 10.x for --precision fp16/bf16"
+        )
+
+
+def require_cuda(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise ValueError(f"TensorRT runs on NVIDIA GPUs; the device here is {device} (use --device cuda on a GPU)")
+
+
+# --------------------------------------------------------------------------------------------
+# The cache rules: pure functions over metadata dicts and files (no TensorRT needed)
+# --------------------------------------------------------------------------------------------
+
+
+def runtime_environment(trt, device: torch.device) -> dict[str, str]:
+    """TensorRT version, GPU name and compute capability: an engine runs only where these match."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return {
+        "tensorrt_version": trt.__version__,
+        "gpu_name": torch.cuda.get_device_name(device),
+        "compute_capability": f"{major}.{minor}",
+    }
+
+
+def engine_key(
+    *, environment: Mapping[str, str], onnx_sha256: str, precision: str, profile: Mapping, optimization_level: int
+) -> dict:
+    """Everything an engine depends on (the ONNX file by its sha256), as JSON-comparable data."""
+    return {
+        "metadata_version": METADATA_VERSION,
+        **{field: environment[field] for field in ENVIRONMENT_FIELDS},
+        "onnx_sha256": onnx_sha256,
+        "precision": precision,
+        "shapes": {
+            name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in profile.items()
+        },
+        "builder_optimization_level": optimization_level,
+    }
+
+
+def key_mismatches(stored: Mapping | None, expected: Mapping) -> list[str]:
+    """The fields of ``expected`` that ``stored`` lacks or holds differently ("field: stored -> expected")."""
+    if stored is None:
+        return ["no metadata"]
+    return [f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in expected.items() if stored.get(k) != v]
+
+
+def metadata_path(path: str | Path) -> Path:
+    """The JSON file beside an engine or cached ONNX file: ``unet.engine`` -> ``unet.engine.json``."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.json")
+
+
+def read_metadata(path: Path) -> dict | None:
+    """A metadata file's contents, or None when it is missing or unreadable (which means: rebuild)."""
+    try:
+        meta = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+class IntegrityError(ValueError):
+    """A file's sha256 differs from the one its metadata recorded: it is refused, never loaded."""
+
+
+def verified_bytes(path: Path, metadata: Mapping) -> bytes:
+    """The bytes of ``path``, after checking their sha256 against ``metadata["sha256"]``."""
+    data = Path(path).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if metadata.get("sha256") != digest:
+        raise IntegrityError(
+            f"{path} does not match the sha256 recorded in {metadata_path(path).name} "
+            f"({digest[:12]} vs {str(metadata.get('sha256'))[:12]}); refusing to load it (an engine is executable "
+            "code); delete both files to rebuild"
+        )
+    return data
+
+
+def store_with_metadata(path: Path, data: bytes, metadata: Mapping) -> dict:
+    """Write ``data`` and its metadata (plus its sha256), each atomically; returns the metadata."""
+    meta_file = metadata_path(path)
+    # The old metadata goes first: a crash between the two writes then leaves a file without
+    # metadata (rebuilt next time), never new bytes beside an old hash (refused next time).
+    meta_file.unlink(missing_ok=True)
+    atomic_write(path, lambda f: f.write(data))
+    meta = {**metadata, "sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write(meta_file, lambda f: f.write(json.dumps(meta, indent=1, sort_keys=True).encode()))
+    return meta
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    data: bytes | None  # the verified engine, or None: build one
+    reason: str
+
+
+def lookup_engine(engine_path: Path, key: Mapping) -> CacheLookup:
+    """Decide from the metadata file whether a cached engine can be used; verify its hash if so."""
+    meta = read_metadata(metadata_path(engine_path))
+    if meta is None or not engine_path.is_file():
+        return CacheLookup(None, f"no cached engine in {engine_path.parent}")
+    differences = key_mismatches(meta, key)
+    if differences:
+        return CacheLookup(None, "the cached engine was built for other settings (" + "; ".join(differences) + ")")
+    return CacheLookup(verified_bytes(engine_path, meta), f"cached engine {engine_path}")
+
+
+def get_or_build_engine(engine_path: Path, *, key: Mapping, build: Callable[[], bytes], log: Log) -> bytes:
+    """The cached engine when its metadata matches ``key``, else ``build()``'s, stored with ``key``."""
+    found = lookup_engine(engine_path, key)
+    log(("using " if found.data is not None else "building a TensorRT engine: ") + found.reason)
+    if found.data is not None:
+        return found.data
+    data = build()
+    store_with_metadata(engine_path, data, key)
+    return data
+
+
+def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, log: Log) -> Path:
+    """The U-Net as an ONNX file in ``cache_dir``, exported again when the weights or settings change."""
+    onnx_path = cache_dir / "unet.onnx"
+    key = {
+        "metadata_version": METADATA_VERSION,
+        "weights_sha256": export.weights_sha256(model),
+        "opset": opset,
+        "torch_version": torch.__version__,
+        "io": UNetIO.from_config(model.config).to_dict(),
+    }
+    meta = read_metadata(metadata_path(onnx_path))
+    if not key_mismatches(meta, key) and onnx_path.is_file() and meta.get("sha256") == sha256_file(onnx_path):
+        return onnx_path
+    log(f"exporting the U-Net to {onnx_path} (opset {opset})")
+    cpu_model = copy.deepcopy(model).cpu().eval()  # ONNX holds no device: export on the CPU
+    # An intermediate file, not an artifact to sample from: no schedule, weights known by hash only.
+    metadata = export.artifact_metadata(model_config=model.config, schedule_config=None, weights=None)
+    proto = export.export_onnx_model(cpu_model, metadata=metadata, opset=opset)
+    store_with_metadata(onnx_path, proto.SerializeToString(), key)
+    return onnx_path
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {
+    "FLOAT": torch.float32,
+    "HALF": torch.float16,
+    "BF16": torch.bfloat16,
+    "INT32": torch.int32,
+    "INT64": torch.int64,
+    "INT8": torch.int8,
+    "UINT8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def torch_dtype(trt_dtype) -> torch.dtype:
+    """The torch dtype of a ``tensorrt.DataType`` (by its enum name)."""
+    name = getattr(trt_dtype, "name", str(trt_dtype).rsplit(".", 1)[-1])
+    if name not in _TORCH_DTYPES:
+        raise ValueError(f"TensorRT data type {name} has no torch equivalent here")
+    return _TORCH_DTYPES[name]
+
+
+def io_mismatches(io: UNetIO, found: Mapping[str, tuple[str, torch.dtype]]) -> list[str]:
+    """How an engine's I/O tensors ({name: ("input" | "output", dtype)}) differ from the spec."""
+    expected = {s.name: ("input", s.dtype) for s in io.inputs} | {s.name: ("output", s.dtype) for s in io.outputs}
+    problems = [
+        f"{name}: expected {want}, engine has {found.get(name)}"
+        for name, want in expected.items()
+        if found.get(name) != want
+    ]
+    problems += [f"{name}: not in the spec" for name in found if name not in expected]
+    return problems
+
+
+class Engine:
+    """One TensorRT engine for the U-Net: ``build`` (from ONNX) -> ``load`` -> ``activate`` ->
+    ``allocate_buffers`` -> ``infer``. Needs a CUDA device; TensorRT 10.x API."""
+
+    def __init__(self, cuda_engine, *, trt, runtime, io: UNetIO, batch: BatchRange, device: torch.device) -> None:
+        self._trt, self._runtime, self.engine = trt, runtime, cuda_engine  # the runtime outlives its engine
+        self.io, self.batch, self.device = io, batch, device
+        found = {}
+        for index in range(cuda_engine.num_io_tensors):
+            name = cuda_engine.get_tensor_name(index)
+            mode = "input" if cuda_engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT else "output"
+            found[name] = (mode, torch_dtype(cuda_engine.get_tensor_dtype(name)))
+        problems = io_mismatches(io, found)
+        if problems:
+            raise ValueError("the engine's inputs and outputs differ from the U-Net spec: " + "; ".join(problems))
+        self.context = None
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.batch_size: int | None = None
+
+    @staticmethod
+    def build(
+        onnx_path: Path,
+        *,
+        io: UNetIO,
+        batch: BatchRange,
+        precision: str,
+        optimization_level: int,
+        timing_cache: bytes | None,
+        workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+    ) -> tuple[bytes, bytes]:
+        """Build a serialized engine from an ONNX file; returns (engine, updated timing cache)."""
+        trt = import_tensorrt()
+        check_precision(trt.__version__, precision)
+        logger = trt.Logger(trt.Logger.WARNING)
+        builder = trt.Builder(logger)
+        # TensorRT 10: every network is explicit-batch (that flag is deprecated), so no flags; not
+        # STRONGLY_TYPED, so the precision flags below choose the kernels' precision.
+        network = builder.create_network(0)
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse_from_file(str(onnx_path)):
+            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise ValueError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors} (try --opset 18)")
+        config = builder.create_builder_config()
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+        config.builder_optimization_level = optimization_level
+        if precision == "fp16":
+            config.set_flag(trt.BuilderFlag.FP16)
+        elif precision == "bf16":
+            config.set_flag(trt.BuilderFlag.BF16)
+        elif hasattr(trt.BuilderFlag, "TF32"):
+            config.clear_flag(trt.BuilderFlag.TF32)  # TF32 is on by default; fp32 means fp32, as in PyTorch here
+        # One optimization profile: every input's (min, opt, max) shape from the spec.
+        profile = builder.create_optimization_profile()
+        for name, (smallest, opt, largest) in io.profile(batch).items():
+            profile.set_shape(name, smallest, opt, largest)
+        config.add_optimization_profile(profile)
+        # The timing cache remembers measured tactics, so rebuilds (other precision, profile) go faster.
+        cache = config.create_timing_cache(timing_cache or b"")
+        if not config.set_timing_cache(cache, ignore_mismatch=False):
+            config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)  # stale: start afresh
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise RuntimeError("TensorRT could not build the engine; its log above says why")
+        return bytes(serialized), bytes(config.get_timing_cache().serialize())
+
+    @classmethod
+    def load(cls, data: bytes, *, io: UNetIO, batch: BatchRange, device: torch.device) -> Engine:
+        """Deserialize an engine whose bytes the caller has verified (see :func:`verified_bytes`)."""
+        trt = import_tensorrt()
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        with torch.cuda.device(device):
+            cuda_engine = runtime.deserialize_cuda_engine(data)
+        if cuda_engine is None:
+            raise ValueError("TensorRT could not deserialize the engine (another TensorRT version or GPU?); rebuild it")
+        return cls(cuda_engine, trt=trt, runtime=runtime, io=io, batch=batch, device=device)
+
+    def activate(self) -> None:
+        """Create the execution context (TensorRT allocates the engine's scratch memory here)."""
+        with torch.cuda.device(self.device):
+            self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise RuntimeError("TensorRT could not create an execution context (out of GPU memory?)")
+
+    def allocate_buffers(self, batch_size: int) -> None:
+        """Fix the input shapes at ``batch_size`` and bind one torch buffer per I/O tensor."""
+        if batch_size not in self.batch:
+            raise ValueError(
+                f"this engine takes batches of {self.batch.min} to {self.batch.max}, not {batch_size}; "
+                "rebuild it with a larger --max_batch"
+            )
+        if self.context is None:
+            self.activate()
+        shapes = self.io.shapes(batch_size)
+        for spec in self.io.inputs:
+            if not self.context.set_input_shape(spec.name, shapes[spec.name]):
+                raise RuntimeError(f"TensorRT refused the shape {shapes[spec.name]} for {spec.name}")
+        self.buffers = {}
+        for spec in self.io.tensors:
+            if tuple(self.context.get_tensor_shape(spec.name)) != shapes[spec.name]:
+                raise RuntimeError(f"{spec.name}: TensorRT infers {tuple(self.context.get_tensor_shape(spec.name))}")
+            buffer = torch.empty(shapes[spec.name], dtype=spec.dtype, device=self.device)
+            self.context.set_tensor_address(spec.name, buffer.data_ptr())
+            self.buffers[spec.name] = buffer
+        self.batch_size = batch_size
+
+    def infer(self, feed: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the engine on PyTorch's current stream; returns the output buffers by name.
+
+        Inputs are copied into the bound buffers, so the addresses TensorRT sees never change and
+        the call can be captured in a CUDA graph. The returned tensors ARE the engine's buffers:
+        the next call overwrites them (clone what you keep). Allocates only when the batch changes.
+        """
+        batch_size = feed[self.io.inputs[0].name].shape[0]
+        if batch_size != self.batch_size:
+            self.allocate_buffers(batch_size)
+        stream = torch.cuda.current_stream(self.device)  # PyTorch's stream: ordered with the ops around it
+        for spec in self.io.inputs:
+            self.buffers[spec.name].copy_(feed[spec.name])  # x_t (B, C, H, W), t (B,): device copies on `stream`
+        # execute_async_v3 (TensorRT >= 8.5; 10.0 removed the binding-array execute_v2/enqueue APIs)
+        # reads the addresses bound by set_tensor_address.
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("TensorRT could not enqueue the engine")
+        return {spec.name: self.buffers[spec.name] for spec in self.io.outputs}
+
+
+class TensorRTUNet(nn.Module):
+    """eps = unet(x_t, t) through an :class:`Engine`: the PyTorch U-Net's call, for the sampling loops."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        eps = self.engine.infer({"x_t": x_t, "t": t})["eps"]  # (B, C, H, W) float32, the engine's buffer
+        return eps.clone()  # the next call overwrites the buffer
+
+
+def engine_bytes_for(
+    model: nn.Module, *, device: torch.device, precision: str, batch: BatchRange, options: TensorRTOptions, log: Log
+) -> tuple[bytes, dict, UNetIO]:
+    """A verified serialized engine for a PyTorch U-Net or an ONNX file's U-Net, from the cache or
+    freshly built; with its cache key and I/O spec."""
+    trt = import_tensorrt()
+    check_precision(trt.__version__, precision)
+    cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
+    if isinstance(model, export.OnnxRuntimeUNet) and model.path is not None:
+        onnx_path, io = model.path, model.io
+    elif isinstance(model, UNet):
+        onnx_path = cached_onnx(model, cache_dir=cache_dir, opset=options.opset, log=log)
+        io = UNetIO.from_config(model.config)
+    else:
+        raise ValueError("TensorRT engines are built from checkpoints and .onnx files; this model is neither")
+    environment = runtime_environment(trt, device)
+    key = engine_key(
+        environment=environment,
+        onnx_sha256=sha256_file(onnx_path),
+        precision=precision,
+        profile=io.profile(batch),
+        optimization_level=options.optimization_level,
+    )
+    timing_path = cache_dir / f"timing_sm{environment['compute_capability']}_trt{environment['tensorrt_version']}.cache"
+
+    def build() -> bytes:
+        log(
+            f"building from {onnx_path}: {precision}, batch {batch.min}..{batch.max}, "
+            f"optimization level {options.optimization_level}"
+        )
+        timing = timing_path.read_bytes() if timing_path.is_file() else None
+        data, timing = Engine.build(
+            onnx_path,
+            io=io,
+            batch=batch,
+            precision=precision,
+            optimization_level=options.optimization_level,
+            timing_cache=timing,
+        )
+        atomic_write(timing_path, lambda f: f.write(timing))
+        return data
+
+    data = get_or_build_engine(cache_dir / f"unet_{precision}.engine", key=key, build=build, log=log)
+    return data, key, io
+
+
+def load_engine_artifact(path: Path, *, device: torch.device) -> tuple[TensorRTUNet, UNetConfig, ScheduleConfig, dict]:
+    """An exported engine and the configs in its metadata file; refused unless its sha256 matches."""
+    trt = import_tensorrt()
+    raw = read_metadata(metadata_path(path))
+    if raw is None:
+        raise ValueError(
+            f"{path} has no readable {metadata_path(path).name} beside it; engines are loaded only with their "
+            "metadata (configs and sha256): export one with --mode export --format tensorrt"
+        )
+    model_config, schedule_config, meta = export.parse_artifact_metadata(raw, source=path)
+    require_cuda(device)
+    differences = key_mismatches(meta, {"metadata_version": METADATA_VERSION, **runtime_environment(trt, device)})
+    if differences:
+        raise ValueError(f"{path} was built for another setup ({'; '.join(differences)}); export it again here")
+    try:
+        batch = BatchRange(*meta["batch_range"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{metadata_path(path)} holds no valid batch_range; export the engine again") from exc
+    data = verified_bytes(path, meta)
+    engine = Engine.load(data, io=UNetIO.from_config(model_config), batch=batch, device=device)
+    return TensorRTUNet(engine), model_config, schedule_config, meta
+
+
+def export_engine(
+    source: str | Path,
+    *,
+    output: str | Path,
+    weights: str,
+    device: torch.device,
+    precision: str,
+    options: TensorRTOptions,
+    log: Log = print,
+) -> list[str]:
+    """``--mode export --format tensorrt``: an engine for a checkpoint or ONNX file, plus its metadata file."""
+    source, output = Path(source), Path(output)
+    export.check_export_paths(source, output, "tensorrt")
+    if options.backend != "native":
+        raise ValueError("--format tensorrt writes native engines; torch_tensorrt compiles when sampling")
+    import_tensorrt()
+    require_cuda(device)
+    if export.artifact_kind(source) not in ("checkpoint", "onnx"):
+        raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
+    artifact = export.load_artifact(source, device=torch.device("cpu"), weights=weights)
+    batch = BatchRange.covering(1, max_batch=options.max_batch)
+    options = replace(options, cache_dir=options.cache_dir or cache_dir_for(source))
+    data, key, io = engine_bytes_for(
+        artifact.model, device=device, precision=precision, batch=batch, options=options, log=log
+    )
+    Engine.load(data, io=io, batch=batch, device=device)  # deserializes, and checks its I/O against the spec
+    metadata = export.artifact_metadata(
+        model_config=artifact.model_config, schedule_config=artifact.schedule_config, weights=weights
+    )
+    store_with_metadata(output, data, {**metadata, **key, "batch_range": batch.to_list()})
+    return [
+        f"wrote {output} and {metadata_path(output).name} (TensorRT {key['tensorrt_version']}, {precision}, "
+        f"batch {batch.min}..{batch.max}, {key['gpu_name']})"
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# The "tensorrt" implementation
+# --------------------------------------------------------------------------------------------
+
+
+def fused_step_available(device: torch.device) -> bool:
+    """Whether the diffusion_kernels extension is built (no JIT here), with CUDA kernels on a GPU."""
+    import optimized_diffusion
+
+    try:
+        optimized_diffusion.load_extension(allow_jit=False)
+    except optimized_diffusion.ExtensionUnavailableError:
+        return False
+    return device.type != "cuda" or optimized_diffusion.has_cuda_kernels()
+
+
+class StepSampler:
+    """The tensorrt implementation's loop without the extension: the U-Net call and noise_schedule.p_step
+    on static buffers, the step index held on the device, one step captured in a CUDA graph on a GPU.
+
+    Same generator use as basic_diffusion.sample (x_T from the caller's generator, then one draw per
+    stochastic step, continued in a private generator the graph can advance), so the same images.
+    """
+
+    def __init__(
+        self,
+        unet: nn.Module,
+        plan: SamplingPlan,
+        *,
+        shape: tuple[int, int, int, int],
+        use_cuda_graph: bool = True,
+        warmup_iters: int = 3,
+    ) -> None:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 4 or min(shape) < 1:
+            raise ValueError(f"shape must be four positive sizes (B, C, H, W), got {shape}")
+        self.unet, self.plan, self.shape = unet, plan, shape
+        self.device = device = plan.coefficients.device
+        self._coefficients = plan.coefficients.to(torch.float32).contiguous()  # (S, 6)
+        self._timesteps = plan.timesteps.to(torch.int64).contiguous()  # (S,)
+        self._step = torch.zeros(1, dtype=torch.int64, device=device)  # device-side step counter
+        self._t = torch.zeros(shape[0], dtype=torch.int64, device=device)  # (B,) U-Net timestep input
+        self._x = torch.zeros(shape, device=device)  # (B, C, H, W) x_t, updated in place
+        self._xstart = torch.zeros(shape, device=device) if plan.uses_prev_xstart else None  # DPM-Solver++ history
+        self._noise = torch.zeros(shape, device=device) if any(plan.noise_steps) else None  # z
+        self._rng = torch.Generator(device=device)
+        noisy = sum(plan.noise_steps)
+        self._graph_draws_noise = 2 * noisy >= plan.num_steps and noisy > 0  # the graph holds the commoner kind
+        self._graph = None
+        if device.type == "cuda" and use_cuda_graph:
+            with torch.no_grad(), torch.cuda.device(device):
+                self._graph = self._capture(warmup_iters)
+
+    def _denoise_step(self, *, draw_noise: bool) -> None:
+        self._t.copy_(self._timesteps.index_select(0, self._step).expand_as(self._t))  # t[:] = timesteps[step]
+        eps = self.unet(self._x, self._t)  # (B, C, H, W)
+        noise = self._noise.normal_(generator=self._rng) if draw_noise else None
+        # p_step reads row i of the plan's table: hand it the current step's row, gathered on the
+        # device, so the reference math runs without a host-side step index (graph-safe).
+        row = replace(self.plan, coefficients=self._coefficients.index_select(0, self._step))  # (1, 6)
+        x_prev, pred_xstart = p_step(row, 0, self._x, eps, noise=noise, prev_xstart=self._xstart)
+        self._x.copy_(x_prev)
+        if self._xstart is not None:
+            self._xstart.copy_(pred_xstart)
+        self._step.add_(1)
+
+    def _capture(self, warmup_iters: int) -> torch.cuda.CUDAGraph:
+        # Warm up on a side stream (TensorRT's first enqueue allocates; capture forbids that).
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup_iters):
+                self._step.zero_()
+                self._denoise_step(draw_noise=self._graph_draws_noise)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._step.zero_()
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self._rng)  # replays advance the private generator's offset
+        with torch.cuda.graph(graph):
+            self._denoise_step(draw_noise=self._graph_draws_noise)
+        return graph
+
+    @torch.no_grad()
+    def __call__(self, *, generator: torch.Generator, progress: bool = False) -> torch.Tensor:
+        """Draw images (B, C, H, W) float32 in [-1, 1]: a new tensor (the buffers are reused)."""
+        if generator.device.type != self.device.type:
+            raise ValueError(f"the generator is on {generator.device} but the plan samples on {self.device}")
+        device_context = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        with device_context:
+            self._x.normal_(generator=generator)  # x_T ~ N(0, I), first, as the original draws it
+            if self._xstart is not None:
+                self._xstart.zero_()
+            self._step.zero_()
+            self._rng.set_state(generator.get_state())  # the caller's stream continues here
+            steps = range(self.plan.num_steps)
+            if progress:
+                from tqdm.auto import tqdm
+
+                steps = tqdm(steps, desc=f"sampling ({self.plan.sampler}, tensorrt)", leave=False)
+            for i in steps:
+                draws_noise = self.plan.noise_steps[i]  # host tuple: no sync
+                if self._graph is not None and draws_noise == self._graph_draws_noise:
+                    self._graph.replay()
+                else:
+                    self._denoise_step(draw_noise=draws_noise)
+            generator.set_state(self._rng.get_state())  # hand the advanced stream back
+        return self._x.clone()
+
+
+def make_sampler(
+    unet: nn.Module, plan: SamplingPlan, *, shape: tuple[int, int, int, int], use_cuda_graph: bool = True
+) -> FusedSampler | StepSampler:
+    """The fused, graphed sampler of optimized_diffusion when the extension is built, else :class:`StepSampler`."""
+    device = plan.coefficients.device
+    if fused_step_available(device):
+        import optimized_diffusion
+
+        # precision "fp32": no autocast around the engine (its precision was fixed when it was built)
+        # and no TF32 for the few PyTorch ops; channels_last off: engines take NCHW.
+        return optimized_diffusion.FusedSampler(
+            unet, plan, shape=shape, precision="fp32", use_cuda_graph=use_cuda_graph, channels_last=False
+        )
+    return StepSampler(unet, plan, shape=shape, use_cuda_graph=use_cuda_graph)
+
+
+def compile_torch_tensorrt(model: UNet, *, batch: BatchRange, precision: str, optimization_level: int) -> nn.Module:
+    """``--trt_backend torch_tensorrt``: the U-Net compiled by torch_tensorrt's dynamo frontend."""
+    torch_tensorrt = import_torch_tensorrt()
+    io = UNetIO.from_config(model.config)
+    profile = io.profile(batch)
+    inputs = [
+        torch_tensorrt.Input(
+            min_shape=profile[s.name][0], opt_shape=profile[s.name][1], max_shape=profile[s.name][2], dtype=s.dtype
+        )
+        for s in io.inputs
+    ]
+    precisions = {torch.float32} | {"fp16": {torch.float16}, "bf16": {torch.bfloat16}}.get(precision, set())
+    return torch_tensorrt.compile(
+        model.eval(), ir="dynamo", inputs=inputs, enabled_precisions=precisions, optimization_level=optimization_level
+    )
+
+
+def tensorrt_sampler(
+    model: nn.Module,
+    plan: SamplingPlan,
+    *,
+    shape: tuple[int, int, int, int],
+    precision: str = "fp32",
+    options: TensorRTOptions | None = None,
+    log: Log = print,
+) -> FusedSampler | StepSampler:
+    """A reusable "tensorrt" sampler: ``sampler(generator=g)`` draws images (B, C, H, W) in [-1, 1].
+
+    ``model`` is a PyTorch U-Net, an onnxruntime U-Net loaded from an .onnx file (the engine is built
+    from that file) or a :class:`TensorRTUNet` of an exported engine (used as it is, whatever
+    ``precision`` says). The engine is built or loaded, and the graph captured, once, here.
+    """
+    options = options or TensorRTOptions()
+    device = plan.coefficients.device
+    batch = BatchRange.covering(shape[0], max_batch=options.max_batch)
+    if options.backend == "torch_tensorrt":
+        import_torch_tensorrt()
+        require_cuda(device)
+        if not isinstance(model, UNet):
+            raise ValueError("--trt_backend torch_tensorrt compiles PyTorch U-Nets: sample from a checkpoint (.pt)")
+        unet = compile_torch_tensorrt(
+            model, batch=batch, precision=precision, optimization_level=options.optimization_level
+        )
+        # No outer CUDA graph: torch_tensorrt's runtime checks shapes on the host on every call
+        # (it has its own graph mode, torch_tensorrt.runtime.enable_cudagraphs).
+        return make_sampler(unet, plan, shape=shape, use_cuda_graph=False)
+    import_tensorrt()
+    require_cuda(device)
+    if not isinstance(model, TensorRTUNet):
+        data, _, io = engine_bytes_for(model, device=device, precision=precision, batch=batch, options=options, log=log)
+        model = TensorRTUNet(Engine.load(data, io=io, batch=batch, device=device))
+    return make_sampler(model, plan, shape=shape)
+
+
+def sample(
+    model: nn.Module,
+    plan: SamplingPlan,
+    *,
+    shape: tuple[int, int, int, int],
+    generator: torch.Generator,
+    precision: str = "fp32",
+    options: TensorRTOptions | None = None,
+    log: Log = print,
+    progress: bool = False,
+) -> torch.Tensor:
+    """The "tensorrt" implementation: :func:`basic_diffusion.sample` with the U-Net run by TensorRT.
+
+    Same generator use as the original; see :func:`tensorrt_sampler` for ``model`` and the options.
+    """
+    sampler = tensorrt_sampler(model, plan, shape=shape, precision=precision, options=options, log=log)
+    return sampler(generator=generator, progress=progress)
+
+
+def _major(version: str) -> int:
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

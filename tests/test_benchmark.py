@@ -1,0 +1,102 @@
+"""Benchmark mode: a tiny CPU run through the CLI, its JSON rows, parity, and the reporting helpers."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmark import PeakRSS, Row, format_summary, format_table, psnr_db, unet_flops
+from basic_diffusion import UNet, UNetConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    work = tmp_path_factory.mktemp("bench")
+    cmd = [
+        sys.executable, str(ROOT / "main.py"), "--mode", "benchmark", "--device", "cpu", "--img_size", "16",
+        "--channels", "1", "--model_channels", "16", "--num_res_blocks", "1", "--timesteps", "50",
+        "--n_samples", "4", "--sampler", "ddim", "--sampling_steps", "5", "--repeats", "2",
+        "--rows", "original,cuda,tensorrt", "--json", "b.json", "--csv", "b.csv", "--chart", "b.png",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return work, result.stdout, json.loads((work / "b.json").read_text())
+
+
+def test_benchmark_json_has_one_row_per_implementation(bench):
+    _, _, data = bench
+    rows = {r["name"]: r for r in data["rows"]}
+    assert list(rows) == ["original", "cuda", "tensorrt"]
+    for name in ("original", "cuda"):
+        r = rows[name]
+        assert r["status"] == "ok" and len(r["times_s"]) == 2
+        assert r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["images_per_s"] == pytest.approx(4 / r["median_s"])
+        assert r["ms_per_step"] == pytest.approx(1000 * r["median_s"] / 5)
+    assert rows["original"]["speedup"] == 1.0
+    # A row that cannot run is listed with its reason, never dropped.
+    assert rows["tensorrt"]["status"] == "unavailable" and "tensorrt" in rows["tensorrt"]["reason"].lower()
+    env = data["environment"]
+    assert env["steps"] == 5 and env["shape"] == [4, 1, 16, 16] and env["unet_gflops_per_forward"] > 0
+
+
+def test_benchmark_rows_draw_the_same_images(bench):
+    _, _, data = bench
+    cuda = next(r for r in data["rows"] if r["name"] == "cuda")
+    assert cuda["parity"] == "pass" and cuda["max_abs_diff"] == 0.0  # bit-exact fused CPU kernels
+
+
+def test_benchmark_prints_the_summary_and_writes_csv_and_chart(bench):
+    work, stdout, _ = bench
+    assert "Original PyTorch implementation:" in stdout and "CUDA-optimized implementation:" in stdout
+    assert "Speedup:" in stdout
+    assert (work / "b.csv").read_text().splitlines()[0].startswith("name,precision,status")
+    assert (work / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_psnr_of_known_error():
+    a = torch.zeros(2, 1, 4, 4)
+    assert psnr_db(a, a) == math.inf
+    assert psnr_db(a, a + 0.02) == pytest.approx(10 * math.log10(4 / 0.0004))
+
+
+def test_flop_count_of_the_unet_matches_its_convolutions():
+    # A U-Net with one level and no attention: count the 3x3 and 1x1 convolutions and linears by hand.
+    config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
+                        attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    model = UNet(config).eval()
+    hw, expected = 64, 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            expected += 2 * hw * m.in_channels * m.out_channels * m.kernel_size[0] * m.kernel_size[1]
+        elif isinstance(m, torch.nn.Linear):
+            expected += 2 * m.in_features * m.out_features
+    # The mid-block attention (8 channels, 64 positions): QK^T and AV.
+    expected += 2 * 2 * 64 * 64 * 8
+    assert unet_flops(model, shape=(1, 1, 8, 8), device=torch.device("cpu")) == expected
+
+
+def test_table_and_summary_show_unavailable_rows():
+    rows = [
+        Row(name="original", precision="fp32", median_s=2.0, min_s=1.9, max_s=2.1, ms_per_step=2.0, images_per_s=4.0, speedup=1.0, parity="reference"),
+        Row(name="tensorrt", precision="fp32", status="unavailable", reason="TensorRT not installed"),
+    ]  # fmt: skip
+    assert "unavailable: TensorRT not installed" in format_table(rows)
+    assert "TensorRT implementation: unavailable (TensorRT not installed)" in format_summary(rows)
+
+
+def test_peak_rss_sees_an_allocation():
+    with PeakRSS() as baseline:
+        pass
+    with PeakRSS() as rss:
+        big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        time_to_see = big.sum()
+    assert time_to_see > 0
+    if baseline.peak is not None:
+        assert rss.peak >= baseline.peak + 48 * 2**20

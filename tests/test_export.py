@@ -1,0 +1,403 @@
+"""Export and the onnxruntime / tensorrt implementations, specified against PyTorch.
+
+Specification: the ONNX export (random weights and a trained checkpoint) agrees with PyTorch through
+onnxruntime at several batch sizes, and so does the TorchScript trace; sampling from a checkpoint,
+its TorchScript and ONNX exports, and with --implementation onnxruntime gives the checkpoint's images
+from one seed; the tensorrt implementation's step loop reproduces the original loop exactly (a
+PyTorch U-Net stands in for the engine: no engine runs here); the engine cache rebuilds on any
+metadata difference and refuses an engine whose sha256 differs; without TensorRT every TensorRT
+path ends in one line naming what to install, and importing the project never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import export
+import main
+import tensorrt_integration as trt_integration
+from basic_diffusion import UNet, UNetConfig
+from basic_diffusion import sample as original_sample
+from data import load_images
+from export import BatchRange, UNetIO
+from noise_schedule import NoiseSchedule, ScheduleConfig
+from training import TrainConfig, Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+HAVE_ONNX = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason=f"needs onnx, onnxscript and onnxruntime: {export.ONNX_INSTALL}")
+CONFIG = UNetConfig(
+    image_size=16, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
+    attention_resolutions=(8,), num_heads=2, dropout=0.0,
+)  # fmt: skip
+SCHEDULE = ScheduleConfig(num_timesteps=50)
+IO = UNetIO.from_config(CONFIG)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models: one thread is fastest, and immune to a busy 2-core machine (onnxruntime follows).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_unet() -> UNet:
+    """The tiny U-Net with every weight perturbed (its zero-initialized output layers would give eps = 0)."""
+    torch.manual_seed(0)
+    model = UNet(CONFIG)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def random_onnx() -> tuple[UNet, object]:
+    model = random_unet()
+    metadata = export.artifact_metadata(model_config=CONFIG, schedule_config=SCHEDULE, weights="ema")
+    return model, export.export_onnx_model(model, metadata=metadata)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A checkpoint trained for a few steps (high LR, so the weights leave their init), and its exports."""
+    work = tmp_path_factory.mktemp("export")
+    images = load_images("digits", data_dir=work, image_size=CONFIG.image_size)
+    config = TrainConfig(dataset="digits", total_steps=6, batch_size=8, lr=3e-3, warmup_steps=0, ema_decay=0.5,
+                         checkpoint=str(work / "ck.pt"), save_every=0, sample_every=0)  # fmt: skip
+    trainer = Trainer(config, CONFIG, SCHEDULE, images=images, device="cpu")
+    for _ in range(config.total_steps):
+        trainer.train_step()
+    trainer.save()
+    return work
+
+
+@pytest.fixture(scope="module")
+def exported(workdir) -> dict[str, str]:
+    """The trained checkpoint exported by the CLI to ONNX and TorchScript; the CLI's reports by format."""
+    reports = {}
+    for fmt in ("onnx", "torchscript"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main.main(
+                ["--device", "cpu", "--mode", "export", "--format", fmt, "--model_path", str(workdir / "ck.pt")]
+            )
+        assert rc == 0
+        reports[fmt] = out.getvalue()
+    return reports
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """main.main in this process (no interpreter start-up per call); returns (rc, stdout, stderr)."""
+    rc = main.main(["--device", "cpu", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc: int, err: str, match: str) -> None:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("main.py: error:"), err
+    assert match in lines[0], lines[0]
+
+
+# ----- the I/O spec ---------------------------------------------------------------------------------
+
+
+def test_io_spec_gives_every_shape_and_the_optimization_profile():
+    assert IO.input_names == ["x_t", "t"] and IO.output_names == ["eps"]
+    assert IO.shapes(3) == {"x_t": (3, 1, 16, 16), "t": (3,), "eps": (3, 1, 16, 16)}
+    assert IO.profile(BatchRange(1, 4, 8)) == {
+        "x_t": ((1, 1, 16, 16), (4, 1, 16, 16), (8, 1, 16, 16)),
+        "t": ((1,), (4,), (8,)),
+    }
+    assert BatchRange.covering(100, max_batch=64) == BatchRange(1, 16, 100)
+    assert BatchRange.covering(4, max_batch=8) == BatchRange(1, 8, 8)
+    with pytest.raises(ValueError, match="min <= opt <= max"):
+        BatchRange(4, 2, 8)
+
+
+# ----- ONNX and TorchScript against PyTorch ------------------------------------------------------------
+
+
+@needs_onnx
+def test_onnx_export_has_the_spec_io_native_groupnorm_and_dynamic_batch(random_onnx):
+    _, proto = random_onnx
+    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [export.DEFAULT_OPSET]
+    assert "GroupNormalization" in {node.op_type for node in proto.graph.node}
+    inputs = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
+    assert inputs["x_t"][1:] == [1, 16, 16] and isinstance(inputs["x_t"][0], str) and inputs["t"] == inputs["x_t"][:1]
+    stored = {p.key: p.value for p in proto.metadata_props}[export.METADATA_KEY]
+    model_config, schedule_config, _ = export.parse_artifact_metadata(stored, source=Path("random.onnx"))
+    assert (model_config, schedule_config) == (CONFIG, SCHEDULE)
+
+
+@needs_onnx
+def test_onnx_export_of_random_weights_matches_pytorch_through_onnxruntime(random_onnx):
+    model, proto = random_onnx
+    runtime = export.OnnxRuntimeUNet(
+        export.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
+    )
+    diff = export.max_abs_diff(runtime, model, io=IO, batch_sizes=(1, 2, 5))
+    assert diff < 1e-4, diff
+
+
+@needs_onnx
+def test_onnxruntime_implementation_draws_the_original_images(random_onnx):
+    model, proto = random_onnx
+    runtime = export.OnnxRuntimeUNet(
+        export.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
+    )
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddpm", num_steps=6)
+    ours = original_sample(runtime, plan, shape=(3, 1, 16, 16), generator=torch.Generator().manual_seed(1))
+    reference = original_sample(model, plan, shape=(3, 1, 16, 16), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-4)
+
+
+@needs_onnx
+def test_cli_exports_of_a_trained_checkpoint_match_pytorch(workdir, exported):
+    assert "onnx.checker passed" in exported["onnx"]
+    for report in exported.values():  # the CLI's own comparison, at batch sizes 1, 3 and 8
+        diff = float(re.search(r"max abs diff ([0-9.e+-]+) at batch sizes 1, 3, 8", report).group(1))
+        assert diff < 1e-4, report
+    # Independently of the CLI's own report: the files against the checkpoint's EMA U-Net.
+    model, _ = export.load_checkpoint_model(workdir / "ck.pt")
+    onnx_model = export.load_artifact(workdir / "ck.onnx", device=torch.device("cpu")).model
+    script = export.load_artifact(workdir / "ck.ts", device=torch.device("cpu")).model
+    assert export.max_abs_diff(onnx_model, model, io=IO, batch_sizes=(1, 4, 7), seed=5) < 1e-4
+    assert export.max_abs_diff(script, model, io=IO, batch_sizes=(2,), seed=5) < 1e-5
+    x_t, t = IO.example_inputs(4, generator=torch.Generator().manual_seed(5))
+    assert model(x_t, t).abs().max() > 1e-2  # the trained eps is not trivially zero
+
+
+@needs_onnx
+def test_sampling_from_every_artifact_gives_the_checkpoints_images(workdir, exported, capsys):
+    runs = {
+        "checkpoint": ("ck.pt", "original"),
+        "torchscript": ("ck.ts", "original"),
+        "onnx": ("ck.onnx", "onnxruntime"),
+        "checkpoint_onnxruntime": ("ck.pt", "onnxruntime"),  # exported in memory
+    }
+    images = {}
+    for name, (artifact, implementation) in runs.items():
+        npz = workdir / f"{name}.npz"
+        rc, _, err = run_cli(
+            capsys, "--mode", "sample", "--model_path", str(workdir / artifact), "--implementation", implementation,
+            "--sampler", "ddpm", "--sampling_steps", "5", "--n_samples", "3", "--seed", "7",
+            "--output", str(workdir / f"{name}.png"), "--save_npz", str(npz),
+        )  # fmt: skip
+        assert rc == 0, err
+        images[name] = np.load(npz)["images"].astype(np.int16)
+    assert images["checkpoint"].std() > 10  # real images, not a constant
+    for name, pixels in images.items():
+        assert np.abs(pixels - images["checkpoint"]).max() <= 1, name  # uint8 rounding of float-tolerance values
+
+
+def test_onnxruntime_prefers_the_gpu_providers_where_installed():
+    gpu_build = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert export.onnxruntime_providers(gpu_build, device_type="cpu") == ["CPUExecutionProvider"]
+    chosen = export.onnxruntime_providers(gpu_build, device_type="cuda", trt_cache_dir=Path("cache"))
+    assert [p if isinstance(p, str) else p[0] for p in chosen] == gpu_build
+    assert chosen[0][1]["trt_engine_cache_enable"]  # TensorRT's provider builds engines: cache them
+    assert export.onnxruntime_providers(["CPUExecutionProvider"], device_type="cuda") == ["CPUExecutionProvider"]
+
+
+# ----- the tensorrt implementation's own logic (no engine runs here) ----------------------------------
+
+
+@pytest.mark.parametrize("sampler,eta", [("ddpm", 0.0), ("ddim", 1.0), ("dpm_solver", 0.0)])
+def test_step_sampler_reproduces_the_original_loop_exactly(sampler, eta):
+    # The engine's place is taken by the PyTorch U-Net: this checks the loop, buffers, device-side
+    # step index and noise order that the tensorrt implementation wraps around its engine.
+    model = random_unet()
+    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=6, eta=eta)
+    g_ours, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    ours = trt_integration.StepSampler(model, plan, shape=(2, 1, 16, 16))(generator=g_ours)
+    reference = original_sample(model, plan, shape=(2, 1, 16, 16), generator=g_ref)
+    assert torch.equal(ours, reference)
+    assert torch.equal(g_ours.get_state(), g_ref.get_state())  # the generator is left where the original leaves it
+
+
+def key(**changes) -> dict:
+    environment = {"tensorrt_version": "10.9.0", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    fields = dict(environment=environment, onnx_sha256="ab" * 32, precision="fp16", profile=IO.profile(BatchRange()),
+                  optimization_level=3)  # fmt: skip
+    environment.update({k: v for k, v in changes.items() if k in environment})
+    fields.update({k: v for k, v in changes.items() if k not in environment})
+    return trt_integration.engine_key(**fields)
+
+
+class FakeBuilder:
+    """Counts builds; returns distinct bytes each time (no TensorRT involved)."""
+
+    def __init__(self) -> None:
+        self.builds = 0
+
+    def __call__(self) -> bytes:
+        self.builds += 1
+        return f"serialized engine #{self.builds}".encode()
+
+
+def test_engine_key_records_everything_an_engine_depends_on_as_json():
+    stored = json.loads(json.dumps(key()))  # what a metadata file gives back
+    assert trt_integration.key_mismatches(stored, key()) == []
+    for field in ("tensorrt_version", "gpu_name", "compute_capability", "onnx_sha256", "precision",
+                  "builder_optimization_level", "shapes"):  # fmt: skip
+        assert field in stored
+    assert stored["shapes"]["x_t"] == {"min": [1, 1, 16, 16], "opt": [16, 1, 16, 16], "max": [64, 1, 16, 16]}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(tensorrt_version="10.10.0"),
+        dict(gpu_name="NVIDIA H200"),
+        dict(compute_capability="8.0"),
+        dict(onnx_sha256="cd" * 32),
+        dict(precision="fp32"),
+        dict(profile=IO.profile(BatchRange(1, 16, 128))),
+        dict(optimization_level=5),
+    ],
+)
+def test_any_metadata_difference_rebuilds_the_engine(tmp_path, change):
+    engine_path, build, logs = tmp_path / "unet_fp16.engine", FakeBuilder(), []
+    first = trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
+    again = trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
+    assert first == again == b"serialized engine #1" and build.builds == 1  # a matching cache is reused
+    rebuilt = trt_integration.get_or_build_engine(engine_path, key=key(**change), build=build, log=logs.append)
+    assert rebuilt == b"serialized engine #2" and build.builds == 2
+    assert "other settings" in logs[-1]
+    meta = trt_integration.read_metadata(trt_integration.metadata_path(engine_path))
+    assert trt_integration.key_mismatches(meta, key(**change)) == []  # the new metadata describes the new engine
+
+
+def test_an_engine_whose_sha256_differs_is_refused_not_deserialized(tmp_path):
+    engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
+    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    engine_path.write_bytes(b"serialized engine #1, tampered with")
+    with pytest.raises(trt_integration.IntegrityError, match="refusing to load"):
+        trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    assert build.builds == 1
+
+
+def test_missing_or_corrupt_metadata_rebuilds(tmp_path):
+    engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
+    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    trt_integration.metadata_path(engine_path).write_text("{not json")
+    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    trt_integration.metadata_path(engine_path).unlink()
+    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    assert build.builds == 3
+
+
+def test_a_crash_while_storing_leaves_a_rebuild_not_a_refusal(tmp_path, monkeypatch):
+    engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
+    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+
+    def crash(path, write):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trt_integration, "atomic_write", crash)
+    with pytest.raises(OSError):
+        trt_integration.store_with_metadata(engine_path, b"new engine", key())
+    monkeypatch.undo()
+    assert trt_integration.lookup_engine(engine_path, key()).data is None  # rebuild, no IntegrityError
+
+
+def test_engine_io_is_checked_against_the_spec():
+    good = {"x_t": ("input", torch.float32), "t": ("input", torch.int64), "eps": ("output", torch.float32)}
+    assert trt_integration.io_mismatches(IO, good) == []
+    problems = trt_integration.io_mismatches(
+        IO, {**good, "eps": ("output", torch.float16), "extra": ("output", torch.float32)}
+    )
+    assert len(problems) == 2 and "eps" in problems[0] and "extra" in problems[1]
+
+    class FakeDataType:  # tensorrt.DataType members are pybind11 enums with a .name
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    assert trt_integration.torch_dtype(FakeDataType("INT64")) is torch.int64
+    assert trt_integration.torch_dtype(FakeDataType("BF16")) is torch.bfloat16
+
+
+def test_precision_rules_follow_the_tensorrt_version():
+    trt_integration.check_precision("10.9.0", "fp16")
+    trt_integration.check_precision("11.1.0", "fp32")
+    with pytest.raises(ValueError, match="strongly typed"):
+        trt_integration.check_precision("11.1.0", "bf16")
+
+
+# ----- errors ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    """TensorRT absent, even on a machine that has it (None in sys.modules makes the import fail)."""
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    monkeypatch.setitem(sys.modules, "torch_tensorrt", None)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--mode", "sample", "--implementation", "tensorrt"], "pip install tensorrt"),
+        (
+            ["--mode", "sample", "--implementation", "tensorrt", "--trt_backend", "torch_tensorrt"],
+            "pip install torch-tensorrt",
+        ),
+        (["--mode", "export", "--format", "tensorrt"], "pip install tensorrt"),
+        (["--mode", "sample", "--model_path", "{work}/unet.engine"], "pip install tensorrt"),
+    ],
+)
+def test_without_tensorrt_each_tensorrt_path_names_what_to_install(workdir, capsys, no_tensorrt, args, match):
+    (workdir / "unet.engine").write_bytes(b"not run")
+    args = [a.format(work=workdir) for a in args]
+    if "--model_path" not in args:
+        args += ["--model_path", str(workdir / "ck.pt")]
+    assert_one_line_error(*run_cli(capsys, *args)[::2], match)
+
+
+@pytest.mark.parametrize(
+    "name,content,match",
+    [
+        pytest.param("bad.onnx", b"\x08\x07 not protobuf", "corrupt or not an ONNX model", marks=needs_onnx),
+        ("bad.ts", b"PK\x03\x04 truncated zip", "corrupt or not a TorchScript file"),
+        ("bad.bin", b"", "expected a file ending in"),
+    ],
+)
+def test_a_corrupt_artifact_is_a_one_line_error(workdir, capsys, name, content, match):
+    (workdir / name).write_bytes(content)
+    rc, _, err = run_cli(capsys, "--mode", "sample", "--model_path", str(workdir / name))
+    assert_one_line_error(rc, err, match)
+
+
+def test_an_implementation_that_cannot_run_an_artifact_is_a_one_line_error(workdir, capsys):
+    (workdir / "x.onnx").write_bytes(b"")
+    rc, _, err = run_cli(
+        capsys, "--mode", "sample", "--model_path", str(workdir / "x.onnx"), "--implementation", "cuda"
+    )
+    assert_one_line_error(rc, err, "cannot run ONNX files")
+
+
+def test_importing_the_project_never_imports_tensorrt(tmp_path):
+    # A tensorrt that fails loudly when imported, first on the path: the project must not touch it.
+    (tmp_path / "tensorrt.py").write_text("raise RuntimeError('tensorrt was imported')\n")
+    code = "import main, export, tensorrt_integration, optimized_diffusion; main.build_parser()"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
