@@ -71,6 +71,10 @@ class Row:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("benchmark")
+    g.add_argument(
+        "--bench", choices=("sampling", "training"), default="sampling", help="time sampling implementations, or training steps"
+    )
+    g.add_argument("--train_steps", type=int, default=20, help="timed optimizer steps per training row")
     g.add_argument("--repeats", type=int, default=3, help="timed runs per row (median and min-max reported)")
     g.add_argument("--warmup", type=int, default=1, help="untimed runs per row before timing")
     g.add_argument("--json", default=None, help="write the result rows as JSON here")
@@ -464,4 +468,95 @@ def main(args: argparse.Namespace, *, model: UNet, plan: SamplingPlan, shape: tu
     write_outputs(env, rows, json_path=args.json, csv_path=args.csv, chart_path=args.chart)
     for path in filter(None, (args.json, args.csv, args.chart)):
         print(f"wrote {path}")
+    return rows
+
+
+# ----- training throughput -------------------------------------------------------------------------
+def training_variants(device: torch.device) -> list[tuple[str, dict]]:
+    """(name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last, +/- compile."""
+    amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
+    fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
+    return [
+        ("fp32 eager", dict(precision="fp32", compile=False, cuda_fast_path=False)),
+        ("fp32 compile", dict(precision="fp32", compile=True, cuda_fast_path=False)),
+        (f"{amp}{fast} eager", dict(precision=amp, compile=False, cuda_fast_path=True)),
+        (f"{amp}{fast} compile", dict(precision=amp, compile=True, cuda_fast_path=True)),
+    ]
+
+
+def run_training_benchmark(
+    model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant."""
+    from data import ImageSet
+    from training import TrainConfig, Trainer
+
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch_size * 4, model_config.in_channels, model_config.image_size, model_config.image_size)
+    images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
+    results = []
+    for name, fields in training_variants(device):
+        progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
+        row = {"name": name, **fields, "status": "ok", "reason": ""}
+        results.append(row)
+        try:
+            config = TrainConfig(dataset="random", total_steps=warmup + steps + 1, batch_size=batch_size, seed=seed,
+                                 warmup_steps=0, save_every=0, sample_every=0, **fields)  # fmt: skip
+            trainer = Trainer(config, model_config, schedule_config, images=images, device=device)
+            for _ in range(warmup):
+                trainer.train_step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(device)
+            with PeakRSS() as rss:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    trainer.train_step()  # reads the loss each step (a sync), so the clock sees the GPU work
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - t0
+        except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
+            row.update(status="failed", reason=f"{type(exc).__name__}: {_first_line(exc)}")
+            progress(f"training {name}: failed ({row['reason']})")
+            continue
+        row["images_per_s"] = steps * batch_size / elapsed
+        row["ms_per_step"] = 1000.0 * elapsed / steps
+        if device.type == "cuda":
+            row["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        else:
+            row["peak_memory_mb"] = None if rss.peak is None else rss.peak / 2**20
+    base = results[0].get("images_per_s")
+    for row in results:
+        if base and row.get("images_per_s"):
+            row["speedup"] = row["images_per_s"] / base
+    return results
+
+
+def main_training(args: argparse.Namespace, *, model_config, schedule_config, device: torch.device) -> list[dict]:
+    if args.train_steps < 1 or args.warmup < 0:
+        raise ValueError(f"--train_steps must be >= 1 and --warmup >= 0, got {args.train_steps} and {args.warmup}")
+    warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
+    rows = run_training_benchmark(
+        model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
+        warmup=warmup, seed=args.seed,
+    )  # fmt: skip
+    env = environment(device)
+    print()
+    for key in ("date", "device", "torch", "cuda"):
+        print(f"{key:>10}: {env[key]}")
+    print(f"{'model':>10}: {model_config.model_channels} base channels, {model_config.in_channels}x{model_config.image_size}"
+          f"x{model_config.image_size}, batch {args.batch_size}, {warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
+    print()
+    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['name']:<40}{r['status']}: {r['reason']}")
+            continue
+        mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
+        print(f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{r['speedup']:>8.2f}x{mem:>9}")
+    if args.json:
+        payload = json.dumps({"environment": env, "training_rows": rows}, indent=2, default=str)
+        atomic_write(args.json, lambda f: f.write(payload.encode()))
+        print(f"wrote {args.json}")
     return rows

@@ -348,6 +348,10 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     plan = NoiseSchedule(schedule_config).make_plan(
         args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
     )
+    if args.bench == "training":
+        check_positive(batch_size=args.batch_size)
+        benchmark.main_training(args, model_config=model.config, schedule_config=schedule_config, device=device)
+        return
     c, s = model.config.in_channels, model.config.image_size
     precision = "fp32" if args.precision == "auto" else args.precision
     benchmark.main(args, model=model, plan=plan, shape=(args.n_samples, c, s, s), precision=precision)

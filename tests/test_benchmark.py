@@ -100,3 +100,19 @@ def test_peak_rss_sees_an_allocation():
     assert time_to_see > 0
     if baseline.peak is not None:
         assert rss.peak >= baseline.peak + 48 * 2**20
+
+
+def test_training_benchmark_reports_every_variant(tmp_path):
+    cmd = [
+        sys.executable, str(ROOT / "main.py"), "--mode", "benchmark", "--bench", "training", "--device", "cpu",
+        "--img_size", "16", "--channels", "1", "--model_channels", "16", "--num_res_blocks", "1", "--batch_size", "8",
+        "--train_steps", "2", "--json", "t.json",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "t.json").read_text())["training_rows"]
+    assert [r["name"] for r in rows] == ["fp32 eager", "fp32 compile", "bf16 eager", "bf16 compile"]
+    for r in rows:
+        assert r["status"] == "ok", r["reason"]
+        assert r["images_per_s"] == pytest.approx(8 * 1000 / r["ms_per_step"])
+    assert rows[0]["speedup"] == 1.0
