@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from noise_schedule import NUM_COEFFICIENTS, SamplingPlan
+from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, p_step
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -221,6 +222,10 @@ class FusedSampler:
     each call then draws x_T from the caller's generator and runs every step. Reuse one sampler
     for many calls with the same model, plan and shape (the capture is paid once).
 
+    ``fused_step=False`` runs :func:`noise_schedule.p_step` (on the step's coefficient row, gathered
+    on the device) instead of the fused op, for callers that must work without the extension (the
+    tensorrt implementation); everything else is the same.
+
     Side effects: with ``channels_last`` (CUDA only) the model's parameters are converted to
     channels-last in place (their values do not change). The model should be in eval mode, as for
     the original loop.
@@ -237,6 +242,7 @@ class FusedSampler:
         channels_last: bool = True,
         compile_model: bool = False,
         warmup_iters: int = 3,
+        fused_step: bool = True,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
@@ -251,11 +257,13 @@ class FusedSampler:
             )
         if warmup_iters < 1:
             raise ValueError(f"warmup_iters must be at least 1, got {warmup_iters}")
-        load_extension()
+        self._fused = fused_step
+        if fused_step:
+            load_extension()
         self.plan, self.shape, self.precision = plan, shape, precision
         self.device = plan.coefficients.device  # like the original: sample where the plan lives
         on_cuda = self.device.type == "cuda"
-        if on_cuda and not has_cuda_kernels():
+        if fused_step and on_cuda and not has_cuda_kernels():
             raise ExtensionUnavailableError(
                 f"the diffusion_kernels extension was built without CUDA kernels; rebuild it where the CUDA "
                 f"toolkit is installed: {BUILD_COMMAND}"
@@ -301,7 +309,10 @@ class FusedSampler:
 
     def _denoise_step(self, *, draw_noise: bool) -> None:
         """One reverse step on the static buffers: the step counter picks t and the coefficients."""
-        gather_timestep_(self._t, timesteps=self._timesteps, step=self._step)  # t[:] = timesteps[step]
+        if self._fused:
+            gather_timestep_(self._t, timesteps=self._timesteps, step=self._step)  # t[:] = timesteps[step]
+        else:
+            self._t.copy_(self._timesteps.index_select(0, self._step.view(1)).expand_as(self._t))
         x_in = self._x.contiguous(memory_format=torch.channels_last) if self._channels_last else self._x
         # Predict the noise: eps_theta(x_t, t), (B, C, H, W) in the autocast dtype.
         with self._autocast():
@@ -311,16 +322,24 @@ class FusedSampler:
         if draw_noise:
             # z ~ N(0, I) into a float32 NCHW buffer: the same draw as the original's torch.randn.
             noise = self._noise.normal_(generator=self._rng)
-        fused_step_(
-            self._x,
-            eps,
-            noise=noise,
-            xstart=self._xstart,
-            coefficients=self._coefficients,
-            step=self._step,
-            clip_denoised=self.plan.clip_denoised,
-            use_prev=self._xstart is not None,
-        )
+        if self._fused:
+            fused_step_(
+                self._x,
+                eps,
+                noise=noise,
+                xstart=self._xstart,
+                coefficients=self._coefficients,
+                step=self._step,
+                clip_denoised=self.plan.clip_denoised,
+                use_prev=self._xstart is not None,
+            )
+        else:
+            # The reference p_step on this step's row of the table, gathered on the device (graph-safe).
+            row = replace(self.plan, coefficients=self._coefficients.index_select(0, self._step.view(1)))  # (1, 6)
+            x_prev, pred_xstart = p_step(row, 0, self._x, eps, noise=noise, prev_xstart=self._xstart)
+            self._x.copy_(x_prev)
+            if self._xstart is not None:
+                self._xstart.copy_(pred_xstart)
         self._step.add_(1)  # advance the device-side counter (no sync)
 
     def _capture(self, warmup_iters: int) -> torch.cuda.CUDAGraph:

@@ -25,7 +25,7 @@ How a TensorRT sample runs:
 3. **Sampling.** :class:`Engine` binds fixed torch buffers and runs on PyTorch's current stream, so
    one whole denoising step (timestep gather, engine, noise draw, update) is captured in one CUDA
    graph: with the fused step op when the extension is built (optimized_diffusion.FusedSampler),
-   else with noise_schedule.p_step (:class:`StepSampler`). Noise is drawn in the order of
+   else with noise_schedule.p_step (``FusedSampler(fused_step=False)``). Noise is drawn in the order of
    basic_diffusion.sample, so an fp32 engine draws the original's images to float tolerance.
 
 ``--trt_backend torch_tensorrt`` compiles the PyTorch U-Net with ``torch_tensorrt.compile(ir="dynamo")``
@@ -39,7 +39,6 @@ against PyTorch with onnxruntime.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -55,7 +54,7 @@ import export
 from basic_diffusion import UNet, UNetConfig
 from checkpoints import atomic_write
 from export import BatchRange, UNetIO, sha256_file
-from noise_schedule import SamplingPlan, ScheduleConfig, p_step
+from noise_schedule import SamplingPlan, ScheduleConfig
 
 if TYPE_CHECKING:
     from optimized_diffusion import FusedSampler
@@ -566,113 +565,24 @@ def fused_step_available(device: torch.device) -> bool:
     return device.type != "cuda" or optimized_diffusion.has_cuda_kernels()
 
 
-class StepSampler:
-    """The tensorrt implementation's loop without the extension: the U-Net call and noise_schedule.p_step
-    on static buffers, the step index held on the device, one step captured in a CUDA graph on a GPU.
-
-    Same generator use as basic_diffusion.sample (x_T from the caller's generator, then one draw per
-    stochastic step, continued in a private generator the graph can advance), so the same images.
-    """
-
-    def __init__(
-        self,
-        unet: nn.Module,
-        plan: SamplingPlan,
-        *,
-        shape: tuple[int, int, int, int],
-        use_cuda_graph: bool = True,
-        warmup_iters: int = 3,
-    ) -> None:
-        shape = tuple(int(s) for s in shape)
-        if len(shape) != 4 or min(shape) < 1:
-            raise ValueError(f"shape must be four positive sizes (B, C, H, W), got {shape}")
-        self.unet, self.plan, self.shape = unet, plan, shape
-        self.device = device = plan.coefficients.device
-        self._coefficients = plan.coefficients.to(torch.float32).contiguous()  # (S, 6)
-        self._timesteps = plan.timesteps.to(torch.int64).contiguous()  # (S,)
-        self._step = torch.zeros(1, dtype=torch.int64, device=device)  # device-side step counter
-        self._t = torch.zeros(shape[0], dtype=torch.int64, device=device)  # (B,) U-Net timestep input
-        self._x = torch.zeros(shape, device=device)  # (B, C, H, W) x_t, updated in place
-        self._xstart = torch.zeros(shape, device=device) if plan.uses_prev_xstart else None  # DPM-Solver++ history
-        self._noise = torch.zeros(shape, device=device) if any(plan.noise_steps) else None  # z
-        self._rng = torch.Generator(device=device)
-        noisy = sum(plan.noise_steps)
-        self._graph_draws_noise = 2 * noisy >= plan.num_steps and noisy > 0  # the graph holds the commoner kind
-        self._graph = None
-        if device.type == "cuda" and use_cuda_graph:
-            with torch.no_grad(), torch.cuda.device(device):
-                self._graph = self._capture(warmup_iters)
-
-    def _denoise_step(self, *, draw_noise: bool) -> None:
-        self._t.copy_(self._timesteps.index_select(0, self._step).expand_as(self._t))  # t[:] = timesteps[step]
-        eps = self.unet(self._x, self._t)  # (B, C, H, W)
-        noise = self._noise.normal_(generator=self._rng) if draw_noise else None
-        # p_step reads row i of the plan's table: hand it the current step's row, gathered on the
-        # device, so the reference math runs without a host-side step index (graph-safe).
-        row = replace(self.plan, coefficients=self._coefficients.index_select(0, self._step))  # (1, 6)
-        x_prev, pred_xstart = p_step(row, 0, self._x, eps, noise=noise, prev_xstart=self._xstart)
-        self._x.copy_(x_prev)
-        if self._xstart is not None:
-            self._xstart.copy_(pred_xstart)
-        self._step.add_(1)
-
-    def _capture(self, warmup_iters: int) -> torch.cuda.CUDAGraph:
-        # Warm up on a side stream (TensorRT's first enqueue allocates; capture forbids that).
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup_iters):
-                self._step.zero_()
-                self._denoise_step(draw_noise=self._graph_draws_noise)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self._step.zero_()
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(self._rng)  # replays advance the private generator's offset
-        with torch.cuda.graph(graph):
-            self._denoise_step(draw_noise=self._graph_draws_noise)
-        return graph
-
-    @torch.no_grad()
-    def __call__(self, *, generator: torch.Generator, progress: bool = False) -> torch.Tensor:
-        """Draw images (B, C, H, W) float32 in [-1, 1]: a new tensor (the buffers are reused)."""
-        if generator.device.type != self.device.type:
-            raise ValueError(f"the generator is on {generator.device} but the plan samples on {self.device}")
-        device_context = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-        with device_context:
-            self._x.normal_(generator=generator)  # x_T ~ N(0, I), first, as the original draws it
-            if self._xstart is not None:
-                self._xstart.zero_()
-            self._step.zero_()
-            self._rng.set_state(generator.get_state())  # the caller's stream continues here
-            steps = range(self.plan.num_steps)
-            if progress:
-                from tqdm.auto import tqdm
-
-                steps = tqdm(steps, desc=f"sampling ({self.plan.sampler}, tensorrt)", leave=False)
-            for i in steps:
-                draws_noise = self.plan.noise_steps[i]  # host tuple: no sync
-                if self._graph is not None and draws_noise == self._graph_draws_noise:
-                    self._graph.replay()
-                else:
-                    self._denoise_step(draw_noise=draws_noise)
-            generator.set_state(self._rng.get_state())  # hand the advanced stream back
-        return self._x.clone()
-
-
 def make_sampler(
     unet: nn.Module, plan: SamplingPlan, *, shape: tuple[int, int, int, int], use_cuda_graph: bool = True
-) -> FusedSampler | StepSampler:
-    """The fused, graphed sampler of optimized_diffusion when the extension is built, else :class:`StepSampler`."""
-    device = plan.coefficients.device
-    if fused_step_available(device):
-        import optimized_diffusion
+) -> FusedSampler:
+    """optimized_diffusion's graphed sampler around ``unet``: with the fused step when the extension
+    is built, else with noise_schedule.p_step."""
+    import optimized_diffusion
 
-        # precision "fp32": no autocast around the engine (its precision was fixed when it was built)
-        # and no TF32 for the few PyTorch ops; channels_last off: engines take NCHW.
-        return optimized_diffusion.FusedSampler(
-            unet, plan, shape=shape, precision="fp32", use_cuda_graph=use_cuda_graph, channels_last=False
-        )
-    return StepSampler(unet, plan, shape=shape, use_cuda_graph=use_cuda_graph)
+    # precision "fp32": no autocast around the engine (its precision was fixed when it was built)
+    # and no TF32 for the few PyTorch ops; channels_last off: engines take NCHW.
+    return optimized_diffusion.FusedSampler(
+        unet,
+        plan,
+        shape=shape,
+        precision="fp32",
+        use_cuda_graph=use_cuda_graph,
+        channels_last=False,
+        fused_step=fused_step_available(plan.coefficients.device),
+    )
 
 
 def compile_torch_tensorrt(model: UNet, *, batch: BatchRange, precision: str, optimization_level: int) -> nn.Module:
@@ -700,7 +610,7 @@ def tensorrt_sampler(
     precision: str = "fp32",
     options: TensorRTOptions | None = None,
     log: Log = print,
-) -> FusedSampler | StepSampler:
+) -> FusedSampler:
     """A reusable "tensorrt" sampler: ``sampler(generator=g)`` draws images (B, C, H, W) in [-1, 1].
 
     ``model`` is a PyTorch U-Net, an onnxruntime U-Net loaded from an .onnx file (the engine is built

@@ -76,6 +76,22 @@ def test_folder_dataset_reads_images_and_rejects_bad_ones(tmp_path):
         load_images("folder", data_dir=tmp_path, image_size=16, channels=3)
 
 
+@pytest.mark.parametrize("dataset,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+def test_torchvision_files_placed_in_data_dir_are_used_offline(tmp_path, dataset, folder):
+    # The files an offline user places by hand (torchvision's idx format) are read without a download.
+    import struct
+
+    raw = tmp_path / folder / "raw"
+    raw.mkdir(parents=True)
+    pixels = torch.arange(5 * 28 * 28, dtype=torch.int64).remainder(256).to(torch.uint8)
+    for split, n in (("train", 5), ("t10k", 2)):
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + pixels[: n * 784].numpy().tobytes())
+        (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + bytes(n))
+    images = load_images(dataset, data_dir=tmp_path, image_size=28)
+    assert images.images.shape == (5, 1, 28, 28)
+    assert torch.equal(images.images.flatten(), pixels)
+
+
 def test_missing_torchvision_files_explain_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="--dataset digits"):
         load_images("mnist", data_dir=tmp_path, image_size=28, download=False)

@@ -33,6 +33,7 @@ from basic_diffusion import sample as original_sample
 from data import load_images
 from export import BatchRange, UNetIO
 from noise_schedule import NoiseSchedule, ScheduleConfig
+from optimized_diffusion import FusedSampler
 from training import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,13 +220,16 @@ def test_onnxruntime_prefers_the_gpu_providers_where_installed():
 
 
 @pytest.mark.parametrize("sampler,eta", [("ddpm", 0.0), ("ddim", 1.0), ("dpm_solver", 0.0)])
-def test_step_sampler_reproduces_the_original_loop_exactly(sampler, eta):
+@pytest.mark.parametrize("fused_step", [True, False])
+def test_reference_step_sampler_reproduces_the_original_loop_exactly(sampler, eta, fused_step):
     # The engine's place is taken by the PyTorch U-Net: this checks the loop, buffers, device-side
-    # step index and noise order that the tensorrt implementation wraps around its engine.
+    # step index and noise order that the tensorrt implementation wraps around its engine, with the
+    # fused op and with the p_step fallback used where the extension is not built.
     model = random_unet()
     plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=6, eta=eta)
     g_ours, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    ours = trt_integration.StepSampler(model, plan, shape=(2, 1, 16, 16))(generator=g_ours)
+    sampler_ = FusedSampler(model, plan, shape=(2, 1, 16, 16), channels_last=False, fused_step=fused_step)
+    ours = sampler_(generator=g_ours)
     reference = original_sample(model, plan, shape=(2, 1, 16, 16), generator=g_ref)
     assert torch.equal(ours, reference)
     assert torch.equal(g_ours.get_state(), g_ref.get_state())  # the generator is left where the original leaves it
