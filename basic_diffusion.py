@@ -53,6 +53,13 @@ class UNetConfig:
             raise ValueError(f"channel_mult must be a non-empty list of positive integers, got {self.channel_mult}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        attended = [self.model_channels * m for m, r in zip(self.channel_mult, self.resolutions) if r in self.attention_resolutions]
+        attended.append(self.model_channels * self.channel_mult[-1])  # the middle block always attends
+        if any(c % self.num_heads for c in attended):
+            raise ValueError(
+                f"attention widths {sorted(set(attended))} must divide by num_heads={self.num_heads}; "
+                "pick --model_channels accordingly"
+            )
         factor = 2 ** (len(self.channel_mult) - 1)
         if self.image_size < factor or self.image_size % factor:
             raise ValueError(

@@ -18,6 +18,7 @@ same noise (max abs difference, PSNR over the [-1, 1] range).
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import io
 import json
@@ -190,20 +191,21 @@ def build_rows(
 
 def _make_row(name, *, model, plan, shape, precision):
     if name == "original":
-        return "fp32", lambda g: original_sample(model, plan, shape=shape, generator=g)
+        return "fp32", lambda g: _fp32(original_sample, model, plan, shape=shape, generator=g)
     if name == "cuda":
         try:
             import optimized_diffusion
         except ImportError as exc:  # pragma: no cover - the module itself always imports
             raise Unavailable(str(exc)) from exc
         try:
-            sampler = optimized_diffusion.FusedSampler(model, plan, shape=shape, precision=precision)
+            # A copy: on CUDA the sampler turns its model channels-last in place, which would change the other rows.
+            sampler = optimized_diffusion.FusedSampler(copy.deepcopy(model), plan, shape=shape, precision=precision)
         except ImportError as exc:
             raise Unavailable(f"extension not built: {exc}") from exc
         return precision, lambda g: sampler(generator=g)
     if name == "compile":
         compiled = torch.compile(model, mode="max-autotune" if plan.coefficients.is_cuda else "default")
-        return "fp32", lambda g: original_sample(compiled, plan, shape=shape, generator=g)
+        return "fp32", lambda g: _fp32(original_sample, compiled, plan, shape=shape, generator=g)
     if name in ("onnxruntime", "torchscript", "tensorrt"):
         import export
 
@@ -221,6 +223,14 @@ def _make_row(name, *, model, plan, shape, precision):
         except ImportError as exc:  # the optional package is not installed: say which
             raise Unavailable(_first_line(exc)) from exc
     raise Unavailable(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
+
+
+def _fp32(fn, *args, **kwargs):
+    """Run ``fn`` with TF32 off in cuDNN and cuBLAS: the fp32 rows compute true fp32, like the cuda row's policy."""
+    from optimized_diffusion import backend_policy
+
+    with backend_policy("fp32"):
+        return fn(*args, **kwargs)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -270,14 +280,18 @@ def format_table(rows: list[Row]) -> str:
             continue
         lines.append((
             r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
-            f"{r.images_per_s:.1f}", f"{r.speedup:.2f}x", "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
+            f"{r.images_per_s:.1f}", _times(r.speedup), "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
             "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
         ))  # fmt: skip
-    widths = [max(len(h), *(len(line[i]) for line in lines if len(line) > 3)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(line[i]) for line in lines if len(line) > 3)]) for i, h in enumerate(head)]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     for line in lines:
         out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)) if len(line) > 3 else "  ".join(line))
     return "\n".join(out)
+
+
+def _times(speedup: float | None) -> str:
+    return "-" if speedup is None else f"{speedup:.2f}x"
 
 
 SUMMARY_NAMES = {"original": "Original PyTorch implementation", "cuda": "CUDA-optimized implementation",
@@ -295,7 +309,7 @@ def format_summary(rows: list[Row]) -> str:
         elif r.name == "original":
             lines.append(f"{label}: {r.median_s:.2f}s")
         else:
-            lines.append(f"{label}: {r.median_s:.2f}s (Speedup: {r.speedup:.2f}x)")
+            lines.append(f"{label}: {r.median_s:.2f}s (Speedup: {_times(r.speedup)})")
     trt, cuda = by_name.get("tensorrt"), by_name.get("cuda")
     if trt and cuda and trt.status == cuda.status == "ok":
         lines.append(f"TensorRT vs CUDA-optimized speedup: {cuda.median_s / trt.median_s:.2f}x")
@@ -312,7 +326,7 @@ def write_chart(rows: list[Row], path: str | Path, *, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
     bars = ax.bar([f"{r.name}\n{r.precision}" for r in ok], [r.median_s for r in ok], color="#4c72b0")
     for bar, r in zip(bars, ok):
-        ax.annotate(f"{r.speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+        ax.annotate(_times(r.speedup), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
     ax.set_ylabel("median seconds per sampling run")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
@@ -444,6 +458,8 @@ def main(args: argparse.Namespace, *, model: UNet, plan: SamplingPlan, shape: tu
     for path in filter(None, (args.json, args.csv, args.chart)):
         if Path(path).is_dir():
             raise ValueError(f"output path {path} is a folder; give a file name")
+    if args.chart:
+        import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = run_benchmark(
         model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup, repeats=args.repeats
     )
@@ -554,7 +570,7 @@ def main_training(args: argparse.Namespace, *, model_config, schedule_config, de
             print(f"{r['name']:<40}{r['status']}: {r['reason']}")
             continue
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        print(f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{r['speedup']:>8.2f}x{mem:>9}")
+        print(f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{_times(r.get('speedup')):>9}{mem:>9}")
     if args.json:
         payload = json.dumps({"environment": env, "training_rows": rows}, indent=2, default=str)
         atomic_write(args.json, lambda f: f.write(payload.encode()))

@@ -32,6 +32,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode instead
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -42,6 +43,12 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -146,6 +146,8 @@ def run_train(args: argparse.Namespace, device: torch.device) -> None:
 
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
     checkpoint = args.model_path or f"checkpoints/{args.dataset}.pt"
+    if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
+        raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
     if args.resume:
         state = load_checkpoint(checkpoint)
         model_config = UNetConfig(**state["model_config"])
@@ -158,6 +160,8 @@ def run_train(args: argparse.Namespace, device: torch.device) -> None:
         print(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}")
     else:
         size, channels = default_shape(args.dataset)
+        if args.channels and args.channels != channels and args.dataset != "folder":
+            raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
         size, channels = args.img_size or size, args.channels or channels
         model_config = model_config_from_args(args, size=size, channels=channels)  # validates before any download
         schedule_config = ScheduleConfig(kind=args.beta_schedule, num_timesteps=args.timesteps)
@@ -273,11 +277,12 @@ def draw(
     """Run a sampling plan with the chosen implementation: (B, C, H, W) images in [-1, 1]."""
     from basic_diffusion import sample
 
-    if implementation == "original":
-        return sample(model, plan, shape=shape, generator=generator, progress=True)
-    if implementation == "cuda":
-        import optimized_diffusion
+    import optimized_diffusion
 
+    if implementation == "original":
+        with optimized_diffusion.backend_policy("fp32"):  # no TF32 in cuDNN: true fp32, like the other rows
+            return sample(model, plan, shape=shape, generator=generator, progress=True)
+    if implementation == "cuda":
         return optimized_diffusion.sample(
             model, plan, shape=shape, generator=generator, precision=precision, progress=True
         )

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import copy
 import math
+import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -142,10 +145,14 @@ class Trainer:
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
                 "generator": self.generator.get_state(),
+                "device": self.device.type,
             },
         }
 
     def _restore(self, state: dict) -> None:
+        saved_on = state.get("rng", {}).get("device", self.device.type)
+        if saved_on != self.device.type:
+            raise ValueError(f"this run was trained on {saved_on}; resume it there (--device {saved_on}) to continue it exactly")
         try:
             self.model.load_state_dict(state["model"])
             self.ema.load_state_dict(state["ema"])
@@ -205,9 +212,10 @@ class Trainer:
         if finite:
             self.scaler.step(self.optimizer)
             self._update_ema()
-        self.scaler.update()
+        self.scaler.update()  # with fp16, an overflowing gradient lowers the scale (the step is skipped)
         self.step += 1
-        return loss_value if finite else math.nan
+        scaler_backoff = self.scaler.is_enabled() and math.isfinite(loss_value)
+        return loss_value if finite or scaler_backoff else math.nan
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -225,8 +233,13 @@ class Trainer:
         losses, bad_in_a_row, smoothed = [], 0, None
         bar = tqdm(total=end, initial=self.step, desc="training", unit="step", disable=not progress, dynamic_ncols=True)
         window_start, window_steps = time.perf_counter(), 0
+        # Ctrl-C takes effect between steps, so a checkpoint saved on interrupt is a whole step's state.
+        interrupted = []
+        restore_sigint = _defer_sigint(lambda *_: interrupted.append(True))
         try:
             while self.step < end:
+                if interrupted:
+                    raise KeyboardInterrupt
                 loss = self.train_step()
                 losses.append(loss)
                 if math.isfinite(loss):
@@ -256,8 +269,17 @@ class Trainer:
                 if at_end or (cfg.sample_every and self.step % cfg.sample_every == 0):
                     bar.write(f"step {self.step}: samples in {self.write_samples()}")
         finally:
+            restore_sigint()
             bar.close()
         return losses
+
+
+def _defer_sigint(handler) -> Callable[[], None]:
+    """Route SIGINT to ``handler`` (main thread only); returns a function restoring the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGINT, handler)
+    return lambda: signal.signal(signal.SIGINT, previous)
 
 
 def save_grid(images: torch.Tensor, path: str | Path) -> Path:

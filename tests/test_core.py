@@ -214,3 +214,30 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
         save_checkpoint(path, {**good, "step": FailsToPickle()})
     assert load_checkpoint(path)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
+
+
+def test_atomic_writes_get_the_usual_file_mode(tmp_path):
+    import os
+
+    from checkpoints import atomic_write
+
+    mask = os.umask(0o022)
+    try:
+        path = atomic_write(tmp_path / "f.bin", lambda f: f.write(b"x"))
+    finally:
+        os.umask(mask)
+    assert (path.stat().st_mode & 0o777) == 0o644
+
+
+def test_resume_on_another_device_is_refused_clearly(tmp_path):
+    trainer = make_trainer(tmp_path, total_steps=2)
+    trainer.run(progress=False)
+    state = load_checkpoint(tmp_path / "run.pt")
+    state["rng"]["device"] = "cuda"
+    with pytest.raises(ValueError, match="--device cuda"):
+        make_trainer(tmp_path, total_steps=2, state=state)
+
+
+def test_unet_rejects_widths_the_heads_do_not_divide():
+    with pytest.raises(ValueError, match="num_heads"):
+        unet_preset("small", image_size=16, in_channels=1, model_channels=25)
