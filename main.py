@@ -79,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up (default: 5%% of the run, at most 500)")
     g.add_argument("--ema_decay", type=float, default=0.999)
     g.add_argument("--grad_clip", type=float, default=1.0, help="gradient-norm clipping")
-    g.add_argument("--compile", action="store_true", help="torch.compile the U-Net")
+    g.add_argument(
+        "--compile", action="store_true", help="torch.compile the U-Net (training; and sampling with --implementation cuda)"
+    )
     g.add_argument("--save_every", type=int, default=1000, help="checkpoint every N steps (0: only at the end)")
     g.add_argument("--sample_every", type=int, default=1000, help="sample grid every N steps (0: only at the end)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --model_path exactly")
@@ -241,6 +243,7 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
         shape=shape,
         generator=generator,
         precision=precision,
+        compile_model=args.compile,
         tensorrt_options=tensorrt_options(args, source=artifact.path),
     )
     print(f"wrote {save_grid(images, grid_path)} ({args.n_samples} samples, {plan.sampler}, {plan.num_steps} steps)")
@@ -272,19 +275,19 @@ def draw(
     shape,
     generator,
     precision: str,
+    compile_model: bool = False,
     tensorrt_options: TensorRTOptions | None = None,
 ) -> torch.Tensor:
     """Run a sampling plan with the chosen implementation: (B, C, H, W) images in [-1, 1]."""
-    from basic_diffusion import sample
-
     import optimized_diffusion
+    from basic_diffusion import sample
 
     if implementation == "original":
         with optimized_diffusion.backend_policy("fp32"):  # no TF32 in cuDNN: true fp32, like the other rows
             return sample(model, plan, shape=shape, generator=generator, progress=True)
     if implementation == "cuda":
         return optimized_diffusion.sample(
-            model, plan, shape=shape, generator=generator, precision=precision, progress=True
+            model, plan, shape=shape, generator=generator, precision=precision, compile_model=compile_model, progress=True
         )
     if implementation == "onnxruntime":
         import export
