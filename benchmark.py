@@ -35,7 +35,7 @@ import torch
 
 from basic_diffusion import UNet, count_parameters
 from basic_diffusion import sample as original_sample
-from checkpoints import atomic_write
+from checkpoints import atomic_write, check_output_file, first_line
 from noise_schedule import SamplingPlan
 
 ROWS = ("original", "cuda", "compile", "onnxruntime", "torchscript", "tensorrt")
@@ -221,7 +221,7 @@ def _make_row(name, *, model, plan, shape, precision):
             sampler = tensorrt_integration.tensorrt_sampler(model, plan, shape=shape, precision=precision, log=lambda _: None)
             return precision, lambda g: sampler(generator=g)
         except ImportError as exc:  # the optional package is not installed: say which
-            raise Unavailable(_first_line(exc)) from exc
+            raise Unavailable(first_line(exc)) from exc
     raise Unavailable(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
 
 
@@ -232,10 +232,6 @@ def _fp32(fn, *args, **kwargs):
     with backend_policy("fp32"):
         return fn(*args, **kwargs)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # ----- reporting ---------------------------------------------------------------------------------
@@ -384,7 +380,7 @@ def run_benchmark(
                     lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=warmup, repeats=repeats
                 )
         except Exception as exc:  # a row's failure is reported in its row, the others still run
-            row.status, row.reason = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
+            row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
             progress(f"{name}: failed ({row.reason})")
             continue
         row.times_s = times
@@ -456,8 +452,7 @@ def main(args: argparse.Namespace, *, model: UNet, plan: SamplingPlan, shape: tu
         raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     names = parse_rows(args.rows)
     for path in filter(None, (args.json, args.csv, args.chart)):
-        if Path(path).is_dir():
-            raise ValueError(f"output path {path} is a folder; give a file name")
+        check_output_file(path)
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = run_benchmark(
@@ -533,7 +528,7 @@ def run_training_benchmark(
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - t0
         except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
-            row.update(status="failed", reason=f"{type(exc).__name__}: {_first_line(exc)}")
+            row.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
             progress(f"training {name}: failed ({row['reason']})")
             continue
         row["images_per_s"] = steps * batch_size / elapsed

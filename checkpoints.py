@@ -1,4 +1,4 @@
-"""Checkpoints and atomic file writes.
+"""Checkpoints, atomic file writes, and the small file/error helpers the other modules share.
 
 A checkpoint is one file holding everything a run needs: the model and schedule configs, the
 model and EMA weights, the optimizer, LR schedule and grad-scaler states, the step and the RNG
@@ -26,9 +26,7 @@ REQUIRED_KEYS = ("format_version", "model_config", "schedule_config", "model", "
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
     """Write a file through ``write(f)`` so that ``path`` holds either the old or the whole new file."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"output path {path} is a folder; give a file name")
+    path = check_output_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -42,6 +40,14 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+    return path
+
+
+def check_output_file(path: str | Path) -> Path:
+    """An output path must name a file, not a folder; call it before the work that produces the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"output path {path} is a folder; give a file name")
     return path
 
 
@@ -84,13 +90,13 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
             state = torch.load(io.BytesIO(f.read()), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "global" not in str(exc).lower():  # not a forbidden class or function: just broken bytes
-            raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({_first_line(exc)})") from exc
+            raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({first_line(exc)})") from exc
         raise ValueError(
             f"checkpoint {path} holds objects beyond tensors and plain data, so it is refused "
             "(it was not written by this tool, and loading it could run code)"
         ) from exc
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({_first_line(exc)})") from exc
+        raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({first_line(exc)})") from exc
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         raise ValueError(f"{path} is not a checkpoint written by this tool (missing model, EMA or config)")
     if state["format_version"] != FORMAT_VERSION:
@@ -98,6 +104,7 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
     return state
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message (its type name if there is none)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

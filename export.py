@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNet, UNetConfig
-from checkpoints import atomic_write, load_checkpoint
+from checkpoints import atomic_write, check_output_file, first_line, load_checkpoint
 from noise_schedule import ScheduleConfig
 
 FORMATS = ("onnx", "torchscript", "tensorrt")
@@ -208,7 +208,7 @@ def parse_artifact_metadata(raw: str | bytes | dict | None, *, source: Path) -> 
         if meta.get("io") != UNetIO.from_config(model_config).to_dict():
             raise ValueError("its inputs and outputs differ from this version's U-Net interface")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{source} has unusable model metadata ({_first_line(exc)}); export it again") from exc
+        raise ValueError(f"{source} has unusable model metadata ({first_line(exc)}); export it again") from exc
     return model_config, schedule_config, meta
 
 
@@ -273,7 +273,7 @@ def import_onnx():
         import onnxscript  # noqa: F401  (torch.onnx's exporter translates through it)
     except ImportError as exc:
         raise ImportError(
-            f"ONNX export needs onnx and onnxscript ({_first_line(exc)}); install them: {ONNX_INSTALL}"
+            f"ONNX export needs onnx and onnxscript ({first_line(exc)}); install them: {ONNX_INSTALL}"
         ) from exc
     return onnx
 
@@ -282,7 +282,7 @@ def import_onnxruntime():
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ImportError(f"onnxruntime is not installed ({_first_line(exc)}); install it: {ORT_INSTALL}") from exc
+        raise ImportError(f"onnxruntime is not installed ({first_line(exc)}); install it: {ORT_INSTALL}") from exc
     return onnxruntime
 
 
@@ -384,7 +384,7 @@ def onnxruntime_session(model: bytes | Path, *, device: torch.device, trt_cache_
         return ort.InferenceSession(source, sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own classes (InvalidProtobuf, InvalidGraph, Fail, ...)
         name = "the exported model" if isinstance(model, bytes) else model
-        raise ValueError(f"{name} is corrupt or not an ONNX model onnxruntime can run ({_first_line(exc)})") from exc
+        raise ValueError(f"{name} is corrupt or not an ONNX model onnxruntime can run ({first_line(exc)})") from exc
 
 
 def as_onnxruntime(model: nn.Module, *, device: torch.device, opset: int = DEFAULT_OPSET) -> OnnxRuntimeUNet:
@@ -437,7 +437,7 @@ def load_torchscript(
         with _quiet_torchscript():
             module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
     except (RuntimeError, ValueError, OSError) as exc:
-        raise ValueError(f"{path} is corrupt or not a TorchScript file ({_first_line(exc)})") from exc
+        raise ValueError(f"{path} is corrupt or not a TorchScript file ({first_line(exc)})") from exc
     model_config, schedule_config, meta = parse_artifact_metadata(extra[TORCHSCRIPT_EXTRA_FILE] or None, source=path)
     if meta.get("traced_on") != device.type:
         raise ValueError(
@@ -516,8 +516,7 @@ def check_export_paths(source: Path, output: Path, fmt: str) -> None:
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    if output.is_dir():
-        raise ValueError(f"output path {output} is a folder; give a file name")
+    check_output_file(output)
     if output.resolve() == source.resolve():
         raise ValueError(f"--output {output} would overwrite the source {source}")
 
@@ -567,7 +566,3 @@ def export_checkpoint(
     sizes = ", ".join(map(str, batch_sizes))
     return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}"]
 
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__

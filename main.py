@@ -209,7 +209,7 @@ def run_train(args: argparse.Namespace, device: torch.device) -> None:
 def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     import numpy as np
 
-    from checkpoints import atomic_write
+    from checkpoints import atomic_write, check_output_file
     from export import artifact_kind, check_implementation, load_artifact
     from noise_schedule import NoiseSchedule
     from training import save_grid
@@ -219,8 +219,7 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     if args.save_npz and not args.save_npz.endswith(".npz"):
         raise ValueError(f"--save_npz needs a file name ending in .npz, got {args.save_npz}")
     for output in filter(None, (grid_path, args.save_npz)):
-        if Path(output).is_dir():
-            raise ValueError(f"output path {output} is a folder; give a file name")
+        check_output_file(output)
     if args.precision not in ("auto", "fp32") and args.implementation == "original":
         raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
     # A checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan), with the configs stored in or beside it.
@@ -335,17 +334,14 @@ def run_export(args: argparse.Namespace, device: torch.device) -> None:
 def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     """Every implementation on one model: a checkpoint (--model_path), or a fresh U-Net of --img_size/--channels."""
     import benchmark
-    from basic_diffusion import UNet, UNetConfig
-    from checkpoints import load_checkpoint
+    from basic_diffusion import UNet
     from data import default_shape
+    from export import load_checkpoint_model
     from noise_schedule import NoiseSchedule, ScheduleConfig
 
     check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps)
     if args.model_path:
-        state = load_checkpoint(args.model_path)
-        model = UNet(UNetConfig(**state["model_config"]))
-        model.load_state_dict(state["model" if args.no_ema else "ema"])
-        schedule_config = ScheduleConfig(**state["schedule_config"])
+        model, schedule_config = load_checkpoint_model(args.model_path, weights="model" if args.no_ema else "ema")
     else:
         size, channels = default_shape(args.dataset)
         torch.manual_seed(args.seed)

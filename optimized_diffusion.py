@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from checkpoints import first_line
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, p_step
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -89,7 +90,7 @@ def load_extension(*, allow_jit: bool = True) -> str:
     except ImportError as exc:  # not built, or built against another torch (undefined symbols)
         if not allow_jit:
             raise ExtensionUnavailableError(
-                f"the diffusion_kernels extension is not built ({_first_line(exc)}); build it with: {BUILD_COMMAND}"
+                f"the diffusion_kernels extension is not built ({first_line(exc)}); build it with: {BUILD_COMMAND}"
             ) from exc
         _jit_compile()
         source = "jit"
@@ -103,10 +104,6 @@ def has_cuda_kernels() -> bool:
     load_extension()
     return torch._C._dispatch_has_kernel_for_dispatch_key("diffusion_kernels::fused_step_", "CUDA")
 
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _jit_compile() -> None:
@@ -132,7 +129,7 @@ def _jit_compile() -> None:
         )
     except Exception as exc:  # compiler missing, compile error, ...: one line, with the fix
         raise ExtensionUnavailableError(
-            f"the diffusion_kernels extension is not built and JIT compilation failed ({_first_line(exc)}); "
+            f"the diffusion_kernels extension is not built and JIT compilation failed ({first_line(exc)}); "
             f"build it with: {BUILD_COMMAND}"
         ) from exc
 

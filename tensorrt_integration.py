@@ -52,7 +52,7 @@ from torch import nn
 
 import export
 from basic_diffusion import UNet, UNetConfig
-from checkpoints import atomic_write
+from checkpoints import atomic_write, first_line
 from export import BatchRange, UNetIO, sha256_file
 from noise_schedule import SamplingPlan, ScheduleConfig
 
@@ -106,7 +106,7 @@ def import_tensorrt():
     try:
         import tensorrt as trt
     except ImportError as exc:
-        raise ImportError(f"TensorRT is not installed ({_first_line(exc)}); install it: {TENSORRT_INSTALL}") from exc
+        raise ImportError(f"TensorRT is not installed ({first_line(exc)}); install it: {TENSORRT_INSTALL}") from exc
     if _major(trt.__version__) < MIN_TENSORRT_MAJOR:
         raise ImportError(
             f"TensorRT {trt.__version__} is too old; this code uses the 10.x API: pip install 'tensorrt>=10'"
@@ -119,7 +119,7 @@ def import_torch_tensorrt():
         import torch_tensorrt
     except ImportError as exc:
         raise ImportError(
-            f"torch_tensorrt is not installed ({_first_line(exc)}); install it: {TORCH_TENSORRT_INSTALL}"
+            f"torch_tensorrt is not installed ({first_line(exc)}); install it: {TORCH_TENSORRT_INSTALL}"
         ) from exc
     return torch_tensorrt
 
@@ -664,7 +664,3 @@ def _major(version: str) -> int:
     except ValueError:
         return 0
 
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
