@@ -110,19 +110,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(
 
   // Scalar tail: the numel % VEC elements after the last whole vector (none when VEC == 1).
   for (int64_t i = num_vec * VEC + first; i < numel; i += stride) {
-    const StepResult r = step_element(
-        c,
-        static_cast<float>(x[i]),
-        static_cast<float>(eps[i]),
-        has_noise ? static_cast<float>(noise[i]) : 0.0f,
-        use_prev ? static_cast<float>(xstart[i]) : 0.0f,
-        clip_denoised,
-        has_noise,
-        use_prev);
-    x[i] = static_cast<T>(r.x_prev);
-    if (store_xstart) {
-      xstart[i] = static_cast<T>(r.pred_xstart);
-    }
+    step_at(c, i, x, eps, noise, xstart, clip_denoised, has_noise, use_prev, store_xstart);
   }
 }
 

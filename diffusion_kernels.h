@@ -98,6 +98,36 @@ C10_HOST_DEVICE inline StepResult step_element(
   return {x_prev, pred};
 }
 
+// step_element on element i of the buffers, in place: reads x (and noise / the previous
+// pred_xstart when their flags are set), writes x_prev into x and, with store_xstart,
+// pred_xstart into xstart. The CPU loop passes compile-time flags, which fold away when inlined.
+template <typename T, typename E>
+C10_HOST_DEVICE inline void step_at(
+    const StepCoefficients& c,
+    int64_t i,
+    T* __restrict__ x,
+    const E* __restrict__ eps,
+    const T* __restrict__ noise,
+    T* __restrict__ xstart,
+    bool clip_denoised,
+    bool has_noise,
+    bool use_prev,
+    bool store_xstart) {
+  const StepResult r = step_element(
+      c,
+      static_cast<float>(x[i]),
+      static_cast<float>(eps[i]),
+      has_noise ? static_cast<float>(noise[i]) : 0.0f,
+      use_prev ? static_cast<float>(xstart[i]) : 0.0f,
+      clip_denoised,
+      has_noise,
+      use_prev);
+  x[i] = static_cast<T>(r.x_prev);
+  if (store_xstart) {
+    xstart[i] = static_cast<T>(r.pred_xstart);
+  }
+}
+
 // Calls f(tag) with a value of the C++ type matching `dtype` (float, c10::Half or
 // c10::BFloat16); anything else is a TORCH_CHECK error naming `what`.
 template <typename F>

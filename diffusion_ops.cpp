@@ -145,19 +145,7 @@ void fused_step_cpu_range(
     int64_t begin,
     int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    const StepResult r = step_element(
-        c,
-        static_cast<float>(x[i]),
-        static_cast<float>(eps[i]),
-        kNoise ? static_cast<float>(noise[i]) : 0.0f,
-        kPrev ? static_cast<float>(xstart[i]) : 0.0f,
-        kClip,
-        kNoise,
-        kPrev);
-    x[i] = static_cast<T>(r.x_prev);
-    if constexpr (kStore) {
-      xstart[i] = static_cast<T>(r.pred_xstart);
-    }
+    step_at(c, i, x, eps, noise, xstart, kClip, kNoise, kPrev, kStore);
   }
 }
 
