@@ -21,7 +21,7 @@ $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu 
 
 demo: install
 	$(BIN)/python main.py --mode train --dataset digits --model_channels 32 --lr 1e-3 --max_steps 1200 \
-		--sample_every 0 --save_every 400
+		--sample_every 0 --save_every 400 --overwrite
 	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --sampler ddpm --sampling_steps 250 \
 		--n_samples 64 --output digits_samples.png
 

@@ -19,14 +19,35 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from noise_schedule import NoiseSchedule, SamplingPlan, p_step
+from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_fields, p_step, short_repr
 
 PRESETS = ("small", "ddpm_cifar10")
 
 
+# Sane bounds of each integer setting (inclusive); ddpm_cifar10 is 128 channels, (1, 2, 2, 2), 2 blocks, 1 head.
+UNET_BOUNDS = {
+    "image_size": (1, 1024),
+    "model_channels": (1, 512),
+    "num_res_blocks": (1, 8),
+    "num_heads": (1, 64),
+    "norm_groups": (1, 256),
+}
+MAX_LEVELS = 8  # entries of channel_mult
+MAX_CHANNEL_MULT = 8
+
+
 @dataclass(frozen=True)
 class UNetConfig:
-    """Shape of the denoiser. ``attention_resolutions`` are feature-map sizes in pixels."""
+    """Shape of the denoiser. ``attention_resolutions`` are feature-map sizes in pixels.
+
+    Valid values (checked at construction; :meth:`from_dict`, for configs read from files, also
+    refuses unknown or missing keys and wrong types): ``in_channels`` 1 or 3; ``image_size``
+    1..1024, divisible by 2 ** (levels - 1); ``model_channels`` 1..512; ``channel_mult`` 1..8
+    levels, each 1..8; ``num_res_blocks`` 1..8; ``num_heads`` 1..64, dividing every attention
+    width; ``norm_groups`` 1..256; ``attention_resolutions`` at most 16 sizes, each 1..image_size;
+    ``dropout`` in [0, 1). The largest such U-Net is far beyond any GPU; the bounds only keep
+    absurd values (from a damaged or hostile file) from reaching the constructor.
+    """
 
     image_size: int = 28
     in_channels: int = 1
@@ -43,15 +64,29 @@ class UNetConfig:
         object.__setattr__(self, "channel_mult", tuple(int(m) for m in self.channel_mult))
         object.__setattr__(self, "attention_resolutions", tuple(int(r) for r in self.attention_resolutions))
         if self.in_channels not in (1, 3):
-            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {self.in_channels}")
-        if self.model_channels < 1 or self.num_res_blocks < 1 or self.num_heads < 1:
+            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {short_repr(self.in_channels)}")
+        levels = len(self.channel_mult)
+        if not 1 <= levels <= MAX_LEVELS or not all(1 <= m <= MAX_CHANNEL_MULT for m in self.channel_mult):
             raise ValueError(
-                "model_channels, num_res_blocks and num_heads must be positive, got "
-                f"{self.model_channels}, {self.num_res_blocks}, {self.num_heads}"
+                f"channel_mult must be 1 to {MAX_LEVELS} integers between 1 and {MAX_CHANNEL_MULT}, "
+                f"got {short_repr(list(self.channel_mult))}"
             )
-        if not self.channel_mult or min(self.channel_mult) < 1:
-            raise ValueError(f"channel_mult must be a non-empty list of positive integers, got {self.channel_mult}")
-        if not 0.0 <= self.dropout < 1.0:
+        factor = 2 ** (len(self.channel_mult) - 1)
+        if self.image_size < factor or self.image_size % factor:
+            raise ValueError(
+                f"image size {self.image_size} cannot be downsampled {len(self.channel_mult) - 1} times by this U-Net: "
+                f"use a multiple of {factor} (for example {max(factor, self.image_size // factor * factor)})"
+            )
+        for name, (low, high) in UNET_BOUNDS.items():
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(f"{name} must be between {low} and {high}, got {getattr(self, name)}")
+        attention = self.attention_resolutions
+        if len(attention) > MAX_LIST_ITEMS or not all(1 <= r <= self.image_size for r in attention):
+            raise ValueError(
+                f"attention_resolutions must be at most {MAX_LIST_ITEMS} sizes between 1 and the image size "
+                f"{self.image_size}, got {short_repr(list(attention))}"
+            )
+        if not 0.0 <= self.dropout < 1.0:  # also False for NaN
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         attended = [self.model_channels * m for m, r in zip(self.channel_mult, self.resolutions) if r in self.attention_resolutions]
         attended.append(self.model_channels * self.channel_mult[-1])  # the middle block always attends
@@ -60,12 +95,11 @@ class UNetConfig:
                 f"attention widths {sorted(set(attended))} must divide by num_heads={self.num_heads}; "
                 "pick --model_channels accordingly"
             )
-        factor = 2 ** (len(self.channel_mult) - 1)
-        if self.image_size < factor or self.image_size % factor:
-            raise ValueError(
-                f"image size {self.image_size} cannot be downsampled {len(self.channel_mult) - 1} times by this U-Net: "
-                f"use a multiple of {factor} (for example {max(factor, self.image_size // factor * factor)})"
-            )
+
+    @classmethod
+    def from_dict(cls, data: object) -> UNetConfig:
+        """A model config read from a file: refuses unknown or missing keys, wrong types, bad ranges."""
+        return cls(**config_fields(cls, data))
 
     @property
     def resolutions(self) -> tuple[int, ...]:

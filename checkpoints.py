@@ -1,73 +1,56 @@
-"""Checkpoints, atomic file writes, and the small file/error helpers the other modules share.
+"""Checkpoints: the one file a training run writes, and reading it, or any other file, back safely.
 
 A checkpoint is one file holding everything a run needs: the model and schedule configs, the
 model and EMA weights, the optimizer, LR schedule and grad-scaler states, the step and the RNG
-states. It is written atomically (a temporary file in the same folder, flushed and fsynced, then
-renamed over the target), so a crash never leaves a half-written checkpoint, and it is read with
+states. It is written atomically (safe_files.atomic_write), and it is read with
 ``torch.load(weights_only=True)``, so loading one never runs code from it.
+
+Everything read from a file is validated, not trusted; each failure is a one-line ValueError
+naming the file. The shared pieces live here (export.py and tensorrt_integration.py import them):
+
+* :data:`MAX_FILE_BYTES`: the largest file of each kind, checked with ``os.stat`` before any read
+  (:func:`check_file_size`, :func:`read_limited`);
+* :func:`parse_json`: JSON metadata, size- and depth-limited;
+* :func:`read_configs`: the model and schedule configs, through ``UNetConfig.from_dict`` and
+  ``ScheduleConfig.from_dict`` (known keys, types, ranges);
+* :func:`load_weights`: a state dict loaded strictly, every mismatch with the config in one line.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
-import tempfile
+import stat
+import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
 
 import torch
+from torch import nn
+
+from basic_diffusion import UNetConfig
+from noise_schedule import ScheduleConfig, short_repr
+from safe_files import atomic_write
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "model_config", "schedule_config", "model", "ema", "step")
 
-
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
-    """Write a file through ``write(f)`` so that ``path`` holds either the old or the whole new file."""
-    path = check_output_file(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode instead
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def check_output_file(path: str | Path) -> Path:
-    """An output path must name a file, not a folder; call it before the work that produces the file."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"output path {path} is a folder; give a file name")
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the only portable way to read it is to set it
-    os.umask(mask)
-    return mask
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some platforms cannot open folders; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+# The largest file of each kind that is read at all, with a wide margin over the largest legitimate
+# one: the ddpm_cifar10 preset's 35.7M fp32 parameters are 0.14 GB, so a checkpoint (model, EMA and
+# AdamW's two moments) is 0.57 GB and a TorchScript, ONNX or engine file (one copy) 0.14 GB;
+# metadata files are a few KB. Keys are export.ARTIFACT_KINDS's kinds, plus "metadata" (JSON).
+GiB, MiB = 1 << 30, 1 << 20
+MAX_FILE_BYTES = {
+    "checkpoint": 4 * GiB,
+    "torchscript": 1 * GiB,
+    "onnx": 1 * GiB,
+    "tensorrt": 1 * GiB,
+    "metadata": 1 * MiB,
+}
+MAX_JSON_DEPTH = 32  # the metadata written here nests 4 deep
 
 
 def save_checkpoint(path: str | Path, state: dict) -> Path:
@@ -79,15 +62,26 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
 
 
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint this tool wrote; anything else is refused with a ValueError."""
+    """Read a checkpoint this tool wrote; anything else is refused with a ValueError.
+
+    The file must be a regular file within :data:`MAX_FILE_BYTES` ["checkpoint"]; a TorchScript
+    archive (a program) is refused before torch sees it; the configs must pass :func:`read_configs`.
+    """
     path = Path(path)
     if not path.exists():
         raise ValueError(f"checkpoint {path} does not exist (train one with --mode train, or pass --model_path)")
     if not path.is_file():
         raise ValueError(f"checkpoint {path} is not a file")
+    data = read_limited(path, kind="checkpoint")
+    if is_torchscript_archive(data):
+        raise ValueError(
+            f"checkpoint {path} is a TorchScript archive (a program), not a checkpoint, and was not loaded; "
+            "if it comes from a source you trust, name it .ts and pass --trust_torchscript"
+        )
     try:
-        with open(path, "rb") as f:
-            state = torch.load(io.BytesIO(f.read()), map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on odd files: a failure is reported below, in one line
+            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "global" not in str(exc).lower():  # not a forbidden class or function: just broken bytes
             raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({first_line(exc)})") from exc
@@ -95,13 +89,160 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
             f"checkpoint {path} holds objects beyond tensors and plain data, so it is refused "
             "(it was not written by this tool, and loading it could run code)"
         ) from exc
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, MemoryError) as exc:
         raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({first_line(exc)})") from exc
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         raise ValueError(f"{path} is not a checkpoint written by this tool (missing model, EMA or config)")
-    if state["format_version"] != FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path} has format version {state['format_version']}; this tool reads {FORMAT_VERSION}")
+    version = state["format_version"]
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {path} has format version {short_repr(version)}; this tool reads {FORMAT_VERSION}"
+        )
+    read_configs(state, source=f"checkpoint {path}")
     return state
+
+
+def read_configs(meta: Mapping, *, source: str) -> tuple[UNetConfig, ScheduleConfig]:
+    """``meta["model_config"]`` and ``meta["schedule_config"]`` (plain dicts from a file) as configs,
+    through their ``from_dict``; ValueError naming ``source`` (e.g. "checkpoint ck.pt") otherwise."""
+    configs = []
+    for key, config_class in (("model_config", UNetConfig), ("schedule_config", ScheduleConfig)):
+        try:
+            configs.append(config_class.from_dict(meta[key]))
+        except ValueError as exc:
+            raise ValueError(f"{source}: its {key.replace('_', ' ')} is unusable ({first_line(exc)})") from exc
+    model_config, schedule_config = configs
+    return model_config, schedule_config
+
+
+def load_weights(model: nn.Module, state_dict: object, *, source: str, assign: bool = False) -> None:
+    """Load ``state_dict`` into ``model`` strictly; any mismatch is one ValueError naming ``source``.
+
+    Every key, shape, dtype and layout must be the model's. ``assign=True`` makes the model hold
+    ``state_dict``'s tensors instead of copying them: for a model built on the meta device, so that a
+    config read from a file allocates nothing until its weights are known to fit it.
+    """
+    problems = weight_mismatches(model.state_dict(), state_dict)
+    if problems:
+        raise ValueError(f"{source}: its weights do not match its model config ({'; '.join(problems)})")
+    try:
+        model.load_state_dict(state_dict, strict=True, assign=assign)
+    except RuntimeError as exc:  # not expected after the checks above; still one line
+        raise ValueError(f"{source}: its weights cannot be loaded ({first_line(exc)})") from exc
+
+
+def weight_mismatches(expected: Mapping[str, torch.Tensor], found: object) -> list[str]:
+    """How a loaded state dict differs from a model's (``model.state_dict()``), one phrase per kind."""
+    if not isinstance(found, Mapping):
+        return [f"they are a {type(found).__name__}, not a dict of tensors"]
+    problems = []
+    missing = [name for name in expected if name not in found]
+    unexpected = [name for name in found if name not in expected]
+    if missing:
+        problems.append(f"{len(missing)} missing, e.g. {short_repr(missing[0])}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected, e.g. {short_repr(unexpected[0])}")
+    differences = []
+    for name, want in expected.items():
+        got = found.get(name)
+        if got is None:
+            continue
+        if not isinstance(got, torch.Tensor):
+            differences.append(f"{name!r} is a {type(got).__name__}, not a tensor")
+        elif got.shape != want.shape:
+            differences.append(f"shape of {name!r} is {list(got.shape)} but the config makes {list(want.shape)}")
+        elif got.dtype != want.dtype or got.layout != want.layout:
+            differences.append(f"{name!r} is {got.dtype} {got.layout}, the model's {want.dtype} {want.layout}")
+    if differences:
+        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+        problems.append(differences[0] + more)
+    return problems
+
+
+def is_torchscript_archive(data: bytes) -> bool:
+    """Whether ``data`` is a TorchScript zip (it has ``constants.pkl``, as torch.load's own test)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return any(name.split("/", 1)[-1] == "constants.pkl" for name in archive.namelist())
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError):  # not a zip: the legacy format, or junk
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Reading files within limits
+# --------------------------------------------------------------------------------------------
+
+
+def check_file_size(path: str | Path, *, kind: str) -> int:
+    """The size of ``path``, a regular file of at most ``MAX_FILE_BYTES[kind]``; stat only, no read."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({first_line(exc)})") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path} is not a regular file")
+    limit = MAX_FILE_BYTES[kind]
+    if info.st_size > limit:
+        raise ValueError(
+            f"{path} is {format_bytes(info.st_size)}, over the {format_bytes(limit)} limit for a {kind} file; "
+            "refusing to read it"
+        )
+    return info.st_size
+
+
+def read_limited(path: str | Path, *, kind: str) -> bytes:
+    """The bytes of ``path`` after :func:`check_file_size`; never more than the limit (if it grows meanwhile)."""
+    check_file_size(path, kind=kind)
+    limit = MAX_FILE_BYTES[kind]
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({first_line(exc)})") from exc
+    if len(data) > limit:
+        raise ValueError(f"{path} grew beyond the {format_bytes(limit)} limit for a {kind} file while being read")
+    return data
+
+
+def format_bytes(size: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def parse_json(
+    raw: str | bytes,
+    *,
+    source: str | Path,
+    max_bytes: int | None = None,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> object:
+    """JSON metadata, refused (one-line ValueError naming ``source``) when larger than ``max_bytes``
+    (default ``MAX_FILE_BYTES["metadata"]``), nested deeper than ``max_depth``, not JSON, or
+    holding NaN or Infinity."""
+    max_bytes = MAX_FILE_BYTES["metadata"] if max_bytes is None else max_bytes
+    if len(raw) > max_bytes:
+        size, limit = format_bytes(len(raw)), format_bytes(max_bytes)
+        raise ValueError(f"{source}: its metadata is {size}, over the {limit} limit")
+
+    def no_constants(name: str) -> object:
+        raise ValueError(f"{name} is not a number this tool reads")
+
+    try:
+        value = json.loads(raw, parse_constant=no_constants)
+    except RecursionError as exc:
+        raise ValueError(f"{source}: its metadata nests deeper than {max_depth} levels") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too-long integers
+        raise ValueError(f"{source}: its metadata is not valid JSON ({first_line(exc)})") from exc
+    stack = [(value, 1)]
+    while stack:  # no recursion: depth is what is being checked
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                raise ValueError(f"{source}: its metadata nests deeper than {max_depth} levels")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value
 
 
 def first_line(exc: BaseException) -> str:

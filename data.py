@@ -78,7 +78,8 @@ def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
     if images.shape[-2:] == (size, size):
         return images
     out = []
-    for chunk in images.split(4096):  # bounded memory for large sets
+    chunk_size = max(1, 2**28 // (4 * images.shape[1] * size * size))  # float chunks of at most 256 MiB
+    for chunk in images.split(chunk_size):
         x = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
         out.append(x.round_().clamp_(0, 255).to(torch.uint8))
     return torch.cat(out)
@@ -98,11 +99,25 @@ def load_images(
         images = _load_folder(Path(data_dir), image_size=image_size, channels=channels or 3)
     else:
         images = _load_torchvision(dataset, Path(data_dir), download=download)
+    check_fits_in_memory(len(images), channels=images.shape[1], image_size=image_size, dataset=dataset)
     native_channels = images.shape[1]
     if channels is not None and channels != native_channels:
         if dataset != "folder":
             raise ValueError(f"{dataset} images have {native_channels} channel(s); --channels {channels} does not fit")
     return ImageSet(name=dataset, images=resize_uint8(images, image_size), hflip=FLIP.get(dataset, False))
+
+
+def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, dataset: str) -> None:
+    """Refuse a dataset whose images, resized, would not fit in memory (the whole set is held, uint8)."""
+    from memory_budget import available_bytes, format_bytes
+
+    need = n_images * channels * image_size * image_size
+    free = available_bytes(torch.device("cpu"))
+    if need > 0.5 * free:  # half: the training step needs the rest
+        raise ValueError(
+            f"{n_images} {dataset} images at {channels}x{image_size}x{image_size} need {format_bytes(need)} in memory "
+            f"and {format_bytes(free)} is available; use a smaller --img_size"
+        )
 
 
 def _load_digits() -> torch.Tensor:
@@ -142,6 +157,7 @@ def _load_folder(root: Path, *, image_size: int, channels: int) -> torch.Tensor:
     paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:
         raise ValueError(f"image folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    check_fits_in_memory(len(paths), channels=channels, image_size=image_size, dataset="folder")
     mode = "L" if channels == 1 else "RGB"
     out = torch.empty(len(paths), channels, image_size, image_size, dtype=torch.uint8)
     for i, path in enumerate(paths):

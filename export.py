@@ -13,7 +13,17 @@ Every artifact carries what sampling needs besides the weights (:func:`artifact_
 schedule configs, which weights, the I/O spec): ONNX files in ``metadata_props``, TorchScript files
 in an extra file, TensorRT engines in a JSON sidecar. So ``--mode sample --model_path FILE`` takes
 a checkpoint (.pt), TorchScript (.ts), ONNX (.onnx, run by onnxruntime) or an engine (.engine/.plan)
-and needs nothing else. Only load TorchScript files you trust: they hold code as well as weights.
+and needs nothing else.
+
+Artifacts are validated at load, not trusted; every failure is a one-line ValueError naming the file.
+Each file is refused before it is read when larger than ``checkpoints.MAX_FILE_BYTES`` allows, and
+its configs go through ``UNetConfig.from_dict`` / ``ScheduleConfig.from_dict``. A TorchScript file is
+a program (loading it runs its ``__setstate__``, calling it runs its code): it is loaded only with
+``trust_torchscript=True`` (``--trust_torchscript``), its metadata is read and checked first, and an
+error from its code is reported in one line. An ONNX file is checked before onnxruntime sees it
+(:func:`load_onnx`): parsed from its bytes, no external data, the opset within
+``MIN_OPSET..MAX_OPSET``, its metadata, its graph's inputs and outputs against the metadata's I/O spec,
+``onnx.checker``; the session is then made from the same bytes.
 
 onnx, onnxscript (the exporter's backend) and onnxruntime are optional; they are imported when used.
 """
@@ -24,16 +34,20 @@ import contextlib
 import hashlib
 import json
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from io import BytesIO
 from pathlib import Path
 
 import torch
 from torch import nn
 
+import checkpoints
 from basic_diffusion import UNet, UNetConfig
-from checkpoints import atomic_write, check_output_file, first_line, load_checkpoint
-from noise_schedule import ScheduleConfig
+from checkpoints import first_line, load_checkpoint, load_weights, parse_json, read_configs, read_limited
+from noise_schedule import ScheduleConfig, short_repr
+from safe_files import atomic_write, check_target
 
 FORMATS = ("onnx", "torchscript", "tensorrt")
 FORMAT_SUFFIXES = {"onnx": (".onnx",), "torchscript": (".ts",), "tensorrt": (".engine", ".plan")}
@@ -59,8 +73,12 @@ KIND_NAMES = {"checkpoint": "checkpoint", "torchscript": "TorchScript", "onnx": 
 # Opset 21 is the first whose GroupNormalization takes per-channel scale and bias, and the one at
 # which the exporter emits GroupNormalization natively; opsets 18-20 get an InstanceNormalization
 # decomposition instead (use --opset 18 for a TensorRT parser without GroupNormalization-21).
+# MAX_OPSET is the newest that torch.onnx's dynamo exporter (torch 2.14.1, onnxscript 0.7.2) writes for
+# this U-Net and onnxruntime 1.31.1 runs (max abs diff vs PyTorch ~1e-6 at 18, 21, 22, 23, 24, 25);
+# at 26 the exporter's version conversion fails (no Attention adapter from 22), 2026-11-22.
 DEFAULT_OPSET = 21
 MIN_OPSET = 18
+MAX_OPSET = 25
 ARTIFACT_FORMAT = "ddpm-unet/1"
 METADATA_KEY = "ddpm"  # ONNX metadata_props key; TorchScript extra file "ddpm.json"
 ONNX_INSTALL = "pip install onnx onnxscript onnxruntime"
@@ -194,21 +212,30 @@ def artifact_metadata(
 
 
 def parse_artifact_metadata(raw: str | bytes | dict | None, *, source: Path) -> tuple[UNetConfig, ScheduleConfig, dict]:
-    """Model config, schedule config and the whole metadata of an artifact; ValueError if unusable."""
+    """Model config, schedule config and the whole metadata of an artifact; ValueError if unusable.
+
+    ``raw`` is JSON text (parsed by checkpoints.parse_json: size- and depth-limited) or its parsed
+    dict; the configs go through their ``from_dict``, ``weights`` must be one of :data:`WEIGHTS`.
+    """
     if raw is None:
         raise ValueError(f"{source} carries no model metadata (configs, I/O spec); export it with --mode export")
-    try:
-        meta = raw if isinstance(raw, dict) else json.loads(raw)
-        if meta.get("format") != ARTIFACT_FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {ARTIFACT_FORMAT!r}")
-        model_config = UNetConfig(**meta["model_config"])
-        if meta.get("schedule_config") is None:
-            raise ValueError("no noise schedule")
-        schedule_config = ScheduleConfig(**meta["schedule_config"])
+    meta = raw if isinstance(raw, dict) else parse_json(raw, source=source)
+    if not isinstance(meta, dict):
+        problem = f"a JSON {type(meta).__name__} instead of an object"
+    elif meta.get("format") != ARTIFACT_FORMAT:
+        problem = f"format {short_repr(meta.get('format'))}, expected {ARTIFACT_FORMAT!r}"
+    elif meta.get("schedule_config") is None:
+        problem = "no noise schedule"
+    elif meta.get("weights") not in WEIGHTS:
+        problem = f"weights {short_repr(meta.get('weights'))}, expected one of {', '.join(WEIGHTS)}"
+    else:
+        problem = None
+    if problem is None:
+        model_config, schedule_config = read_configs(meta, source=str(source))
         if meta.get("io") != UNetIO.from_config(model_config).to_dict():
-            raise ValueError("its inputs and outputs differ from this version's U-Net interface")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{source} has unusable model metadata ({first_line(exc)}); export it again") from exc
+            problem = "its inputs and outputs differ from this version's U-Net interface"
+    if problem is not None:
+        raise ValueError(f"{source} has unusable model metadata ({problem}); export it again")
     return model_config, schedule_config, meta
 
 
@@ -233,13 +260,20 @@ def weights_sha256(model: nn.Module) -> str:
 def load_checkpoint_model(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig]:
-    """The U-Net of a checkpoint with its EMA (or raw) weights, in eval mode, and its schedule config."""
+    """The U-Net of a checkpoint with its EMA (or raw) weights, in eval mode, and its schedule config.
+
+    The U-Net is built on the meta device and takes the checkpoint's tensors (checkpoints.load_weights
+    with ``assign``), so nothing is allocated for a config until its weights are known to match it.
+    """
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
     state = load_checkpoint(path)
-    model = UNet(UNetConfig(**state["model_config"]))
-    model.load_state_dict(state[weights])
-    return model.to(device).eval(), ScheduleConfig(**state["schedule_config"])
+    source = f"checkpoint {path}"
+    model_config, schedule_config = read_configs(state, source=source)
+    with torch.device("meta"):
+        model = UNet(model_config)
+    load_weights(model, state[weights], source=source, assign=True)
+    return model.to(device).eval(), schedule_config
 
 
 def max_abs_diff(
@@ -267,15 +301,26 @@ def max_abs_diff(
 # --------------------------------------------------------------------------------------------
 
 
-def import_onnx():
+def import_onnx(*, exporter: bool = True):
+    """The onnx module; with ``exporter``, also check for onnxscript (torch.onnx's exporter needs it)."""
     try:
         import onnx
-        import onnxscript  # noqa: F401  (torch.onnx's exporter translates through it)
+
+        if exporter:
+            import onnxscript  # noqa: F401  (torch.onnx's exporter translates through it)
     except ImportError as exc:
-        raise ImportError(
-            f"ONNX export needs onnx and onnxscript ({first_line(exc)}); install them: {ONNX_INSTALL}"
-        ) from exc
+        what = "ONNX export needs onnx and onnxscript" if exporter else "reading ONNX files needs onnx"
+        raise ImportError(f"{what} ({first_line(exc)}); install them: {ONNX_INSTALL}") from exc
     return onnx
+
+
+def check_opset(opset: int) -> None:
+    """``--opset`` must be one the exporter writes for this U-Net and onnxruntime runs."""
+    if type(opset) is not int or not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(
+            f"--opset must be between {MIN_OPSET} (GroupNormalization) and {MAX_OPSET} (the newest the exporter "
+            f"and onnxruntime support here), got {short_repr(opset)}"
+        )
 
 
 def import_onnxruntime():
@@ -288,8 +333,7 @@ def import_onnxruntime():
 
 def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET):
     """Export an eval-mode U-Net to a checked ``onnx.ModelProto`` with a dynamic batch and ``metadata``."""
-    if opset < MIN_OPSET:
-        raise ValueError(f"--opset must be at least {MIN_OPSET} (GroupNormalization), got {opset}")
+    check_opset(opset)
     onnx = import_onnx()
     io = UNetIO.from_config(model.config)
     device = next(model.parameters()).device
@@ -309,28 +353,54 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
             verbose=False,
         )
     proto = program.model_proto
-    _check_onnx_io(proto, io, onnx)
+    problems = onnx_io_mismatches(proto, io)
+    if problems:  # the exporter's doing, not the user's
+        raise RuntimeError(f"the exported graph does not match the U-Net's I/O spec ({'; '.join(problems)})")
     entry = proto.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(metadata, sort_keys=True)
     onnx.checker.check_model(proto, full_check=True)
     return proto
 
 
-def _check_onnx_io(proto, io: UNetIO, onnx) -> None:
-    """The exported graph's inputs and outputs are the spec's: names, dtypes, shapes, a named batch axis."""
-    elem_types = {torch.float32: onnx.TensorProto.FLOAT, torch.int64: onnx.TensorProto.INT64}
-    for spec, value in zip(io.tensors, [*proto.graph.input, *proto.graph.output], strict=True):
-        tensor_type = value.type.tensor_type
-        dims = [d.dim_param or d.dim_value for d in tensor_type.shape.dim]
-        matches = (
-            value.name == spec.name
-            and tensor_type.elem_type == elem_types[spec.dtype]
-            and len(dims) == len(spec.shape)
-            and isinstance(dims[spec.shape.index(BATCH)], str)  # a named (dynamic) axis, not a number
-            and all(d == s for d, s in zip(dims, spec.shape) if s != BATCH)
-        )
-        if not matches:
-            raise RuntimeError(f"the exported graph's {value.name} {dims} does not match the spec {spec}")
+def onnx_io_mismatches(proto, io: UNetIO) -> list[str]:
+    """How a graph's inputs and outputs differ from the spec: names, dtypes, shapes, a named batch axis."""
+    from onnx import TensorProto
+
+    elem_types = {torch.float32: TensorProto.FLOAT, torch.int64: TensorProto.INT64}
+    graph = proto.graph
+    problems = []
+    for kind, specs, values in (("inputs", io.inputs, graph.input), ("outputs", io.outputs, graph.output)):
+        if [v.name for v in values] != [s.name for s in specs]:
+            names = [short_repr(v.name) for v in values[:4]]
+            problems.append(f"{kind} {', '.join(names) or 'none'}, expected {', '.join(repr(s.name) for s in specs)}")
+            continue
+        for spec, value in zip(specs, values):
+            tensor_type = value.type.tensor_type
+            dims = [d.dim_param or d.dim_value for d in tensor_type.shape.dim]
+            matches = (
+                tensor_type.elem_type == elem_types[spec.dtype]
+                and len(dims) == len(spec.shape)
+                and isinstance(dims[spec.shape.index(BATCH)], str)  # a named (dynamic) axis, not a number
+                and all(d == s for d, s in zip(dims, spec.shape) if s != BATCH)
+            )
+            if not matches:
+                found = f"{_onnx_dtype_name(tensor_type.elem_type)} {_shape_text(dims)}"
+                expected = f"{_onnx_dtype_name(elem_types[spec.dtype])} {_shape_text(spec.shape)}"
+                problems.append(f"{spec.name} is {found}, expected {expected}")
+    return problems
+
+
+def _onnx_dtype_name(elem_type: int) -> str:
+    from onnx import TensorProto
+
+    known = elem_type in TensorProto.DataType.values()
+    return TensorProto.DataType.Name(elem_type).lower() if known else str(elem_type)
+
+
+def _shape_text(dims: Sequence[int | str]) -> str:
+    """A shape for a one-line message: named (dynamic) axes as B, at most 8 axes."""
+    shown = ", ".join("B" if isinstance(d, str) else str(d) for d in dims[:8])
+    return f"[{shown}{', ...' if len(dims) > 8 else ''}]"
 
 
 def onnxruntime_providers(available: Sequence[str], *, device_type: str, trt_cache_dir: Path | None = None) -> list:
@@ -366,12 +436,22 @@ class OnnxRuntimeUNet(nn.Module):
             "x_t": x_t.detach().to("cpu", torch.float32).contiguous().numpy(),
             "t": t.detach().to("cpu", torch.int64).contiguous().numpy(),
         }
-        (eps,) = self.session.run(self.io.output_names, feed)
+        try:
+            (eps,) = self.session.run(self.io.output_names, feed)
+        except Exception as exc:  # onnxruntime's own classes; a file's graph can fail at run time
+            if self.path is None:
+                raise  # an in-memory export failing is a bug, not a user's error
+            raise ValueError(f"{self.path} failed when run ({first_line(exc)})") from exc
         return torch.from_numpy(eps).to(x_t.device)  # (B, C, H, W) float32
 
 
-def onnxruntime_session(model: bytes | Path, *, device: torch.device, trt_cache_dir: Path | None = None):
-    """An onnxruntime session for an ONNX file or serialized model; ValueError if it is not valid ONNX."""
+def onnxruntime_session(
+    model: bytes | Path, *, device: torch.device, trt_cache_dir: Path | None = None, source: Path | None = None
+):
+    """An onnxruntime session for an ONNX file or serialized model; ValueError if it is not valid ONNX.
+
+    Files are validated by :func:`load_onnx` first, which passes their checked bytes and ``source``.
+    """
     ort = import_onnxruntime()
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only
@@ -383,7 +463,7 @@ def onnxruntime_session(model: bytes | Path, *, device: torch.device, trt_cache_
     try:
         return ort.InferenceSession(source, sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own classes (InvalidProtobuf, InvalidGraph, Fail, ...)
-        name = "the exported model" if isinstance(model, bytes) else model
+        name = source or ("the exported model" if isinstance(model, bytes) else model)
         raise ValueError(f"{name} is corrupt or not an ONNX model onnxruntime can run ({first_line(exc)})") from exc
 
 
@@ -397,6 +477,76 @@ def as_onnxruntime(model: nn.Module, *, device: torch.device, opset: int = DEFAU
     proto = export_onnx_model(model, metadata=metadata, opset=opset)
     session = onnxruntime_session(proto.SerializeToString(), device=device)
     return OnnxRuntimeUNet(session, io=UNetIO.from_config(model.config))
+
+
+def load_onnx(path: Path, *, device: torch.device) -> tuple[OnnxRuntimeUNet, UNetConfig, ScheduleConfig, dict]:
+    """An ONNX file validated before onnxruntime sees it, then run by onnxruntime from the same bytes.
+
+    In order: the size limit (before reading), the bytes parsed by onnx, no external data (it would
+    make onnxruntime read other files), the default-domain opset within MIN_OPSET..MAX_OPSET and no
+    other domain, the metadata (:func:`parse_artifact_metadata`), the graph's inputs and outputs
+    against the metadata's I/O spec, ``onnx.checker``; only then the session.
+    """
+    data = read_limited(path, kind="onnx")
+    onnx = import_onnx(exporter=False)
+    try:
+        proto = onnx.load_model_from_string(data)
+    except Exception as exc:  # google.protobuf's DecodeError, and whatever else a parser raises on junk
+        raise ValueError(f"{path} is corrupt or not an ONNX model ({first_line(exc)})") from exc
+    external = [tensor.name for tensor in _onnx_tensors(proto) if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise ValueError(
+            f"{path} keeps tensor {short_repr(external[0])} in an external file, which is not read; "
+            "this tool's exports hold all their weights"
+        )
+    domains = [(o.domain, o.version) for o in proto.opset_import]
+    opsets = [version for domain, version in domains if domain in ("", "ai.onnx")]
+    if not opsets:
+        raise ValueError(f"{path} is corrupt or not an ONNX model (it imports no ONNX opset)")
+    others = sorted({domain for domain, _ in domains if domain not in ("", "ai.onnx")})
+    if len(opsets) > 1 or others:
+        found = ", ".join(short_repr(d) for d in others) or "the ONNX domain twice"
+        raise ValueError(f"{path} imports {found}; this tool's exports use the ONNX domain once and nothing else")
+    if not MIN_OPSET <= opsets[0] <= MAX_OPSET:
+        raise ValueError(f"{path} uses ONNX opset {opsets[0]}; this tool runs opsets {MIN_OPSET} to {MAX_OPSET}")
+    entries = [entry.value for entry in proto.metadata_props if entry.key == METADATA_KEY]
+    if len(entries) > 1:
+        raise ValueError(f"{path} has {len(entries)} {METADATA_KEY!r} metadata entries; export it again")
+    model_config, schedule_config, meta = parse_artifact_metadata(entries[0] if entries else None, source=path)
+    io = UNetIO.from_config(model_config)
+    problems = onnx_io_mismatches(proto, io)
+    if problems:
+        raise ValueError(f"{path}: its graph's inputs and outputs do not match its metadata ({'; '.join(problems)})")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # onnx.checker.ValidationError, shape inference errors
+        raise ValueError(f"{path} fails onnx.checker ({first_line(exc)})") from exc
+    trt_cache_dir = path.with_name(f"{path.stem}_ort_trt")
+    session = onnxruntime_session(data, device=device, trt_cache_dir=trt_cache_dir, source=path)
+    return OnnxRuntimeUNet(session, io=io, path=path), model_config, schedule_config, meta
+
+
+def _onnx_tensors(proto) -> Iterator:
+    """Every TensorProto of a model: initializers and attribute tensors, in subgraphs and functions too."""
+    graphs, node_lists = [proto.graph], [function.node for function in proto.functions]
+    while graphs or node_lists:
+        if graphs:
+            graph = graphs.pop()
+            yield from graph.initializer
+            for sparse in graph.sparse_initializer:
+                yield from (sparse.values, sparse.indices)
+            node_lists.append(graph.node)
+            continue
+        for node in node_lists.pop():
+            for attribute in node.attribute:
+                yield attribute.t  # an empty TensorProto when the attribute is no tensor
+                yield from attribute.tensors
+                yield from (attribute.sparse_tensor.values, attribute.sparse_tensor.indices)
+                for sparse in attribute.sparse_tensors:
+                    yield from (sparse.values, sparse.indices)
+                if attribute.HasField("g"):
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,22 +579,76 @@ def save_torchscript(module: torch.jit.ScriptModule, path: str | Path, *, metada
         return atomic_write(path, lambda f: torch.jit.save(module, f, _extra_files=extra))
 
 
+class TorchScriptUNet(nn.Module):
+    """A loaded TorchScript U-Net whose errors (its own code's) end as one-line ValueErrors naming its file."""
+
+    def __init__(self, module: torch.jit.ScriptModule, *, path: Path) -> None:
+        super().__init__()
+        self.module, self.path = module, path
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.module(x_t, t)
+        except Exception as exc:  # torch.jit.Error, RuntimeError, or whatever the file's code raises
+            raise ValueError(f"{self.path} failed when run ({torchscript_error(exc)})") from exc
+
+
+def torchscript_error(exc: BaseException) -> str:
+    """One line of a TorchScript error: the interpreter's message ends with the original one."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if lines and lines[0].startswith("The following operation failed in the TorchScript interpreter"):
+        return lines[-1]
+    return first_line(exc)
+
+
 def load_torchscript(
-    path: Path, *, device: torch.device
-) -> tuple[torch.jit.ScriptModule, UNetConfig, ScheduleConfig, dict]:
-    extra = {TORCHSCRIPT_EXTRA_FILE: b""}
+    path: Path, *, device: torch.device, trusted: bool
+) -> tuple[TorchScriptUNet, UNetConfig, ScheduleConfig, dict]:
+    """A TorchScript U-Net, only when ``trusted`` (loading runs the file's code); ValueError otherwise.
+
+    The file is read within its size limit and its metadata (the extra file, read from the zip
+    without torch) is checked before torch.jit.load runs anything.
+    """
+    if not trusted:
+        raise ValueError(
+            f"{path} is a TorchScript file: a program, not only weights, and loading it runs its code; "
+            "pass --trust_torchscript if it comes from a source you trust"
+        )
+    data = read_limited(path, kind="torchscript")
+    raw = torchscript_extra_file(data, path=path)
+    model_config, schedule_config, meta = parse_artifact_metadata(raw, source=path)
+    if meta.get("traced_on") not in ("cpu", "cuda"):
+        traced_on = short_repr(meta.get("traced_on"))
+        raise ValueError(f"{path} has unusable model metadata (traced_on {traced_on}); export it again")
+    if meta["traced_on"] != device.type:
+        raise ValueError(
+            f"{path} was traced on {meta['traced_on']} and a trace only runs there: sample with "
+            f"--device {meta['traced_on']}, or export it again with --device {device.type}"
+        )
     try:
         with _quiet_torchscript():
-            module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
-    except (RuntimeError, ValueError, OSError) as exc:
+            module = torch.jit.load(BytesIO(data), map_location=device)
+    except Exception as exc:  # RuntimeError on broken archives; anything from the file's own __setstate__
+        raise ValueError(f"{path} is corrupt or not a TorchScript file ({torchscript_error(exc)})") from exc
+    return TorchScriptUNet(module, path=path).eval(), model_config, schedule_config, meta
+
+
+def torchscript_extra_file(data: bytes, *, path: Path) -> bytes | None:
+    """The metadata extra file of a TorchScript archive (``<name>/extra/ddpm.json``), read as a zip
+    member, within the metadata size limit; None if there is none."""
+    limit = checkpoints.MAX_FILE_BYTES["metadata"]
+    try:
+        with zipfile.ZipFile(BytesIO(data)) as archive:
+            name = f"extra/{TORCHSCRIPT_EXTRA_FILE}"  # under the archive's top folder
+            members = [info for info in archive.infolist() if info.filename.split("/", 1)[-1] == name]
+            if not members:
+                return None
+            if members[0].file_size > limit:
+                raise ValueError(f"{path}: its metadata is over the {checkpoints.format_bytes(limit)} limit")
+            with archive.open(members[0]) as f:
+                return f.read(limit + 1)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
         raise ValueError(f"{path} is corrupt or not a TorchScript file ({first_line(exc)})") from exc
-    model_config, schedule_config, meta = parse_artifact_metadata(extra[TORCHSCRIPT_EXTRA_FILE] or None, source=path)
-    if meta.get("traced_on") != device.type:
-        raise ValueError(
-            f"{path} was traced on {meta.get('traced_on')} and a trace only runs there: sample with "
-            f"--device {meta.get('traced_on')}, or export it again with --device {device.type}"
-        )
-    return module.eval(), model_config, schedule_config, meta
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,21 +682,24 @@ def check_implementation(kind: str, implementation: str) -> None:
         )
 
 
-def load_artifact(path: str | Path, *, device: torch.device, weights: str = "ema") -> Artifact:
-    """Load a checkpoint or an exported U-Net by its suffix, with the configs stored in or beside it."""
+def load_artifact(
+    path: str | Path, *, device: torch.device, weights: str = "ema", trust_torchscript: bool = False
+) -> Artifact:
+    """Load a checkpoint or an exported U-Net by its suffix, with the configs stored in or beside it.
+
+    Everything is validated first (see the module docstring); a TorchScript file is refused unless
+    ``trust_torchscript``, before anything reads it.
+    """
     path, kind = Path(path), artifact_kind(path)
     if kind == "checkpoint":
         model, schedule_config = load_checkpoint_model(path, weights=weights, device=device)
         return Artifact(kind, path, model, model.config, schedule_config)
     if not path.is_file():
         raise ValueError(f"{path} does not exist or is not a file")
-    if kind == "torchscript":
-        model, model_config, schedule_config, meta = load_torchscript(path, device=device)
+    if kind == "torchscript":  # refused before it is read unless trusted
+        model, model_config, schedule_config, meta = load_torchscript(path, device=device, trusted=trust_torchscript)
     elif kind == "onnx":
-        session = onnxruntime_session(path, device=device, trt_cache_dir=path.with_name(f"{path.stem}_ort_trt"))
-        raw = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-        model_config, schedule_config, meta = parse_artifact_metadata(raw, source=path)
-        model = OnnxRuntimeUNet(session, io=UNetIO.from_config(model_config), path=path)
+        model, model_config, schedule_config, meta = load_onnx(path, device=device)
     else:
         import tensorrt_integration
 
@@ -516,7 +723,7 @@ def check_export_paths(source: Path, output: Path, fmt: str) -> None:
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    check_output_file(output)
+    check_target(output, flag="--output")
     if output.resolve() == source.resolve():
         raise ValueError(f"--output {output} would overwrite the source {source}")
 
@@ -559,7 +766,7 @@ def export_checkpoint(
         )
         module = trace_torchscript(model)
         save_torchscript(module, output, metadata=metadata)
-        loaded, *_ = load_torchscript(output, device=device)
+        loaded, *_ = load_torchscript(output, device=device, trusted=True)  # the file traced just now
         diff = max_abs_diff(loaded, model, io=io, batch_sizes=batch_sizes)
         checked = f"traced on {device.type}"
         compared = f"TorchScript vs PyTorch ({weights} weights)"

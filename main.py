@@ -9,22 +9,51 @@
 
 Every mistake a user can make (a path, a size, a count, a missing dependency) ends with one line
 on stderr and exit code 2; ``--help`` lists every flag.
+No run replaces a file it should not: every output is checked before work starts (see safe_files.py),
+training onto an existing checkpoint needs --resume or --overwrite, and Ctrl-C or SIGTERM end with
+one line and exit code 130 or 143 (training saves first).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
+import interrupts  # before torch: a Ctrl-C during the first imports ends in one line too
 
 if TYPE_CHECKING:
+    import torch
+
     from tensorrt_integration import TensorRTOptions
 
 PROG = "main.py"
 IMPLEMENTATIONS = ("original", "cuda", "onnxruntime", "tensorrt")
+SEED_MAX = 2**63 - 1
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2), like every other user error here."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,14 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     from noise_schedule import SAMPLERS, SCHEDULES
     from tensorrt_integration import BACKENDS
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=PROG,
         description="Train a DDPM on small images, draw sample grids, and compare sampling implementations.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--mode", choices=("train", "sample", "benchmark", "export"), default="train", help="what to do")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto picks CUDA when available")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights, data order, noise and sampling")
+    p.add_argument("--seed", type=seed, default=0, help="seed for weights, data order, noise and sampling")
     p.add_argument(
         "--precision",
         choices=("auto", "fp32", "bf16", "fp16"),
@@ -67,31 +96,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model_preset", choices=PRESETS, default="small", help="small suits MNIST; ddpm_cifar10 = Ho et al.'s 35.7M U-Net")
     g.add_argument("--model_channels", type=int, default=None, help="override the preset's base width")
     g.add_argument("--num_res_blocks", type=int, default=None, help="override the preset's residual blocks per level")
-    g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    g.add_argument("--dropout", type=finite_float, default=None, help="override the preset's dropout")
     g.add_argument("--beta_schedule", choices=SCHEDULES, default="linear")
     g.add_argument("--timesteps", type=int, default=1000, help="diffusion steps T")
 
     g = p.add_argument_group("training")
     g.add_argument("--n_epochs", type=int, default=None, help="passes over the data (default 10)")
     g.add_argument("--max_steps", type=int, default=None, help="optimizer steps: the run's length, or its cap with --n_epochs")
-    g.add_argument("--batch_size", type=int, default=64)
-    g.add_argument("--lr", type=float, default=2e-4, help="peak AdamW learning rate")
+    g.add_argument(
+        "--batch_size", type=int, default=64, help="training batch; sampling draws --n_samples in batches of this size"
+    )
+    g.add_argument("--lr", type=finite_float, default=2e-4, help="peak AdamW learning rate")
     g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up (default: 5%% of the run, at most 500)")
-    g.add_argument("--ema_decay", type=float, default=0.999)
-    g.add_argument("--grad_clip", type=float, default=1.0, help="gradient-norm clipping")
+    g.add_argument("--ema_decay", type=finite_float, default=0.999)
+    g.add_argument("--grad_clip", type=finite_float, default=1.0, help="gradient-norm clipping")
     g.add_argument(
         "--compile", action="store_true", help="torch.compile the U-Net (training; and sampling with --implementation cuda)"
     )
     g.add_argument("--save_every", type=int, default=1000, help="checkpoint every N steps (0: only at the end)")
     g.add_argument("--sample_every", type=int, default=1000, help="sample grid every N steps (0: only at the end)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --model_path exactly")
+    g.add_argument(
+        "--overwrite", action="store_true", help="start over and replace an existing --model_path (without it, refused)"
+    )
 
     g = p.add_argument_group("sampling")
     g.add_argument("--implementation", choices=IMPLEMENTATIONS, default="original")
     g.add_argument("--n_samples", type=int, default=16, help="images to draw")
     g.add_argument("--sampler", choices=SAMPLERS, default="ddpm")
     g.add_argument("--sampling_steps", type=int, default=None, help="default: T for ddpm, 50 for ddim, 20 for dpm_solver")
-    g.add_argument("--eta", type=float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
+    g.add_argument("--eta", type=finite_float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
     g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1]")
     g.add_argument("--no_ema", action="store_true", help="sample (or export) the raw weights instead of the EMA")
     g.add_argument(
@@ -100,10 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="sample: the PNG grid (default samples.png); export: the file (default: beside the checkpoint)",
     )
     g.add_argument("--save_npz", default=None, help="also save the images (uint8, NHWC) to this .npz file")
+    g.add_argument("--no_grid", action="store_true", help="write no PNG grid (with --save_npz: for many samples)")
+    g.add_argument(
+        "--trust_torchscript",
+        action="store_true",
+        help="allow a TorchScript (.ts) --model_path: it is a program, and loading it runs its code",
+    )
 
     g = p.add_argument_group("export and TensorRT")
     g.add_argument("--format", choices=FORMATS, default="onnx", help="what --mode export writes")
-    g.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset, >= 18 (21: native GroupNormalization)")
+    g.add_argument(
+        "--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset, 18-25 (21 and up: native GroupNormalization)"
+    )
     g.add_argument("--trt_backend", choices=BACKENDS, default="native", help="native engines or torch_tensorrt.compile")
     g.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch a TensorRT engine takes")
     g.add_argument("--trt_opt_level", type=int, default=3, help="TensorRT builder optimization level, 0-5")
@@ -112,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_device(name: str) -> torch.device:
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -139,118 +183,165 @@ def model_config_from_args(args: argparse.Namespace, *, size: int, channels: int
     )
 
 
+def default_model_path(args: argparse.Namespace) -> str:
+    return args.model_path or f"checkpoints/{args.dataset}.pt"
+
+
 def run_train(args: argparse.Namespace, device: torch.device) -> None:
-    from basic_diffusion import UNetConfig, count_parameters
-    from checkpoints import load_checkpoint
-    from data import default_shape, load_images
-    from noise_schedule import ScheduleConfig
-    from training import TrainConfig, Trainer, resume_config
+    from safe_files import check_outputs, run_lock
 
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
-    checkpoint = args.model_path or f"checkpoints/{args.dataset}.pt"
+    checkpoint = default_model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
-    if args.resume:
-        state = load_checkpoint(checkpoint)
-        model_config = UNetConfig(**state["model_config"])
-        schedule_config = ScheduleConfig(**state["schedule_config"])
-        config = resume_config(state, total_steps=args.max_steps, checkpoint=checkpoint)
-        images = load_images(
-            config.dataset, data_dir=args.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
-        )
-        trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state)
-        print(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}")
-    else:
-        size, channels = default_shape(args.dataset)
-        if args.channels and args.channels != channels and args.dataset != "folder":
-            raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
-        size, channels = args.img_size or size, args.channels or channels
-        model_config = model_config_from_args(args, size=size, channels=channels)  # validates before any download
-        schedule_config = ScheduleConfig(kind=args.beta_schedule, num_timesteps=args.timesteps)
-        images = load_images(args.dataset, data_dir=args.data_dir, image_size=size, channels=channels)
-        # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
-        if args.n_epochs is None and args.max_steps:
-            total = args.max_steps
-        else:
-            total = (args.n_epochs or 10) * images.steps_per_epoch(args.batch_size)
-            total = min(total, args.max_steps) if args.max_steps else total
-        precision = args.precision
-        if precision == "auto":
-            precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-        config = TrainConfig(
-            dataset=args.dataset,
-            total_steps=total,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            warmup_steps=args.warmup_steps if args.warmup_steps is not None else min(500, total // 20),
-            grad_clip=args.grad_clip,
-            ema_decay=args.ema_decay,
-            precision=precision,
-            compile=args.compile,
-            seed=args.seed,
-            checkpoint=checkpoint,
-            save_every=args.save_every,
-            sample_every=args.sample_every,
-        )
-        trainer = Trainer(config, model_config, schedule_config, images=images, device=device)
-        print(
-            f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {args.dataset} images "
-            f"({channels}x{size}x{size}) for {total} steps on {device}, {precision}"
-        )
-    try:
-        trainer.run()
-    except KeyboardInterrupt:
-        path = trainer.save()
-        print(f"\ninterrupted at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
-        raise SystemExit(130) from None
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
+    check_outputs({"--model_path": checkpoint})
+    with run_lock(checkpoint):  # a second run on this path is refused until this one ends
+        if Path(checkpoint).exists() and not (args.resume or args.overwrite):
+            raise ValueError(
+                f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
+                "or --overwrite to start over and replace it"
+            )
+        trainer = resumed_trainer(args, checkpoint, device) if args.resume else new_trainer(args, checkpoint, device)
+        train(trainer)
     print(f"checkpoint: {checkpoint}")
 
 
+def resumed_trainer(args: argparse.Namespace, checkpoint: str, device: torch.device):
+    from checkpoints import load_checkpoint, read_configs
+    from data import load_images
+    from memory_budget import check_batch_fits
+    from training import Trainer, resume_config
+
+    state = load_checkpoint(checkpoint)  # validated: configs, sizes
+    model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
+    config = resume_config(state, total_steps=args.max_steps, checkpoint=checkpoint)
+    check_batch_fits(model_config, batch_size=config.batch_size, device=device, training=True)
+    images = load_images(
+        config.dataset, data_dir=args.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
+    )
+    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state)
+    print(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}")
+    return trainer
+
+
+def new_trainer(args: argparse.Namespace, checkpoint: str, device: torch.device):
+    import torch
+
+    from basic_diffusion import count_parameters
+    from data import default_shape, load_images
+    from memory_budget import check_batch_fits
+    from noise_schedule import ScheduleConfig
+    from training import TrainConfig, Trainer
+
+    size, channels = default_shape(args.dataset)
+    if args.channels and args.channels != channels and args.dataset != "folder":
+        raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
+    size, channels = args.img_size or size, args.channels or channels
+    model_config = model_config_from_args(args, size=size, channels=channels)  # validates before any download
+    schedule_config = ScheduleConfig(kind=args.beta_schedule, num_timesteps=args.timesteps)
+    check_batch_fits(model_config, batch_size=args.batch_size, device=device, training=True)
+    images = load_images(args.dataset, data_dir=args.data_dir, image_size=size, channels=channels)
+    # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
+    if args.n_epochs is None and args.max_steps:
+        total = args.max_steps
+    else:
+        total = (args.n_epochs or 10) * images.steps_per_epoch(args.batch_size)
+        total = min(total, args.max_steps) if args.max_steps else total
+    precision = args.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    config = TrainConfig(
+        dataset=args.dataset,
+        total_steps=total,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps if args.warmup_steps is not None else min(500, total // 20),
+        grad_clip=args.grad_clip,
+        ema_decay=args.ema_decay,
+        precision=precision,
+        compile=args.compile,
+        seed=args.seed,
+        checkpoint=checkpoint,
+        save_every=args.save_every,
+        sample_every=args.sample_every,
+    )
+    trainer = Trainer(config, model_config, schedule_config, images=images, device=device)
+    print(
+        f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {args.dataset} images "
+        f"({channels}x{size}x{size}) for {total} steps on {device}, {precision}"
+    )
+    return trainer
+
+
+def train(trainer) -> None:
+    """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143."""
+    try:
+        trainer.run()
+    except KeyboardInterrupt as exc:
+        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        with interrupts.deferred(reraise=False):  # a second signal does not cut this save
+            path = trainer.save()
+        print(f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
+
+
 def run_sample(args: argparse.Namespace, device: torch.device) -> None:
-    import numpy as np
+    import torch
+    from tqdm.auto import tqdm
 
-    from checkpoints import atomic_write, check_output_file
     from export import artifact_kind, check_implementation, load_artifact
+    from image_files import SampleWriter, plan_outputs
+    from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
-    from training import save_grid
+    from safe_files import check_outputs
 
-    check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps)
-    grid_path = args.output or "samples.png"
+    check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps, batch_size=args.batch_size)
+    grid_path = None if args.no_grid else (args.output or "samples.png")
+    if args.no_grid and args.output:
+        raise ValueError("--no_grid writes no PNG, so --output has nothing to name; drop one of them")
+    if args.no_grid and not args.save_npz:
+        raise ValueError("--no_grid writes no PNG, so nothing would be saved; add --save_npz FILE.npz")
+    # A checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan), with the configs stored in or beside it.
+    model_path = default_model_path(args)
+    check_outputs({"--output": grid_path, "--save_npz": args.save_npz}, inputs={"--model_path": model_path})
+    if grid_path is not None and Path(grid_path).suffix.lower() != ".png":
+        raise ValueError(f"--output is the PNG grid and needs a name ending in .png, got {grid_path}")
     if args.save_npz and not args.save_npz.endswith(".npz"):
         raise ValueError(f"--save_npz needs a file name ending in .npz, got {args.save_npz}")
-    for output in filter(None, (grid_path, args.save_npz)):
-        check_output_file(output)
     if args.precision not in ("auto", "fp32") and args.implementation == "original":
         raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
-    # A checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan), with the configs stored in or beside it.
-    model_path = args.model_path or f"checkpoints/{args.dataset}.pt"
     check_implementation(artifact_kind(model_path), args.implementation)
-    artifact = load_artifact(model_path, device=device, weights="model" if args.no_ema else "ema")
+    artifact = load_artifact(
+        model_path, device=device, weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript
+    )
+    model, model_config = artifact.model, artifact.model_config
+    c, s = model_config.in_channels, model_config.image_size
+    plan_outputs(n_samples=args.n_samples, image_shape=(c, s, s), grid=grid_path, npz=args.save_npz)
+    batch_size = min(args.batch_size, args.n_samples)
+    check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
     schedule = NoiseSchedule(artifact.schedule_config).to(device)
     plan = schedule.make_plan(
         args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
     )
-    model, model_config = artifact.model, artifact.model_config
-    c, s = model_config.in_channels, model_config.image_size
-    shape = (args.n_samples, c, s, s)
     generator = torch.Generator(device).manual_seed(args.seed)
     precision = "fp32" if args.precision == "auto" else args.precision  # fp32: the same images as original
-    images = draw(
+    draw = make_drawer(
         args.implementation,
         model,
         plan,
-        shape=shape,
-        generator=generator,
         precision=precision,
         compile_model=args.compile,
         tensorrt_options=tensorrt_options(args, source=artifact.path),
     )
-    print(f"wrote {save_grid(images, grid_path)} ({args.n_samples} samples, {plan.sampler}, {plan.num_steps} steps)")
-    if args.save_npz:
-        # sync: the images come to the host once, for the file.
-        pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-        atomic_write(args.save_npz, lambda f: np.savez_compressed(f, images=pixels))
-        print(f"wrote {args.save_npz}")
+    # Batches of --batch_size in order, from one generator: memory stays that of one batch.
+    sizes = [min(batch_size, args.n_samples - start) for start in range(0, args.n_samples, batch_size)]
+    with SampleWriter(args.n_samples, (c, s, s), grid=grid_path, npz=args.save_npz) as out:
+        for size in tqdm(sizes, desc="batches", unit="batch", disable=len(sizes) == 1, dynamic_ncols=True):
+            out.add(draw((size, c, s, s), generator, len(sizes) == 1))
+        written = out.close()
+    print(f"wrote {', '.join(map(str, written))} ({args.n_samples} samples, {plan.sampler}, {plan.num_steps} steps)")
 
 
 def tensorrt_options(args: argparse.Namespace, *, source: str | Path) -> TensorRTOptions:
@@ -266,28 +357,30 @@ def tensorrt_options(args: argparse.Namespace, *, source: str | Path) -> TensorR
     )
 
 
-def draw(
+def make_drawer(
     implementation: str,
     model,
     plan,
     *,
-    shape,
-    generator,
     precision: str,
     compile_model: bool = False,
     tensorrt_options: TensorRTOptions | None = None,
-) -> torch.Tensor:
-    """Run a sampling plan with the chosen implementation: (B, C, H, W) images in [-1, 1]."""
+) -> Callable[..., torch.Tensor]:
+    """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation.
+
+    Whatever is costly to set up (an ONNX export, a captured graph, an engine) is built once per
+    batch shape and reused for every batch of that shape.
+    """
     import optimized_diffusion
     from basic_diffusion import sample
 
     if implementation == "original":
-        with optimized_diffusion.backend_policy("fp32"):  # no TF32 in cuDNN: true fp32, like the other rows
-            return sample(model, plan, shape=shape, generator=generator, progress=True)
-    if implementation == "cuda":
-        return optimized_diffusion.sample(
-            model, plan, shape=shape, generator=generator, precision=precision, compile_model=compile_model, progress=True
-        )
+
+        def draw_original(shape, generator, progress):
+            with optimized_diffusion.backend_policy("fp32"):  # no TF32 in cuDNN: true fp32, like the other rows
+                return sample(model, plan, shape=shape, generator=generator, progress=progress)
+
+        return draw_original
     if implementation == "onnxruntime":
         import export
 
@@ -297,25 +390,50 @@ def draw(
         # the original loop draws the noise, so the images match the original's.
         opset = tensorrt_options.opset if tensorrt_options is not None else export.DEFAULT_OPSET
         runtime_model = export.as_onnxruntime(model, device=plan.coefficients.device, opset=opset)
-        return sample(runtime_model, plan, shape=shape, generator=generator, progress=True)
-    if implementation == "tensorrt":
+        return lambda shape, generator, progress: sample(
+            runtime_model, plan, shape=shape, generator=generator, progress=progress
+        )
+    if implementation == "cuda":
+
+        def build(shape):
+            return optimized_diffusion.FusedSampler(
+                model, plan, shape=shape, precision=precision, compile_model=compile_model
+            )
+
+    elif implementation == "tensorrt":
         import tensorrt_integration
 
-        return tensorrt_integration.sample(
-            model, plan, shape=shape, generator=generator, precision=precision, options=tensorrt_options, progress=True
-        )
-    raise ValueError(f"unknown implementation {implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+        def build(shape):
+            return tensorrt_integration.tensorrt_sampler(
+                model, plan, shape=shape, precision=precision, options=tensorrt_options
+            )
+
+    else:
+        raise ValueError(f"unknown implementation {implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    samplers = {}
+
+    def draw_fused(shape, generator, progress):
+        if shape not in samplers:
+            samplers[shape] = build(shape)
+        return samplers[shape](generator=generator, progress=progress)
+
+    return draw_fused
 
 
 def run_export(args: argparse.Namespace, device: torch.device) -> None:
     import export
+    from safe_files import check_outputs
 
-    source = args.model_path or f"checkpoints/{args.dataset}.pt"
+    source = default_model_path(args)
     output = args.output or export.default_output(source, args.format)
     weights = "model" if args.no_ema else "ema"
+    outputs = {"--output": output}
     if args.format == "tensorrt":
         import tensorrt_integration
 
+        outputs["--output's metadata"] = tensorrt_integration.metadata_path(output)
+    check_outputs(outputs, inputs={"--model_path": source})
+    if args.format == "tensorrt":
         precision = "fp32" if args.precision == "auto" else args.precision
         options = tensorrt_options(args, source=source)
         lines = tensorrt_integration.export_engine(
@@ -333,14 +451,22 @@ def run_export(args: argparse.Namespace, device: torch.device) -> None:
 
 def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     """Every implementation on one model: a checkpoint (--model_path), or a fresh U-Net of --img_size/--channels."""
+    import torch
+
     import benchmark
     from basic_diffusion import UNet
     from data import default_shape
-    from export import load_checkpoint_model
+    from export import artifact_kind, load_checkpoint_model
+    from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule, ScheduleConfig
+    from safe_files import check_outputs
 
-    check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps)
+    check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps, batch_size=args.batch_size)
+    outputs = {"--json": args.json} if args.bench == "training" else {"--json": args.json, "--csv": args.csv, "--chart": args.chart}
+    check_outputs(outputs, inputs={"--model_path": args.model_path})
     if args.model_path:
+        if artifact_kind(args.model_path) != "checkpoint":
+            raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {args.model_path}")
         model, schedule_config = load_checkpoint_model(args.model_path, weights="model" if args.no_ema else "ema")
     else:
         size, channels = default_shape(args.dataset)
@@ -348,12 +474,14 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
         model = UNet(model_config_from_args(args, size=args.img_size or size, channels=args.channels or channels))
         benchmark.perturb_zero_init(model, seed=args.seed)
         schedule_config = ScheduleConfig(kind=args.beta_schedule, num_timesteps=args.timesteps)
+    training = args.bench == "training"
+    batch, flag = (args.batch_size, "--batch_size") if training else (args.n_samples, "--n_samples")
+    check_batch_fits(model.config, batch_size=batch, device=device, training=training, flag=flag)
     model.to(device).eval()
     plan = NoiseSchedule(schedule_config).make_plan(
         args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
     )
-    if args.bench == "training":
-        check_positive(batch_size=args.batch_size)
+    if training:
         benchmark.main_training(args, model_config=model.config, schedule_config=schedule_config, device=device)
         return
     c, s = model.config.in_channels, model.config.image_size
@@ -361,35 +489,44 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     benchmark.main(args, model=model, plan=plan, shape=(args.n_samples, c, s, s), precision=precision)
 
 
+MODES = {"train": run_train, "sample": run_sample, "export": run_export, "benchmark": run_benchmark}
+
+
 def one_line(exc: BaseException) -> str:
     return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one mode; every failure a user can cause ends in one line on stderr and a documented exit code:
+    2 for a user error (or memory exhausted), 1 for a training run that diverged, 130/143 for Ctrl-C/SIGTERM."""
+    interrupts.install()
     try:
-        device = resolve_device(args.device)
-        if args.mode == "train":
-            run_train(args, device)
-        elif args.mode == "sample":
-            run_sample(args, device)
-        elif args.mode == "export":
-            run_export(args, device)
-        else:
-            run_benchmark(args, device)
-    except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
-        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except torch.cuda.OutOfMemoryError:
-        print(f"{PROG}: error: the GPU ran out of memory; lower --batch_size or --n_samples", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
+        args = build_parser().parse_args(argv)
+        import torch  # noqa: F401  (imported here, under the signal handlers)
+
+        from export import check_opset
+        from memory_budget import is_out_of_memory
         from training import TrainingDiverged
 
-        if isinstance(exc, TrainingDiverged):
+        try:
+            check_opset(args.opset)
+            MODES[args.mode](args, resolve_device(args.device))
+        except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
+            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+            return 2
+        except TrainingDiverged as exc:
             print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
             return 1
-        raise
+        except (RuntimeError, MemoryError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            place = "GPU" if "cuda" in str(exc).lower() else "machine"
+            print(f"{PROG}: error: the {place} ran out of memory; lower --batch_size or --n_samples", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt as exc:
+        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        print(f"\n{PROG}: {stop.name}: stopped", file=sys.stderr)
+        return stop.exit_code
     return 0
 
 

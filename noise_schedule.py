@@ -36,6 +36,7 @@ with six per-step coefficients precomputed in float64 (:class:`SamplingPlan`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -51,11 +52,19 @@ COEFFICIENT_NAMES = ("a", "b", "c_xt", "c_x0", "c_prev", "sigma")
 NUM_COEFFICIENTS = len(COEFFICIENT_NAMES)
 
 DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20}  # None: all T steps
+MAX_TIMESTEPS = 10_000
+MAX_LIST_ITEMS = 16  # the longest list a config field read from a file may hold
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """The forward process. Linear endpoints are for T = 1000 and scale by 1000 / T."""
+    """The forward process. Linear endpoints are for T = 1000 and scale by 1000 / T.
+
+    Valid values: ``kind`` in :data:`SCHEDULES`; ``2 <= num_timesteps <= MAX_TIMESTEPS`` (10,000:
+    ten times the usual T, and 80 KB of coefficients per buffer); ``0 < beta_start < beta_end < 1``;
+    ``0 < cosine_s <= 1``. A config read from a file goes through :meth:`from_dict`, which also
+    checks the keys and the types.
+    """
 
     kind: str = "linear"
     num_timesteps: int = 1000
@@ -65,15 +74,87 @@ class ScheduleConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
-            raise ValueError(f"unknown beta schedule {self.kind!r}; choose one of {', '.join(SCHEDULES)}")
-        if self.num_timesteps < 2:
-            raise ValueError(f"the number of diffusion timesteps must be at least 2, got {self.num_timesteps}")
-        if not 0.0 < self.beta_start < self.beta_end < 1.0:
+            raise ValueError(f"unknown beta schedule {short_repr(self.kind)}; choose one of {', '.join(SCHEDULES)}")
+        if not 2 <= self.num_timesteps <= MAX_TIMESTEPS:
+            raise ValueError(
+                f"the number of diffusion timesteps must be between 2 and {MAX_TIMESTEPS}, got {self.num_timesteps}"
+            )
+        if not 0.0 < self.beta_start < self.beta_end < 1.0:  # also False for NaN
             raise ValueError(
                 f"need 0 < beta_start < beta_end < 1, got beta_start={self.beta_start}, beta_end={self.beta_end}"
             )
-        if self.cosine_s <= 0.0:
-            raise ValueError(f"cosine_s must be positive, got {self.cosine_s}")
+        if not 0.0 < self.cosine_s <= 1.0:
+            raise ValueError(f"cosine_s must be in (0, 1], got {self.cosine_s}")
+
+    @classmethod
+    def from_dict(cls, data: object) -> ScheduleConfig:
+        """A schedule config read from a file: refuses unknown or missing keys, wrong types, bad ranges."""
+        return cls(**config_fields(cls, data))
+
+
+def config_fields(cls: type, data: object) -> dict:
+    """The fields of the config dataclass ``cls`` from ``data`` (a dict read from a file), type-checked.
+
+    Refused with a one-line ValueError (the caller names the file): anything but a dict, unknown keys
+    (named), missing keys, and values of the wrong type: ``int`` fields take ints (not bools, floats
+    or strings), ``float`` fields finite ints or floats, ``str`` fields strings, ``tuple[int, ...]``
+    fields lists or tuples of at most :data:`MAX_LIST_ITEMS` ints. Ranges are the class's own
+    ``__post_init__``'s to check.
+    Shared by :meth:`ScheduleConfig.from_dict` and ``basic_diffusion.UNetConfig.from_dict``.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"a {type(data).__name__} instead of a dict of settings")
+    types = {field.name: field.type for field in dataclasses.fields(cls)}
+    unknown = [key for key in data if key not in types]
+    if unknown:
+        named = ", ".join(short_repr(key) for key in unknown[:3])
+        named += f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        plural = "s" if len(unknown) > 1 else ""
+        raise ValueError(f"unknown key{plural} {named}; the known keys are {', '.join(types)}")
+    missing = [name for name in types if name not in data]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    fields = {}
+    for name, annotation in types.items():
+        value = data[name]
+        if annotation not in _FIELD_CHECKS:
+            raise TypeError(f"{cls.__name__}.{name}: no file check for type {annotation}")  # a programming error
+        wanted, valid = _FIELD_CHECKS[annotation]
+        if not valid(value):
+            raise ValueError(f"{name} must be {wanted}, got {short_repr(value)}")
+        fields[name] = tuple(value) if isinstance(value, list) else float(value) if annotation == "float" else value
+    return fields
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # not bool, float or str
+
+
+def _is_finite_number(value: object) -> bool:
+    if type(value) is int:
+        return abs(value) < 2**1000  # float() would overflow beyond
+    return type(value) is float and math.isfinite(value)
+
+
+# Annotation (a string under ``from __future__ import annotations``) -> (what it takes, its check).
+_FIELD_CHECKS = {
+    "int": ("an integer", _is_int),
+    "float": ("a finite number", _is_finite_number),
+    "str": ("a string", lambda v: type(v) is str),
+    "tuple[int, ...]": (
+        f"a list of at most {MAX_LIST_ITEMS} integers",
+        lambda v: isinstance(v, (list, tuple)) and len(v) <= MAX_LIST_ITEMS and all(map(_is_int, v)),
+    ),
+}
+
+
+def short_repr(value: object, *, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters: values from files go into one-line messages."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int too long to print, a list nested too deep
+        return f"an integer of {value.bit_length()} bits" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_betas(config: ScheduleConfig) -> torch.Tensor:

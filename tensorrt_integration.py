@@ -52,9 +52,10 @@ from torch import nn
 
 import export
 from basic_diffusion import UNet, UNetConfig
-from checkpoints import atomic_write, first_line
+from checkpoints import check_file_size, first_line, parse_json, read_limited
 from export import BatchRange, UNetIO, sha256_file
-from noise_schedule import SamplingPlan, ScheduleConfig
+from noise_schedule import SamplingPlan, ScheduleConfig, short_repr
+from safe_files import atomic_write
 
 if TYPE_CHECKING:
     from optimized_diffusion import FusedSampler
@@ -184,12 +185,50 @@ def metadata_path(path: str | Path) -> Path:
 
 
 def read_metadata(path: Path) -> dict | None:
-    """A metadata file's contents, or None when it is missing or unreadable (which means: rebuild)."""
+    """A cache metadata file's contents, or None when it is missing, too large, too deep or not JSON
+    (which means: rebuild). Exported engines' metadata is read strictly, by :func:`read_engine_metadata`."""
     try:
-        meta = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        meta = parse_json(read_limited(path, kind="metadata"), source=path)
+    except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
+
+
+def read_engine_metadata(path: Path) -> tuple[UNetConfig, ScheduleConfig, dict, BatchRange]:
+    """The configs, metadata and batch range of an exported engine, from the metadata file beside it.
+
+    Validated without TensorRT: the file's size and JSON depth (checkpoints.parse_json), the configs
+    (export.parse_artifact_metadata), the metadata version (an int), the environment fields (short
+    printable strings), the sha256 (64 hex digits) and the batch range (three ints, 1 <= min <= opt
+    <= max); ValueError on one line otherwise.
+    """
+    meta_file = metadata_path(path)
+    if not meta_file.exists():
+        raise ValueError(
+            f"{path} has no {meta_file.name} beside it; engines are loaded only with their metadata "
+            "(configs and sha256): export one with --mode export --format tensorrt"
+        )
+    model_config, schedule_config, meta = export.parse_artifact_metadata(
+        read_limited(meta_file, kind="metadata"), source=meta_file
+    )
+    problems = [
+        f"{field} {short_repr(meta.get(field))}"
+        for field in ENVIRONMENT_FIELDS
+        if not (isinstance(meta.get(field), str) and 0 < len(meta[field]) <= 100 and meta[field].isprintable())
+    ]
+    if type(meta.get("metadata_version")) is not int:
+        problems.append(f"metadata_version {short_repr(meta.get('metadata_version'))}")
+    digest = meta.get("sha256")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        problems.append(f"sha256 {short_repr(digest)}")
+    batch = meta.get("batch_range")
+    if not (isinstance(batch, list) and len(batch) == 3 and all(type(b) is int for b in batch)):
+        problems.append(f"batch_range {short_repr(batch)}")
+    elif not 1 <= batch[0] <= batch[1] <= batch[2]:
+        problems.append(f"batch_range {batch} (needs 1 <= min <= opt <= max)")
+    if problems:
+        raise ValueError(f"{meta_file} holds an invalid {'; '.join(problems)}; export the engine again")
+    return model_config, schedule_config, meta, BatchRange(*batch)
 
 
 class IntegrityError(ValueError):
@@ -377,6 +416,8 @@ class Engine:
         """Deserialize an engine whose bytes the caller has verified (see :func:`verified_bytes`)."""
         trt = import_tensorrt()
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        if hasattr(runtime, "engine_host_code_allowed"):  # TensorRT >= 10: say it, though False is the default
+            runtime.engine_host_code_allowed = False  # an engine with host code (a program on the CPU) is refused
         with torch.cuda.device(device):
             cuda_engine = runtime.deserialize_cuda_engine(data)
         if cuda_engine is None:
@@ -491,23 +532,15 @@ def engine_bytes_for(
 
 
 def load_engine_artifact(path: Path, *, device: torch.device) -> tuple[TensorRTUNet, UNetConfig, ScheduleConfig, dict]:
-    """An exported engine and the configs in its metadata file; refused unless its sha256 matches."""
+    """An exported engine and the configs in its metadata file (:func:`read_engine_metadata`); the
+    engine file is refused over its size limit (before it is read) and unless its sha256 matches."""
     trt = import_tensorrt()
-    raw = read_metadata(metadata_path(path))
-    if raw is None:
-        raise ValueError(
-            f"{path} has no readable {metadata_path(path).name} beside it; engines are loaded only with their "
-            "metadata (configs and sha256): export one with --mode export --format tensorrt"
-        )
-    model_config, schedule_config, meta = export.parse_artifact_metadata(raw, source=path)
+    model_config, schedule_config, meta, batch = read_engine_metadata(path)
+    check_file_size(path, kind="tensorrt")
     require_cuda(device)
     differences = key_mismatches(meta, {"metadata_version": METADATA_VERSION, **runtime_environment(trt, device)})
     if differences:
         raise ValueError(f"{path} was built for another setup ({'; '.join(differences)}); export it again here")
-    try:
-        batch = BatchRange(*meta["batch_range"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{metadata_path(path)} holds no valid batch_range; export the engine again") from exc
     data = verified_bytes(path, meta)
     engine = Engine.load(data, io=UNetIO.from_config(model_config), batch=batch, device=device)
     return TensorRTUNet(engine), model_config, schedule_config, meta

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import copy
 import math
-import signal
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
-from torchvision.utils import save_image
 from tqdm.auto import tqdm
 
+import interrupts
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, sample
-from checkpoints import FORMAT_VERSION, atomic_write, save_checkpoint
+from checkpoints import FORMAT_VERSION, save_checkpoint
 from data import ImageSet
+from image_files import save_grid
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -67,10 +65,10 @@ class TrainConfig:
             raise ValueError(f"learning rate must be positive, got {self.lr}")
         if self.warmup_steps < 0 or self.save_every < 0 or self.sample_every < 0:
             raise ValueError("warm-up steps, --save_every and --sample_every must be >= 0")
-        if not 0.0 <= self.ema_decay < 1.0:
+        if not 0.0 <= self.ema_decay < 1.0:  # also refuses NaN
             raise ValueError(f"EMA decay must be in [0, 1), got {self.ema_decay}")
-        if self.grad_clip <= 0:
-            raise ValueError(f"gradient clipping norm must be positive, got {self.grad_clip}")
+        if not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"gradient clipping norm (--grad_clip) must be positive and finite, got {self.grad_clip}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
 
@@ -233,60 +231,48 @@ class Trainer:
         losses, bad_in_a_row, smoothed = [], 0, None
         bar = tqdm(total=end, initial=self.step, desc="training", unit="step", disable=not progress, dynamic_ncols=True)
         window_start, window_steps = time.perf_counter(), 0
-        # Ctrl-C takes effect between steps, so a checkpoint saved on interrupt is a whole step's state.
-        interrupted = []
-        restore_sigint = _defer_sigint(lambda *_: interrupted.append(True))
+        # Ctrl-C and SIGTERM take effect between steps, so a checkpoint saved on interrupt is a whole step's state.
         try:
-            while self.step < end:
-                if interrupted:
-                    raise KeyboardInterrupt
-                loss = self.train_step()
-                losses.append(loss)
-                if math.isfinite(loss):
-                    bad_in_a_row = 0
-                    smoothed = loss if smoothed is None else 0.98 * smoothed + 0.02 * loss
-                else:
-                    bad_in_a_row += 1
-                    bar.write(f"step {self.step}: non-finite loss, update skipped")
-                    if bad_in_a_row >= MAX_CONSECUTIVE_NONFINITE:
-                        raise TrainingDiverged(
-                            f"the loss was non-finite for {bad_in_a_row} steps in a row at step {self.step}; "
-                            "try a lower --lr or --precision fp32 (the last good checkpoint is kept)"
+            with interrupts.deferred():
+                while self.step < end:
+                    interrupts.raise_if_pending()
+                    loss = self.train_step()
+                    losses.append(loss)
+                    if math.isfinite(loss):
+                        bad_in_a_row = 0
+                        smoothed = loss if smoothed is None else 0.98 * smoothed + 0.02 * loss
+                    else:
+                        bad_in_a_row += 1
+                        bar.write(f"step {self.step}: non-finite loss, update skipped")
+                        if bad_in_a_row >= MAX_CONSECUTIVE_NONFINITE:
+                            raise TrainingDiverged(
+                                f"the loss was non-finite for {bad_in_a_row} steps in a row at step {self.step}; "
+                                "try a lower --lr or --precision fp32 (the last good checkpoint is kept)"
+                            )
+                    window_steps += 1
+                    bar.update(1)
+                    elapsed = time.perf_counter() - window_start
+                    if elapsed > 1.0 or self.step == end:
+                        bar.set_postfix(
+                            loss=f"{smoothed:.4f}" if smoothed is not None else "nan",
+                            img_s=f"{window_steps * cfg.batch_size / elapsed:.0f}",
+                            lr=f"{self.lr:.2e}",
                         )
-                window_steps += 1
-                bar.update(1)
-                elapsed = time.perf_counter() - window_start
-                if elapsed > 1.0 or self.step == end:
-                    bar.set_postfix(
-                        loss=f"{smoothed:.4f}" if smoothed is not None else "nan",
-                        img_s=f"{window_steps * cfg.batch_size / elapsed:.0f}",
-                        lr=f"{self.lr:.2e}",
-                    )
-                    window_start, window_steps = time.perf_counter(), 0
-                at_end = self.step == cfg.total_steps
-                if at_end or (cfg.save_every and self.step % cfg.save_every == 0):
-                    self.save()
-                if at_end or (cfg.sample_every and self.step % cfg.sample_every == 0):
-                    bar.write(f"step {self.step}: samples in {self.write_samples()}")
+                        window_start, window_steps = time.perf_counter(), 0
+                    at_end = self.step == cfg.total_steps
+                    if at_end or (cfg.save_every and self.step % cfg.save_every == 0):
+                        self.save()
+                    if at_end or (cfg.sample_every and self.step % cfg.sample_every == 0):
+                        bar.write(f"step {self.step}: samples in {self.write_samples()}")
         finally:
-            restore_sigint()
             bar.close()
+        skipped = sum(not math.isfinite(loss) for loss in losses)
+        if 2 * skipped > len(losses):
+            raise TrainingDiverged(
+                f"{skipped} of the {len(losses)} steps of this run were skipped as non-finite, so the checkpoint "
+                "learned little; try a lower --lr or --precision fp32"
+            )
         return losses
-
-
-def _defer_sigint(handler) -> Callable[[], None]:
-    """Route SIGINT to ``handler`` (main thread only); returns a function restoring the old handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.signal(signal.SIGINT, handler)
-    return lambda: signal.signal(signal.SIGINT, previous)
-
-
-def save_grid(images: torch.Tensor, path: str | Path) -> Path:
-    """Save (B, C, H, W) images in [-1, 1] as a square-ish PNG grid, atomically."""
-    nrow = max(1, math.ceil(math.sqrt(images.shape[0])))
-    grid = (images.detach().float().cpu().clamp(-1, 1) + 1) / 2
-    return atomic_write(path, lambda f: save_image(grid, f, nrow=nrow, format="png"))
 
 
 def resume_config(state: dict, **overrides) -> TrainConfig:

@@ -143,4 +143,4 @@ def test_ctrl_c_saves_a_whole_step_and_exits_130(tmp_path):
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     step = load_checkpoint(tmp_path / "ck.pt")["step"]
-    assert step > 0 and f"interrupted at step {step};" in stderr
+    assert step > 0 and f"Ctrl-C: stopped at step {step};" in stderr

@@ -208,7 +208,8 @@ class FailsToPickle:
 
 def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "ck.pt"
-    good = {"format_version": 1, "model_config": {}, "schedule_config": {}, "model": {}, "ema": {}, "step": 1}
+    configs = {"model_config": UNetConfig().to_dict(), "schedule_config": ScheduleConfig().__dict__}  # load validates them
+    good = {"format_version": 1, **configs, "model": {}, "ema": {}, "step": 1}
     save_checkpoint(path, good)
     with pytest.raises(RuntimeError, match="disk full"):
         save_checkpoint(path, {**good, "step": FailsToPickle()})
@@ -219,7 +220,7 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
 def test_atomic_writes_get_the_usual_file_mode(tmp_path):
     import os
 
-    from checkpoints import atomic_write
+    from safe_files import atomic_write
 
     mask = os.umask(0o022)
     try:

@@ -1,0 +1,156 @@
+"""Image outputs: the PNG sample grid and the .npz of samples, written without holding every sample.
+
+Sampling draws ``--n_samples`` in batches; each batch goes to a :class:`SampleWriter`, which keeps
+only the grid's tiles (uint8, at most :data:`MAX_GRID_PIXELS` of picture) and streams the pixels
+into the ``images`` array of an .npz as they come, so memory does not grow with the count. Both
+files appear atomically when the writer closes; a failed or interrupted run leaves neither.
+
+    plan_outputs(n_samples=..., image_shape=(C, H, W), grid="samples.png", npz=None)   # refuse before work
+    with SampleWriter(n_samples, (C, H, W), grid="samples.png", npz="s.npz") as out:
+        for images in batches:  # (B, C, H, W) in [-1, 1]
+            out.add(images)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from safe_files import atomic_open, atomic_write, resolved
+
+GRID_PADDING = 2  # torchvision's default: 2 black pixels between tiles
+MAX_GRID_PIXELS = 4096 * 4096  # one PNG; its pixels are held in memory while it is encoded
+
+
+def grid_side(n_images: int) -> int:
+    """Tiles per row of a square-ish grid."""
+    return max(1, math.ceil(math.sqrt(n_images)))
+
+
+def grid_pixels(n_images: int, *, height: int, width: int) -> int:
+    if n_images == 1:
+        return height * width
+    cols = grid_side(n_images)
+    rows = math.ceil(n_images / cols)
+    return (rows * (height + GRID_PADDING) + GRID_PADDING) * (cols * (width + GRID_PADDING) + GRID_PADDING)
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) in [-1, 1] -> uint8 on the CPU, rounded as torchvision's PNG writer rounds."""
+    # sync: the batch comes to the host once.
+    x01 = (images.detach().float().cpu().clamp(-1, 1) + 1) / 2
+    return x01.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
+
+
+def grid_image(tiles: torch.Tensor) -> Image.Image:
+    """(B, C, H, W) uint8 tiles -> one RGB PIL image in torchvision's ``make_grid`` layout: rows of
+    :func:`grid_side` tiles, :data:`GRID_PADDING` black pixels around each (importing torchvision
+    for this would add seconds to every start)."""
+    n, c, h, w = tiles.shape
+    if n == 1:  # make_grid returns a single image as it is, unpadded
+        return Image.fromarray(tiles[0].permute(1, 2, 0).expand(h, w, 3).contiguous().numpy())
+    cols = grid_side(n)
+    rows = math.ceil(n / cols)
+    step_h, step_w = h + GRID_PADDING, w + GRID_PADDING
+    grid = np.zeros((rows * step_h + GRID_PADDING, cols * step_w + GRID_PADDING, 3), dtype=np.uint8)
+    pixels = tiles.permute(0, 2, 3, 1).expand(n, h, w, 3).numpy()  # grey -> RGB, as make_grid does
+    for i, tile in enumerate(pixels):
+        top, left = (i // cols) * step_h + GRID_PADDING, (i % cols) * step_w + GRID_PADDING
+        grid[top : top + h, left : left + w] = tile
+    return Image.fromarray(grid)
+
+
+def save_grid(images: torch.Tensor, path: str | Path) -> Path:
+    """Save (B, C, H, W) images in [-1, 1] as a square-ish PNG grid, atomically."""
+    picture = grid_image(to_uint8(images))
+    return atomic_write(path, lambda f: picture.save(f, format="png"))
+
+
+def plan_outputs(*, n_samples: int, image_shape: tuple[int, int, int], grid: str | Path | None, npz: str | Path | None) -> None:
+    """Refuse, before any sampling, outputs that cannot be written: a grid too large, an .npz beyond free disk."""
+    c, h, w = image_shape
+    if grid is not None:
+        pixels = grid_pixels(n_samples, height=h, width=w)
+        if pixels > MAX_GRID_PIXELS:
+            fits = _largest_grid(height=h, width=w)
+            raise ValueError(
+                f"a grid of {n_samples} samples of {h}x{w} would have {pixels / 1e6:.0f} million pixels; one PNG holds at "
+                f"most {fits} of them: lower --n_samples, or pass --no_grid with --save_npz to keep only the arrays"
+            )
+    if npz is not None:
+        need = n_samples * c * h * w + (1 << 20)  # stored pixels (compression only shrinks them) + headers
+        folder = next(p for p in (resolved(npz).parent, *resolved(npz).parents) if p.exists())
+        free = shutil.disk_usage(folder).free
+        if need > free:
+            raise ValueError(
+                f"--save_npz {npz} may need {need / 2**30:.2f} GiB and {folder} has {free / 2**30:.2f} GiB free; "
+                f"at most about {max(0, free - (1 << 20)) // (c * h * w)} samples of {c}x{h}x{w} fit"
+            )
+
+
+def _largest_grid(*, height: int, width: int) -> int:
+    n = 1
+    while grid_pixels(n + 1, height=height, width=width) <= MAX_GRID_PIXELS:
+        n += 1
+    return n
+
+
+class SampleWriter:
+    """Receives batches of samples; writes the grid PNG and the .npz (uint8, NHWC) on close."""
+
+    def __init__(
+        self, n_samples: int, image_shape: tuple[int, int, int], *, grid: str | Path | None, npz: str | Path | None
+    ) -> None:
+        self.n_samples, self.image_shape = n_samples, image_shape
+        self.grid, self.npz = grid, npz
+        self.tiles: list[torch.Tensor] = []
+        self.written = 0
+        self._stack = contextlib.ExitStack()
+        self._array = None
+        if npz is not None:
+            c, h, w = image_shape
+            f = self._stack.enter_context(atomic_open(npz))
+            archive = self._stack.enter_context(zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED))
+            self._array = self._stack.enter_context(archive.open("images.npy", "w", force_zip64=True))
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+                      "shape": (n_samples, h, w, c)}  # fmt: skip
+            np.lib.format.write_array_header_1_0(self._array, header)
+
+    def add(self, images: torch.Tensor) -> None:
+        """One batch, (B, C, H, W) in [-1, 1]."""
+        pixels = to_uint8(images)
+        if self.written + pixels.shape[0] > self.n_samples:
+            raise ValueError(f"more samples than the {self.n_samples} announced")
+        self.written += pixels.shape[0]
+        if self.grid is not None:
+            self.tiles.append(pixels)
+        if self._array is not None:
+            self._array.write(pixels.permute(0, 2, 3, 1).contiguous().numpy().tobytes())
+
+    def close(self) -> list[Path]:
+        """Write the files (only if every announced sample arrived); returns their paths."""
+        if self.written != self.n_samples:
+            raise ValueError(f"{self.written} of {self.n_samples} samples arrived; nothing written")
+        written = []
+        if self.grid is not None:
+            picture = grid_image(torch.cat(self.tiles))
+            written.append(atomic_write(self.grid, lambda f: picture.save(f, format="png")))
+        self._stack.close()  # finishes the .npz and moves it into place
+        if self.npz is not None:
+            written.append(Path(self.npz))
+        return written
+
+    def __enter__(self) -> SampleWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            # Drop the partial .npz: close the stack with the exception, so atomic_open discards it.
+            self._stack.__exit__(exc_type, exc, tb)

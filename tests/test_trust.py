@@ -1,0 +1,412 @@
+"""Trust: no good file is lost, no TorchScript runs without consent, signals end in one line.
+
+Specification, as a careless user would meet it: every refused run exits 2 with one line on stderr
+and leaves the file it would have destroyed byte-identical (an input named as an output, two outputs
+on one path, a read-only file, a FIFO, an existing checkpoint without --resume/--overwrite, a
+checkpoint another run is training into); outputs through a symlink replace the file the link
+points to and keep the link; Ctrl-C and SIGTERM end with one line and 130/143, a second signal
+does not cut the interrupt save, SIGKILL during saves never leaves an unloadable checkpoint and
+the next start removes the stale temporaries; sampling streams batches into the .npz.
+Most runs call ``main.main`` in this process (no interpreter start-up); the signal tests use
+subprocesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import interrupts
+import main
+from checkpoints import load_checkpoint, save_checkpoint
+from safe_files import check_outputs, remove_stale_temporaries
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TRAIN = [
+    "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
+    "--timesteps", "50", "--batch_size", "8", "--sample_every", "0", "--save_every", "0",
+]  # fmt: skip
+SAMPLE = ["--mode", "sample", "--sampling_steps", "2", "--n_samples", "4"]
+
+
+@pytest.fixture(autouse=True)
+def keep_signal_handlers():
+    """main.main installs its SIGINT/SIGTERM handlers; give pytest its own back after each test."""
+    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run main.main in this process, in a folder; returns (exit code, stderr)."""
+
+    def run(*args: str, cwd: Path) -> tuple[int, str]:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = main.main([str(a) for a in args])
+        return code, capsys.readouterr().err
+
+    return run
+
+
+def refused(result: tuple[int, str], match: str) -> None:
+    code, err = result
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("main.py: error:"), err
+    assert match in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A folder holding a tiny trained checkpoint, m.pt."""
+    folder = tmp_path_factory.mktemp("trust")
+    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        assert main.main([*TINY_TRAIN, "--max_steps", "2", "--model_path", "m.pt"]) == 0
+    finally:
+        os.chdir(cwd)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return folder
+
+
+@contextlib.contextmanager
+def unchanged(*paths: Path):
+    """Assert the files are byte-identical (and keep their mode) after the block."""
+    before = {p: (p.read_bytes(), p.stat().st_mode) for p in paths}
+    yield
+    for p, (data, mode) in before.items():
+        assert p.read_bytes() == data, f"{p} was changed"
+        assert p.stat().st_mode == mode
+
+
+# ----- outputs never destroy inputs or other outputs -------------------------------------------------
+def test_sample_output_onto_the_model_is_refused(cli, work):
+    (work / "grid.png").unlink(missing_ok=True)
+    (work / "grid.png").symlink_to(work / "m.pt")  # a .png name that is really the model
+    with unchanged(work / "m.pt"):
+        refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "grid.png", cwd=work), "same file as --model_path")
+        refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "m.pt", cwd=work), "same file as --model_path")
+        refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "other.pt", cwd=work), "ending in .png")
+    (work / "grid.png").unlink()
+
+
+def test_npz_onto_the_model_and_colliding_outputs_are_refused(cli, work):
+    (work / "m.npz").unlink(missing_ok=True)
+    (work / "m.npz").symlink_to(work / "m.pt")
+    with unchanged(work / "m.pt"):
+        refused(cli(*SAMPLE, "--model_path", "m.pt", "--save_npz", "m.npz", cwd=work), "same file as --model_path")
+    (work / "m.npz").unlink()
+    (work / "g.npz").write_bytes(b"keep")
+    with unchanged(work / "g.npz"):
+        refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "g.npz", "--save_npz", "g.npz", cwd=work),
+                "--save_npz and --output both name g.npz")  # fmt: skip
+
+
+def test_benchmark_outputs_onto_the_model_or_each_other_are_refused(cli, work):
+    bench = ["--mode", "benchmark", "--model_path", "m.pt", "--rows", "original", "--sampling_steps", "2"]
+    with unchanged(work / "m.pt"):
+        refused(cli(*bench, "--json", "m.pt", cwd=work), "--json m.pt is the same file as --model_path")
+        refused(cli(*bench, "--chart", "m.pt", cwd=work), "same file as --model_path")
+        refused(cli(*bench, "--json", "r.json", "--csv", "r.json", cwd=work), "both name r.json")
+    assert not (work / "r.json").exists()
+
+
+def test_export_onto_its_source_is_refused(cli, work):
+    (work / "m.onnx").unlink(missing_ok=True)
+    (work / "m.onnx").symlink_to(work / "m.pt")
+    with unchanged(work / "m.pt"):
+        refused(cli("--mode", "export", "--model_path", "m.pt", "--output", "m.onnx", cwd=work), "same file as --model_path")
+    (work / "m.onnx").unlink()
+
+
+def test_read_only_fifo_and_folder_outputs_are_refused(cli, work):
+    ro = work / "ro.png"
+    ro.write_bytes(b"precious")
+    ro.chmod(0o444)
+    fifo = work / "pipe.png"
+    with contextlib.suppress(FileExistsError):
+        os.mkfifo(fifo)
+    with unchanged(ro):
+        refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "ro.png", cwd=work), "read-only")
+    refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "pipe.png", cwd=work), "not a regular file")
+    assert fifo.exists() and not fifo.is_file()
+    (work / "afile").write_bytes(b"")
+    refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "afile/g.png", cwd=work), "is not a folder")
+
+
+def test_an_output_through_a_symlink_replaces_the_target_and_keeps_the_link(cli, work):
+    target = work / "real.png"
+    target.write_bytes(b"old")
+    link = work / "link.png"
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+    code, err = cli(*SAMPLE, "--model_path", "m.pt", "--output", "link.png", cwd=work)
+    assert code == 0, err
+    assert link.is_symlink() and target.read_bytes().startswith(b"\x89PNG")
+
+
+# ----- training never replaces a checkpoint by accident ----------------------------------------------
+def test_training_onto_an_existing_checkpoint_needs_resume_or_overwrite(cli, work):
+    with unchanged(work / "m.pt"):
+        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--resume")
+        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--overwrite")
+        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", "--resume", "--overwrite", cwd=work),
+                "choose one")  # fmt: skip
+    copy = work / "copy.pt"
+    copy.write_bytes((work / "m.pt").read_bytes())
+    code, err = cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "copy.pt", "--overwrite", cwd=work)
+    assert code == 0, err
+    assert load_checkpoint(copy)["step"] == 1
+
+
+def test_a_read_only_checkpoint_is_not_replaced_even_with_overwrite(cli, work):
+    ro = work / "ro.pt"
+    ro.write_bytes((work / "m.pt").read_bytes())
+    ro.chmod(0o444)
+    with unchanged(ro):
+        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "ro.pt", "--overwrite", cwd=work), "read-only")
+        refused(cli(*TINY_TRAIN, "--max_steps", "3", "--model_path", "ro.pt", "--resume", cwd=work), "read-only")
+
+
+def test_a_second_run_on_a_locked_checkpoint_is_refused(cli, work):
+    import fcntl
+
+    with open(work / "locked.pt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a running training process holds it
+        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "locked.pt", cwd=work), "another run")
+    assert not (work / "locked.pt").exists()
+
+
+# ----- TorchScript needs consent ----------------------------------------------------------------------
+def test_sampling_a_torchscript_file_needs_trust_torchscript(cli, work):
+    code, err = cli("--mode", "export", "--format", "torchscript", "--model_path", "m.pt", "--output", "m.ts", cwd=work)
+    assert code == 0, err
+    refused(cli(*SAMPLE, "--model_path", "m.ts", cwd=work), "--trust_torchscript")
+    refused(cli("--mode", "benchmark", "--model_path", "m.ts", cwd=work), "checkpoint (.pt)")
+    code, err = cli(*SAMPLE, "--model_path", "m.ts", "--trust_torchscript", "--output", "ts.png", cwd=work)
+    assert code == 0, err
+
+
+# ----- numbers -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--grad_clip", "nan"], "--grad_clip: must be a finite number"),
+        (["--lr", "inf"], "--lr: must be a finite number"),
+        (["--seed", "-1"], "--seed: must be between 0 and 2**63 - 1"),
+        (["--mode", "paint"], "invalid choice"),
+    ],
+)
+def test_bad_numbers_and_choices_end_in_one_line(args, match, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main.main(args)
+    refused((exit_info.value.code, capsys.readouterr().err), match)
+
+
+def test_a_seed_out_of_range_ends_in_one_line_from_the_shell(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "--seed", str(2**63)], cwd=tmp_path, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    refused((result.returncode, result.stderr), "--seed: must be between 0 and 2**63 - 1")
+
+
+# ----- bounded memory ------------------------------------------------------------------------------------
+def test_sampling_streams_batches_and_the_first_batch_matches_a_single_batch_run(cli, work):
+    code, err = cli(*SAMPLE, "--model_path", "m.pt", "--n_samples", "10", "--batch_size", "4", "--no_grid",
+                    "--save_npz", "many.npz", cwd=work)  # fmt: skip
+    assert code == 0, err
+    code, err = cli(*SAMPLE, "--model_path", "m.pt", "--n_samples", "4", "--batch_size", "4", "--save_npz", "one.npz",
+                    "--output", "one.png", cwd=work)  # fmt: skip
+    assert code == 0, err
+    many, one = np.load(work / "many.npz")["images"], np.load(work / "one.npz")["images"]
+    assert many.shape == (10, 16, 16, 1) and many.dtype == np.uint8
+    assert np.array_equal(many[:4], one)
+    assert not np.array_equal(many[4:8], one)  # later batches continue the random stream
+
+
+def test_a_grid_too_large_for_one_png_is_refused_before_work(cli, work):
+    refused(cli(*SAMPLE, "--model_path", "m.pt", "--n_samples", "1000000", cwd=work), "--no_grid")
+    refused(cli(*SAMPLE, "--model_path", "m.pt", "--no_grid", cwd=work), "--save_npz")
+
+
+def test_an_npz_larger_than_the_free_disk_is_refused(work, monkeypatch):
+    import shutil
+
+    import image_files
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
+    with pytest.raises(ValueError, match="GiB free"):
+        image_files.plan_outputs(n_samples=100_000, image_shape=(1, 16, 16), grid=None, npz=work / "big.npz")
+
+
+def test_a_failed_sampling_run_leaves_no_partial_files(work):
+    import image_files
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with image_files.SampleWriter(8, (1, 4, 4), grid=work / "p.png", npz=work / "p.npz") as out:
+            out.add(torch.zeros(4, 1, 4, 4))
+            raise RuntimeError("boom")
+    assert not (work / "p.png").exists() and not (work / "p.npz").exists()
+    assert not list(work.glob(".p.*"))
+
+
+# ----- signals -------------------------------------------------------------------------------------------
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+
+
+def test_sigterm_in_training_saves_and_exits_143(tmp_path):
+    proc = start([*TINY_TRAIN, "--max_steps", "100000", "--model_path", "ck.pt"], tmp_path)
+    assert proc.stdout.readline().startswith("training")
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    step = load_checkpoint(tmp_path / "ck.pt")["step"]
+    assert step > 0 and f"SIGTERM: stopped at step {step};" in stderr
+
+
+def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
+    proc = start([*SAMPLE, "--model_path", str(work / "m.pt"), "--sampling_steps", "50", "--n_samples", "64",
+                  "--batch_size", "8", "--save_npz", "s.npz", "--output", "s.png"], tmp_path)  # fmt: skip
+    time.sleep(6.0)  # past the imports, into the batches
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "main.py: Ctrl-C: stopped"
+    assert list(tmp_path.iterdir()) == []  # no grid, no .npz, no temporary file
+
+
+def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
+    class Trainer:
+        step = 7
+
+        def run(self):
+            raise interrupts.Interrupted(signal.SIGINT)
+
+        def save(self):
+            os.kill(os.getpid(), signal.SIGINT)  # the impatient second Ctrl-C, mid-save
+            time.sleep(0.1)
+            (tmp_path / "saved").write_text("whole")
+            return tmp_path / "saved"
+
+    interrupts.install()
+    with pytest.raises(SystemExit) as exit_info:
+        main.train(Trainer())
+    assert exit_info.value.code == 130
+    assert (tmp_path / "saved").read_text() == "whole"
+    assert interrupts.pending() is None
+
+
+KILLED_SAVER = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from checkpoints import save_checkpoint
+state = {{"format_version": 1, "model_config": {{}}, "schedule_config": {{}}, "ema": {{}}, "step": 0,
+          "model": {{"w": torch.randn(1_000_000)}}}}
+print("ready", flush=True)
+for step in range(1, 10**6):
+    state["step"] = step
+    save_checkpoint({path!r}, state)
+"""
+
+
+def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
+    path = tmp_path / "k.pt"
+    rng = np.random.default_rng(0)
+    for trial in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVER.format(root=str(ROOT), path=str(path))],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.3 + rng.uniform(0, 0.7))
+        proc.kill()
+        proc.wait()
+        if path.exists():  # the first saves may not have landed yet
+            state = torch.load(path, weights_only=True)
+            assert state["model"]["w"].shape == (1_000_000,)
+    assert path.exists()
+    check_outputs({"--model_path": path})  # the next run's start
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.pt"]
+
+
+def test_stale_temporaries_of_live_processes_are_kept(tmp_path):
+    mine = tmp_path / f".k.pt.tmp-{os.getpid()}-abc"
+    mine.write_bytes(b"in progress")
+    assert remove_stale_temporaries(tmp_path / "k.pt") == []
+    assert mine.exists()
+
+
+def test_non_finite_steps_most_of_a_run_end_non_zero(tmp_path):
+    from test_core import make_trainer  # the tiny trainer of the core tests
+
+    from training import TrainingDiverged
+
+    trainer = make_trainer(tmp_path, total_steps=15)
+    clean = trainer.images.batch
+
+    def poisoned(step, **kwargs):  # 13 of 15 batches are NaN, never 20 in a row
+        return clean(step, **kwargs) * (1.0 if step in (0, 7) else float("nan"))
+
+    trainer.images.batch = poisoned
+    with pytest.raises(TrainingDiverged, match="13 of the 15 steps"):
+        trainer.run(progress=False)
+
+
+def test_check_outputs_refuses_hard_links_to_inputs(tmp_path):
+    (tmp_path / "m.pt").write_bytes(b"model")
+    os.link(tmp_path / "m.pt", tmp_path / "h.png")
+    with pytest.raises(ValueError, match="same file as --model_path"):
+        check_outputs({"--output": tmp_path / "h.png"}, inputs={"--model_path": tmp_path / "m.pt"})
+
+
+def test_save_checkpoint_names_the_path_on_os_errors(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ValueError, match="is not a folder"):
+        save_checkpoint(tmp_path / "file" / "x.pt", {"format_version": 1, "model_config": {}, "schedule_config": {},
+                                                     "model": {}, "ema": {}, "step": 0})  # fmt: skip
+
+
+def test_cpu_out_of_memory_ends_in_one_line(cli, work, monkeypatch):
+    def exhausted(*args, **kwargs):
+        def draw(shape, generator, progress):
+            torch.empty(2**62, dtype=torch.uint8)  # the allocator's own failure, raised at once
+
+        return draw
+
+    monkeypatch.setattr(main, "make_drawer", exhausted)
+    refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "oom.png", cwd=work), "the machine ran out of memory")
+    assert not (work / "oom.png").exists()
+
+
+@pytest.mark.parametrize("n,channels", [(9, 1), (7, 3), (1, 1)])
+def test_the_grid_is_torchvisions_save_image_pixel_for_pixel(tmp_path, n, channels):
+    from torchvision.utils import save_image
+
+    import image_files
+
+    images = torch.rand(n, channels, 5, 6, generator=torch.Generator().manual_seed(n)) * 2.2 - 1.1  # some out of range
+    ours = image_files.save_grid(images, tmp_path / "ours.png")
+    save_image((images.clamp(-1, 1) + 1) / 2, tmp_path / "theirs.png", nrow=image_files.grid_side(n))
+    with Image.open(ours) as a, Image.open(tmp_path / "theirs.png") as b:
+        assert a.size == b.size and np.array_equal(np.asarray(a), np.asarray(b))
