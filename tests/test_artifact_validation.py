@@ -33,12 +33,7 @@ from test_export import CONFIG, SCHEDULE, needs_onnx, random_unet
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def refused(call, match: str, *, unchanged: Path | None = None) -> str:

@@ -47,13 +47,7 @@ SCHEDULE = ScheduleConfig(num_timesteps=50)
 IO = UNetIO.from_config(CONFIG)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models: one thread is fastest, and immune to a busy 2-core machine (onnxruntime follows).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def random_unet() -> UNet:

@@ -275,16 +275,17 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def test_sigterm_in_training_saves_and_exits_143(tmp_path):
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(tmp_path, sig, code, name):
     proc = start([*TINY_TRAIN, "--max_steps", "100000", "--model_path", "ck.pt"], tmp_path)
-    assert proc.stdout.readline().startswith("training")
-    time.sleep(2.0)
-    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline().startswith("training")  # printed just before the loop starts
+    time.sleep(2.0)  # some steps in
+    proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr
+    assert proc.returncode == code, stderr
     assert "Traceback" not in stderr
     step = load_checkpoint(tmp_path / "ck.pt")["step"]
-    assert step > 0 and f"SIGTERM: stopped at step {step};" in stderr
+    assert step > 0 and f"{name}: stopped at step {step};" in stderr
 
 
 def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
