@@ -276,11 +276,18 @@ def new_trainer(args: argparse.Namespace, checkpoint: str, device: torch.device)
 
 
 def train(trainer) -> None:
-    """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143."""
+    """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143.
+
+    A run stopped before its first step saves nothing, so the file it would replace stays as it was.
+    """
+    start = trainer.step
     try:
         trainer.run()
     except KeyboardInterrupt as exc:
         stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        if trainer.step == start:
+            print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
+            raise SystemExit(stop.exit_code) from None
         with interrupts.deferred(reraise=False):  # a second signal does not cut this save
             path = trainer.save()
         print(f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)

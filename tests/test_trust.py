@@ -301,9 +301,10 @@ def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
 
 def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
     class Trainer:
-        step = 7
+        step = 6
 
         def run(self):
+            self.step += 1
             raise interrupts.Interrupted(signal.SIGINT)
 
         def save(self):
@@ -318,6 +319,22 @@ def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
     assert exit_info.value.code == 130
     assert (tmp_path / "saved").read_text() == "whole"
     assert interrupts.pending() is None
+
+
+def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
+    class Trainer:
+        step = 0
+
+        def run(self):
+            raise interrupts.Interrupted(signal.SIGTERM)  # the mistaken --overwrite run, stopped at once
+
+        def save(self):
+            raise AssertionError("nothing may be saved")
+
+    with pytest.raises(SystemExit) as exit_info:
+        main.train(Trainer())
+    assert exit_info.value.code == 143
+    assert "stopped before the first step; nothing was saved" in capsys.readouterr().err
 
 
 KILLED_SAVER = """
