@@ -18,6 +18,7 @@ same noise (max abs difference, PSNR over the [-1, 1] range).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import io
@@ -39,7 +40,7 @@ from checkpoints import first_line
 from noise_schedule import SamplingPlan
 from safe_files import atomic_write
 
-ROWS = ("original", "cuda", "compile", "onnxruntime", "torchscript", "tensorrt")
+ROWS = ("original", "cuda", "cuda_compile", "compile", "onnxruntime", "torchscript", "tensorrt")
 
 # A row passes parity when its images match the original's to this PSNR (dB, data range 2).
 # fp32 rows differ only by float reassociation; bf16/fp16 rows by the lower precision.
@@ -177,30 +178,24 @@ def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int = 819
 
 
 # ----- rows ----------------------------------------------------------------------------------------
-def build_rows(
-    names: list[str], *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
-) -> list[tuple[str, str, Callable[[torch.Generator], torch.Tensor] | Exception]]:
-    """(name, precision, run(generator) or the reason it cannot run) for each requested row."""
-    rows = []
-    for name in names:
-        try:
-            rows.append((name, *_make_row(name, model=model, plan=plan, shape=shape, precision=precision)))
-        except Unavailable as exc:
-            rows.append((name, precision if name != "original" else "fp32", exc))
-    return rows
+def make_row(
+    name: str, *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
+) -> tuple[str, Callable[[torch.Generator], torch.Tensor]]:
+    """(precision, run(generator)) for one row; raises Unavailable when the row cannot run here.
 
-
-def _make_row(name, *, model, plan, shape, precision):
+    Building a row may capture graphs, compile or export: the caller builds, times and frees one
+    row at a time, so no row carries another's buffers or memory pools.
+    """
     if name == "original":
         return "fp32", lambda g: _fp32(original_sample, model, plan, shape=shape, generator=g)
-    if name == "cuda":
+    if name in ("cuda", "cuda_compile"):
+        import optimized_diffusion
+
         try:
-            import optimized_diffusion
-        except ImportError as exc:  # pragma: no cover - the module itself always imports
-            raise Unavailable(str(exc)) from exc
-        try:
-            # A copy: on CUDA the sampler turns its model channels-last in place, which would change the other rows.
-            sampler = optimized_diffusion.FusedSampler(copy.deepcopy(model), plan, shape=shape, precision=precision)
+            # A copy, so a row can never change the model the other rows run.
+            sampler = optimized_diffusion.FusedSampler(
+                copy.deepcopy(model), plan, shape=shape, precision=precision, compile_model=name == "cuda_compile"
+            )
         except ImportError as exc:
             raise Unavailable(f"extension not built: {exc}") from exc
         return precision, lambda g: sampler(generator=g)
@@ -213,10 +208,10 @@ def _make_row(name, *, model, plan, shape, precision):
         try:
             if name == "onnxruntime":
                 runtime = export.as_onnxruntime(model, device=plan.coefficients.device)
-                return "fp32", lambda g: original_sample(runtime, plan, shape=shape, generator=g)
+                return "fp32", lambda g: _fp32(original_sample, runtime, plan, shape=shape, generator=g)
             if name == "torchscript":
                 traced = export.trace_torchscript(model)
-                return "fp32", lambda g: original_sample(traced, plan, shape=shape, generator=g)
+                return "fp32", lambda g: _fp32(original_sample, traced, plan, shape=shape, generator=g)
             import tensorrt_integration
 
             sampler = tensorrt_integration.tensorrt_sampler(model, plan, shape=shape, precision=precision, log=lambda _: None)
@@ -224,6 +219,47 @@ def _make_row(name, *, model, plan, shape, precision):
         except ImportError as exc:  # the optional package is not installed: say which
             raise Unavailable(first_line(exc)) from exc
     raise Unavailable(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
+
+
+def row_label(name: str, device: torch.device) -> str:
+    """What a row's name includes, where the name alone does not say (shown in the table)."""
+    if device.type == "cuda":
+        return {"compile": "compile (max-autotune: Inductor kernels + CUDA graphs)",
+                "cuda_compile": "cuda_compile (fused step + CUDA graph, U-Net through torch.compile)"}.get(name, name)  # fmt: skip
+    return name
+
+
+class DeviceMemory:
+    """A row's device memory: growth of the CUDA caching allocator's reserved bytes (graph
+    pools included) and of the device's used memory (cudaMemGetInfo: what TensorRT, cuDNN and
+    onnxruntime allocate themselves), from before the row is built to its peak; the larger of
+    the two, in MiB. Measured with every earlier row freed."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __enter__(self) -> DeviceMemory:
+        import gc
+
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.reserved0 = torch.cuda.memory_reserved(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.used0, self.peak_used = total - free, total - free
+        return self
+
+    def sample(self) -> None:
+        """Read the device's used memory now (call at the points where it peaks)."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.peak_used = max(self.peak_used, total - free)
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.synchronize(self.device)
+        self.sample()
+        reserved = torch.cuda.max_memory_reserved(self.device) - self.reserved0
+        self.mb = max(reserved, self.peak_used - self.used0) / 2**20
 
 
 def _fp32(fn, *args, **kwargs):
@@ -364,22 +400,28 @@ def run_benchmark(
     names = ["original"] + [n for n in rows if n != "original"]
     results: list[Row] = []
     reference = None
-    for name, row_precision, run in build_rows(names, model=model, plan=plan, shape=shape, precision=precision):
-        row = Row(name=name, precision=row_precision)
+    for name in names:
+        # Build, time and free one row at a time: no row carries another's buffers or pools.
+        row = Row(name=name, precision=precision if name != "original" else "fp32")
         results.append(row)
-        if isinstance(run, Exception):
-            row.status, row.reason = "unavailable", str(run)
-            progress(f"{name}: unavailable ({run})")
-            continue
-        progress(f"{name}: {warmup} warm-up + {repeats} timed runs ...")
+        # Compiled, graphed and engine rows build lazily in their first run: never time it.
+        row_warmup = warmup if name == "original" else max(warmup, 1)
+        memory = DeviceMemory(device) if device.type == "cuda" else contextlib.nullcontext()
         try:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(device)
-            with PeakRSS() as rss:
+            with memory, PeakRSS() as rss:
+                try:
+                    row.precision, run = make_row(name, model=model, plan=plan, shape=shape, precision=precision)
+                except Unavailable as exc:
+                    row.status, row.reason = "unavailable", str(exc)
+                    progress(f"{name}: unavailable ({exc})")
+                    continue
+                progress(f"{row_label(name, device)}: {row_warmup} warm-up + {repeats} timed runs ...")
                 times, images = time_runs(
-                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=warmup, repeats=repeats
+                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=row_warmup, repeats=repeats
                 )
+                if device.type == "cuda":
+                    memory.sample()  # everything the row allocated is still held here
+                del run
         except Exception as exc:  # a row's failure is reported in its row, the others still run
             row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
             progress(f"{name}: failed ({row.reason})")
@@ -390,17 +432,19 @@ def run_benchmark(
         row.images_per_s = shape[0] / row.median_s
         row.tflops = flops * plan.num_steps / row.median_s / 1e12
         if device.type == "cuda":
-            row.peak_memory_mb, row.memory_kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+            row.peak_memory_mb, row.memory_kind = memory.mb, "cuda_device_growth"
         else:
             row.peak_memory_mb = None if rss.peak is None else rss.peak / 2**20
             row.memory_kind = "process_peak_rss"
+        images = images.float().cpu()  # sync: parity is computed off the device, which frees the row
         if reference is None:
             reference = images
             row.parity = "reference"
         else:
-            row.max_abs_diff = (images.float() - reference.float()).abs().max().item()
+            row.max_abs_diff = (images - reference).abs().max().item()
             row.psnr_db = psnr_db(images, reference)
             row.parity = "pass" if row.psnr_db >= PARITY_PSNR_DB[row.precision] else "FAIL"
+        del images
     base = results[0].median_s if results[0].status == "ok" else None
     for row in results:
         if row.status == "ok" and base:
@@ -439,8 +483,12 @@ def perturb_zero_init(model: torch.nn.Module, *, seed: int, std: float = 0.05) -
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
-def parse_rows(text: str) -> list[str]:
-    names = list(ROWS) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
+    """The --rows list; "all" leaves out cuda_compile on a CPU (a second compile of the same
+    U-Net through the same CPU kernels)."""
+    if text == "all":
+        return [n for n in ROWS if device_type == "cuda" or n != "cuda_compile"]
+    names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in ROWS]
     if unknown or not names:
         raise ValueError(f"unknown benchmark rows {unknown or text!r}; choose from {', '.join(ROWS)}")
@@ -451,7 +499,7 @@ def main(args: argparse.Namespace, *, model: UNet, plan: SamplingPlan, shape: tu
     """Run, print (header, table, summary) and write the requested outputs."""
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
-    names = parse_rows(args.rows)  # the output paths were checked by main.py before any work
+    names = parse_rows(args.rows, device_type=plan.coefficients.device.type)  # the output paths were checked by main.py before any work
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = run_benchmark(

@@ -412,7 +412,7 @@ def onnxruntime_providers(available: Sequence[str], *, device_type: str, trt_cac
             options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(trt_cache_dir)}
             providers.append(("TensorrtExecutionProvider", options))
         if "CUDAExecutionProvider" in available:
-            providers.append("CUDAExecutionProvider")
+            providers.append(("CUDAExecutionProvider", {"use_tf32": "0"}))  # true fp32, like the original row
     providers.append("CPUExecutionProvider")
     return providers
 

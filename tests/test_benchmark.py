@@ -116,3 +116,56 @@ def test_training_benchmark_reports_every_variant(tmp_path):
         assert r["status"] == "ok", r["reason"]
         assert r["images_per_s"] == pytest.approx(8 * 1000 / r["ms_per_step"])
     assert rows[0]["speedup"] == 1.0
+
+
+def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
+    """No row is built before the previous one is timed and released, so no row carries another's
+    buffers, graph pools or engines (its memory is measured alone)."""
+    import gc
+    import weakref
+
+    import benchmark
+    from noise_schedule import NoiseSchedule, ScheduleConfig
+
+    events, alive = [], []
+
+    class Runner:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, g):
+            events.append(f"run {self.name}")
+            return torch.randn((2, 1, 8, 8), generator=g)
+
+    def fake_make_row(name, *, model, plan, shape, precision):
+        gc.collect()
+        events.append(f"build {name} (earlier rows alive: {sum(r() is not None for r in alive)})")
+        runner = Runner(name)
+        alive.append(weakref.ref(runner))
+        return "fp32", runner
+
+    monkeypatch.setattr(benchmark, "make_row", fake_make_row)
+    config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
+                        attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
+    _, rows = benchmark.run_benchmark(
+        UNet(config).eval(), plan, shape=(2, 1, 8, 8), seed=0, precision="fp32", rows=["cuda", "torchscript"],
+        warmup=0, repeats=2, progress=lambda _: None,
+    )  # fmt: skip
+    assert events == [
+        "build original (earlier rows alive: 0)", "run original", "run original",
+        # rows other than the reference get at least one warm-up run, even with --warmup 0
+        "build cuda (earlier rows alive: 0)", "run cuda", "run cuda", "run cuda",
+        "build torchscript (earlier rows alive: 0)", "run torchscript", "run torchscript", "run torchscript",
+    ]  # fmt: skip
+    assert [r.parity for r in rows] == ["reference", "pass", "pass"]  # same seed, same images
+    assert all(r.memory_kind == "process_peak_rss" for r in rows)
+
+
+def test_all_rows_leave_out_the_compiled_cuda_row_on_a_cpu():
+    import benchmark
+
+    assert "cuda_compile" not in benchmark.parse_rows("all", device_type="cpu")
+    assert "cuda_compile" in benchmark.parse_rows("all", device_type="cuda")
+    with pytest.raises(ValueError, match="unknown benchmark rows"):
+        benchmark.parse_rows("original,warp_drive")

@@ -208,6 +208,7 @@ def test_onnxruntime_prefers_the_gpu_providers_where_installed():
     chosen = export.onnxruntime_providers(gpu_build, device_type="cuda", trt_cache_dir=Path("cache"))
     assert [p if isinstance(p, str) else p[0] for p in chosen] == gpu_build
     assert chosen[0][1]["trt_engine_cache_enable"]  # TensorRT's provider builds engines: cache them
+    assert chosen[1][1]["use_tf32"] == "0"  # the fp32 rows compute true fp32, like the original
     assert export.onnxruntime_providers(["CPUExecutionProvider"], device_type="cuda") == ["CPUExecutionProvider"]
 
 

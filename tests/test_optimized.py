@@ -220,3 +220,44 @@ def test_compiled_model_inside_the_graph_matches_the_original_cuda():
     model, plan = TinyEps().cuda().eval(), make_plan("ddpm", num_steps=20, device="cuda")
     expected, actual, _, _ = both(model, plan, seed=5, device="cuda", compile_model=True)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+class HostSyncingEps(TinyEps):
+    """A denoiser that reads a value on the host every call: work that CUDA-graph capture refuses."""
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 + 0.0 * float(x.abs().max())  # .item()-like sync: illegal while capturing
+        return super().forward(x, t) * scale
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_step_that_capture_refuses_samples_eagerly_with_a_notice_cuda():
+    _require_cuda_kernels()
+    torch.manual_seed(4)
+    model, plan = HostSyncingEps().cuda().eval(), make_plan("ddpm", num_steps=12, device="cuda")
+    notes: list[str] = []
+    sampler = od.FusedSampler(model, plan, shape=SHAPE, log=notes.append)
+    assert not sampler.captured and sampler.capture_error
+    assert len(notes) == 1 and "sampling eagerly" in notes[0]
+    g = torch.Generator("cuda").manual_seed(6)
+    with od.backend_policy("fp32"):
+        expected = original_sample(model, plan, shape=SHAPE, generator=torch.Generator("cuda").manual_seed(6))
+    torch.testing.assert_close(sampler(generator=g), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_sampling_runs_on_its_own_stream_and_hands_back_finished_images_cuda():
+    _require_cuda_kernels()
+    model, plan = small_unet("cuda"), make_plan("ddim_eta0", num_steps=10, device="cuda")
+    sampler = od.FusedSampler(model, plan, shape=SHAPE)
+    caller = torch.cuda.Stream()
+    with torch.cuda.stream(caller):
+        images = sampler(generator=torch.Generator("cuda").manual_seed(1))
+        total = images.sum()  # queued on the caller's stream: must see the finished images
+    caller.synchronize()
+    eager = od.FusedSampler(model, plan, shape=SHAPE, use_cuda_graph=False)
+    reference = eager(generator=torch.Generator("cuda").manual_seed(1))
+    torch.testing.assert_close(total, reference.sum(), rtol=1e-5, atol=1e-4)
+    assert sampler._stream != torch.cuda.default_stream()
