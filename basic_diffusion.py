@@ -169,6 +169,9 @@ class AttentionBlock(nn.Module):
         if channels % num_heads:
             raise ValueError(f"attention channels {channels} are not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
+        # True in precision.mixed_precision_unet: the softmax in float32 (as autocast does), the
+        # matmuls in the low precision. Otherwise one fused scaled_dot_product_attention.
+        self.float32_softmax = False
         self.norm = _norm(channels, groups)
         self.qkv = nn.Conv2d(channels, 3 * channels, 1)
         self.proj = nn.Conv2d(channels, channels, 1)
@@ -179,7 +182,11 @@ class AttentionBlock(nn.Module):
         B, C, H, W = x.shape
         qkv = self.qkv(self.norm(x)).reshape(B, 3, self.num_heads, C // self.num_heads, H * W)
         q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, HW, C/heads)
-        h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, C/heads)
+        if self.float32_softmax:
+            scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, heads, HW, HW)
+            h = scores.softmax(dim=-1).to(v.dtype) @ v
+        else:
+            h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, C/heads)
         h = h.transpose(-1, -2).reshape(B, C, H, W)
         return x + self.proj(h)
 

@@ -47,6 +47,7 @@ import checkpoints
 from basic_diffusion import UNet, UNetConfig
 from checkpoints import first_line, load_checkpoint, load_weights, parse_json, read_configs, read_limited
 from noise_schedule import ScheduleConfig, short_repr
+from precision import PRECISIONS
 from safe_files import atomic_write, check_target
 
 FORMATS = ("onnx", "torchscript", "tensorrt")
@@ -77,6 +78,7 @@ KIND_NAMES = {"checkpoint": "checkpoint", "torchscript": "TorchScript", "onnx": 
 # this U-Net and onnxruntime 1.31.1 runs (max abs diff vs PyTorch ~1e-6 at 18, 21, 22, 23, 24, 25);
 # at 26 the exporter's version conversion fails (no Attention adapter from 22), 2026-11-22.
 DEFAULT_OPSET = 21
+BF16_MIN_OPSET = 22  # ONNX allows bfloat16 convolutions and GroupNormalization from opset 22
 MIN_OPSET = 18
 MAX_OPSET = 25
 ARTIFACT_FORMAT = "ddpm-unet/1"
@@ -228,6 +230,8 @@ def parse_artifact_metadata(raw: str | bytes | dict | None, *, source: Path) -> 
         problem = "no noise schedule"
     elif meta.get("weights") not in WEIGHTS:
         problem = f"weights {short_repr(meta.get('weights'))}, expected one of {', '.join(WEIGHTS)}"
+    elif meta.get("precision", "fp32") not in PRECISIONS:
+        problem = f"precision {short_repr(meta.get('precision'))}, expected one of {', '.join(PRECISIONS)}"
     else:
         problem = None
     if problem is None:
@@ -331,11 +335,27 @@ def import_onnxruntime():
     return onnxruntime
 
 
-def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET):
-    """Export an eval-mode U-Net to a checked ``onnx.ModelProto`` with a dynamic batch and ``metadata``."""
+def default_opset(precision: str = "fp32") -> int:
+    """The opset an export uses when --opset is not given: 21, or 22 for a bf16 graph."""
+    return BF16_MIN_OPSET if precision == "bf16" else DEFAULT_OPSET
+
+
+def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET, precision: str = "fp32"):
+    """Export an eval-mode U-Net to a checked ``onnx.ModelProto`` with a dynamic batch and ``metadata``.
+
+    ``precision`` "fp16" or "bf16" writes a mixed-precision graph (precision.mixed_precision_unet:
+    convolutions and matmuls in the low precision, the time embedding, normalization and softmax
+    in float32, float32 inputs and output), the form strongly typed TensorRT builds.
+    """
     check_opset(opset)
+    if precision == "bf16" and opset < BF16_MIN_OPSET:
+        raise ValueError(f"a bf16 ONNX graph needs --opset {BF16_MIN_OPSET} or later (bfloat16 convolutions), got {opset}")
     onnx = import_onnx()
     io = UNetIO.from_config(model.config)
+    if precision != "fp32":
+        from precision import mixed_precision_unet
+
+        model = mixed_precision_unet(model, precision)
     device = next(model.parameters()).device
     example = io.example_inputs(2, device=device)  # B = 2: torch.export specializes sizes 0 and 1
     with warnings.catch_warnings():
@@ -357,7 +377,7 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
     if problems:  # the exporter's doing, not the user's
         raise RuntimeError(f"the exported graph does not match the U-Net's I/O spec ({'; '.join(problems)})")
     entry = proto.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(metadata, sort_keys=True)
+    entry.key, entry.value = METADATA_KEY, json.dumps({**metadata, "precision": precision}, sort_keys=True)
     onnx.checker.check_model(proto, full_check=True)
     return proto
 
@@ -426,9 +446,10 @@ class OnnxRuntimeUNet(nn.Module):
     its engine from it).
     """
 
-    def __init__(self, session, *, io: UNetIO, path: Path | None = None) -> None:
+    def __init__(self, session, *, io: UNetIO, path: Path | None = None, metadata: dict | None = None) -> None:
         super().__init__()
         self.session, self.io, self.path = session, io, path
+        self.metadata = metadata or {}  # the file's artifact metadata ("precision": the graph's, fp32 if absent)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         # sync: (B, C, H, W) x_t and (B,) t come to the host for onnxruntime.
@@ -445,6 +466,12 @@ class OnnxRuntimeUNet(nn.Module):
         return torch.from_numpy(eps).to(x_t.device)  # (B, C, H, W) float32
 
 
+def _ort_reason(exc: Exception) -> str:
+    """The short reason inside onnxruntime's message ("Could not find an implementation for Conv(22) ...")."""
+    text = first_line(exc)
+    return text.rsplit(" : ", 1)[-1].rstrip(")")[:100]
+
+
 def onnxruntime_session(
     model: bytes | Path, *, device: torch.device, trt_cache_dir: Path | None = None, source: Path | None = None
 ):
@@ -459,9 +486,10 @@ def onnxruntime_session(
     providers = onnxruntime_providers(
         ort.get_available_providers(), device_type=device.type, trt_cache_dir=trt_cache_dir
     )
-    source = model if isinstance(model, bytes) else str(model)
     try:
-        return ort.InferenceSession(source, sess_options=options, providers=providers)
+        return ort.InferenceSession(
+            model if isinstance(model, bytes) else str(model), sess_options=options, providers=providers
+        )
     except Exception as exc:  # onnxruntime raises its own classes (InvalidProtobuf, InvalidGraph, Fail, ...)
         name = source or ("the exported model" if isinstance(model, bytes) else model)
         raise ValueError(f"{name} is corrupt or not an ONNX model onnxruntime can run ({first_line(exc)})") from exc
@@ -523,7 +551,7 @@ def load_onnx(path: Path, *, device: torch.device) -> tuple[OnnxRuntimeUNet, UNe
         raise ValueError(f"{path} fails onnx.checker ({first_line(exc)})") from exc
     trt_cache_dir = path.with_name(f"{path.stem}_ort_trt")
     session = onnxruntime_session(data, device=device, trt_cache_dir=trt_cache_dir, source=path)
-    return OnnxRuntimeUNet(session, io=io, path=path), model_config, schedule_config, meta
+    return OnnxRuntimeUNet(session, io=io, path=path, metadata=meta), model_config, schedule_config, meta
 
 
 def _onnx_tensors(proto) -> Iterator:
@@ -735,9 +763,17 @@ def export_checkpoint(
     output: str | Path,
     weights: str = "ema",
     device: torch.device,
-    opset: int = DEFAULT_OPSET,
+    opset: int | None = None,
+    precision: str = "fp32",
 ) -> list[str]:
-    """Export a checkpoint's U-Net to ONNX or TorchScript, check it against PyTorch; returns report lines."""
+    """Export a checkpoint's U-Net to ONNX or TorchScript, check it against PyTorch; returns report lines.
+
+    ONNX may be written in mixed precision (``precision`` fp16/bf16); its check is then against
+    the same mixed-precision U-Net in PyTorch, and the fp32 U-Net's difference is reported too.
+    """
+    if fmt != "onnx" and precision != "fp32":
+        raise ValueError(f"{fmt} exports hold fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt")
+    opset = default_opset(precision) if opset is None else opset
     source, output = Path(source), Path(output)
     check_export_paths(source, output, fmt)
     if fmt == "tensorrt":
@@ -753,13 +789,27 @@ def export_checkpoint(
         metadata = artifact_metadata(
             model_config=model.config, schedule_config=schedule_config, weights=weights, opset=opset
         )
-        proto = export_onnx_model(model, metadata=metadata, opset=opset)
+        proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
         data = proto.SerializeToString()
+        checked = f"{precision}, opset {opset}, dynamic batch, onnx.checker passed"
+        if precision == "fp32":
+            reference, compared = model, f"onnxruntime vs PyTorch ({weights} weights)"
+        else:
+            from precision import mixed_precision_unet
+
+            reference = mixed_precision_unet(model, precision)
+            compared = f"onnxruntime vs PyTorch's {precision} mixed-precision U-Net ({weights} weights)"
+        try:
+            runtime = OnnxRuntimeUNet(onnxruntime_session(data, device=device), io=io)
+        except ValueError as exc:
+            if precision == "fp32":
+                raise
+            # onnxruntime's CPU provider lacks some low-precision kernels (bf16 convolutions): say so,
+            # and compare the mixed-precision U-Net in PyTorch with the fp32 one instead.
+            runtime, reference = reference, model
+            compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); instead PyTorch's {precision} U-Net vs fp32"
         atomic_write(output, lambda f: f.write(data))
-        runtime = OnnxRuntimeUNet(onnxruntime_session(data, device=device), io=io)
-        diff = max_abs_diff(runtime, model, io=io, batch_sizes=batch_sizes)
-        checked = f"opset {opset}, dynamic batch, onnx.checker passed"
-        compared = f"onnxruntime vs PyTorch ({weights} weights)"
+        diff = max_abs_diff(runtime, reference, io=io, batch_sizes=batch_sizes)
     else:
         metadata = artifact_metadata(
             model_config=model.config, schedule_config=schedule_config, weights=weights, traced_on=device.type

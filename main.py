@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     import benchmark
     from basic_diffusion import PRESETS
     from data import DATASETS
-    from export import DEFAULT_MAX_BATCH, DEFAULT_OPSET, FORMATS
+    from export import DEFAULT_MAX_BATCH, FORMATS
     from noise_schedule import SAMPLERS, SCHEDULES
     from tensorrt_integration import BACKENDS
 
@@ -144,7 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("export and TensorRT")
     g.add_argument("--format", choices=FORMATS, default="onnx", help="what --mode export writes")
     g.add_argument(
-        "--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset, 18-25 (21 and up: native GroupNormalization)"
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset, 18-25 (default: 21, native GroupNormalization; 22 for bf16 graphs; for TensorRT, "
+        "chosen from its version)",
     )
     g.add_argument("--trt_backend", choices=BACKENDS, default="native", help="native engines or torch_tensorrt.compile")
     g.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch a TensorRT engine takes")
@@ -395,7 +399,7 @@ def make_drawer(
             raise ValueError("the onnxruntime implementation runs the fp32 ONNX graph; drop --precision")
         # Only the U-Net call goes through onnxruntime (a checkpoint's U-Net is exported in memory);
         # the original loop draws the noise, so the images match the original's.
-        opset = tensorrt_options.opset if tensorrt_options is not None else export.DEFAULT_OPSET
+        opset = tensorrt_options.opset if tensorrt_options is not None and tensorrt_options.opset else export.DEFAULT_OPSET
         runtime_model = export.as_onnxruntime(model, device=plan.coefficients.device, opset=opset)
         return lambda shape, generator, progress: sample(
             runtime_model, plan, shape=shape, generator=generator, progress=progress
@@ -447,10 +451,9 @@ def run_export(args: argparse.Namespace, device: torch.device) -> None:
             source, output=output, weights=weights, device=device, precision=precision, options=options
         )
     else:
-        if args.precision not in ("auto", "fp32"):
-            raise ValueError(f"{args.format} exports hold fp32 weights; --precision applies to --format tensorrt")
+        precision = "fp32" if args.precision == "auto" else args.precision
         lines = export.export_checkpoint(
-            source, fmt=args.format, output=output, weights=weights, device=device, opset=args.opset
+            source, fmt=args.format, output=output, weights=weights, device=device, opset=args.opset, precision=precision
         )
     for line in lines:
         print(line)
@@ -516,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         from training import TrainingDiverged
 
         try:
-            check_opset(args.opset)
+            if args.opset is not None:
+                check_opset(args.opset)
             MODES[args.mode](args, resolve_device(args.device))
         except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
             print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)

@@ -8,8 +8,12 @@ Written against the TensorRT 10.x Python API (``import tensorrt``), with the nam
 documents: Builder, OnnxParser, IBuilderConfig.set_memory_pool_limit / builder_optimization_level /
 create_timing_cache / set_timing_cache, IOptimizationProfile.set_shape, Runtime.deserialize_cuda_engine,
 ICudaEngine.num_io_tensors / get_tensor_name / get_tensor_mode / get_tensor_dtype, and
-IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3. TensorRT 11 removed the
-weak-typing precision flags (BuilderFlag.FP16 / BF16), so with 11.x only fp32 engines are built here.
+IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3, which TensorRT 10 and 11
+share. Reduced precision (:func:`build_plan`): TensorRT 11 removed the weak-typing flags
+(BuilderFlag.FP16 / BF16 / OBEY_PRECISION_CONSTRAINTS) and builds every network strongly typed, so
+from 10.12 on an fp16/bf16 engine is built, STRONGLY_TYPED, from a mixed-precision ONNX graph
+(precision.py: the precision written into the graph, the time embedding in fp32); 10.0-10.11 keep
+weak typing with the time-embedding layers pinned to fp32; before 10.9 the graph is opset 18.
 tensorrt is imported only when an engine is built or loaded: the rest of the project never needs it.
 
 How a TensorRT sample runs:
@@ -42,6 +46,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -79,7 +84,7 @@ class TensorRTOptions:
     backend: str = "native"
     max_batch: int = export.DEFAULT_MAX_BATCH  # the profile covers 1 .. max(max_batch, the batch asked for)
     optimization_level: int = 3  # TensorRT's builder_optimization_level: 0 (fast build) .. 5 (most tactics)
-    opset: int = export.DEFAULT_OPSET
+    opset: int | None = None  # None: chosen from the TensorRT version (see build_plan)
     cache_dir: Path | None = None  # default: DEFAULT_CACHE_DIR
 
     def __post_init__(self) -> None:
@@ -108,7 +113,7 @@ def import_tensorrt():
         import tensorrt as trt
     except ImportError as exc:
         raise ImportError(f"TensorRT is not installed ({first_line(exc)}); install it: {TENSORRT_INSTALL}") from exc
-    if _major(trt.__version__) < MIN_TENSORRT_MAJOR:
+    if _version_tuple(trt.__version__) < (MIN_TENSORRT_MAJOR,):
         raise ImportError(
             f"TensorRT {trt.__version__} is too old; this code uses the 10.x API: pip install 'tensorrt>=10'"
         )
@@ -125,14 +130,110 @@ def import_torch_tensorrt():
     return torch_tensorrt
 
 
-def check_precision(tensorrt_version: str, precision: str) -> None:
+# --------------------------------------------------------------------------------------------
+# Version-dependent choices: pure functions of the installed versions (tested for each range)
+# --------------------------------------------------------------------------------------------
+
+STRONG_TYPING_FROM = (10, 12)  # NetworkDefinitionCreationFlag.STRONGLY_TYPED; always on (flag ignored) in 11
+GROUP_NORM_21_FROM = (10, 9)  # the ONNX parser's GroupNormalization-21 (per-channel scale and bias)
+LEGACY_OPSET = 18  # before 10.9: GroupNormalization exported as InstanceNormalization + affine
+TORCH_TENSORRT_EXPLICIT_TYPING_FROM = (2, 8)  # compile(use_explicit_typing=True)
+TORCH_TENSORRT_STRONGLY_TYPED_FROM = (2, 10)  # explicit typing by default; enabled_precisions rejected/ignored
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """How an engine of one precision is built with one TensorRT version."""
+
+    strongly_typed: bool  # create the network with STRONGLY_TYPED (10.12+; implied in 11)
+    graph_precision: str  # the precision written into the ONNX graph (precision.mixed_precision_unet)
+    builder_flags: tuple[str, ...]  # BuilderFlag names to set (weak typing only: FP16 / BF16 ...)
+    pin_time_embedding: bool  # weak typing: force the layers that depend only on t to float32
+    opset: int
+
+
+def build_plan(tensorrt_version: str, precision: str, *, opset: int | None = None) -> BuildPlan:
+    """The build for ``precision`` on ``tensorrt_version``.
+
+    * 10.12 and later, 11.x: a strongly typed network from a graph that already holds the precision
+      (fp16/bf16 mixed-precision ONNX); no precision flags (11 removed them).
+    * 10.0-10.11: weak typing: the fp32 graph with BuilderFlag.FP16/BF16, and the timestep embedding
+      pinned to float32 (OBEY_PRECISION_CONSTRAINTS), since TensorRT may otherwise run sin/cos in
+      fp16 (0.5 rad off at t = 999) or bf16 (4 rad).
+    * The opset: 18 before 10.9 (no GroupNormalization-21 in the parser), else 21, or 22 for a bf16
+      graph. An explicit ``opset`` is kept, unless it cannot hold the graph.
+    """
     if precision not in ENGINE_PRECISIONS:
         raise ValueError(f"unknown engine precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
-    if precision != "fp32" and _major(tensorrt_version) >= 11:
+    version = _version_tuple(tensorrt_version)
+    if version < (MIN_TENSORRT_MAJOR,):
+        raise ValueError(f"TensorRT {tensorrt_version} is too old; this code uses the 10.x/11.x API: {TENSORRT_INSTALL}")
+    strongly_typed = version >= STRONG_TYPING_FROM
+    graph_precision = precision if strongly_typed else "fp32"
+    flags = () if strongly_typed or precision == "fp32" else (precision.upper(), "OBEY_PRECISION_CONSTRAINTS")
+    automatic = LEGACY_OPSET if version < GROUP_NORM_21_FROM else export.default_opset(graph_precision)
+    chosen = automatic if opset is None else opset
+    if graph_precision == "bf16" and chosen < export.BF16_MIN_OPSET:
+        raise ValueError(f"a bf16 engine is built from a bf16 graph, which needs --opset {export.BF16_MIN_OPSET} or later")
+    if version < GROUP_NORM_21_FROM and chosen > LEGACY_OPSET:
         raise ValueError(
-            f"TensorRT {tensorrt_version} builds strongly typed networks only (BuilderFlag.FP16/BF16 were removed "
-            "in 11.0); build fp32 engines, or use TensorRT 10.x for --precision fp16/bf16"
+            f"TensorRT {tensorrt_version} parses GroupNormalization only up to opset {LEGACY_OPSET}; drop --opset "
+            f"or pass --opset {LEGACY_OPSET} (or install TensorRT 10.9 or later)"
         )
+    return BuildPlan(
+        strongly_typed=strongly_typed,
+        graph_precision=graph_precision,
+        builder_flags=flags,
+        pin_time_embedding=not strongly_typed and precision != "fp32",
+        opset=chosen,
+    )
+
+
+def time_embedding_layers(
+    layers: list[tuple[list[str], list[str]]], *, network_inputs: tuple[str, ...] = ("x_t", "t"), time_input: str = "t"
+) -> list[int]:
+    """Indices of the layers ((input tensor names, output tensor names) each, in network order)
+    whose outputs depend on ``time_input`` and on no other network input: the timestep embedding,
+    its MLP and the per-block projections of it. Constants (layers without inputs) depend on nothing."""
+    depends = {name: {name} for name in network_inputs}
+    pinned = []
+    for index, (inputs, outputs) in enumerate(layers):
+        sources = set().union(*(depends.get(name, set()) for name in inputs))
+        for name in outputs:
+            depends[name] = sources
+        if sources == {time_input}:
+            pinned.append(index)
+    return pinned
+
+
+def torch_tensorrt_arguments(version: str, precision: str) -> tuple[bool, dict]:
+    """(whether to compile the explicitly mixed-precision U-Net, the extra compile() keyword
+    arguments) for Torch-TensorRT ``version``; ValueError for a combination it cannot honour.
+
+    From 2.10 networks are strongly typed and ``enabled_precisions`` raises (2.10-2.12) or is
+    ignored (2.13+): the precision must be in the model. 2.8-2.9 take the same model with
+    ``use_explicit_typing=True``. Older releases could only promise weak typing, which may put the
+    timestep embedding in fp16; they are refused for fp16/bf16 rather than silently built wrong.
+    """
+    if precision not in ENGINE_PRECISIONS:
+        raise ValueError(f"unknown engine precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    v = _version_tuple(version)
+    if precision == "fp32":
+        return False, {"enabled_precisions": {torch.float32}} if v < TORCH_TENSORRT_STRONGLY_TYPED_FROM else {}
+    if v >= TORCH_TENSORRT_STRONGLY_TYPED_FROM:
+        return True, {}
+    if v >= TORCH_TENSORRT_EXPLICIT_TYPING_FROM:
+        return True, {"use_explicit_typing": True, "enabled_precisions": {torch.float32}}
+    raise ValueError(
+        f"torch_tensorrt {version} cannot build a {precision} module with the timestep embedding kept in fp32; "
+        "upgrade it (pip install -U torch-tensorrt, 2.8 or later) or use --trt_backend native"
+    )
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """ "10.12.0.36" -> (10, 12, 0, 36); "2.10.0+cu130" -> (2, 10, 0); "11.4" -> (11, 4); junk -> ()."""
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
 
 
 def require_cuda(device: torch.device) -> None:
@@ -288,10 +389,12 @@ def get_or_build_engine(engine_path: Path, *, key: Mapping, build: Callable[[], 
     return data
 
 
-def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, log: Log) -> Path:
-    """The U-Net as an ONNX file in ``cache_dir``, exported again when the weights or settings change."""
-    onnx_path = cache_dir / "unet.onnx"
+def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
+    """The U-Net as an ONNX file in ``cache_dir`` (mixed precision for fp16/bf16), exported again
+    when the weights or settings change."""
+    onnx_path = cache_dir / f"unet_{precision}.onnx"
     key = {
+        "precision": precision,
         "metadata_version": METADATA_VERSION,
         "weights_sha256": export.weights_sha256(model),
         "opset": opset,
@@ -301,11 +404,11 @@ def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, log: Log) -> Path:
     meta = read_metadata(metadata_path(onnx_path))
     if not key_mismatches(meta, key) and onnx_path.is_file() and meta.get("sha256") == sha256_file(onnx_path):
         return onnx_path
-    log(f"exporting the U-Net to {onnx_path} (opset {opset})")
+    log(f"exporting the U-Net to {onnx_path} ({precision}, opset {opset})")
     cpu_model = copy.deepcopy(model).cpu().eval()  # ONNX holds no device: export on the CPU
     # An intermediate file, not an artifact to sample from: no schedule, weights known by hash only.
     metadata = export.artifact_metadata(model_config=model.config, schedule_config=None, weights=None)
-    proto = export.export_onnx_model(cpu_model, metadata=metadata, opset=opset)
+    proto = export.export_onnx_model(cpu_model, metadata=metadata, opset=opset, precision=precision)
     store_with_metadata(onnx_path, proto.SerializeToString(), key)
     return onnx_path
 
@@ -346,6 +449,26 @@ def io_mismatches(io: UNetIO, found: Mapping[str, tuple[str, torch.dtype]]) -> l
     return problems
 
 
+def pin_layers_to_float32(network, *, trt, io: UNetIO) -> int:
+    """Weak typing (TensorRT 10.0-10.11): run every layer that depends only on the timestep input in
+    float32 (with OBEY_PRECISION_CONSTRAINTS set); returns how many were pinned."""
+    layers = []
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        inputs = [layer.get_input(i) for i in range(layer.num_inputs)]
+        outputs = [layer.get_output(i) for i in range(layer.num_outputs)]
+        layers.append(([t.name for t in inputs if t is not None], [t.name for t in outputs if t is not None]))
+    time_input = io.inputs[1].name  # t (B,)
+    pinned = time_embedding_layers(layers, network_inputs=tuple(io.input_names), time_input=time_input)
+    for index in pinned:
+        layer = network.get_layer(index)
+        layer.precision = trt.float32
+        for i in range(layer.num_outputs):
+            if layer.get_output(i).dtype in (trt.float16, trt.bfloat16, trt.float32):
+                layer.set_output_type(i, trt.float32)
+    return len(pinned)
+
+
 class Engine:
     """One TensorRT engine for the U-Net: ``build`` (from ONNX) -> ``load`` -> ``activate`` ->
     ``allocate_buffers`` -> ``infer``. Needs a CUDA device; TensorRT 10.x API."""
@@ -371,31 +494,31 @@ class Engine:
         *,
         io: UNetIO,
         batch: BatchRange,
-        precision: str,
+        plan: BuildPlan,
         optimization_level: int,
         timing_cache: bytes | None,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
     ) -> tuple[bytes, bytes]:
-        """Build a serialized engine from an ONNX file; returns (engine, updated timing cache)."""
+        """Build a serialized engine from an ONNX file as ``plan`` says; returns (engine, updated timing cache)."""
         trt = import_tensorrt()
-        check_precision(trt.__version__, precision)
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
-        # TensorRT 10: every network is explicit-batch (that flag is deprecated), so no flags; not
-        # STRONGLY_TYPED, so the precision flags below choose the kernels' precision.
-        network = builder.create_network(0)
+        # Explicit batch is implied since 10.0. Strongly typed (10.12+, and always in 11): every layer
+        # runs in the dtype the graph gives it, so the graph carries the precision.
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if plan.strongly_typed else 0
+        network = builder.create_network(flags)
         parser = trt.OnnxParser(network, logger)
         if not parser.parse_from_file(str(onnx_path)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise ValueError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors} (try --opset 18)")
+            raise ValueError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors}")
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
         config.builder_optimization_level = optimization_level
-        if precision == "fp16":
-            config.set_flag(trt.BuilderFlag.FP16)
-        elif precision == "bf16":
-            config.set_flag(trt.BuilderFlag.BF16)
-        elif hasattr(trt.BuilderFlag, "TF32"):
+        for name in plan.builder_flags:  # weak typing only (TensorRT 10.0-10.11)
+            config.set_flag(getattr(trt.BuilderFlag, name))
+        if plan.pin_time_embedding:
+            pin_layers_to_float32(network, trt=trt, io=io)
+        if plan.graph_precision == "fp32" and not plan.builder_flags and hasattr(trt.BuilderFlag, "TF32"):
             config.clear_flag(trt.BuilderFlag.TF32)  # TF32 is on by default; fp32 means fp32, as in PyTorch here
         # One optimization profile: every input's (min, opt, max) shape from the spec.
         profile = builder.create_optimization_profile()
@@ -491,12 +614,19 @@ def engine_bytes_for(
     """A verified serialized engine for a PyTorch U-Net or an ONNX file's U-Net, from the cache or
     freshly built; with its cache key and I/O spec."""
     trt = import_tensorrt()
-    check_precision(trt.__version__, precision)
+    plan = build_plan(trt.__version__, precision, opset=options.opset)
     cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
     if isinstance(model, export.OnnxRuntimeUNet) and model.path is not None:
         onnx_path, io = model.path, model.io
+        graph_precision = model.metadata.get("precision", "fp32")
+        if plan.strongly_typed and graph_precision != precision:
+            raise ValueError(
+                f"{onnx_path} is a {graph_precision} graph and TensorRT {trt.__version__} builds graphs as they are "
+                f"typed; export a {precision} graph (--mode export --format onnx --precision {precision}) or "
+                "build from the checkpoint"
+            )
     elif isinstance(model, UNet):
-        onnx_path = cached_onnx(model, cache_dir=cache_dir, opset=options.opset, log=log)
+        onnx_path = cached_onnx(model, cache_dir=cache_dir, opset=plan.opset, precision=plan.graph_precision, log=log)
         io = UNetIO.from_config(model.config)
     else:
         raise ValueError("TensorRT engines are built from checkpoints and .onnx files; this model is neither")
@@ -507,20 +637,20 @@ def engine_bytes_for(
         precision=precision,
         profile=io.profile(batch),
         optimization_level=options.optimization_level,
-    )
+    ) | {"strongly_typed": plan.strongly_typed, "graph_precision": plan.graph_precision, "opset": plan.opset}
     timing_path = cache_dir / f"timing_sm{environment['compute_capability']}_trt{environment['tensorrt_version']}.cache"
 
     def build() -> bytes:
         log(
-            f"building from {onnx_path}: {precision}, batch {batch.min}..{batch.max}, "
-            f"optimization level {options.optimization_level}"
+            f"building from {onnx_path}: {precision} ({'strongly typed' if plan.strongly_typed else 'weakly typed'}), "
+            f"batch {batch.min}..{batch.max}, optimization level {options.optimization_level}"
         )
         timing = timing_path.read_bytes() if timing_path.is_file() else None
         data, timing = Engine.build(
             onnx_path,
             io=io,
             batch=batch,
-            precision=precision,
+            plan=plan,
             optimization_level=options.optimization_level,
             timing_cache=timing,
         )
@@ -629,9 +759,13 @@ def compile_torch_tensorrt(model: UNet, *, batch: BatchRange, precision: str, op
         )
         for s in io.inputs
     ]
-    precisions = {torch.float32} | {"fp16": {torch.float16}, "bf16": {torch.bfloat16}}.get(precision, set())
+    mixed, arguments = torch_tensorrt_arguments(torch_tensorrt.__version__, precision)
+    if mixed:  # the precision is in the model: explicit casts, the time embedding kept in fp32
+        from precision import mixed_precision_unet
+
+        model = mixed_precision_unet(model, precision)
     return torch_tensorrt.compile(
-        model.eval(), ir="dynamo", inputs=inputs, enabled_precisions=precisions, optimization_level=optimization_level
+        model.eval(), ir="dynamo", inputs=inputs, optimization_level=optimization_level, **arguments
     )
 
 
@@ -689,11 +823,3 @@ def sample(
     """
     sampler = tensorrt_sampler(model, plan, shape=shape, precision=precision, options=options, log=log)
     return sampler(generator=generator, progress=progress)
-
-
-def _major(version: str) -> int:
-    try:
-        return int(version.split(".")[0])
-    except ValueError:
-        return 0
-

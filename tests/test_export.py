@@ -333,11 +333,76 @@ def test_engine_io_is_checked_against_the_spec():
     assert trt_integration.torch_dtype(FakeDataType("BF16")) is torch.bfloat16
 
 
-def test_precision_rules_follow_the_tensorrt_version():
-    trt_integration.check_precision("10.9.0", "fp16")
-    trt_integration.check_precision("11.1.0", "fp32")
-    with pytest.raises(ValueError, match="strongly typed"):
-        trt_integration.check_precision("11.1.0", "bf16")
+@pytest.mark.parametrize(
+    "version,precision,strongly_typed,graph,flags,pin,opset",
+    [
+        ("10.8.0.43", "fp16", False, "fp32", ("FP16", "OBEY_PRECISION_CONSTRAINTS"), True, 18),  # no GroupNorm-21
+        ("10.9.0.34", "fp16", False, "fp32", ("FP16", "OBEY_PRECISION_CONSTRAINTS"), True, 21),
+        ("10.9.0.34", "fp32", False, "fp32", (), False, 21),
+        ("10.11.0", "bf16", False, "fp32", ("BF16", "OBEY_PRECISION_CONSTRAINTS"), True, 21),
+        ("10.12.0.36", "fp16", True, "fp16", (), False, 21),  # STRONGLY_TYPED from a mixed graph
+        ("10.12.0.36", "bf16", True, "bf16", (), False, 22),  # bf16 convolutions need opset 22
+        ("11.0.0", "fp32", True, "fp32", (), False, 21),
+        ("11.4.1", "fp16", True, "fp16", (), False, 21),
+        ("11.4.1", "bf16", True, "bf16", (), False, 22),
+    ],
+)  # fmt: skip
+def test_the_engine_build_follows_the_tensorrt_version(version, precision, strongly_typed, graph, flags, pin, opset):
+    plan = trt_integration.build_plan(version, precision)
+    assert (plan.strongly_typed, plan.graph_precision, plan.builder_flags) == (strongly_typed, graph, flags)
+    assert (plan.pin_time_embedding, plan.opset) == (pin, opset)
+    # Nothing TensorRT 11 removed is ever asked of it.
+    if version.startswith("11"):
+        assert not {"FP16", "BF16", "OBEY_PRECISION_CONSTRAINTS"} & set(plan.builder_flags)
+
+
+def test_opsets_a_tensorrt_version_cannot_parse_are_refused_in_one_line():
+    assert trt_integration.build_plan("11.4.1", "fp16", opset=18).opset == 18  # an explicit choice is kept
+    with pytest.raises(ValueError, match="opset 18"):
+        trt_integration.build_plan("10.8.0", "fp32", opset=21)
+    with pytest.raises(ValueError, match="opset 22"):
+        trt_integration.build_plan("11.4.1", "bf16", opset=21)
+    with pytest.raises(ValueError, match="too old"):
+        trt_integration.build_plan("8.6.1", "fp32")
+
+
+@pytest.mark.parametrize(
+    "version,precision,mixed,arguments",
+    [
+        ("2.9.0", "fp32", False, {"enabled_precisions": {torch.float32}}),
+        ("2.9.0+cu128", "fp16", True, {"use_explicit_typing": True, "enabled_precisions": {torch.float32}}),
+        ("2.8.0", "bf16", True, {"use_explicit_typing": True, "enabled_precisions": {torch.float32}}),
+        ("2.10.0", "fp16", True, {}),  # enabled_precisions raises on 2.10-2.12
+        ("2.13.0", "bf16", True, {}),  # ... and is silently ignored on 2.13+
+        ("2.14.1+cu130", "fp32", False, {}),
+    ],
+)  # fmt: skip
+def test_torch_tensorrt_gets_the_arguments_its_version_honours(version, precision, mixed, arguments):
+    assert trt_integration.torch_tensorrt_arguments(version, precision) == (mixed, arguments)
+
+
+def test_an_old_torch_tensorrt_is_refused_for_reduced_precision_not_built_in_fp32():
+    with pytest.raises(ValueError, match="upgrade"):
+        trt_integration.torch_tensorrt_arguments("2.5.1", "fp16")
+    assert trt_integration.torch_tensorrt_arguments("2.5.1", "fp32") == (False, {"enabled_precisions": {torch.float32}})
+
+
+def test_weak_typing_pins_exactly_the_layers_that_depend_only_on_t():
+    # A network in TensorRT's layer order: constants, the time branch, the image branch, their sum.
+    layers = [
+        ([], ["freqs"]),  # 0 constant
+        (["t"], ["t_float"]),  # 1 cast
+        (["t_float", "freqs"], ["phase"]),  # 2 t * freqs
+        (["phase"], ["sin"]),  # 3
+        (["phase"], ["cos"]),  # 4
+        (["cos", "sin"], ["emb"]),  # 5 concat
+        ([], ["w1"]),  # 6 constant
+        (["emb", "w1"], ["emb_mlp"]),  # 7 time MLP
+        (["x_t"], ["h"]),  # 8 conv on the image
+        (["h", "emb_mlp"], ["h_plus"]),  # 9 image + embedding: not pinned
+        (["h_plus"], ["eps"]),  # 10
+    ]
+    assert trt_integration.time_embedding_layers(layers) == [1, 2, 3, 4, 5, 7]
 
 
 # ----- errors ----------------------------------------------------------------------------------------

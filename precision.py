@@ -1,0 +1,98 @@
+"""Precision names, and a U-Net with autocast's mixed-precision policy written into the model itself.
+
+Strongly typed runtimes (TensorRT 11, TensorRT 10.12+ with ``STRONGLY_TYPED``, Torch-TensorRT 2.10+)
+run every layer in the dtype of its inputs and weights: there is no flag that turns fp16 on. So
+reduced precision has to be in the graph. :func:`mixed_precision_unet` returns a copy of a U-Net
+whose modules cast explicitly, following the policy PyTorch's autocast applies to this network:
+
+* convolutions, linear layers and the attention matmuls run in the low precision (weights cast);
+* the timestep embedding (``t * freqs``, ``sin``, ``cos``) and the time MLP stay in float32: at
+  t = 999 an fp16 phase is off by about 0.5 rad and a bf16 one by about 4 rad;
+* GroupNorm (its statistics and output) and the attention softmax run in float32;
+* inputs and output stay float32, so the sampling loop around the model is unchanged.
+
+Exported to ONNX (``--mode export --format onnx --precision fp16``) this gives a mixed-precision
+graph that TensorRT 10.12+ and 11 build as it is. Why not NVIDIA ModelOpt AutoCast on the fp32
+graph: it decides per node from heuristics and data, so which nodes stay fp32 (the time
+embedding above all) would be its choice, not a tested property of this code; ModelOpt was not
+tried or measured here.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def low_dtype(precision: str) -> torch.dtype:
+    """The reduced-precision dtype of ``precision`` ("fp16" or "bf16")."""
+    if precision not in LOW_DTYPES:
+        raise ValueError(f"a mixed-precision model needs --precision fp16 or bf16, got {precision!r}")
+    return LOW_DTYPES[precision]
+
+
+class CastInput(nn.Module):
+    """Runs ``inner`` (its parameters already in ``dtype``) on its input cast to ``dtype``."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner, self.dtype = inner.to(dtype), dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.to(self.dtype))
+
+
+class Float32(nn.Module):
+    """Runs ``inner`` (float32 parameters) in float32; its output stays float32."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.float())
+
+
+class MixedPrecisionUNet(nn.Module):
+    """A U-Net copy in explicit mixed precision: float32 in and out, ``config`` kept for the I/O spec."""
+
+    def __init__(self, unet: nn.Module, precision: str) -> None:
+        super().__init__()
+        self.unet, self.precision, self.config = unet, precision, unet.config
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.unet(x, t).float()  # (B, C, H, W) float32, like the fp32 U-Net
+
+
+def mixed_precision_unet(model: nn.Module, precision: str) -> MixedPrecisionUNet:
+    """A copy of ``model`` (a basic_diffusion.UNet) computing in ``precision`` by the policy above.
+
+    The original is left unchanged. The copy is for export and compilation (its state dict has
+    other keys); it runs in PyTorch too, which is how tests compare it with the exported graph.
+    """
+    from basic_diffusion import AttentionBlock
+
+    dtype = low_dtype(precision)
+    unet = copy.deepcopy(model).eval()
+    time_mlp = set(map(id, unet.time_mlp.modules()))  # the time embedding's MLP stays float32
+
+    def convert(parent: nn.Module) -> None:
+        for name, child in parent.named_children():
+            if id(child) in time_mlp:
+                continue
+            if isinstance(child, (nn.Conv2d, nn.Conv3d, nn.Linear)):
+                setattr(parent, name, CastInput(child, dtype))
+            elif isinstance(child, nn.GroupNorm):
+                setattr(parent, name, Float32(child))
+            else:
+                if isinstance(child, AttentionBlock):
+                    child.float32_softmax = True
+                convert(child)
+
+    convert(unet)
+    return MixedPrecisionUNet(unet, precision)
