@@ -4,7 +4,7 @@
 //
 // The reference for everything here is noise_schedule.p_step:
 //
-//   pred_xstart = a * x_t - b * eps                    (optionally clamped to [-1, 1])
+//   pred_xstart = a * (x_t - s * eps)                  (optionally clamped to [-1, 1])
 //   x_prev      = c_xt * x_t + c_x0 * pred_xstart [+ c_prev * prev_xstart] [+ sigma * noise]
 //
 // evaluated in float32 with every product and sum rounded separately, in that order, so the
@@ -26,7 +26,7 @@ namespace diffusion_kernels {
 constexpr int64_t kNumCoefficients = 6;
 
 struct StepCoefficients {
-  float a, b, c_xt, c_x0, c_prev, sigma;
+  float a, s, c_xt, c_x0, c_prev, sigma;  // noise_schedule.COEFFICIENT_NAMES
 };
 
 // One row of the (S, 6) float32 coefficient table.
@@ -80,7 +80,7 @@ C10_HOST_DEVICE inline StepResult step_element(
   // Predict x_0 from eps; optionally clip it to the data range. Written with comparisons
   // (not fminf/fmaxf) so that a NaN propagates exactly as torch.clamp propagates it; both
   // comparisons are evaluated unconditionally so the host compiler can vectorize the select.
-  float pred = sub_rn(mul_rn(c.a, x_t), mul_rn(c.b, eps));
+  float pred = mul_rn(c.a, sub_rn(x_t, mul_rn(c.s, eps)));  // a * (x_t - s * eps)
   if (clip_denoised) {
     const bool below = pred < -1.0f;
     const bool above = pred > 1.0f;
