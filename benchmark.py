@@ -80,9 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train_steps", type=int, default=20, help="timed optimizer steps per training row")
     g.add_argument("--repeats", type=int, default=3, help="timed runs per row (median and min-max reported)")
     g.add_argument("--warmup", type=int, default=1, help="untimed runs per row before timing")
-    g.add_argument("--json", default=None, help="write the result rows as JSON here")
+    g.add_argument("--json", default=None, help="write the results as JSON here (benchmark, evaluate)")
     g.add_argument("--csv", default=None, help="write the result rows as CSV here")
-    g.add_argument("--chart", default=None, help="write a bar chart PNG here")
+    g.add_argument(
+        "--chart", default=None, help="write a chart PNG here (benchmark: time per row; evaluate: quality against steps)"
+    )
     g.add_argument(
         "--rows",
         default="all",

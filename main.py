@@ -49,6 +49,35 @@ def finite_float(text: str) -> float:
     return value
 
 
+def name_list(choices):
+    """An argparse type: one name from ``choices``, or a comma-separated list of them (kept as text)."""
+
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",")]
+        if not all(names) or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), got {text!r}")
+        return ",".join(names)
+
+    return parse
+
+
+def int_list(text: str) -> str:
+    """An argparse type: a positive integer, or a comma-separated list of them (kept as text)."""
+    items = [n.strip() for n in text.split(",")]
+    if not all(n.isdigit() and int(n) > 0 for n in items):
+        raise argparse.ArgumentTypeError(f"must be a positive integer or a comma-separated list of them, got {text!r}")
+    return ",".join(items)
+
+
+def single_sampling_choice(args: argparse.Namespace) -> None:
+    """Outside --mode evaluate, --sampler and --sampling_steps name one value: make them plain."""
+    for flag, value in (("--sampler", args.sampler), ("--sampling_steps", args.sampling_steps)):
+        if value is not None and "," in value:
+            raise ValueError(f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}")
+    if args.sampling_steps is not None:
+        args.sampling_steps = int(args.sampling_steps)
+
+
 def seed(text: str) -> int:
     value = int(text)
     if not 0 <= value <= SEED_MAX:
@@ -69,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a DDPM on small images, draw sample grids, and compare sampling implementations.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mode", choices=("train", "sample", "benchmark", "export"), default="train", help="what to do")
+    p.add_argument(
+        "--mode",
+        choices=("train", "sample", "evaluate", "benchmark", "export"),
+        default="train",
+        help="what to do (evaluate: sample quality against the training data, for a list of samplers and steps)",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto picks CUDA when available")
     p.add_argument("--seed", type=seed, default=0, help="seed for weights, data order, noise and sampling")
     p.add_argument(
@@ -123,8 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("sampling")
     g.add_argument("--implementation", choices=IMPLEMENTATIONS, default="original")
     g.add_argument("--n_samples", type=int, default=16, help="images to draw")
-    g.add_argument("--sampler", choices=SAMPLERS, default="ddpm")
-    g.add_argument("--sampling_steps", type=int, default=None, help="default: T for ddpm, 50 for ddim, 20 for dpm_solver")
+    g.add_argument(
+        "--sampler",
+        type=name_list(SAMPLERS),
+        default="ddpm",
+        help=f"{', '.join(SAMPLERS)}; --mode evaluate takes a comma-separated list",
+    )
+    g.add_argument(
+        "--sampling_steps",
+        type=int_list,
+        default=None,
+        help="default: T for ddpm, 50 for ddim, 20 for dpm_solver; --mode evaluate takes a comma-separated list",
+    )
     g.add_argument("--eta", type=finite_float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
     g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1]")
     g.add_argument("--no_ema", action="store_true", help="sample (or export) the raw weights instead of the EMA")
@@ -499,7 +543,81 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     benchmark.main(args, model=model, plan=plan, shape=(args.n_samples, c, s, s), precision=precision)
 
 
-MODES = {"train": run_train, "sample": run_sample, "export": run_export, "benchmark": run_benchmark}
+def run_evaluate(args: argparse.Namespace, device: torch.device) -> None:
+    """Sample quality of a digits model for each --sampler x --sampling_steps, against real digits."""
+    import torch
+    from tqdm.auto import tqdm
+
+    import evaluate
+    from checkpoints import load_checkpoint
+    from export import artifact_kind, check_implementation, load_artifact
+    from memory_budget import check_batch_fits
+    from noise_schedule import SAMPLERS, NoiseSchedule
+    from safe_files import check_outputs
+
+    check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
+    samplers = evaluate.parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS)
+    steps = evaluate.parse_list(args.sampling_steps, kind=int, flag="--sampling_steps")
+    model_path = default_model_path(args)
+    check_outputs({"--json": args.json, "--chart": args.chart}, inputs={"--model_path": model_path})
+    for flag, path, suffix in (("--json", args.json, ".json"), ("--chart", args.chart, ".png")):
+        if path is not None and Path(path).suffix.lower() != suffix:
+            raise ValueError(f"{flag} needs a file name ending in {suffix}, got {path}")
+    if args.chart:
+        import matplotlib  # noqa: F401  (fail now, not after the sweep)
+    kind = artifact_kind(model_path)
+    check_implementation(kind, args.implementation)
+    artifact = load_artifact(
+        model_path, device=device, weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript
+    )
+    # The training data: recorded in a checkpoint; for exported files, --dataset says it.
+    dataset = load_checkpoint(model_path)["train_config"]["dataset"] if kind == "checkpoint" else args.dataset
+    if dataset != "digits":
+        raise ValueError(
+            f"{model_path} was trained on {dataset}; evaluate mode measures digits models so far (FID/KID for "
+            "MNIST, Fashion-MNIST, CIFAR-10 and folders is not built yet)"
+        )
+    model, model_config = artifact.model, artifact.model_config
+    c, s = model_config.in_channels, model_config.image_size
+    batch_size = min(args.batch_size, args.n_samples)
+    check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
+    schedule = NoiseSchedule(artifact.schedule_config).to(device)
+    precision = "fp32" if args.precision == "auto" else args.precision
+    print(f"fitting the digit classifier and feature space to the real digits at {s}x{s} ...")
+    judge = evaluate.DigitJudge(image_size=s, seed=args.seed)
+    sizes = [min(batch_size, args.n_samples - start) for start in range(0, args.n_samples, batch_size)]
+
+    def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
+        plan = schedule.make_plan(
+            sampler, num_steps=num_steps, eta=args.eta if sampler == "ddim" else 0.0, clip_denoised=not args.no_clip,
+            device=device,
+        )  # fmt: skip
+        drawer = make_drawer(
+            args.implementation, model, plan, precision=precision, compile_model=args.compile,
+            tensorrt_options=tensorrt_options(args, source=artifact.path),
+        )  # fmt: skip
+        generator = torch.Generator(device).manual_seed(args.seed)  # the same noise for every row
+        batches = [
+            drawer((size, c, s, s), generator, False).float().cpu()  # sync: the batch leaves the device
+            for size in tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False)
+        ]
+        return torch.cat(batches), plan.num_steps
+
+    result = evaluate.run_sweep(
+        draw, judge, samplers=samplers, steps=steps, n_samples=args.n_samples, seed=args.seed, image_size=s
+    )
+    result.update(model_path=str(model_path), implementation=args.implementation, precision=precision)
+    print()
+    print(evaluate.format_table(result))
+    if args.json:
+        evaluate.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    if args.chart:
+        evaluate.write_plot(result, args.chart)
+        print(f"wrote {args.chart}")
+
+
+MODES = {"train": run_train, "sample": run_sample, "evaluate": run_evaluate, "export": run_export, "benchmark": run_benchmark}
 
 
 def one_line(exc: BaseException) -> str:
@@ -521,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.opset is not None:
                 check_opset(args.opset)
+            if args.mode != "evaluate":
+                single_sampling_choice(args)
             MODES[args.mode](args, resolve_device(args.device))
         except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
             print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)

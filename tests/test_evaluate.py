@@ -1,0 +1,99 @@
+"""Evaluate mode: its digit metrics on inputs whose answer is known, the sweep's JSON, and the CLI.
+
+Specification: held-out real digits score near the ceiling and noise at the floor; a training
+image copied into the samples is flagged as memorised and a new image is not; the Frechet
+distance is zero for identical sets and matches the closed form for Gaussians; the sweep writes
+one JSON row per (sampler, steps) with the ceiling and floor beside them, and a plot.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def judge() -> evaluate.DigitJudge:
+    return evaluate.DigitJudge(image_size=16, seed=0)
+
+
+def test_frechet_distance_is_the_closed_form_for_gaussians():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((20000, 2))
+    b = rng.standard_normal((20000, 2)) * 2.0 + np.array([3.0, 0.0])
+    # ||mu_a - mu_b||^2 + tr(C_a + C_b - 2 (C_a C_b)^1/2) = 9 + (2 + 8 - 2 * 4) = 11
+    assert evaluate.frechet_distance(a, b) == pytest.approx(11.0, rel=0.03)
+    assert evaluate.frechet_distance(a, a) == pytest.approx(0.0, abs=1e-8)
+
+
+def test_real_digits_score_near_the_ceiling_and_noise_at_the_floor(judge):
+    ceiling = judge.ceiling(256, seed=0)
+    floor = judge.floor(256, seed=0, image_size=16)
+    assert ceiling.confident > 0.75 and ceiling.classes == 10
+    assert floor.confident == 0.0 and floor.classes == 0
+    assert floor.frechet > 20 * ceiling.frechet
+    # Real digits the classifier never saw, scored as samples, land near the ceiling.
+    held = torch.from_numpy(judge.held_features[:256]).float().view(-1, 1, 8, 8) * 2 - 1
+    scores = judge.score(held, name="held-out")
+    assert abs(scores.confident - ceiling.confident) < 0.08 and scores.classes == 10
+
+
+def test_a_copied_training_image_is_flagged_as_memorised_and_a_new_one_is_not(judge):
+    copies = judge.real_images[:50]
+    assert judge.score(copies, name="copies").memorised == 1.0
+    # Each real digit blended with another: new images (a blend of two 7s is a new 7).
+    blends = 0.5 * (judge.real_images[100:150] + judge.real_images[150:200])
+    assert judge.score(blends, name="blends").memorised == 0.0
+
+
+def test_lists_parse_and_bad_items_are_named():
+    assert evaluate.parse_list("ddpm,ddim", kind=str, flag="--sampler", choices=("ddpm", "ddim")) == ["ddpm", "ddim"]
+    assert evaluate.parse_list("5,10", kind=int, flag="--sampling_steps") == [5, 10]
+    assert evaluate.parse_list(None, kind=int, flag="--sampling_steps") == [None]
+    with pytest.raises(ValueError, match="--sampling_steps"):
+        evaluate.parse_list("5,x", kind=int, flag="--sampling_steps")
+
+
+def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(tmp_path, capsys):
+    from training import TrainConfig, Trainer
+    from basic_diffusion import UNetConfig
+    from data import load_images
+    from noise_schedule import ScheduleConfig
+
+    ckpt = tmp_path / "digits.pt"
+    config = TrainConfig(dataset="digits", total_steps=2, batch_size=8, lr=1e-3, warmup_steps=0, save_every=0,
+                         sample_every=0, checkpoint=str(ckpt))  # fmt: skip
+    model_config = UNetConfig(image_size=16, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
+                              attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    images = load_images("digits", data_dir=tmp_path, image_size=16)
+    trainer = Trainer(config, model_config, ScheduleConfig(num_timesteps=20), images=images, device="cpu")
+    for _ in range(config.total_steps):
+        trainer.train_step()
+    trainer.save()
+    out_json, out_png = tmp_path / "e.json", tmp_path / "e.png"
+    args = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(ckpt), "--sampler", "ddim,dpm_solver",
+            "--sampling_steps", "2,4", "--n_samples", "12", "--batch_size", "8", "--json", str(out_json),
+            "--chart", str(out_png)]  # fmt: skip
+    assert main.main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "(ceiling: held-out real digits)" in out and "(floor: uniform noise)" in out
+    result = json.loads(out_json.read_text())
+    assert [(r["sampler"], r["steps"]) for r in result["rows"]] == [("ddim", 2), ("ddim", 4), ("dpm_solver", 2), ("dpm_solver", 4)]
+    for row in result["rows"]:
+        assert row["n"] == 12 and 0.0 <= row["confident"] <= 1.0 and row["frechet"] >= 0 and row["seconds"] > 0
+    assert result["ceiling"]["memorised"] is None and result["floor"]["confident"] == 0.0
+    assert out_png.read_bytes()[:4] == b"\x89PNG"
+    # Lists are for evaluate only; other modes name the flag in one line.
+    assert main.main(["--device", "cpu", "--mode", "sample", "--model_path", str(ckpt), "--sampler", "ddim,ddpm"]) == 2
+    assert "--sampler takes one value" in capsys.readouterr().err
+    # Outputs are checked before any work: the JSON may not replace the model.
+    assert main.main([*args[:-4], "--json", str(ckpt)]) == 2
+    assert "--json" in capsys.readouterr().err
