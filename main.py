@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     from data import DATASETS
     from export import DEFAULT_MAX_BATCH, FORMATS
     from noise_schedule import SAMPLERS, SCHEDULES
+    from precision import PRECISIONS
     from tensorrt_integration import BACKENDS
 
     p = Parser(
@@ -108,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=seed, default=0, help="seed for weights, data order, noise and sampling")
     p.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16", "fp16"),
+        choices=("auto", *PRECISIONS),
         default="auto",
         help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise "
         "(sampling: fp32, so every implementation draws the same images)",

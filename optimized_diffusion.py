@@ -58,9 +58,8 @@ from torch import nn
 
 from checkpoints import first_line
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, p_step
+from precision import autocast, check_precision
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # --------------------------------------------------------------------------------------------
 # Loading the extension
@@ -250,8 +249,7 @@ class FusedSampler:
         log=None,
         fused_step: bool = True,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+        check_precision(precision)
         shape = tuple(int(s) for s in shape)
         if len(shape) != 4 or min(shape) < 1:
             raise ValueError(f"shape must be four positive sizes (B, C, H, W), got {shape}")
@@ -321,8 +319,7 @@ class FusedSampler:
 
     def _autocast(self) -> torch.autocast:
         # cache_enabled=False: autocast's weight-cast cache must not outlive a graph capture.
-        dtype = _AUTOCAST_DTYPES.get(self.precision, torch.float32)
-        return torch.autocast(self.device.type, dtype=dtype, enabled=self.precision != "fp32", cache_enabled=False)
+        return autocast(self.device.type, self.precision, cache_enabled=False)
 
     def _denoise_step(self, *, draw_noise: bool) -> None:
         """One reverse step on the static buffers: the step counter picks t and the coefficients."""

@@ -29,6 +29,19 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`; ValueError naming the choices otherwise."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def autocast(device_type: str, precision: str, *, cache_enabled: bool = True) -> torch.autocast:
+    """The autocast context of ``precision`` on ``device_type`` (a disabled one for fp32)."""
+    dtype = LOW_DTYPES.get(check_precision(precision), torch.float32)
+    return torch.autocast(device_type, dtype=dtype, enabled=precision != "fp32", cache_enabled=cache_enabled)
+
+
 def low_dtype(precision: str) -> torch.dtype:
     """The reduced-precision dtype of ``precision`` ("fp16" or "bf16")."""
     if precision not in LOW_DTYPES:

@@ -60,13 +60,14 @@ from basic_diffusion import UNet, UNetConfig
 from checkpoints import check_file_size, first_line, parse_json, read_limited
 from export import BatchRange, UNetIO, sha256_file
 from noise_schedule import SamplingPlan, ScheduleConfig, short_repr
+from precision import PRECISIONS
 from safe_files import atomic_write
 
 if TYPE_CHECKING:
     from optimized_diffusion import FusedSampler
 
 BACKENDS = ("native", "torch_tensorrt")
-ENGINE_PRECISIONS = ("fp32", "fp16", "bf16")
+ENGINE_PRECISIONS = PRECISIONS  # an engine is built in any of them
 TENSORRT_INSTALL = "pip install tensorrt (NVIDIA's wheels, for a machine with an NVIDIA GPU)"
 TORCH_TENSORRT_INSTALL = "pip install torch-tensorrt (the release matching your torch)"
 MIN_TENSORRT_MAJOR = 10

@@ -26,9 +26,9 @@ from checkpoints import FORMAT_VERSION, save_checkpoint
 from data import ImageSet
 from image_files import save_grid
 from noise_schedule import NoiseSchedule, ScheduleConfig
+from precision import autocast as precision_autocast
+from precision import check_precision
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_CONSECUTIVE_NONFINITE = 20
 
 
@@ -69,8 +69,7 @@ class TrainConfig:
             raise ValueError(f"EMA decay must be in [0, 1), got {self.ema_decay}")
         if not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
             raise ValueError(f"gradient clipping norm (--grad_clip) must be positive and finite, got {self.grad_clip}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        check_precision(self.precision)
 
     @property
     def samples_dir(self) -> Path:
@@ -86,9 +85,9 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str) -> torch.autocast:
     """The autocast context for a precision (a disabled one for fp32)."""
-    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES.get(precision), enabled=precision != "fp32")
+    return precision_autocast(device.type, precision)
 
 
 class Trainer:
