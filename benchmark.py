@@ -582,6 +582,7 @@ def run_training_benchmark(
             continue
         row["images_per_s"] = steps * batch_size / elapsed
         row["ms_per_step"] = 1000.0 * elapsed / steps
+        progress(f"training {name}: {row['images_per_s']:.1f} img/s")  # each variant's result as soon as it is known
         if device.type == "cuda":
             row["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         else:
