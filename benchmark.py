@@ -70,6 +70,7 @@ class Row:
     psnr_db: float | None = None
     parity: str = ""  # pass | FAIL | reference | ""
     tflops: float | None = None
+    detail: str = ""  # what ran, where the name does not say (onnxruntime's execution provider)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,14 +183,14 @@ def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int = 819
 # ----- rows ----------------------------------------------------------------------------------------
 def make_row(
     name: str, *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
-) -> tuple[str, Callable[[torch.Generator], torch.Tensor]]:
-    """(precision, run(generator)) for one row; raises Unavailable when the row cannot run here.
+) -> tuple[str, Callable[[torch.Generator], torch.Tensor], str]:
+    """(precision, run(generator), detail) for one row; raises Unavailable when the row cannot run here.
 
     Building a row may capture graphs, compile or export: the caller builds, times and frees one
     row at a time, so no row carries another's buffers or memory pools.
     """
     if name == "original":
-        return "fp32", lambda g: _fp32(original_sample, model, plan, shape=shape, generator=g)
+        return "fp32", lambda g: _fp32(original_sample, model, plan, shape=shape, generator=g), ""
     if name in ("cuda", "cuda_compile"):
         import optimized_diffusion
 
@@ -200,24 +201,25 @@ def make_row(
             )
         except ImportError as exc:
             raise Unavailable(f"extension not built: {exc}") from exc
-        return precision, lambda g: sampler(generator=g)
+        return precision, lambda g: sampler(generator=g), ""
     if name == "compile":
         compiled = torch.compile(model, mode="max-autotune" if plan.coefficients.is_cuda else "default")
-        return "fp32", lambda g: _fp32(original_sample, compiled, plan, shape=shape, generator=g)
+        return "fp32", lambda g: _fp32(original_sample, compiled, plan, shape=shape, generator=g), ""
     if name in ("onnxruntime", "torchscript", "tensorrt"):
         import export
 
         try:
             if name == "onnxruntime":
                 runtime = export.as_onnxruntime(model, device=plan.coefficients.device)
-                return "fp32", lambda g: _fp32(original_sample, runtime, plan, shape=shape, generator=g)
+                run = lambda g: _fp32(original_sample, runtime, plan, shape=shape, generator=g)  # noqa: E731
+                return "fp32", run, runtime.provider
             if name == "torchscript":
                 traced = export.trace_torchscript(model)
-                return "fp32", lambda g: _fp32(original_sample, traced, plan, shape=shape, generator=g)
+                return "fp32", lambda g: _fp32(original_sample, traced, plan, shape=shape, generator=g), ""
             import tensorrt_integration
 
             sampler = tensorrt_integration.tensorrt_sampler(model, plan, shape=shape, precision=precision, log=lambda _: None)
-            return precision, lambda g: sampler(generator=g)
+            return precision, lambda g: sampler(generator=g), ""
         except ImportError as exc:  # the optional package is not installed: say which
             raise Unavailable(first_line(exc)) from exc
     raise Unavailable(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
@@ -314,7 +316,7 @@ def format_table(rows: list[Row]) -> str:
             lines.append((r.name, r.precision, f"{r.status}: {r.reason}"))
             continue
         lines.append((
-            r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
+            f"{r.name} ({r.detail})" if r.detail else r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
             f"{r.images_per_s:.1f}", _times(r.speedup), "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
             "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
         ))  # fmt: skip
@@ -412,7 +414,9 @@ def run_benchmark(
         try:
             with memory, PeakRSS() as rss:
                 try:
-                    row.precision, run = make_row(name, model=model, plan=plan, shape=shape, precision=precision)
+                    row.precision, run, row.detail = make_row(
+                        name, model=model, plan=plan, shape=shape, precision=precision
+                    )
                 except Unavailable as exc:
                     row.status, row.reason = "unavailable", str(exc)
                     progress(f"{name}: unavailable ({exc})")

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from io import BytesIO
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -440,30 +441,43 @@ def onnxruntime_providers(available: Sequence[str], *, device_type: str, trt_cac
 class OnnxRuntimeUNet(nn.Module):
     """eps = unet(x_t, t) through an onnxruntime session: the PyTorch U-Net's call, for the sampling loops.
 
-    Inputs go to the session as NumPy arrays and eps comes back as a tensor on x_t's device; with
-    the CUDA provider that is a host round trip per call, which keeps this path simple and exact.
-    ``path`` is the ONNX file when the session came from one (the tensorrt implementation builds
-    its engine from it).
+    Inputs and output are bound to torch tensors (onnxruntime's I/O binding): with the CUDA
+    execution provider (onnxruntime-gpu) and tensors on the GPU, x_t, t and eps stay on the GPU
+    between steps; with the CPU provider, onnxruntime reads and writes the tensors' memory
+    directly, without NumPy copies. ``path`` is the ONNX file when the session came from one
+    (the tensorrt implementation builds its engine from it).
     """
 
     def __init__(self, session, *, io: UNetIO, path: Path | None = None, metadata: dict | None = None) -> None:
         super().__init__()
         self.session, self.io, self.path = session, io, path
         self.metadata = metadata or {}  # the file's artifact metadata ("precision": the graph's, fp32 if absent)
+        self.provider = session.get_providers()[0]  # the execution provider onnxruntime runs first
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        # sync: (B, C, H, W) x_t and (B,) t come to the host for onnxruntime.
-        feed = {
-            "x_t": x_t.detach().to("cpu", torch.float32).contiguous().numpy(),
-            "t": t.detach().to("cpu", torch.int64).contiguous().numpy(),
-        }
+        caller = x_t.device  # eps goes back there
+        on_gpu = self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and x_t.is_cuda
+        device = caller if on_gpu else torch.device("cpu")
+        x_t = x_t.detach().to(device, torch.float32).contiguous()  # (B, C, H, W); to the host with the CPU provider
+        t = t.detach().to(device, torch.int64).contiguous()  # (B,)
+        eps = torch.empty(self.io.shapes(x_t.shape[0])[self.io.output_names[0]], dtype=torch.float32, device=device)
+        binding = self.session.io_binding()
+        kind, index = ("cuda", device.index or 0) if on_gpu else ("cpu", 0)
+        for name, tensor in zip(self.io.input_names, (x_t, t)):
+            binding.bind_input(name, kind, index, _NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+        binding.bind_output(self.io.output_names[0], kind, index, np.float32, tuple(eps.shape), eps.data_ptr())
+        if on_gpu:
+            torch.cuda.current_stream(device).synchronize()  # sync: onnxruntime runs on its own stream
         try:
-            (eps,) = self.session.run(self.io.output_names, feed)
+            self.session.run_with_iobinding(binding)
         except Exception as exc:  # onnxruntime's own classes; a file's graph can fail at run time
             if self.path is None:
                 raise  # an in-memory export failing is a bug, not a user's error
             raise ValueError(f"{self.path} failed when run ({first_line(exc)})") from exc
-        return torch.from_numpy(eps).to(x_t.device)  # (B, C, H, W) float32
+        return eps.to(caller)  # (B, C, H, W) float32
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.int64: np.int64}
 
 
 def _ort_reason(exc: Exception) -> str:

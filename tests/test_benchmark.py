@@ -39,7 +39,7 @@ def test_benchmark_json_has_one_row_per_implementation(bench):
         assert r["min_s"] <= r["median_s"] <= r["max_s"]
         assert r["images_per_s"] == pytest.approx(4 / r["median_s"])
         assert r["ms_per_step"] == pytest.approx(1000 * r["median_s"] / 5)
-    assert rows["original"]["speedup"] == 1.0
+    assert rows["original"]["speedup"] == 1.0 and rows["original"]["detail"] == ""
     # A row that cannot run is listed with its reason, never dropped.
     assert rows["tensorrt"]["status"] == "unavailable" and "tensorrt" in rows["tensorrt"]["reason"].lower()
     env = data["environment"]
@@ -142,7 +142,7 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
         events.append(f"build {name} (earlier rows alive: {sum(r() is not None for r in alive)})")
         runner = Runner(name)
         alive.append(weakref.ref(runner))
-        return "fp32", runner
+        return "fp32", runner, ""
 
     monkeypatch.setattr(benchmark, "make_row", fake_make_row)
     config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,

@@ -151,6 +151,25 @@ def test_onnx_export_of_random_weights_matches_pytorch_through_onnxruntime(rando
 
 
 @needs_onnx
+def test_onnxruntime_io_binding_takes_any_layout_and_returns_a_fresh_tensor(random_onnx):
+    model, proto = random_onnx
+    runtime = export.OnnxRuntimeUNet(
+        export.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
+    )
+    assert runtime.provider == "CPUExecutionProvider"
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 16, 1, 4, generator=g).permute(3, 2, 0, 1)  # (4, 1, 16, 16), not contiguous
+    t = torch.tensor([0, 10, 25, 49], dtype=torch.int32)  # another integer dtype
+    first = runtime(x, t)
+    kept = first.clone()
+    second = runtime(x.flip(0), t.flip(0))
+    assert torch.equal(first, kept)  # the next call writes a new tensor, not the one handed out
+    with torch.no_grad():
+        torch.testing.assert_close(first, model(x.contiguous(), t.long()), rtol=0, atol=1e-4)
+        torch.testing.assert_close(second, model(x.flip(0).contiguous(), t.flip(0).long()), rtol=0, atol=1e-4)
+
+
+@needs_onnx
 def test_onnxruntime_implementation_draws_the_original_images(random_onnx):
     model, proto = random_onnx
     runtime = export.OnnxRuntimeUNet(
