@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from dataclasses import replace
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -246,7 +246,7 @@ class FusedSampler:
         channels_last: bool = False,
         compile_model: bool = False,
         warmup_iters: int = 3,
-        log=None,
+        log: Callable[[str], None] | None = None,  # where the capture-failure notice goes (default print)
         fused_step: bool = True,
     ) -> None:
         check_precision(precision)
