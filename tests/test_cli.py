@@ -1,5 +1,11 @@
-"""The command line end to end, in subprocesses: train -> sample -> PNG, and one-line errors for bad input."""
+"""The command line end to end: train -> sample -> PNG in subprocesses (the real entry point), and
+one-line errors for bad input (in this process, through ``main.main``: the same code, without the
+3 s that each new Python process spends importing torch)."""
 
+import contextlib
+import io
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +25,27 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300
     )
+
+
+def run_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``main.main(args)`` in this process, in ``cwd``, with its exit code and output captured."""
+    import interrupts
+    import main
+
+    out, err, previous = io.StringIO(), io.StringIO(), os.getcwd()
+    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}  # main installs its own
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main.main(list(args))
+            except SystemExit as exc:  # argparse's own errors and --help
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(previous)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def assert_user_error(result: subprocess.CompletedProcess, match: str) -> None:
@@ -57,7 +84,7 @@ def test_train_then_sample_writes_a_grid_of_the_right_size(trained, sampler):
 def test_sampling_is_reproducible_from_the_seed(trained):
     def draw(seed: str, name: str):
         args = ("--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "4", "--sampling_steps", "5")
-        result = run(*args, "--seed", seed, "--output", f"{name}.png", "--save_npz", f"{name}.npz", cwd=trained)
+        result = run_here(*args, "--seed", seed, "--output", f"{name}.png", "--save_npz", f"{name}.npz", cwd=trained)
         assert result.returncode == 0, result.stderr
         return np.load(trained / f"{name}.npz")["images"]
 
@@ -70,7 +97,7 @@ def test_cuda_implementation_draws_the_original_images(trained, sampler):
     # On a CPU the "cuda" implementation runs its fused CPU kernels: same seed, same images.
     arrays = {}
     for implementation in ("original", "cuda"):
-        result = run(
+        result = run_here(
             "--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "4", "--sampler", sampler,
             "--sampling_steps", "8", "--implementation", implementation, "--output", f"{implementation}.png",
             "--save_npz", f"{implementation}.npz", cwd=trained,
@@ -112,11 +139,16 @@ def test_resume_continues_to_a_longer_run(trained):
 def test_user_errors_end_in_one_line_and_exit_code_2(trained, args, match):
     (trained / "corrupt.pt").write_bytes(b"PK\x03\x04 truncated zip")
     (trained / "empty").mkdir(exist_ok=True)
-    assert_user_error(run(*args, cwd=trained), match)
+    assert_user_error(run_here(*args, cwd=trained), match)
+
+
+def test_a_user_error_from_the_real_entry_point_is_one_line(trained):
+    (trained / "corrupt.pt").write_bytes(b"PK\x03\x04 truncated zip")
+    assert_user_error(run("--mode", "sample", "--model_path", "corrupt.pt", cwd=trained), "corrupt")
 
 
 def test_help_lists_the_seed_flags(tmp_path):
-    result = run("--help", cwd=tmp_path)
+    result = run_here("--help", cwd=tmp_path)
     assert result.returncode == 0
     for flag in ("--mode", "--dataset", "--n_epochs", "--img_size", "--channels", "--implementation", "--n_samples",
                  "--model_path", "--batch_size", "--sampler", "--resume", "--precision"):  # fmt: skip
