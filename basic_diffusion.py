@@ -298,14 +298,34 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def diffusion_loss(
-    model: nn.Module, schedule: NoiseSchedule, x_start: torch.Tensor, *, generator: torch.Generator | None = None
+    model: nn.Module,
+    schedule: NoiseSchedule,
+    x_start: torch.Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
-    """The simplified DDPM objective: MSE between the true and predicted noise at a uniform t."""
+    """The DDPM objective: MSE between the true and predicted noise at a uniform t.
+
+    ``min_snr_gamma=None`` is Ho et al.'s simplified (unweighted) loss. A number gamma weights each
+    sample's noise MSE by min(SNR(t), gamma) / SNR(t), SNR = alpha_bar / (1 - alpha_bar) (Hang et
+    al. 2023, "Min-SNR weighting", for epsilon prediction): the nearly clean timesteps, whose
+    noise is hard to predict and matters little for the image, stop dominating the gradient.
+    """
     B = x_start.shape[0]
     t = torch.randint(0, schedule.num_timesteps, (B,), device=x_start.device, generator=generator)
     noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
     x_t = schedule.q_sample(x_start, t, noise)
-    return F.mse_loss(model(x_t, t).float(), noise.float())
+    if min_snr_gamma is None:
+        return F.mse_loss(model(x_t, t).float(), noise.float())
+    per_sample = (model(x_t, t).float() - noise.float()).pow(2).flatten(1).mean(1)  # (B,)
+    return (min_snr_weights(schedule, t, gamma=min_snr_gamma) * per_sample).mean()
+
+
+def min_snr_weights(schedule: NoiseSchedule, t: torch.Tensor, *, gamma: float) -> torch.Tensor:
+    """min(SNR(t), gamma) / SNR(t) for each timestep in ``t``: 1 where SNR <= gamma (noisy), less above."""
+    snr = schedule.snr[t]
+    return snr.clamp(max=gamma) / snr
 
 
 @torch.no_grad()

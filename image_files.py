@@ -27,6 +27,7 @@ from safe_files import atomic_open, atomic_write, resolved
 
 GRID_PADDING = 2  # torchvision's default: 2 black pixels between tiles
 MAX_GRID_PIXELS = 4096 * 4096  # one PNG; its pixels are held in memory while it is encoded
+MIN_TILE = 64  # by default, tiles are enlarged (nearest neighbour) to at least this many pixels a side
 
 
 def grid_side(n_images: int) -> int:
@@ -42,6 +43,20 @@ def grid_pixels(n_images: int, *, height: int, width: int) -> int:
     return (rows * (height + GRID_PADDING) + GRID_PADDING) * (cols * (width + GRID_PADDING) + GRID_PADDING)
 
 
+def grid_scale(n_images: int, *, height: int, width: int, requested: int | None = None) -> int:
+    """The integer factor each tile is enlarged by: ``requested``, or by default the smallest that
+    makes tiles :data:`MIN_TILE` pixels a side (8x8 digits x8, MNIST x3, CIFAR-10 x2), lowered
+    until the grid fits in one PNG."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--grid_scale must be a positive integer, got {requested}")
+        return requested
+    scale = max(1, math.ceil(MIN_TILE / max(height, width)))
+    while scale > 1 and grid_pixels(n_images, height=height * scale, width=width * scale) > MAX_GRID_PIXELS:
+        scale -= 1
+    return scale
+
+
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) in [-1, 1] -> uint8 on the CPU, rounded as torchvision's PNG writer rounds."""
     # sync: the batch comes to the host once.
@@ -49,10 +64,13 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return x01.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
 
 
-def grid_image(tiles: torch.Tensor) -> Image.Image:
+def grid_image(tiles: torch.Tensor, *, scale: int = 1) -> Image.Image:
     """(B, C, H, W) uint8 tiles -> one RGB PIL image in torchvision's ``make_grid`` layout: rows of
     :func:`grid_side` tiles, :data:`GRID_PADDING` black pixels around each (importing torchvision
-    for this would add seconds to every start)."""
+    for this would add seconds to every start). Each tile is first enlarged ``scale`` times, each
+    pixel becoming a ``scale`` x ``scale`` block (the padding stays 2 pixels)."""
+    if scale > 1:
+        tiles = tiles.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)
     n, c, h, w = tiles.shape
     if n == 1:  # make_grid returns a single image as it is, unpadded
         return Image.fromarray(tiles[0].permute(1, 2, 0).expand(h, w, 3).contiguous().numpy())
@@ -67,22 +85,34 @@ def grid_image(tiles: torch.Tensor) -> Image.Image:
     return Image.fromarray(grid)
 
 
-def save_grid(images: torch.Tensor, path: str | Path) -> Path:
-    """Save (B, C, H, W) images in [-1, 1] as a square-ish PNG grid, atomically."""
-    picture = grid_image(to_uint8(images))
+def save_grid(images: torch.Tensor, path: str | Path, *, scale: int | None = None) -> Path:
+    """Save (B, C, H, W) images in [-1, 1] as a square-ish PNG grid, atomically (``scale``: see
+    :func:`grid_scale`)."""
+    n, _, h, w = images.shape
+    picture = grid_image(to_uint8(images), scale=grid_scale(n, height=h, width=w, requested=scale))
     return atomic_write(path, lambda f: picture.save(f, format="png"))
 
 
-def plan_outputs(*, n_samples: int, image_shape: tuple[int, int, int], grid: str | Path | None, npz: str | Path | None) -> None:
-    """Refuse, before any sampling, outputs that cannot be written: a grid too large, an .npz beyond free disk."""
+def plan_outputs(
+    *,
+    n_samples: int,
+    image_shape: tuple[int, int, int],
+    grid: str | Path | None,
+    npz: str | Path | None,
+    grid_scale: int | None = None,
+) -> None:
+    """Refuse, before any sampling, outputs that cannot be written: a grid too large (at ``grid_scale``,
+    or unscaled when that is left to the default), an .npz beyond free disk."""
     c, h, w = image_shape
     if grid is not None:
-        pixels = grid_pixels(n_samples, height=h, width=w)
+        scale = grid_scale or 1
+        pixels = grid_pixels(n_samples, height=h * scale, width=w * scale)
         if pixels > MAX_GRID_PIXELS:
-            fits = _largest_grid(height=h, width=w)
+            fits = _largest_grid(height=h * scale, width=w * scale)
+            lower = "lower --grid_scale or --n_samples" if scale > 1 else "lower --n_samples"
             raise ValueError(
                 f"a grid of {n_samples} samples of {h}x{w} would have {pixels / 1e6:.0f} million pixels; one PNG holds at "
-                f"most {fits} of them: lower --n_samples, or pass --no_grid with --save_npz to keep only the arrays"
+                f"most {fits} of them: {lower}, or pass --no_grid with --save_npz to keep only the arrays"
             )
     if npz is not None:
         need = n_samples * c * h * w + (1 << 20)  # stored pixels (compression only shrinks them) + headers
@@ -102,14 +132,25 @@ def _largest_grid(*, height: int, width: int) -> int:
     return n
 
 
+grid_scale_of = grid_scale  # for SampleWriter, whose argument of that name shadows the function
+
+
 class SampleWriter:
     """Receives batches of samples; writes the grid PNG and the .npz (uint8, NHWC) on close."""
 
     def __init__(
-        self, n_samples: int, image_shape: tuple[int, int, int], *, grid: str | Path | None, npz: str | Path | None
+        self,
+        n_samples: int,
+        image_shape: tuple[int, int, int],
+        *,
+        grid: str | Path | None,
+        npz: str | Path | None,
+        grid_scale: int | None = None,
     ) -> None:
         self.n_samples, self.image_shape = n_samples, image_shape
         self.grid, self.npz = grid, npz
+        _, h, w = image_shape
+        self.grid_scale = grid_scale_of(n_samples, height=h, width=w, requested=grid_scale)
         self.tiles: list[torch.Tensor] = []
         self.written = 0
         self._stack = contextlib.ExitStack()
@@ -140,7 +181,7 @@ class SampleWriter:
             raise ValueError(f"{self.written} of {self.n_samples} samples arrived; nothing written")
         written = []
         if self.grid is not None:
-            picture = grid_image(torch.cat(self.tiles))
+            picture = grid_image(torch.cat(self.tiles), scale=self.grid_scale)
             written.append(atomic_write(self.grid, lambda f: picture.save(f, format="png")))
         self._stack.close()  # finishes the .npz and moves it into place
         if self.npz is not None:

@@ -78,6 +78,13 @@ def single_sampling_choice(args: argparse.Namespace) -> None:
         args.sampling_steps = int(args.sampling_steps)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
 def seed(text: str) -> int:
     value = int(text)
     if not 0 <= value <= SEED_MAX:
@@ -144,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=finite_float, default=2e-4, help="peak AdamW learning rate")
     g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up (default: 5%% of the run, at most 500)")
     g.add_argument("--ema_decay", type=finite_float, default=0.999)
+    g.add_argument(
+        "--min_snr_gamma", type=finite_float, default=None,
+        help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice; default: unweighted)",
+    )
     g.add_argument("--grad_clip", type=finite_float, default=1.0, help="gradient-norm clipping")
     g.add_argument(
         "--compile", action="store_true", help="torch.compile the U-Net (training; and sampling with --implementation cuda)"
@@ -180,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--save_npz", default=None, help="also save the images (uint8, NHWC) to this .npz file")
     g.add_argument("--no_grid", action="store_true", help="write no PNG grid (with --save_npz: for many samples)")
+    g.add_argument(
+        "--grid_scale", type=positive_int, default=None,
+        help="enlarge each grid tile N times, nearest neighbour (default: tiles of at least 64 pixels, e.g. x8 for 8x8 digits)",
+    )
     g.add_argument(
         "--trust_torchscript",
         action="store_true",
@@ -309,6 +324,7 @@ def new_trainer(args: argparse.Namespace, checkpoint: str, device: torch.device)
         warmup_steps=args.warmup_steps if args.warmup_steps is not None else min(500, total // 20),
         grad_clip=args.grad_clip,
         ema_decay=args.ema_decay,
+        min_snr_gamma=args.min_snr_gamma,
         precision=precision,
         compile=args.compile,
         seed=args.seed,
@@ -374,7 +390,9 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     )
     model, model_config = artifact.model, artifact.model_config
     c, s = model_config.in_channels, model_config.image_size
-    plan_outputs(n_samples=args.n_samples, image_shape=(c, s, s), grid=grid_path, npz=args.save_npz)
+    plan_outputs(
+        n_samples=args.n_samples, image_shape=(c, s, s), grid=grid_path, npz=args.save_npz, grid_scale=args.grid_scale
+    )
     batch_size = min(args.batch_size, args.n_samples)
     check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
     schedule = NoiseSchedule(artifact.schedule_config).to(device)
@@ -393,7 +411,9 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     )
     # Batches of --batch_size in order, from one generator: memory stays that of one batch.
     sizes = [min(batch_size, args.n_samples - start) for start in range(0, args.n_samples, batch_size)]
-    with SampleWriter(args.n_samples, (c, s, s), grid=grid_path, npz=args.save_npz) as out:
+    with SampleWriter(
+        args.n_samples, (c, s, s), grid=grid_path, npz=args.save_npz, grid_scale=args.grid_scale
+    ) as out:
         for size in tqdm(sizes, desc="batches", unit="batch", disable=len(sizes) == 1, dynamic_ncols=True):
             out.add(draw((size, c, s, s), generator, len(sizes) == 1))
         written = out.close()

@@ -248,6 +248,7 @@ class NoiseSchedule(nn.Module):
             "sqrt_one_minus_alphas_cumprod": (1.0 - alphas_cumprod).sqrt(),
             "sqrt_recip_alphas_cumprod": (1.0 / alphas_cumprod).sqrt(),
             "sqrt_recipm1_alphas_cumprod": (1.0 / alphas_cumprod - 1.0).sqrt(),
+            "snr": alphas_cumprod / (1.0 - alphas_cumprod),  # signal-to-noise ratio of x_t
             "posterior_variance": posterior_variance,
             # The variance is 0 at t = 0; clip the log to the t = 1 value (Ho et al.).
             "posterior_log_variance_clipped": torch.log(torch.cat([posterior_variance[1:2], posterior_variance[1:]])),
@@ -265,6 +266,7 @@ class NoiseSchedule(nn.Module):
     sqrt_one_minus_alphas_cumprod: torch.Tensor
     sqrt_recip_alphas_cumprod: torch.Tensor
     sqrt_recipm1_alphas_cumprod: torch.Tensor
+    snr: torch.Tensor
     posterior_variance: torch.Tensor
     posterior_log_variance_clipped: torch.Tensor
     posterior_mean_coef1: torch.Tensor

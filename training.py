@@ -46,6 +46,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     ema_decay: float = 0.999
+    min_snr_gamma: float | None = None  # None: the unweighted loss; a number: min-SNR-gamma weighting
     precision: str = "fp32"
     compile: bool = False
     seed: int = 0
@@ -69,6 +70,8 @@ class TrainConfig:
             raise ValueError(f"EMA decay must be in [0, 1), got {self.ema_decay}")
         if not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
             raise ValueError(f"gradient clipping norm (--grad_clip) must be positive and finite, got {self.grad_clip}")
+        if self.min_snr_gamma is not None and not (math.isfinite(self.min_snr_gamma) and self.min_snr_gamma > 0):
+            raise ValueError(f"--min_snr_gamma must be positive, got {self.min_snr_gamma}")
         check_precision(self.precision)
 
     @property
@@ -197,7 +200,9 @@ class Trainer:
         # Forward and backward, in the chosen precision.
         self.model.train()
         with autocast(self.device, cfg.precision):
-            loss = diffusion_loss(self.forward, self.schedule, x_start, generator=self.generator)
+            loss = diffusion_loss(
+                self.forward, self.schedule, x_start, generator=self.generator, min_snr_gamma=self.config.min_snr_gamma
+            )
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         # Clip gradients (after unscaling fp16 gradients).

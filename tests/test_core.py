@@ -242,3 +242,32 @@ def test_resume_on_another_device_is_refused_clearly(tmp_path):
 def test_unet_rejects_widths_the_heads_do_not_divide():
     with pytest.raises(ValueError, match="num_heads"):
         unet_preset("small", image_size=16, in_channels=1, model_channels=25)
+
+
+def test_min_snr_weights_are_min_snr_gamma_over_snr_in_float64():
+    from basic_diffusion import min_snr_weights
+
+    schedule = NoiseSchedule(ScheduleConfig())
+    t = torch.arange(1000)
+    alpha_bar = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)
+    snr = alpha_bar / (1 - alpha_bar)
+    expected = torch.minimum(snr, torch.tensor(5.0, dtype=torch.float64)) / snr
+    assert torch.allclose(min_snr_weights(schedule, t, gamma=5.0).double(), expected, rtol=1e-5)
+    assert expected[-1] == 1 and expected[0] < 1e-3  # noisy steps keep weight 1, nearly clean ones are damped
+
+
+def test_min_snr_loss_with_a_gamma_above_every_snr_is_the_unweighted_loss():
+    from basic_diffusion import diffusion_loss
+
+    schedule = NoiseSchedule(ScheduleConfig(num_timesteps=50))
+    model = UNet(UNetConfig(image_size=8, in_channels=1, **{**TINY, "attention_resolutions": ()})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x = torch.rand(6, 1, 8, 8) * 2 - 1
+    gamma = float(schedule.snr.max()) * 2
+    plain = diffusion_loss(model, schedule, x, generator=torch.Generator().manual_seed(1))
+    weighted = diffusion_loss(model, schedule, x, generator=torch.Generator().manual_seed(1), min_snr_gamma=gamma)
+    assert torch.allclose(plain, weighted, rtol=1e-6)
+    damped = diffusion_loss(model, schedule, x, generator=torch.Generator().manual_seed(1), min_snr_gamma=1e-3)
+    assert damped < plain  # every weight is below 1

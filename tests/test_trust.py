@@ -424,7 +424,29 @@ def test_the_grid_is_torchvisions_save_image_pixel_for_pixel(tmp_path, n, channe
     import image_files
 
     images = torch.rand(n, channels, 5, 6, generator=torch.Generator().manual_seed(n)) * 2.2 - 1.1  # some out of range
-    ours = image_files.save_grid(images, tmp_path / "ours.png")
+    ours = image_files.save_grid(images, tmp_path / "ours.png", scale=1)
     save_image((images.clamp(-1, 1) + 1) / 2, tmp_path / "theirs.png", nrow=image_files.grid_side(n))
     with Image.open(ours) as a, Image.open(tmp_path / "theirs.png") as b:
         assert a.size == b.size and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_default_grid_enlarges_small_tiles_pixel_for_pixel(tmp_path):
+    from torchvision.utils import save_image
+
+    import image_files
+
+    images = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    ours = image_files.save_grid(images, tmp_path / "ours.png")  # 8x8 tiles -> x8 by default
+    big = images.repeat_interleave(8, dim=2).repeat_interleave(8, dim=3)
+    save_image((big + 1) / 2, tmp_path / "theirs.png", nrow=image_files.grid_side(10))
+    with Image.open(ours) as a, Image.open(tmp_path / "theirs.png") as b:
+        assert a.size == b.size == (4 * 66 + 2, 3 * 66 + 2) and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_default_grid_scale_shrinks_to_fit_one_png():
+    import image_files
+
+    assert image_files.grid_scale(64, height=28, width=28) == 3
+    n = 10_000  # 100 x 100 tiles of 28 px: x1 fits in 4096^2 pixels, x2 would not
+    assert image_files.grid_scale(n, height=28, width=28) == 1
+    assert image_files.grid_pixels(n, height=28, width=28) <= image_files.MAX_GRID_PIXELS
