@@ -34,13 +34,13 @@ from pathlib import Path
 
 import torch
 
+import implementations
 from basic_diffusion import UNet, count_parameters
-from basic_diffusion import sample as original_sample
 from checkpoints import first_line
 from noise_schedule import SamplingPlan
 from safe_files import atomic_write
 
-ROWS = ("original", "cuda", "cuda_compile", "compile", "onnxruntime", "torchscript", "tensorrt")
+ROWS = tuple(implementations.REGISTRY)  # every implementation, sample-mode or benchmark-only
 
 # A row passes parity when its images match the original's to this PSNR (dB, data range 2).
 # fp32 rows differ only by float reassociation; bf16/fp16 rows by the lower precision.
@@ -184,45 +184,29 @@ def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int = 819
 def make_row(
     name: str, *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
 ) -> tuple[str, Callable[[torch.Generator], torch.Tensor], str]:
-    """(precision, run(generator), detail) for one row; raises Unavailable when the row cannot run here.
+    """(precision, run(generator), detail) for one row, built through the implementation registry;
+    raises Unavailable when the row cannot run here. The fp32-only rows run in fp32 whatever
+    ``precision`` asks.
 
     Building a row may capture graphs, compile or export: the caller builds, times and frees one
     row at a time, so no row carries another's buffers or memory pools.
     """
-    if name == "original":
-        return "fp32", lambda g: _fp32(original_sample, model, plan, shape=shape, generator=g), ""
-    if name in ("cuda", "cuda_compile"):
-        import optimized_diffusion
-
-        try:
-            # A copy, so a row can never change the model the other rows run.
-            sampler = optimized_diffusion.FusedSampler(
-                copy.deepcopy(model), plan, shape=shape, precision=precision, compile_model=name == "cuda_compile"
-            )
-        except ImportError as exc:
-            raise Unavailable(f"extension not built: {exc}") from exc
-        return precision, lambda g: sampler(generator=g), ""
-    if name == "compile":
-        compiled = torch.compile(model, mode="max-autotune" if plan.coefficients.is_cuda else "default")
-        return "fp32", lambda g: _fp32(original_sample, compiled, plan, shape=shape, generator=g), ""
-    if name in ("onnxruntime", "torchscript", "tensorrt"):
-        import export
-
-        try:
-            if name == "onnxruntime":
-                runtime = export.as_onnxruntime(model, device=plan.coefficients.device)
-                run = lambda g: _fp32(original_sample, runtime, plan, shape=shape, generator=g)  # noqa: E731
-                return "fp32", run, runtime.provider
-            if name == "torchscript":
-                traced = export.trace_torchscript(model)
-                return "fp32", lambda g: _fp32(original_sample, traced, plan, shape=shape, generator=g), ""
-            import tensorrt_integration
-
-            sampler = tensorrt_integration.tensorrt_sampler(model, plan, shape=shape, precision=precision, log=lambda _: None)
-            return precision, lambda g: sampler(generator=g), ""
-        except ImportError as exc:  # the optional package is not installed: say which
-            raise Unavailable(first_line(exc)) from exc
-    raise Unavailable(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
+    impl = implementations.get(name)
+    row_precision = precision if precision in impl.precisions else "fp32"
+    try:
+        impl.check(device=plan.coefficients.device)
+    except ValueError as exc:
+        raise Unavailable(str(exc)) from exc
+    options = implementations.SamplerOptions(precision=row_precision)
+    # Every row but the reference gets a copy, so a row can never change the model the others run.
+    network = model if name == "original" else copy.deepcopy(model)
+    try:
+        network = impl.prepare(network, options)
+        sampler = impl.build(network, plan, shape=shape, options=options)
+    except ImportError as exc:  # an optional package or the extension is missing: say which
+        raise Unavailable(first_line(exc)) from exc
+    detail = getattr(network, "provider", "")  # onnxruntime's execution provider
+    return row_precision, lambda g: sampler(generator=g), detail
 
 
 def row_label(name: str, device: torch.device) -> str:
@@ -264,15 +248,6 @@ class DeviceMemory:
         self.sample()
         reserved = torch.cuda.max_memory_reserved(self.device) - self.reserved0
         self.mb = max(reserved, self.peak_used - self.used0) / 2**20
-
-
-def _fp32(fn, *args, **kwargs):
-    """Run ``fn`` with TF32 off in cuDNN and cuBLAS: the fp32 rows compute true fp32, like the cuda row's policy."""
-    from optimized_diffusion import backend_policy
-
-    with backend_policy("fp32"):
-        return fn(*args, **kwargs)
-
 
 
 # ----- reporting ---------------------------------------------------------------------------------
@@ -490,10 +465,10 @@ def perturb_zero_init(model: torch.nn.Module, *, seed: int, std: float = 0.05) -
 
 
 def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
-    """The --rows list; "all" leaves out cuda_compile on a CPU (a second compile of the same
-    U-Net through the same CPU kernels)."""
+    """The --rows list; "all" is every row whose registry entry is a default row on this device
+    (cuda_compile is not on a CPU: a second compile of the same U-Net through the same CPU kernels)."""
     if text == "all":
-        return [n for n in ROWS if device_type == "cuda" or n != "cuda_compile"]
+        return [n for n in ROWS if device_type in implementations.REGISTRY[n].default_row_on]
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in ROWS]
     if unknown or not names:

@@ -6,14 +6,15 @@ states. It is written atomically (safe_files.atomic_write), and it is read with
 ``torch.load(weights_only=True)``, so loading one never runs code from it.
 
 Everything read from a file is validated, not trusted; each failure is a one-line ValueError
-naming the file. The shared pieces live here (export.py and tensorrt_integration.py import them):
+naming the file. The shared pieces live here (the artifact modules import them):
 
 * :data:`MAX_FILE_BYTES`: the largest file of each kind, checked with ``os.stat`` before any read
   (:func:`check_file_size`, :func:`read_limited`);
 * :func:`parse_json`: JSON metadata, size- and depth-limited;
 * :func:`read_configs`: the model and schedule configs, through ``UNetConfig.from_dict`` and
   ``ScheduleConfig.from_dict`` (known keys, types, ranges);
-* :func:`load_weights`: a state dict loaded strictly, every mismatch with the config in one line.
+* :func:`load_weights`: a state dict loaded strictly, every mismatch with the config in one line;
+* :func:`load_checkpoint_model`: a checkpoint's U-Net, its EMA or raw weights, ready to sample.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from basic_diffusion import UNetConfig
+from basic_diffusion import UNet, UNetConfig
 from noise_schedule import ScheduleConfig, short_repr
 from safe_files import atomic_write
 
@@ -41,7 +42,7 @@ REQUIRED_KEYS = ("format_version", "model_config", "schedule_config", "model", "
 # The largest file of each kind that is read at all, with a wide margin over the largest legitimate
 # one: the ddpm_cifar10 preset's 35.7M fp32 parameters are 0.14 GB, so a checkpoint (model, EMA and
 # AdamW's two moments) is 0.57 GB and a TorchScript, ONNX or engine file (one copy) 0.14 GB;
-# metadata files are a few KB. Keys are export.ARTIFACT_KINDS's kinds, plus "metadata" (JSON).
+# metadata files are a few KB. Keys are artifacts.ARTIFACT_KINDS's kinds, plus "metadata" (JSON).
 GiB, MiB = 1 << 30, 1 << 20
 MAX_FILE_BYTES = {
     "checkpoint": 4 * GiB,
@@ -51,6 +52,8 @@ MAX_FILE_BYTES = {
     "metadata": 1 * MiB,
 }
 MAX_JSON_DEPTH = 32  # the metadata written here nests 4 deep
+
+WEIGHTS = ("ema", "model")  # the checkpoint entry an artifact was exported from
 
 
 def save_checkpoint(path: str | Path, state: dict) -> Path:
@@ -249,3 +252,22 @@ def first_line(exc: BaseException) -> str:
     """The first non-blank line of an exception's message (its type name if there is none)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def load_checkpoint_model(
+    path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
+) -> tuple[UNet, ScheduleConfig]:
+    """The U-Net of a checkpoint with its EMA (or raw) weights, in eval mode, and its schedule config.
+
+    The U-Net is built on the meta device and takes the checkpoint's tensors (checkpoints.load_weights
+    with ``assign``), so nothing is allocated for a config until its weights are known to match it.
+    """
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    state = load_checkpoint(path)
+    source = f"checkpoint {path}"
+    model_config, schedule_config = read_configs(state, source=source)
+    with torch.device("meta"):
+        model = UNet(model_config)
+    load_weights(model, state[weights], source=source, assign=True)
+    return model.to(device).eval(), schedule_config

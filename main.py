@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,10 +27,10 @@ import interrupts  # before torch: a Ctrl-C during the first imports ends in one
 if TYPE_CHECKING:
     import torch
 
+    from implementations import SamplerOptions
     from tensorrt_integration import TensorRTOptions
 
 PROG = "main.py"
-IMPLEMENTATIONS = ("original", "cuda", "onnxruntime", "tensorrt")
 SEED_MAX = 2**63 - 1
 
 
@@ -94,12 +93,14 @@ def seed(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     import benchmark
+    from artifacts import FORMATS
     from basic_diffusion import PRESETS
     from data import DATASETS
-    from export import DEFAULT_MAX_BATCH, FORMATS
+    from implementations import SAMPLE_IMPLEMENTATIONS
     from noise_schedule import SAMPLERS, SCHEDULES
     from precision import PRECISIONS
     from tensorrt_integration import BACKENDS
+    from unet_io import DEFAULT_MAX_BATCH
 
     p = Parser(
         prog=PROG,
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("sampling")
-    g.add_argument("--implementation", choices=IMPLEMENTATIONS, default="original")
+    g.add_argument("--implementation", choices=SAMPLE_IMPLEMENTATIONS, default="original")
     g.add_argument("--n_samples", type=int, default=16, help="images to draw")
     g.add_argument(
         "--sampler",
@@ -291,12 +292,12 @@ def resumed_trainer(args: argparse.Namespace, checkpoint: str, device: torch.dev
 
 
 def new_trainer(args: argparse.Namespace, checkpoint: str, device: torch.device):
-    import torch
 
     from basic_diffusion import count_parameters
     from data import default_shape, load_images
     from memory_budget import check_batch_fits
     from noise_schedule import ScheduleConfig
+    from precision import resolve as resolve_precision
     from training import TrainConfig, Trainer
 
     size, channels = default_shape(args.dataset)
@@ -313,9 +314,7 @@ def new_trainer(args: argparse.Namespace, checkpoint: str, device: torch.device)
     else:
         total = (args.n_epochs or 10) * images.steps_per_epoch(args.batch_size)
         total = min(total, args.max_steps) if args.max_steps else total
-    precision = args.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    precision = resolve_precision(args.precision, purpose="training", device=device)
     config = TrainConfig(
         dataset=args.dataset,
         total_steps=total,
@@ -363,10 +362,12 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     import torch
     from tqdm.auto import tqdm
 
-    from export import artifact_kind, check_implementation, load_artifact
+    import implementations
+    from artifacts import artifact_kind, load_artifact
     from image_files import SampleWriter, plan_outputs
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
+    from precision import resolve as resolve_precision
     from safe_files import check_outputs
 
     check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps, batch_size=args.batch_size)
@@ -382,9 +383,9 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
         raise ValueError(f"--output is the PNG grid and needs a name ending in .png, got {grid_path}")
     if args.save_npz and not args.save_npz.endswith(".npz"):
         raise ValueError(f"--save_npz needs a file name ending in .npz, got {args.save_npz}")
-    if args.precision not in ("auto", "fp32") and args.implementation == "original":
-        raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
-    check_implementation(artifact_kind(model_path), args.implementation)
+    precision = resolve_precision(args.precision, purpose="sampling", device=device)  # fp32: the original's images
+    implementation = implementations.get(args.implementation)
+    implementation.check(kind=artifact_kind(model_path), precision=precision)
     artifact = load_artifact(
         model_path, device=device, weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript
     )
@@ -400,14 +401,8 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
         args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
     )
     generator = torch.Generator(device).manual_seed(args.seed)
-    precision = "fp32" if args.precision == "auto" else args.precision  # fp32: the same images as original
-    draw = make_drawer(
-        args.implementation,
-        model,
-        plan,
-        precision=precision,
-        compile_model=args.compile,
-        tensorrt_options=tensorrt_options(args, source=artifact.path),
+    draw = implementations.make_drawer(
+        sampling_implementation(args), model, plan, options=sampler_options(args, precision, source=artifact.path)
     )
     # Batches of --batch_size in order, from one generator: memory stays that of one batch.
     sizes = [min(batch_size, args.n_samples - start) for start in range(0, args.n_samples, batch_size)]
@@ -420,9 +415,24 @@ def run_sample(args: argparse.Namespace, device: torch.device) -> None:
     print(f"wrote {', '.join(map(str, written))} ({args.n_samples} samples, {plan.sampler}, {plan.num_steps} steps)")
 
 
+def sampling_implementation(args: argparse.Namespace) -> str:
+    """The registry entry --implementation names: with --compile, cuda is cuda_compile (the U-Net
+    through torch.compile inside the graph); --compile applies to no other implementation."""
+    if args.compile and args.implementation != "cuda":
+        raise ValueError("--compile applies to training and to sampling with --implementation cuda")
+    return "cuda_compile" if args.compile else args.implementation
+
+
+def sampler_options(args: argparse.Namespace, precision: str, *, source: str | Path) -> SamplerOptions:
+    from implementations import SamplerOptions
+
+    return SamplerOptions(precision=precision, opset=args.opset, tensorrt=tensorrt_options(args, source=source))
+
+
 def tensorrt_options(args: argparse.Namespace, *, source: str | Path) -> TensorRTOptions:
     """The TensorRT flags, with the engine cache in a folder beside the checkpoint or ONNX file."""
-    from tensorrt_integration import TensorRTOptions, cache_dir_for
+    from engine_cache import cache_dir_for
+    from tensorrt_integration import TensorRTOptions
 
     return TensorRTOptions(
         backend=args.trt_backend,
@@ -433,93 +443,28 @@ def tensorrt_options(args: argparse.Namespace, *, source: str | Path) -> TensorR
     )
 
 
-def make_drawer(
-    implementation: str,
-    model,
-    plan,
-    *,
-    precision: str,
-    compile_model: bool = False,
-    tensorrt_options: TensorRTOptions | None = None,
-) -> Callable[..., torch.Tensor]:
-    """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation.
-
-    Whatever is costly to set up (an ONNX export, a captured graph, an engine) is built once per
-    batch shape and reused for every batch of that shape.
-    """
-    import optimized_diffusion
-    from basic_diffusion import sample
-
-    if implementation == "original":
-
-        def draw_original(shape, generator, progress):
-            with optimized_diffusion.backend_policy("fp32"):  # no TF32 in cuDNN: true fp32, like the other rows
-                return sample(model, plan, shape=shape, generator=generator, progress=progress)
-
-        return draw_original
-    if implementation == "onnxruntime":
-        import export
-
-        if precision != "fp32":
-            raise ValueError("the onnxruntime implementation runs the fp32 ONNX graph; drop --precision")
-        # Only the U-Net call goes through onnxruntime (a checkpoint's U-Net is exported in memory);
-        # the original loop draws the noise, so the images match the original's.
-        opset = tensorrt_options.opset if tensorrt_options is not None and tensorrt_options.opset else export.DEFAULT_OPSET
-        runtime_model = export.as_onnxruntime(model, device=plan.coefficients.device, opset=opset)
-        return lambda shape, generator, progress: sample(
-            runtime_model, plan, shape=shape, generator=generator, progress=progress
-        )
-    if implementation == "cuda":
-
-        def build(shape):
-            return optimized_diffusion.FusedSampler(
-                model, plan, shape=shape, precision=precision, compile_model=compile_model
-            )
-
-    elif implementation == "tensorrt":
-        import tensorrt_integration
-
-        def build(shape):
-            return tensorrt_integration.tensorrt_sampler(
-                model, plan, shape=shape, precision=precision, options=tensorrt_options
-            )
-
-    else:
-        raise ValueError(f"unknown implementation {implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
-    samplers = {}
-
-    def draw_fused(shape, generator, progress):
-        if shape not in samplers:
-            samplers[shape] = build(shape)
-        return samplers[shape](generator=generator, progress=progress)
-
-    return draw_fused
-
-
 def run_export(args: argparse.Namespace, device: torch.device) -> None:
-    import export
+    import artifacts
+    from engine_cache import metadata_path
+    from precision import resolve as resolve_precision
     from safe_files import check_outputs
 
     source = default_model_path(args)
-    output = args.output or export.default_output(source, args.format)
-    weights = "model" if args.no_ema else "ema"
+    output = args.output or artifacts.default_output(source, args.format)
     outputs = {"--output": output}
     if args.format == "tensorrt":
-        import tensorrt_integration
-
-        outputs["--output's metadata"] = tensorrt_integration.metadata_path(output)
+        outputs["--output's metadata"] = metadata_path(output)
     check_outputs(outputs, inputs={"--model_path": source})
-    if args.format == "tensorrt":
-        precision = "fp32" if args.precision == "auto" else args.precision
-        options = tensorrt_options(args, source=source)
-        lines = tensorrt_integration.export_engine(
-            source, output=output, weights=weights, device=device, precision=precision, options=options
-        )
-    else:
-        precision = "fp32" if args.precision == "auto" else args.precision
-        lines = export.export_checkpoint(
-            source, fmt=args.format, output=output, weights=weights, device=device, opset=args.opset, precision=precision
-        )
+    lines = artifacts.export_artifact(
+        source,
+        fmt=args.format,
+        output=output,
+        weights="model" if args.no_ema else "ema",
+        device=device,
+        precision=resolve_precision(args.precision, purpose="export", device=device),
+        opset=args.opset,
+        tensorrt_options=tensorrt_options(args, source=source) if args.format == "tensorrt" else None,
+    )
     for line in lines:
         print(line)
 
@@ -529,9 +474,10 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     import torch
 
     import benchmark
+    from artifacts import artifact_kind
     from basic_diffusion import UNet
+    from checkpoints import load_checkpoint_model
     from data import default_shape
-    from export import artifact_kind, load_checkpoint_model
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule, ScheduleConfig
     from safe_files import check_outputs
@@ -570,10 +516,12 @@ def run_evaluate(args: argparse.Namespace, device: torch.device) -> None:
     from tqdm.auto import tqdm
 
     import evaluate
+    import implementations
+    from artifacts import artifact_kind, load_artifact
     from checkpoints import load_checkpoint
-    from export import artifact_kind, check_implementation, load_artifact
     from memory_budget import check_batch_fits
     from noise_schedule import SAMPLERS, NoiseSchedule
+    from precision import resolve as resolve_precision
     from safe_files import check_outputs
 
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
@@ -587,7 +535,8 @@ def run_evaluate(args: argparse.Namespace, device: torch.device) -> None:
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the sweep)
     kind = artifact_kind(model_path)
-    check_implementation(kind, args.implementation)
+    precision = resolve_precision(args.precision, purpose="sampling", device=device)
+    implementations.get(args.implementation).check(kind=kind, precision=precision)
     artifact = load_artifact(
         model_path, device=device, weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript
     )
@@ -603,7 +552,6 @@ def run_evaluate(args: argparse.Namespace, device: torch.device) -> None:
     batch_size = min(args.batch_size, args.n_samples)
     check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
     schedule = NoiseSchedule(artifact.schedule_config).to(device)
-    precision = "fp32" if args.precision == "auto" else args.precision
     print(f"fitting the digit classifier and feature space to the real digits at {s}x{s} ...")
     judge = evaluate.DigitJudge(image_size=s, seed=args.seed)
     sizes = [min(batch_size, args.n_samples - start) for start in range(0, args.n_samples, batch_size)]
@@ -613,10 +561,9 @@ def run_evaluate(args: argparse.Namespace, device: torch.device) -> None:
             sampler, num_steps=num_steps, eta=args.eta if sampler == "ddim" else 0.0, clip_denoised=not args.no_clip,
             device=device,
         )  # fmt: skip
-        drawer = make_drawer(
-            args.implementation, model, plan, precision=precision, compile_model=args.compile,
-            tensorrt_options=tensorrt_options(args, source=artifact.path),
-        )  # fmt: skip
+        drawer = implementations.make_drawer(
+            sampling_implementation(args), model, plan, options=sampler_options(args, precision, source=artifact.path)
+        )
         generator = torch.Generator(device).manual_seed(args.seed)  # the same noise for every row
         batches = [
             drawer((size, c, s, s), generator, False).float().cpu()  # sync: the batch leaves the device

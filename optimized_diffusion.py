@@ -58,7 +58,7 @@ from torch import nn
 
 from checkpoints import first_line
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, p_step
-from precision import autocast, check_precision
+from precision import autocast, backend_policy, check_precision
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,19 +196,6 @@ def gather_timestep_(t: torch.Tensor, *, timesteps: torch.Tensor, step: torch.Te
 # --------------------------------------------------------------------------------------------
 # The sampler
 # --------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def backend_policy(precision: str) -> Iterator[None]:
-    """cuDNN autotuning on; TF32 off for fp32 (exact fp32), on for bf16/fp16. Restored on exit."""
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    saved = (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
-    tf32 = precision != "fp32"
-    cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = True, tf32, tf32
-    try:
-        yield
-    finally:
-        cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
 
 
 def _default_generator(device: torch.device) -> torch.Generator:

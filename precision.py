@@ -1,4 +1,4 @@
-"""Precision names, and a U-Net with autocast's mixed-precision policy written into the model itself.
+"""Precision names, how "auto" resolves, the TF32/cuDNN policy, and a U-Net with autocast's mixed-precision policy written into the model itself.
 
 Strongly typed runtimes (TensorRT 11, TensorRT 10.12+ with ``STRONGLY_TYPED``, Torch-TensorRT 2.10+)
 run every layer in the dtype of its inputs and weights: there is no flag that turns fp16 on. So
@@ -20,7 +20,9 @@ tried or measured here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -34,6 +36,29 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     return precision
+
+
+def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
+    """The precision ``--precision`` names: "auto" is bf16 for training on a GPU that supports it
+    (fp32 elsewhere), and fp32 for sampling and export, where fp32 draws the original's images."""
+    if requested != "auto":
+        return check_precision(requested)
+    if purpose == "training" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+@contextlib.contextmanager
+def backend_policy(precision: str) -> Iterator[None]:
+    """cuDNN autotuning on; TF32 off for fp32 (exact fp32), on for bf16/fp16. Restored on exit."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    tf32 = precision != "fp32"
+    cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = True, tf32, tf32
+    try:
+        yield
+    finally:
+        cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
 
 
 def autocast(device_type: str, precision: str, *, cache_enabled: bool = True) -> torch.autocast:

@@ -31,6 +31,7 @@ import optimized_diffusion as od  # noqa: E402
 from basic_diffusion import UNet, unet_preset  # noqa: E402
 from basic_diffusion import sample as original_sample  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig, p_step  # noqa: E402
+from precision import backend_policy  # noqa: E402
 
 DEVICE = torch.device("cuda")
 
@@ -71,7 +72,7 @@ def bench_sampling(args: argparse.Namespace) -> dict:
     shape = (args.batch, args.channels, args.image_size, args.image_size)
 
     def original():
-        with od.backend_policy("fp32"):  # true fp32, the same numerics as the cuda fp32 path
+        with backend_policy("fp32"):  # true fp32, the same numerics as the cuda fp32 path
             return original_sample(model, plan, shape=shape, generator=torch.Generator(device).manual_seed(0))
 
     results: dict = {}

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import optimized_diffusion as od  # noqa: E402
 from bench_sampling import cuda_time_ms, random_unet  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig  # noqa: E402
+from precision import backend_policy  # noqa: E402
 
 
 def graphed_forward_ms(model, *, shape, precision, channels_last, repeats=50):
@@ -39,7 +40,7 @@ def graphed_forward_ms(model, *, shape, precision, channels_last, repeats=50):
     t = torch.full((shape[0],), 500, device="cuda", dtype=torch.long)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     ac = lambda: torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None, cache_enabled=False)  # noqa: E731
-    with torch.no_grad(), od.backend_policy(precision):
+    with torch.no_grad(), backend_policy(precision):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), ac():
@@ -61,7 +62,7 @@ def profile_table(model, *, shape, precision, compiled: bool, path: Path) -> Non
         model = torch.compile(model, dynamic=False)
     x = torch.randn(shape, device="cuda").contiguous(memory_format=torch.channels_last)
     t = torch.full((shape[0],), 500, device="cuda", dtype=torch.long)
-    with torch.no_grad(), od.backend_policy(precision), torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.no_grad(), backend_policy(precision), torch.autocast("cuda", dtype=torch.bfloat16):
         for _ in range(3):
             model(x, t)
         torch.cuda.synchronize()

@@ -24,7 +24,10 @@ from torch import nn
 
 import checkpoints
 import export
-import tensorrt_integration as trt_integration
+import artifacts
+import engine_cache
+import runtimes
+import unet_io
 from basic_diffusion import UNetConfig
 from checkpoints import load_checkpoint, load_weights, parse_json, save_checkpoint
 from noise_schedule import ScheduleConfig
@@ -50,7 +53,7 @@ def refused(call, match: str, *, unchanged: Path | None = None) -> str:
 
 
 def metadata(model_config: UNetConfig = CONFIG, **extra) -> dict:
-    return export.artifact_metadata(model_config=model_config, schedule_config=SCHEDULE, weights="ema", **extra)
+    return unet_io.artifact_metadata(model_config=model_config, schedule_config=SCHEDULE, weights="ema", **extra)
 
 
 def checkpoint_state(model_config: dict, weights: dict) -> dict:
@@ -107,18 +110,18 @@ def save_script(module: nn.Module, path: Path) -> Path:
 def test_a_torchscript_file_runs_no_code_without_trust(tmp_path):
     marker = tmp_path / "marker"
     hostile = save_script(WritesAFileWhenLoaded(str(marker)), tmp_path / "hostile.ts")
-    refused(lambda: export.load_artifact(hostile, device=CPU), "--trust_torchscript", unchanged=hostile)
-    refused(lambda: export.load_torchscript(hostile, device=CPU, trusted=False), "a program", unchanged=hostile)
+    refused(lambda: artifacts.load_artifact(hostile, device=CPU), "--trust_torchscript", unchanged=hostile)
+    refused(lambda: runtimes.load_torchscript(hostile, device=CPU, trusted=False), "a program", unchanged=hostile)
     assert not marker.exists()
     # The control: with consent the file's code runs, so the refusal above is what kept the marker away.
-    export.load_artifact(hostile, device=CPU, trust_torchscript=True)
+    artifacts.load_artifact(hostile, device=CPU, trust_torchscript=True)
     assert marker.exists()
 
 
 def test_a_trusted_torchscript_file_that_fails_when_run_is_one_line(tmp_path):
     path = save_script(FailsWhenRun(), tmp_path / "fails.ts")
-    artifact = export.load_artifact(path, device=CPU, trust_torchscript=True)
-    x_t, t = export.UNetIO.from_config(CONFIG).example_inputs(2)
+    artifact = artifacts.load_artifact(path, device=CPU, trust_torchscript=True)
+    x_t, t = unet_io.UNetIO.from_config(CONFIG).example_inputs(2)
     message = refused(lambda: artifact.model(x_t, t), "fails.ts failed when run")
     assert "the archive's own error" in message
 
@@ -128,7 +131,7 @@ def test_a_torchscript_archive_renamed_to_pt_runs_no_code(tmp_path, recwarn):
     renamed = save_script(WritesAFileWhenLoaded(str(marker)), tmp_path / "hostile.pt")
     recwarn.clear()
     refused(lambda: load_checkpoint(renamed), "is a TorchScript archive", unchanged=renamed)
-    refused(lambda: export.load_artifact(renamed, device=CPU), "is a TorchScript archive", unchanged=renamed)
+    refused(lambda: artifacts.load_artifact(renamed, device=CPU), "is a TorchScript archive", unchanged=renamed)
     assert not marker.exists()
     assert not [w for w in recwarn if "TorchScript" in str(w.message)]  # torch.load never saw it
 
@@ -142,7 +145,7 @@ def onnx_bytes() -> bytes:
 
 
 def set_metadata(proto, value: str) -> None:
-    (entry,) = [e for e in proto.metadata_props if e.key == export.METADATA_KEY]
+    (entry,) = [e for e in proto.metadata_props if e.key == unet_io.METADATA_KEY]
     entry.value = value
 
 
@@ -191,7 +194,7 @@ def test_an_onnx_file_is_validated_before_a_session_is_created(tmp_path, monkeyp
 
     good = tmp_path / "good.onnx"
     good.write_bytes(onnx_bytes)
-    assert export.load_artifact(good, device=CPU).model_config == CONFIG  # the control: untampered, it loads
+    assert artifacts.load_artifact(good, device=CPU).model_config == CONFIG  # the control: untampered, it loads
     proto = onnx.load_model_from_string(onnx_bytes)
     tamper(proto)
     path = tmp_path / "tampered.onnx"
@@ -201,7 +204,7 @@ def test_an_onnx_file_is_validated_before_a_session_is_created(tmp_path, monkeyp
         pytest.fail("an onnxruntime session was created for an invalid file")
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", no_session)
-    refused(lambda: export.load_artifact(path, device=CPU), match, unchanged=path)
+    refused(lambda: artifacts.load_artifact(path, device=CPU), match, unchanged=path)
 
 
 def test_opset_must_be_in_the_supported_range():
@@ -254,7 +257,7 @@ def test_weights_that_do_not_match_their_config_are_named_in_one_line(tmp_path):
     weights = dict(model.state_dict())
     good = tmp_path / "good.pt"
     save_checkpoint(good, checkpoint_state(CONFIG.to_dict(), weights))
-    loaded, _ = export.load_checkpoint_model(good)  # the control: matching weights load, strictly
+    loaded, _ = checkpoints.load_checkpoint_model(good)  # the control: matching weights load, strictly
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), weights.values()))
 
     first, conv = next(iter(weights)), "conv_in.weight"
@@ -264,7 +267,7 @@ def test_weights_that_do_not_match_their_config_are_named_in_one_line(tmp_path):
     bad = tmp_path / "bad.pt"
     save_checkpoint(bad, checkpoint_state(CONFIG.to_dict(), bad_weights))
     match = f"checkpoint {bad}: its weights do not match its model config ("
-    message = refused(lambda: export.load_checkpoint_model(bad), match, unchanged=bad)
+    message = refused(lambda: checkpoints.load_checkpoint_model(bad), match, unchanged=bad)
     assert f"1 missing, e.g. {first!r}; 1 unexpected, e.g. 'extra.weight'; " in message
     assert f"shape of {conv!r} is [3, 3] but the config makes {list(weights[conv].shape)}" in message
     # The helper training reuses, on a real (not meta) model:
@@ -283,31 +286,31 @@ def test_metadata_json_is_size_and_depth_limited(tmp_path):
     # An engine's metadata file, read strictly without TensorRT: deep, then a sha256 that would break the line.
     engine = tmp_path / "u.engine"
     engine.write_bytes(b"engine bytes")
-    sidecar = trt_integration.metadata_path(engine)
+    sidecar = engine_cache.metadata_path(engine)
     sidecar.write_text("[" * 100_000 + "]" * 100_000)
-    refused(lambda: trt_integration.read_engine_metadata(engine), "nests deeper than 32 levels", unchanged=sidecar)
+    refused(lambda: engine_cache.read_engine_metadata(engine), "nests deeper than 32 levels", unchanged=sidecar)
     environment = {"tensorrt_version": "10.9.0", "gpu_name": "NVIDIA H100", "compute_capability": "9.0"}
     meta = {**metadata(), **environment, "metadata_version": 1, "batch_range": [1, 16, 64], "sha256": "0" * 64}
     sidecar.write_text(json.dumps(meta))
-    assert trt_integration.read_engine_metadata(engine)[3] == export.BatchRange(1, 16, 64)
+    assert engine_cache.read_engine_metadata(engine)[3] == unet_io.BatchRange(1, 16, 64)
     sidecar.write_text(json.dumps({**meta, "sha256": "ab\ncd", "batch_range": [4, 2, 1]}))
-    refused(lambda: trt_integration.read_engine_metadata(engine), "holds an invalid sha256 'ab\\ncd'; batch_range")
+    refused(lambda: engine_cache.read_engine_metadata(engine), "holds an invalid sha256 'ab\\ncd'; batch_range")
 
 
 # ----- files larger than their kind's limit are not read ------------------------------------------
 
 
 def load_engine_metadata(path: Path) -> None:
-    trt_integration.read_engine_metadata(path.with_name(path.name.removesuffix(".json")))
+    engine_cache.read_engine_metadata(path.with_name(path.name.removesuffix(".json")))
 
 
 @pytest.mark.parametrize(
     "kind,name,load",
     [
         ("checkpoint", "m.pt", load_checkpoint),
-        ("checkpoint", "m.pt", lambda p: export.load_artifact(p, device=CPU)),
-        ("torchscript", "m.ts", lambda p: export.load_artifact(p, device=CPU, trust_torchscript=True)),
-        pytest.param("onnx", "m.onnx", lambda p: export.load_artifact(p, device=CPU), marks=needs_onnx),
+        ("checkpoint", "m.pt", lambda p: artifacts.load_artifact(p, device=CPU)),
+        ("torchscript", "m.ts", lambda p: artifacts.load_artifact(p, device=CPU, trust_torchscript=True)),
+        pytest.param("onnx", "m.onnx", lambda p: artifacts.load_artifact(p, device=CPU), marks=needs_onnx),
         ("metadata", "m.engine.json", load_engine_metadata),
         ("tensorrt", "m.engine", lambda p: checkpoints.check_file_size(p, kind="tensorrt")),
     ],

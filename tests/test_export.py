@@ -26,12 +26,17 @@ import pytest
 import torch
 
 import export
+import artifacts
+import checkpoints
+import engine_cache
+import runtimes
+import unet_io
 import main
 import tensorrt_integration as trt_integration
 from basic_diffusion import UNet, UNetConfig
 from basic_diffusion import sample as original_sample
 from data import load_images
-from export import BatchRange, UNetIO
+from unet_io import BatchRange, UNetIO
 from noise_schedule import NoiseSchedule, ScheduleConfig
 from optimized_diffusion import FusedSampler
 from training import TrainConfig, Trainer
@@ -63,7 +68,7 @@ def random_unet() -> UNet:
 @pytest.fixture(scope="module")
 def random_onnx() -> tuple[UNet, object]:
     model = random_unet()
-    metadata = export.artifact_metadata(model_config=CONFIG, schedule_config=SCHEDULE, weights="ema")
+    metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=SCHEDULE, weights="ema")
     return model, export.export_onnx_model(model, metadata=metadata)
 
 
@@ -135,26 +140,26 @@ def test_onnx_export_has_the_spec_io_native_groupnorm_and_dynamic_batch(random_o
     assert "GroupNormalization" in {node.op_type for node in proto.graph.node}
     inputs = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
     assert inputs["x_t"][1:] == [1, 16, 16] and isinstance(inputs["x_t"][0], str) and inputs["t"] == inputs["x_t"][:1]
-    stored = {p.key: p.value for p in proto.metadata_props}[export.METADATA_KEY]
-    model_config, schedule_config, _ = export.parse_artifact_metadata(stored, source=Path("random.onnx"))
+    stored = {p.key: p.value for p in proto.metadata_props}[unet_io.METADATA_KEY]
+    model_config, schedule_config, _ = unet_io.parse_artifact_metadata(stored, source=Path("random.onnx"))
     assert (model_config, schedule_config) == (CONFIG, SCHEDULE)
 
 
 @needs_onnx
 def test_onnx_export_of_random_weights_matches_pytorch_through_onnxruntime(random_onnx):
     model, proto = random_onnx
-    runtime = export.OnnxRuntimeUNet(
-        export.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
+    runtime = runtimes.OnnxRuntimeUNet(
+        runtimes.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
     )
-    diff = export.max_abs_diff(runtime, model, io=IO, batch_sizes=(1, 2, 5))
+    diff = unet_io.max_abs_diff(runtime, model, io=IO, batch_sizes=(1, 2, 5))
     assert diff < 1e-4, diff
 
 
 @needs_onnx
 def test_onnxruntime_io_binding_takes_any_layout_and_returns_a_fresh_tensor(random_onnx):
     model, proto = random_onnx
-    runtime = export.OnnxRuntimeUNet(
-        export.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
+    runtime = runtimes.OnnxRuntimeUNet(
+        runtimes.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
     )
     assert runtime.provider == "CPUExecutionProvider"
     g = torch.Generator().manual_seed(3)
@@ -172,8 +177,8 @@ def test_onnxruntime_io_binding_takes_any_layout_and_returns_a_fresh_tensor(rand
 @needs_onnx
 def test_onnxruntime_implementation_draws_the_original_images(random_onnx):
     model, proto = random_onnx
-    runtime = export.OnnxRuntimeUNet(
-        export.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
+    runtime = runtimes.OnnxRuntimeUNet(
+        runtimes.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
     )
     plan = NoiseSchedule(SCHEDULE).make_plan("ddpm", num_steps=6)
     ours = original_sample(runtime, plan, shape=(3, 1, 16, 16), generator=torch.Generator().manual_seed(1))
@@ -188,11 +193,11 @@ def test_cli_exports_of_a_trained_checkpoint_match_pytorch(workdir, exported):
         diff = float(re.search(r"max abs diff ([0-9.e+-]+) at batch sizes 1, 3, 8", report).group(1))
         assert diff < 1e-4, report
     # Independently of the CLI's own report: the files against the checkpoint's EMA U-Net.
-    model, _ = export.load_checkpoint_model(workdir / "ck.pt")
-    onnx_model = export.load_artifact(workdir / "ck.onnx", device=torch.device("cpu")).model
-    script = export.load_artifact(workdir / "ck.ts", device=torch.device("cpu"), trust_torchscript=True).model
-    assert export.max_abs_diff(onnx_model, model, io=IO, batch_sizes=(1, 4, 7), seed=5) < 1e-4
-    assert export.max_abs_diff(script, model, io=IO, batch_sizes=(2,), seed=5) < 1e-5
+    model, _ = checkpoints.load_checkpoint_model(workdir / "ck.pt")
+    onnx_model = artifacts.load_artifact(workdir / "ck.onnx", device=torch.device("cpu")).model
+    script = artifacts.load_artifact(workdir / "ck.ts", device=torch.device("cpu"), trust_torchscript=True).model
+    assert unet_io.max_abs_diff(onnx_model, model, io=IO, batch_sizes=(1, 4, 7), seed=5) < 1e-4
+    assert unet_io.max_abs_diff(script, model, io=IO, batch_sizes=(2,), seed=5) < 1e-5
     x_t, t = IO.example_inputs(4, generator=torch.Generator().manual_seed(5))
     assert model(x_t, t).abs().max() > 1e-2  # the trained eps is not trivially zero
 
@@ -223,12 +228,12 @@ def test_sampling_from_every_artifact_gives_the_checkpoints_images(workdir, expo
 
 def test_onnxruntime_prefers_the_gpu_providers_where_installed():
     gpu_build = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-    assert export.onnxruntime_providers(gpu_build, device_type="cpu") == ["CPUExecutionProvider"]
-    chosen = export.onnxruntime_providers(gpu_build, device_type="cuda", trt_cache_dir=Path("cache"))
+    assert runtimes.onnxruntime_providers(gpu_build, device_type="cpu") == ["CPUExecutionProvider"]
+    chosen = runtimes.onnxruntime_providers(gpu_build, device_type="cuda", trt_cache_dir=Path("cache"))
     assert [p if isinstance(p, str) else p[0] for p in chosen] == gpu_build
     assert chosen[0][1]["trt_engine_cache_enable"]  # TensorRT's provider builds engines: cache them
     assert chosen[1][1]["use_tf32"] == "0"  # the fp32 rows compute true fp32, like the original
-    assert export.onnxruntime_providers(["CPUExecutionProvider"], device_type="cuda") == ["CPUExecutionProvider"]
+    assert runtimes.onnxruntime_providers(["CPUExecutionProvider"], device_type="cuda") == ["CPUExecutionProvider"]
 
 
 # ----- the tensorrt implementation's own logic (no engine runs here) ----------------------------------
@@ -256,7 +261,7 @@ def key(**changes) -> dict:
                   optimization_level=3)  # fmt: skip
     environment.update({k: v for k, v in changes.items() if k in environment})
     fields.update({k: v for k, v in changes.items() if k not in environment})
-    return trt_integration.engine_key(**fields)
+    return engine_cache.engine_key(**fields)
 
 
 class FakeBuilder:
@@ -272,7 +277,7 @@ class FakeBuilder:
 
 def test_engine_key_records_everything_an_engine_depends_on_as_json():
     stored = json.loads(json.dumps(key()))  # what a metadata file gives back
-    assert trt_integration.key_mismatches(stored, key()) == []
+    assert engine_cache.key_mismatches(stored, key()) == []
     for field in ("tensorrt_version", "gpu_name", "compute_capability", "onnx_sha256", "precision",
                   "builder_optimization_level", "shapes"):  # fmt: skip
         assert field in stored
@@ -293,47 +298,47 @@ def test_engine_key_records_everything_an_engine_depends_on_as_json():
 )
 def test_any_metadata_difference_rebuilds_the_engine(tmp_path, change):
     engine_path, build, logs = tmp_path / "unet_fp16.engine", FakeBuilder(), []
-    first = trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
-    again = trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
+    first = engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
+    again = engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
     assert first == again == b"serialized engine #1" and build.builds == 1  # a matching cache is reused
-    rebuilt = trt_integration.get_or_build_engine(engine_path, key=key(**change), build=build, log=logs.append)
+    rebuilt = engine_cache.get_or_build_engine(engine_path, key=key(**change), build=build, log=logs.append)
     assert rebuilt == b"serialized engine #2" and build.builds == 2
     assert "other settings" in logs[-1]
-    meta = trt_integration.read_metadata(trt_integration.metadata_path(engine_path))
-    assert trt_integration.key_mismatches(meta, key(**change)) == []  # the new metadata describes the new engine
+    meta = engine_cache.read_metadata(engine_cache.metadata_path(engine_path))
+    assert engine_cache.key_mismatches(meta, key(**change)) == []  # the new metadata describes the new engine
 
 
 def test_an_engine_whose_sha256_differs_is_refused_not_deserialized(tmp_path):
     engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
-    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
     engine_path.write_bytes(b"serialized engine #1, tampered with")
-    with pytest.raises(trt_integration.IntegrityError, match="refusing to load"):
-        trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    with pytest.raises(engine_cache.IntegrityError, match="refusing to load"):
+        engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
     assert build.builds == 1
 
 
 def test_missing_or_corrupt_metadata_rebuilds(tmp_path):
     engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
-    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-    trt_integration.metadata_path(engine_path).write_text("{not json")
-    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-    trt_integration.metadata_path(engine_path).unlink()
-    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    engine_cache.metadata_path(engine_path).write_text("{not json")
+    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    engine_cache.metadata_path(engine_path).unlink()
+    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
     assert build.builds == 3
 
 
 def test_a_crash_while_storing_leaves_a_rebuild_not_a_refusal(tmp_path, monkeypatch):
     engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
-    trt_integration.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
+    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
 
     def crash(path, write):
         raise OSError("disk full")
 
-    monkeypatch.setattr(trt_integration, "atomic_write", crash)
+    monkeypatch.setattr(engine_cache, "atomic_write", crash)
     with pytest.raises(OSError):
-        trt_integration.store_with_metadata(engine_path, b"new engine", key())
+        engine_cache.store_with_metadata(engine_path, b"new engine", key())
     monkeypatch.undo()
-    assert trt_integration.lookup_engine(engine_path, key()).data is None  # rebuild, no IntegrityError
+    assert engine_cache.lookup_engine(engine_path, key()).data is None  # rebuild, no IntegrityError
 
 
 def test_engine_io_is_checked_against_the_spec():
@@ -367,7 +372,7 @@ def test_engine_io_is_checked_against_the_spec():
     ],
 )  # fmt: skip
 def test_the_engine_build_follows_the_tensorrt_version(version, precision, strongly_typed, graph, flags, pin, opset):
-    plan = trt_integration.build_plan(version, precision)
+    plan = engine_cache.build_plan(version, precision)
     assert (plan.strongly_typed, plan.graph_precision, plan.builder_flags) == (strongly_typed, graph, flags)
     assert (plan.pin_time_embedding, plan.opset) == (pin, opset)
     # Nothing TensorRT 11 removed is ever asked of it.
@@ -376,13 +381,13 @@ def test_the_engine_build_follows_the_tensorrt_version(version, precision, stron
 
 
 def test_opsets_a_tensorrt_version_cannot_parse_are_refused_in_one_line():
-    assert trt_integration.build_plan("11.4.1", "fp16", opset=18).opset == 18  # an explicit choice is kept
+    assert engine_cache.build_plan("11.4.1", "fp16", opset=18).opset == 18  # an explicit choice is kept
     with pytest.raises(ValueError, match="opset 18"):
-        trt_integration.build_plan("10.8.0", "fp32", opset=21)
+        engine_cache.build_plan("10.8.0", "fp32", opset=21)
     with pytest.raises(ValueError, match="opset 22"):
-        trt_integration.build_plan("11.4.1", "bf16", opset=21)
+        engine_cache.build_plan("11.4.1", "bf16", opset=21)
     with pytest.raises(ValueError, match="too old"):
-        trt_integration.build_plan("8.6.1", "fp32")
+        engine_cache.build_plan("8.6.1", "fp32")
 
 
 @pytest.mark.parametrize(
@@ -397,13 +402,13 @@ def test_opsets_a_tensorrt_version_cannot_parse_are_refused_in_one_line():
     ],
 )  # fmt: skip
 def test_torch_tensorrt_gets_the_arguments_its_version_honours(version, precision, mixed, arguments):
-    assert trt_integration.torch_tensorrt_arguments(version, precision) == (mixed, arguments)
+    assert engine_cache.torch_tensorrt_arguments(version, precision) == (mixed, arguments)
 
 
 def test_an_old_torch_tensorrt_is_refused_for_reduced_precision_not_built_in_fp32():
     with pytest.raises(ValueError, match="upgrade"):
-        trt_integration.torch_tensorrt_arguments("2.5.1", "fp16")
-    assert trt_integration.torch_tensorrt_arguments("2.5.1", "fp32") == (False, {"enabled_precisions": {torch.float32}})
+        engine_cache.torch_tensorrt_arguments("2.5.1", "fp16")
+    assert engine_cache.torch_tensorrt_arguments("2.5.1", "fp32") == (False, {"enabled_precisions": {torch.float32}})
 
 
 def test_weak_typing_pins_exactly_the_layers_that_depend_only_on_t():

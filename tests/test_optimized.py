@@ -17,6 +17,7 @@ import optimized_diffusion as od
 from basic_diffusion import UNet, UNetConfig
 from basic_diffusion import sample as original_sample
 from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
+from precision import backend_policy
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -85,7 +86,7 @@ def both(model, plan, *, seed: int, device: str = "cpu", **options):
     """(original images, cuda images, original generator, cuda generator) from the same seed."""
     g_original = torch.Generator(device).manual_seed(seed)
     g_cuda = torch.Generator(device).manual_seed(seed)
-    with od.backend_policy("fp32"):  # the original in true fp32 too (PyTorch lets cuDNN use TF32)
+    with backend_policy("fp32"):  # the original in true fp32 too (PyTorch lets cuDNN use TF32)
         expected = original_sample(model, plan, shape=SHAPE, generator=g_original)
     actual = od.sample(model, plan, shape=SHAPE, generator=g_cuda, **options)
     return expected, actual, g_original, g_cuda
@@ -241,7 +242,7 @@ def test_a_step_that_capture_refuses_samples_eagerly_with_a_notice_cuda():
     assert not sampler.captured and sampler.capture_error
     assert len(notes) == 1 and "sampling eagerly" in notes[0]
     g = torch.Generator("cuda").manual_seed(6)
-    with od.backend_policy("fp32"):
+    with backend_policy("fp32"):
         expected = original_sample(model, plan, shape=SHAPE, generator=torch.Generator("cuda").manual_seed(6))
     torch.testing.assert_close(sampler(generator=g), expected, rtol=1e-5, atol=1e-5)
 

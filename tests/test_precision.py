@@ -9,15 +9,15 @@ mixed-precision U-Net; the CLI exports a mixed-precision ONNX file that onnxrunt
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import json
 
 import pytest
 import torch
 
 import export
+import runtimes
+import unet_io
 import main
 from basic_diffusion import UNet, UNetConfig
 from precision import CastInput, Float32, mixed_precision_unet
@@ -76,7 +76,7 @@ def test_a_bf16_graph_needs_opset_22(precision):
 @pytest.fixture(scope="module")
 def graphs() -> dict:
     model = random_unet()
-    metadata = export.artifact_metadata(model_config=CONFIG, schedule_config=None, weights=None)
+    metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=None, weights=None)
     return {
         precision: export.export_onnx_model(model, metadata=metadata, opset=export.default_opset(precision), precision=precision)
         for precision in ("fp16", "bf16")
@@ -123,8 +123,8 @@ def test_the_graph_computes_the_time_embedding_norms_and_softmax_in_fp32(graphs,
 @needs_onnx
 def test_onnxruntime_runs_the_fp16_graph_like_pytorch_runs_the_mixed_unet(graphs):
     model = random_unet()
-    session = export.onnxruntime_session(graphs["fp16"].SerializeToString(), device=torch.device("cpu"))
-    runtime = export.OnnxRuntimeUNet(session, io=export.UNetIO.from_config(CONFIG))
+    session = runtimes.onnxruntime_session(graphs["fp16"].SerializeToString(), device=torch.device("cpu"))
+    runtime = runtimes.OnnxRuntimeUNet(session, io=unet_io.UNetIO.from_config(CONFIG))
     x, t = torch.randn(4, 1, 8, 8), torch.tensor([999, 600, 20, 0])
     with torch.no_grad():
         eps, mixed, reference = runtime(x, t), mixed_precision_unet(model, "fp16")(x, t), model(x, t)

@@ -26,6 +26,7 @@ import pytest
 import torch
 from PIL import Image
 
+import implementations
 import interrupts
 import main
 from checkpoints import load_checkpoint, save_checkpoint
@@ -412,7 +413,7 @@ def test_cpu_out_of_memory_ends_in_one_line(cli, work, monkeypatch):
 
         return draw
 
-    monkeypatch.setattr(main, "make_drawer", exhausted)
+    monkeypatch.setattr(implementations, "make_drawer", exhausted)
     refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "oom.png", cwd=work), "the machine ran out of memory")
     assert not (work / "oom.png").exists()
 

@@ -1,0 +1,197 @@
+"""The implementations that sample, each declared once: what it accepts and how it is built.
+
+    impl = get("cuda")
+    impl.check(kind="checkpoint", precision="bf16", device=device)   # one-line ValueError if not
+    network = impl.prepare(model, options)                           # once per model (export, compile, trace)
+    sampler = impl.build(network, plan, shape=(16, 1, 28, 28), options=options)   # once per batch shape
+    images = sampler(generator=torch.Generator(device).manual_seed(0), progress=False)   # (B, C, H, W), [-1, 1]
+
+Sample mode (``--implementation``), evaluate mode and benchmark mode (``--rows``) all look
+implementations up here, so they build them the same way; adding one is one entry in
+:data:`REGISTRY`. Every implementation takes its coefficients from ``plan`` (noise_schedule.py)
+and draws its noise from the caller's generator in the original loop's order, so with one seed
+they all draw the same images (to float tolerance in fp32).
+
+The fp32 implementations run under ``precision.backend_policy("fp32")``: no TF32 in cuDNN or
+cuBLAS, true fp32 like the fused cuda implementation's fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import nn
+
+from artifacts import KIND_NAMES
+from precision import PRECISIONS, backend_policy
+
+if TYPE_CHECKING:
+    from noise_schedule import SamplingPlan
+    from tensorrt_integration import TensorRTOptions
+
+ALL_KINDS = tuple(KIND_NAMES)
+
+
+class Sampler(Protocol):
+    def __call__(self, *, generator: torch.Generator, progress: bool = False) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class SamplerOptions:
+    """What an implementation may need besides the model and plan (each reads what applies to it)."""
+
+    precision: str = "fp32"
+    opset: int | None = None  # the ONNX opset of an in-memory export (None: export.DEFAULT_OPSET)
+    tensorrt: TensorRTOptions | None = None  # engines: profile, builder level, cache folder
+    log: Callable[[str], None] = print  # one-line notices (an engine built, a graph capture refused)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    summary: str
+    build: Callable[..., Sampler]  # build(network, plan, *, shape, options) -> Sampler
+    prepare: Callable[[nn.Module, SamplerOptions], nn.Module] = lambda model, options: model
+    kinds: tuple[str, ...] = ("checkpoint",)  # artifact kinds it runs
+    precisions: tuple[str, ...] = ("fp32",)
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    in_sample_mode: bool = True  # offered by --implementation (else a benchmark row only)
+    default_row_on: tuple[str, ...] = ("cpu", "cuda")  # benchmark --rows all includes it on these devices
+
+    def check(self, *, kind: str | None = None, precision: str | None = None, device: torch.device | None = None) -> None:
+        """One-line ValueError if this implementation cannot run ``kind`` files, ``precision`` or ``device``."""
+        if kind is not None and kind not in self.kinds:
+            runs = [i.name for i in REGISTRY.values() if i.in_sample_mode and kind in i.kinds]
+            raise ValueError(
+                f"the {self.name} implementation cannot run {KIND_NAMES[kind]} files; "
+                f"use --implementation {' or '.join(runs)}, or sample from the checkpoint"
+            )
+        if precision is not None and precision not in self.precisions:
+            if self.name == "original":
+                raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
+            raise ValueError(f"the {self.name} implementation runs in {' or '.join(self.precisions)}; drop --precision {precision}")
+        if device is not None and device.type not in self.devices:
+            raise ValueError(f"the {self.name} implementation needs a {' or '.join(d.upper() for d in self.devices)} device")
+
+
+# ----- builders ------------------------------------------------------------------------------------
+def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
+    """The original loop (basic_diffusion.sample) around any eps = network(x_t, t), in true fp32."""
+    from basic_diffusion import sample
+
+    def run(*, generator: torch.Generator, progress: bool = False) -> torch.Tensor:
+        with backend_policy("fp32"):
+            return sample(network, plan, shape=shape, generator=generator, progress=progress)
+
+    return run
+
+
+def _fused(compile_model: bool) -> Callable[..., Sampler]:
+    def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
+        try:
+            import optimized_diffusion
+        except ImportError as exc:  # the extension neither built nor buildable here
+            raise ImportError(f"the cuda implementation's extension is not built: {exc}") from exc
+        return optimized_diffusion.FusedSampler(
+            network, plan, shape=shape, precision=options.precision, compile_model=compile_model, log=options.log
+        )
+
+    return build
+
+
+def _tensorrt(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
+    import tensorrt_integration
+
+    return tensorrt_integration.tensorrt_sampler(
+        network, plan, shape=shape, precision=options.precision, options=options.tensorrt, log=options.log
+    )
+
+
+def _as_onnxruntime(model: nn.Module, options: SamplerOptions) -> nn.Module:
+    # Only the U-Net call goes through onnxruntime (a checkpoint's U-Net exported in memory); the
+    # original loop draws the noise, so the images match the original's.
+    import export
+    import runtimes
+
+    weight = next(model.parameters(), None)  # None: an .onnx file's model, returned as it is
+    device = weight.device if weight is not None else torch.device("cpu")
+    return runtimes.as_onnxruntime(model, device=device, opset=options.opset or export.DEFAULT_OPSET)
+
+
+def _torchscript(model: nn.Module, options: SamplerOptions) -> nn.Module:
+    import export
+
+    return export.trace_torchscript(model)
+
+
+def _compiled(model: nn.Module, options: SamplerOptions) -> nn.Module:
+    on_gpu = any(p.is_cuda for p in model.parameters())
+    return torch.compile(model, mode="max-autotune" if on_gpu else "default")
+
+
+REGISTRY: dict[str, Implementation] = {
+    impl.name: impl
+    for impl in (
+        Implementation(
+            "original", "the plain PyTorch loop (basic_diffusion.py): the fp32 baseline and the reference", _loop,
+            kinds=ALL_KINDS,
+        ),
+        Implementation(
+            "cuda", "fused step ops, static buffers and one CUDA graph per step (optimized_diffusion.py)", _fused(False),
+            kinds=("checkpoint", "torchscript"), precisions=PRECISIONS,
+        ),
+        Implementation(
+            "cuda_compile", "the cuda implementation with the U-Net through torch.compile inside the graph",
+            _fused(True), precisions=PRECISIONS, in_sample_mode=False, default_row_on=("cuda",),
+        ),
+        Implementation(
+            "compile", "the original loop around torch.compile(U-Net) (max-autotune on a GPU)", _loop,
+            prepare=_compiled, in_sample_mode=False,
+        ),
+        Implementation(
+            "onnxruntime", "the original loop around the U-Net run by onnxruntime (runtimes.py)", _loop,
+            prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"),
+        ),
+        Implementation(
+            "torchscript", "the original loop around the traced U-Net", _loop, prepare=_torchscript,
+            in_sample_mode=False,
+        ),
+        Implementation(
+            "tensorrt", "the U-Net as a TensorRT engine (tensorrt_integration.py)", _tensorrt,
+            kinds=("checkpoint", "onnx", "tensorrt"), precisions=PRECISIONS, devices=("cuda",),
+        ),
+    )
+}
+SAMPLE_IMPLEMENTATIONS = tuple(name for name, impl in REGISTRY.items() if impl.in_sample_mode)
+
+
+def get(name: str) -> Implementation:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown implementation {name!r}; choose one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def implementations_for(kind: str) -> tuple[str, ...]:
+    """The sample-mode implementations that run ``kind`` files."""
+    return tuple(name for name in SAMPLE_IMPLEMENTATIONS if kind in REGISTRY[name].kinds)
+
+
+def make_drawer(name: str, model: nn.Module, plan: SamplingPlan, *, options: SamplerOptions):
+    """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation.
+
+    The network is prepared once (an ONNX export, a compile, a trace); a sampler (captured graphs,
+    an engine) is built once per batch shape and reused for every batch of that shape.
+    """
+    impl = get(name)
+    network = impl.prepare(model, options)
+    samplers: dict[tuple[int, ...], Sampler] = {}
+
+    def draw(shape: tuple[int, int, int, int], generator: torch.Generator, progress: bool) -> torch.Tensor:
+        if shape not in samplers:
+            samplers[shape] = impl.build(network, plan, shape=shape, options=options)
+        return samplers[shape](generator=generator, progress=progress)
+
+    return draw

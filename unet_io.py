@@ -1,0 +1,225 @@
+"""The U-Net's interface as its exported forms see it: the I/O spec and the metadata every artifact carries.
+
+The interface is defined once, in :class:`UNetIO`: inputs ``x_t`` (B, C, H, W) float32 and ``t``
+(B,) int64, output ``eps`` (B, C, H, W) float32, the batch B being the one dynamic axis; a
+:class:`BatchRange` gives the (min, opt, max) batch sizes of a TensorRT optimization profile. The
+ONNX export (export.py), onnxruntime (runtimes.py) and the engine build (tensorrt_integration.py)
+all read it.
+
+Every artifact carries what sampling needs besides the weights (:func:`artifact_metadata`: model
+and schedule configs, which weights, the I/O spec): ONNX files in ``metadata_props``, TorchScript
+files in an extra file, TensorRT engines in a JSON sidecar; :func:`parse_artifact_metadata`
+validates it on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from basic_diffusion import UNetConfig
+from checkpoints import WEIGHTS, parse_json, read_configs
+from noise_schedule import ScheduleConfig, short_repr
+from precision import PRECISIONS
+
+ARTIFACT_FORMAT = "ddpm-unet/1"
+METADATA_KEY = "ddpm"  # ONNX metadata_props key; TorchScript extra file "ddpm.json"
+BATCH = "batch"  # the name of the dynamic axis
+DEFAULT_OPT_BATCH = 16  # the batch an engine is tuned for (the CLI's default --n_samples)
+DEFAULT_MAX_BATCH = 64
+
+
+# --------------------------------------------------------------------------------------------
+# The I/O spec
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: name, dtype and shape, with :data:`BATCH` marking the dynamic axis."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int | str, ...]
+
+    def concrete(self, batch_size: int) -> tuple[int, ...]:
+        return tuple(batch_size if d == BATCH else int(d) for d in self.shape)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": str(self.dtype).removeprefix("torch."), "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class BatchRange:
+    """Batch sizes an engine accepts: the (min, opt, max) of its optimization profile; opt is tuned for."""
+
+    min: int = 1
+    opt: int = DEFAULT_OPT_BATCH
+    max: int = DEFAULT_MAX_BATCH
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min <= self.opt <= self.max:
+            raise ValueError(f"batch sizes need 1 <= min <= opt <= max, got ({self.min}, {self.opt}, {self.max})")
+
+    @classmethod
+    def covering(cls, batch_size: int, *, max_batch: int) -> BatchRange:
+        """The profile 1 .. max_batch, widened to ``batch_size`` if that is larger."""
+        if batch_size < 1 or max_batch < 1:
+            raise ValueError(f"batch sizes must be positive, got {batch_size} and --max_batch {max_batch}")
+        top = max(max_batch, batch_size)
+        return cls(min=1, opt=min(DEFAULT_OPT_BATCH, top), max=top)
+
+    def __contains__(self, batch_size: int) -> bool:
+        return self.min <= batch_size <= self.max
+
+    def to_list(self) -> list[int]:
+        return [self.min, self.opt, self.max]
+
+
+@dataclass(frozen=True)
+class UNetIO:
+    """The U-Net's inputs and outputs: the one definition read by the ONNX export and the engine build."""
+
+    in_channels: int
+    image_size: int
+
+    @classmethod
+    def from_config(cls, config: UNetConfig) -> UNetIO:
+        return cls(in_channels=config.in_channels, image_size=config.image_size)
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        image = (BATCH, self.in_channels, self.image_size, self.image_size)
+        return (TensorSpec("x_t", torch.float32, image), TensorSpec("t", torch.int64, (BATCH,)))
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("eps", torch.float32, (BATCH, self.in_channels, self.image_size, self.image_size)),)
+
+    @property
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        return self.inputs + self.outputs
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec.name for spec in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [spec.name for spec in self.outputs]
+
+    def shapes(self, batch_size: int) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape at one batch size."""
+        return {spec.name: spec.concrete(batch_size) for spec in self.tensors}
+
+    def profile(self, batch: BatchRange) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """(min, opt, max) shapes of each input: a TensorRT optimization profile."""
+        return {spec.name: tuple(spec.concrete(b) for b in batch.to_list()) for spec in self.inputs}
+
+    def example_inputs(
+        self, batch_size: int, *, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random (x_t, t): x_t ~ N(0, I) (B, C, H, W) and t uniform in [0, 1000) (B,)."""
+        x_t = torch.randn(self.inputs[0].concrete(batch_size), generator=generator).to(device)
+        t = torch.randint(0, 1000, (batch_size,), generator=generator).to(device)
+        return x_t, t
+
+    def torch_dynamic_shapes(self) -> tuple[dict[int, torch.export.Dim], ...]:
+        """The batch axis of each input as one shared ``torch.export.Dim`` (for torch.onnx.export)."""
+        batch = torch.export.Dim(BATCH, min=1)
+        return tuple({spec.shape.index(BATCH): batch} for spec in self.inputs)
+
+    def to_dict(self) -> dict:
+        return {"inputs": [s.to_dict() for s in self.inputs], "outputs": [s.to_dict() for s in self.outputs]}
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata, hashes, comparison
+# --------------------------------------------------------------------------------------------
+
+
+def artifact_metadata(
+    *, model_config: UNetConfig, schedule_config: ScheduleConfig | None, weights: str | None, **extra
+) -> dict:
+    """What an artifact carries besides its weights, as plain JSON data (``weights``: "ema" or "model")."""
+    return {
+        "format": ARTIFACT_FORMAT,
+        "model_config": model_config.to_dict(),
+        "schedule_config": asdict(schedule_config) if schedule_config is not None else None,
+        "weights": weights,
+        "io": UNetIO.from_config(model_config).to_dict(),
+        **extra,
+    }
+
+
+def parse_artifact_metadata(raw: str | bytes | dict | None, *, source: Path) -> tuple[UNetConfig, ScheduleConfig, dict]:
+    """Model config, schedule config and the whole metadata of an artifact; ValueError if unusable.
+
+    ``raw`` is JSON text (parsed by checkpoints.parse_json: size- and depth-limited) or its parsed
+    dict; the configs go through their ``from_dict``, ``weights`` must be one of :data:`WEIGHTS`.
+    """
+    if raw is None:
+        raise ValueError(f"{source} carries no model metadata (configs, I/O spec); export it with --mode export")
+    meta = raw if isinstance(raw, dict) else parse_json(raw, source=source)
+    if not isinstance(meta, dict):
+        problem = f"a JSON {type(meta).__name__} instead of an object"
+    elif meta.get("format") != ARTIFACT_FORMAT:
+        problem = f"format {short_repr(meta.get('format'))}, expected {ARTIFACT_FORMAT!r}"
+    elif meta.get("schedule_config") is None:
+        problem = "no noise schedule"
+    elif meta.get("weights") not in WEIGHTS:
+        problem = f"weights {short_repr(meta.get('weights'))}, expected one of {', '.join(WEIGHTS)}"
+    elif meta.get("precision", "fp32") not in PRECISIONS:
+        problem = f"precision {short_repr(meta.get('precision'))}, expected one of {', '.join(PRECISIONS)}"
+    else:
+        problem = None
+    if problem is None:
+        model_config, schedule_config = read_configs(meta, source=str(source))
+        if meta.get("io") != UNetIO.from_config(model_config).to_dict():
+            problem = "its inputs and outputs differ from this version's U-Net interface"
+    if problem is not None:
+        raise ValueError(f"{source} has unusable model metadata ({problem}); export it again")
+    return model_config, schedule_config, meta
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """A fingerprint of a model's weights and buffers (names, dtypes, shapes and values)."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        # sync: each tensor comes to the host once, to be hashed.
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def max_abs_diff(
+    candidate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    reference: nn.Module,
+    *,
+    io: UNetIO,
+    batch_sizes: Sequence[int] = (1, 3),
+    seed: int = 0,
+) -> float:
+    """Largest |eps_candidate - eps_reference| over random inputs at each batch size."""
+    generator = torch.Generator().manual_seed(seed)
+    device = next(reference.parameters()).device
+    worst = 0.0
+    with torch.no_grad():
+        for batch_size in batch_sizes:
+            x_t, t = io.example_inputs(batch_size, generator=generator, device=device)
+            diff = (candidate(x_t, t).float() - reference(x_t, t).float()).abs().max()
+            worst = max(worst, diff.item())  # sync: one number per batch size
+    return worst
