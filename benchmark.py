@@ -93,6 +93,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
+class BenchmarkRequest:
+    """What benchmark mode was asked for (resolved from the flags by main.py)."""
+
+    rows: str = "all"  # comma-separated row names, or "all"
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+    train_steps: int = 20  # --bench training: timed optimizer steps per variant
+    batch_size: int = 64  # --bench training: the batch of each step
+    json: str | None = None
+    csv: str | None = None
+    chart: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.train_steps < 1:
+            raise ValueError(f"--train_steps must be >= 1, got {self.train_steps}")
+
+
 # ----- measuring ---------------------------------------------------------------------------------
 class PeakRSS:
     """Samples the process's resident set every few ms while a row runs (Linux /proc; else None)."""
@@ -476,10 +497,10 @@ def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
     return names
 
 
-def main(args: argparse.Namespace, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str) -> list[Row]:
+def main(
+    args: BenchmarkRequest, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
+) -> list[Row]:
     """Run, print (header, table, summary) and write the requested outputs."""
-    if args.repeats < 1 or args.warmup < 0:
-        raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     names = parse_rows(args.rows, device_type=plan.coefficients.device.type)  # the output paths were checked by main.py before any work
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
@@ -573,9 +594,7 @@ def run_training_benchmark(
     return results
 
 
-def main_training(args: argparse.Namespace, *, model_config, schedule_config, device: torch.device) -> list[dict]:
-    if args.train_steps < 1 or args.warmup < 0:
-        raise ValueError(f"--train_steps must be >= 1 and --warmup >= 0, got {args.train_steps} and {args.warmup}")
+def main_training(args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device) -> list[dict]:
     warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
     rows = run_training_benchmark(
         model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,

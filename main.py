@@ -480,9 +480,14 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     from data import default_shape
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule, ScheduleConfig
+    from precision import resolve as resolve_precision
     from safe_files import check_outputs
 
     check_positive(n_samples=args.n_samples, sampling_steps=args.sampling_steps, batch_size=args.batch_size)
+    request = benchmark.BenchmarkRequest(
+        rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
+        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart,
+    )  # fmt: skip
     outputs = {"--json": args.json} if args.bench == "training" else {"--json": args.json, "--csv": args.csv, "--chart": args.chart}
     check_outputs(outputs, inputs={"--model_path": args.model_path})
     if args.model_path:
@@ -503,11 +508,11 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
         args.sampler, num_steps=args.sampling_steps, eta=args.eta, clip_denoised=not args.no_clip, device=device
     )
     if training:
-        benchmark.main_training(args, model_config=model.config, schedule_config=schedule_config, device=device)
+        benchmark.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
         return
     c, s = model.config.in_channels, model.config.image_size
-    precision = "fp32" if args.precision == "auto" else args.precision
-    benchmark.main(args, model=model, plan=plan, shape=(args.n_samples, c, s, s), precision=precision)
+    precision = resolve_precision(args.precision, purpose="sampling", device=device)
+    benchmark.main(request, model=model, plan=plan, shape=(args.n_samples, c, s, s), precision=precision)
 
 
 def run_evaluate(args: argparse.Namespace, device: torch.device) -> None:

@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from dataclasses import replace
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's
 
 import optimized_diffusion as od  # noqa: E402
 from basic_diffusion import UNet, unet_preset  # noqa: E402
+from benchmark import perturb_zero_init, time_runs  # noqa: E402
 from basic_diffusion import sample as original_sample  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig, p_step  # noqa: E402
 from precision import backend_policy  # noqa: E402
@@ -37,17 +38,9 @@ DEVICE = torch.device("cuda")
 
 
 def cuda_time_ms(fn, *, repeats: int) -> list[float]:
-    """Run fn once to warm up, then time `repeats` runs with CUDA events (ms each)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()  # sync: read the timing
-        times.append(start.elapsed_time(end))
-    return times
+    """One warm-up run, then ``repeats`` runs timed with CUDA events (benchmark.time_runs), in ms."""
+    times, _ = time_runs(fn, device=DEVICE, warmup=1, repeats=repeats)
+    return [1000.0 * t for t in times]
 
 
 def summary(times: list[float]) -> dict:
@@ -55,13 +48,10 @@ def summary(times: list[float]) -> dict:
 
 
 def random_unet(*, image_size: int, channels: int) -> UNet:
-    """The "small" preset with every weight perturbed: never time on zeros (the output layers
-    are zero-initialized)."""
+    """The "small" preset as benchmark mode builds it: never time on zeros (benchmark.perturb_zero_init)."""
     torch.manual_seed(0)
     model = UNet(unet_preset("small", image_size=image_size, in_channels=channels))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn_like(p))
+    perturb_zero_init(model, seed=0)
     return model.to(DEVICE).eval()
 
 

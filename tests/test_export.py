@@ -33,6 +33,7 @@ import runtimes
 import unet_io
 import main
 import tensorrt_integration as trt_integration
+from conftest import perturbed_unet
 from basic_diffusion import UNet, UNetConfig
 from basic_diffusion import sample as original_sample
 from data import load_images
@@ -56,13 +57,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def random_unet() -> UNet:
-    """The tiny U-Net with every weight perturbed (its zero-initialized output layers would give eps = 0)."""
-    torch.manual_seed(0)
-    model = UNet(CONFIG)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model.eval()
+    return perturbed_unet(CONFIG)
 
 
 @pytest.fixture(scope="module")

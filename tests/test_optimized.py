@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import optimized_diffusion as od
+from conftest import perturbed_unet
 from basic_diffusion import UNet, UNetConfig
 from basic_diffusion import sample as original_sample
 from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
@@ -45,27 +46,21 @@ def make_plan(case: str, *, num_steps: int = 8, device: str = "cpu") -> Sampling
     return SCHEDULE.make_plan(**PLAN_CASES[case], num_steps=num_steps, device=device)
 
 
+SMALL = UNetConfig(
+    image_size=16,
+    in_channels=1,
+    model_channels=16,
+    channel_mult=(1, 2),
+    num_res_blocks=1,
+    attention_resolutions=(8,),
+    num_heads=2,
+    dropout=0.0,
+    norm_groups=8,
+)
+
+
 def small_unet(device: str = "cpu") -> UNet:
-    """A small real U-Net with every weight perturbed (the zero-initialized output layers would
-    otherwise make eps identically zero), in eval mode."""
-    torch.manual_seed(0)
-    model = UNet(
-        UNetConfig(
-            image_size=16,
-            in_channels=1,
-            model_channels=16,
-            channel_mult=(1, 2),
-            num_res_blocks=1,
-            attention_resolutions=(8,),
-            num_heads=2,
-            dropout=0.0,
-            norm_groups=8,
-        )
-    )
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model.to(device).eval()
+    return perturbed_unet(SMALL, device=device)
 
 
 class TinyEps(nn.Module):

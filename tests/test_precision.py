@@ -19,6 +19,7 @@ import export
 import runtimes
 import unet_io
 import main
+from conftest import perturbed_unet
 from basic_diffusion import UNet, UNetConfig
 from precision import CastInput, Float32, mixed_precision_unet
 
@@ -34,12 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def random_unet() -> UNet:
-    torch.manual_seed(0)
-    model = UNet(CONFIG)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))  # the zero-initialized output layers would give eps = 0
-    return model.eval()
+    return perturbed_unet(CONFIG)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -95,15 +95,12 @@ def test_auto_precision_is_bf16_only_for_training_on_a_bf16_gpu():
 
 
 def test_every_implementation_draws_the_originals_images_through_the_registry():
-    from basic_diffusion import UNet, UNetConfig
+    from basic_diffusion import UNetConfig
+    from conftest import perturbed_unet
     from noise_schedule import NoiseSchedule, ScheduleConfig
 
-    torch.manual_seed(0)
-    model = UNet(UNetConfig(image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
-                            attention_resolutions=(), num_heads=1, dropout=0.0)).eval()  # fmt: skip
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model = perturbed_unet(UNetConfig(image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2),
+                                      num_res_blocks=1, attention_resolutions=(), num_heads=1, dropout=0.0))  # fmt: skip
     plan = NoiseSchedule(ScheduleConfig(num_timesteps=20)).make_plan("ddpm", num_steps=4, device=torch.device("cpu"))
     options = implementations.SamplerOptions()
     images = {}
