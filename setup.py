@@ -27,7 +27,7 @@ import os
 import shutil
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 EXTENSION_NAME = "_diffusion_kernels"
@@ -88,11 +88,6 @@ def _extensions() -> list:
     ]
 
 
-def _top_level_modules() -> list[str]:
-    """The project's flat layout: every top-level module except this file."""
-    return sorted(p.stem for p in ROOT.glob("*.py") if p.name != "setup.py")
-
-
 # setuptools runs this file from the project root; keep the relative source paths valid anyway.
 os.chdir(ROOT)
 EXT_MODULES = _extensions()  # first: it sets CUDA_HOME before torch.utils.cpp_extension loads
@@ -103,8 +98,10 @@ setup(
     version="0.1.0",
     description="DDPM training and sampling with fused CUDA sampling kernels",
     python_requires=">=3.10",
-    py_modules=_top_level_modules(),
-    packages=find_packages(exclude=("tests", "tests.*", "scripts", "scripts.*", "build", "build.*")),
+    # Only the extension is installed: the project's modules (main, data, export, ...) run from the
+    # checkout (python main.py), so no generic top-level names land in site-packages.
+    py_modules=[],
+    packages=[],
     ext_modules=EXT_MODULES,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     zip_safe=False,
