@@ -52,7 +52,7 @@ def grid_scale(n_images: int, *, height: int, width: int, requested: int | None 
             raise ValueError(f"--grid_scale must be a positive integer, got {requested}")
         return requested
     scale = max(1, math.ceil(MIN_TILE / max(height, width)))
-    while scale > 1 and grid_pixels(n_images, height=height * scale, width=width * scale) > MAX_GRID_PIXELS:
+    while scale > 1 and grid_pixels(n_images, height=height, width=width) * scale**2 > MAX_GRID_PIXELS:
         scale -= 1
     return scale
 
@@ -67,22 +67,23 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 def grid_image(tiles: torch.Tensor, *, scale: int = 1) -> Image.Image:
     """(B, C, H, W) uint8 tiles -> one RGB PIL image in torchvision's ``make_grid`` layout: rows of
     :func:`grid_side` tiles, :data:`GRID_PADDING` black pixels around each (importing torchvision
-    for this would add seconds to every start). Each tile is first enlarged ``scale`` times, each
-    pixel becoming a ``scale`` x ``scale`` block (the padding stays 2 pixels)."""
-    if scale > 1:
-        tiles = tiles.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)
+    for this would add seconds to every start), then enlarged ``scale`` times, each pixel becoming
+    a ``scale`` x ``scale`` block (nearest neighbour: no pixel value is invented)."""
     n, c, h, w = tiles.shape
     if n == 1:  # make_grid returns a single image as it is, unpadded
-        return Image.fromarray(tiles[0].permute(1, 2, 0).expand(h, w, 3).contiguous().numpy())
-    cols = grid_side(n)
-    rows = math.ceil(n / cols)
-    step_h, step_w = h + GRID_PADDING, w + GRID_PADDING
-    grid = np.zeros((rows * step_h + GRID_PADDING, cols * step_w + GRID_PADDING, 3), dtype=np.uint8)
-    pixels = tiles.permute(0, 2, 3, 1).expand(n, h, w, 3).numpy()  # grey -> RGB, as make_grid does
-    for i, tile in enumerate(pixels):
-        top, left = (i // cols) * step_h + GRID_PADDING, (i % cols) * step_w + GRID_PADDING
-        grid[top : top + h, left : left + w] = tile
-    return Image.fromarray(grid)
+        grid = tiles[0].permute(1, 2, 0).expand(h, w, 3).numpy()
+    else:
+        cols = grid_side(n)
+        rows = math.ceil(n / cols)
+        step_h, step_w = h + GRID_PADDING, w + GRID_PADDING
+        grid = np.zeros((rows * step_h + GRID_PADDING, cols * step_w + GRID_PADDING, 3), dtype=np.uint8)
+        pixels = tiles.permute(0, 2, 3, 1).expand(n, h, w, 3).numpy()  # grey -> RGB, as make_grid does
+        for i, tile in enumerate(pixels):
+            top, left = (i // cols) * step_h + GRID_PADDING, (i % cols) * step_w + GRID_PADDING
+            grid[top : top + h, left : left + w] = tile
+    if scale > 1:
+        grid = grid.repeat(scale, axis=0).repeat(scale, axis=1)
+    return Image.fromarray(np.ascontiguousarray(grid))
 
 
 def save_grid(images: torch.Tensor, path: str | Path, *, scale: int | None = None) -> Path:
@@ -106,9 +107,9 @@ def plan_outputs(
     c, h, w = image_shape
     if grid is not None:
         scale = grid_scale or 1
-        pixels = grid_pixels(n_samples, height=h * scale, width=w * scale)
+        pixels = grid_pixels(n_samples, height=h, width=w) * scale**2
         if pixels > MAX_GRID_PIXELS:
-            fits = _largest_grid(height=h * scale, width=w * scale)
+            fits = _largest_grid(height=h, width=w, scale=scale)
             lower = "lower --grid_scale or --n_samples" if scale > 1 else "lower --n_samples"
             raise ValueError(
                 f"a grid of {n_samples} samples of {h}x{w} would have {pixels / 1e6:.0f} million pixels; one PNG holds at "
@@ -125,9 +126,9 @@ def plan_outputs(
             )
 
 
-def _largest_grid(*, height: int, width: int) -> int:
+def _largest_grid(*, height: int, width: int, scale: int = 1) -> int:
     n = 1
-    while grid_pixels(n + 1, height=height, width=width) <= MAX_GRID_PIXELS:
+    while grid_pixels(n + 1, height=height, width=width) * scale**2 <= MAX_GRID_PIXELS:
         n += 1
     return n
 

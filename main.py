@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no_grid", action="store_true", help="write no PNG grid (with --save_npz: for many samples)")
     g.add_argument(
         "--grid_scale", type=positive_int, default=None,
-        help="enlarge each grid tile N times, nearest neighbour (default: tiles of at least 64 pixels, e.g. x8 for 8x8 digits)",
+        help="enlarge the grid N times, nearest neighbour (default: tiles of at least 64 pixels, e.g. x8 for 8x8 digits)",
     )
     g.add_argument(
         "--trust_torchscript",

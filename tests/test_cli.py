@@ -75,8 +75,8 @@ def test_train_then_sample_writes_a_grid_of_the_right_size(trained, sampler):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     with Image.open(trained / out) as img:
-        # torchvision's grid layout: 3 x 3 tiles with 2 px padding, the 16 px tiles enlarged x4 to 64 px.
-        assert img.size == (3 * 66 + 2, 3 * 66 + 2)
+        # torchvision's grid: 3 x 3 tiles of 16 px with 2 px padding, enlarged x4 (tiles of 64 px).
+        assert img.size == (4 * (3 * 18 + 2), 4 * (3 * 18 + 2))
     images = np.load(trained / f"{sampler}.npz")["images"]
     assert images.shape == (9, 16, 16, 1) and images.dtype == np.uint8
 
