@@ -64,7 +64,7 @@ class Implementation:
     def check(self, *, kind: str | None = None, precision: str | None = None, device: torch.device | None = None) -> None:
         """One-line ValueError if this implementation cannot run ``kind`` files, ``precision`` or ``device``."""
         if kind is not None and kind not in self.kinds:
-            runs = [i.name for i in REGISTRY.values() if i.in_sample_mode and kind in i.kinds]
+            runs = implementations_for(kind)
             raise ValueError(
                 f"the {self.name} implementation cannot run {KIND_NAMES[kind]} files; "
                 f"use --implementation {' or '.join(runs)}, or sample from the checkpoint"
