@@ -43,7 +43,7 @@ def grid_pixels(n_images: int, *, height: int, width: int) -> int:
     return (rows * (height + GRID_PADDING) + GRID_PADDING) * (cols * (width + GRID_PADDING) + GRID_PADDING)
 
 
-def grid_scale(n_images: int, *, height: int, width: int, requested: int | None = None) -> int:
+def choose_grid_scale(n_images: int, *, height: int, width: int, requested: int | None = None) -> int:
     """The integer factor each tile is enlarged by: ``requested``, or by default the smallest that
     makes tiles :data:`MIN_TILE` pixels a side (8x8 digits x8, MNIST x3, CIFAR-10 x2), lowered
     until the grid fits in one PNG."""
@@ -88,9 +88,9 @@ def grid_image(tiles: torch.Tensor, *, scale: int = 1) -> Image.Image:
 
 def save_grid(images: torch.Tensor, path: str | Path, *, scale: int | None = None) -> Path:
     """Save (B, C, H, W) images in [-1, 1] as a square-ish PNG grid, atomically (``scale``: see
-    :func:`grid_scale`)."""
+    :func:`choose_grid_scale`)."""
     n, _, h, w = images.shape
-    picture = grid_image(to_uint8(images), scale=grid_scale(n, height=h, width=w, requested=scale))
+    picture = grid_image(to_uint8(images), scale=choose_grid_scale(n, height=h, width=w, requested=scale))
     return atomic_write(path, lambda f: picture.save(f, format="png"))
 
 
@@ -133,9 +133,6 @@ def _largest_grid(*, height: int, width: int, scale: int = 1) -> int:
     return n
 
 
-grid_scale_of = grid_scale  # for SampleWriter, whose argument of that name shadows the function
-
-
 class SampleWriter:
     """Receives batches of samples; writes the grid PNG and the .npz (uint8, NHWC) on close."""
 
@@ -151,7 +148,7 @@ class SampleWriter:
         self.n_samples, self.image_shape = n_samples, image_shape
         self.grid, self.npz = grid, npz
         _, h, w = image_shape
-        self.grid_scale = grid_scale_of(n_samples, height=h, width=w, requested=grid_scale)
+        self.grid_scale = choose_grid_scale(n_samples, height=h, width=w, requested=grid_scale)
         self.tiles: list[torch.Tensor] = []
         self.written = 0
         self._stack = contextlib.ExitStack()

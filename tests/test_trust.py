@@ -447,7 +447,7 @@ def test_the_default_grid_enlarges_small_tiles_pixel_for_pixel(tmp_path):
 def test_the_default_grid_scale_shrinks_to_fit_one_png():
     import image_files
 
-    assert image_files.grid_scale(64, height=28, width=28) == 3
+    assert image_files.choose_grid_scale(64, height=28, width=28) == 3
     n = 10_000  # 100 x 100 tiles of 28 px: x1 fits in 4096^2 pixels, x2 would not
-    assert image_files.grid_scale(n, height=28, width=28) == 1
+    assert image_files.choose_grid_scale(n, height=28, width=28) == 1
     assert image_files.grid_pixels(n, height=28, width=28) <= image_files.MAX_GRID_PIXELS
