@@ -480,7 +480,7 @@ def test_an_implementation_that_cannot_run_an_artifact_is_a_one_line_error(workd
 def test_importing_the_project_never_imports_tensorrt(tmp_path):
     # A tensorrt that fails loudly when imported, first on the path: the project must not touch it.
     (tmp_path / "tensorrt.py").write_text("raise RuntimeError('tensorrt was imported')\n")
-    code = "import main, export, tensorrt_integration, optimized_diffusion; main.build_parser()"
+    code = "import main, cli, export, tensorrt_integration, optimized_diffusion; cli.build_parser()"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"},

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import cli
 import implementations
-import main
 from precision import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +48,44 @@ def test_module_imports_form_no_circle():
             visit(name)
 
 
+def test_only_the_cli_reads_an_argparse_namespace():
+    """Flags are resolved once, in cli.py, into typed requests: no other module takes a Namespace."""
+    readers = sorted(p.name for p in ROOT.glob("*.py") if p.name != "cli.py" and "Namespace" in p.read_text())
+    assert readers == []
+
+
+def test_flags_resolve_once_into_a_typed_request():
+    mode, request = cli.parse(
+        ["--mode", "sample", "--device", "cpu", "--dataset", "digits", "--sampler", "ddim", "--sampling_steps", "10",
+         "--no_ema", "--compile", "--implementation", "cuda", "--save_npz", "out.npz"]
+    )  # fmt: skip
+    assert mode == "sample" and isinstance(request, cli.SampleRequest)
+    assert request.device == torch.device("cpu") and request.precision == "fp32"  # auto, resolved for sampling
+    assert request.source == cli.ModelSource(path="checkpoints/digits.pt", weights="model")
+    assert request.implementation == "cuda_compile"  # --compile with cuda is its own registry entry
+    assert request.sampling == cli.SamplingChoice(sampler="ddim", steps=10, eta=0.0, clip_denoised=True)
+    assert (request.grid, request.npz) == ("samples.png", "out.npz")
+    _, train = cli.parse(["--mode", "train", "--device", "cpu", "--dataset", "digits", "--channels", "1"])
+    assert (train.model.image_size, train.model.channels, train.checkpoint) == (8, 1, "checkpoints/digits.pt")
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--mode", "sample", "--sampler", "ddpm,ddim"], "lists are for --mode evaluate"),
+        (["--mode", "sample", "--compile"], "--compile applies to"),
+        (["--mode", "train", "--resume", "--overwrite"], "choose one"),
+        (["--mode", "evaluate", "--chart", "quality.jpg"], "ending in .png"),
+        (["--mode", "train", "--dataset", "digits", "--channels", "3"], "does not fit"),
+    ],
+)
+def test_flag_mistakes_are_refused_while_resolving(flags, message):
+    with pytest.raises(ValueError, match=message):
+        cli.parse([*flags, "--device", "cpu"])
+
+
 def test_the_cli_offers_exactly_the_registrys_sample_implementations():
-    action = next(a for a in main.build_parser()._actions if a.dest == "implementation")
+    action = next(a for a in cli.build_parser()._actions if a.dest == "implementation")
     assert tuple(action.choices) == implementations.SAMPLE_IMPLEMENTATIONS
     assert set(implementations.SAMPLE_IMPLEMENTATIONS) == {"original", "cuda", "onnxruntime", "tensorrt"}
 

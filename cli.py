@@ -1,0 +1,618 @@
+"""The command line: every flag, its type and help, resolved once into a typed request per mode.
+
+    mode, request = cli.parse(["--mode", "sample", "--n_samples", "4"])   # -> ("sample", SampleRequest(...))
+
+``main.py`` runs a mode on its request; below main.py nothing reads an argparse Namespace. The
+requests hold resolved values (the device, the precision, default paths, registry names, the
+sampler plan's parameters), and every flag error a user can make is a ``ValueError`` raised here,
+before any file is read or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from safe_files import check_outputs  # every output checked before any work
+
+if TYPE_CHECKING:
+    import torch
+
+    from basic_diffusion import UNetConfig
+    from benchmark import BenchmarkRequest
+    from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
+    from tensorrt_integration import TensorRTOptions
+
+PROG = "main.py"
+SEED_MAX = 2**63 - 1
+MODES = ("train", "sample", "evaluate", "benchmark", "export")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2), like every other user error here."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def name_list(choices):
+    """An argparse type: one name from ``choices``, or a comma-separated list of them (kept as text)."""
+
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",")]
+        if not all(names) or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), got {text!r}")
+        return ",".join(names)
+
+    return parse
+
+
+def int_list(text: str) -> str:
+    """An argparse type: a positive integer, or a comma-separated list of them (kept as text)."""
+    items = [n.strip() for n in text.split(",")]
+    if not all(n.isdigit() and int(n) > 0 for n in items):
+        raise argparse.ArgumentTypeError(f"must be a positive integer or a comma-separated list of them, got {text!r}")
+    return ",".join(items)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import benchmark
+    from artifacts import FORMATS
+    from basic_diffusion import PRESETS
+    from data import DATASETS
+    from implementations import SAMPLE_IMPLEMENTATIONS
+    from noise_schedule import SAMPLERS, SCHEDULES
+    from precision import PRECISIONS
+    from tensorrt_integration import BACKENDS
+    from unet_io import DEFAULT_MAX_BATCH
+
+    p = Parser(
+        prog=PROG,
+        description="Train a DDPM on small images, draw sample grids, and compare sampling implementations.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="train",
+        help="what to do (evaluate: sample quality against the training data, for a list of samplers and steps)",
+    )
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto picks CUDA when available")
+    p.add_argument("--seed", type=seed, default=0, help="seed for weights, data order, noise and sampling")
+    p.add_argument(
+        "--precision",
+        choices=("auto", *PRECISIONS),
+        default="auto",
+        help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise "
+        "(sampling: fp32, so every implementation draws the same images)",
+    )
+    p.add_argument(
+        "--model_path",
+        default=None,
+        help="checkpoint to write (train) or read (sample, export); sample also reads exported .ts, .onnx and "
+        ".engine/.plan files; default checkpoints/<dataset>.pt",
+    )
+
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", choices=DATASETS, default="mnist", help="digits = offline handwritten digits (scikit-learn)")
+    g.add_argument("--data_dir", default="./data", help="download folder, or your images with --dataset folder")
+    g.add_argument("--img_size", type=int, default=None, help="training image size (default: the dataset's)")
+    g.add_argument("--channels", type=int, default=None, help="1 or 3 (default: the dataset's)")
+
+    g = p.add_argument_group("model and schedule")
+    g.add_argument("--model_preset", choices=PRESETS, default="small", help="small suits MNIST; ddpm_cifar10 = Ho et al.'s 35.7M U-Net")
+    g.add_argument("--model_channels", type=int, default=None, help="override the preset's base width")
+    g.add_argument("--num_res_blocks", type=int, default=None, help="override the preset's residual blocks per level")
+    g.add_argument("--dropout", type=finite_float, default=None, help="override the preset's dropout")
+    g.add_argument("--beta_schedule", choices=SCHEDULES, default="linear")
+    g.add_argument("--timesteps", type=int, default=1000, help="diffusion steps T")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--n_epochs", type=int, default=None, help="passes over the data (default 10)")
+    g.add_argument("--max_steps", type=int, default=None, help="optimizer steps: the run's length, or its cap with --n_epochs")
+    g.add_argument(
+        "--batch_size", type=int, default=64, help="training batch; sampling draws --n_samples in batches of this size"
+    )
+    g.add_argument("--lr", type=finite_float, default=2e-4, help="peak AdamW learning rate")
+    g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up (default: 5%% of the run, at most 500)")
+    g.add_argument("--ema_decay", type=finite_float, default=0.999)
+    g.add_argument(
+        "--min_snr_gamma", type=finite_float, default=None,
+        help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice; default: unweighted)",
+    )
+    g.add_argument("--grad_clip", type=finite_float, default=1.0, help="gradient-norm clipping")
+    g.add_argument(
+        "--compile", action="store_true", help="torch.compile the U-Net (training; and sampling with --implementation cuda)"
+    )
+    g.add_argument("--save_every", type=int, default=1000, help="checkpoint every N steps (0: only at the end)")
+    g.add_argument("--sample_every", type=int, default=1000, help="sample grid every N steps (0: only at the end)")
+    g.add_argument("--resume", action="store_true", help="continue the run saved in --model_path exactly")
+    g.add_argument(
+        "--overwrite", action="store_true", help="start over and replace an existing --model_path (without it, refused)"
+    )
+
+    g = p.add_argument_group("sampling")
+    g.add_argument("--implementation", choices=SAMPLE_IMPLEMENTATIONS, default="original")
+    g.add_argument("--n_samples", type=int, default=16, help="images to draw")
+    g.add_argument(
+        "--sampler",
+        type=name_list(SAMPLERS),
+        default="ddpm",
+        help=f"{', '.join(SAMPLERS)}; --mode evaluate takes a comma-separated list",
+    )
+    g.add_argument(
+        "--sampling_steps",
+        type=int_list,
+        default=None,
+        help="default: T for ddpm, 50 for ddim, 20 for dpm_solver; --mode evaluate takes a comma-separated list",
+    )
+    g.add_argument("--eta", type=finite_float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
+    g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1]")
+    g.add_argument("--no_ema", action="store_true", help="sample (or export) the raw weights instead of the EMA")
+    g.add_argument(
+        "--output",
+        default=None,
+        help="sample: the PNG grid (default samples.png); export: the file (default: beside the checkpoint)",
+    )
+    g.add_argument("--save_npz", default=None, help="also save the images (uint8, NHWC) to this .npz file")
+    g.add_argument("--no_grid", action="store_true", help="write no PNG grid (with --save_npz: for many samples)")
+    g.add_argument(
+        "--grid_scale", type=positive_int, default=None,
+        help="enlarge the grid N times, nearest neighbour (default: tiles of at least 64 pixels, e.g. x8 for 8x8 digits)",
+    )
+    g.add_argument(
+        "--trust_torchscript",
+        action="store_true",
+        help="allow a TorchScript (.ts) --model_path: it is a program, and loading it runs its code",
+    )
+
+    g = p.add_argument_group("export and TensorRT")
+    g.add_argument("--format", choices=FORMATS, default="onnx", help="what --mode export writes")
+    g.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset, 18-25 (default: 21, native GroupNormalization; 22 for bf16 graphs; for TensorRT, "
+        "chosen from its version)",
+    )
+    g.add_argument("--trt_backend", choices=BACKENDS, default="native", help="native engines or torch_tensorrt.compile")
+    g.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch a TensorRT engine takes")
+    g.add_argument("--trt_opt_level", type=int, default=3, help="TensorRT builder optimization level, 0-5")
+    benchmark.add_arguments(p)
+    return p
+
+
+# ----- the typed requests ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSource:
+    """A file to sample, export or measure: a checkpoint, or an exported U-Net (.ts, .onnx, .engine/.plan)."""
+
+    path: str
+    weights: str = "ema"  # "ema" or "model" (--no_ema): which weights of a checkpoint
+    trust_torchscript: bool = False  # a .ts file is a program: loaded only with consent
+
+
+@dataclass(frozen=True)
+class NewModel:
+    """A U-Net and noise schedule made from the flags (training; benchmark without --model_path)."""
+
+    dataset: str
+    data_dir: str
+    image_size: int
+    channels: int
+    preset: str = "small"
+    model_channels: int | None = None
+    num_res_blocks: int | None = None
+    dropout: float | None = None
+    beta_schedule: str = "linear"
+    timesteps: int = 1000
+
+    def model_config(self) -> UNetConfig:
+        """The preset with the flags' overrides (validated)."""
+        from basic_diffusion import unet_preset
+
+        return unet_preset(
+            self.preset,
+            image_size=self.image_size,
+            in_channels=self.channels,
+            model_channels=self.model_channels,
+            num_res_blocks=self.num_res_blocks,
+            dropout=self.dropout,
+        )
+
+    def schedule_config(self) -> ScheduleConfig:
+        from noise_schedule import ScheduleConfig
+
+        return ScheduleConfig(kind=self.beta_schedule, num_timesteps=self.timesteps)
+
+
+@dataclass(frozen=True)
+class SamplingChoice:
+    """Which sampler, how many steps (None: its default), DDIM's eta, and whether x0 is clipped."""
+
+    sampler: str = "ddpm"
+    steps: int | None = None
+    eta: float = 0.0
+    clip_denoised: bool = True
+
+    def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
+        return schedule.make_plan(
+            self.sampler, num_steps=self.steps, eta=self.eta, clip_denoised=self.clip_denoised, device=device
+        )
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The TensorRT flags; the engine cache goes in a folder beside the file the engine is made from."""
+
+    backend: str = "native"
+    max_batch: int = 64
+    optimization_level: int = 3
+    opset: int | None = None
+
+    def options(self, *, source: str | Path) -> TensorRTOptions:
+        from engine_cache import cache_dir_for
+        from tensorrt_integration import TensorRTOptions
+
+        return TensorRTOptions(
+            backend=self.backend,
+            max_batch=self.max_batch,
+            optimization_level=self.optimization_level,
+            opset=self.opset,
+            cache_dir=cache_dir_for(source),
+        )
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    device: torch.device
+    precision: str  # resolved: bf16 on a GPU that has it, fp32 otherwise, unless asked
+    checkpoint: str
+    resume: bool
+    overwrite: bool
+    model: NewModel
+    seed: int = 0
+    n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
+    max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap
+    batch_size: int = 64
+    lr: float = 2e-4
+    warmup_steps: int | None = None  # None: 5% of the run, at most 500
+    ema_decay: float = 0.999
+    min_snr_gamma: float | None = None
+    grad_clip: float = 1.0
+    compile: bool = False
+    save_every: int = 1000
+    sample_every: int = 1000
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    device: torch.device
+    precision: str
+    source: ModelSource
+    implementation: str  # a registry name (cuda with --compile is cuda_compile)
+    sampling: SamplingChoice
+    grid: str | None  # the PNG grid, or None with --no_grid
+    npz: str | None
+    n_samples: int = 16
+    batch_size: int = 64
+    grid_scale: int | None = None
+    seed: int = 0
+    opset: int | None = None
+    engine: EngineFlags = EngineFlags()
+
+
+@dataclass(frozen=True)
+class EvaluateRequest:
+    device: torch.device
+    precision: str
+    source: ModelSource
+    implementation: str
+    samplers: list  # evaluate sweeps samplers x steps
+    steps: list
+    dataset: str  # the training data of an exported file (a checkpoint records its own)
+    eta: float = 0.0
+    clip_denoised: bool = True
+    n_samples: int = 16
+    batch_size: int = 64
+    seed: int = 0
+    json: str | None = None
+    chart: str | None = None
+    opset: int | None = None
+    engine: EngineFlags = EngineFlags()
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    device: torch.device
+    precision: str
+    source: ModelSource
+    fmt: str
+    output: str
+    opset: int | None = None
+    engine: EngineFlags = EngineFlags()
+
+
+@dataclass(frozen=True)
+class BenchmarkRun:
+    device: torch.device
+    precision: str
+    bench: str  # "sampling" or "training"
+    request: BenchmarkRequest
+    source: ModelSource | None  # a checkpoint, or None: a fresh U-Net of ``model``
+    model: NewModel
+    sampling: SamplingChoice
+    n_samples: int = 16
+    batch_size: int = 64
+    seed: int = 0
+
+
+# ----- from flags to requests --------------------------------------------------------------------
+def parse(argv: list[str] | None = None) -> tuple[str, object]:
+    """The mode and its request, with every flag checked; argparse errors exit 2 on their own."""
+    args = build_parser().parse_args(argv)
+    return args.mode, request_for(args)
+
+
+def request_for(args: argparse.Namespace) -> object:
+    """The request of ``args.mode``: flags resolved and checked (a ValueError names the flag)."""
+    if args.opset is not None:
+        from export import check_opset
+
+        check_opset(args.opset)
+    return REQUESTS[args.mode](args, resolve_device(args.device))
+
+
+def resolve_device(name: str) -> torch.device:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but PyTorch sees no CUDA GPU here (use --device cpu)")
+    return torch.device(name)
+
+
+def check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value}")
+
+
+def check_suffix(flag: str, path: str | None, suffix: str) -> None:
+    """A file name's ending; a folder is left to safe_files.check_outputs, which says so."""
+    if path is not None and Path(path).suffix.lower() != suffix and not Path(path).is_dir():
+        raise ValueError(f"{flag} needs a file name ending in {suffix}, got {path}")
+
+
+def _precision(args: argparse.Namespace, purpose: str, device: torch.device) -> str:
+    from precision import resolve
+
+    return resolve(args.precision, purpose=purpose, device=device)
+
+
+def _single(args: argparse.Namespace) -> SamplingChoice:
+    """Outside --mode evaluate, --sampler and --sampling_steps name one value."""
+    for flag, value in (("--sampler", args.sampler), ("--sampling_steps", args.sampling_steps)):
+        if value is not None and "," in value:
+            raise ValueError(f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}")
+    steps = int(args.sampling_steps) if args.sampling_steps is not None else None
+    return SamplingChoice(sampler=args.sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
+
+
+def _model_path(args: argparse.Namespace) -> str:
+    return args.model_path or f"checkpoints/{args.dataset}.pt"
+
+
+def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
+    return ModelSource(
+        path=path or _model_path(args), weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript
+    )
+
+
+def _new_model(args: argparse.Namespace) -> NewModel:
+    from data import default_shape
+
+    size, channels = default_shape(args.dataset)
+    return NewModel(
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        image_size=args.img_size or size,
+        channels=args.channels or channels,
+        preset=args.model_preset,
+        model_channels=args.model_channels,
+        num_res_blocks=args.num_res_blocks,
+        dropout=args.dropout,
+        beta_schedule=args.beta_schedule,
+        timesteps=args.timesteps,
+    )
+
+
+def _engine(args: argparse.Namespace) -> EngineFlags:
+    return EngineFlags(
+        backend=args.trt_backend, max_batch=args.max_batch, optimization_level=args.trt_opt_level, opset=args.opset
+    )
+
+
+def _implementation(args: argparse.Namespace) -> str:
+    """The registry entry --implementation names: with --compile, cuda is cuda_compile (the U-Net
+    through torch.compile inside the graph); --compile applies to no other implementation."""
+    if args.compile and args.implementation != "cuda":
+        raise ValueError("--compile applies to training and to sampling with --implementation cuda")
+    return "cuda_compile" if args.compile else args.implementation
+
+
+def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
+    from data import default_shape
+
+    _single(args)
+    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    checkpoint = _model_path(args)
+    if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
+        raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
+    check_outputs({"--model_path": checkpoint})
+    channels = default_shape(args.dataset)[1]
+    if not args.resume and args.channels and args.channels != channels and args.dataset != "folder":
+        raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
+    return TrainRequest(
+        device=device,
+        precision=_precision(args, "training", device),
+        checkpoint=checkpoint,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        model=_new_model(args),
+        seed=args.seed,
+        n_epochs=args.n_epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        ema_decay=args.ema_decay,
+        min_snr_gamma=args.min_snr_gamma,
+        grad_clip=args.grad_clip,
+        compile=args.compile,
+        save_every=args.save_every,
+        sample_every=args.sample_every,
+    )
+
+
+def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequest:
+    sampling = _single(args)
+    check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
+    if args.no_grid and args.output:
+        raise ValueError("--no_grid writes no PNG, so --output has nothing to name; drop one of them")
+    if args.no_grid and not args.save_npz:
+        raise ValueError("--no_grid writes no PNG, so nothing would be saved; add --save_npz FILE.npz")
+    grid = None if args.no_grid else (args.output or "samples.png")
+    source = _source(args)  # a checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan)
+    check_outputs({"--output": grid, "--save_npz": args.save_npz}, inputs={"--model_path": source.path})
+    check_suffix("--output (the PNG grid)", grid, ".png")
+    check_suffix("--save_npz", args.save_npz, ".npz")
+    return SampleRequest(
+        device=device,
+        precision=_precision(args, "sampling", device),  # fp32: the original's images
+        source=source,
+        implementation=_implementation(args),
+        sampling=sampling,
+        grid=grid,
+        npz=args.save_npz,
+        n_samples=args.n_samples,
+        batch_size=args.batch_size,
+        grid_scale=args.grid_scale,
+        seed=args.seed,
+        opset=args.opset,
+        engine=_engine(args),
+    )
+
+
+def evaluate_request(args: argparse.Namespace, device: torch.device) -> EvaluateRequest:
+    import evaluate
+    from noise_schedule import SAMPLERS
+
+    check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
+    source = _source(args)
+    check_outputs({"--json": args.json, "--chart": args.chart}, inputs={"--model_path": source.path})
+    check_suffix("--json", args.json, ".json")
+    check_suffix("--chart", args.chart, ".png")
+    return EvaluateRequest(
+        device=device,
+        precision=_precision(args, "sampling", device),
+        source=source,
+        implementation=_implementation(args),
+        samplers=evaluate.parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
+        steps=evaluate.parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
+        dataset=args.dataset,
+        eta=args.eta,
+        clip_denoised=not args.no_clip,
+        n_samples=args.n_samples,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        json=args.json,
+        chart=args.chart,
+        opset=args.opset,
+        engine=_engine(args),
+    )
+
+
+def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequest:
+    import artifacts
+    from engine_cache import metadata_path
+
+    _single(args)
+    source = _source(args)
+    output = args.output or str(artifacts.default_output(source.path, args.format))
+    outputs = {"--output": output}
+    if args.format == "tensorrt":
+        outputs["--output's metadata"] = metadata_path(output)
+    check_outputs(outputs, inputs={"--model_path": source.path})
+    return ExportRequest(
+        device=device,
+        precision=_precision(args, "export", device),
+        source=source,
+        fmt=args.format,
+        output=output,
+        opset=args.opset,
+        engine=_engine(args),
+    )
+
+
+def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:
+    import benchmark
+
+    sampling = _single(args)
+    check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
+    request = benchmark.BenchmarkRequest(
+        rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
+        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart,
+    )  # fmt: skip
+    outputs = {"--json": args.json}
+    if args.bench == "sampling":
+        outputs.update({"--csv": args.csv, "--chart": args.chart})
+    check_outputs(outputs, inputs={"--model_path": args.model_path})
+    return BenchmarkRun(
+        device=device,
+        precision=_precision(args, "sampling", device),
+        bench=args.bench,
+        request=request,
+        source=_source(args, args.model_path) if args.model_path else None,
+        model=_new_model(args),
+        sampling=sampling,
+        n_samples=args.n_samples,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+
+
+REQUESTS = {
+    "train": train_request,
+    "sample": sample_request,
+    "evaluate": evaluate_request,
+    "export": export_request,
+    "benchmark": benchmark_request,
+}
