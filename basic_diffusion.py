@@ -20,6 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_fields, p_step, short_repr
+from profiling import phase
 
 PRESETS = ("small", "ddpm_cifar10")
 
@@ -311,15 +312,31 @@ def diffusion_loss(
     sample's noise MSE by min(SNR(t), gamma) / SNR(t), SNR = alpha_bar / (1 - alpha_bar) (Hang et
     al. 2023, "Min-SNR weighting", for epsilon prediction): the nearly clean timesteps, whose
     noise is hard to predict and matters little for the image, stop dominating the gradient.
+    Timesteps drawn another way (timestep_sampling.py) go through :func:`per_sample_losses`.
     """
     B = x_start.shape[0]
     t = torch.randint(0, schedule.num_timesteps, (B,), device=x_start.device, generator=generator)
+    if min_snr_gamma is None:
+        noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
+        x_t = schedule.q_sample(x_start, t, noise)
+        return F.mse_loss(model(x_t, t).float(), noise.float())
+    return per_sample_losses(model, schedule, x_start, t, generator=generator, min_snr_gamma=min_snr_gamma).mean()
+
+
+def per_sample_losses(
+    model: nn.Module,
+    schedule: NoiseSchedule,
+    x_start: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    min_snr_gamma: float | None = None,
+) -> torch.Tensor:
+    """Each sample's noise MSE at its timestep ``t`` (B,), min-SNR weighted when gamma is given: (B,)."""
     noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
     x_t = schedule.q_sample(x_start, t, noise)
-    if min_snr_gamma is None:
-        return F.mse_loss(model(x_t, t).float(), noise.float())
-    per_sample = (model(x_t, t).float() - noise.float()).pow(2).flatten(1).mean(1)  # (B,)
-    return (min_snr_weights(schedule, t, gamma=min_snr_gamma) * per_sample).mean()
+    losses = (model(x_t, t).float() - noise.float()).pow(2).flatten(1).mean(1)  # (B,)
+    return losses if min_snr_gamma is None else losses * min_snr_weights(schedule, t, gamma=min_snr_gamma)
 
 
 def min_snr_weights(schedule: NoiseSchedule, t: torch.Tensor, *, gamma: float) -> torch.Tensor:
@@ -348,10 +365,13 @@ def sample(
     prev_xstart = None
     for i in tqdm(range(plan.num_steps), desc=f"sampling ({plan.sampler})", disable=not progress, leave=False):
         t = plan.timesteps[i].expand(B)
-        eps = model(x, t).float()
-        noise = torch.randn(shape, generator=generator, device=device) if plan.noise_steps[i] else None
-        x, prev_xstart = p_step(
-            plan, i, x, eps, noise=noise, prev_xstart=prev_xstart if plan.uses_prev_xstart else None
-        )
+        with phase("unet"):
+            eps = model(x, t).float()
+        with phase("noise"):
+            noise = torch.randn(shape, generator=generator, device=device) if plan.noise_steps[i] else None
+        with phase("step"):
+            x, prev_xstart = p_step(
+                plan, i, x, eps, noise=noise, prev_xstart=prev_xstart if plan.uses_prev_xstart else None
+            )
     return x
 

@@ -12,25 +12,20 @@ is synchronized once per run, when the events are read); on a CPU, ``time.perf_c
 ``--repeats`` runs give the median and the min-max. Memory: the peak of
 ``torch.cuda.max_memory_allocated`` after a reset (GPU), or the process's peak resident set
 sampled while the row runs (CPU). Parity: each row's images against the original's from the
-same noise (max abs difference, PSNR over the [-1, 1] range).
+same noise (max abs difference, PSNR over the [-1, 1] range). The table, chart and files are written
+by benchmark_report.py; the training benchmark is benchmark_training.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
-import csv
-import io
-import json
 import math
-import platform
 import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
@@ -38,59 +33,13 @@ import implementations
 from basic_diffusion import UNet, count_parameters
 from checkpoints import first_line
 from noise_schedule import SamplingPlan
-from safe_files import atomic_write
+from benchmark_report import Row, Unavailable, environment, format_summary, format_table, write_outputs
 
 ROWS = tuple(implementations.REGISTRY)  # every implementation, sample-mode or benchmark-only
 
 # A row passes parity when its images match the original's to this PSNR (dB, data range 2).
 # fp32 rows differ only by float reassociation; bf16/fp16 rows by the lower precision.
 PARITY_PSNR_DB = {"fp32": 40.0, "bf16": 20.0, "fp16": 25.0}
-
-
-class Unavailable(Exception):
-    """A row that cannot run here; the message says why (shown in the table)."""
-
-
-@dataclass
-class Row:
-    name: str
-    precision: str
-    status: str = "ok"  # ok | unavailable | failed
-    reason: str = ""
-    times_s: list[float] = field(default_factory=list)
-    median_s: float | None = None
-    min_s: float | None = None
-    max_s: float | None = None
-    ms_per_step: float | None = None
-    images_per_s: float | None = None
-    speedup: float | None = None
-    peak_memory_mb: float | None = None
-    memory_kind: str = ""
-    max_abs_diff: float | None = None
-    psnr_db: float | None = None
-    parity: str = ""  # pass | FAIL | reference | ""
-    tflops: float | None = None
-    detail: str = ""  # what ran, where the name does not say (onnxruntime's execution provider)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("benchmark")
-    g.add_argument(
-        "--bench", choices=("sampling", "training"), default="sampling", help="time sampling implementations, or training steps"
-    )
-    g.add_argument("--train_steps", type=int, default=20, help="timed optimizer steps per training row")
-    g.add_argument("--repeats", type=int, default=3, help="timed runs per row (median and min-max reported)")
-    g.add_argument("--warmup", type=int, default=1, help="untimed runs per row before timing")
-    g.add_argument("--json", default=None, help="write the results as JSON here (benchmark, evaluate)")
-    g.add_argument("--csv", default=None, help="write the result rows as CSV here")
-    g.add_argument(
-        "--chart", default=None, help="write a chart PNG here (benchmark: time per row; evaluate: quality against steps)"
-    )
-    g.add_argument(
-        "--rows",
-        default="all",
-        help=f"comma-separated rows to run, from {','.join(ROWS)} (default all; original always runs: it is the reference)",
-    )
 
 
 @dataclass(frozen=True)
@@ -106,6 +55,7 @@ class BenchmarkRequest:
     json: str | None = None
     csv: str | None = None
     chart: str | None = None
+    profile: str | None = None  # --profile DIR: one more run of each row, traced, after its timing
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -271,104 +221,6 @@ class DeviceMemory:
         self.mb = max(reserved, self.peak_used - self.used0) / 2**20
 
 
-# ----- reporting ---------------------------------------------------------------------------------
-def environment(device: torch.device) -> dict:
-    info = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "none",
-        "python": platform.python_version(),
-    }
-    if device.type == "cuda":
-        info["driver"] = _driver_version()
-        info["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
-    try:
-        import tensorrt
-
-        info["tensorrt"] = tensorrt.__version__
-    except ImportError:
-        info["tensorrt"] = "not installed"
-    return info
-
-
-def _driver_version() -> str:
-    try:
-        import subprocess
-
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
-        )
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def format_table(rows: list[Row]) -> str:
-    head = ("implementation", "precision", "median s", "min-max s", "ms/step", "img/s", "speedup", "peak MB", "max|diff|", "PSNR dB", "parity")
-    lines = []
-    for r in rows:
-        if r.status != "ok":
-            lines.append((r.name, r.precision, f"{r.status}: {r.reason}"))
-            continue
-        lines.append((
-            f"{r.name} ({r.detail})" if r.detail else r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
-            f"{r.images_per_s:.1f}", _times(r.speedup), "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
-            "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
-        ))  # fmt: skip
-    widths = [max([len(h), *(len(line[i]) for line in lines if len(line) > 3)]) for i, h in enumerate(head)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-    for line in lines:
-        out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)) if len(line) > 3 else "  ".join(line))
-    return "\n".join(out)
-
-
-def _times(speedup: float | None) -> str:
-    return "-" if speedup is None else f"{speedup:.2f}x"
-
-
-SUMMARY_NAMES = {"original": "Original PyTorch implementation", "cuda": "CUDA-optimized implementation",
-                 "tensorrt": "TensorRT implementation", "compile": "torch.compile implementation",
-                 "onnxruntime": "onnxruntime implementation", "torchscript": "TorchScript implementation"}  # fmt: skip
-
-
-def format_summary(rows: list[Row]) -> str:
-    lines = ["===== BENCHMARK RESULTS ====="]
-    by_name = {r.name: r for r in rows}
-    for r in rows:
-        label = SUMMARY_NAMES.get(r.name, r.name)
-        if r.status != "ok":
-            lines.append(f"{label}: {r.status} ({r.reason})")
-        elif r.name == "original":
-            lines.append(f"{label}: {r.median_s:.2f}s")
-        else:
-            lines.append(f"{label}: {r.median_s:.2f}s (Speedup: {_times(r.speedup)})")
-    trt, cuda = by_name.get("tensorrt"), by_name.get("cuda")
-    if trt and cuda and trt.status == cuda.status == "ok":
-        lines.append(f"TensorRT vs CUDA-optimized speedup: {cuda.median_s / trt.median_s:.2f}x")
-    return "\n".join(lines)
-
-
-def write_chart(rows: list[Row], path: str | Path, *, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if r.status == "ok"]
-    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
-    bars = ax.bar([f"{r.name}\n{r.precision}" for r in ok], [r.median_s for r in ok], color="#4c72b0")
-    for bar, r in zip(bars, ok):
-        ax.annotate(_times(r.speedup), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
-    ax.set_ylabel("median seconds per sampling run")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write(path, lambda f: f.write(buf.getvalue()))
-
-
 # ----- the benchmark -----------------------------------------------------------------------------
 def run_benchmark(
     model: UNet,
@@ -381,8 +233,13 @@ def run_benchmark(
     warmup: int,
     repeats: int,
     progress: Callable[[str], None] = print,
+    profile: str | None = None,
 ) -> tuple[dict, list[Row]]:
-    """Time every requested row; returns (environment and config, rows)."""
+    """Time every requested row; returns (environment and config, rows).
+
+    With ``profile`` (--profile DIR), each row runs once more after its timing, traced into
+    DIR/benchmark-<row>/ (profiling.py): the trace never lands in a timed run or the memory figure.
+    """
     device = plan.coefficients.device
     env = environment(device)
     flops = unet_flops(model, shape=shape, device=device)
@@ -423,7 +280,9 @@ def run_benchmark(
                 )
                 if device.type == "cuda":
                     memory.sample()  # everything the row allocated is still held here
-                del run
+            if profile:
+                trace_run(run, name=f"benchmark-{name}", directory=profile, device=device, seed=seed, log=progress)
+            del run
         except Exception as exc:  # a row's failure is reported in its row, the others still run
             row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
             progress(f"{name}: failed ({row.reason})")
@@ -454,21 +313,16 @@ def run_benchmark(
     return env, results
 
 
-def write_outputs(env: dict, rows: list[Row], *, json_path: str | None, csv_path: str | None, chart_path: str | None) -> None:
-    if json_path:
-        payload = json.dumps({"environment": env, "rows": [asdict(r) for r in rows]}, indent=2, default=str)
-        atomic_write(json_path, lambda f: f.write(payload.encode()))
-    if csv_path:
-        buf = io.StringIO()
-        fields = [k for k in asdict(rows[0]) if k != "times_s"]
-        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow(asdict(r))
-        atomic_write(csv_path, lambda f: f.write(buf.getvalue().encode()))
-    if chart_path:
-        title = f"{env['device']} · {env['sampler']} {env['steps']} steps · batch {env['shape'][0]} · {'x'.join(map(str, env['shape'][1:]))}"
-        write_chart(rows, chart_path, title=title)
+def trace_run(
+    run: Callable[[torch.Generator], torch.Tensor], *, name: str, directory: str, device: torch.device, seed: int,
+    log: Callable[[str], None],
+) -> None:
+    """One untimed run under torch.profiler (one profiler step), written to ``directory/name``."""
+    from profiling import ProfileConfig, make_profiler
+
+    with make_profiler(ProfileConfig(directory, run_name=name, total_steps=1), device=device, log=log) as profiler:
+        run(torch.Generator(device).manual_seed(seed))
+        profiler.step()
 
 
 # ----- the command line --------------------------------------------------------------------------
@@ -505,8 +359,9 @@ def main(
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = run_benchmark(
-        model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup, repeats=args.repeats
-    )
+        model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup,
+        repeats=args.repeats, profile=args.profile,
+    )  # fmt: skip
     print()
     for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python"):
         if key in env:
@@ -531,91 +386,3 @@ def main(
     return rows
 
 
-# ----- training throughput -------------------------------------------------------------------------
-def training_variants(device: torch.device) -> list[tuple[str, dict]]:
-    """(name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last, +/- compile."""
-    amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
-    fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
-    return [
-        ("fp32 eager", dict(precision="fp32", compile=False, cuda_fast_path=False)),
-        ("fp32 compile", dict(precision="fp32", compile=True, cuda_fast_path=False)),
-        (f"{amp}{fast} eager", dict(precision=amp, compile=False, cuda_fast_path=True)),
-        (f"{amp}{fast} compile", dict(precision=amp, compile=True, cuda_fast_path=True)),
-    ]
-
-
-def run_training_benchmark(
-    model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
-    progress: Callable[[str], None] = print,
-) -> list[dict]:
-    """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant."""
-    from data import ImageSet
-    from training import TrainConfig, Trainer
-
-    gen = torch.Generator().manual_seed(seed)
-    shape = (batch_size * 4, model_config.in_channels, model_config.image_size, model_config.image_size)
-    images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
-    results = []
-    for name, fields in training_variants(device):
-        progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
-        row = {"name": name, **fields, "status": "ok", "reason": ""}
-        results.append(row)
-        try:
-            config = TrainConfig(dataset="random", total_steps=warmup + steps + 1, batch_size=batch_size, seed=seed,
-                                 warmup_steps=0, save_every=0, sample_every=0, **fields)  # fmt: skip
-            trainer = Trainer(config, model_config, schedule_config, images=images, device=device)
-            for _ in range(warmup):
-                trainer.train_step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(device)
-            with PeakRSS() as rss:
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    trainer.train_step()  # reads the loss each step (a sync), so the clock sees the GPU work
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                elapsed = time.perf_counter() - t0
-        except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
-            row.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
-            progress(f"training {name}: failed ({row['reason']})")
-            continue
-        row["images_per_s"] = steps * batch_size / elapsed
-        row["ms_per_step"] = 1000.0 * elapsed / steps
-        progress(f"training {name}: {row['images_per_s']:.1f} img/s")  # each variant's result as soon as it is known
-        if device.type == "cuda":
-            row["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-        else:
-            row["peak_memory_mb"] = None if rss.peak is None else rss.peak / 2**20
-    base = results[0].get("images_per_s")
-    for row in results:
-        if base and row.get("images_per_s"):
-            row["speedup"] = row["images_per_s"] / base
-    return results
-
-
-def main_training(args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device) -> list[dict]:
-    warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
-    rows = run_training_benchmark(
-        model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
-        warmup=warmup, seed=args.seed,
-    )  # fmt: skip
-    env = environment(device)
-    print()
-    for key in ("date", "device", "torch", "cuda"):
-        print(f"{key:>10}: {env[key]}")
-    print(f"{'model':>10}: {model_config.model_channels} base channels, {model_config.in_channels}x{model_config.image_size}"
-          f"x{model_config.image_size}, batch {args.batch_size}, {warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
-    print()
-    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}")
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"{r['name']:<40}{r['status']}: {r['reason']}")
-            continue
-        mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        print(f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{_times(r.get('speedup')):>9}{mem:>9}")
-    if args.json:
-        payload = json.dumps({"environment": env, "training_rows": rows}, indent=2, default=str)
-        atomic_write(args.json, lambda f: f.write(payload.encode()))
-        print(f"wrote {args.json}")
-    return rows

@@ -5,26 +5,33 @@
 ``main.py`` runs a mode on its request; below main.py nothing reads an argparse Namespace. The
 requests hold resolved values (the device, the precision, default paths, registry names, the
 sampler plan's parameters), and every flag error a user can make is a ``ValueError`` raised here,
-before any file is read or written.
+before any file is read or written. Most of the file is the flags' help text, kept beside each flag
+(the request types are in mode_requests.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from safe_files import check_outputs  # every output checked before any work
 
+from mode_requests import (
+    BenchmarkRun,
+    EngineFlags,
+    EvaluateRequest,
+    ExportRequest,
+    ModelSource,
+    NewModel,
+    SampleRequest,
+    SamplingChoice,
+    TrainRequest,
+)
+
 if TYPE_CHECKING:
     import torch
-
-    from basic_diffusion import UNetConfig
-    from benchmark import BenchmarkRequest
-    from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
-    from tensorrt_integration import TensorRTOptions
 
 PROG = "main.py"
 SEED_MAX = 2**63 - 1
@@ -80,13 +87,13 @@ def seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import benchmark
     from artifacts import FORMATS
     from basic_diffusion import PRESETS
     from data import DATASETS
-    from implementations import SAMPLE_IMPLEMENTATIONS
+    from implementations import REGISTRY, SAMPLE_IMPLEMENTATIONS
     from noise_schedule import SAMPLERS, SCHEDULES
     from precision import PRECISIONS
+    from timestep_sampling import TIMESTEP_SAMPLERS
     from tensorrt_integration import BACKENDS
     from unet_io import DEFAULT_MAX_BATCH
 
@@ -109,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise "
         "(sampling: fp32, so every implementation draws the same images)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="train, sample, benchmark: record a torch.profiler trace of a few steps into DIR/<run>/plugins/profile/ "
+        "(view: tensorboard --logdir DIR, or the .pt.trace.json in ui.perfetto.dev) and print the top operations",
     )
     p.add_argument(
         "--model_path",
@@ -145,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice; default: unweighted)",
     )
     g.add_argument("--grad_clip", type=finite_float, default=1.0, help="gradient-norm clipping")
+    g.add_argument(
+        "--timestep_sampling", choices=TIMESTEP_SAMPLERS, default="uniform",
+        help="which timesteps each step trains on: uniform (DDPM); importance (loss-aware, Nichol & Dhariwal 2021, "
+        "unbiased); topk (mostly the K timesteps with the largest loss, unbiased); speed (SpeeD-style: fewer draws "
+        "where the loss has converged, reweighted)",
+    )  # fmt: skip
     g.add_argument(
         "--compile", action="store_true", help="torch.compile the U-Net (training; and sampling with --implementation cuda)"
     )
@@ -202,173 +222,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trt_backend", choices=BACKENDS, default="native", help="native engines or torch_tensorrt.compile")
     g.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch a TensorRT engine takes")
     g.add_argument("--trt_opt_level", type=int, default=3, help="TensorRT builder optimization level, 0-5")
-    benchmark.add_arguments(p)
+    g = p.add_argument_group("benchmark")
+    g.add_argument(
+        "--bench", choices=("sampling", "training"), default="sampling", help="time sampling implementations, or training steps"
+    )
+    g.add_argument("--train_steps", type=int, default=20, help="timed optimizer steps per training row")
+    g.add_argument("--repeats", type=int, default=3, help="timed runs per row (median and min-max reported)")
+    g.add_argument("--warmup", type=int, default=1, help="untimed runs per row before timing")
+    g.add_argument("--json", default=None, help="write the results as JSON here (benchmark, evaluate)")
+    g.add_argument("--csv", default=None, help="write the result rows as CSV here")
+    g.add_argument(
+        "--chart", default=None, help="write a chart PNG here (benchmark: time per row; evaluate: quality against steps)"
+    )
+    g.add_argument(
+        "--rows",
+        default="all",
+        help=f"comma-separated rows to run, from {','.join(REGISTRY)} (default all; original always runs: it is the reference)",
+    )
     return p
-
-
-# ----- the typed requests ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelSource:
-    """A file to sample, export or measure: a checkpoint, or an exported U-Net (.ts, .onnx, .engine/.plan)."""
-
-    path: str
-    weights: str = "ema"  # "ema" or "model" (--no_ema): which weights of a checkpoint
-    trust_torchscript: bool = False  # a .ts file is a program: loaded only with consent
-
-
-@dataclass(frozen=True)
-class NewModel:
-    """A U-Net and noise schedule made from the flags (training; benchmark without --model_path)."""
-
-    dataset: str
-    data_dir: str
-    image_size: int
-    channels: int
-    preset: str = "small"
-    model_channels: int | None = None
-    num_res_blocks: int | None = None
-    dropout: float | None = None
-    beta_schedule: str = "linear"
-    timesteps: int = 1000
-
-    def model_config(self) -> UNetConfig:
-        """The preset with the flags' overrides (validated)."""
-        from basic_diffusion import unet_preset
-
-        return unet_preset(
-            self.preset,
-            image_size=self.image_size,
-            in_channels=self.channels,
-            model_channels=self.model_channels,
-            num_res_blocks=self.num_res_blocks,
-            dropout=self.dropout,
-        )
-
-    def schedule_config(self) -> ScheduleConfig:
-        from noise_schedule import ScheduleConfig
-
-        return ScheduleConfig(kind=self.beta_schedule, num_timesteps=self.timesteps)
-
-
-@dataclass(frozen=True)
-class SamplingChoice:
-    """Which sampler, how many steps (None: its default), DDIM's eta, and whether x0 is clipped."""
-
-    sampler: str = "ddpm"
-    steps: int | None = None
-    eta: float = 0.0
-    clip_denoised: bool = True
-
-    def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
-        return schedule.make_plan(
-            self.sampler, num_steps=self.steps, eta=self.eta, clip_denoised=self.clip_denoised, device=device
-        )
-
-
-@dataclass(frozen=True)
-class EngineFlags:
-    """The TensorRT flags; the engine cache goes in a folder beside the file the engine is made from."""
-
-    backend: str = "native"
-    max_batch: int = 64
-    optimization_level: int = 3
-    opset: int | None = None
-
-    def options(self, *, source: str | Path) -> TensorRTOptions:
-        from engine_cache import cache_dir_for
-        from tensorrt_integration import TensorRTOptions
-
-        return TensorRTOptions(
-            backend=self.backend,
-            max_batch=self.max_batch,
-            optimization_level=self.optimization_level,
-            opset=self.opset,
-            cache_dir=cache_dir_for(source),
-        )
-
-
-@dataclass(frozen=True)
-class TrainRequest:
-    device: torch.device
-    precision: str  # resolved: bf16 on a GPU that has it, fp32 otherwise, unless asked
-    checkpoint: str
-    resume: bool
-    overwrite: bool
-    model: NewModel
-    seed: int = 0
-    n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
-    max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap
-    batch_size: int = 64
-    lr: float = 2e-4
-    warmup_steps: int | None = None  # None: 5% of the run, at most 500
-    ema_decay: float = 0.999
-    min_snr_gamma: float | None = None
-    grad_clip: float = 1.0
-    compile: bool = False
-    save_every: int = 1000
-    sample_every: int = 1000
-
-
-@dataclass(frozen=True)
-class SampleRequest:
-    device: torch.device
-    precision: str
-    source: ModelSource
-    implementation: str  # a registry name (cuda with --compile is cuda_compile)
-    sampling: SamplingChoice
-    grid: str | None  # the PNG grid, or None with --no_grid
-    npz: str | None
-    n_samples: int = 16
-    batch_size: int = 64
-    grid_scale: int | None = None
-    seed: int = 0
-    opset: int | None = None
-    engine: EngineFlags = EngineFlags()
-
-
-@dataclass(frozen=True)
-class EvaluateRequest:
-    device: torch.device
-    precision: str
-    source: ModelSource
-    implementation: str
-    samplers: list  # evaluate sweeps samplers x steps
-    steps: list
-    dataset: str  # the training data of an exported file (a checkpoint records its own)
-    eta: float = 0.0
-    clip_denoised: bool = True
-    n_samples: int = 16
-    batch_size: int = 64
-    seed: int = 0
-    json: str | None = None
-    chart: str | None = None
-    opset: int | None = None
-    engine: EngineFlags = EngineFlags()
-
-
-@dataclass(frozen=True)
-class ExportRequest:
-    device: torch.device
-    precision: str
-    source: ModelSource
-    fmt: str
-    output: str
-    opset: int | None = None
-    engine: EngineFlags = EngineFlags()
-
-
-@dataclass(frozen=True)
-class BenchmarkRun:
-    device: torch.device
-    precision: str
-    bench: str  # "sampling" or "training"
-    request: BenchmarkRequest
-    source: ModelSource | None  # a checkpoint, or None: a fresh U-Net of ``model``
-    model: NewModel
-    sampling: SamplingChoice
-    n_samples: int = 16
-    batch_size: int = 64
-    seed: int = 0
 
 
 # ----- from flags to requests --------------------------------------------------------------------
@@ -384,6 +255,7 @@ def request_for(args: argparse.Namespace) -> object:
         from export import check_opset
 
         check_opset(args.opset)
+    _profile_dir(args)  # refused for the modes it does not apply to
     return REQUESTS[args.mode](args, resolve_device(args.device))
 
 
@@ -422,6 +294,17 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
             raise ValueError(f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}")
     steps = int(args.sampling_steps) if args.sampling_steps is not None else None
     return SamplingChoice(sampler=args.sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
+
+
+def _profile_dir(args: argparse.Namespace) -> str | None:
+    """--profile DIR: a folder (made if missing), never a file; only for train, sample and benchmark."""
+    if args.profile is None:
+        return None
+    if args.mode not in ("train", "sample", "benchmark"):
+        raise ValueError(f"--profile applies to --mode train, sample and benchmark, not {args.mode}")
+    if Path(args.profile).exists() and not Path(args.profile).is_dir():
+        raise ValueError(f"--profile {args.profile} is a file; it names the folder the traces go into")
+    return args.profile
 
 
 def _model_path(args: argparse.Namespace) -> str:
@@ -466,6 +349,21 @@ def _implementation(args: argparse.Namespace) -> str:
     return "cuda_compile" if args.compile else args.implementation
 
 
+def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSource) -> dict:
+    """The fields of a DrawRequest (sample and evaluate mode)."""
+    return dict(
+        device=device,
+        precision=_precision(args, "sampling", device),  # auto is fp32: the original's images
+        source=source,
+        implementation=_implementation(args),
+        n_samples=args.n_samples,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        opset=args.opset,
+        engine=_engine(args),
+    )
+
+
 def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
     from data import default_shape
 
@@ -495,10 +393,12 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         warmup_steps=args.warmup_steps,
         ema_decay=args.ema_decay,
         min_snr_gamma=args.min_snr_gamma,
+        timestep_sampling=args.timestep_sampling,
         grad_clip=args.grad_clip,
         compile=args.compile,
         save_every=args.save_every,
         sample_every=args.sample_every,
+        profile=_profile_dir(args),
     )
 
 
@@ -515,20 +415,9 @@ def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequ
     check_suffix("--output (the PNG grid)", grid, ".png")
     check_suffix("--save_npz", args.save_npz, ".npz")
     return SampleRequest(
-        device=device,
-        precision=_precision(args, "sampling", device),  # fp32: the original's images
-        source=source,
-        implementation=_implementation(args),
-        sampling=sampling,
-        grid=grid,
-        npz=args.save_npz,
-        n_samples=args.n_samples,
-        batch_size=args.batch_size,
-        grid_scale=args.grid_scale,
-        seed=args.seed,
-        opset=args.opset,
-        engine=_engine(args),
-    )
+        **_draw_fields(args, device, source), sampling=sampling, grid=grid, npz=args.save_npz,
+        grid_scale=args.grid_scale, profile=_profile_dir(args),
+    )  # fmt: skip
 
 
 def evaluate_request(args: argparse.Namespace, device: torch.device) -> EvaluateRequest:
@@ -541,22 +430,14 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     check_suffix("--json", args.json, ".json")
     check_suffix("--chart", args.chart, ".png")
     return EvaluateRequest(
-        device=device,
-        precision=_precision(args, "sampling", device),
-        source=source,
-        implementation=_implementation(args),
+        **_draw_fields(args, device, source),
         samplers=evaluate.parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
         steps=evaluate.parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
         dataset=args.dataset,
         eta=args.eta,
         clip_denoised=not args.no_clip,
-        n_samples=args.n_samples,
-        batch_size=args.batch_size,
-        seed=args.seed,
         json=args.json,
         chart=args.chart,
-        opset=args.opset,
-        engine=_engine(args),
     )
 
 
@@ -589,7 +470,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
     request = benchmark.BenchmarkRequest(
         rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
-        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart,
+        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart, profile=_profile_dir(args),
     )  # fmt: skip
     outputs = {"--json": args.json}
     if args.bench == "sampling":

@@ -5,8 +5,9 @@ only the grid's tiles (uint8, at most :data:`MAX_GRID_PIXELS` of picture) and st
 into the ``images`` array of an .npz as they come, so memory does not grow with the count. Both
 files appear atomically when the writer closes; a failed or interrupted run leaves neither.
 
-    plan_outputs(n_samples=..., image_shape=(C, H, W), grid="samples.png", npz=None)   # refuse before work
-    with SampleWriter(n_samples, (C, H, W), grid="samples.png", npz="s.npz") as out:
+    outputs = SampleOutputs(n_samples, (C, H, W), grid="samples.png", npz="s.npz")
+    outputs.check()                       # refuse, before any sampling, what could not be written
+    with SampleWriter(outputs) as out:
         for images in batches:  # (B, C, H, W) in [-1, 1]
             out.add(images)
 """
@@ -17,6 +18,7 @@ import contextlib
 import math
 import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -94,36 +96,39 @@ def save_grid(images: torch.Tensor, path: str | Path, *, scale: int | None = Non
     return atomic_write(path, lambda f: picture.save(f, format="png"))
 
 
-def plan_outputs(
-    *,
-    n_samples: int,
-    image_shape: tuple[int, int, int],
-    grid: str | Path | None,
-    npz: str | Path | None,
-    grid_scale: int | None = None,
-) -> None:
-    """Refuse, before any sampling, outputs that cannot be written: a grid too large (at ``grid_scale``,
-    or unscaled when that is left to the default), an .npz beyond free disk."""
-    c, h, w = image_shape
-    if grid is not None:
-        scale = grid_scale or 1
-        pixels = grid_pixels(n_samples, height=h, width=w) * scale**2
-        if pixels > MAX_GRID_PIXELS:
-            fits = _largest_grid(height=h, width=w, scale=scale)
-            lower = "lower --grid_scale or --n_samples" if scale > 1 else "lower --n_samples"
-            raise ValueError(
-                f"a grid of {n_samples} samples of {h}x{w} would have {pixels / 1e6:.0f} million pixels; one PNG holds at "
-                f"most {fits} of them: {lower}, or pass --no_grid with --save_npz to keep only the arrays"
-            )
-    if npz is not None:
-        need = n_samples * c * h * w + (1 << 20)  # stored pixels (compression only shrinks them) + headers
-        folder = next(p for p in (resolved(npz).parent, *resolved(npz).parents) if p.exists())
-        free = shutil.disk_usage(folder).free
-        if need > free:
-            raise ValueError(
-                f"--save_npz {npz} may need {need / 2**30:.2f} GiB and {folder} has {free / 2**30:.2f} GiB free; "
-                f"at most about {max(0, free - (1 << 20)) // (c * h * w)} samples of {c}x{h}x{w} fit"
-            )
+@dataclass(frozen=True)
+class SampleOutputs:
+    """The files one sampling run writes: a PNG grid and/or an .npz of ``n_samples`` images of ``image_shape``."""
+
+    n_samples: int
+    image_shape: tuple[int, int, int]  # (C, H, W)
+    grid: str | Path | None = None
+    npz: str | Path | None = None
+    grid_scale: int | None = None  # None: chosen so tiles are at least MIN_TILE pixels
+
+    def check(self) -> None:
+        """Refuse, before any sampling, outputs that cannot be written: a grid too large (at ``grid_scale``,
+        or unscaled when that is left to the default), an .npz beyond free disk."""
+        n, (c, h, w) = self.n_samples, self.image_shape
+        if self.grid is not None:
+            scale = self.grid_scale or 1
+            pixels = grid_pixels(n, height=h, width=w) * scale**2
+            if pixels > MAX_GRID_PIXELS:
+                fits = _largest_grid(height=h, width=w, scale=scale)
+                lower = "lower --grid_scale or --n_samples" if scale > 1 else "lower --n_samples"
+                raise ValueError(
+                    f"a grid of {n} samples of {h}x{w} would have {pixels / 1e6:.0f} million pixels; one PNG holds at "
+                    f"most {fits} of them: {lower}, or pass --no_grid with --save_npz to keep only the arrays"
+                )
+        if self.npz is not None:
+            need = n * c * h * w + (1 << 20)  # stored pixels (compression only shrinks them) + headers
+            folder = next(p for p in (resolved(self.npz).parent, *resolved(self.npz).parents) if p.exists())
+            free = shutil.disk_usage(folder).free
+            if need > free:
+                raise ValueError(
+                    f"--save_npz {self.npz} may need {need / 2**30:.2f} GiB and {folder} has {free / 2**30:.2f} GiB "
+                    f"free; at most about {max(0, free - (1 << 20)) // (c * h * w)} samples of {c}x{h}x{w} fit"
+                )
 
 
 def _largest_grid(*, height: int, width: int, scale: int = 1) -> int:
@@ -136,26 +141,19 @@ def _largest_grid(*, height: int, width: int, scale: int = 1) -> int:
 class SampleWriter:
     """Receives batches of samples; writes the grid PNG and the .npz (uint8, NHWC) on close."""
 
-    def __init__(
-        self,
-        n_samples: int,
-        image_shape: tuple[int, int, int],
-        *,
-        grid: str | Path | None,
-        npz: str | Path | None,
-        grid_scale: int | None = None,
-    ) -> None:
+    def __init__(self, outputs: SampleOutputs) -> None:
+        n_samples, image_shape = outputs.n_samples, outputs.image_shape
         self.n_samples, self.image_shape = n_samples, image_shape
-        self.grid, self.npz = grid, npz
+        self.grid, self.npz = outputs.grid, outputs.npz
         _, h, w = image_shape
-        self.grid_scale = choose_grid_scale(n_samples, height=h, width=w, requested=grid_scale)
+        self.grid_scale = choose_grid_scale(n_samples, height=h, width=w, requested=outputs.grid_scale)
         self.tiles: list[torch.Tensor] = []
         self.written = 0
         self._stack = contextlib.ExitStack()
         self._array = None
-        if npz is not None:
+        if self.npz is not None:
             c, h, w = image_shape
-            f = self._stack.enter_context(atomic_open(npz))
+            f = self._stack.enter_context(atomic_open(self.npz))
             archive = self._stack.enter_context(zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED))
             self._array = self._stack.enter_context(archive.open("images.npy", "w", force_zip64=True))
             header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,

@@ -25,7 +25,7 @@ import interrupts  # before torch: a Ctrl-C during the first imports ends in one
 from cli import PROG
 
 if TYPE_CHECKING:
-    from cli import BenchmarkRun, EvaluateRequest, ExportRequest, SampleRequest, TrainRequest
+    from mode_requests import BenchmarkRun, DrawRequest, EvaluateRequest, ExportRequest, SampleRequest, TrainRequest
     from implementations import SamplerOptions
 
 
@@ -40,7 +40,7 @@ def run_train(request: TrainRequest) -> None:
                 f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
                 "or --overwrite to start over and replace it"
             )
-        train(resumed_trainer(request) if request.resume else new_trainer(request))
+        train(resumed_trainer(request) if request.resume else new_trainer(request), profile=request.profile)
     print(f"checkpoint: {checkpoint}")
 
 
@@ -91,6 +91,7 @@ def new_trainer(request: TrainRequest):
         grad_clip=request.grad_clip,
         ema_decay=request.ema_decay,
         min_snr_gamma=request.min_snr_gamma,
+        timestep_sampling=request.timestep_sampling,
         precision=request.precision,
         compile=request.compile,
         seed=request.seed,
@@ -106,14 +107,24 @@ def new_trainer(request: TrainRequest):
     return trainer
 
 
-def train(trainer) -> None:
+def train(trainer, *, profile: str | None = None) -> None:
     """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143.
 
     A run stopped before its first step saves nothing, so the file it would replace stays as it was.
+    With ``profile`` (--profile DIR) a few steps of the run are traced (profiling.py).
     """
     start = trainer.step
     try:
-        trainer.run()
+        if profile and trainer.config.total_steps > start:
+            from tqdm.auto import tqdm
+
+            from profiling import ProfileConfig, make_profiler
+
+            config = ProfileConfig(profile, run_name="train", total_steps=trainer.config.total_steps - start)
+            with make_profiler(config, device=trainer.device, log=tqdm.write) as profiler:
+                trainer.run(profiler=profiler)
+        else:
+            trainer.run()
     except KeyboardInterrupt as exc:
         stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
         if trainer.step == start:
@@ -132,9 +143,10 @@ def run_sample(request: SampleRequest) -> None:
 
     import implementations
     from artifacts import artifact_kind, load_artifact
-    from image_files import SampleWriter, plan_outputs
+    from image_files import SampleOutputs, SampleWriter
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
+    from profiling import ProfileConfig, make_profiler
     # A checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan), with the configs stored in or beside it.
     source, device, n = request.source, request.device, request.n_samples
     implementations.get(request.implementation).check(kind=artifact_kind(source.path), precision=request.precision)
@@ -143,8 +155,8 @@ def run_sample(request: SampleRequest) -> None:
     )
     model, model_config = artifact.model, artifact.model_config
     c, s = model_config.in_channels, model_config.image_size
-    outputs = dict(grid=request.grid, npz=request.npz, grid_scale=request.grid_scale)
-    plan_outputs(n_samples=n, image_shape=(c, s, s), **outputs)
+    outputs = SampleOutputs(n, (c, s, s), grid=request.grid, npz=request.npz, grid_scale=request.grid_scale)
+    outputs.check()
     batch_size = min(request.batch_size, n)
     check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
     plan = request.sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
@@ -154,14 +166,18 @@ def run_sample(request: SampleRequest) -> None:
     )
     # Batches of --batch_size in order, from one generator: memory stays that of one batch.
     sizes = [min(batch_size, n - start) for start in range(0, n, batch_size)]
-    with SampleWriter(n, (c, s, s), **outputs) as out:
+    profile = request.profile and ProfileConfig(
+        request.profile, run_name=f"sample-{request.implementation}", total_steps=len(sizes)
+    )  # each batch is one profiler step: a one-batch run is traced whole
+    with SampleWriter(outputs) as out, make_profiler(profile or None, device=device, log=tqdm.write) as profiler:
         for size in tqdm(sizes, desc="batches", unit="batch", disable=len(sizes) == 1, dynamic_ncols=True):
             out.add(draw((size, c, s, s), generator, len(sizes) == 1))
+            profiler.step()
         written = out.close()
     print(f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps)")
 
 
-def sampler_options(request: SampleRequest | EvaluateRequest, *, source: str | Path) -> SamplerOptions:
+def sampler_options(request: DrawRequest, *, source: str | Path) -> SamplerOptions:
     from implementations import SamplerOptions
 
     return SamplerOptions(precision=request.precision, opset=request.opset, tensorrt=request.engine.options(source=source))
@@ -192,6 +208,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
     import torch
 
     import benchmark
+    import benchmark_training
     from artifacts import artifact_kind
     from basic_diffusion import UNet
     from checkpoints import load_checkpoint_model
@@ -213,7 +230,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
     model.to(device).eval()
     plan = run.sampling.plan(NoiseSchedule(schedule_config), device=device)
     if training:
-        benchmark.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
+        benchmark_training.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
         return
     c, s = model.config.in_channels, model.config.image_size
     benchmark.main(request, model=model, plan=plan, shape=(run.n_samples, c, s, s), precision=run.precision)

@@ -8,6 +8,9 @@ they cannot drift apart.
 
 Schedules are computed in float64 and kept as float32 buffers that move with ``.to(device)``.
 
+Its length (over the project's ~450-line guide) is the price of one reference: every sampler's
+math in one file, read top to bottom, is what every faster implementation is tested against.
+
 Sampling plans
 --------------
 A sampler visits ``S`` distinct timesteps chosen by :func:`sampling_timesteps`, from the last

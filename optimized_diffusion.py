@@ -59,6 +59,7 @@ from torch import nn
 from checkpoints import first_line
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, p_step
 from precision import autocast, backend_policy, check_precision
+from profiling import phase
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,24 +317,26 @@ class FusedSampler:
             self._t.copy_(self._timesteps.index_select(0, self._step.view(1)).expand_as(self._t))
         x_in = self._x.contiguous(memory_format=torch.channels_last) if self._channels_last else self._x
         # Predict the noise: eps_theta(x_t, t), (B, C, H, W) in the autocast dtype.
-        with self._autocast():
+        with phase("unet"), self._autocast():
             eps = self._model(x_in, self._t)
         eps = eps.contiguous()  # x's NCHW layout, as the fused op requires (no copy when it already is)
         noise = None
         if draw_noise:
             # z ~ N(0, I) into a float32 NCHW buffer: the same draw as the original's torch.randn.
-            noise = self._noise.normal_(generator=self._rng)
+            with phase("noise"):
+                noise = self._noise.normal_(generator=self._rng)
         if self._fused:
-            fused_step_(
-                self._x,
-                eps,
-                noise=noise,
-                xstart=self._xstart,
-                coefficients=self._coefficients,
-                step=self._step,
-                clip_denoised=self.plan.clip_denoised,
-                use_prev=self._xstart is not None,
-            )
+            with phase("fused_step"):
+                fused_step_(
+                    self._x,
+                    eps,
+                    noise=noise,
+                    xstart=self._xstart,
+                    coefficients=self._coefficients,
+                    step=self._step,
+                    clip_denoised=self.plan.clip_denoised,
+                    use_prev=self._xstart is not None,
+                )
         else:
             # The reference p_step on this step's row of the table, gathered on the device (graph-safe).
             row = replace(self.plan, coefficients=self._coefficients.index_select(0, self._step.view(1)))  # (1, 6)
@@ -387,7 +390,8 @@ class FusedSampler:
             for i in steps:
                 draws_noise = self.plan.noise_steps[i]  # host tuple: no sync
                 if self._graph is not None and draws_noise == self._graph_draws_noise:
-                    self._graph.replay()
+                    with phase("graph_replay"):  # the whole step: U-Net, noise and fused step
+                        self._graph.replay()
                 else:
                     self._denoise_step(draw_noise=draws_noise)
             caller_rng.set_state(self._rng.get_state())  # hand the advanced stream back

@@ -12,6 +12,8 @@ IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3, which
 share. Which build each TensorRT version gets (strongly typed from 10.12, the graph's precision and
 opset) is decided in engine_cache.build_plan, a pure function of the version, tested without TensorRT.
 tensorrt is imported only when an engine is built or loaded: the rest of the project never needs it.
+It runs past the project's ~450-line guide on purpose: every call into TensorRT's version-dependent
+API (native engines and Torch-TensorRT) sits in this one file, so a TensorRT upgrade is read here.
 
 How a TensorRT sample runs:
 

@@ -21,13 +21,15 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import interrupts
-from basic_diffusion import UNet, UNetConfig, diffusion_loss, sample
+from basic_diffusion import UNet, UNetConfig, diffusion_loss, per_sample_losses, sample
 from checkpoints import FORMAT_VERSION, save_checkpoint
 from data import ImageSet
 from image_files import save_grid
 from noise_schedule import NoiseSchedule, ScheduleConfig
 from precision import autocast as precision_autocast
 from precision import check_precision
+from profiling import NullProfiler, Profiler, phase
+from timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
 
 MAX_CONSECUTIVE_NONFINITE = 20
 
@@ -47,6 +49,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     ema_decay: float = 0.999
     min_snr_gamma: float | None = None  # None: the unweighted loss; a number: min-SNR-gamma weighting
+    timestep_sampling: str = "uniform"  # which t each sample trains on (timestep_sampling.py)
     precision: str = "fp32"
     compile: bool = False
     seed: int = 0
@@ -73,6 +76,8 @@ class TrainConfig:
         if self.min_snr_gamma is not None and not (math.isfinite(self.min_snr_gamma) and self.min_snr_gamma > 0):
             raise ValueError(f"--min_snr_gamma must be positive, got {self.min_snr_gamma}")
         check_precision(self.precision)
+        if self.timestep_sampling not in TIMESTEP_SAMPLERS:
+            raise ValueError(f"unknown timestep sampling {self.timestep_sampling!r}; choose one of {', '.join(TIMESTEP_SAMPLERS)}")
 
     @property
     def samples_dir(self) -> Path:
@@ -124,6 +129,7 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.generator = torch.Generator(self.device).manual_seed(config.seed)  # timesteps and noise
+        self.timesteps = make_timestep_sampler(config.timestep_sampling, num_timesteps=schedule_config.num_timesteps)
         self.forward = torch.compile(self.model) if config.compile else self.model
         self.step = 0
         if resume_state is not None:
@@ -141,6 +147,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
             "step": self.step,
+            "timestep_sampler": self.timesteps.state_dict(),
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -158,6 +165,8 @@ class Trainer:
             self.ema.load_state_dict(state["ema"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["grad_scaler"])
+            if "timestep_sampler" in state:  # checkpoints before it existed trained with uniform t
+                self.timesteps.load_state_dict(state["timestep_sampler"])
             rng = state["rng"]
             torch.set_rng_state(rng["torch"])
             if rng["cuda"] and torch.cuda.is_available():
@@ -195,25 +204,37 @@ class Trainer:
         cfg = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
-        x_start = self.images.batch(self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device)
-        x_start = x_start.contiguous(memory_format=self.memory_format)  # (B, C, H, W)
+        with phase("data"):
+            x_start = self.images.batch(self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device)
+            x_start = x_start.contiguous(memory_format=self.memory_format)  # (B, C, H, W)
         # Forward and backward, in the chosen precision.
         self.model.train()
-        with autocast(self.device, cfg.precision):
-            loss = diffusion_loss(
-                self.forward, self.schedule, x_start, generator=self.generator, min_snr_gamma=self.config.min_snr_gamma
-            )
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        # Clip gradients (after unscaling fp16 gradients).
-        self.scaler.unscale_(self.optimizer)
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        # sync: read the loss and check loss and gradients are finite before they touch the weights.
-        loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()
-        finite = math.isfinite(loss_value) and math.isfinite(norm_value)
-        if finite:
-            self.scaler.step(self.optimizer)
-            self._update_ema()
+        with phase("forward"), autocast(self.device, cfg.precision):
+            if self.timesteps.name == "uniform":  # t drawn inside, as always: the same runs to the bit
+                loss = diffusion_loss(
+                    self.forward, self.schedule, x_start, generator=self.generator, min_snr_gamma=cfg.min_snr_gamma
+                )
+            else:  # t from the sampler; each draw weighted so the objective keeps its expectation
+                t, weights = self.timesteps.sample(x_start.shape[0], generator=self.generator, device=self.device)
+                losses = per_sample_losses(
+                    self.forward, self.schedule, x_start, t, generator=self.generator, min_snr_gamma=cfg.min_snr_gamma
+                )  # (B,)
+                loss = (weights * losses).mean()
+        with phase("backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+        with phase("optimizer"):
+            # Clip gradients (after unscaling fp16 gradients).
+            self.scaler.unscale_(self.optimizer)
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            # sync: read the loss and check loss and gradients are finite before they touch the weights.
+            loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()
+            finite = math.isfinite(loss_value) and math.isfinite(norm_value)
+            if finite:
+                self.scaler.step(self.optimizer)
+                self._update_ema()
+        if self.timesteps.name != "uniform" and finite:
+            self.timesteps.update(t, losses.detach())  # sync inside: the per-timestep history lives on the CPU
         self.scaler.update()  # with fp16, an overflowing gradient lowers the scale (the step is skipped)
         self.step += 1
         scaler_backoff = self.scaler.is_enabled() and math.isfinite(loss_value)
@@ -228,12 +249,18 @@ class Trainer:
         for ema_buf, buf in zip(self.ema.buffers(), self.model.buffers()):
             ema_buf.copy_(buf)
 
-    def run(self, *, until_step: int | None = None, progress: bool = True) -> list[float]:
-        """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses."""
+    def run(
+        self, *, until_step: int | None = None, progress: bool = True, profiler: Profiler | NullProfiler | None = None
+    ) -> list[float]:
+        """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses.
+
+        With a ``profiler`` (profiling.py), each step is one profiler step, its phases named ranges in the trace.
+        """
         cfg = self.config
         end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
         losses, bad_in_a_row, smoothed = [], 0, None
         bar = tqdm(total=end, initial=self.step, desc="training", unit="step", disable=not progress, dynamic_ncols=True)
+        profiler = profiler or NullProfiler()
         window_start, window_steps = time.perf_counter(), 0
         # Ctrl-C and SIGTERM take effect between steps, so a checkpoint saved on interrupt is a whole step's state.
         try:
@@ -241,6 +268,7 @@ class Trainer:
                 while self.step < end:
                     interrupts.raise_if_pending()
                     loss = self.train_step()
+                    profiler.step()
                     losses.append(loss)
                     if math.isfinite(loss):
                         bad_in_a_row = 0

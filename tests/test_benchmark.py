@@ -111,7 +111,10 @@ def test_training_benchmark_reports_every_variant(tmp_path):
     result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     rows = json.loads((tmp_path / "t.json").read_text())["training_rows"]
-    assert [r["name"] for r in rows] == ["fp32 eager", "fp32 compile", "bf16 eager", "bf16 compile"]
+    assert [r["name"] for r in rows] == [
+        "fp32 eager", "fp32 compile", "bf16 eager", "bf16 compile",
+        "fp32 eager, t: importance", "fp32 eager, t: topk", "fp32 eager, t: speed",
+    ]  # fmt: skip
     for r in rows:
         assert r["status"] == "ok", r["reason"]
         assert r["images_per_s"] == pytest.approx(8 * 1000 / r["ms_per_step"])

@@ -134,6 +134,9 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "train", "--dataset", "digits", "--model_path", "ck"], "must name a .pt checkpoint"),
         (["--mode", "train", "--dataset", "digits", "--model_channels", "25"], "num_heads"),
         (["--mode", "benchmark", "--rows", "original,warp"], "unknown benchmark rows"),
+        (["--mode", "train", "--dataset", "digits", "--profile", "corrupt.pt"], "is a file"),
+        (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--profile", "prof"], "--profile applies to"),
+        (["--mode", "train", "--dataset", "digits", "--timestep_sampling", "best"], "invalid choice"),
     ],
 )
 def test_user_errors_end_in_one_line_and_exit_code_2(trained, args, match):
@@ -153,3 +156,23 @@ def test_help_lists_the_seed_flags(tmp_path):
     for flag in ("--mode", "--dataset", "--n_epochs", "--img_size", "--channels", "--implementation", "--n_samples",
                  "--model_path", "--batch_size", "--sampler", "--resume", "--precision"):  # fmt: skip
         assert flag in result.stdout
+
+
+def test_profile_writes_a_trace_where_tensorboard_looks(trained):
+    """--profile DIR: DIR/<run>/plugins/profile/<timestamp>/*.pt.trace.json, with the profiled steps and phases."""
+    import json
+
+    result = run_here(*TINY_TRAIN, "--model_path", "prof.pt", "--max_steps", "5", "--profile", "prof", cwd=trained)
+    assert result.returncode == 0, result.stderr
+    traces = list((trained / "prof" / "train" / "plugins" / "profile").glob("*/*.pt.trace.json"))
+    assert len(traces) == 1
+    names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
+    assert {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"} <= names and "ProfilerStep#1" not in names  # wait, warm-up
+    assert {"data", "forward", "backward", "optimizer"} <= names  # the phases of a training step
+    assert "aten::convolution" in (traces[0].parent / "summary.txt").read_text()
+    sampled = run_here("--mode", "sample", "--model_path", "prof.pt", "--n_samples", "2", "--sampler", "ddim",
+                       "--sampling_steps", "3", "--profile", "prof", "--output", "p.png", cwd=trained)  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr
+    trace = next((trained / "prof" / "sample-original" / "plugins" / "profile").glob("*/*.pt.trace.json"))
+    events = [event.get("name") for event in json.loads(trace.read_text())["traceEvents"]]
+    assert events.count("unet") == 3 and events.count("step") == 3  # one per sampling step

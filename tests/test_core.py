@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from basic_diffusion import UNet, UNetConfig, count_parameters, sample, unet_preset
+from benchmark_training import warm_timestep_sampler
 from checkpoints import load_checkpoint, save_checkpoint
 from data import load_images
 from noise_schedule import NoiseSchedule, ScheduleConfig
@@ -149,6 +150,42 @@ def test_resume_continues_the_same_loss_curve(tmp_path):
     assert head + tail == straight  # bit-for-bit on the CPU
     end_a, end_b = load_checkpoint(tmp_path / "a" / "run.pt"), load_checkpoint(tmp_path / "b" / "run.pt")
     assert all(torch.equal(end_a["ema"][k], end_b["ema"][k]) for k in end_a["ema"])
+
+
+@pytest.mark.parametrize("name", ["importance", "topk", "speed"])
+def test_resume_with_an_adaptive_timestep_sampler_continues_the_same_loss_curve(tmp_path, name):
+    """The sampler's learned state lives in the checkpoint: past its warm-up, a resumed run draws the same t."""
+
+    def warmed(path, **kw):
+        trainer = make_trainer(path, timestep_sampling=name, **kw)
+        if "state" not in kw:
+            warm_timestep_sampler(trainer.timesteps)  # past the warm-up: draws follow the learned distribution
+        return trainer
+
+    straight_trainer = warmed(tmp_path / "a")
+    assert straight_trainer.timesteps.ready()
+    if name != "speed":  # speed saw a loss that never changed: converged everywhere, so p stays uniform
+        assert straight_trainer.timesteps.probabilities().max() > 0.02  # not uniform (0.01)
+    straight = straight_trainer.run(progress=False)
+    first = warmed(tmp_path / "b")
+    head = first.run(until_step=3, progress=False)
+    first.save()
+    tail = warmed(tmp_path / "b", state=load_checkpoint(tmp_path / "b" / "run.pt")).run(progress=False)
+    assert head + tail == straight  # bit-for-bit on the CPU
+
+
+def test_importance_sampled_training_weights_the_loss_by_one_over_T_p(tmp_path):
+    """A training step's loss under importance sampling is mean_b(w_b L_b), w = 1/(T p_t) (Nichol & Dhariwal)."""
+    trainer = make_trainer(tmp_path, timestep_sampling="importance")
+    warm_timestep_sampler(trainer.timesteps)
+    sampler = trainer.timesteps
+    p, w = sampler.probabilities(), sampler.timestep_weights()
+    assert torch.allclose(w, 1.0 / (100 * p))
+    generator = torch.Generator().manual_seed(0)
+    t, weights = sampler.sample(4096, generator=generator, device="cpu")
+    assert torch.equal(weights, w[t].float())
+    # Drawn where p is large: the timesteps with the largest (synthetic) loss are drawn most.
+    assert (t < 10).float().mean() > 10 / 100
 
 
 def test_non_finite_loss_never_reaches_a_checkpoint(tmp_path):

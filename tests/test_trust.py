@@ -254,14 +254,14 @@ def test_an_npz_larger_than_the_free_disk_is_refused(work, monkeypatch):
 
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(ValueError, match="GiB free"):
-        image_files.plan_outputs(n_samples=100_000, image_shape=(1, 16, 16), grid=None, npz=work / "big.npz")
+        image_files.SampleOutputs(100_000, (1, 16, 16), npz=work / "big.npz").check()
 
 
 def test_a_failed_sampling_run_leaves_no_partial_files(work):
     import image_files
 
     with pytest.raises(RuntimeError, match="boom"):
-        with image_files.SampleWriter(8, (1, 4, 4), grid=work / "p.png", npz=work / "p.npz") as out:
+        with image_files.SampleWriter(image_files.SampleOutputs(8, (1, 4, 4), grid=work / "p.png", npz=work / "p.npz")) as out:
             out.add(torch.zeros(4, 1, 4, 4))
             raise RuntimeError("boom")
     assert not (work / "p.png").exists() and not (work / "p.npz").exists()

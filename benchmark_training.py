@@ -1,0 +1,144 @@
+"""The training benchmark (``--mode benchmark --bench training``): images per second, time per step
+and peak memory of training variants on one U-Net, each from a fresh Trainer on random images.
+
+    python main.py --mode benchmark --bench training --dataset digits --batch_size 64 --train_steps 20
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmark import BenchmarkRequest, PeakRSS
+from benchmark_report import environment, times_text
+from checkpoints import first_line
+from safe_files import atomic_write
+from timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
+
+PROFILED_STEPS = 3  # with --profile: 1 warm-up + 2 recorded steps per variant (profiling.ProfileConfig.fitted)
+
+
+def training_variants(device: torch.device) -> list[tuple[str, dict]]:
+    """(name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last, +/- compile;
+    then fp32 eager with each adaptive timestep sampler (their cost per step: a draw and a history update)."""
+    amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
+    fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
+    eager = dict(precision="fp32", compile=False, cuda_fast_path=False)
+    return [
+        ("fp32 eager", eager),
+        ("fp32 compile", dict(precision="fp32", compile=True, cuda_fast_path=False)),
+        (f"{amp}{fast} eager", dict(precision=amp, compile=False, cuda_fast_path=True)),
+        (f"{amp}{fast} compile", dict(precision=amp, compile=True, cuda_fast_path=True)),
+        *((f"fp32 eager, t: {name}", dict(eager, timestep_sampling=name)) for name in TIMESTEP_SAMPLERS[1:]),
+    ]
+
+
+def warm_timestep_sampler(sampler: TimestepSampler) -> None:
+    """Feed a sampler synthetic losses (falling with t, as epsilon-prediction losses do) until its warm-up
+    is over, so timed steps run its learned-distribution path rather than the uniform warm-up draw."""
+    t = torch.arange(sampler.num_timesteps)
+    losses = 1.0 / (1.0 + t.double())
+    for _ in range(100_000):  # speed's warm-up is its horizon (1,000 updates): far below this bound
+        if sampler.ready():
+            return
+        sampler.update(t, losses)
+
+
+def run_training_benchmark(
+    model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
+    progress: Callable[[str], None] = print, profile: str | None = None,
+) -> list[dict]:
+    """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant.
+
+    With ``profile`` (--profile DIR), each variant then runs PROFILED_STEPS more steps, traced into
+    DIR/train-<variant>/ (profiling.py), after its timing and memory were read.
+    """
+    from data import ImageSet
+    from training import TrainConfig, Trainer
+
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch_size * 4, model_config.in_channels, model_config.image_size, model_config.image_size)
+    images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
+    results = []
+    for name, fields in training_variants(device):
+        progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
+        row = {"name": name, **fields, "status": "ok", "reason": ""}
+        results.append(row)
+        try:
+            config = TrainConfig(dataset="random", total_steps=warmup + steps + PROFILED_STEPS, batch_size=batch_size, seed=seed,
+                                 warmup_steps=0, save_every=0, sample_every=0, **fields)  # fmt: skip
+            trainer = Trainer(config, model_config, schedule_config, images=images, device=device)
+            warm_timestep_sampler(trainer.timesteps)
+            for _ in range(warmup):
+                trainer.train_step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(device)
+            with PeakRSS() as rss:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    trainer.train_step()  # reads the loss each step (a sync), so the clock sees the GPU work
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - t0
+            peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            if profile:
+                trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}", directory=profile)
+        except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
+            row.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
+            progress(f"training {name}: failed ({row['reason']})")
+            continue
+        row["images_per_s"] = steps * batch_size / elapsed
+        row["ms_per_step"] = 1000.0 * elapsed / steps
+        progress(f"training {name}: {row['images_per_s']:.1f} img/s")  # each variant's result as soon as it is known
+        if device.type == "cuda":
+            row["peak_memory_mb"] = peak_mb
+        else:
+            row["peak_memory_mb"] = None if rss.peak is None else rss.peak / 2**20
+    base = results[0].get("images_per_s")
+    for row in results:
+        if base and row.get("images_per_s"):
+            row["speedup"] = row["images_per_s"] / base
+    return results
+
+
+def trace_steps(trainer, *, name: str, directory: str) -> None:
+    """PROFILED_STEPS more training steps under torch.profiler, each one profiler step."""
+    from profiling import ProfileConfig, make_profiler
+
+    config = ProfileConfig(directory, run_name=name, total_steps=PROFILED_STEPS)
+    with make_profiler(config, device=trainer.device) as profiler:
+        for _ in range(PROFILED_STEPS):
+            trainer.train_step()
+            profiler.step()
+
+
+def main_training(args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device) -> list[dict]:
+    warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
+    rows = run_training_benchmark(
+        model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
+        warmup=warmup, seed=args.seed, profile=args.profile,
+    )  # fmt: skip
+    env = environment(device)
+    print()
+    for key in ("date", "device", "torch", "cuda"):
+        print(f"{key:>10}: {env[key]}")
+    print(f"{'model':>10}: {model_config.model_channels} base channels, {model_config.in_channels}x{model_config.image_size}"
+          f"x{model_config.image_size}, batch {args.batch_size}, {warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
+    print()
+    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['name']:<40}{r['status']}: {r['reason']}")
+            continue
+        mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
+        print(f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{times_text(r.get('speedup')):>9}{mem:>9}")
+    if args.json:
+        payload = json.dumps({"environment": env, "training_rows": rows}, indent=2, default=str)
+        atomic_write(args.json, lambda f: f.write(payload.encode()))
+        print(f"wrote {args.json}")
+    return rows

@@ -1,0 +1,188 @@
+"""What each mode receives: typed requests, resolved from the flags once by cli.py.
+
+    request = SampleRequest(device=torch.device("cpu"), precision="fp32", source=ModelSource("m.pt"), ...)
+    main.run_sample(request)
+
+Every value here is already resolved and checked (the device, the precision, default paths, the
+registry name of the implementation, the sampler's parameters, outputs that destroy nothing), so a
+mode reads fields, never the parsed flags. Small helpers turn a request's parts into what
+the libraries take (a UNetConfig, a SamplingPlan, TensorRTOptions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from basic_diffusion import UNetConfig
+    from benchmark import BenchmarkRequest
+    from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
+    from tensorrt_integration import TensorRTOptions
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A file to sample, export or measure: a checkpoint, or an exported U-Net (.ts, .onnx, .engine/.plan)."""
+
+    path: str
+    weights: str = "ema"  # "ema" or "model" (--no_ema): which weights of a checkpoint
+    trust_torchscript: bool = False  # a .ts file is a program: loaded only with consent
+
+
+@dataclass(frozen=True)
+class NewModel:
+    """A U-Net and noise schedule made from the flags (training; benchmark without --model_path)."""
+
+    dataset: str
+    data_dir: str
+    image_size: int
+    channels: int
+    preset: str = "small"
+    model_channels: int | None = None
+    num_res_blocks: int | None = None
+    dropout: float | None = None
+    beta_schedule: str = "linear"
+    timesteps: int = 1000
+
+    def model_config(self) -> UNetConfig:
+        """The preset with the flags' overrides (validated)."""
+        from basic_diffusion import unet_preset
+
+        return unet_preset(
+            self.preset,
+            image_size=self.image_size,
+            in_channels=self.channels,
+            model_channels=self.model_channels,
+            num_res_blocks=self.num_res_blocks,
+            dropout=self.dropout,
+        )
+
+    def schedule_config(self) -> ScheduleConfig:
+        from noise_schedule import ScheduleConfig
+
+        return ScheduleConfig(kind=self.beta_schedule, num_timesteps=self.timesteps)
+
+
+@dataclass(frozen=True)
+class SamplingChoice:
+    """Which sampler, how many steps (None: its default), DDIM's eta, and whether x0 is clipped."""
+
+    sampler: str = "ddpm"
+    steps: int | None = None
+    eta: float = 0.0
+    clip_denoised: bool = True
+
+    def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
+        return schedule.make_plan(
+            self.sampler, num_steps=self.steps, eta=self.eta, clip_denoised=self.clip_denoised, device=device
+        )
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The TensorRT flags; the engine cache goes in a folder beside the file the engine is made from."""
+
+    backend: str = "native"
+    max_batch: int = 64
+    optimization_level: int = 3
+    opset: int | None = None
+
+    def options(self, *, source: str | Path) -> TensorRTOptions:
+        from engine_cache import cache_dir_for
+        from tensorrt_integration import TensorRTOptions
+
+        return TensorRTOptions(
+            backend=self.backend,
+            max_batch=self.max_batch,
+            optimization_level=self.optimization_level,
+            opset=self.opset,
+            cache_dir=cache_dir_for(source),
+        )
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    device: torch.device
+    precision: str  # resolved: bf16 on a GPU that has it, fp32 otherwise, unless asked
+    checkpoint: str
+    resume: bool
+    overwrite: bool
+    model: NewModel
+    seed: int = 0
+    n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
+    max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap
+    batch_size: int = 64
+    lr: float = 2e-4
+    warmup_steps: int | None = None  # None: 5% of the run, at most 500
+    ema_decay: float = 0.999
+    min_snr_gamma: float | None = None
+    timestep_sampling: str = "uniform"
+    grad_clip: float = 1.0
+    compile: bool = False
+    save_every: int = 1000
+    sample_every: int = 1000
+    profile: str | None = None  # --profile DIR
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrawRequest:
+    """What sample and evaluate mode share: a file, the implementation that runs it, and the batches."""
+
+    device: torch.device
+    precision: str
+    source: ModelSource
+    implementation: str  # a registry name (cuda with --compile is cuda_compile)
+    n_samples: int = 16
+    batch_size: int = 64
+    seed: int = 0
+    opset: int | None = None  # the ONNX opset of an in-memory export
+    engine: EngineFlags = EngineFlags()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleRequest(DrawRequest):
+    sampling: SamplingChoice
+    grid: str | None  # the PNG grid, or None with --no_grid
+    npz: str | None
+    grid_scale: int | None = None
+    profile: str | None = None  # --profile DIR
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateRequest(DrawRequest):
+    samplers: list  # evaluate sweeps samplers x steps
+    steps: list
+    dataset: str  # the training data of an exported file (a checkpoint records its own)
+    eta: float = 0.0
+    clip_denoised: bool = True
+    json: str | None = None
+    chart: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    device: torch.device
+    precision: str
+    source: ModelSource
+    fmt: str
+    output: str
+    opset: int | None = None
+    engine: EngineFlags = EngineFlags()
+
+
+@dataclass(frozen=True)
+class BenchmarkRun:
+    device: torch.device
+    precision: str
+    bench: str  # "sampling" or "training"
+    request: BenchmarkRequest
+    source: ModelSource | None  # a checkpoint, or None: a fresh U-Net of ``model``
+    model: NewModel
+    sampling: SamplingChoice
+    n_samples: int = 16
+    batch_size: int = 64
+    seed: int = 0
