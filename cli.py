@@ -255,7 +255,7 @@ def request_for(args: argparse.Namespace) -> object:
         from export import check_opset
 
         check_opset(args.opset)
-    _profile_dir(args)  # refused for the modes it does not apply to
+    check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
     return REQUESTS[args.mode](args, resolve_device(args.device))
 
 
@@ -296,15 +296,14 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
     return SamplingChoice(sampler=args.sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
 
 
-def _profile_dir(args: argparse.Namespace) -> str | None:
+def check_profile_dir(args: argparse.Namespace) -> None:
     """--profile DIR: a folder (made if missing), never a file; only for train, sample and benchmark."""
     if args.profile is None:
-        return None
+        return
     if args.mode not in ("train", "sample", "benchmark"):
         raise ValueError(f"--profile applies to --mode train, sample and benchmark, not {args.mode}")
     if Path(args.profile).exists() and not Path(args.profile).is_dir():
         raise ValueError(f"--profile {args.profile} is a file; it names the folder the traces go into")
-    return args.profile
 
 
 def _model_path(args: argparse.Namespace) -> str:
@@ -398,7 +397,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         compile=args.compile,
         save_every=args.save_every,
         sample_every=args.sample_every,
-        profile=_profile_dir(args),
+        profile=args.profile,
     )
 
 
@@ -416,7 +415,7 @@ def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequ
     check_suffix("--save_npz", args.save_npz, ".npz")
     return SampleRequest(
         **_draw_fields(args, device, source), sampling=sampling, grid=grid, npz=args.save_npz,
-        grid_scale=args.grid_scale, profile=_profile_dir(args),
+        grid_scale=args.grid_scale, profile=args.profile,
     )  # fmt: skip
 
 
@@ -470,7 +469,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
     request = benchmark.BenchmarkRequest(
         rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
-        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart, profile=_profile_dir(args),
+        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart, profile=args.profile,
     )  # fmt: skip
     outputs = {"--json": args.json}
     if args.bench == "sampling":

@@ -87,20 +87,20 @@ class EngineFlags:
     """The TensorRT flags; the engine cache goes in a folder beside the file the engine is made from."""
 
     backend: str = "native"
-    max_batch: int = 64
-    optimization_level: int = 3
-    opset: int | None = None
+    max_batch: int | None = None  # None: TensorRTOptions' default (unet_io.DEFAULT_MAX_BATCH)
+    optimization_level: int | None = None  # None: TensorRTOptions' default
+    opset: int | None = None  # None: chosen from the TensorRT version
 
     def options(self, *, source: str | Path) -> TensorRTOptions:
         from engine_cache import cache_dir_for
         from tensorrt_integration import TensorRTOptions
 
+        given = {"max_batch": self.max_batch, "optimization_level": self.optimization_level}
         return TensorRTOptions(
             backend=self.backend,
-            max_batch=self.max_batch,
-            optimization_level=self.optimization_level,
             opset=self.opset,
             cache_dir=cache_dir_for(source),
+            **{key: value for key, value in given.items() if value is not None},
         )
 
 
