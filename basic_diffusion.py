@@ -303,10 +303,15 @@ def diffusion_loss(
     schedule: NoiseSchedule,
     x_start: torch.Tensor,
     *,
+    t: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
     """The DDPM objective: MSE between the true and predicted noise at a uniform t.
+
+    ``t`` (B,) and ``noise`` (like ``x_start``) are drawn from ``generator``, t first, unless given
+    (the trainer draws them for a whole global batch and passes each rank its rows).
 
     ``min_snr_gamma=None`` is Ho et al.'s simplified (unweighted) loss. A number gamma weights each
     sample's noise MSE by min(SNR(t), gamma) / SNR(t), SNR = alpha_bar / (1 - alpha_bar) (Hang et
@@ -315,12 +320,15 @@ def diffusion_loss(
     Timesteps drawn another way (timestep_sampling.py) go through :func:`per_sample_losses`.
     """
     B = x_start.shape[0]
-    t = torch.randint(0, schedule.num_timesteps, (B,), device=x_start.device, generator=generator)
+    if t is None:
+        t = torch.randint(0, schedule.num_timesteps, (B,), device=x_start.device, generator=generator)
     if min_snr_gamma is None:
-        noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
+        if noise is None:
+            noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
         x_t = schedule.q_sample(x_start, t, noise)
         return F.mse_loss(model(x_t, t).float(), noise.float())
-    return per_sample_losses(model, schedule, x_start, t, generator=generator, min_snr_gamma=min_snr_gamma).mean()
+    losses = per_sample_losses(model, schedule, x_start, t, noise=noise, generator=generator, min_snr_gamma=min_snr_gamma)
+    return losses.mean()
 
 
 def per_sample_losses(
@@ -329,11 +337,14 @@ def per_sample_losses(
     x_start: torch.Tensor,
     t: torch.Tensor,
     *,
+    noise: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
-    """Each sample's noise MSE at its timestep ``t`` (B,), min-SNR weighted when gamma is given: (B,)."""
-    noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
+    """Each sample's noise MSE at its timestep ``t`` (B,), min-SNR weighted when gamma is given: (B,).
+    ``noise`` is drawn from ``generator`` unless given."""
+    if noise is None:
+        noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
     x_t = schedule.q_sample(x_start, t, noise)
     losses = (model(x_t, t).float() - noise.float()).pow(2).flatten(1).mean(1)  # (B,)
     return losses if min_snr_gamma is None else losses * min_snr_weights(schedule, t, gamma=min_snr_gamma)

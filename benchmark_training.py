@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+import distributed
 from benchmark import BenchmarkRequest, PeakRSS
 from benchmark_report import environment, times_text
 from checkpoints import first_line
@@ -56,54 +57,85 @@ def run_training_benchmark(
 
     With ``profile`` (--profile DIR), each variant then runs PROFILED_STEPS more steps, traced into
     DIR/train-<variant>/ (profiling.py), after its timing and memory were read.
+    Under torchrun, ``batch_size`` is the global batch: each variant is timed on all ranks with
+    DistributedDataParallel, and first on rank 0 alone with one rank's share of the batch, so the row
+    reports images/s per rank and the scaling efficiency (per-rank throughput over the lone rank's).
     """
     from data import ImageSet
-    from training import TrainConfig, Trainer
 
+    ranks = distributed.current()
+    distributed.check_global_batch(batch_size, world_size=ranks.world_size)
     gen = torch.Generator().manual_seed(seed)
     shape = (batch_size * 4, model_config.in_channels, model_config.image_size, model_config.image_size)
     images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
+    timed = dict(model_config=model_config, schedule_config=schedule_config, images=images, device=device,
+                 steps=steps, warmup=warmup, seed=seed)  # fmt: skip
     results = []
     for name, fields in training_variants(device):
         progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
         row = {"name": name, **fields, "status": "ok", "reason": ""}
         results.append(row)
         try:
-            config = TrainConfig(dataset="random", total_steps=warmup + steps + PROFILED_STEPS, batch_size=batch_size, seed=seed,
-                                 warmup_steps=0, save_every=0, sample_every=0, **fields)  # fmt: skip
-            trainer = Trainer(config, model_config, schedule_config, images=images, device=device)
-            warm_timestep_sampler(trainer.timesteps)
-            for _ in range(warmup):
-                trainer.train_step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(device)
-            with PeakRSS() as rss:
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    trainer.train_step()  # reads the loss each step (a sync), so the clock sees the GPU work
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                elapsed = time.perf_counter() - t0
-            peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            if ranks.distributed:  # the baseline: one rank alone, one rank's share of the batch
+                if ranks.is_main:
+                    alone, _, _ = time_variant(fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed)
+                    row["single_rank_images_per_s"] = steps * (batch_size // ranks.world_size) / alone
+                distributed.barrier()
+            elapsed, peak_mb, trainer = time_variant(fields, batch_size=batch_size, ranks=ranks, **timed)
+            # The slowest rank's time is the step's time.
+            elapsed = distributed.all_reduce_max(torch.tensor([elapsed], dtype=torch.float64)).item()
             if profile:
-                trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}", directory=profile)
+                suffix = f"-rank{ranks.rank}" if ranks.distributed else ""
+                trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}", directory=profile)
         except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
+            if distributed.is_collective_failure(exc, ranks=ranks):
+                raise
             row.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
             progress(f"training {name}: failed ({row['reason']})")
             continue
         row["images_per_s"] = steps * batch_size / elapsed
         row["ms_per_step"] = 1000.0 * elapsed / steps
+        row["peak_memory_mb"] = peak_mb  # this rank's (rank 0's in the table)
+        if ranks.distributed:
+            row.update(ranks=ranks.world_size, images_per_s_per_rank=row["images_per_s"] / ranks.world_size)
+            if row.get("single_rank_images_per_s"):
+                row["scaling_efficiency"] = row["images_per_s_per_rank"] / row["single_rank_images_per_s"]
         progress(f"training {name}: {row['images_per_s']:.1f} img/s")  # each variant's result as soon as it is known
-        if device.type == "cuda":
-            row["peak_memory_mb"] = peak_mb
-        else:
-            row["peak_memory_mb"] = None if rss.peak is None else rss.peak / 2**20
     base = results[0].get("images_per_s")
     for row in results:
         if base and row.get("images_per_s"):
             row["speedup"] = row["images_per_s"] / base
     return results
+
+
+def time_variant(
+    fields: dict, *, model_config, schedule_config, images, device: torch.device, batch_size: int, steps: int,
+    warmup: int, seed: int, ranks: distributed.Ranks,
+) -> tuple[float, float | None, object]:
+    """(seconds for ``steps`` timed steps, peak memory in MB or None, the trainer) of one variant."""
+    from training import TrainConfig, Trainer
+
+    config = TrainConfig(dataset="random", total_steps=warmup + steps + PROFILED_STEPS, batch_size=batch_size, seed=seed,
+                         warmup_steps=0, save_every=0, sample_every=0, **fields)  # fmt: skip
+    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, ranks=ranks)
+    warm_timestep_sampler(trainer.timesteps)
+    for _ in range(warmup):
+        trainer.train_step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    with PeakRSS() as rss:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()  # reads the loss each step (a sync), so the clock sees the GPU work
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+    if device.type == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak_mb = None if rss.peak is None else rss.peak / 2**20
+    return elapsed, peak_mb, trainer
 
 
 def trace_steps(trainer, *, name: str, directory: str) -> None:
@@ -119,24 +151,36 @@ def trace_steps(trainer, *, name: str, directory: str) -> None:
 
 def main_training(args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device) -> list[dict]:
     warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
+    ranks = distributed.current()
     rows = run_training_benchmark(
         model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
-        warmup=warmup, seed=args.seed, profile=args.profile,
+        warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say,
     )  # fmt: skip
+    if not ranks.is_main:
+        return rows
     env = environment(device)
     print()
     for key in ("date", "device", "torch", "cuda"):
         print(f"{key:>10}: {env[key]}")
     print(f"{'model':>10}: {model_config.model_channels} base channels, {model_config.in_channels}x{model_config.image_size}"
           f"x{model_config.image_size}, batch {args.batch_size}, {warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
+    if ranks.distributed:
+        env["ranks"] = ranks.world_size
+        print(f"{'ranks':>10}: {ranks.world_size} ({distributed.backend()}), {args.batch_size // ranks.world_size} images each; "
+              "scaling = img/s per rank over one rank alone with the same per-rank batch")  # fmt: skip
     print()
-    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}")
+    extra = f"{'img/s/rank':>11}{'scaling':>9}" if ranks.distributed else ""
+    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}{extra}")
     for r in rows:
         if r["status"] != "ok":
             print(f"{r['name']:<40}{r['status']}: {r['reason']}")
             continue
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        print(f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{times_text(r.get('speedup')):>9}{mem:>9}")
+        line = f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{times_text(r.get('speedup')):>9}{mem:>9}"
+        if ranks.distributed:
+            scaling = f"{100 * r['scaling_efficiency']:.0f}%" if r.get("scaling_efficiency") else "n/a"
+            line += f"{r['images_per_s_per_rank']:>11.1f}{scaling:>9}"
+        print(line)
     if args.json:
         payload = json.dumps({"environment": env, "training_rows": rows}, indent=2, default=str)
         atomic_write(args.json, lambda f: f.write(payload.encode()))

@@ -55,11 +55,15 @@ class ImageSet:
     def steps_per_epoch(self, batch_size: int) -> int:
         return max(1, len(self) // batch_size)
 
-    def batch(self, step: int, *, batch_size: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    def batch(
+        self, step: int, *, batch_size: int, seed: int, device: torch.device | str = "cpu", rows: slice | None = None
+    ) -> torch.Tensor:
         """The batch of a global training step, in [-1, 1]: a function of (seed, step) only.
 
         Each epoch shuffles with its own seed; the last partial batch is dropped. Flips are drawn
         from the same per-epoch generator, so a resumed run sees exactly the same pixels.
+        ``rows`` takes part of the batch (a rank's share in a distributed run): the same rows as
+        slicing the whole batch, without moving the rest to the device.
         """
         per_epoch = self.steps_per_epoch(batch_size)
         epoch, index = divmod(step, per_epoch)
@@ -67,6 +71,7 @@ class ImageSet:
         order = torch.randperm(len(self), generator=gen)
         flips = torch.rand(len(self), generator=gen) < 0.5
         take = order[index * batch_size : (index + 1) * batch_size]
+        take = take if rows is None else take[rows]
         x = self.images[take].to(device, non_blocking=True).float().div_(127.5).sub_(1.0)  # (B, C, H, W)
         if self.hflip:
             flip = flips[take].to(device)[:, None, None, None]

@@ -179,6 +179,13 @@ def implementations_for(kind: str) -> tuple[str, ...]:
     return tuple(name for name in SAMPLE_IMPLEMENTATIONS if kind in REGISTRY[name].kinds)
 
 
+def batch_generator(seed: int, index: int, *, device: torch.device) -> torch.Generator:
+    """The generator of sampling batch ``index``: a function of (seed, index) only, so a batch draws the
+    same images whichever process draws it (ranks under torchrun share batches out), and batch 0 is
+    what ``--seed`` alone gives."""
+    return torch.Generator(device).manual_seed(seed if index == 0 else (seed * 1_000_003 + index) % 2**63)
+
+
 def make_drawer(name: str, model: nn.Module, plan: SamplingPlan, *, options: SamplerOptions):
     """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation.
 

@@ -6,6 +6,7 @@
     python main.py --mode export --format onnx --model_path checkpoints/mnist.pt        # -> checkpoints/mnist.onnx
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
     python main.py --mode benchmark --n_samples 8 --img_size 32 --channels 3 --sampler ddim
+    torchrun --nproc_per_node 4 main.py --mode train --dataset cifar10 --batch_size 128  # 4 GPUs (distributed.py)
 
 Every mistake a user can make (a path, a size, a count, a missing dependency) ends with one line
 on stderr and exit code 2; ``--help`` lists every flag.
@@ -17,6 +18,7 @@ one line and exit code 130 or 143 (training saves first).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,30 +33,36 @@ if TYPE_CHECKING:
 
 # ----- train -------------------------------------------------------------------------------------
 def run_train(request: TrainRequest) -> None:
+    import contextlib
+
+    import distributed
     from safe_files import run_lock
 
-    checkpoint = request.checkpoint
-    with run_lock(checkpoint):  # a second run on this path is refused until this one ends
+    checkpoint, ranks = request.checkpoint, distributed.current()
+    # A second run on this path is refused until this one ends (rank 0 writes, so rank 0 holds the lock).
+    with run_lock(checkpoint) if ranks.is_main else contextlib.nullcontext():
         if Path(checkpoint).exists() and not (request.resume or request.overwrite):
             raise ValueError(
                 f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
                 "or --overwrite to start over and replace it"
             )
         train(resumed_trainer(request) if request.resume else new_trainer(request), profile=request.profile)
-    print(f"checkpoint: {checkpoint}")
+    distributed.say(f"checkpoint: {checkpoint}")
 
 
 def resumed_trainer(request: TrainRequest):
+    import distributed
     from checkpoints import load_checkpoint, read_configs
     from data import load_images
     from memory_budget import check_batch_fits
     from training import Trainer, resume_config
 
-    checkpoint, device = request.checkpoint, request.device
+    checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()
     state = load_checkpoint(checkpoint)  # validated: configs, sizes
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
-    config = resume_config(state, total_steps=request.max_steps, checkpoint=checkpoint)
-    check_batch_fits(model_config, batch_size=config.batch_size, device=device, training=True)
+    # Any number of ranks continues a run: the checkpoint holds no rank's own state.
+    config = resume_config(state, total_steps=request.max_steps, checkpoint=checkpoint, world_size=ranks.world_size)
+    check_batch_fits(model_config, batch_size=config.per_rank_batch(), device=device, training=True)
     images = load_images(
         config.dataset,
         data_dir=request.model.data_dir,
@@ -62,19 +70,30 @@ def resumed_trainer(request: TrainRequest):
         channels=model_config.in_channels,
     )
     trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state)
-    print(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}")
+    distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
     return trainer
 
 
+def on_ranks(config) -> str:
+    """``" on 4 ranks (gloo), 32 images each"`` for a distributed run, ``""`` for one process."""
+    import distributed
+
+    if config.world_size == 1:
+        return ""
+    return f" on {config.world_size} ranks ({distributed.backend()}), {config.per_rank_batch()} images each"
+
+
 def new_trainer(request: TrainRequest):
+    import distributed
     from basic_diffusion import count_parameters
     from data import load_images
     from memory_budget import check_batch_fits
     from training import TrainConfig, Trainer
 
-    spec, device = request.model, request.device
+    spec, device, ranks = request.model, request.device, distributed.current()
     model_config = spec.model_config()  # validates before any download
-    check_batch_fits(model_config, batch_size=request.batch_size, device=device, training=True)
+    distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
+    check_batch_fits(model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True)
     images = load_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
     # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
     if request.n_epochs is None and request.max_steps:
@@ -98,11 +117,13 @@ def new_trainer(request: TrainRequest):
         checkpoint=request.checkpoint,
         save_every=request.save_every,
         sample_every=request.sample_every,
+        world_size=ranks.world_size,
     )
     trainer = Trainer(config, model_config, spec.schedule_config(), images=images, device=device)
-    print(
+    distributed.say(
         f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} images "
-        f"({spec.channels}x{spec.image_size}x{spec.image_size}) for {total} steps on {device}, {request.precision}"
+        f"({spec.channels}x{spec.image_size}x{spec.image_size}) for {total} steps on {device.type}, {request.precision}"
+        f"{on_ranks(config)}"
     )
     return trainer
 
@@ -113,14 +134,17 @@ def train(trainer, *, profile: str | None = None) -> None:
     A run stopped before its first step saves nothing, so the file it would replace stays as it was.
     With ``profile`` (--profile DIR) a few steps of the run are traced (profiling.py).
     """
-    start = trainer.step
+    import distributed
+
+    start, ranks = trainer.step, distributed.current()
     try:
         if profile and trainer.config.total_steps > start:
             from tqdm.auto import tqdm
 
             from profiling import ProfileConfig, make_profiler
 
-            config = ProfileConfig(profile, run_name="train", total_steps=trainer.config.total_steps - start)
+            run_name = f"train-rank{ranks.rank}" if ranks.distributed else "train"
+            config = ProfileConfig(profile, run_name=run_name, total_steps=trainer.config.total_steps - start)
             with make_profiler(config, device=trainer.device, log=tqdm.write) as profiler:
                 trainer.run(profiler=profiler)
         else:
@@ -128,27 +152,32 @@ def train(trainer, *, profile: str | None = None) -> None:
     except KeyboardInterrupt as exc:
         stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
         if trainer.step == start:
-            print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
+            if ranks.is_main:
+                print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
             raise SystemExit(stop.exit_code) from None
         with interrupts.deferred(reraise=False):  # a second signal does not cut this save
-            path = trainer.save()
-        print(f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
+            path = trainer.save()  # rank 0 writes; every rank stopped after the same step
+        if ranks.is_main:
+            print(f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
         raise SystemExit(stop.exit_code) from None
 
 
 # ----- sample ------------------------------------------------------------------------------------
 def run_sample(request: SampleRequest) -> None:
-    import torch
+    import contextlib
+
     from tqdm.auto import tqdm
 
+    import distributed
     import implementations
     from artifacts import artifact_kind, load_artifact
     from image_files import SampleOutputs, SampleWriter
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
     from profiling import ProfileConfig, make_profiler
+
     # A checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan), with the configs stored in or beside it.
-    source, device, n = request.source, request.device, request.n_samples
+    source, device, n, ranks = request.source, request.device, request.n_samples, distributed.current()
     implementations.get(request.implementation).check(kind=artifact_kind(source.path), precision=request.precision)
     artifact = load_artifact(
         source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript
@@ -160,21 +189,34 @@ def run_sample(request: SampleRequest) -> None:
     batch_size = min(request.batch_size, n)
     check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
     plan = request.sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
-    generator = torch.Generator(device).manual_seed(request.seed)
     draw = implementations.make_drawer(
         request.implementation, model, plan, options=sampler_options(request, source=artifact.path)
     )
-    # Batches of --batch_size in order, from one generator: memory stays that of one batch.
+    # Batches of --batch_size in order, batch i from its own generator (seed, i): memory stays that of one
+    # batch, and under torchrun rank r draws batches r, r + N, ... which rank 0 gathers and writes in order.
     sizes = [min(batch_size, n - start) for start in range(0, n, batch_size)]
-    profile = request.profile and ProfileConfig(
-        request.profile, run_name=f"sample-{request.implementation}", total_steps=len(sizes)
-    )  # each batch is one profiler step: a one-batch run is traced whole
-    with SampleWriter(outputs) as out, make_profiler(profile or None, device=device, log=tqdm.write) as profiler:
-        for size in tqdm(sizes, desc="batches", unit="batch", disable=len(sizes) == 1, dynamic_ncols=True):
-            out.add(draw((size, c, s, s), generator, len(sizes) == 1))
+    rounds = range(0, len(sizes), ranks.world_size)
+    if ranks.distributed:
+        idle = f"; {ranks.world_size - len(sizes)} rank(s) have no batch: lower --batch_size" if len(sizes) < ranks.world_size else ""
+        distributed.say(f"{n} samples in {len(sizes)} batch(es) of up to {batch_size}, dealt over {ranks.world_size} ranks{idle}")
+    run_name = f"sample-{request.implementation}" + (f"-rank{ranks.rank}" if ranks.distributed else "")
+    profile = request.profile and ProfileConfig(request.profile, run_name=run_name, total_steps=len(rounds))
+    # (each round of batches is one profiler step: a one-batch run is traced whole)
+    writer = SampleWriter(outputs) if ranks.is_main else contextlib.nullcontext()
+    with writer as out, make_profiler(profile or None, device=device, log=tqdm.write) as profiler:
+        bar = tqdm(rounds, desc="batches", unit="batch", disable=len(rounds) == 1 or not ranks.is_main, dynamic_ncols=True)
+        for first in bar:
+            index = first + ranks.rank
+            images = None
+            if index < len(sizes):
+                generator = implementations.batch_generator(request.seed, index, device=device)
+                images = draw((sizes[index], c, s, s), generator, len(sizes) == 1)
+            for part in distributed.gather_to_main(images) or []:  # rank 0: this round's batches in rank order
+                if part is not None:
+                    out.add(part)
             profiler.step()
-        written = out.close()
-    print(f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps)")
+        written = out.close() if ranks.is_main else []
+    distributed.say(f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps)")
 
 
 def sampler_options(request: DrawRequest, *, source: str | Path) -> SamplerOptions:
@@ -209,6 +251,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
 
     import benchmark
     import benchmark_training
+    import distributed
     from artifacts import artifact_kind
     from basic_diffusion import UNet
     from checkpoints import load_checkpoint_model
@@ -216,6 +259,8 @@ def run_benchmark(run: BenchmarkRun) -> None:
     from noise_schedule import NoiseSchedule
 
     request, device, training = run.request, run.device, run.bench == "training"
+    if distributed.current().distributed and not training:
+        raise ValueError("under torchrun, benchmark mode measures training (--bench training); time sampling in one process")
     if run.source:
         if artifact_kind(run.source.path) != "checkpoint":
             raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {run.source.path}")
@@ -300,10 +345,17 @@ def run_evaluate(request: EvaluateRequest) -> None:
 
 
 MODES = {"train": run_train, "sample": run_sample, "evaluate": run_evaluate, "export": run_export, "benchmark": run_benchmark}
+DISTRIBUTED_MODES = ("train", "sample", "benchmark")  # the modes that run under torchrun
 
 
 def one_line(exc: BaseException) -> str:
     return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def report(message: str) -> None:
+    """The one error line, written whole in one call (ranks share the terminal: lines must not interleave)."""
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    sys.stderr.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,19 +369,30 @@ def main(argv: list[str] | None = None) -> int:
         from memory_budget import is_out_of_memory
         from training import TrainingDiverged
 
+        import distributed
+
+        ranks = distributed.current()  # replaced by torchrun's place once the environment is read
         try:
-            MODES[args.mode](cli.request_for(args))
+            ranks = distributed.from_environment()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK; one process without
+            if ranks.distributed and args.mode not in DISTRIBUTED_MODES:
+                raise ValueError(f"--mode {args.mode} runs in one process; start it with python, not torchrun")
+            request = cli.request_for(args)
+            with distributed.session(ranks, request.device) as device:  # each rank on its own GPU
+                MODES[args.mode](replace(request, device=device))
         except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
-            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+            report(f"{ranks.label()}{one_line(exc)}")
             return 2
         except TrainingDiverged as exc:
-            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+            report(f"{ranks.label()}{one_line(exc)}")
             return 1
         except (RuntimeError, MemoryError) as exc:
+            if distributed.is_collective_failure(exc, ranks=ranks):  # another rank failed (it said why) or vanished
+                report(f"{ranks.label()}stopped: the other ranks went away ({one_line(exc)[:200]})")
+                return 1
             if not is_out_of_memory(exc):
                 raise
             place = "GPU" if "cuda" in str(exc).lower() else "machine"
-            print(f"{PROG}: error: the {place} ran out of memory; lower --batch_size or --n_samples", file=sys.stderr)
+            report(f"{ranks.label()}the {place} ran out of memory; lower --batch_size or --n_samples")
             return 2
     except KeyboardInterrupt as exc:
         stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()

@@ -4,6 +4,12 @@ The loop is step-based. The batch of step ``k`` is a function of (seed, k) (see 
 every other source of randomness (timesteps, noise, dropout) lives in states the checkpoint
 keeps, so ``--resume`` continues a run exactly: on a CPU, the same loss curve to the bit.
 
+Under torchrun (distributed.py) every rank draws the whole global batch's timesteps and noise from
+the same generator and keeps its own rows; DistributedDataParallel averages the gradients, so N
+ranks take the same steps as one process with the same global batch (to float rounding, and
+without dropout: each rank draws its own dropout masks), and a checkpoint resumes on any number
+of ranks. Rank 0 alone writes checkpoints, grids and the progress bar.
+
     trainer = Trainer(train_config, model_config, schedule_config, images=images, device="cpu")
     trainer.run()   # -> writes the checkpoint and sample grids as configured
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+import signal
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -20,10 +27,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+import distributed
 import interrupts
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, per_sample_losses, sample
 from checkpoints import FORMAT_VERSION, save_checkpoint
 from data import ImageSet
+from distributed import Ranks
 from image_files import save_grid
 from noise_schedule import NoiseSchedule, ScheduleConfig
 from precision import autocast as precision_autocast
@@ -59,6 +68,10 @@ class TrainConfig:
     preview_samples: int = 64
     preview_steps: int = 100  # respaced ancestral DDPM: robust early in training, when ODE samplers stay noisy
     cuda_fast_path: bool = True  # fused AdamW and channels-last on CUDA (off only to measure their effect)
+    world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
+
+    def per_rank_batch(self) -> int:
+        return self.batch_size // self.world_size
 
     def __post_init__(self) -> None:
         positive = {"total steps": self.total_steps, "batch size": self.batch_size, "preview samples": self.preview_samples}
@@ -78,6 +91,9 @@ class TrainConfig:
         check_precision(self.precision)
         if self.timestep_sampling not in TIMESTEP_SAMPLERS:
             raise ValueError(f"unknown timestep sampling {self.timestep_sampling!r}; choose one of {', '.join(TIMESTEP_SAMPLERS)}")
+        if self.world_size < 1:
+            raise ValueError(f"world size must be positive, got {self.world_size}")
+        distributed.check_global_batch(self.batch_size, world_size=self.world_size)
 
     @property
     def samples_dir(self) -> Path:
@@ -110,7 +126,10 @@ class Trainer:
         images: ImageSet,
         device: torch.device | str,
         resume_state: dict | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
+        self.ranks = ranks or distributed.current()  # (rank, world size): distributed.SINGLE for one process
+        config = replace(config, world_size=self.ranks.world_size)  # validates the batch split; the checkpoint records it
         self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
         self.images, self.device = images, torch.device(device)
         if (images.channels, images.image_size) != (model_config.in_channels, model_config.image_size):
@@ -130,7 +149,13 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.generator = torch.Generator(self.device).manual_seed(config.seed)  # timesteps and noise
         self.timesteps = make_timestep_sampler(config.timestep_sampling, num_timesteps=schedule_config.num_timesteps)
-        self.forward = torch.compile(self.model) if config.compile else self.model
+        wrapped = self.model
+        if self.ranks.distributed:  # gradients averaged over the ranks during backward
+            from torch.nn.parallel import DistributedDataParallel
+
+            wrapped = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.forward = torch.compile(wrapped) if config.compile else wrapped
+        self.stop_requested = False  # a rank was asked to stop (Ctrl-C, SIGTERM): every rank stops after this step
         self.step = 0
         if resume_state is not None:
             self._restore(resume_state)
@@ -177,10 +202,13 @@ class Trainer:
         self.step = int(state["step"])
 
     def save(self) -> Path:
+        """Write the checkpoint (rank 0; the other ranks hold the same weights and only check them)."""
         # sync: one check that no weight is NaN/inf before anything reaches the disk.
         tensors = list(self.model.parameters()) + list(self.ema.parameters())
         if not bool(torch.stack([t.isfinite().all() for t in tensors]).all()):
             raise TrainingDiverged("the weights hold NaN or inf; the checkpoint was not written")
+        if not self.ranks.is_main:
+            return Path(self.config.checkpoint)
         return save_checkpoint(self.config.checkpoint, self.state_dict())
 
     def write_samples(self) -> Path:
@@ -201,25 +229,33 @@ class Trainer:
 
     def train_step(self) -> float:
         """One optimizer step on the batch of ``self.step``; returns the loss (NaN if skipped)."""
-        cfg = self.config
+        cfg, ranks = self.config, self.ranks
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
+        mine = ranks.share(cfg.batch_size)  # this rank's rows of the global batch (all of them for one process)
         with phase("data"):
-            x_start = self.images.batch(self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device)
-            x_start = x_start.contiguous(memory_format=self.memory_format)  # (B, C, H, W)
+            x_start = self.images.batch(self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device, rows=mine)
+            x_start = x_start.contiguous(memory_format=self.memory_format)  # (B / ranks, C, H, W)
+            # Timesteps, then noise, for the whole global batch on every rank (the generator stays in step
+            # across ranks); each rank keeps its rows. One process draws exactly what it always drew.
+            B = cfg.batch_size
+            if self.timesteps.name == "uniform":
+                t = torch.randint(0, self.schedule.num_timesteps, (B,), device=self.device, generator=self.generator)
+            else:  # t from the sampler; each draw weighted so the objective keeps its expectation
+                t, weights = self.timesteps.sample(B, generator=self.generator, device=self.device)
+            noise = torch.randn((B, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype)
         # Forward and backward, in the chosen precision.
         self.model.train()
         with phase("forward"), autocast(self.device, cfg.precision):
-            if self.timesteps.name == "uniform":  # t drawn inside, as always: the same runs to the bit
+            if self.timesteps.name == "uniform":
                 loss = diffusion_loss(
-                    self.forward, self.schedule, x_start, generator=self.generator, min_snr_gamma=cfg.min_snr_gamma
+                    self.forward, self.schedule, x_start, t=t[mine], noise=noise[mine], min_snr_gamma=cfg.min_snr_gamma
                 )
-            else:  # t from the sampler; each draw weighted so the objective keeps its expectation
-                t, weights = self.timesteps.sample(x_start.shape[0], generator=self.generator, device=self.device)
+            else:
                 losses = per_sample_losses(
-                    self.forward, self.schedule, x_start, t, generator=self.generator, min_snr_gamma=cfg.min_snr_gamma
-                )  # (B,)
-                loss = (weights * losses).mean()
+                    self.forward, self.schedule, x_start, t[mine], noise=noise[mine], min_snr_gamma=cfg.min_snr_gamma
+                )  # (B / ranks,)
+                loss = (weights[mine] * losses).mean()
         with phase("backward"):
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
@@ -227,14 +263,20 @@ class Trainer:
             # Clip gradients (after unscaling fp16 gradients).
             self.scaler.unscale_(self.optimizer)
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            # sync: read the loss and check loss and gradients are finite before they touch the weights.
-            loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()
+            # sync: read the loss and check loss and gradients are finite before they touch the weights. With
+            # ranks, the same all-reduce averages the loss and says whether any rank was asked to stop, so all
+            # ranks take the same decisions (the gradients, and so their norm, are the same on every rank).
+            stop = float(interrupts.pending() or 0) if ranks.distributed else 0.0
+            stats = torch.stack([loss.detach().float(), grad_norm.float(), loss.new_tensor(stop, dtype=torch.float32)])
+            loss_value, norm_value, stop = distributed.all_reduce_sum(stats, ranks=ranks).div_(ranks.world_size).tolist()
+            self.stop_requested = stop > 0
             finite = math.isfinite(loss_value) and math.isfinite(norm_value)
             if finite:
                 self.scaler.step(self.optimizer)
                 self._update_ema()
         if self.timesteps.name != "uniform" and finite:
-            self.timesteps.update(t, losses.detach())  # sync inside: the per-timestep history lives on the CPU
+            global_losses = distributed.all_gather_rows(losses.detach(), ranks=ranks)  # (B,), in rank order
+            self.timesteps.update(t, global_losses)  # sync inside: the per-timestep history lives on the CPU
         self.scaler.update()  # with fp16, an overflowing gradient lowers the scale (the step is skipped)
         self.step += 1
         scaler_backoff = self.scaler.is_enabled() and math.isfinite(loss_value)
@@ -259,14 +301,18 @@ class Trainer:
         cfg = self.config
         end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
         losses, bad_in_a_row, smoothed = [], 0, None
-        bar = tqdm(total=end, initial=self.step, desc="training", unit="step", disable=not progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=end, initial=self.step, desc="training", unit="step", disable=not (progress and self.ranks.is_main),
+            dynamic_ncols=True,
+        )  # fmt: skip
         profiler = profiler or NullProfiler()
         window_start, window_steps = time.perf_counter(), 0
         # Ctrl-C and SIGTERM take effect between steps, so a checkpoint saved on interrupt is a whole step's state.
         try:
             with interrupts.deferred():
                 while self.step < end:
-                    interrupts.raise_if_pending()
+                    if not self.ranks.distributed:  # ranks stop together, after the step that reports the signal
+                        interrupts.raise_if_pending()
                     loss = self.train_step()
                     profiler.step()
                     losses.append(loss)
@@ -275,7 +321,8 @@ class Trainer:
                         smoothed = loss if smoothed is None else 0.98 * smoothed + 0.02 * loss
                     else:
                         bad_in_a_row += 1
-                        bar.write(f"step {self.step}: non-finite loss, update skipped")
+                        if self.ranks.is_main:  # every rank saw the same (averaged) loss
+                            bar.write(f"step {self.step}: non-finite loss, update skipped")
                         if bad_in_a_row >= MAX_CONSECUTIVE_NONFINITE:
                             raise TrainingDiverged(
                                 f"the loss was non-finite for {bad_in_a_row} steps in a row at step {self.step}; "
@@ -291,10 +338,14 @@ class Trainer:
                             lr=f"{self.lr:.2e}",
                         )
                         window_start, window_steps = time.perf_counter(), 0
+                    if self.stop_requested:  # this rank's own signal, or another rank's
+                        interrupts.raise_if_pending()
+                        raise interrupts.Interrupted(signal.SIGTERM)
                     at_end = self.step == cfg.total_steps
                     if at_end or (cfg.save_every and self.step % cfg.save_every == 0):
                         self.save()
-                    if at_end or (cfg.sample_every and self.step % cfg.sample_every == 0):
+                    sample_now = at_end or (cfg.sample_every and self.step % cfg.sample_every == 0)
+                    if sample_now and self.ranks.is_main:  # the other ranks wait for rank 0 in the next step
                         bar.write(f"step {self.step}: samples in {self.write_samples()}")
         finally:
             bar.close()

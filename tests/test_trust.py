@@ -290,9 +290,9 @@ def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(t
 
 
 def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
-    proc = start([*SAMPLE, "--model_path", str(work / "m.pt"), "--sampling_steps", "50", "--n_samples", "64",
+    proc = start([*SAMPLE, "--model_path", str(work / "m.pt"), "--sampling_steps", "50", "--n_samples", "512",
                   "--batch_size", "8", "--save_npz", "s.npz", "--output", "s.png"], tmp_path)  # fmt: skip
-    time.sleep(6.0)  # past the imports, into the batches
+    time.sleep(6.0)  # past the imports, into the batches (64 of them: about 30 s on 2 cores)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
