@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -160,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--grad_clip", type=finite_float, default=1.0, help="gradient-norm clipping")
     g.add_argument(
-        "--timestep_sampling", choices=TIMESTEP_SAMPLERS, default="uniform",
-        help="which timesteps each step trains on: uniform (DDPM); importance (loss-aware, Nichol & Dhariwal 2021, "
+        "--timestep_sampling", choices=TIMESTEP_SAMPLERS, default=None,
+        help="which timesteps each step trains on (a resumed run keeps its own): uniform (DDPM, the default); importance (loss-aware, Nichol & Dhariwal 2021, "
         "unbiased); topk (mostly the K timesteps with the largest loss, unbiased); speed (SpeeD-style: fewer draws "
         "where the loss has converged, reweighted)",
     )  # fmt: skip
@@ -304,6 +306,15 @@ def check_profile_dir(args: argparse.Namespace) -> None:
         raise ValueError(f"--profile applies to --mode train, sample and benchmark, not {args.mode}")
     if Path(args.profile).exists() and not Path(args.profile).is_dir():
         raise ValueError(f"--profile {args.profile} is a file; it names the folder the traces go into")
+    existing = Path(args.profile).absolute()
+    while not existing.exists():  # the folder, or the nearest one that exists (the rest is made)
+        existing = existing.parent
+    try:  # a probe, as for every output: modes, read-only file systems and /proc all answer it
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".profile-probe-")
+    except OSError as exc:
+        raise ValueError(f"--profile {args.profile}: cannot write into {existing} ({exc.strerror})") from exc
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _model_path(args: argparse.Namespace) -> str:

@@ -62,6 +62,11 @@ def resumed_trainer(request: TrainRequest):
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
     # Any number of ranks continues a run: the checkpoint holds no rank's own state.
     config = resume_config(state, total_steps=request.max_steps, checkpoint=checkpoint, world_size=ranks.world_size)
+    if request.timestep_sampling not in (None, config.timestep_sampling):
+        raise ValueError(
+            f"{checkpoint} trains with --timestep_sampling {config.timestep_sampling}, and a resumed run keeps it; "
+            f"to train with {request.timestep_sampling}, start a new run (another --model_path, or --overwrite)"
+        )
     check_batch_fits(model_config, batch_size=config.per_rank_batch(), device=device, training=True)
     images = load_images(
         config.dataset,
@@ -110,7 +115,7 @@ def new_trainer(request: TrainRequest):
         grad_clip=request.grad_clip,
         ema_decay=request.ema_decay,
         min_snr_gamma=request.min_snr_gamma,
-        timestep_sampling=request.timestep_sampling,
+        timestep_sampling=request.timestep_sampling or "uniform",
         precision=request.precision,
         compile=request.compile,
         seed=request.seed,

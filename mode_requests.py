@@ -120,7 +120,7 @@ class TrainRequest:
     warmup_steps: int | None = None  # None: 5% of the run, at most 500
     ema_decay: float = 0.999
     min_snr_gamma: float | None = None
-    timestep_sampling: str = "uniform"
+    timestep_sampling: str | None = None  # None: uniform for a new run, the checkpoint's own on --resume
     grad_clip: float = 1.0
     compile: bool = False
     save_every: int = 1000

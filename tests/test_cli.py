@@ -137,6 +137,9 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "train", "--dataset", "digits", "--profile", "corrupt.pt"], "is a file"),
         (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--profile", "prof"], "--profile applies to"),
         (["--mode", "train", "--dataset", "digits", "--timestep_sampling", "best"], "invalid choice"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--timestep_sampling", "topk"],
+         "trains with --timestep_sampling uniform, and a resumed run keeps it"),
+        (["--mode", "train", "--dataset", "digits", "--profile", "/proc/prof"], "cannot write into /proc"),
     ],
 )
 def test_user_errors_end_in_one_line_and_exit_code_2(trained, args, match):
