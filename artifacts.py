@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
-from checkpoints import load_checkpoint_model
+from checkpoints import load_checkpoint_model, load_checkpoint_parts
 from export import (
     default_opset,
     export_onnx_model,
@@ -65,6 +65,7 @@ class Artifact:
     model: nn.Module
     model_config: UNetConfig
     schedule_config: ScheduleConfig
+    class_names: tuple[str, ...] = ()  # a class-conditional model's classes (label i is class_names[i])
 
 
 def artifact_kind(path: str | Path) -> str:
@@ -84,8 +85,8 @@ def load_artifact(
     """
     path, kind = Path(path), artifact_kind(path)
     if kind == "checkpoint":
-        model, schedule_config = load_checkpoint_model(path, weights=weights, device=device)
-        return Artifact(kind, path, model, model.config, schedule_config)
+        model, schedule_config, class_names = load_checkpoint_parts(path, weights=weights, device=device)
+        return Artifact(kind, path, model, model.config, schedule_config, class_names)
     if not path.is_file():
         raise ValueError(f"{path} does not exist or is not a file")
     if kind == "torchscript":  # refused before it is read unless trusted
@@ -152,6 +153,11 @@ def export_checkpoint(
         import_onnxruntime()
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
     model, schedule_config = load_checkpoint_model(source, weights=weights, device=device)
+    if model.config.num_classes:
+        raise ValueError(
+            f"{source} is class-conditional; exporting it (a label input for ONNX, TorchScript and TensorRT) is not "
+            "built yet: sample it with --implementation original or cuda"
+        )
     io = UNetIO.from_config(model.config)
     batch_sizes = (1, 3, 8)
     if fmt == "onnx":
@@ -222,6 +228,8 @@ def export_artifact(
     if artifact_kind(source) not in ("checkpoint", "onnx"):
         raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
     artifact = load_artifact(source, device=torch.device("cpu"), weights=weights)
+    if artifact.model_config.num_classes:
+        raise ValueError(f"{source} is class-conditional; TensorRT engines of conditional models are not built yet")
     return tensorrt_integration.export_engine(
         artifact.model,
         model_config=artifact.model_config,

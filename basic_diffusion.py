@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_fields, p_step, short_repr
+from conditioning import Guidance
+from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_fields, guided_eps, p_step, short_repr
 from profiling import phase
 
 PRESETS = ("small", "ddpm_cifar10")
@@ -32,6 +33,7 @@ UNET_BOUNDS = {
     "num_res_blocks": (1, 8),
     "num_heads": (1, 64),
     "norm_groups": (1, 256),
+    "num_classes": (0, 1000),
 }
 MAX_LEVELS = 8  # entries of channel_mult
 MAX_CHANNEL_MULT = 8
@@ -46,9 +48,16 @@ class UNetConfig:
     1..1024, divisible by 2 ** (levels - 1); ``model_channels`` 1..512; ``channel_mult`` 1..8
     levels, each 1..8; ``num_res_blocks`` 1..8; ``num_heads`` 1..64, dividing every attention
     width; ``norm_groups`` 1..256; ``attention_resolutions`` at most 16 sizes, each 1..image_size;
-    ``dropout`` in [0, 1). The largest such U-Net is far beyond any GPU; the bounds only keep
-    absurd values (from a damaged or hostile file) from reaching the constructor.
+    ``dropout`` in [0, 1); ``num_classes`` 0..1000. The largest such U-Net is far beyond any GPU; the
+    bounds only keep absurd values (from a damaged or hostile file) from reaching the constructor.
+
+    ``num_classes`` > 0 makes a class-conditional U-Net: a label embedding (one row per class and a
+    last, "null" row for "no label") is added to the time embedding, and the network learns both
+    conditional and unconditional eps (training drops labels to the null one), as classifier-free
+    guidance needs.
     """
+
+    ADDED_LATER = ("num_classes",)  # checkpoints written before class conditioning lack it: 0
 
     image_size: int = 28
     in_channels: int = 1
@@ -59,6 +68,12 @@ class UNetConfig:
     num_heads: int = 4
     dropout: float = 0.1
     norm_groups: int = 32
+    num_classes: int = 0  # 0: unconditional
+
+    @property
+    def null_label(self) -> int:
+        """The label meaning "no class" (the unconditional eps of a conditional model)."""
+        return self.num_classes
 
     def __post_init__(self) -> None:
         # Tuples may arrive as lists from a checkpoint; normalize so equality and hashing work.
@@ -220,7 +235,8 @@ class Level(nn.Module):
 
 
 class UNet(nn.Module):
-    """eps_theta(x_t, t): predicts the noise in ``x_t`` (B, C, H, W) at timesteps ``t`` (B,)."""
+    """eps_theta(x_t, t[, y]): predicts the noise in ``x_t`` (B, C, H, W) at timesteps ``t`` (B,) and, for a
+    class-conditional config, labels ``y`` (B,) int64 (``config.null_label``: unconditional)."""
 
     def __init__(self, config: UNetConfig) -> None:
         super().__init__()
@@ -228,6 +244,8 @@ class UNet(nn.Module):
         ch, groups = config.model_channels, config.norm_groups
         emb_dim = 4 * ch
         self.time_mlp = nn.Sequential(nn.Linear(ch, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
+        # Class labels, and the null label, as embeddings added to the time embedding.
+        self.label_embedding = nn.Embedding(config.num_classes + 1, emb_dim) if config.num_classes else None
         self.conv_in = nn.Conv2d(config.in_channels, ch, 3, padding=1)
 
         def block(i: int, o: int) -> ResBlock:
@@ -275,8 +293,14 @@ class UNet(nn.Module):
         nn.init.zeros_(self.conv_out.weight)
         nn.init.zeros_(self.conv_out.bias)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         emb = self.time_mlp(timestep_embedding(t, self.config.model_channels))  # (B, 4ch)
+        if self.label_embedding is not None:
+            if y is None:
+                raise ValueError("this U-Net is class-conditional: pass labels y (B,), or its null label")
+            emb = emb + self.label_embedding(y)
+        elif y is not None:
+            raise ValueError("this U-Net is unconditional: it takes no labels")
         h = self.conv_in(x)
         skips = [h]
         for level, down in zip(self.down, self.downsample):
@@ -305,13 +329,15 @@ def diffusion_loss(
     *,
     t: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
+    y: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
     """The DDPM objective: MSE between the true and predicted noise at a uniform t.
 
     ``t`` (B,) and ``noise`` (like ``x_start``) are drawn from ``generator``, t first, unless given
-    (the trainer draws them for a whole global batch and passes each rank its rows).
+    (the trainer draws them for a whole global batch and passes each rank its rows). ``y`` (B,):
+    the labels of a class-conditional model.
 
     ``min_snr_gamma=None`` is Ho et al.'s simplified (unweighted) loss. A number gamma weights each
     sample's noise MSE by min(SNR(t), gamma) / SNR(t), SNR = alpha_bar / (1 - alpha_bar) (Hang et
@@ -326,8 +352,10 @@ def diffusion_loss(
         if noise is None:
             noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
         x_t = schedule.q_sample(x_start, t, noise)
-        return F.mse_loss(model(x_t, t).float(), noise.float())
-    losses = per_sample_losses(model, schedule, x_start, t, noise=noise, generator=generator, min_snr_gamma=min_snr_gamma)
+        return F.mse_loss(eps_of(model, x_t, t, y).float(), noise.float())
+    losses = per_sample_losses(
+        model, schedule, x_start, t, noise=noise, y=y, generator=generator, min_snr_gamma=min_snr_gamma
+    )
     return losses.mean()
 
 
@@ -338,6 +366,7 @@ def per_sample_losses(
     t: torch.Tensor,
     *,
     noise: torch.Tensor | None = None,
+    y: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
@@ -346,14 +375,30 @@ def per_sample_losses(
     if noise is None:
         noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
     x_t = schedule.q_sample(x_start, t, noise)
-    losses = (model(x_t, t).float() - noise.float()).pow(2).flatten(1).mean(1)  # (B,)
+    losses = (eps_of(model, x_t, t, y).float() - noise.float()).pow(2).flatten(1).mean(1)  # (B,)
     return losses if min_snr_gamma is None else losses * min_snr_weights(schedule, t, gamma=min_snr_gamma)
+
+
+def eps_of(model: nn.Module, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    """The model's eps: called as ``model(x_t, t)``, with ``y`` only for a class-conditional model (so a
+    traced or exported unconditional U-Net keeps its two inputs)."""
+    return model(x_t, t) if y is None else model(x_t, t, y)
 
 
 def min_snr_weights(schedule: NoiseSchedule, t: torch.Tensor, *, gamma: float) -> torch.Tensor:
     """min(SNR(t), gamma) / SNR(t) for each timestep in ``t``: 1 where SNR <= gamma (noisy), less above."""
     snr = schedule.snr[t]
     return snr.clamp(max=gamma) / snr
+
+
+def guided_model_eps(model: nn.Module, x: torch.Tensor, t: torch.Tensor, guidance: Guidance | None) -> torch.Tensor:
+    """eps for one step: the plain U-Net, or a conditional one with its labels and guidance (float32)."""
+    if guidance is None:
+        return model(x, t).float()
+    if not guidance.doubled:
+        return model(x, t, guidance.labels).float()
+    eps_pair = model(torch.cat([x, x]), torch.cat([t, t]), guidance.model_labels())  # (2B, C, H, W)
+    return guided_eps(eps_pair, guidance.scale)
 
 
 @torch.no_grad()
@@ -364,20 +409,23 @@ def sample(
     shape: tuple[int, int, int, int],
     generator: torch.Generator,
     progress: bool = False,
+    guidance: Guidance | None = None,
 ) -> torch.Tensor:
     """Draw images (B, C, H, W) in [-1, 1] by running ``plan`` from pure noise, one step at a time.
 
     Noise is drawn from ``generator`` in a fixed order (x_T first, then one tensor per stochastic
     step), which the other implementations reproduce to give the same images from the same seed.
+    A class-conditional model draws the classes of ``guidance`` (see :class:`Guidance`).
     """
     device = plan.coefficients.device
     B = shape[0]
+    guidance = guidance.to(device) if guidance is not None else None
     x = torch.randn(shape, generator=generator, device=device)  # x_T ~ N(0, I)
     prev_xstart = None
     for i in tqdm(range(plan.num_steps), desc=f"sampling ({plan.sampler})", disable=not progress, leave=False):
         t = plan.timesteps[i].expand(B)
         with phase("unet"):
-            eps = model(x, t).float()
+            eps = guided_model_eps(model, x, t, guidance)
         with phase("noise"):
             noise = torch.randn(shape, generator=generator, device=device) if plan.noise_steps[i] else None
         with phase("step"):
@@ -385,4 +433,3 @@ def sample(
                 plan, i, x, eps, noise=noise, prev_xstart=prev_xstart if plan.uses_prev_xstart else None
             )
     return x
-

@@ -257,17 +257,28 @@ def first_line(exc: BaseException) -> str:
 def load_checkpoint_model(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig]:
-    """The U-Net of a checkpoint with its EMA (or raw) weights, in eval mode, and its schedule config.
+    """The U-Net of a checkpoint with its EMA (or raw) weights, in eval mode, and its schedule config."""
+    model, schedule_config, _ = load_checkpoint_parts(path, weights=weights, device=device)
+    return model, schedule_config
+
+
+def load_checkpoint_parts(
+    path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
+) -> tuple[UNet, ScheduleConfig, tuple[str, ...]]:
+    """:func:`load_checkpoint_model` and the model's class names (empty for an unconditional model).
 
     The U-Net is built on the meta device and takes the checkpoint's tensors (checkpoints.load_weights
     with ``assign``), so nothing is allocated for a config until its weights are known to match it.
     """
+    from conditioning import read_class_names
+
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
     state = load_checkpoint(path)
     source = f"checkpoint {path}"
     model_config, schedule_config = read_configs(state, source=source)
+    class_names = read_class_names(state, num_classes=model_config.num_classes, source=source) if model_config.num_classes else ()
     with torch.device("meta"):
         model = UNet(model_config)
     load_weights(model, state[weights], source=source, assign=True)
-    return model.to(device).eval(), schedule_config
+    return model.to(device).eval(), schedule_config, class_names

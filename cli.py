@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conditioning import DEFAULT_GUIDANCE, check_scale
 from safe_files import check_outputs  # every output checked before any work
 
 from mode_requests import (
@@ -170,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--compile", action="store_true", help="torch.compile the U-Net (training; and sampling with --implementation cuda)"
     )
+    g.add_argument(
+        "--class_cond", action="store_true",
+        help="train a class-conditional model on the dataset's labels (a folder's sub-folder names are its classes)",
+    )  # fmt: skip
+    g.add_argument(
+        "--cond_drop", type=finite_float, default=0.1,
+        help="with --class_cond: share of labels replaced by the null label, so the model also learns unconditional eps",
+    )  # fmt: skip
     g.add_argument("--save_every", type=int, default=1000, help="checkpoint every N steps (0: only at the end)")
     g.add_argument("--sample_every", type=int, default=1000, help="sample grid every N steps (0: only at the end)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --model_path exactly")
@@ -193,6 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: T for ddpm, 50 for ddim, 20 for dpm_solver; --mode evaluate takes a comma-separated list",
     )
     g.add_argument("--eta", type=finite_float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
+    g.add_argument(
+        "--class_label", default=None, metavar="LABELS",
+        help="class-conditional models: a class (index or name), a comma-separated list (the samples split evenly, "
+        "one grid row each), or all (one grid row per class); default all",
+    )  # fmt: skip
+    g.add_argument(
+        "--guidance_scale", type=finite_float, default=None, metavar="W",
+        help="class-conditional models: classifier-free guidance, eps = eps_uncond + W (eps_cond - eps_uncond); "
+        f"1 = the conditional model unguided, 0 = unconditional (default {DEFAULT_GUIDANCE})",
+    )  # fmt: skip
     g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1]")
     g.add_argument("--no_ema", action="store_true", help="sample (or export) the raw weights instead of the EMA")
     g.add_argument(
@@ -371,6 +390,8 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         seed=args.seed,
         opset=args.opset,
         engine=_engine(args),
+        class_label=args.class_label,
+        guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
     )
 
 
@@ -384,6 +405,10 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
+    if args.resume and args.class_cond:
+        raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
+    if not 0.0 <= args.cond_drop <= 1.0:
+        raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
     check_outputs({"--model_path": checkpoint})
     channels = default_shape(args.dataset)[1]
     if not args.resume and args.channels and args.channels != channels and args.dataset != "folder":
@@ -404,6 +429,8 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         ema_decay=args.ema_decay,
         min_snr_gamma=args.min_snr_gamma,
         timestep_sampling=args.timestep_sampling,
+        class_cond=args.class_cond,
+        cond_drop=args.cond_drop,
         grad_clip=args.grad_clip,
         compile=args.compile,
         save_every=args.save_every,

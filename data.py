@@ -35,11 +35,14 @@ def default_shape(dataset: str) -> tuple[int, int]:
 
 @dataclass
 class ImageSet:
-    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W)."""
+    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W); ``labels`` int64 (N,) indexes
+    ``class_names`` (None for a dataset without classes: a folder without sub-folders, random data)."""
 
     name: str
     images: torch.Tensor
     hflip: bool = False
+    labels: torch.Tensor | None = None
+    class_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -65,6 +68,12 @@ class ImageSet:
         ``rows`` takes part of the batch (a rank's share in a distributed run): the same rows as
         slicing the whole batch, without moving the rest to the device.
         """
+        return self.batch_with_labels(step, batch_size=batch_size, seed=seed, device=device, rows=rows)[0]
+
+    def batch_with_labels(
+        self, step: int, *, batch_size: int, seed: int, device: torch.device | str = "cpu", rows: slice | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`batch` and its labels (B,) int64 on ``device`` (None for a dataset without classes)."""
         per_epoch = self.steps_per_epoch(batch_size)
         epoch, index = divmod(step, per_epoch)
         gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -76,7 +85,8 @@ class ImageSet:
         if self.hflip:
             flip = flips[take].to(device)[:, None, None, None]
             x = torch.where(flip, x.flip(-1), x)
-        return x
+        labels = None if self.labels is None else self.labels[take].to(device, non_blocking=True)
+        return x, labels
 
 
 def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -100,17 +110,20 @@ def load_images(
     if image_size < 1:
         raise ValueError(f"image size must be positive, got {image_size}")
     if dataset == "digits":
-        images = _load_digits()
+        images, labels, class_names = _load_digits()
     elif dataset == "folder":
-        images = _load_folder(Path(data_dir), image_size=image_size, channels=channels or 3)
+        images, labels, class_names = _load_folder(Path(data_dir), image_size=image_size, channels=channels or 3)
     else:
-        images = _load_torchvision(dataset, Path(data_dir), download=download)
+        images, labels, class_names = _load_torchvision(dataset, Path(data_dir), download=download)
     check_fits_in_memory(len(images), channels=images.shape[1], image_size=image_size, dataset=dataset)
     native_channels = images.shape[1]
     if channels is not None and channels != native_channels:
         if dataset != "folder":
             raise ValueError(f"{dataset} images have {native_channels} channel(s); --channels {channels} does not fit")
-    return ImageSet(name=dataset, images=resize_uint8(images, image_size), hflip=FLIP.get(dataset, False))
+    return ImageSet(
+        name=dataset, images=resize_uint8(images, image_size), hflip=FLIP.get(dataset, False), labels=labels,
+        class_names=class_names,
+    )  # fmt: skip
 
 
 def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, dataset: str) -> None:
@@ -126,17 +139,22 @@ def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, datas
         )
 
 
-def _load_digits() -> torch.Tensor:
+Loaded = tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]  # uint8 (N, C, H, W), labels (N,), class names
+
+
+def _load_digits() -> Loaded:
     # scikit-learn ships 1,797 real 8x8 handwritten digits (UCI), grey levels 0..16: no network needed.
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
         raise ValueError("the offline digits need scikit-learn: pip install scikit-learn") from exc
-    pixels = torch.from_numpy(load_digits().images)  # (1797, 8, 8) float64 in [0, 16]
-    return (pixels * (255.0 / 16.0)).round().to(torch.uint8)[:, None]  # (N, 1, 8, 8)
+    digits = load_digits()
+    pixels = torch.from_numpy(digits.images)  # (1797, 8, 8) float64 in [0, 16]
+    images = (pixels * (255.0 / 16.0)).round().to(torch.uint8)[:, None]  # (N, 1, 8, 8)
+    return images, torch.from_numpy(digits.target).long(), tuple(str(d) for d in range(10))
 
 
-def _load_torchvision(dataset: str, root: Path, *, download: bool) -> torch.Tensor:
+def _load_torchvision(dataset: str, root: Path, *, download: bool) -> Loaded:
     from torchvision import datasets
 
     cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[dataset]
@@ -150,12 +168,15 @@ def _load_torchvision(dataset: str, root: Path, *, download: bool) -> torch.Tens
             f"offline, place the torchvision {cls.__name__} files under {root}, or train on --dataset digits"
         ) from exc
     data = torch.as_tensor(ds.data)
+    labels, names = torch.as_tensor(ds.targets).long(), tuple(str(name) for name in ds.classes)
     if data.ndim == 3:  # (N, H, W) grayscale
-        return data[:, None].contiguous()
-    return data.permute(0, 3, 1, 2).contiguous()  # CIFAR-10: (N, H, W, C) -> (N, C, H, W)
+        return data[:, None].contiguous(), labels, names
+    return data.permute(0, 3, 1, 2).contiguous(), labels, names  # CIFAR-10: (N, H, W, C) -> (N, C, H, W)
 
 
-def _load_folder(root: Path, *, image_size: int, channels: int) -> torch.Tensor:
+def _load_folder(root: Path, *, image_size: int, channels: int) -> Loaded:
+    """The images under ``root``; their classes are the names of root's sub-folders when every image lies
+    in one (``root/cat/1.png``, ``root/dog/2.png``), else none."""
     from PIL import Image, UnidentifiedImageError
 
     if not root.is_dir():
@@ -178,4 +199,8 @@ def _load_folder(root: Path, *, image_size: int, channels: int) -> torch.Tensor:
         except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
             raise ValueError(f"cannot read image {path}: {exc}") from exc
         out[i] = pixels.view(image_size, image_size, channels).permute(2, 0, 1)
-    return out
+    folders = [path.relative_to(root).parts[0] if len(path.relative_to(root).parts) > 1 else None for path in paths]
+    if None in folders:
+        return out, None, ()
+    names = tuple(sorted(set(folders)))
+    return out, torch.tensor([names.index(f) for f in folders], dtype=torch.long), names

@@ -6,8 +6,8 @@
 // (the same as at::cuda::getCurrentCUDAStream(); graph capture makes its capture stream
 // current), and is checked with C10_CUDA_KERNEL_LAUNCH_CHECK().
 //
-// fused_step_ is memory bound: per element it reads x, eps [, noise] [, xstart] and writes x
-// [, xstart], each exactly once. It moves 16 bytes per load/store of the widest tensor when every
+// fused_step_ is memory bound: per element it reads x, eps [, the unconditional eps when guided]
+// [, noise] [, xstart] and writes x [, xstart], each exactly once. It moves 16 bytes per load/store of the widest tensor when every
 // pointer is aligned for that (a scalar tail covers numel % VEC), and falls back to one element
 // per load otherwise (e.g. a view that starts at an odd element). Arithmetic is float32 with
 // round-to-nearest products and sums (no FMA contraction), which matches noise_schedule.p_step
@@ -54,6 +54,8 @@ template <typename T, typename E, int VEC>
 __global__ void __launch_bounds__(kThreads) fused_step_kernel(
     T* __restrict__ x,
     const E* __restrict__ eps,
+    const E* __restrict__ eps_uncond,  // nullptr: unguided; else the unconditional half (eps + numel)
+    float guidance,
     const T* __restrict__ noise,  // nullptr: deterministic step
     T* __restrict__ xstart,  // nullptr: pred_xstart is not stored
     const float* __restrict__ coefficients,  // (S, 6)
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(
   }
   // Six broadcast loads per thread, served from cache after the first warp.
   const StepCoefficients c = load_coefficients(coefficients + s * kNumCoefficients);
+  const bool guided = eps_uncond != nullptr;
   const bool has_noise = noise != nullptr;
   const bool store_xstart = xstart != nullptr;
 
@@ -78,6 +81,10 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(
   for (int64_t v = first; v < num_vec; v += stride) {
     const Packed<T, VEC> xv = reinterpret_cast<const Packed<T, VEC>*>(x)[v];
     const Packed<E, VEC> ev = reinterpret_cast<const Packed<E, VEC>*>(eps)[v];
+    Packed<E, VEC> uv{};
+    if (guided) {
+      uv = reinterpret_cast<const Packed<E, VEC>*>(eps_uncond)[v];
+    }
     Packed<T, VEC> nv{};
     Packed<T, VEC> pv{};
     if (has_noise) {
@@ -90,10 +97,12 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(
     Packed<T, VEC> pred_out;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
+      const float e = guided ? guide(static_cast<float>(ev.v[k]), static_cast<float>(uv.v[k]), guidance)
+                             : static_cast<float>(ev.v[k]);
       const StepResult r = step_element(
           c,
           static_cast<float>(xv.v[k]),
-          static_cast<float>(ev.v[k]),
+          e,
           static_cast<float>(nv.v[k]),
           static_cast<float>(pv.v[k]),
           clip_denoised,
@@ -110,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(
 
   // Scalar tail: the numel % VEC elements after the last whole vector (none when VEC == 1).
   for (int64_t i = num_vec * VEC + first; i < numel; i += stride) {
-    step_at(c, i, x, eps, noise, xstart, clip_denoised, has_noise, use_prev, store_xstart);
+    step_at(c, i, x, eps, eps_uncond, guidance, noise, xstart, clip_denoised, guided, has_noise, use_prev, store_xstart);
   }
 }
 
@@ -151,15 +160,19 @@ void launch_fused_step(
     const at::Tensor& coefficients,
     const at::Tensor& step,
     bool clip_denoised,
-    bool use_prev) {
+    bool use_prev,
+    std::optional<double> guidance) {
   // 16-byte accesses for the wider of the two element types; the narrower one moves 8 bytes.
   constexpr int kVec = static_cast<int>(16 / std::max(sizeof(T), sizeof(E)));
   T* x_ptr = x.mutable_data_ptr<T>();
   const E* eps_ptr = eps.const_data_ptr<E>();
+  const E* uncond_ptr = guidance.has_value() ? eps_ptr + x.numel() : nullptr;
+  const float w = static_cast<float>(guidance.value_or(1.0));
   const T* noise_ptr = noise.has_value() ? noise->const_data_ptr<T>() : nullptr;
   T* xstart_ptr = xstart.has_value() ? xstart->mutable_data_ptr<T>() : nullptr;
   const bool vectorize = is_aligned(x_ptr, kVec * sizeof(T)) && is_aligned(eps_ptr, kVec * sizeof(E)) &&
-      is_aligned(noise_ptr, kVec * sizeof(T)) && is_aligned(xstart_ptr, kVec * sizeof(T));  // nullptr is aligned
+      is_aligned(uncond_ptr, kVec * sizeof(E)) && is_aligned(noise_ptr, kVec * sizeof(T)) &&
+      is_aligned(xstart_ptr, kVec * sizeof(T));  // nullptr is aligned
   const int64_t numel = x.numel();
   const int64_t num_steps = coefficients.size(0);
   const float* coefficient_ptr = coefficients.const_data_ptr<float>();
@@ -167,11 +180,13 @@ void launch_fused_step(
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (vectorize) {
     fused_step_kernel<T, E, kVec><<<grid_size(numel / kVec), kThreads, 0, stream>>>(
-        x_ptr, eps_ptr, noise_ptr, xstart_ptr, coefficient_ptr, step_ptr, num_steps, numel, clip_denoised, use_prev);
+        x_ptr, eps_ptr, uncond_ptr, w, noise_ptr, xstart_ptr, coefficient_ptr, step_ptr, num_steps, numel, clip_denoised,
+        use_prev);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
     fused_step_kernel<T, E, 1><<<grid_size(numel), kThreads, 0, stream>>>(
-        x_ptr, eps_ptr, noise_ptr, xstart_ptr, coefficient_ptr, step_ptr, num_steps, numel, clip_denoised, use_prev);
+        x_ptr, eps_ptr, uncond_ptr, w, noise_ptr, xstart_ptr, coefficient_ptr, step_ptr, num_steps, numel, clip_denoised,
+        use_prev);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -184,8 +199,9 @@ void fused_step_cuda(
     const at::Tensor& coefficients,
     const at::Tensor& step,
     bool clip_denoised,
-    bool use_prev) {
-  check_fused_step_args(x, eps, noise, xstart, coefficients, step, use_prev);
+    bool use_prev,
+    std::optional<double> guidance) {
+  check_fused_step_args(x, eps, noise, xstart, coefficients, step, use_prev, guidance.has_value());
   if (x.numel() == 0) {
     return;
   }
@@ -194,7 +210,7 @@ void fused_step_cuda(
     using T = decltype(x_tag);
     dispatch_step_dtype(eps.scalar_type(), "eps", [&](auto eps_tag) {
       using E = decltype(eps_tag);
-      launch_fused_step<T, E>(x, eps, noise, xstart, coefficients, step, clip_denoised, use_prev);
+      launch_fused_step<T, E>(x, eps, noise, xstart, coefficients, step, clip_denoised, use_prev, guidance);
     });
   });
 }

@@ -4,6 +4,7 @@
 //
 // The reference for everything here is noise_schedule.p_step:
 //
+//   eps         = eps_u + w * (eps_c - eps_u)          (guided only: noise_schedule.guided_eps)
 //   pred_xstart = a * (x_t - s * eps)                  (optionally clamped to [-1, 1])
 //   x_prev      = c_xt * x_t + c_x0 * pred_xstart [+ c_prev * prev_xstart] [+ sigma * noise]
 //
@@ -61,6 +62,12 @@ C10_HOST_DEVICE inline float sub_rn(float a, float b) {
 #endif
 }
 
+// Classifier-free guidance of one element: eps_uncond + w * (eps_cond - eps_uncond), rounded as
+// noise_schedule.guided_eps rounds it.
+C10_HOST_DEVICE inline float guide(float eps_cond, float eps_uncond, float w) {
+  return add_rn(eps_uncond, mul_rn(w, sub_rn(eps_cond, eps_uncond)));
+}
+
 struct StepResult {
   float x_prev;
   float pred_xstart;
@@ -100,23 +107,29 @@ C10_HOST_DEVICE inline StepResult step_element(
 
 // step_element on element i of the buffers, in place: reads x (and noise / the previous
 // pred_xstart when their flags are set), writes x_prev into x and, with store_xstart,
-// pred_xstart into xstart. The CPU loop passes compile-time flags, which fold away when inlined.
+// pred_xstart into xstart. Guided, eps holds the conditional half and eps_uncond (eps + numel)
+// the unconditional one. The CPU loop passes compile-time flags, which fold away when inlined.
 template <typename T, typename E>
 C10_HOST_DEVICE inline void step_at(
     const StepCoefficients& c,
     int64_t i,
     T* __restrict__ x,
     const E* __restrict__ eps,
+    const E* __restrict__ eps_uncond,
+    float guidance,
     const T* __restrict__ noise,
     T* __restrict__ xstart,
     bool clip_denoised,
+    bool guided,
     bool has_noise,
     bool use_prev,
     bool store_xstart) {
+  const float e = guided ? guide(static_cast<float>(eps[i]), static_cast<float>(eps_uncond[i]), guidance)
+                         : static_cast<float>(eps[i]);
   const StepResult r = step_element(
       c,
       static_cast<float>(x[i]),
-      static_cast<float>(eps[i]),
+      e,
       has_noise ? static_cast<float>(noise[i]) : 0.0f,
       use_prev ? static_cast<float>(xstart[i]) : 0.0f,
       clip_denoised,
@@ -156,7 +169,8 @@ void check_fused_step_args(
     const std::optional<at::Tensor>& xstart,
     const at::Tensor& coefficients,
     const at::Tensor& step,
-    bool use_prev);
+    bool use_prev,
+    bool guided);
 
 // Argument checks shared by the CPU and CUDA kernels of gather_timestep_ (no sync either).
 void check_gather_timestep_args(const at::Tensor& t, const at::Tensor& timesteps, const at::Tensor& step);

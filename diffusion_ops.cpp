@@ -10,12 +10,14 @@
 // Ops (all mutate their first arguments in place and return nothing, so one CUDA graph can
 // replay them with every buffer fixed):
 //
-//   fused_step_(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev)
+//   fused_step_(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev, guidance=None)
 //       One reverse-diffusion step of any sampler (noise_schedule.p_step), in one pass over
 //       memory: reads row `step` of the (S, 6) float32 coefficient table, writes x_prev into
 //       `x` and pred_xstart into `xstart` (when given). With use_prev the old `xstart` (the
 //       previous step's pred_xstart, DPM-Solver++'s history) is read before it is overwritten.
 //       `step` is a one-element int64 tensor on the same device: the device-side step counter.
+//       With `guidance` w, eps is (2B, ...): the U-Net's conditional rows, then its unconditional
+//       ones, and the step uses eps_u + w * (eps_c - eps_u) (classifier-free guidance) per element.
 //
 //   gather_timestep_(t, timesteps, step)
 //       t[:] = timesteps[step]: the U-Net's (B,) timestep input, gathered on the device.
@@ -65,13 +67,25 @@ void check_fused_step_args(
     const std::optional<at::Tensor>& xstart,
     const at::Tensor& coefficients,
     const at::Tensor& step,
-    bool use_prev) {
+    bool use_prev,
+    bool guided) {
   TORCH_CHECK(is_step_dtype(x.scalar_type()), "fused_step_: x must be float32, float16 or bfloat16, got ", x.scalar_type());
   TORCH_CHECK(is_step_dtype(eps.scalar_type()), "fused_step_: eps must be float32, float16 or bfloat16, got ", eps.scalar_type());
   TORCH_CHECK(
       x.is_non_overlapping_and_dense(),
       "fused_step_: x must be dense and non-overlapping (contiguous or channels-last), got strides ", x.strides());
-  check_same_layout(x, eps, "eps");
+  if (guided) {
+    // (2B, ...): each half laid out as x, the unconditional half right after the conditional one.
+    TORCH_CHECK(x.dim() >= 1 && eps.dim() == x.dim() && eps.size(0) == 2 * x.size(0),
+        "fused_step_: guided, eps must hold 2B rows (conditional, then unconditional) for x's B, got ", eps.sizes(), " for ", x.sizes());
+    check_same_layout(x, eps.narrow(0, 0, x.size(0)), "eps (conditional half)");
+    check_same_layout(x, eps.narrow(0, x.size(0), x.size(0)), "eps (unconditional half)");
+    TORCH_CHECK(x.numel() == 0 || eps.narrow(0, x.size(0), x.size(0)).const_data_ptr() ==
+        static_cast<const char*>(eps.const_data_ptr()) + x.numel() * eps.element_size(),
+        "fused_step_: guided, eps's unconditional half must follow its conditional half in memory; make eps contiguous");
+  } else {
+    check_same_layout(x, eps, "eps");
+  }
   // The outputs (x and xstart) may not share memory with any other argument.
   at::assert_no_overlap(x, eps);
   if (noise.has_value()) {
@@ -135,17 +149,19 @@ void dispatch_flag(bool flag, F&& f) {
 
 // The loop for one combination of flags. Compile-time flags (no per-element branches) and
 // __restrict__ pointers (the outputs overlap no input: checked) let the compiler vectorize it.
-template <typename T, typename E, bool kClip, bool kNoise, bool kPrev, bool kStore>
+template <typename T, typename E, bool kClip, bool kGuided, bool kNoise, bool kPrev, bool kStore>
 void fused_step_cpu_range(
     T* __restrict__ x,
     const E* __restrict__ eps,
+    const E* __restrict__ eps_uncond,
+    float guidance,
     const T* __restrict__ noise,
     T* __restrict__ xstart,
     const StepCoefficients c,
     int64_t begin,
     int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    step_at(c, i, x, eps, noise, xstart, kClip, kNoise, kPrev, kStore);
+    step_at(c, i, x, eps, eps_uncond, guidance, noise, xstart, kClip, kGuided, kNoise, kPrev, kStore);
   }
 }
 
@@ -153,6 +169,8 @@ template <typename T, typename E>
 void fused_step_cpu_kernel(
     T* x,
     const E* eps,
+    const E* eps_uncond,  // nullptr: unguided
+    float guidance,
     const T* noise,
     T* xstart,
     StepCoefficients c,
@@ -161,12 +179,15 @@ void fused_step_cpu_kernel(
     bool use_prev) {
   // use_prev implies a stored xstart (checked), so (kPrev, kStore) = (true, false) never runs.
   dispatch_flag(clip_denoised, [&](auto clip) {
-    dispatch_flag(noise != nullptr, [&](auto has_noise) {
-      dispatch_flag(xstart != nullptr, [&](auto store) {
-        dispatch_flag(use_prev && store, [&](auto prev) {
-          at::parallel_for(0, numel, kCpuGrain, [&](int64_t begin, int64_t end) {
-            fused_step_cpu_range<T, E, decltype(clip)::value, decltype(has_noise)::value, decltype(prev)::value, decltype(store)::value>(
-                x, eps, noise, xstart, c, begin, end);
+    dispatch_flag(eps_uncond != nullptr, [&](auto guided) {
+      dispatch_flag(noise != nullptr, [&](auto has_noise) {
+        dispatch_flag(xstart != nullptr, [&](auto store) {
+          dispatch_flag(use_prev && store, [&](auto prev) {
+            at::parallel_for(0, numel, kCpuGrain, [&](int64_t begin, int64_t end) {
+              fused_step_cpu_range<T, E, decltype(clip)::value, decltype(guided)::value, decltype(has_noise)::value,
+                                   decltype(prev)::value, decltype(store)::value>(
+                  x, eps, eps_uncond, guidance, noise, xstart, c, begin, end);
+            });
           });
         });
       });
@@ -182,8 +203,9 @@ void fused_step_cpu(
     const at::Tensor& coefficients,
     const at::Tensor& step,
     bool clip_denoised,
-    bool use_prev) {
-  check_fused_step_args(x, eps, noise, xstart, coefficients, step, use_prev);
+    bool use_prev,
+    std::optional<double> guidance) {
+  check_fused_step_args(x, eps, noise, xstart, coefficients, step, use_prev, guidance.has_value());
   const int64_t s = read_cpu_step(step, coefficients.size(0), "fused_step_");
   const StepCoefficients c = load_coefficients(coefficients.const_data_ptr<float>() + s * kNumCoefficients);
   // All tensors share x's dense layout (checked), so flat indexing from each data pointer
@@ -192,9 +214,12 @@ void fused_step_cpu(
     using T = decltype(x_tag);
     dispatch_step_dtype(eps.scalar_type(), "eps", [&](auto eps_tag) {
       using E = decltype(eps_tag);
+      const E* eps_ptr = eps.const_data_ptr<E>();
       fused_step_cpu_kernel<T, E>(
           x.mutable_data_ptr<T>(),
-          eps.const_data_ptr<E>(),
+          eps_ptr,
+          guidance.has_value() ? eps_ptr + x.numel() : nullptr,
+          static_cast<float>(guidance.value_or(1.0)),
           noise.has_value() ? noise->const_data_ptr<T>() : nullptr,
           xstart.has_value() ? xstart->mutable_data_ptr<T>() : nullptr,
           c,
@@ -220,7 +245,7 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
 TORCH_LIBRARY(diffusion_kernels, m) {
   m.def(
       "fused_step_(Tensor(a!) x, Tensor eps, Tensor? noise, Tensor(b!)? xstart, Tensor coefficients, "
-      "Tensor step, *, bool clip_denoised, bool use_prev) -> ()");
+      "Tensor step, *, bool clip_denoised, bool use_prev, float? guidance=None) -> ()");
   m.def("gather_timestep_(Tensor(a!) t, Tensor timesteps, Tensor step) -> ()");
 }
 

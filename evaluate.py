@@ -53,6 +53,8 @@ class Scores:
     frechet: float  # to the held-out real digits, in PCA space
     memorised: float  # share closer to a real digit than real digits are to each other
     seconds: float | None = None  # the time to draw them, when drawn
+    on_label: float | None = None  # class-conditional: share the classifier assigns to the requested digit
+    per_label: list[float] | None = None  # ... for each requested digit 0..9 (None where none was asked)
 
 
 def to_features(images: torch.Tensor) -> np.ndarray:
@@ -133,13 +135,18 @@ class DigitJudge:
         typical = self._distance_to_train_half(features) <= self.typical_below
         return (probabilities.max(1) >= CONFIDENCE) & typical, self.classifier.classes_[probabilities.argmax(1)]
 
-    def score(self, images: torch.Tensor, *, name: str) -> Scores:
-        """Score (N, 1, S, S) images in [-1, 1]."""
+    def classify(self, images: torch.Tensor) -> np.ndarray:
+        """The digit the classifier assigns to each of (N, 1, S, S) images in [-1, 1] (its most probable)."""
+        return self.classifier.predict(to_features(images))
+
+    def score(self, images: torch.Tensor, *, name: str, requested: torch.Tensor | None = None) -> Scores:
+        """Score (N, 1, S, S) images in [-1, 1]; with ``requested`` (N,) digits (a class-conditional model's
+        labels), also the share the classifier assigns to the requested digit, overall and per digit."""
         features = to_features(images)
         confident, labels = self._confident(features)
         frechet = frechet_distance(self.pca.transform(features), self.pca.transform(self.held_features))
         memorised = self._nearest_distance(features) < self.memorised_below
-        return Scores(
+        scores = Scores(
             name=name,
             n=len(features),
             confident=float(confident.mean()),
@@ -147,6 +154,12 @@ class DigitJudge:
             frechet=frechet,
             memorised=float(memorised.mean()),
         )
+        if requested is not None:
+            asked = requested.cpu().numpy()
+            hit = self.classifier.predict(features) == asked
+            scores.on_label = float(hit.mean())
+            scores.per_label = [float(hit[asked == d].mean()) if (asked == d).any() else None for d in range(10)]
+        return scores
 
     def ceiling(self, n: int, *, seed: int) -> Scores:
         """Real digits the classifier never saw, scored like samples, at ``n`` (at most the held-out half)."""
@@ -194,8 +207,10 @@ def run_sweep(
     seed: int,
     image_size: int,
     progress: Callable[[str], None] = print,
+    requested: torch.Tensor | None = None,
 ) -> dict:
-    """Score every (sampler, steps) pair; ``draw(sampler, steps)`` returns (images, the steps it ran)."""
+    """Score every (sampler, steps) pair; ``draw(sampler, steps)`` returns (images, the steps it ran).
+    ``requested``: the digit each image was asked to be (class-conditional models)."""
     import time
 
     rows = []
@@ -204,7 +219,7 @@ def run_sweep(
             progress(f"{sampler}, {num_steps or 'default'} steps: drawing {n_samples} samples ...")
             t0 = time.perf_counter()
             images, ran = draw(sampler, num_steps)
-            scores = judge.score(images, name=f"{sampler} {ran}")
+            scores = judge.score(images, name=f"{sampler} {ran}", requested=requested)
             scores.seconds = time.perf_counter() - t0
             rows.append({"sampler": sampler, "steps": ran, **asdict(scores)})
     return {
@@ -231,6 +246,13 @@ def format_table(result: dict) -> str:
         lines.append(line(row["sampler"], str(row["steps"]), row))
     lines.append(line("real digits", "-", result["ceiling"]) + "   (ceiling: held-out real digits)")
     lines.append(line("noise", "-", result["floor"]) + "   (floor: uniform noise)")
+    conditional = [row for row in result["rows"] if row.get("on_label") is not None]
+    if conditional:
+        lines += ["", f"drawn as the requested digit (guidance {result.get('guidance_scale')}):",
+                  f"{'sampler':<12}{'steps':>6}{'all':>7}" + "".join(f"{d:>6}" for d in range(10))]  # fmt: skip
+        for row in conditional:
+            cells = "".join("     -" if v is None else f"{100 * v:>5.0f}%" for v in row["per_label"])
+            lines.append(f"{row['sampler']:<12}{row['steps']:>6}{100 * row['on_label']:>6.1f}%{cells}")
     return "\n".join(lines)
 
 

@@ -37,15 +37,17 @@ def grid_side(n_images: int) -> int:
     return max(1, math.ceil(math.sqrt(n_images)))
 
 
-def grid_pixels(n_images: int, *, height: int, width: int) -> int:
+def grid_pixels(n_images: int, *, height: int, width: int, columns: int | None = None) -> int:
     if n_images == 1:
         return height * width
-    cols = grid_side(n_images)
+    cols = columns or grid_side(n_images)
     rows = math.ceil(n_images / cols)
     return (rows * (height + GRID_PADDING) + GRID_PADDING) * (cols * (width + GRID_PADDING) + GRID_PADDING)
 
 
-def choose_grid_scale(n_images: int, *, height: int, width: int, requested: int | None = None) -> int:
+def choose_grid_scale(
+    n_images: int, *, height: int, width: int, requested: int | None = None, columns: int | None = None
+) -> int:
     """The integer factor each tile is enlarged by: ``requested``, or by default the smallest that
     makes tiles :data:`MIN_TILE` pixels a side (8x8 digits x8, MNIST x3, CIFAR-10 x2), lowered
     until the grid fits in one PNG."""
@@ -54,7 +56,7 @@ def choose_grid_scale(n_images: int, *, height: int, width: int, requested: int 
             raise ValueError(f"--grid_scale must be a positive integer, got {requested}")
         return requested
     scale = max(1, math.ceil(MIN_TILE / max(height, width)))
-    while scale > 1 and grid_pixels(n_images, height=height, width=width) * scale**2 > MAX_GRID_PIXELS:
+    while scale > 1 and grid_pixels(n_images, height=height, width=width, columns=columns) * scale**2 > MAX_GRID_PIXELS:
         scale -= 1
     return scale
 
@@ -66,16 +68,16 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return x01.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
 
 
-def grid_image(tiles: torch.Tensor, *, scale: int = 1) -> Image.Image:
+def grid_image(tiles: torch.Tensor, *, scale: int = 1, columns: int | None = None) -> Image.Image:
     """(B, C, H, W) uint8 tiles -> one RGB PIL image in torchvision's ``make_grid`` layout: rows of
-    :func:`grid_side` tiles, :data:`GRID_PADDING` black pixels around each (importing torchvision
+    ``columns`` (default :func:`grid_side`) tiles, :data:`GRID_PADDING` black pixels around each (importing torchvision
     for this would add seconds to every start), then enlarged ``scale`` times, each pixel becoming
     a ``scale`` x ``scale`` block (nearest neighbour: no pixel value is invented)."""
     n, c, h, w = tiles.shape
     if n == 1:  # make_grid returns a single image as it is, unpadded
         grid = tiles[0].permute(1, 2, 0).expand(h, w, 3).numpy()
     else:
-        cols = grid_side(n)
+        cols = columns or grid_side(n)
         rows = math.ceil(n / cols)
         step_h, step_w = h + GRID_PADDING, w + GRID_PADDING
         grid = np.zeros((rows * step_h + GRID_PADDING, cols * step_w + GRID_PADDING, 3), dtype=np.uint8)
@@ -88,11 +90,12 @@ def grid_image(tiles: torch.Tensor, *, scale: int = 1) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(grid))
 
 
-def save_grid(images: torch.Tensor, path: str | Path, *, scale: int | None = None) -> Path:
-    """Save (B, C, H, W) images in [-1, 1] as a square-ish PNG grid, atomically (``scale``: see
-    :func:`choose_grid_scale`)."""
+def save_grid(images: torch.Tensor, path: str | Path, *, scale: int | None = None, columns: int | None = None) -> Path:
+    """Save (B, C, H, W) images in [-1, 1] as a PNG grid (square-ish, or ``columns`` wide), atomically
+    (``scale``: see :func:`choose_grid_scale`)."""
     n, _, h, w = images.shape
-    picture = grid_image(to_uint8(images), scale=choose_grid_scale(n, height=h, width=w, requested=scale))
+    scale = choose_grid_scale(n, height=h, width=w, requested=scale, columns=columns)
+    picture = grid_image(to_uint8(images), scale=scale, columns=columns)
     return atomic_write(path, lambda f: picture.save(f, format="png"))
 
 
@@ -105,6 +108,7 @@ class SampleOutputs:
     grid: str | Path | None = None
     npz: str | Path | None = None
     grid_scale: int | None = None  # None: chosen so tiles are at least MIN_TILE pixels
+    grid_columns: int | None = None  # None: a square-ish grid (class-conditional runs: one row per class)
 
     def check(self) -> None:
         """Refuse, before any sampling, outputs that cannot be written: a grid too large (at ``grid_scale``,
@@ -112,7 +116,7 @@ class SampleOutputs:
         n, (c, h, w) = self.n_samples, self.image_shape
         if self.grid is not None:
             scale = self.grid_scale or 1
-            pixels = grid_pixels(n, height=h, width=w) * scale**2
+            pixels = grid_pixels(n, height=h, width=w, columns=self.grid_columns) * scale**2
             if pixels > MAX_GRID_PIXELS:
                 fits = _largest_grid(height=h, width=w, scale=scale)
                 lower = "lower --grid_scale or --n_samples" if scale > 1 else "lower --n_samples"
@@ -146,7 +150,10 @@ class SampleWriter:
         self.n_samples, self.image_shape = n_samples, image_shape
         self.grid, self.npz = outputs.grid, outputs.npz
         _, h, w = image_shape
-        self.grid_scale = choose_grid_scale(n_samples, height=h, width=w, requested=outputs.grid_scale)
+        self.grid_columns = outputs.grid_columns
+        self.grid_scale = choose_grid_scale(
+            n_samples, height=h, width=w, requested=outputs.grid_scale, columns=self.grid_columns
+        )
         self.tiles: list[torch.Tensor] = []
         self.written = 0
         self._stack = contextlib.ExitStack()
@@ -177,7 +184,7 @@ class SampleWriter:
             raise ValueError(f"{self.written} of {self.n_samples} samples arrived; nothing written")
         written = []
         if self.grid is not None:
-            picture = grid_image(torch.cat(self.tiles), scale=self.grid_scale)
+            picture = grid_image(torch.cat(self.tiles), scale=self.grid_scale, columns=self.grid_columns)
             written.append(atomic_write(self.grid, lambda f: picture.save(f, format="png")))
         self._stack.close()  # finishes the .npz and moves it into place
         if self.npz is not None:

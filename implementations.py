@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from artifacts import KIND_NAMES
+from conditioning import Guidance
 from precision import PRECISIONS, backend_policy
 
 if TYPE_CHECKING:
@@ -36,7 +37,9 @@ ALL_KINDS = tuple(KIND_NAMES)
 
 
 class Sampler(Protocol):
-    def __call__(self, *, generator: torch.Generator, progress: bool = False) -> torch.Tensor: ...
+    def __call__(
+        self, *, generator: torch.Generator, progress: bool = False, guidance: Guidance | None = None
+    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class SamplerOptions:
     opset: int | None = None  # the ONNX opset of an in-memory export (None: export.DEFAULT_OPSET)
     tensorrt: TensorRTOptions | None = None  # engines: profile, builder level, cache folder
     log: Callable[[str], None] = print  # one-line notices (an engine built, a graph capture refused)
+    guidance: Guidance | None = None  # class-conditional models: the null label and scale (labels come per batch)
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,20 @@ class Implementation:
     precisions: tuple[str, ...] = ("fp32",)
     devices: tuple[str, ...] = ("cpu", "cuda")
     in_sample_mode: bool = True  # offered by --implementation (else a benchmark row only)
+    conditional: bool = False  # runs class-conditional models (labels and guidance)
     default_row_on: tuple[str, ...] = ("cpu", "cuda")  # benchmark --rows all includes it on these devices
 
-    def check(self, *, kind: str | None = None, precision: str | None = None, device: torch.device | None = None) -> None:
-        """One-line ValueError if this implementation cannot run ``kind`` files, ``precision`` or ``device``."""
+    def check(
+        self, *, kind: str | None = None, precision: str | None = None, device: torch.device | None = None,
+        conditional: bool = False,
+    ) -> None:
+        """One-line ValueError if this implementation cannot run ``kind`` files, ``precision``, ``device``
+        or (``conditional``) a class-conditional model."""
+        if conditional and not self.conditional:
+            runs = " or ".join(name for name in SAMPLE_IMPLEMENTATIONS if REGISTRY[name].conditional)
+            raise ValueError(
+                f"the {self.name} implementation does not run class-conditional models yet; use --implementation {runs}"
+            )
         if kind is not None and kind not in self.kinds:
             runs = implementations_for(kind)
             raise ValueError(
@@ -82,9 +96,9 @@ def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOpti
     """The original loop (basic_diffusion.sample) around any eps = network(x_t, t), in true fp32."""
     from basic_diffusion import sample
 
-    def run(*, generator: torch.Generator, progress: bool = False) -> torch.Tensor:
+    def run(*, generator: torch.Generator, progress: bool = False, guidance: Guidance | None = None) -> torch.Tensor:
         with backend_policy("fp32"):
-            return sample(network, plan, shape=shape, generator=generator, progress=progress)
+            return sample(network, plan, shape=shape, generator=generator, progress=progress, guidance=guidance)
 
     return run
 
@@ -96,8 +110,9 @@ def _fused(compile_model: bool) -> Callable[..., Sampler]:
         except ImportError as exc:  # the extension neither built nor buildable here
             raise ImportError(f"the cuda implementation's extension is not built: {exc}") from exc
         return optimized_diffusion.FusedSampler(
-            network, plan, shape=shape, precision=options.precision, compile_model=compile_model, log=options.log
-        )
+            network, plan, shape=shape, precision=options.precision, compile_model=compile_model, log=options.log,
+            guidance=options.guidance,
+        )  # fmt: skip
 
     return build
 
@@ -137,19 +152,19 @@ REGISTRY: dict[str, Implementation] = {
     for impl in (
         Implementation(
             "original", "the plain PyTorch loop (basic_diffusion.py): the fp32 baseline and the reference", _loop,
-            kinds=ALL_KINDS,
+            kinds=ALL_KINDS, conditional=True,
         ),
         Implementation(
             "cuda", "fused step ops, static buffers and one CUDA graph per step (optimized_diffusion.py)", _fused(False),
-            kinds=("checkpoint", "torchscript"), precisions=PRECISIONS,
+            kinds=("checkpoint", "torchscript"), precisions=PRECISIONS, conditional=True,
         ),
         Implementation(
             "cuda_compile", "the cuda implementation with the U-Net through torch.compile inside the graph",
-            _fused(True), precisions=PRECISIONS, in_sample_mode=False, default_row_on=("cuda",),
+            _fused(True), precisions=PRECISIONS, in_sample_mode=False, default_row_on=("cuda",), conditional=True,
         ),
         Implementation(
             "compile", "the original loop around torch.compile(U-Net) (max-autotune on a GPU)", _loop,
-            prepare=_compiled, in_sample_mode=False,
+            prepare=_compiled, in_sample_mode=False, conditional=True,
         ),
         Implementation(
             "onnxruntime", "the original loop around the U-Net run by onnxruntime (runtimes.py)", _loop,
@@ -196,9 +211,11 @@ def make_drawer(name: str, model: nn.Module, plan: SamplingPlan, *, options: Sam
     network = impl.prepare(model, options)
     samplers: dict[tuple[int, ...], Sampler] = {}
 
-    def draw(shape: tuple[int, int, int, int], generator: torch.Generator, progress: bool) -> torch.Tensor:
+    def draw(
+        shape: tuple[int, int, int, int], generator: torch.Generator, progress: bool, guidance: Guidance | None = None
+    ) -> torch.Tensor:
         if shape not in samplers:
             samplers[shape] = impl.build(network, plan, shape=shape, options=options)
-        return samplers[shape](generator=generator, progress=progress)
+        return samplers[shape](generator=generator, progress=progress, guidance=guidance)
 
     return draw

@@ -100,6 +100,13 @@ def new_trainer(request: TrainRequest):
     distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
     check_batch_fits(model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True)
     images = load_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
+    if request.class_cond:  # one label embedding per class, and the null label
+        if images.labels is None:
+            raise ValueError(
+                f"--class_cond needs labels; the {spec.dataset} images have none (a folder's classes are its "
+                "sub-folders: put every image in one)"
+            )
+        model_config = replace(model_config, num_classes=len(images.class_names))
     # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
     if request.n_epochs is None and request.max_steps:
         total = request.max_steps
@@ -123,12 +130,14 @@ def new_trainer(request: TrainRequest):
         save_every=request.save_every,
         sample_every=request.sample_every,
         world_size=ranks.world_size,
+        cond_drop=request.cond_drop,
     )
     trainer = Trainer(config, model_config, spec.schedule_config(), images=images, device=device)
     distributed.say(
         f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} images "
         f"({spec.channels}x{spec.image_size}x{spec.image_size}) for {total} steps on {device.type}, {request.precision}"
         f"{on_ranks(config)}"
+        + (f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)" if model_config.num_classes else "")
     )
     return trainer
 
@@ -189,13 +198,17 @@ def run_sample(request: SampleRequest) -> None:
     )
     model, model_config = artifact.model, artifact.model_config
     c, s = model_config.in_channels, model_config.image_size
-    outputs = SampleOutputs(n, (c, s, s), grid=request.grid, npz=request.npz, grid_scale=request.grid_scale)
+    guidance, columns = requested_classes(request, artifact)  # None for an unconditional model
+    outputs = SampleOutputs(
+        n, (c, s, s), grid=request.grid, npz=request.npz, grid_scale=request.grid_scale, grid_columns=columns
+    )
     outputs.check()
     batch_size = min(request.batch_size, n)
-    check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
+    unet_batch = 2 * batch_size if guidance is not None and guidance.doubled else batch_size  # guided: cond + uncond
+    check_batch_fits(model_config, batch_size=unet_batch, device=device, training=False)
     plan = request.sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
     draw = implementations.make_drawer(
-        request.implementation, model, plan, options=sampler_options(request, source=artifact.path)
+        request.implementation, model, plan, options=sampler_options(request, source=artifact.path, guidance=guidance)
     )
     # Batches of --batch_size in order, batch i from its own generator (seed, i): memory stays that of one
     # batch, and under torchrun rank r draws batches r, r + N, ... which rank 0 gathers and writes in order.
@@ -215,19 +228,43 @@ def run_sample(request: SampleRequest) -> None:
             images = None
             if index < len(sizes):
                 generator = implementations.batch_generator(request.seed, index, device=device)
-                images = draw((sizes[index], c, s, s), generator, len(sizes) == 1)
+                start = index * batch_size
+                rows = guidance.rows(start, start + sizes[index]) if guidance is not None else None
+                images = draw((sizes[index], c, s, s), generator, len(sizes) == 1, rows)
             for part in distributed.gather_to_main(images) or []:  # rank 0: this round's batches in rank order
                 if part is not None:
                     out.add(part)
             profiler.step()
         written = out.close() if ranks.is_main else []
-    distributed.say(f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps)")
+    guided = f", classes {request.class_label or 'all'} at guidance {guidance.scale:g}" if guidance is not None else ""
+    distributed.say(f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps{guided})")
 
 
-def sampler_options(request: DrawRequest, *, source: str | Path) -> SamplerOptions:
+def requested_classes(request: DrawRequest, artifact):
+    """(guidance with one label per image, grid columns) for a class-conditional model; (None, None) otherwise."""
+    import implementations
+    from conditioning import DEFAULT_GUIDANCE, Guidance, class_labels, grid_columns, labels_for
+
+    if not artifact.model_config.num_classes:
+        if request.class_label is not None or request.guidance_scale is not None:
+            raise ValueError(
+                f"--class_label and --guidance_scale apply to class-conditional models (trained with --class_cond); "
+                f"{artifact.path} is unconditional"
+            )
+        return None, None
+    implementations.get(request.implementation).check(conditional=True)
+    wanted = class_labels(request.class_label, class_names=artifact.class_names)
+    scale = DEFAULT_GUIDANCE if request.guidance_scale is None else request.guidance_scale
+    guidance = Guidance(labels=labels_for(wanted, n=request.n_samples), null_label=artifact.model_config.null_label, scale=scale)
+    return guidance, grid_columns(wanted, n=request.n_samples)
+
+
+def sampler_options(request: DrawRequest, *, source: str | Path, guidance=None) -> SamplerOptions:
     from implementations import SamplerOptions
 
-    return SamplerOptions(precision=request.precision, opset=request.opset, tensorrt=request.engine.options(source=source))
+    return SamplerOptions(
+        precision=request.precision, opset=request.opset, tensorrt=request.engine.options(source=source), guidance=guidance
+    )
 
 
 # ----- export ------------------------------------------------------------------------------------
@@ -314,13 +351,15 @@ def run_evaluate(request: EvaluateRequest) -> None:
         )
     model, model_config = artifact.model, artifact.model_config
     c, s = model_config.in_channels, model_config.image_size
+    guidance, _ = requested_classes(request, artifact)  # a conditional model: each digit asked for equally often
     batch_size = min(request.batch_size, n)
-    check_batch_fits(model_config, batch_size=batch_size, device=device, training=False)
+    unet_batch = 2 * batch_size if guidance is not None and guidance.doubled else batch_size
+    check_batch_fits(model_config, batch_size=unet_batch, device=device, training=False)
     schedule = NoiseSchedule(artifact.schedule_config).to(device)
     print(f"fitting the digit classifier and feature space to the real digits at {s}x{s} ...")
     judge = evaluate.DigitJudge(image_size=s, seed=request.seed)
     sizes = [min(batch_size, n - start) for start in range(0, n, batch_size)]
-    options = sampler_options(request, source=artifact.path)
+    options = sampler_options(request, source=artifact.path, guidance=guidance)
 
     def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
         plan = schedule.make_plan(
@@ -330,15 +369,19 @@ def run_evaluate(request: EvaluateRequest) -> None:
         drawer = implementations.make_drawer(request.implementation, model, plan, options=options)
         generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
         batches = [
-            drawer((size, c, s, s), generator, False).float().cpu()  # sync: the batch leaves the device
-            for size in tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False)
-        ]
+            drawer((size, c, s, s), generator, False, guidance.rows(i * batch_size, i * batch_size + size) if guidance else None)
+            .float().cpu()  # sync: the batch leaves the device
+            for i, size in enumerate(tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False))
+        ]  # fmt: skip
         return torch.cat(batches), plan.num_steps
 
     result = evaluate.run_sweep(
-        draw, judge, samplers=request.samplers, steps=request.steps, n_samples=n, seed=request.seed, image_size=s
-    )
+        draw, judge, samplers=request.samplers, steps=request.steps, n_samples=n, seed=request.seed, image_size=s,
+        requested=None if guidance is None else guidance.labels,
+    )  # fmt: skip
     result.update(model_path=str(source.path), implementation=request.implementation, precision=request.precision)
+    if guidance is not None:
+        result.update(guidance_scale=guidance.scale, class_names=list(artifact.class_names))
     print()
     print(evaluate.format_table(result))
     if request.json:

@@ -158,21 +158,22 @@ def _trace_step(model: UNet, *, training: bool, dtype: torch.dtype) -> list[tupl
     with _FastGroupNorm(), tracker:
         x = torch.empty(shape, device="meta", dtype=dtype)  # (B, C, H, W) x_t
         t = torch.empty((batch_size,), device="meta", dtype=torch.long)
+        labels = [torch.empty((batch_size,), device="meta", dtype=torch.long)] if cfg.num_classes else []  # y
         if training:
             # As training.Trainer.train_step: the previous step's gradients live through the forward,
             # until zero_grad(set_to_none=True) just before the backward makes new ones.
             for p in model.parameters():
                 p.grad = torch.empty_like(p)
             noise = torch.empty(shape, device="meta", dtype=dtype)  # the target, alive through the step
-            loss = F.mse_loss(model(x, t).float(), noise.float())
+            loss = F.mse_loss(model(x, t, *labels).float(), noise.float())
             model.zero_grad(set_to_none=True)
             loss.backward()
             del loss, noise
         else:
             with torch.no_grad():
-                eps = model(x, t)  # (B, C, H, W)
+                eps = model(x, t, *labels)  # (B, C, H, W)
             del eps
-        del x, t
+        del x, t, labels
     return tracker.trace
 
 

@@ -121,6 +121,8 @@ class TrainRequest:
     ema_decay: float = 0.999
     min_snr_gamma: float | None = None
     timestep_sampling: str | None = None  # None: uniform for a new run, the checkpoint's own on --resume
+    class_cond: bool = False  # a class-conditional model on the dataset's labels
+    cond_drop: float = 0.1  # with class_cond: share of labels trained as the null label
     grad_clip: float = 1.0
     compile: bool = False
     save_every: int = 1000
@@ -141,6 +143,8 @@ class DrawRequest:
     seed: int = 0
     opset: int | None = None  # the ONNX opset of an in-memory export
     engine: EngineFlags = EngineFlags()
+    class_label: str | None = None  # --class_label as given: resolved against the model's class names
+    guidance_scale: float | None = None  # None: conditioning.DEFAULT_GUIDANCE for a conditional model
 
 
 @dataclass(frozen=True, kw_only=True)

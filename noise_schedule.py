@@ -125,11 +125,14 @@ def config_fields(cls: type, data: object) -> dict:
         named += f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         plural = "s" if len(unknown) > 1 else ""
         raise ValueError(f"unknown key{plural} {named}; the known keys are {', '.join(types)}")
-    missing = [name for name in types if name not in data]
+    added_later = getattr(cls, "ADDED_LATER", ())  # fields files written before them lack: their defaults
+    missing = [name for name in types if name not in data and name not in added_later]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
     fields = {}
     for name, annotation in types.items():
+        if name not in data:
+            continue
         value = data[name]
         if annotation not in _FIELD_CHECKS:
             raise TypeError(f"{cls.__name__}.{name}: no file check for type {annotation}")  # a programming error
@@ -475,3 +478,14 @@ def p_step(
     if noise is not None:
         x_prev = x_prev + sigma * noise.float()
     return x_prev, pred_xstart
+
+
+def guided_eps(eps_pair: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance (Ho & Salimans 2022): ``eps_uncond + scale * (eps_cond - eps_uncond)``.
+
+    ``eps_pair`` (2B, ...) is one U-Net pass over the batch twice: conditional rows first, then the
+    same rows with the null label. Float32 arithmetic, each operation rounded in this order (the
+    fused kernels reproduce it bit for bit). Scale 1 is the conditional eps, 0 the unconditional.
+    """
+    eps_cond, eps_uncond = eps_pair.float().chunk(2)
+    return eps_uncond + scale * (eps_cond - eps_uncond)

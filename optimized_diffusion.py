@@ -57,7 +57,8 @@ import torch
 from torch import nn
 
 from checkpoints import first_line
-from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, p_step
+from conditioning import Guidance
+from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 from precision import autocast, backend_policy, check_precision
 from profiling import phase
 
@@ -147,7 +148,7 @@ def _register_fakes() -> None:
     return nothing, so there is nothing to allocate or infer."""
 
     @torch.library.register_fake("diffusion_kernels::fused_step_")
-    def _fused_step_fake(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev):
+    def _fused_step_fake(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev, guidance=None):
         return None
 
     @torch.library.register_fake("diffusion_kernels::gather_timestep_")
@@ -170,6 +171,7 @@ def fused_step_(
     step: torch.Tensor,
     clip_denoised: bool,
     use_prev: bool,
+    guidance: float | None = None,
 ) -> None:
     """One reverse step (:func:`noise_schedule.p_step`) in place, at the step held in ``step``.
 
@@ -179,11 +181,13 @@ def fused_step_(
     previous step's pred_xstart (DPM-Solver++). coefficients: the plan's (S, 6) float32 table.
     step: one-element int64 step counter on the same device (never read by the host).
     x/eps/noise/xstart may be float32, float16 or bfloat16; arithmetic is float32.
+    guidance: a classifier-free guidance scale w; eps is then (2B, C, H, W), the U-Net's conditional
+    rows and then its unconditional ones (contiguous), combined as :func:`noise_schedule.guided_eps`.
     """
     if _loaded_from is None:
         load_extension()
     torch.ops.diffusion_kernels.fused_step_(
-        x, eps, noise, xstart, coefficients, step, clip_denoised=clip_denoised, use_prev=use_prev
+        x, eps, noise, xstart, coefficients, step, clip_denoised=clip_denoised, use_prev=use_prev, guidance=guidance
     )
 
 
@@ -236,6 +240,7 @@ class FusedSampler:
         warmup_iters: int = 3,
         log: Callable[[str], None] | None = None,  # where the capture-failure notice goes (default print)
         fused_step: bool = True,
+        guidance: Guidance | None = None,  # class-conditional models: null label and scale (labels come per call)
     ) -> None:
         check_precision(precision)
         shape = tuple(int(s) for s in shape)
@@ -267,10 +272,14 @@ class FusedSampler:
 
         # Static buffers (float32 sampler state, whatever the precision).
         B = shape[0]
+        # Class-conditional: the U-Net's label input; guided, it runs on the batch twice (cond, then null label).
+        self._guidance = guidance
+        rows = 2 * B if guidance is not None and guidance.doubled else B
+        self._y = torch.full((rows,), guidance.null_label, dtype=torch.int64, device=self.device) if guidance else None
         self._coefficients = plan.coefficients.to(self.device, torch.float32).contiguous()  # (S, 6)
         self._timesteps = plan.timesteps.to(self.device, torch.int64).contiguous()  # (S,)
         self._step = torch.zeros((), dtype=torch.int64, device=self.device)  # device-side step counter
-        self._t = torch.zeros(B, dtype=torch.int64, device=self.device)  # (B,) U-Net timestep input
+        self._t = torch.zeros(rows, dtype=torch.int64, device=self.device)  # (B,) or (2B,) U-Net timestep input
         self._x = torch.zeros(shape, device=self.device)  # (B, C, H, W) x_t, updated in place
         # DPM-Solver++'s history: the previous step's pred_xstart (zero before the first step,
         # where c_prev = 0). Other samplers do not store pred_xstart at all.
@@ -316,9 +325,12 @@ class FusedSampler:
         else:
             self._t.copy_(self._timesteps.index_select(0, self._step.view(1)).expand_as(self._t))
         x_in = self._x.contiguous(memory_format=torch.channels_last) if self._channels_last else self._x
-        # Predict the noise: eps_theta(x_t, t), (B, C, H, W) in the autocast dtype.
+        guidance = self._guidance.scale if self._guidance is not None and self._guidance.doubled else None
+        if guidance is not None:
+            x_in = torch.cat([x_in, x_in])  # (2B, C, H, W): with the labels, then with the null label
+        # Predict the noise: eps_theta(x_t, t[, y]), (B or 2B, C, H, W) in the autocast dtype.
         with phase("unet"), self._autocast():
-            eps = self._model(x_in, self._t)
+            eps = self._model(x_in, self._t) if self._y is None else self._model(x_in, self._t, self._y)
         eps = eps.contiguous()  # x's NCHW layout, as the fused op requires (no copy when it already is)
         noise = None
         if draw_noise:
@@ -336,10 +348,12 @@ class FusedSampler:
                     step=self._step,
                     clip_denoised=self.plan.clip_denoised,
                     use_prev=self._xstart is not None,
+                    guidance=guidance,  # the combine happens inside the fused step
                 )
         else:
             # The reference p_step on this step's row of the table, gathered on the device (graph-safe).
             row = replace(self.plan, coefficients=self._coefficients.index_select(0, self._step.view(1)))  # (1, 6)
+            eps = guided_eps(eps, guidance) if guidance is not None else eps
             x_prev, pred_xstart = p_step(row, 0, self._x, eps, noise=noise, prev_xstart=self._xstart)
             self._x.copy_(x_prev)
             if self._xstart is not None:
@@ -364,10 +378,20 @@ class FusedSampler:
         return graph
 
     @torch.no_grad()
-    def __call__(self, *, generator: torch.Generator | None = None, progress: bool = False) -> torch.Tensor:
-        """Draw images (B, C, H, W) float32 in [-1, 1]: a new tensor (the buffers are reused)."""
+    def __call__(
+        self, *, generator: torch.Generator | None = None, progress: bool = False, guidance: Guidance | None = None
+    ) -> torch.Tensor:
+        """Draw images (B, C, H, W) float32 in [-1, 1]: a new tensor (the buffers are reused). A class-conditional
+        sampler takes the batch's labels in ``guidance`` (its scale and null label as at construction)."""
         if generator is not None and generator.device.type != self.device.type:
             raise ValueError(f"the generator is on {generator.device} but the plan samples on {self.device}")
+        if (guidance is None) != (self._guidance is None):
+            raise ValueError("this sampler was built for a class-conditional model: pass the labels" if guidance is None
+                             else "this sampler was built for an unconditional model: it takes no labels")  # fmt: skip
+        if guidance is not None:
+            if (guidance.scale, guidance.null_label) != (self._guidance.scale, self._guidance.null_label):
+                raise ValueError("the guidance scale and null label are fixed when the sampler is built")
+            self._y.copy_(guidance.model_labels())  # before any replay: the graph reads this buffer
         caller_rng = generator if generator is not None else _default_generator(self.device)
         on_cuda = self.device.type == "cuda"
         device_context = torch.cuda.device(self.device) if on_cuda else contextlib.nullcontext()
@@ -414,6 +438,7 @@ def sample(
     channels_last: bool = False,
     compile_model: bool = False,
     progress: bool = False,
+    guidance: Guidance | None = None,
 ) -> torch.Tensor:
     """Draw images (B, C, H, W) in [-1, 1]: :func:`basic_diffusion.sample`, fused and graphed.
 
@@ -429,5 +454,6 @@ def sample(
         use_cuda_graph=use_cuda_graph,
         channels_last=channels_last,
         compile_model=compile_model,
+        guidance=guidance,
     )
-    return sampler(generator=generator, progress=progress)
+    return sampler(generator=generator, progress=progress, guidance=guidance)

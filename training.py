@@ -31,6 +31,7 @@ import distributed
 import interrupts
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, per_sample_losses, sample
 from checkpoints import FORMAT_VERSION, save_checkpoint
+from conditioning import DEFAULT_GUIDANCE, Guidance, labels_for
 from data import ImageSet
 from distributed import Ranks
 from image_files import save_grid
@@ -69,6 +70,7 @@ class TrainConfig:
     preview_steps: int = 100  # respaced ancestral DDPM: robust early in training, when ODE samplers stay noisy
     cuda_fast_path: bool = True  # fused AdamW and channels-last on CUDA (off only to measure their effect)
     world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
+    cond_drop: float = 0.1  # class-conditional models: share of labels replaced by the null label
 
     def per_rank_batch(self) -> int:
         return self.batch_size // self.world_size
@@ -91,6 +93,8 @@ class TrainConfig:
         check_precision(self.precision)
         if self.timestep_sampling not in TIMESTEP_SAMPLERS:
             raise ValueError(f"unknown timestep sampling {self.timestep_sampling!r}; choose one of {', '.join(TIMESTEP_SAMPLERS)}")
+        if not 0.0 <= self.cond_drop <= 1.0:  # also refuses NaN
+            raise ValueError(f"--cond_drop must be in [0, 1], got {self.cond_drop}")
         if self.world_size < 1:
             raise ValueError(f"world size must be positive, got {self.world_size}")
         distributed.check_global_batch(self.batch_size, world_size=self.world_size)
@@ -137,6 +141,9 @@ class Trainer:
                 f"the data are {images.channels}x{images.image_size}x{images.image_size} but the model expects "
                 f"{model_config.in_channels}x{model_config.image_size}x{model_config.image_size}"
             )
+        if model_config.num_classes and (images.labels is None or len(images.class_names) != model_config.num_classes):
+            found = f"{len(images.class_names)} classes" if images.labels is not None else "no classes"
+            raise ValueError(f"a model of {model_config.num_classes} classes cannot train on {images.name} data with {found}")
         torch.manual_seed(config.seed)  # weight init and dropout
         cuda = self.device.type == "cuda" and config.cuda_fast_path
         self.memory_format = torch.channels_last if cuda else torch.contiguous_format
@@ -173,6 +180,7 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),
             "step": self.step,
             "timestep_sampler": self.timesteps.state_dict(),
+            "class_names": list(self.images.class_names) if self.model_config.num_classes else [],
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -216,9 +224,16 @@ class Trainer:
         plan = self.schedule.make_plan("ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps))
         c, s = self.model_config.in_channels, self.model_config.image_size
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
-        images = sample(self.ema, plan, shape=(self.config.preview_samples, c, s, s), generator=gen)
+        n, guidance, columns = self.config.preview_samples, None, None
+        if self.model_config.num_classes:  # one row per class, guided as sampling is by default
+            classes = self.model_config.num_classes
+            columns = max(1, math.ceil(n / classes))
+            n = columns * classes
+            labels = labels_for(list(range(classes)), n=n).to(self.device)
+            guidance = Guidance(labels=labels, null_label=self.model_config.null_label, scale=DEFAULT_GUIDANCE)
+        images = sample(self.ema, plan, shape=(n, c, s, s), generator=gen, guidance=guidance)
         path = self.config.samples_dir / f"step_{self.step:07d}.png"
-        return save_grid(images, path)
+        return save_grid(images, path, columns=columns)
 
     # ----- the loop ------------------------------------------------------------------------------
     @property
@@ -234,7 +249,9 @@ class Trainer:
             group["lr"] = self.lr
         mine = ranks.share(cfg.batch_size)  # this rank's rows of the global batch (all of them for one process)
         with phase("data"):
-            x_start = self.images.batch(self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device, rows=mine)
+            x_start, labels = self.images.batch_with_labels(
+                self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device, rows=mine
+            )
             x_start = x_start.contiguous(memory_format=self.memory_format)  # (B / ranks, C, H, W)
             # Timesteps, then noise, for the whole global batch on every rank (the generator stays in step
             # across ranks); each rank keeps its rows. One process draws exactly what it always drew.
@@ -244,16 +261,20 @@ class Trainer:
             else:  # t from the sampler; each draw weighted so the objective keeps its expectation
                 t, weights = self.timesteps.sample(B, generator=self.generator, device=self.device)
             noise = torch.randn((B, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype)
+            y = None
+            if self.model_config.num_classes:  # classifier-free guidance: some labels become the null label
+                drop = torch.rand(B, device=self.device, generator=self.generator) < cfg.cond_drop
+                y = torch.where(drop[mine], self.model_config.null_label, labels)  # (B / ranks,)
         # Forward and backward, in the chosen precision.
         self.model.train()
         with phase("forward"), autocast(self.device, cfg.precision):
             if self.timesteps.name == "uniform":
                 loss = diffusion_loss(
-                    self.forward, self.schedule, x_start, t=t[mine], noise=noise[mine], min_snr_gamma=cfg.min_snr_gamma
+                    self.forward, self.schedule, x_start, t=t[mine], noise=noise[mine], y=y, min_snr_gamma=cfg.min_snr_gamma
                 )
             else:
                 losses = per_sample_losses(
-                    self.forward, self.schedule, x_start, t[mine], noise=noise[mine], min_snr_gamma=cfg.min_snr_gamma
+                    self.forward, self.schedule, x_start, t[mine], noise=noise[mine], y=y, min_snr_gamma=cfg.min_snr_gamma
                 )  # (B / ranks,)
                 loss = (weights[mine] * losses).mean()
         with phase("backward"):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import optimized_diffusion as od
-from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig, p_step
+from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig, guided_eps, p_step
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -103,6 +103,29 @@ def check_step_matches_reference(plan: SamplingPlan, i: int, x, eps, noise, xsta
     assert int(step) == i  # the op reads the counter, it does not advance it
 
 
+def check_guided_step_matches_reference(plan: SamplingPlan, i: int, x, eps_pair, noise, xstart, *, scale: float) -> None:
+    """The guided fused step (eps_pair: conditional rows, then unconditional) against guided_eps + p_step."""
+    use_prev = plan.uses_prev_xstart
+    noise = noise if plan.noise_steps[i] else None
+    eps = guided_eps(eps_pair, scale)
+    ref_x, ref_pred = p_step(plan, i, x, eps, noise=noise, prev_xstart=xstart if use_prev else None)
+    od.fused_step_(
+        x, eps_pair, noise=noise, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(i, device=x.device),
+        clip_denoised=plan.clip_denoised, use_prev=use_prev, guidance=scale,
+    )  # fmt: skip
+    torch.testing.assert_close(x, ref_x.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"guided x_prev at step {i}: {m}")
+    torch.testing.assert_close(xstart, ref_pred.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"guided pred_xstart: {m}")
+
+
+def guided_inputs(shape, *, dtype, eps_dtype=None, device="cpu", layout="contiguous", seed=0):
+    """x_t, eps_pair (2B, ...) in x's layout, noise, previous pred_xstart."""
+    x, eps_cond, noise, xstart = make_inputs(shape, dtype=dtype, eps_dtype=eps_dtype, device=device, layout=layout, seed=seed)
+    _, eps_uncond, _, _ = make_inputs(shape, dtype=dtype, eps_dtype=eps_dtype, device=device, layout=layout, seed=seed + 100)
+    memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    eps_pair = torch.cat([eps_cond, eps_uncond]).contiguous(memory_format=memory_format)
+    return x, eps_pair, noise, xstart
+
+
 def check_all_layouts_and_steps(case: str, dtype: torch.dtype, clip: bool, device: str) -> None:
     plan = make_plan(case, clip=clip, device=device)
     for layout, shape in LAYOUTS:
@@ -129,6 +152,34 @@ def test_fused_step_takes_half_precision_eps_with_float32_state(eps_dtype):
     plan = make_plan("dpm_solver")
     x, eps, noise, xstart = make_inputs((2, 3, 8, 8), dtype=torch.float32, eps_dtype=eps_dtype)
     check_step_matches_reference(plan, 5, x, eps, noise, xstart)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_guided_fused_step_matches_guided_eps_and_p_step_bit_for_bit_cpu(case, dtype):
+    plan = make_plan(case)
+    for layout, shape in [("contiguous", (2, 3, 5, 7)), ("channels_last", (2, 3, 4, 5)), ("single_row", (1, 1, 3, 3))]:
+        for i, scale in zip(STEPS, (0.0, 2.5, 7.0)):
+            x, eps_pair, noise, xstart = guided_inputs(shape, dtype=dtype, layout=layout, seed=i)
+            check_guided_step_matches_reference(plan, i, x, eps_pair, noise, xstart, scale=scale)
+
+
+def test_guided_fused_step_takes_half_precision_eps_with_float32_state():
+    plan = make_plan("ddim_eta0")
+    x, eps_pair, noise, xstart = guided_inputs((2, 3, 8, 8), dtype=torch.float32, eps_dtype=torch.bfloat16)
+    check_guided_step_matches_reference(plan, 4, x, eps_pair, noise, xstart, scale=3.0)
+
+
+def test_guided_fused_step_refuses_an_eps_that_is_not_two_halves():
+    plan = make_plan("ddim_eta0")
+    x, eps_pair, _, xstart = guided_inputs((2, 1, 4, 4), dtype=torch.float32)
+    args = dict(noise=None, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(0), clip_denoised=True,
+                use_prev=False, guidance=2.0)  # fmt: skip
+    with pytest.raises(RuntimeError, match="2B rows"):
+        od.fused_step_(x, eps_pair[:3], **args)
+    every_other_row = torch.cat([eps_pair, eps_pair], dim=1)[:, :1]  # (4, 1, 4, 4), rows 32 elements apart
+    with pytest.raises(RuntimeError, match="memory layout"):
+        od.fused_step_(x, every_other_row, **args)
 
 
 def test_fused_step_without_xstart_updates_only_x():
@@ -253,6 +304,12 @@ def opcheck_samples(device: str):
             (x, eps, noise if with_noise else None, xstart if with_xstart else None, plan.coefficients, torch.tensor(2, device=device)),
             dict(clip_denoised=True, use_prev=with_xstart),
         )
+    x, eps_pair, noise, xstart = guided_inputs((2, 3, 5, 5), dtype=torch.float32, device=device)
+    yield (
+        torch.ops.diffusion_kernels.fused_step_,
+        (x, eps_pair, noise, xstart, plan.coefficients, torch.tensor(2, device=device)),
+        dict(clip_denoised=True, use_prev=True, guidance=3.0),
+    )
     t = torch.zeros(4, dtype=torch.int64, device=device)
     yield torch.ops.diffusion_kernels.gather_timestep_, (t, plan.timesteps, torch.tensor(3, device=device)), {}
 
@@ -299,6 +356,20 @@ def test_fused_step_matches_p_step_bit_for_bit_cuda(case, dtype):
     _require_cuda_kernels()
     for clip in (True, False):
         check_all_layouts_and_steps(case, dtype, clip, "cuda")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_guided_fused_step_matches_guided_eps_and_p_step_bit_for_bit_cuda(case, dtype):
+    _require_cuda_kernels()
+    plan = make_plan(case, device="cuda")
+    # (4, 3, 6, 10): 720 elements per half, vectorized; (3, 1, 5, 7): 105, the scalar tail too.
+    for layout, shape in [("contiguous", (4, 3, 6, 10)), ("contiguous", (3, 1, 5, 7)), ("channels_last", (2, 3, 4, 8))]:
+        for i, scale in zip(STEPS, (0.0, 2.5, 7.0)):
+            x, eps_pair, noise, xstart = guided_inputs(shape, dtype=dtype, device="cuda", layout=layout, seed=i)
+            check_guided_step_matches_reference(plan, i, x, eps_pair, noise, xstart, scale=scale)
 
 
 @pytest.mark.gpu
