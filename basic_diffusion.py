@@ -104,6 +104,14 @@ class UNetConfig:
             )
         if not 0.0 <= self.dropout < 1.0:  # also False for NaN
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        widths = [self.model_channels * m for m in self.channel_mult]
+        if self.num_classes and all(math.gcd(self.norm_groups, w) == w for w in widths):
+            # Each residual block adds the (time + label) embedding per channel and then normalizes groups of
+            # one channel: the shift cancels, so the label could not reach the output.
+            raise ValueError(
+                f"a class-conditional U-Net needs a level with more channels than norm groups ({self.norm_groups}); "
+                f"its widths are {widths}: use --model_channels 32 or more"
+            )
         attended = [self.model_channels * m for m, r in zip(self.channel_mult, self.resolutions) if r in self.attention_resolutions]
         attended.append(self.model_channels * self.channel_mult[-1])  # the middle block always attends
         if any(c % self.num_heads for c in attended):

@@ -32,6 +32,7 @@ import torch
 import implementations
 from basic_diffusion import UNet, count_parameters
 from checkpoints import first_line
+from conditioning import Guidance
 from noise_schedule import SamplingPlan
 from benchmark_report import Row, Unavailable, environment, format_summary, format_table, write_outputs
 
@@ -132,14 +133,19 @@ def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
     return math.inf if mse == 0 else 10.0 * math.log10(4.0 / mse)
 
 
-def unet_flops(model: torch.nn.Module, *, shape: tuple[int, ...], device: torch.device) -> int:
-    """FLOPs of one U-Net forward at this batch (torch.utils.flop_counter: 2 per multiply-add)."""
+def unet_flops(
+    model: torch.nn.Module, *, shape: tuple[int, ...], device: torch.device, guidance: Guidance | None = None
+) -> int:
+    """FLOPs of the U-Net work of one sampling step at this batch (torch.utils.flop_counter: 2 per
+    multiply-add): one forward, or for guided sampling the forward of the doubled batch."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from basic_diffusion import guided_model_eps
 
     x = torch.zeros(shape, device=device)
     t = torch.zeros(shape[0], dtype=torch.long, device=device)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x, t)
+        guided_model_eps(model, x, t, guidance.to(device) if guidance is not None else None)
     return counter.get_total_flops()
 
 
@@ -153,7 +159,8 @@ def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int = 819
 
 # ----- rows ----------------------------------------------------------------------------------------
 def make_row(
-    name: str, *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
+    name: str, *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str,
+    guidance: Guidance | None = None,
 ) -> tuple[str, Callable[[torch.Generator], torch.Tensor], str]:
     """(precision, run(generator), detail) for one row, built through the implementation registry;
     raises Unavailable when the row cannot run here. The fp32-only rows run in fp32 whatever
@@ -165,10 +172,10 @@ def make_row(
     impl = implementations.get(name)
     row_precision = precision if precision in impl.precisions else "fp32"
     try:
-        impl.check(device=plan.coefficients.device)
+        impl.check(device=plan.coefficients.device, conditional=guidance is not None)
     except ValueError as exc:
         raise Unavailable(str(exc)) from exc
-    options = implementations.SamplerOptions(precision=row_precision)
+    options = implementations.SamplerOptions(precision=row_precision, guidance=guidance)
     # Every row but the reference gets a copy, so a row can never change the model the others run.
     network = model if name == "original" else copy.deepcopy(model)
     try:
@@ -177,7 +184,7 @@ def make_row(
     except ImportError as exc:  # an optional package or the extension is missing: say which
         raise Unavailable(first_line(exc)) from exc
     detail = getattr(network, "provider", "")  # onnxruntime's execution provider
-    return row_precision, lambda g: sampler(generator=g), detail
+    return row_precision, lambda g: sampler(generator=g, guidance=guidance), detail
 
 
 def row_label(name: str, device: torch.device) -> str:
@@ -234,15 +241,17 @@ def run_benchmark(
     repeats: int,
     progress: Callable[[str], None] = print,
     profile: str | None = None,
+    guidance: Guidance | None = None,
 ) -> tuple[dict, list[Row]]:
-    """Time every requested row; returns (environment and config, rows).
+    """Time every requested row; returns (environment and config, rows). A class-conditional model is
+    timed guided (``guidance``: its labels and scale; the U-Net runs on twice the batch).
 
     With ``profile`` (--profile DIR), each row runs once more after its timing, traced into
     DIR/benchmark-<row>/ (profiling.py): the trace never lands in a timed run or the memory figure.
     """
     device = plan.coefficients.device
     env = environment(device)
-    flops = unet_flops(model, shape=shape, device=device)
+    flops = unet_flops(model, shape=shape, device=device, guidance=guidance)
     env.update(
         parameters=count_parameters(model),
         shape=list(shape),
@@ -250,6 +259,7 @@ def run_benchmark(
         steps=plan.num_steps,
         seed=seed,
         unet_gflops_per_forward=flops / 1e9,
+        guidance_scale=None if guidance is None else guidance.scale,
     )
     if device.type == "cuda":
         env["matmul_peak_tflops"] = {"bf16": matmul_peak_tflops(torch.bfloat16, device=device),
@@ -268,7 +278,7 @@ def run_benchmark(
             with memory, PeakRSS() as rss:
                 try:
                     row.precision, run, row.detail = make_row(
-                        name, model=model, plan=plan, shape=shape, precision=precision
+                        name, model=model, plan=plan, shape=shape, precision=precision, guidance=guidance
                     )
                 except Unavailable as exc:
                     row.status, row.reason = "unavailable", str(exc)
@@ -352,7 +362,8 @@ def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
 
 
 def main(
-    args: BenchmarkRequest, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str
+    args: BenchmarkRequest, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str,
+    guidance: Guidance | None = None,
 ) -> list[Row]:
     """Run, print (header, table, summary) and write the requested outputs."""
     names = parse_rows(args.rows, device_type=plan.coefficients.device.type)  # the output paths were checked by main.py before any work
@@ -360,7 +371,7 @@ def main(
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = run_benchmark(
         model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup,
-        repeats=args.repeats, profile=args.profile,
+        repeats=args.repeats, profile=args.profile, guidance=guidance,
     )  # fmt: skip
     print()
     for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python"):
@@ -370,6 +381,8 @@ def main(
         f"{'model':>18}: {env['parameters'] / 1e6:.2f}M parameters, {env['unet_gflops_per_forward']:.2f} GFLOP per forward "
         f"at batch {shape[0]}; {plan.sampler}, {plan.num_steps} steps; {args.warmup} warm-up + {args.repeats} timed runs"
     )
+    if guidance is not None:
+        print(f"{'guidance':>18}: class-conditional, scale {guidance.scale:g}: the U-Net runs on twice the batch each step")
     if "matmul_peak_tflops" in env:
         peaks = env["matmul_peak_tflops"]
         print(f"{'matmul peak':>18}: bf16 {peaks['bf16']:.0f} TFLOP/s, fp32 {peaks['fp32']:.0f} TFLOP/s (measured now)")

@@ -68,6 +68,9 @@ def run_training_benchmark(
     gen = torch.Generator().manual_seed(seed)
     shape = (batch_size * 4, model_config.in_channels, model_config.image_size, model_config.image_size)
     images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
+    if model_config.num_classes:  # a class-conditional model trains on random labels too
+        images.labels = torch.randint(0, model_config.num_classes, (shape[0],), generator=gen)
+        images.class_names = tuple(str(i) for i in range(model_config.num_classes))
     timed = dict(model_config=model_config, schedule_config=schedule_config, images=images, device=device,
                  steps=steps, warmup=warmup, seed=seed)  # fmt: skip
     results = []

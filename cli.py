@@ -524,6 +524,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         n_samples=args.n_samples,
         batch_size=args.batch_size,
         seed=args.seed,
+        guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
     )
 
 

@@ -296,7 +296,8 @@ def run_benchmark(run: BenchmarkRun) -> None:
     import distributed
     from artifacts import artifact_kind
     from basic_diffusion import UNet
-    from checkpoints import load_checkpoint_model
+    from checkpoints import load_checkpoint_parts
+    from conditioning import DEFAULT_GUIDANCE, Guidance, labels_for
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
 
@@ -306,21 +307,29 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if run.source:
         if artifact_kind(run.source.path) != "checkpoint":
             raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {run.source.path}")
-        model, schedule_config = load_checkpoint_model(run.source.path, weights=run.source.weights)
+        model, schedule_config, _ = load_checkpoint_parts(run.source.path, weights=run.source.weights)
     else:
         torch.manual_seed(run.seed)
         model = UNet(run.model.model_config())
         benchmark.perturb_zero_init(model, seed=run.seed)
         schedule_config = run.model.schedule_config()
+    guidance = None
+    if model.config.num_classes and not training:  # conditional: timed guided, every class in turn
+        scale = DEFAULT_GUIDANCE if run.guidance_scale is None else run.guidance_scale
+        labels = labels_for(list(range(model.config.num_classes)), n=run.n_samples)
+        guidance = Guidance(labels=labels, null_label=model.config.null_label, scale=scale)
+    elif run.guidance_scale is not None and not training:
+        raise ValueError("--guidance_scale applies to class-conditional models; this one is unconditional")
     batch, flag = (run.batch_size, "--batch_size") if training else (run.n_samples, "--n_samples")
-    check_batch_fits(model.config, batch_size=batch, device=device, training=training, flag=flag)
+    doubled = guidance is not None and guidance.doubled
+    check_batch_fits(model.config, batch_size=2 * batch if doubled else batch, device=device, training=training, flag=flag)
     model.to(device).eval()
     plan = run.sampling.plan(NoiseSchedule(schedule_config), device=device)
     if training:
         benchmark_training.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
         return
     c, s = model.config.in_channels, model.config.image_size
-    benchmark.main(request, model=model, plan=plan, shape=(run.n_samples, c, s, s), precision=run.precision)
+    benchmark.main(request, model=model, plan=plan, shape=(run.n_samples, c, s, s), precision=run.precision, guidance=guidance)
 
 
 # ----- evaluate ----------------------------------------------------------------------------------

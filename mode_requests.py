@@ -190,3 +190,4 @@ class BenchmarkRun:
     n_samples: int = 16
     batch_size: int = 64
     seed: int = 0
+    guidance_scale: float | None = None  # a class-conditional checkpoint is timed guided (default: conditioning's)
