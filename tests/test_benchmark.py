@@ -140,7 +140,7 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
             events.append(f"run {self.name}")
             return torch.randn((2, 1, 8, 8), generator=g)
 
-    def fake_make_row(name, *, model, plan, shape, precision):
+    def fake_make_row(name, *, model, plan, shape, precision, guidance=None):
         gc.collect()
         events.append(f"build {name} (earlier rows alive: {sum(r() is not None for r in alive)})")
         runner = Runner(name)

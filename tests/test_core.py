@@ -190,7 +190,7 @@ def test_importance_sampled_training_weights_the_loss_by_one_over_T_p(tmp_path):
 
 def test_non_finite_loss_never_reaches_a_checkpoint(tmp_path):
     trainer = make_trainer(tmp_path, total_steps=30)
-    trainer.images.batch = lambda step, **kw: torch.full((16, 1, 16, 16), math.nan)  # poisoned data
+    trainer.images.batch_with_labels = lambda step, **kw: (torch.full((16, 1, 16, 16), math.nan), None)  # poisoned data
     before = copy.deepcopy(trainer.model.state_dict())
     with pytest.raises(TrainingDiverged, match="non-finite"):
         trainer.run(progress=False)

@@ -382,12 +382,13 @@ def test_non_finite_steps_most_of_a_run_end_non_zero(tmp_path):
     from training import TrainingDiverged
 
     trainer = make_trainer(tmp_path, total_steps=15)
-    clean = trainer.images.batch
+    clean = trainer.images.batch_with_labels
 
     def poisoned(step, **kwargs):  # 13 of 15 batches are NaN, never 20 in a row
-        return clean(step, **kwargs) * (1.0 if step in (0, 7) else float("nan"))
+        images, labels = clean(step, **kwargs)
+        return images * (1.0 if step in (0, 7) else float("nan")), labels
 
-    trainer.images.batch = poisoned
+    trainer.images.batch_with_labels = poisoned
     with pytest.raises(TrainingDiverged, match="13 of the 15 steps"):
         trainer.run(progress=False)
 
@@ -408,7 +409,7 @@ def test_save_checkpoint_names_the_path_on_os_errors(tmp_path):
 
 def test_cpu_out_of_memory_ends_in_one_line(cli, work, monkeypatch):
     def exhausted(*args, **kwargs):
-        def draw(shape, generator, progress):
+        def draw(shape, generator, progress, guidance=None):
             torch.empty(2**62, dtype=torch.uint8)  # the allocator's own failure, raised at once
 
         return draw
