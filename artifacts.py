@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
-from checkpoints import load_checkpoint_model, load_checkpoint_parts
+from checkpoints import load_checkpoint_parts
 from export import (
     default_opset,
     export_onnx_model,
@@ -101,7 +101,12 @@ def load_artifact(
         raise ValueError(f"{path} holds the EMA weights only; drop --no_ema (or export the raw ones with --no_ema)")
     if meta["weights"] != weights:
         raise ValueError(f"{path} holds the raw weights only (it was exported with --no_ema); sample it with --no_ema")
-    return Artifact(kind, path, model, model_config, schedule_config)
+    class_names = ()
+    if model_config.num_classes:
+        from conditioning import read_class_names
+
+        class_names = read_class_names(meta, num_classes=model_config.num_classes, source=str(path))
+    return Artifact(kind, path, model, model_config, schedule_config, class_names)
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,17 +157,13 @@ def export_checkpoint(
         import_onnx()  # fail before any work if a package is missing
         import_onnxruntime()
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
-    model, schedule_config = load_checkpoint_model(source, weights=weights, device=device)
-    if model.config.num_classes:
-        raise ValueError(
-            f"{source} is class-conditional; exporting it (a label input for ONNX, TorchScript and TensorRT) is not "
-            "built yet: sample it with --implementation original or cuda"
-        )
-    io = UNetIO.from_config(model.config)
+    model, schedule_config, class_names = load_checkpoint_parts(source, weights=weights, device=device)
+    labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
+    io = UNetIO.from_config(model.config)  # with the label input y for a conditional U-Net
     batch_sizes = (1, 3, 8)
     if fmt == "onnx":
         metadata = artifact_metadata(
-            model_config=model.config, schedule_config=schedule_config, weights=weights, opset=opset
+            model_config=model.config, schedule_config=schedule_config, weights=weights, opset=opset, **labels
         )
         proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
         data = proto.SerializeToString()
@@ -187,7 +188,7 @@ def export_checkpoint(
         diff = max_abs_diff(runtime, reference, io=io, batch_sizes=batch_sizes)
     else:
         metadata = artifact_metadata(
-            model_config=model.config, schedule_config=schedule_config, weights=weights, traced_on=device.type
+            model_config=model.config, schedule_config=schedule_config, weights=weights, traced_on=device.type, **labels
         )
         module = trace_torchscript(model)
         save_torchscript(module, output, metadata=metadata)
@@ -228,12 +229,11 @@ def export_artifact(
     if artifact_kind(source) not in ("checkpoint", "onnx"):
         raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
     artifact = load_artifact(source, device=torch.device("cpu"), weights=weights)
-    if artifact.model_config.num_classes:
-        raise ValueError(f"{source} is class-conditional; TensorRT engines of conditional models are not built yet")
     return tensorrt_integration.export_engine(
         artifact.model,
         model_config=artifact.model_config,
         schedule_config=artifact.schedule_config,
         source=source,
-        output=output, weights=weights, device=device, precision=precision, options=options
+        output=output, weights=weights, device=device, precision=precision, options=options,
+        class_names=artifact.class_names,
     )

@@ -121,8 +121,9 @@ def _tensorrt(network: nn.Module, plan: SamplingPlan, *, shape, options: Sampler
     import tensorrt_integration
 
     return tensorrt_integration.tensorrt_sampler(
-        network, plan, shape=shape, precision=options.precision, options=options.tensorrt, log=options.log
-    )
+        network, plan, shape=shape, precision=options.precision, options=options.tensorrt, log=options.log,
+        guidance=options.guidance,
+    )  # fmt: skip
 
 
 def _as_onnxruntime(model: nn.Module, options: SamplerOptions) -> nn.Module:
@@ -168,15 +169,15 @@ REGISTRY: dict[str, Implementation] = {
         ),
         Implementation(
             "onnxruntime", "the original loop around the U-Net run by onnxruntime (runtimes.py)", _loop,
-            prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"),
+            prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"), conditional=True,
         ),
         Implementation(
             "torchscript", "the original loop around the traced U-Net", _loop, prepare=_torchscript,
-            in_sample_mode=False,
+            in_sample_mode=False, conditional=True,
         ),
         Implementation(
             "tensorrt", "the U-Net as a TensorRT engine (tensorrt_integration.py)", _tensorrt,
-            kinds=("checkpoint", "onnx", "tensorrt"), precisions=PRECISIONS, devices=("cuda",),
+            kinds=("checkpoint", "onnx", "tensorrt"), precisions=PRECISIONS, devices=("cuda",), conditional=True,
         ),
     )
 }

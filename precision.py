@@ -103,8 +103,9 @@ class MixedPrecisionUNet(nn.Module):
         super().__init__()
         self.unet, self.precision, self.config = unet, precision, unet.config
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return self.unet(x, t).float()  # (B, C, H, W) float32, like the fp32 U-Net
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        eps = self.unet(x, t) if y is None else self.unet(x, t, y)
+        return eps.float()  # (B, C, H, W) float32, like the fp32 U-Net
 
 
 def mixed_precision_unet(model: nn.Module, precision: str) -> MixedPrecisionUNet:

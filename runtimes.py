@@ -90,16 +90,19 @@ class OnnxRuntimeUNet(nn.Module):
         self.metadata = metadata or {}  # the file's artifact metadata ("precision": the graph's, fp32 if absent)
         self.provider = session.get_providers()[0]  # the execution provider onnxruntime runs first
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        if (y is None) != (self.io.num_classes == 0):
+            raise ValueError("this U-Net is class-conditional: pass labels y" if y is None else "this U-Net takes no labels")
         caller = x_t.device  # eps goes back there
         on_gpu = self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and x_t.is_cuda
         device = caller if on_gpu else torch.device("cpu")
         x_t = x_t.detach().to(device, torch.float32).contiguous()  # (B, C, H, W); to the host with the CPU provider
         t = t.detach().to(device, torch.int64).contiguous()  # (B,)
+        inputs = (x_t, t) if y is None else (x_t, t, y.detach().to(device, torch.int64).contiguous())  # y: (B,)
         eps = torch.empty(self.io.shapes(x_t.shape[0])[self.io.output_names[0]], dtype=torch.float32, device=device)
         binding = self.session.io_binding()
         kind, index = ("cuda", device.index or 0) if on_gpu else ("cpu", 0)
-        for name, tensor in zip(self.io.input_names, (x_t, t)):
+        for name, tensor in zip(self.io.input_names, inputs, strict=True):
             binding.bind_input(name, kind, index, _NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
         binding.bind_output(self.io.output_names[0], kind, index, np.float32, tuple(eps.shape), eps.data_ptr())
         if on_gpu:
@@ -214,9 +217,9 @@ class TorchScriptUNet(nn.Module):
         super().__init__()
         self.module, self.path = module, path
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         try:
-            return self.module(x_t, t)
+            return self.module(x_t, t) if y is None else self.module(x_t, t, y)
         except Exception as exc:  # torch.jit.Error, RuntimeError, or whatever the file's code raises
             raise ValueError(f"{self.path} failed when run ({torchscript_error(exc)})") from exc
 

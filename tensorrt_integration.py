@@ -50,6 +50,7 @@ from torch import nn
 
 from basic_diffusion import UNet, UNetConfig
 from checkpoints import check_file_size, first_line
+from conditioning import Guidance
 from engine_cache import (
     DEFAULT_CACHE_DIR,
     METADATA_VERSION,
@@ -347,14 +348,15 @@ class Engine:
 
 
 class TensorRTUNet(nn.Module):
-    """eps = unet(x_t, t) through an :class:`Engine`: the PyTorch U-Net's call, for the sampling loops."""
+    """eps = unet(x_t, t[, y]) through an :class:`Engine`: the PyTorch U-Net's call, for the sampling loops."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__()
         self.engine = engine
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        eps = self.engine.infer({"x_t": x_t, "t": t})["eps"]  # (B, C, H, W) float32, the engine's buffer
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        feed = {"x_t": x_t, "t": t} if y is None else {"x_t": x_t, "t": t, "y": y}  # y: a conditional engine's labels
+        eps = self.engine.infer(feed)["eps"]  # (B, C, H, W) float32, the engine's buffer
         return eps.clone()  # the next call overwrites the buffer
 
 
@@ -438,10 +440,11 @@ def export_engine(
     precision: str,
     options: TensorRTOptions,
     log: Log = print,
+    class_names: tuple[str, ...] = (),
 ) -> list[str]:
     """``--mode export --format tensorrt``: an engine for the U-Net of a checkpoint or ONNX file
     ``source`` (loaded by ``artifacts.export_artifact``, which checks the paths first), plus its
-    metadata file."""
+    metadata file (with a class-conditional U-Net's ``class_names``)."""
     output = Path(output)
     if options.backend != "native":
         raise ValueError("--format tensorrt writes native engines; torch_tensorrt compiles when sampling")
@@ -453,9 +456,8 @@ def export_engine(
         model, device=device, precision=precision, batch=batch, options=options, log=log
     )
     Engine.load(data, io=io, batch=batch, device=device)  # deserializes, and checks its I/O against the spec
-    metadata = artifact_metadata(
-        model_config=model_config, schedule_config=schedule_config, weights=weights
-    )
+    labels = {"class_names": list(class_names)} if class_names else {}
+    metadata = artifact_metadata(model_config=model_config, schedule_config=schedule_config, weights=weights, **labels)
     store_with_metadata(output, data, {**metadata, **key, "batch_range": batch.to_list()})
     return [
         f"wrote {output} and {metadata_path(output).name} (TensorRT {key['tensorrt_version']}, {precision}, "
@@ -480,7 +482,8 @@ def fused_step_available(device: torch.device) -> bool:
 
 
 def make_sampler(
-    unet: nn.Module, plan: SamplingPlan, *, shape: tuple[int, int, int, int], use_cuda_graph: bool = True
+    unet: nn.Module, plan: SamplingPlan, *, shape: tuple[int, int, int, int], use_cuda_graph: bool = True,
+    guidance: Guidance | None = None,
 ) -> FusedSampler:
     """optimized_diffusion's graphed sampler around ``unet``: with the fused step when the extension
     is built, else with noise_schedule.p_step."""
@@ -496,6 +499,7 @@ def make_sampler(
         use_cuda_graph=use_cuda_graph,
         channels_last=False,
         fused_step=fused_step_available(plan.coefficients.device),
+        guidance=guidance,
     )
 
 
@@ -528,8 +532,10 @@ def tensorrt_sampler(
     precision: str = "fp32",
     options: TensorRTOptions | None = None,
     log: Log = print,
+    guidance: Guidance | None = None,
 ) -> FusedSampler:
-    """A reusable "tensorrt" sampler: ``sampler(generator=g)`` draws images (B, C, H, W) in [-1, 1].
+    """A reusable "tensorrt" sampler: ``sampler(generator=g)`` draws images (B, C, H, W) in [-1, 1]
+    (a class-conditional engine's: ``sampler(generator=g, guidance=...)``, the U-Net batch doubled when guided).
 
     ``model`` is a PyTorch U-Net, an onnxruntime U-Net loaded from an .onnx file (the engine is built
     from that file) or a :class:`TensorRTUNet` of an exported engine (used as it is, whatever
@@ -537,7 +543,8 @@ def tensorrt_sampler(
     """
     options = options or TensorRTOptions()
     device = plan.coefficients.device
-    batch = BatchRange.covering(shape[0], max_batch=options.max_batch)
+    unet_batch = 2 * shape[0] if guidance is not None and guidance.doubled else shape[0]
+    batch = BatchRange.covering(unet_batch, max_batch=options.max_batch)
     if options.backend == "torch_tensorrt":
         import_torch_tensorrt()
         require_cuda(device)
@@ -548,13 +555,13 @@ def tensorrt_sampler(
         )
         # No outer CUDA graph: torch_tensorrt's runtime checks shapes on the host on every call
         # (it has its own graph mode, torch_tensorrt.runtime.enable_cudagraphs).
-        return make_sampler(unet, plan, shape=shape, use_cuda_graph=False)
+        return make_sampler(unet, plan, shape=shape, use_cuda_graph=False, guidance=guidance)
     import_tensorrt()
     require_cuda(device)
     if not isinstance(model, TensorRTUNet):
         data, _, io = engine_bytes_for(model, device=device, precision=precision, batch=batch, options=options, log=log)
         model = TensorRTUNet(Engine.load(data, io=io, batch=batch, device=device))
-    return make_sampler(model, plan, shape=shape)
+    return make_sampler(model, plan, shape=shape, guidance=guidance)
 
 
 def sample(

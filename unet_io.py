@@ -1,7 +1,8 @@
 """The U-Net's interface as its exported forms see it: the I/O spec and the metadata every artifact carries.
 
 The interface is defined once, in :class:`UNetIO`: inputs ``x_t`` (B, C, H, W) float32 and ``t``
-(B,) int64, output ``eps`` (B, C, H, W) float32, the batch B being the one dynamic axis; a
+(B,) int64 (and, for a class-conditional U-Net, ``y`` (B,) int64 labels, its null label included),
+output ``eps`` (B, C, H, W) float32, the batch B being the one dynamic axis; a
 :class:`BatchRange` gives the (min, opt, max) batch sizes of a TensorRT optimization profile. The
 ONNX export (export.py), onnxruntime (runtimes.py) and the engine build (tensorrt_integration.py)
 all read it.
@@ -87,15 +88,17 @@ class UNetIO:
 
     in_channels: int
     image_size: int
+    num_classes: int = 0  # > 0: a class-conditional U-Net, which also takes labels y
 
     @classmethod
     def from_config(cls, config: UNetConfig) -> UNetIO:
-        return cls(in_channels=config.in_channels, image_size=config.image_size)
+        return cls(in_channels=config.in_channels, image_size=config.image_size, num_classes=config.num_classes)
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
         image = (BATCH, self.in_channels, self.image_size, self.image_size)
-        return (TensorSpec("x_t", torch.float32, image), TensorSpec("t", torch.int64, (BATCH,)))
+        specs = (TensorSpec("x_t", torch.float32, image), TensorSpec("t", torch.int64, (BATCH,)))
+        return specs + ((TensorSpec("y", torch.int64, (BATCH,)),) if self.num_classes else ())
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
@@ -123,11 +126,14 @@ class UNetIO:
 
     def example_inputs(
         self, batch_size: int, *, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random (x_t, t): x_t ~ N(0, I) (B, C, H, W) and t uniform in [0, 1000) (B,)."""
+    ) -> tuple[torch.Tensor, ...]:
+        """Random (x_t, t[, y]): x_t ~ N(0, I) (B, C, H, W), t uniform in [0, 1000) (B,) and, for a
+        conditional U-Net, y uniform over its labels and the null label (B,)."""
         x_t = torch.randn(self.inputs[0].concrete(batch_size), generator=generator).to(device)
         t = torch.randint(0, 1000, (batch_size,), generator=generator).to(device)
-        return x_t, t
+        if not self.num_classes:
+            return x_t, t
+        return x_t, t, torch.randint(0, self.num_classes + 1, (batch_size,), generator=generator).to(device)
 
     def torch_dynamic_shapes(self) -> tuple[dict[int, torch.export.Dim], ...]:
         """The batch axis of each input as one shared ``torch.export.Dim`` (for torch.onnx.export)."""
@@ -219,7 +225,7 @@ def max_abs_diff(
     worst = 0.0
     with torch.no_grad():
         for batch_size in batch_sizes:
-            x_t, t = io.example_inputs(batch_size, generator=generator, device=device)
-            diff = (candidate(x_t, t).float() - reference(x_t, t).float()).abs().max()
+            inputs = io.example_inputs(batch_size, generator=generator, device=device)  # (x_t, t[, y])
+            diff = (candidate(*inputs).float() - reference(*inputs).float()).abs().max()
             worst = max(worst, diff.item())  # sync: one number per batch size
     return worst

@@ -197,8 +197,6 @@ def test_a_briefly_trained_conditional_model_draws_the_requested_digits(conditio
         (["--mode", "sample", "--model_path", "c.pt", "--class_label", "eleven"], "not a class of this model"),
         (["--mode", "sample", "--model_path", "c.pt", "--class_label", "10"], "out of range"),
         (["--mode", "sample", "--model_path", "c.pt", "--guidance_scale", "-1"], "--guidance_scale must be between"),
-        (["--mode", "sample", "--model_path", "c.pt", "--implementation", "onnxruntime"], "does not run class-conditional"),
-        (["--mode", "export", "--model_path", "c.pt"], "class-conditional"),
         (["--mode", "train", "--resume", "--model_path", "c.pt", "--class_cond"], "--class_cond makes a new model"),
         (["--mode", "train", "--dataset", "digits", "--class_cond", "--cond_drop", "1.5", "--model_path", "n.pt"], "--cond_drop"),
     ],
@@ -251,4 +249,28 @@ def test_the_benchmark_times_guided_sampling_on_the_rows_that_run_conditional_mo
     assert report["environment"]["guidance_scale"] == 3.0
     assert rows["original"]["status"] == rows["cuda"]["status"] == "ok"
     assert rows["cuda"]["parity"] == "pass" and rows["cuda"]["max_abs_diff"] == 0.0  # the fused combine, bit for bit
-    assert rows["onnxruntime"]["status"] == "unavailable" and "class-conditional" in rows["onnxruntime"]["reason"]
+    assert rows["onnxruntime"]["status"] == "ok" and rows["onnxruntime"]["parity"] == "pass"
+
+
+def test_exported_conditional_unets_take_labels_and_draw_the_originals_images(tiny_conditional):
+    """ONNX (through onnxruntime) and TorchScript (through the cuda implementation) exports carry the
+    label input and the class names: guided sampling from them draws the checkpoint's images."""
+    work = tiny_conditional
+    for fmt in ("onnx", "torchscript"):
+        result = run_here("--mode", "export", "--model_path", "c.pt", "--format", fmt, cwd=work)
+        assert result.returncode == 0, result.stderr
+    draw_args = ["--mode", "sample", "--class_label", "3,7", "--n_samples", "4", "--sampler", "ddim", "--sampling_steps", "4"]
+    runs = {
+        "original": ["--model_path", "c.pt"],
+        "onnx": ["--model_path", "c.onnx", "--implementation", "onnxruntime"],
+        "torchscript": ["--model_path", "c.ts", "--trust_torchscript", "--implementation", "cuda"],
+    }
+    images = {}
+    for name, args in runs.items():
+        result = run_here(*draw_args, *args, "--save_npz", f"{name}.npz", "--output", f"{name}.png", cwd=work)
+        assert result.returncode == 0, result.stderr
+        images[name] = np.load(work / f"{name}.npz")["images"].astype(int)
+    assert np.abs(images["onnx"] - images["original"]).max() <= 1  # uint8 pixels: float rounding at most
+    assert np.abs(images["torchscript"] - images["original"]).max() <= 1
+    result = run_here(*draw_args, "--model_path", "c.onnx", "--implementation", "onnxruntime", "--class_label", "11", cwd=work)
+    assert_user_error(result, "out of range")  # the class names came along with the file
