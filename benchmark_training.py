@@ -78,24 +78,33 @@ def run_training_benchmark(
         progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
         row = {"name": name, **fields, "status": "ok", "reason": ""}
         results.append(row)
-        try:
-            if ranks.distributed:  # the baseline: one rank alone, one rank's share of the batch
-                if ranks.is_main:
-                    alone, _, _ = time_variant(fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed)
-                    row["single_rank_images_per_s"] = steps * (batch_size // ranks.world_size) / alone
-                distributed.barrier()
-            elapsed, peak_mb, trainer = time_variant(fields, batch_size=batch_size, ranks=ranks, **timed)
-            # The slowest rank's time is the step's time.
-            elapsed = distributed.all_reduce_max(torch.tensor([elapsed], dtype=torch.float64)).item()
-            if profile:
-                suffix = f"-rank{ranks.rank}" if ranks.distributed else ""
-                trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}", directory=profile)
-        except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
-            if distributed.is_collective_failure(exc, ranks=ranks):
-                raise
-            row.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
+        failure = None
+        if ranks.distributed and ranks.is_main:  # the baseline: one rank alone, one rank's share of the batch
+            try:
+                alone, _, _ = time_variant(fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed)
+                row["single_rank_images_per_s"] = steps * (batch_size // ranks.world_size) / alone
+            except Exception as exc:  # the other ranks learn of it in the next all-reduce
+                failure = exc
+        # Every rank takes part in each any_failed (an all-reduce), so the ranks stay in step whatever fails.
+        failed = any_failed(failure is not None, ranks=ranks, device=device)
+        if not failed:
+            try:
+                elapsed, peak_mb, trainer = time_variant(fields, batch_size=batch_size, ranks=ranks, **timed)
+                if profile:
+                    suffix = f"-rank{ranks.rank}" if ranks.distributed else ""
+                    trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}", directory=profile)
+            except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
+                if distributed.is_collective_failure(exc, ranks=ranks):
+                    raise
+                failure = exc
+            failed = any_failed(failure is not None, ranks=ranks, device=device)
+        if failed:  # every rank marks the row alike
+            reason = f"{type(failure).__name__}: {first_line(failure)}" if failure else "failed on another rank"
+            row.update(status="failed", reason=reason)
             progress(f"training {name}: failed ({row['reason']})")
             continue
+        # The slowest rank's time is the step's time (on the device: NCCL reduces only GPU tensors).
+        elapsed = distributed.all_reduce_max(torch.tensor([elapsed], dtype=torch.float64, device=device)).item()
         row["images_per_s"] = steps * batch_size / elapsed
         row["ms_per_step"] = 1000.0 * elapsed / steps
         row["peak_memory_mb"] = peak_mb  # this rank's (rank 0's in the table)
@@ -109,6 +118,14 @@ def run_training_benchmark(
         if base and row.get("images_per_s"):
             row["speedup"] = row["images_per_s"] / base
     return results
+
+
+def any_failed(failed: bool, *, ranks: distributed.Ranks, device: torch.device) -> bool:
+    """Whether this or any other rank failed (one all-reduce; just ``failed`` for one process)."""
+    if not ranks.distributed:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=device)
+    return bool(distributed.all_reduce_max(flag, ranks=ranks).item())
 
 
 def time_variant(

@@ -94,14 +94,19 @@ def grid_columns(labels: list[int], *, n: int) -> int | None:
     return None
 
 
+def valid_class_names(names: object, *, num_classes: int) -> bool:
+    """``num_classes`` non-empty strings of at most :data:`MAX_CLASS_NAME` characters."""
+    return (
+        isinstance(names, (list, tuple))
+        and len(names) == num_classes
+        and all(isinstance(name, str) and 0 < len(name) <= MAX_CLASS_NAME for name in names)
+    )
+
+
 def read_class_names(state: dict, *, num_classes: int, source: str) -> tuple[str, ...]:
     """A checkpoint's class names, validated (indices as names when it has none)."""
     names = state.get("class_names") or [str(i) for i in range(num_classes)]
-    if (
-        not isinstance(names, list)
-        or len(names) != num_classes
-        or not all(isinstance(name, str) and 0 < len(name) <= MAX_CLASS_NAME for name in names)
-    ):
+    if not isinstance(names, list) or not valid_class_names(names, num_classes=num_classes):
         raise ValueError(f"{source}: its class names are not {num_classes} short strings")
     return tuple(names)
 

@@ -93,7 +93,7 @@ def check_global_batch(batch_size: int, *, world_size: int) -> None:
         fits = max(1, batch_size // world_size) * world_size
         raise ValueError(
             f"--batch_size {batch_size} is the global batch and must divide by the {world_size} ranks training "
-            f"together (each rank takes an equal share); try --batch_size {fits}"
+            f"together (each rank takes an equal share); try --batch_size {fits}, or a number of ranks that divides it"
         )
 
 

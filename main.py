@@ -53,7 +53,6 @@ def run_train(request: TrainRequest) -> None:
 def resumed_trainer(request: TrainRequest):
     import distributed
     from checkpoints import load_checkpoint, read_configs
-    from data import load_images
     from memory_budget import check_batch_fits
     from training import Trainer, resume_config
 
@@ -68,15 +67,26 @@ def resumed_trainer(request: TrainRequest):
             f"to train with {request.timestep_sampling}, start a new run (another --model_path, or --overwrite)"
         )
     check_batch_fits(model_config, batch_size=config.per_rank_batch(), device=device, training=True)
-    images = load_images(
-        config.dataset,
-        data_dir=request.model.data_dir,
-        image_size=model_config.image_size,
-        channels=model_config.in_channels,
+    images = training_images(
+        config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
     )
     trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state)
     distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
     return trainer
+
+
+def training_images(dataset: str, **kwargs):
+    """The training images; under torchrun rank 0 downloads them (if needed) before the others read them."""
+    import distributed
+    from data import load_images
+
+    ranks = distributed.current()
+    if ranks.is_main:
+        images = load_images(dataset, **kwargs)
+        distributed.barrier()  # the files are in place for the other ranks
+        return images
+    distributed.barrier()
+    return load_images(dataset, download=False, **kwargs)
 
 
 def on_ranks(config) -> str:
@@ -91,7 +101,6 @@ def on_ranks(config) -> str:
 def new_trainer(request: TrainRequest):
     import distributed
     from basic_diffusion import count_parameters
-    from data import load_images
     from memory_budget import check_batch_fits
     from training import TrainConfig, Trainer
 
@@ -99,7 +108,7 @@ def new_trainer(request: TrainRequest):
     model_config = spec.model_config()  # validates before any download
     distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
     check_batch_fits(model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True)
-    images = load_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
+    images = training_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
     if request.class_cond:  # one label embedding per class, and the null label
         if images.labels is None:
             raise ValueError(
@@ -321,6 +330,8 @@ def run_benchmark(run: BenchmarkRun) -> None:
     elif run.guidance_scale is not None and not training:
         raise ValueError("--guidance_scale applies to class-conditional models; this one is unconditional")
     batch, flag = (run.batch_size, "--batch_size") if training else (run.n_samples, "--n_samples")
+    if training:
+        batch //= distributed.current().world_size  # under torchrun: one rank's share of the global batch
     doubled = guidance is not None and guidance.doubled
     check_batch_fits(model.config, batch_size=2 * batch if doubled else batch, device=device, training=training, flag=flag)
     model.to(device).eval()

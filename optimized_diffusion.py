@@ -186,8 +186,10 @@ def fused_step_(
     """
     if _loaded_from is None:
         load_extension()
+    # guidance only when given: an extension built before it existed still runs unguided steps.
+    extra = {} if guidance is None else {"guidance": guidance}
     torch.ops.diffusion_kernels.fused_step_(
-        x, eps, noise, xstart, coefficients, step, clip_denoised=clip_denoised, use_prev=use_prev, guidance=guidance
+        x, eps, noise, xstart, coefficients, step, clip_denoised=clip_denoised, use_prev=use_prev, **extra
     )
 
 

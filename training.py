@@ -7,8 +7,8 @@ keeps, so ``--resume`` continues a run exactly: on a CPU, the same loss curve to
 Under torchrun (distributed.py) every rank draws the whole global batch's timesteps and noise from
 the same generator and keeps its own rows; DistributedDataParallel averages the gradients, so N
 ranks take the same steps as one process with the same global batch (to float rounding, and
-without dropout: each rank draws its own dropout masks), and a checkpoint resumes on any number
-of ranks. Rank 0 alone writes checkpoints, grids and the progress bar.
+without dropout: dropout masks are drawn per rank for its rows, not for the global batch), and a
+checkpoint resumes on any number of ranks. Rank 0 alone writes checkpoints, grids and the progress bar.
 
     trainer = Trainer(train_config, model_config, schedule_config, images=images, device="cpu")
     trainer.run()   # -> writes the checkpoint and sample grids as configured
@@ -31,7 +31,7 @@ import distributed
 import interrupts
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, per_sample_losses, sample
 from checkpoints import FORMAT_VERSION, save_checkpoint
-from conditioning import DEFAULT_GUIDANCE, Guidance, labels_for
+from conditioning import DEFAULT_GUIDANCE, MAX_CLASS_NAME, Guidance, labels_for, valid_class_names
 from data import ImageSet
 from distributed import Ranks
 from image_files import save_grid
@@ -144,6 +144,8 @@ class Trainer:
         if model_config.num_classes and (images.labels is None or len(images.class_names) != model_config.num_classes):
             found = f"{len(images.class_names)} classes" if images.labels is not None else "no classes"
             raise ValueError(f"a model of {model_config.num_classes} classes cannot train on {images.name} data with {found}")
+        if model_config.num_classes and not valid_class_names(images.class_names, num_classes=model_config.num_classes):
+            raise ValueError(f"class names must be 1 to {MAX_CLASS_NAME} characters long (the checkpoint stores them)")
         torch.manual_seed(config.seed)  # weight init and dropout
         cuda = self.device.type == "cuda" and config.cuda_fast_path
         self.memory_format = torch.channels_last if cuda else torch.contiguous_format

@@ -274,3 +274,12 @@ def test_exported_conditional_unets_take_labels_and_draw_the_originals_images(ti
     assert np.abs(images["torchscript"] - images["original"]).max() <= 1
     result = run_here(*draw_args, "--model_path", "c.onnx", "--implementation", "onnxruntime", "--class_label", "11", cwd=work)
     assert_user_error(result, "out of range")  # the class names came along with the file
+
+
+def test_class_names_a_checkpoint_could_not_hold_are_refused_before_training():
+    from training import TrainConfig, Trainer
+
+    names = tuple("x" * 101 if i == 3 else str(i) for i in range(10))  # a folder's 101-character sub-folder name
+    images = ImageSet("folder", torch.zeros(8, 1, 8, 8, dtype=torch.uint8), labels=torch.arange(8) % 10, class_names=names)
+    with pytest.raises(ValueError, match="class names must be 1 to 100 characters"):
+        Trainer(TrainConfig(dataset="folder", batch_size=4), CONFIG, ScheduleConfig(num_timesteps=10), images=images, device="cpu")
