@@ -56,6 +56,31 @@ class Guidance:
         return replace(self, labels=self.labels[start:stop])
 
 
+def unet_batch(batch_size: int, guidance: Guidance | None) -> int:
+    """The U-Net's batch for ``batch_size`` images: twice as many when guided (conditional, then null label)."""
+    return 2 * batch_size if guidance is not None and guidance.doubled else batch_size
+
+
+def guidance_for(
+    model_config, class_names: tuple[str, ...], *, class_label: str | None, scale: float | None, n_samples: int,
+    source: object,
+) -> tuple[Guidance | None, int | None]:
+    """What ``--class_label`` and ``--guidance_scale`` ask of the model of ``model_config`` (a UNetConfig)
+    for ``n_samples`` images: (guidance with one label per image, grid columns), or (None, None) for an
+    unconditional model, which refuses both flags (``source`` names it in the message)."""
+    if not model_config.num_classes:
+        if class_label is not None or scale is not None:
+            raise ValueError(
+                f"--class_label and --guidance_scale apply to class-conditional models (trained with --class_cond); "
+                f"{source} is unconditional"
+            )
+        return None, None
+    wanted = class_labels(class_label, class_names=class_names)
+    scale = DEFAULT_GUIDANCE if scale is None else scale
+    guidance = Guidance(labels=labels_for(wanted, n=n_samples), null_label=model_config.null_label, scale=scale)
+    return guidance, grid_columns(wanted, n=n_samples)
+
+
 def class_labels(text: str | None, *, class_names: tuple[str, ...]) -> list[int]:
     """The classes ``--class_label`` asks for: ``all`` (or None), an index, a name, or a comma list of them."""
     if not class_names:

@@ -194,6 +194,7 @@ def run_sample(request: SampleRequest) -> None:
     import distributed
     import implementations
     from artifacts import artifact_kind, load_artifact
+    from conditioning import unet_batch
     from image_files import SampleOutputs, SampleWriter
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
@@ -213,8 +214,7 @@ def run_sample(request: SampleRequest) -> None:
     )
     outputs.check()
     batch_size = min(request.batch_size, n)
-    unet_batch = 2 * batch_size if guidance is not None and guidance.doubled else batch_size  # guided: cond + uncond
-    check_batch_fits(model_config, batch_size=unet_batch, device=device, training=False)
+    check_batch_fits(model_config, batch_size=unet_batch(batch_size, guidance), device=device, training=False)
     plan = request.sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
     draw = implementations.make_drawer(
         request.implementation, model, plan, options=sampler_options(request, source=artifact.path, guidance=guidance)
@@ -252,20 +252,14 @@ def run_sample(request: SampleRequest) -> None:
 def requested_classes(request: DrawRequest, artifact):
     """(guidance with one label per image, grid columns) for a class-conditional model; (None, None) otherwise."""
     import implementations
-    from conditioning import DEFAULT_GUIDANCE, Guidance, class_labels, grid_columns, labels_for
+    from conditioning import guidance_for
 
-    if not artifact.model_config.num_classes:
-        if request.class_label is not None or request.guidance_scale is not None:
-            raise ValueError(
-                f"--class_label and --guidance_scale apply to class-conditional models (trained with --class_cond); "
-                f"{artifact.path} is unconditional"
-            )
-        return None, None
-    implementations.get(request.implementation).check(conditional=True)
-    wanted = class_labels(request.class_label, class_names=artifact.class_names)
-    scale = DEFAULT_GUIDANCE if request.guidance_scale is None else request.guidance_scale
-    guidance = Guidance(labels=labels_for(wanted, n=request.n_samples), null_label=artifact.model_config.null_label, scale=scale)
-    return guidance, grid_columns(wanted, n=request.n_samples)
+    if artifact.model_config.num_classes:
+        implementations.get(request.implementation).check(conditional=True)
+    return guidance_for(
+        artifact.model_config, artifact.class_names, class_label=request.class_label, scale=request.guidance_scale,
+        n_samples=request.n_samples, source=artifact.path,
+    )  # fmt: skip
 
 
 def sampler_options(request: DrawRequest, *, source: str | Path, guidance=None) -> SamplerOptions:
@@ -306,7 +300,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
     from artifacts import artifact_kind
     from basic_diffusion import UNet
     from checkpoints import load_checkpoint_parts
-    from conditioning import DEFAULT_GUIDANCE, Guidance, labels_for
+    from conditioning import guidance_for, unet_batch
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
 
@@ -316,24 +310,23 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if run.source:
         if artifact_kind(run.source.path) != "checkpoint":
             raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {run.source.path}")
-        model, schedule_config, _ = load_checkpoint_parts(run.source.path, weights=run.source.weights)
+        model, schedule_config, class_names = load_checkpoint_parts(run.source.path, weights=run.source.weights)
     else:
+        class_names = ()
         torch.manual_seed(run.seed)
         model = UNet(run.model.model_config())
         benchmark.perturb_zero_init(model, seed=run.seed)
         schedule_config = run.model.schedule_config()
     guidance = None
-    if model.config.num_classes and not training:  # conditional: timed guided, every class in turn
-        scale = DEFAULT_GUIDANCE if run.guidance_scale is None else run.guidance_scale
-        labels = labels_for(list(range(model.config.num_classes)), n=run.n_samples)
-        guidance = Guidance(labels=labels, null_label=model.config.null_label, scale=scale)
-    elif run.guidance_scale is not None and not training:
-        raise ValueError("--guidance_scale applies to class-conditional models; this one is unconditional")
+    if not training:  # a conditional model is timed guided, every class in turn
+        source = run.source.path if run.source else "a fresh U-Net"
+        guidance, _ = guidance_for(
+            model.config, class_names, class_label=None, scale=run.guidance_scale, n_samples=run.n_samples, source=source
+        )
     batch, flag = (run.batch_size, "--batch_size") if training else (run.n_samples, "--n_samples")
     if training:
         batch //= distributed.current().world_size  # under torchrun: one rank's share of the global batch
-    doubled = guidance is not None and guidance.doubled
-    check_batch_fits(model.config, batch_size=2 * batch if doubled else batch, device=device, training=training, flag=flag)
+    check_batch_fits(model.config, batch_size=unet_batch(batch, guidance), device=device, training=training, flag=flag)
     model.to(device).eval()
     plan = run.sampling.plan(NoiseSchedule(schedule_config), device=device)
     if training:
@@ -353,6 +346,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     import implementations
     from artifacts import artifact_kind, load_artifact
     from checkpoints import load_checkpoint
+    from conditioning import unet_batch
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
 
@@ -373,8 +367,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     c, s = model_config.in_channels, model_config.image_size
     guidance, _ = requested_classes(request, artifact)  # a conditional model: each digit asked for equally often
     batch_size = min(request.batch_size, n)
-    unet_batch = 2 * batch_size if guidance is not None and guidance.doubled else batch_size
-    check_batch_fits(model_config, batch_size=unet_batch, device=device, training=False)
+    check_batch_fits(model_config, batch_size=unet_batch(batch_size, guidance), device=device, training=False)
     schedule = NoiseSchedule(artifact.schedule_config).to(device)
     print(f"fitting the digit classifier and feature space to the real digits at {s}x{s} ...")
     judge = evaluate.DigitJudge(image_size=s, seed=request.seed)

@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 from checkpoints import first_line
-from conditioning import Guidance
+from conditioning import Guidance, unet_batch
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 from precision import autocast, backend_policy, check_precision
 from profiling import phase
@@ -276,7 +276,7 @@ class FusedSampler:
         B = shape[0]
         # Class-conditional: the U-Net's label input; guided, it runs on the batch twice (cond, then null label).
         self._guidance = guidance
-        rows = 2 * B if guidance is not None and guidance.doubled else B
+        rows = unet_batch(B, guidance)
         self._y = torch.full((rows,), guidance.null_label, dtype=torch.int64, device=self.device) if guidance else None
         self._coefficients = plan.coefficients.to(self.device, torch.float32).contiguous()  # (S, 6)
         self._timesteps = plan.timesteps.to(self.device, torch.int64).contiguous()  # (S,)

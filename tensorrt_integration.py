@@ -50,7 +50,7 @@ from torch import nn
 
 from basic_diffusion import UNet, UNetConfig
 from checkpoints import check_file_size, first_line
-from conditioning import Guidance
+from conditioning import Guidance, unet_batch
 from engine_cache import (
     DEFAULT_CACHE_DIR,
     METADATA_VERSION,
@@ -543,8 +543,7 @@ def tensorrt_sampler(
     """
     options = options or TensorRTOptions()
     device = plan.coefficients.device
-    unet_batch = 2 * shape[0] if guidance is not None and guidance.doubled else shape[0]
-    batch = BatchRange.covering(unet_batch, max_batch=options.max_batch)
+    batch = BatchRange.covering(unet_batch(shape[0], guidance), max_batch=options.max_batch)
     if options.backend == "torch_tensorrt":
         import_torch_tensorrt()
         require_cuda(device)
