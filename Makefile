@@ -1,5 +1,5 @@
 # Two commands on a fresh machine (Python 3.10+; no GPU or network needed beyond the package index):
-#   make demo   # set up .venv, train on the offline digits (8x8, 3,600 steps), draw a grid (DDPM, 250 steps)
+#   make demo   # set up .venv, train on the offline digits (8x8, 3,600 steps), draw a grid (SDE-DPM-Solver++, 20 steps)
 #   make test   # set up .venv, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,7 +22,7 @@ $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu 
 demo: install
 	$(BIN)/python main.py --mode train --dataset digits --model_channels 32 --lr 1e-3 --max_steps 3600 \
 		--sample_every 0 --save_every 1200 --overwrite
-	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --sampler ddpm --sampling_steps 250 \
+	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --sampler dpm_solver_sde --sampling_steps 20 \
 		--n_samples 64 --output digits_samples.png
 
 test: install

@@ -24,6 +24,7 @@ from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_f
 from profiling import phase
 
 PRESETS = ("small", "ddpm_cifar10")
+TIME_CONDITIONING = ("scale_shift", "add")
 
 
 # Sane bounds of each integer setting (inclusive); ddpm_cifar10 is 128 channels, (1, 2, 2, 2), 2 blocks, 1 head.
@@ -57,7 +58,8 @@ class UNetConfig:
     guidance needs.
     """
 
-    ADDED_LATER = ("num_classes",)  # checkpoints written before class conditioning lack it: 0
+    # Fields that checkpoints written before them lack, and the value that reproduces those models.
+    ADDED_LATER = {"num_classes": 0, "time_conditioning": "add", "dims": 2}
 
     image_size: int = 28
     in_channels: int = 1
@@ -69,6 +71,12 @@ class UNetConfig:
     dropout: float = 0.1
     norm_groups: int = 32
     num_classes: int = 0  # 0: unconditional
+    # How a residual block takes the (time + label) embedding: "scale_shift" modulates the normalized
+    # features, GroupNorm(h) * (1 + scale) + shift (Dhariwal & Nichol 2021), which reaches the output
+    # whatever the group size; "add" adds it before the norm (Ho et al. 2020), where groups of one
+    # channel cancel it (as the first level of a 32-channel U-Net with 32 groups does).
+    time_conditioning: str = "scale_shift"
+    dims: int = 2  # spatial dimensions: 2 (images, H x W) or 3 (volumes, D x H x W, all image_size)
 
     @property
     def null_label(self) -> int:
@@ -105,7 +113,11 @@ class UNetConfig:
         if not 0.0 <= self.dropout < 1.0:  # also False for NaN
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         widths = [self.model_channels * m for m in self.channel_mult]
-        if self.num_classes and all(math.gcd(self.norm_groups, w) == w for w in widths):
+        if self.dims not in (2, 3):
+            raise ValueError(f"dims must be 2 (images) or 3 (volumes), got {short_repr(self.dims)}")
+        if self.time_conditioning not in TIME_CONDITIONING:
+            raise ValueError(f"time_conditioning must be one of {', '.join(TIME_CONDITIONING)}, got {short_repr(self.time_conditioning)}")
+        if self.num_classes and self.time_conditioning == "add" and all(math.gcd(self.norm_groups, w) == w for w in widths):
             # Each residual block adds the (time + label) embedding per channel and then normalizes groups of
             # one channel: the shift cancels, so the label could not reach the output.
             raise ValueError(
@@ -125,6 +137,10 @@ class UNetConfig:
         """A model config read from a file: refuses unknown or missing keys, wrong types, bad ranges."""
         return cls(**config_fields(cls, data))
 
+    def sample_shape(self, batch: int) -> tuple[int, ...]:
+        """The U-Net's input shape for ``batch`` samples: (B, C, S, S) or (B, C, S, S, S)."""
+        return (batch, self.in_channels, *[self.image_size] * self.dims)
+
     @property
     def resolutions(self) -> tuple[int, ...]:
         """Feature-map size at each level of the down path."""
@@ -134,18 +150,29 @@ class UNetConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
-def unet_preset(name: str, *, image_size: int, in_channels: int, **overrides) -> UNetConfig:
-    """Named configurations: "small" suits MNIST-size data; "ddpm_cifar10" is Ho et al.'s 35.7M network."""
-    if name == "small":
+def unet_preset(name: str, *, image_size: int, in_channels: int, dims: int = 2, **overrides) -> UNetConfig:
+    """Named configurations: "small" suits MNIST-size data (and, with ``dims=3``, volumes of 16, 32 or 64
+    voxels a side); "ddpm_cifar10" is Ho et al.'s 35.7M network."""
+    if name == "small" and dims == 3:
+        # Volumes: one residual block per level, down to 4 voxels a side, attention there only
+        # (4^3 = 64 positions); groups of 4 channels.
+        levels = max(1, int(math.log2(max(image_size, 4) // 4)) + 1)
+        mult = (1, 2, 2, 2, 4, 4)[:levels]
+        base = dict(model_channels=32, channel_mult=mult, num_res_blocks=1, num_heads=4, dropout=0.0, norm_groups=8)
+        base["attention_resolutions"] = (image_size // 2 ** (levels - 1),)
+    elif name == "small":
         base = dict(model_channels=64, channel_mult=(1, 2, 2), num_res_blocks=2, num_heads=4, dropout=0.1)
         base["attention_resolutions"] = (image_size // 4,)  # the lowest resolution
-    elif name == "ddpm_cifar10":
+    elif name == "ddpm_cifar10" and dims == 2:
         base = dict(model_channels=128, channel_mult=(1, 2, 2, 2), num_res_blocks=2, num_heads=1, dropout=0.1)
         base["attention_resolutions"] = (16,) if image_size >= 16 else ()
+        base["time_conditioning"] = "add"  # the paper's network (groups of 4+ channels keep the embedding)
+    elif name == "ddpm_cifar10":
+        raise ValueError("the ddpm_cifar10 preset is for images; volumes use the small preset")
     else:
         raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
     base.update({k: v for k, v in overrides.items() if v is not None})
-    return UNetConfig(image_size=image_size, in_channels=in_channels, **base)
+    return UNetConfig(image_size=image_size, in_channels=in_channels, dims=dims, **base)
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -163,32 +190,50 @@ def _norm(channels: int, groups: int) -> nn.GroupNorm:
     return nn.GroupNorm(math.gcd(groups, channels), channels)
 
 
-class ResBlock(nn.Module):
-    """GroupNorm -> SiLU -> conv, add the projected time embedding, GroupNorm -> SiLU -> dropout -> conv."""
+def conv_nd(dims: int, *args, **kwargs) -> nn.Module:
+    """nn.Conv2d for images, nn.Conv3d for volumes: every block is written once for both."""
+    return (nn.Conv2d if dims == 2 else nn.Conv3d)(*args, **kwargs)
 
-    def __init__(self, in_ch: int, out_ch: int, *, emb_dim: int, dropout: float, groups: int) -> None:
+
+class ResBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv, take the time embedding, GroupNorm -> SiLU -> dropout -> conv.
+
+    The embedding enters as a per-channel scale and shift of the second norm's output
+    (``scale_shift``) or as a per-channel bias added before it (``add``, the older models).
+    """
+
+    def __init__(
+        self, in_ch: int, out_ch: int, *, emb_dim: int, dropout: float, groups: int, scale_shift: bool = True, dims: int = 2
+    ) -> None:
         super().__init__()
+        self.scale_shift = scale_shift
         self.norm1 = _norm(in_ch, groups)
-        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, padding=1)
-        self.emb_proj = nn.Linear(emb_dim, out_ch)
+        self.conv1 = conv_nd(dims, in_ch, out_ch, 3, padding=1)
+        self.emb_proj = nn.Linear(emb_dim, 2 * out_ch if scale_shift else out_ch)
         self.norm2 = _norm(out_ch, groups)
         self.dropout = nn.Dropout(dropout)
-        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        self.conv2 = conv_nd(dims, out_ch, out_ch, 3, padding=1)
         nn.init.zeros_(self.conv2.weight)  # each block starts as the identity
         nn.init.zeros_(self.conv2.bias)
-        self.skip = nn.Conv2d(in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
+        self.skip = conv_nd(dims, in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))  # (B, out, H, W)
-        h = h + self.emb_proj(F.silu(emb))[:, :, None, None]
-        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        h = self.conv1(F.silu(self.norm1(x)))  # (B, out, H, W) or (B, out, D, H, W)
+        e = self.emb_proj(F.silu(emb))
+        e = e.view(*e.shape, *[1] * (h.ndim - 2))  # (B, out or 2*out, 1, 1[, 1])
+        if self.scale_shift:
+            scale, shift = e.chunk(2, dim=1)
+            h = self.norm2(h) * (1 + scale) + shift
+        else:
+            h = self.norm2(h + e)
+        h = self.conv2(self.dropout(F.silu(h)))
         return self.skip(x) + h
 
 
 class AttentionBlock(nn.Module):
-    """Multi-head self-attention over the H*W positions, with a residual connection."""
+    """Multi-head self-attention over the H*W (or D*H*W) positions, with a residual connection."""
 
-    def __init__(self, channels: int, *, num_heads: int, groups: int) -> None:
+    def __init__(self, channels: int, *, num_heads: int, groups: int, dims: int = 2) -> None:
         super().__init__()
         if channels % num_heads:
             raise ValueError(f"attention channels {channels} are not divisible by num_heads={num_heads}")
@@ -197,37 +242,37 @@ class AttentionBlock(nn.Module):
         # matmuls in the low precision. Otherwise one fused scaled_dot_product_attention.
         self.float32_softmax = False
         self.norm = _norm(channels, groups)
-        self.qkv = nn.Conv2d(channels, 3 * channels, 1)
-        self.proj = nn.Conv2d(channels, channels, 1)
+        self.qkv = conv_nd(dims, channels, 3 * channels, 1)
+        self.proj = conv_nd(dims, channels, channels, 1)
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, C, H, W = x.shape
-        qkv = self.qkv(self.norm(x)).reshape(B, 3, self.num_heads, C // self.num_heads, H * W)
+        B, C, *spatial = x.shape
+        qkv = self.qkv(self.norm(x)).reshape(B, 3, self.num_heads, C // self.num_heads, math.prod(spatial))
         q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, HW, C/heads)
         if self.float32_softmax:
             scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, heads, HW, HW)
             h = scores.softmax(dim=-1).to(v.dtype) @ v
         else:
             h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, C/heads)
-        h = h.transpose(-1, -2).reshape(B, C, H, W)
+        h = h.transpose(-1, -2).reshape(B, C, *spatial)
         return x + self.proj(h)
 
 
 class Downsample(nn.Module):
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, dims: int = 2) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+        self.conv = conv_nd(dims, channels, channels, 3, stride=2, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
 
 
 class Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, dims: int = 2) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv = conv_nd(dims, channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
@@ -254,14 +299,19 @@ class UNet(nn.Module):
         self.time_mlp = nn.Sequential(nn.Linear(ch, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
         # Class labels, and the null label, as embeddings added to the time embedding.
         self.label_embedding = nn.Embedding(config.num_classes + 1, emb_dim) if config.num_classes else None
-        self.conv_in = nn.Conv2d(config.in_channels, ch, 3, padding=1)
+        dims = config.dims
+        self.conv_in = conv_nd(dims, config.in_channels, ch, 3, padding=1)
+        # Activation checkpointing of the residual blocks in training (training.py sets it): their
+        # activations are recomputed in the backward pass instead of kept, for about a third more compute.
+        self.grad_checkpoint = False
 
         def block(i: int, o: int) -> ResBlock:
-            return ResBlock(i, o, emb_dim=emb_dim, dropout=config.dropout, groups=groups)
+            return ResBlock(i, o, emb_dim=emb_dim, dropout=config.dropout, groups=groups,
+                            scale_shift=config.time_conditioning == "scale_shift", dims=dims)  # fmt: skip
 
         def attention(c: int, resolution: int) -> nn.Module:
             if resolution in config.attention_resolutions:
-                return AttentionBlock(c, num_heads=config.num_heads, groups=groups)
+                return AttentionBlock(c, num_heads=config.num_heads, groups=groups, dims=dims)
             return nn.Identity()
 
         # Down path: remember every output's channel count for the skip connections.
@@ -276,12 +326,12 @@ class UNet(nn.Module):
                 skip_channels.append(cur)
             self.down.append(Level(blocks, attns))
             last = level == len(config.channel_mult) - 1
-            self.downsample.append(nn.Identity() if last else Downsample(cur))
+            self.downsample.append(nn.Identity() if last else Downsample(cur, dims))
             if not last:
                 skip_channels.append(cur)
 
         self.mid_block1 = block(cur, cur)
-        self.mid_attention = AttentionBlock(cur, num_heads=config.num_heads, groups=groups)
+        self.mid_attention = AttentionBlock(cur, num_heads=config.num_heads, groups=groups, dims=dims)
         self.mid_block2 = block(cur, cur)
 
         # Up path: one more block per level than the down path, each eating one skip.
@@ -294,10 +344,10 @@ class UNet(nn.Module):
                 cur = ch * mult
                 attns.append(attention(cur, res))
             self.up.append(Level(blocks, attns))
-            self.upsample.append(Upsample(cur) if level > 0 else nn.Identity())
+            self.upsample.append(Upsample(cur, dims) if level > 0 else nn.Identity())
 
         self.norm_out = _norm(cur, groups)
-        self.conv_out = nn.Conv2d(cur, config.in_channels, 3, padding=1)
+        self.conv_out = conv_nd(dims, cur, config.in_channels, 3, padding=1)
         nn.init.zeros_(self.conv_out.weight)
         nn.init.zeros_(self.conv_out.bias)
 
@@ -309,21 +359,32 @@ class UNet(nn.Module):
             emb = emb + self.label_embedding(y)
         elif y is not None:
             raise ValueError("this U-Net is unconditional: it takes no labels")
+        run = self._checkpointed if self.grad_checkpoint and self.training and torch.is_grad_enabled() else _call
         h = self.conv_in(x)
         skips = [h]
         for level, down in zip(self.down, self.downsample):
             for blk, attn in zip(level.blocks, level.attentions):
-                h = attn(blk(h, emb))
+                h = attn(run(blk, h, emb))
                 skips.append(h)
             if not isinstance(down, nn.Identity):
                 h = down(h)
                 skips.append(h)
-        h = self.mid_block2(self.mid_attention(self.mid_block1(h, emb)), emb)
+        h = run(self.mid_block2, self.mid_attention(run(self.mid_block1, h, emb)), emb)
         for level, up in zip(self.up, self.upsample):
             for blk, attn in zip(level.blocks, level.attentions):
-                h = attn(blk(torch.cat([h, skips.pop()], dim=1), emb))
+                h = attn(run(blk, torch.cat([h, skips.pop()], dim=1), emb))
             h = up(h)
-        return self.conv_out(F.silu(self.norm_out(h)))  # (B, C, H, W)
+        return self.conv_out(F.silu(self.norm_out(h)))  # x's shape
+
+    @staticmethod
+    def _checkpointed(block: nn.Module, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(block, h, emb, use_reentrant=False)
+
+
+def _call(block: nn.Module, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    return block(h, emb)
 
 
 def count_parameters(model: nn.Module) -> int:

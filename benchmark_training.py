@@ -23,19 +23,41 @@ from timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
 PROFILED_STEPS = 3  # with --profile: 1 warm-up + 2 recorded steps per variant (profiling.ProfileConfig.fitted)
 
 
-def training_variants(device: torch.device) -> list[tuple[str, dict]]:
-    """(name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last, +/- compile;
-    then fp32 eager with each adaptive timestep sampler (their cost per step: a draw and a history update)."""
+def training_variants(device: torch.device) -> list[tuple[str, str, dict]]:
+    """(key for --rows, name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last,
+    +/- compile; each precision with activation checkpointing (--grad_checkpoint: the memory it saves, the
+    time it costs); then fp32 eager with each adaptive timestep sampler (their cost per step: a draw and
+    a history update)."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
     fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
     eager = dict(precision="fp32", compile=False, cuda_fast_path=False)
+    mixed = dict(precision=amp, compile=False, cuda_fast_path=True)
     return [
-        ("fp32 eager", eager),
-        ("fp32 compile", dict(precision="fp32", compile=True, cuda_fast_path=False)),
-        (f"{amp}{fast} eager", dict(precision=amp, compile=False, cuda_fast_path=True)),
-        (f"{amp}{fast} compile", dict(precision=amp, compile=True, cuda_fast_path=True)),
-        *((f"fp32 eager, t: {name}", dict(eager, timestep_sampling=name)) for name in TIMESTEP_SAMPLERS[1:]),
+        ("fp32", "fp32 eager", eager),
+        ("fp32_compile", "fp32 compile", dict(eager, compile=True)),
+        ("amp", f"{amp}{fast} eager", mixed),
+        ("amp_compile", f"{amp}{fast} compile", dict(mixed, compile=True)),
+        ("fp32_checkpoint", "fp32 eager, grad checkpoint", dict(eager, grad_checkpoint=True)),
+        ("amp_checkpoint", f"{amp}{fast} eager, grad checkpoint", dict(mixed, grad_checkpoint=True)),
+        *((f"t_{name}", f"fp32 eager, t: {name}", dict(eager, timestep_sampling=name)) for name in TIMESTEP_SAMPLERS[1:]),
     ]
+
+
+def variant_keys() -> tuple[str, ...]:
+    """The training benchmark's --rows names."""
+    return tuple(key for key, _, _ in training_variants(torch.device("cpu")))
+
+
+def select_variants(rows: str | None, device: torch.device) -> list[tuple[str, str, dict]]:
+    """The variants --rows names (default "all"); fp32 eager always runs first: the speedups' baseline."""
+    variants = training_variants(device)
+    if rows in (None, "all"):
+        return variants
+    wanted = [r.strip() for r in rows.split(",") if r.strip()]
+    unknown = [r for r in wanted if r not in variant_keys()]
+    if unknown:
+        raise ValueError(f"--rows: {', '.join(unknown)} not a training row; choose from {', '.join(variant_keys())}")
+    return [v for v in variants if v[0] == "fp32" or v[0] in wanted]
 
 
 def warm_timestep_sampler(sampler: TimestepSampler) -> None:
@@ -51,7 +73,7 @@ def warm_timestep_sampler(sampler: TimestepSampler) -> None:
 
 def run_training_benchmark(
     model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
-    progress: Callable[[str], None] = print, profile: str | None = None,
+    progress: Callable[[str], None] = print, profile: str | None = None, rows: str | None = None,
 ) -> list[dict]:
     """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant.
 
@@ -66,7 +88,7 @@ def run_training_benchmark(
     ranks = distributed.current()
     distributed.check_global_batch(batch_size, world_size=ranks.world_size)
     gen = torch.Generator().manual_seed(seed)
-    shape = (batch_size * 4, model_config.in_channels, model_config.image_size, model_config.image_size)
+    shape = model_config.sample_shape(batch_size * 4)
     images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
     if model_config.num_classes:  # a class-conditional model trains on random labels too
         images.labels = torch.randint(0, model_config.num_classes, (shape[0],), generator=gen)
@@ -74,9 +96,9 @@ def run_training_benchmark(
     timed = dict(model_config=model_config, schedule_config=schedule_config, images=images, device=device,
                  steps=steps, warmup=warmup, seed=seed)  # fmt: skip
     results = []
-    for name, fields in training_variants(device):
+    for key, name, fields in select_variants(rows, device):
         progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
-        row = {"name": name, **fields, "status": "ok", "reason": ""}
+        row = {"key": key, "name": name, **fields, "status": "ok", "reason": ""}
         results.append(row)
         failure = None
         if ranks.distributed and ranks.is_main:  # the baseline: one rank alone, one rank's share of the batch
@@ -174,7 +196,7 @@ def main_training(args: BenchmarkRequest, *, model_config, schedule_config, devi
     ranks = distributed.current()
     rows = run_training_benchmark(
         model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
-        warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say,
+        warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say, rows=args.rows,
     )  # fmt: skip
     if not ranks.is_main:
         return rows
@@ -182,8 +204,9 @@ def main_training(args: BenchmarkRequest, *, model_config, schedule_config, devi
     print()
     for key in ("date", "device", "torch", "cuda"):
         print(f"{key:>10}: {env[key]}")
-    print(f"{'model':>10}: {model_config.model_channels} base channels, {model_config.in_channels}x{model_config.image_size}"
-          f"x{model_config.image_size}, batch {args.batch_size}, {warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
+    shape = "x".join(map(str, model_config.sample_shape(1)[1:]))
+    print(f"{'model':>10}: {model_config.model_channels} base channels, {shape}, batch {args.batch_size}, "
+          f"{warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
     if ranks.distributed:
         env["ranks"] = ranks.world_size
         print(f"{'ranks':>10}: {ranks.world_size} ({distributed.backend()}), {args.batch_size // ranks.world_size} images each; "

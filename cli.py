@@ -91,7 +91,7 @@ def seed(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from artifacts import FORMATS
-    from basic_diffusion import PRESETS
+    from basic_diffusion import PRESETS, TIME_CONDITIONING
     from data import DATASETS
     from implementations import REGISTRY, SAMPLE_IMPLEMENTATIONS
     from noise_schedule import SAMPLERS, SCHEDULES
@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", choices=DATASETS, default="mnist", help="digits = offline handwritten digits (scikit-learn)")
+    g.add_argument("--dataset", choices=DATASETS, default="mnist", help="digits = offline handwritten digits (scikit-learn); spheres = 3-D voxel spheres drawn from a seed "
+        "(offline; --img_size 16, 32 or 64 voxels a side); voxels = your own .npy volumes under --data_dir")
     g.add_argument("--data_dir", default="./data", help="download folder, or your images with --dataset folder")
     g.add_argument("--img_size", type=int, default=None, help="training image size (default: the dataset's)")
     g.add_argument("--channels", type=int, default=None, help="1 or 3 (default: the dataset's)")
@@ -145,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model_channels", type=int, default=None, help="override the preset's base width")
     g.add_argument("--num_res_blocks", type=int, default=None, help="override the preset's residual blocks per level")
     g.add_argument("--dropout", type=finite_float, default=None, help="override the preset's dropout")
+    g.add_argument(
+        "--time_conditioning", choices=TIME_CONDITIONING, default=None,
+        help="how residual blocks take the timestep: scale_shift (default) modulates the normalized features; "
+        "add is the older bias before the norm",
+    )
     g.add_argument("--beta_schedule", choices=SCHEDULES, default="linear")
     g.add_argument("--timesteps", type=int, default=1000, help="diffusion steps T")
 
@@ -179,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cond_drop", type=finite_float, default=0.1,
         help="with --class_cond: share of labels replaced by the null label, so the model also learns unconditional eps",
     )  # fmt: skip
+    g.add_argument(
+        "--grad_checkpoint", action="store_true",
+        help="recompute the residual blocks' activations in the backward pass: less memory (for 64^3 volumes on a "
+        "small GPU), about a third more compute",
+    )  # fmt: skip
     g.add_argument("--save_every", type=int, default=1000, help="checkpoint every N steps (0: only at the end)")
     g.add_argument("--sample_every", type=int, default=1000, help="sample grid every N steps (0: only at the end)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --model_path exactly")
@@ -199,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sampling_steps",
         type=int_list,
         default=None,
-        help="default: T for ddpm, 50 for ddim, 20 for dpm_solver; --mode evaluate takes a comma-separated list",
+        help="default: T for ddpm, 50 for ddim, 20 for dpm_solver and dpm_solver_sde; --mode evaluate takes a "
+        "comma-separated list",
     )
     g.add_argument("--eta", type=finite_float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
     g.add_argument(
@@ -258,7 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--rows",
         default="all",
-        help=f"comma-separated rows to run, from {','.join(REGISTRY)} (default all; original always runs: it is the reference)",
+        help=f"comma-separated rows to run, from {','.join(REGISTRY)} (default all; original always runs: it is the "
+        "reference); with --bench training, from fp32,fp32_compile,amp,amp_compile,fp32_checkpoint,amp_checkpoint,"
+        "t_<sampler> (fp32 always runs)",
+    )
+    g = p.add_argument_group("evaluate")
+    g.add_argument(
+        "--inception_weights", default=None,
+        help="FID/KID (MNIST, Fashion-MNIST, CIFAR-10, folders): a local copy of torch-fidelity's Inception "
+        "weights (default: torch hub's cache, downloaded once)",
     )
     return p
 
@@ -359,6 +379,7 @@ def _new_model(args: argparse.Namespace) -> NewModel:
         model_channels=args.model_channels,
         num_res_blocks=args.num_res_blocks,
         dropout=args.dropout,
+        time_conditioning=args.time_conditioning,
         beta_schedule=args.beta_schedule,
         timesteps=args.timesteps,
     )
@@ -431,6 +452,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         timestep_sampling=args.timestep_sampling,
         class_cond=args.class_cond,
         cond_drop=args.cond_drop,
+        grad_checkpoint=args.grad_checkpoint,
         grad_clip=args.grad_clip,
         compile=args.compile,
         save_every=args.save_every,
@@ -466,11 +488,15 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     check_outputs({"--json": args.json, "--chart": args.chart}, inputs={"--model_path": source.path})
     check_suffix("--json", args.json, ".json")
     check_suffix("--chart", args.chart, ".png")
+    if args.inception_weights is not None and not Path(args.inception_weights).is_file():
+        raise ValueError(f"--inception_weights {args.inception_weights} is not a file")
     return EvaluateRequest(
         **_draw_fields(args, device, source),
         samplers=evaluate.parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
         steps=evaluate.parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
         dataset=args.dataset,
+        data_dir=args.data_dir,
+        inception_weights=args.inception_weights,
         eta=args.eta,
         clip_denoised=not args.no_clip,
         json=args.json,

@@ -1,6 +1,8 @@
-"""Training images: MNIST, Fashion-MNIST, CIFAR-10, the offline digits, or a folder of your own.
+"""Training data: MNIST, Fashion-MNIST, CIFAR-10, the offline digits, a folder of your own images,
+or 3-D volumes (voxel spheres drawn from a seed, or a folder of your own ``.npy`` volumes).
 
-Every dataset is loaded once into memory as a uint8 tensor (N, C, H, W) at the training size;
+Every dataset is loaded once into memory as a uint8 tensor (N, C, H, W), or (N, C, D, H, W) for
+volumes, at the training size;
 these datasets are small, and a tensor is the fastest, simplest way to feed a small U-Net and
 makes the batch order a pure function of (seed, step), so a resumed run sees the same batches.
 
@@ -17,13 +19,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-DATASETS = ("mnist", "fashion_mnist", "cifar10", "digits", "folder")
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "digits", "folder", "spheres", "voxels")
+VOLUME_DATASETS = ("spheres", "voxels")  # 3-D: (N, 1, S, S, S)
+# The spheres: a fixed training set drawn from its own seed (independent of --seed), and held-out
+# spheres from the next seed (evaluate's ceiling).
+SPHERES_TRAIN, SPHERES_SEED = 2048, 0
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 # (image_size, channels) each dataset trains at by default: the native size (the 8x8 digits too:
 # at 8x8 a training step costs a third of one at an upscaled 16x16, and evaluate's DPM-Solver++
 # 20-step samples of a model trained 3x longer at 8x8 beat the 16x16 model's; BENCHMARKS.md).
-DEFAULT_SHAPE = {"mnist": (28, 1), "fashion_mnist": (28, 1), "cifar10": (32, 3), "digits": (8, 1), "folder": (32, 3)}
+DEFAULT_SHAPE = {
+    "mnist": (28, 1), "fashion_mnist": (28, 1), "cifar10": (32, 3), "digits": (8, 1), "folder": (32, 3),
+    "spheres": (32, 1), "voxels": (32, 1),
+}  # fmt: skip
 # Horizontal flips only where they keep an image in its class (never for digits).
 FLIP = {"cifar10": True}
 
@@ -55,6 +64,11 @@ class ImageSet:
     def image_size(self) -> int:
         return self.images.shape[-1]
 
+    @property
+    def dims(self) -> int:
+        """2 for images, 3 for volumes."""
+        return self.images.ndim - 2
+
     def steps_per_epoch(self, batch_size: int) -> int:
         return max(1, len(self) // batch_size)
 
@@ -81,9 +95,9 @@ class ImageSet:
         flips = torch.rand(len(self), generator=gen) < 0.5
         take = order[index * batch_size : (index + 1) * batch_size]
         take = take if rows is None else take[rows]
-        x = self.images[take].to(device, non_blocking=True).float().div_(127.5).sub_(1.0)  # (B, C, H, W)
+        x = self.images[take].to(device, non_blocking=True).float().div_(127.5).sub_(1.0)  # (B, C, H, W[, D])
         if self.hflip:
-            flip = flips[take].to(device)[:, None, None, None]
+            flip = flips[take].to(device).view(-1, *[1] * (x.ndim - 1))
             x = torch.where(flip, x.flip(-1), x)
         labels = None if self.labels is None else self.labels[take].to(device, non_blocking=True)
         return x, labels
@@ -102,19 +116,25 @@ def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def load_images(
-    dataset: str, *, data_dir: str | Path, image_size: int, channels: int | None = None, download: bool = True
+    dataset: str, *, data_dir: str | Path, image_size: int, channels: int | None = None, download: bool = True,
+    train: bool = True,
 ) -> ImageSet:
-    """Load ``dataset`` at ``image_size`` (and ``channels`` for a folder). Raises ValueError on user errors."""
+    """Load ``dataset`` at ``image_size`` (and ``channels`` for a folder). ``train=False``: the test split
+    (MNIST, Fashion-MNIST, CIFAR-10 only). Raises ValueError on user errors."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     if image_size < 1:
         raise ValueError(f"image size must be positive, got {image_size}")
+    if not train and dataset not in TEST_SPLITS:
+        raise ValueError(f"{dataset} has no test split")
+    if dataset in VOLUME_DATASETS:
+        return _load_volumes(dataset, Path(data_dir), size=image_size, channels=channels, train=train)
     if dataset == "digits":
         images, labels, class_names = _load_digits()
     elif dataset == "folder":
         images, labels, class_names = _load_folder(Path(data_dir), image_size=image_size, channels=channels or 3)
     else:
-        images, labels, class_names = _load_torchvision(dataset, Path(data_dir), download=download)
+        images, labels, class_names = _load_torchvision(dataset, Path(data_dir), download=download, train=train)
     check_fits_in_memory(len(images), channels=images.shape[1], image_size=image_size, dataset=dataset)
     native_channels = images.shape[1]
     if channels is not None and channels != native_channels:
@@ -126,20 +146,36 @@ def load_images(
     )  # fmt: skip
 
 
-def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, dataset: str) -> None:
+def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, dataset: str, dims: int = 2) -> None:
     """Refuse a dataset whose images, resized, would not fit in memory (the whole set is held, uint8)."""
     from memory_budget import available_bytes, format_bytes
 
-    need = n_images * channels * image_size * image_size
+    need = n_images * channels * image_size**dims
     free = available_bytes(torch.device("cpu"))
     if need > 0.5 * free:  # half: the training step needs the rest
+        shape = "x".join([str(channels)] + [str(image_size)] * dims)
         raise ValueError(
-            f"{n_images} {dataset} images at {channels}x{image_size}x{image_size} need {format_bytes(need)} in memory "
+            f"{n_images} {dataset} images at {shape} need {format_bytes(need)} in memory "
             f"and {format_bytes(free)} is available; use a smaller --img_size"
         )
 
 
 Loaded = tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]  # uint8 (N, C, H, W), labels (N,), class names
+
+
+def _load_volumes(dataset: str, root: Path, *, size: int, channels: int | None, train: bool) -> ImageSet:
+    """Spheres drawn from their seed (the next seed for the held-out split), or the user's .npy volumes."""
+    import volumes
+
+    if channels not in (None, 1):
+        raise ValueError(f"{dataset} volumes have 1 channel; --channels {channels} does not fit")
+    if dataset == "spheres":
+        n = SPHERES_TRAIN if train else SPHERES_TRAIN // 4
+        check_fits_in_memory(n, channels=1, image_size=size, dataset=dataset, dims=3)
+        data = volumes.sphere_volumes(n, size=size, seed=SPHERES_SEED + (0 if train else 1))
+    else:
+        data = volumes.load_voxel_folder(root, size=size)
+    return ImageSet(name=dataset, images=data)  # (N, 1, S, S, S) uint8
 
 
 def _load_digits() -> Loaded:
@@ -154,12 +190,15 @@ def _load_digits() -> Loaded:
     return images, torch.from_numpy(digits.target).long(), tuple(str(d) for d in range(10))
 
 
-def _load_torchvision(dataset: str, root: Path, *, download: bool) -> Loaded:
+TEST_SPLITS = ("mnist", "fashion_mnist", "cifar10", "spheres")
+
+
+def _load_torchvision(dataset: str, root: Path, *, download: bool, train: bool = True) -> Loaded:
     from torchvision import datasets
 
     cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[dataset]
     try:
-        ds = cls(root=str(root), train=True, download=download)
+        ds = cls(root=str(root), train=train, download=download)
     except (OSError, RuntimeError) as exc:
         # No network (or a broken partial download): say what to do instead of a traceback.
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

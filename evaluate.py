@@ -22,8 +22,9 @@ Real digits and samples go through the same path: the real digits resized to the
 size as in training, then both brought to [0, 1] and area-averaged to the classifier's 8x8. Each table carries its ceiling (real digits the classifier never saw,
 scored the same way, at the same count) and its floor (uniform noise).
 
-FID/KID for MNIST, Fashion-MNIST, CIFAR-10 and image folders is not built yet: evaluate refuses
-those models in one line.
+Models of MNIST, Fashion-MNIST, CIFAR-10 and image folders are scored by FID and KID
+(``inception_metrics.py``, through torch-fidelity's Inception network), with the same sweep, table,
+JSON and chart.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
 class DigitJudge:
     """Scores digit images with a classifier, a Frechet distance and a memorisation check, all
     fitted on scikit-learn's real digits (the data the digits models are trained on)."""
+
+    kind = "digits"
 
     def __init__(self, *, image_size: int, seed: int = 0) -> None:
         from sklearn.calibration import CalibratedClassifierCV
@@ -199,7 +202,7 @@ def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Se
 
 def run_sweep(
     draw: Callable[[str, int | None], tuple[torch.Tensor, int]],
-    judge: DigitJudge,
+    judge,  # a DigitJudge or an inception_metrics.InceptionJudge
     *,
     samplers: list[str],
     steps: list[int | None],
@@ -223,9 +226,10 @@ def run_sweep(
             scores.seconds = time.perf_counter() - t0
             rows.append({"sampler": sampler, "steps": ran, **asdict(scores)})
     return {
+        "metric": judge.kind,
         "n_samples": n_samples,
         "seed": seed,
-        "confidence_threshold": CONFIDENCE,
+        **({"confidence_threshold": CONFIDENCE} if judge.kind == "digits" else {}),
         "rows": rows,
         "ceiling": asdict(judge.ceiling(n_samples, seed=seed)),
         "floor": asdict(judge.floor(n_samples, seed=seed, image_size=image_size)),
@@ -233,13 +237,19 @@ def run_sweep(
 
 
 def format_table(result: dict) -> str:
-    head = f"{'sampler':<12}{'steps':>6}{'confident':>11}{'classes':>9}{'Frechet':>10}{'memorised':>11}{'seconds':>9}"
+    if result.get("metric") == "inception":
+        return _inception_table(result)
+    if result.get("metric") == "voxels":
+        import volumes
+
+        return volumes.voxel_table(result)
+    head = f"{'sampler':<16}{'steps':>6}{'confident':>11}{'classes':>9}{'Frechet':>10}{'memorised':>11}{'seconds':>9}"
     lines = [head]
 
     def line(label: str, steps: str, s: dict) -> str:
         memorised = "-" if math.isnan(s["memorised"]) else f"{100 * s['memorised']:.1f}%"
         seconds = "-" if s.get("seconds") is None else f"{s['seconds']:.1f}"
-        return (f"{label:<12}{steps:>6}{100 * s['confident']:>10.1f}%{s['classes']:>9}{s['frechet']:>10.2f}"
+        return (f"{label:<16}{steps:>6}{100 * s['confident']:>10.1f}%{s['classes']:>9}{s['frechet']:>10.3f}"
                 f"{memorised:>11}{seconds:>9}")  # fmt: skip
 
     for row in result["rows"]:
@@ -249,11 +259,33 @@ def format_table(result: dict) -> str:
     conditional = [row for row in result["rows"] if row.get("on_label") is not None]
     if conditional:
         lines += ["", f"drawn as the requested digit (guidance {result.get('guidance_scale')}):",
-                  f"{'sampler':<12}{'steps':>6}{'all':>7}" + "".join(f"{d:>6}" for d in range(10))]  # fmt: skip
+                  f"{'sampler':<16}{'steps':>6}{'all':>7}" + "".join(f"{d:>6}" for d in range(10))]  # fmt: skip
         for row in conditional:
             cells = "".join("     -" if v is None else f"{100 * v:>5.0f}%" for v in row["per_label"])
-            lines.append(f"{row['sampler']:<12}{row['steps']:>6}{100 * row['on_label']:>6.1f}%{cells}")
+            lines.append(f"{row['sampler']:<16}{row['steps']:>6}{100 * row['on_label']:>6.1f}%{cells}")
     return "\n".join(lines)
+
+
+def _inception_table(result: dict) -> str:
+    lines = [f"{'sampler':<16}{'steps':>6}{'FID':>10}{'KID x1000':>16}{'seconds':>9}"]
+
+    def line(label: str, steps: str, s: dict) -> str:
+        seconds = "-" if s.get("seconds") is None else f"{s['seconds']:.1f}"
+        kid = f"{1000 * s['kid']:.2f} ± {1000 * s['kid_std']:.2f}"
+        return f"{label:<16}{steps:>6}{s['fid']:>10.2f}{kid:>16}{seconds:>9}"
+
+    lines += [line(row["sampler"], str(row["steps"]), row) for row in result["rows"]]
+    lines.append(line("real images", "-", result["ceiling"]) + "   (ceiling: held-out real images)")
+    lines.append(line("noise", "-", result["floor"]) + "   (floor: uniform noise)")
+    return "\n".join(lines)
+
+
+# What evaluate's chart draws against steps, per metric: (key, axis label, scale, log axis).
+CHART_PANELS = {
+    "digits": [("confident", "confident samples (%)", 100, False), ("frechet", "Fréchet distance (PCA-20)", 1, True)],
+    "inception": [("fid", "FID (Inception)", 1, True), ("kid", "KID × 1000", 1000, False)],
+    "voxels": [("iou", "best-fit sphere IoU (median)", 1, False), ("ssim", "SSIM to the nearest real volume (median)", 1, False)],
+}
 
 
 def write_plot(result: dict, path: str | Path) -> None:
@@ -268,15 +300,15 @@ def write_plot(result: dict, path: str | Path) -> None:
     from safe_files import atomic_write
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120)
-    for ax, key, label in ((axes[0], "confident", "confident samples (%)"), (axes[1], "frechet", "Fréchet distance (PCA-20)")):
-        scale = 100 if key == "confident" else 1
+    real = {"digits": "real digits", "voxels": "real volumes"}.get(result.get("metric", "digits"), "real images")
+    for ax, (key, label, scale, log) in zip(axes, CHART_PANELS[result.get("metric", "digits")]):
         for sampler in dict.fromkeys(r["sampler"] for r in result["rows"]):
             rows = sorted((r for r in result["rows"] if r["sampler"] == sampler), key=lambda r: r["steps"])
             ax.plot([r["steps"] for r in rows], [scale * r[key] for r in rows], marker="o", label=sampler)
-        ax.axhline(scale * result["ceiling"][key], color="green", linestyle="--", linewidth=1, label="real digits")
+        ax.axhline(scale * result["ceiling"][key], color="green", linestyle="--", linewidth=1, label=real)
         ax.axhline(scale * result["floor"][key], color="grey", linestyle=":", linewidth=1, label="noise")
         ax.set_xscale("log")
-        if key == "frechet":
+        if log:
             ax.set_yscale("log")  # the noise floor is ~30x the ceiling: a linear axis flattens the samplers
         ax.set_xlabel("sampling steps")
         ax.set_ylabel(label)

@@ -90,9 +90,17 @@ def grid_image(tiles: torch.Tensor, *, scale: int = 1, columns: int | None = Non
     return Image.fromarray(np.ascontiguousarray(grid))
 
 
+VOLUMES_SHOWN = 16  # a volume PNG shows the first 16 volumes, one row of slices and a projection each
+
+
 def save_grid(images: torch.Tensor, path: str | Path, *, scale: int | None = None, columns: int | None = None) -> Path:
     """Save (B, C, H, W) images in [-1, 1] as a PNG grid (square-ish, or ``columns`` wide), atomically
-    (``scale``: see :func:`choose_grid_scale`)."""
+    (``scale``: see :func:`choose_grid_scale`). Volumes (B, C, D, H, W): their mid-slices and projections."""
+    if images.ndim == 5:
+        import volumes
+
+        volumes.save_volume_png(images[:VOLUMES_SHOWN], path)
+        return Path(path)
     n, _, h, w = images.shape
     scale = choose_grid_scale(n, height=h, width=w, requested=scale, columns=columns)
     picture = grid_image(to_uint8(images), scale=scale, columns=columns)
@@ -104,7 +112,7 @@ class SampleOutputs:
     """The files one sampling run writes: a PNG grid and/or an .npz of ``n_samples`` images of ``image_shape``."""
 
     n_samples: int
-    image_shape: tuple[int, int, int]  # (C, H, W)
+    image_shape: tuple[int, ...]  # (C, H, W), or (C, D, H, W) for volumes
     grid: str | Path | None = None
     npz: str | Path | None = None
     grid_scale: int | None = None  # None: chosen so tiles are at least MIN_TILE pixels
@@ -113,8 +121,9 @@ class SampleOutputs:
     def check(self) -> None:
         """Refuse, before any sampling, outputs that cannot be written: a grid too large (at ``grid_scale``,
         or unscaled when that is left to the default), an .npz beyond free disk."""
-        n, (c, h, w) = self.n_samples, self.image_shape
-        if self.grid is not None:
+        n, (c, *spatial) = self.n_samples, self.image_shape
+        h, w = spatial[-2:]
+        if self.grid is not None and len(spatial) == 2:  # a volume PNG shows VOLUMES_SHOWN volumes whatever n is
             scale = self.grid_scale or 1
             pixels = grid_pixels(n, height=h, width=w, columns=self.grid_columns) * scale**2
             if pixels > MAX_GRID_PIXELS:
@@ -125,13 +134,14 @@ class SampleOutputs:
                     f"most {fits} of them: {lower}, or pass --no_grid with --save_npz to keep only the arrays"
                 )
         if self.npz is not None:
-            need = n * c * h * w + (1 << 20)  # stored pixels (compression only shrinks them) + headers
+            each = math.prod(self.image_shape)
+            need = n * each + (1 << 20)  # stored pixels (compression only shrinks them) + headers
             folder = next(p for p in (resolved(self.npz).parent, *resolved(self.npz).parents) if p.exists())
             free = shutil.disk_usage(folder).free
             if need > free:
                 raise ValueError(
                     f"--save_npz {self.npz} may need {need / 2**30:.2f} GiB and {folder} has {free / 2**30:.2f} GiB "
-                    f"free; at most about {max(0, free - (1 << 20)) // (c * h * w)} samples of {c}x{h}x{w} fit"
+                    f"free; at most about {max(0, free - (1 << 20)) // each} samples of {'x'.join(map(str, self.image_shape))} fit"
                 )
 
 
@@ -149,7 +159,8 @@ class SampleWriter:
         n_samples, image_shape = outputs.n_samples, outputs.image_shape
         self.n_samples, self.image_shape = n_samples, image_shape
         self.grid, self.npz = outputs.grid, outputs.npz
-        _, h, w = image_shape
+        self.volumes = len(image_shape) == 4  # (C, D, H, W)
+        h, w = image_shape[-2:]
         self.grid_columns = outputs.grid_columns
         self.grid_scale = choose_grid_scale(
             n_samples, height=h, width=w, requested=outputs.grid_scale, columns=self.grid_columns
@@ -159,31 +170,34 @@ class SampleWriter:
         self._stack = contextlib.ExitStack()
         self._array = None
         if self.npz is not None:
-            c, h, w = image_shape
+            c, *spatial = image_shape
             f = self._stack.enter_context(atomic_open(self.npz))
             archive = self._stack.enter_context(zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED))
             self._array = self._stack.enter_context(archive.open("images.npy", "w", force_zip64=True))
             header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
-                      "shape": (n_samples, h, w, c)}  # fmt: skip
+                      "shape": (n_samples, *spatial, c)}  # fmt: skip
             np.lib.format.write_array_header_1_0(self._array, header)
 
     def add(self, images: torch.Tensor) -> None:
-        """One batch, (B, C, H, W) in [-1, 1]."""
+        """One batch, (B, C, H, W) or (B, C, D, H, W) in [-1, 1]."""
         pixels = to_uint8(images)
         if self.written + pixels.shape[0] > self.n_samples:
             raise ValueError(f"more samples than the {self.n_samples} announced")
+        if self.grid is not None and not (self.volumes and self.written >= VOLUMES_SHOWN):
+            self.tiles.append(pixels[: VOLUMES_SHOWN - self.written] if self.volumes else pixels)
         self.written += pixels.shape[0]
-        if self.grid is not None:
-            self.tiles.append(pixels)
         if self._array is not None:
-            self._array.write(pixels.permute(0, 2, 3, 1).contiguous().numpy().tobytes())
+            channels_last = pixels.permute(0, *range(2, pixels.ndim), 1)  # NHWC, or NDHWC for volumes
+            self._array.write(channels_last.contiguous().numpy().tobytes())
 
     def close(self) -> list[Path]:
         """Write the files (only if every announced sample arrived); returns their paths."""
         if self.written != self.n_samples:
             raise ValueError(f"{self.written} of {self.n_samples} samples arrived; nothing written")
         written = []
-        if self.grid is not None:
+        if self.grid is not None and self.volumes:
+            written.append(save_grid(torch.cat(self.tiles).float() / 127.5 - 1, self.grid))
+        elif self.grid is not None:
             picture = grid_image(torch.cat(self.tiles), scale=self.grid_scale, columns=self.grid_columns)
             written.append(atomic_write(self.grid, lambda f: picture.save(f, format="png")))
         self._stack.close()  # finishes the .npz and moves it into place

@@ -60,7 +60,10 @@ def resumed_trainer(request: TrainRequest):
     state = load_checkpoint(checkpoint)  # validated: configs, sizes
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
     # Any number of ranks continues a run: the checkpoint holds no rank's own state.
-    config = resume_config(state, total_steps=request.max_steps, checkpoint=checkpoint, world_size=ranks.world_size)
+    config = resume_config(
+        state, total_steps=request.max_steps, checkpoint=checkpoint, world_size=ranks.world_size,
+        grad_checkpoint=request.grad_checkpoint or None,  # memory, not math: a resumed run may turn it on
+    )  # fmt: skip
     if request.timestep_sampling not in (None, config.timestep_sampling):
         raise ValueError(
             f"{checkpoint} trains with --timestep_sampling {config.timestep_sampling}, and a resumed run keeps it; "
@@ -140,11 +143,13 @@ def new_trainer(request: TrainRequest):
         sample_every=request.sample_every,
         world_size=ranks.world_size,
         cond_drop=request.cond_drop,
+        grad_checkpoint=request.grad_checkpoint,
     )
     trainer = Trainer(config, model_config, spec.schedule_config(), images=images, device=device)
     distributed.say(
-        f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} images "
-        f"({spec.channels}x{spec.image_size}x{spec.image_size}) for {total} steps on {device.type}, {request.precision}"
+        f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} "
+        f"{'volumes' if model_config.dims == 3 else 'images'} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "
+        f"for {total} steps on {device.type}, {request.precision}"
         f"{on_ranks(config)}"
         + (f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)" if model_config.num_classes else "")
     )
@@ -207,10 +212,9 @@ def run_sample(request: SampleRequest) -> None:
         source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript
     )
     model, model_config = artifact.model, artifact.model_config
-    c, s = model_config.in_channels, model_config.image_size
     guidance, columns = requested_classes(request, artifact)  # None for an unconditional model
     outputs = SampleOutputs(
-        n, (c, s, s), grid=request.grid, npz=request.npz, grid_scale=request.grid_scale, grid_columns=columns
+        n, model_config.sample_shape(1)[1:], grid=request.grid, npz=request.npz, grid_scale=request.grid_scale, grid_columns=columns
     )
     outputs.check()
     batch_size = min(request.batch_size, n)
@@ -239,7 +243,7 @@ def run_sample(request: SampleRequest) -> None:
                 generator = implementations.batch_generator(request.seed, index, device=device)
                 start = index * batch_size
                 rows = guidance.rows(start, start + sizes[index]) if guidance is not None else None
-                images = draw((sizes[index], c, s, s), generator, len(sizes) == 1, rows)
+                images = draw(model_config.sample_shape(sizes[index]), generator, len(sizes) == 1, rows)
             for part in distributed.gather_to_main(images) or []:  # rank 0: this round's batches in rank order
                 if part is not None:
                     out.add(part)
@@ -332,13 +336,49 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if training:
         benchmark_training.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
         return
-    c, s = model.config.in_channels, model.config.image_size
-    benchmark.main(request, model=model, plan=plan, shape=(run.n_samples, c, s, s), precision=run.precision, guidance=guidance)
+    benchmark.main(
+        request, model=model, plan=plan, shape=model.config.sample_shape(run.n_samples), precision=run.precision,
+        guidance=guidance,
+    )  # fmt: skip
 
 
 # ----- evaluate ----------------------------------------------------------------------------------
+def inception_judge(dataset: str, *, data_dir: str, image_size: int, channels: int, n: int, request: EvaluateRequest):
+    """FID/KID against the model's training images; the ceiling from its test split (or the folder's other half)."""
+    import inception_metrics
+    from data import TEST_SPLITS, load_images
+
+    weights = inception_metrics.weights_file(request.inception_weights)  # before the data: fail fast offline
+    train = load_images(dataset, data_dir=data_dir, image_size=image_size, channels=channels).images
+    held = load_images(dataset, data_dir=data_dir, image_size=image_size, train=False).images if dataset in TEST_SPLITS else None
+    reference, ceiling = inception_metrics.real_splits(train, held, n=n, seed=request.seed)
+    print(f"Inception features of {n} real {dataset} images (the reference) ...")
+    extractor = inception_metrics.inception_extractor(weights, device=request.device)
+    return inception_metrics.InceptionJudge(reference, ceiling, extractor=extractor, seed=request.seed)
+
+
+def voxel_judge(dataset: str, *, data_dir: str, size: int, n: int, seed: int):
+    """Volumes: best-fit-sphere IoU, and PSNR/SSIM against the nearest training volume; the ceiling from
+    held-out spheres (or, for the user's volumes, the half of them the reference leaves out)."""
+    import volumes
+    from data import TEST_SPLITS, load_images
+
+    train = load_images(dataset, data_dir=data_dir, image_size=size).images
+    if dataset in TEST_SPLITS:
+        held = load_images(dataset, data_dir=data_dir, image_size=size, train=False).images
+    else:
+        half = len(train) // 2
+        if half < 1:
+            raise ValueError(f"evaluate needs at least 2 volumes in {data_dir}: one reference, one held out")
+        train, held = train[:half], train[half:]
+    if n > len(held):
+        raise ValueError(f"--n_samples {n} is more than the {len(held)} held-out real volumes the ceiling is scored on")
+    return volumes.VoxelJudge(train, held, seed=seed)
+
+
 def run_evaluate(request: EvaluateRequest) -> None:
-    """Sample quality of a digits model for each --sampler x --sampling_steps, against real digits."""
+    """Sample quality for each --sampler x --sampling_steps: digits against real digits (a classifier and
+    a Frechet distance), other data by FID/KID against the training images."""
     import torch
     from tqdm.auto import tqdm
 
@@ -356,21 +396,22 @@ def run_evaluate(request: EvaluateRequest) -> None:
     kind = artifact_kind(source.path)
     implementations.get(request.implementation).check(kind=kind, precision=request.precision)
     artifact = load_artifact(source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript)
-    # The training data: recorded in a checkpoint; for exported files, --dataset says it.
+    # The training data: recorded in a checkpoint; for exported files, --dataset says it. The real images
+    # for FID/KID are read from --data_dir.
     dataset = load_checkpoint(source.path)["train_config"]["dataset"] if kind == "checkpoint" else request.dataset
-    if dataset != "digits":
-        raise ValueError(
-            f"{source.path} was trained on {dataset}; evaluate mode measures digits models so far (FID/KID for "
-            "MNIST, Fashion-MNIST, CIFAR-10 and folders is not built yet)"
-        )
     model, model_config = artifact.model, artifact.model_config
     c, s = model_config.in_channels, model_config.image_size
     guidance, _ = requested_classes(request, artifact)  # a conditional model: each digit asked for equally often
     batch_size = min(request.batch_size, n)
     check_batch_fits(model_config, batch_size=unet_batch(batch_size, guidance), device=device, training=False)
     schedule = NoiseSchedule(artifact.schedule_config).to(device)
-    print(f"fitting the digit classifier and feature space to the real digits at {s}x{s} ...")
-    judge = evaluate.DigitJudge(image_size=s, seed=request.seed)
+    if dataset == "digits":
+        print(f"fitting the digit classifier and feature space to the real digits at {s}x{s} ...")
+        judge = evaluate.DigitJudge(image_size=s, seed=request.seed)
+    elif model_config.dims == 3:
+        judge = voxel_judge(dataset, data_dir=request.data_dir, size=s, n=n, seed=request.seed)
+    else:
+        judge = inception_judge(dataset, data_dir=request.data_dir, image_size=s, channels=c, n=n, request=request)
     sizes = [min(batch_size, n - start) for start in range(0, n, batch_size)]
     options = sampler_options(request, source=artifact.path, guidance=guidance)
 
@@ -382,7 +423,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
         drawer = implementations.make_drawer(request.implementation, model, plan, options=options)
         generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
         batches = [
-            drawer((size, c, s, s), generator, False, guidance.rows(i * batch_size, i * batch_size + size) if guidance else None)
+            drawer(model_config.sample_shape(size), generator, False, guidance.rows(i * batch_size, i * batch_size + size) if guidance else None)
             .float().cpu()  # sync: the batch leaves the device
             for i, size in enumerate(tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False))
         ]  # fmt: skip

@@ -153,10 +153,10 @@ def _trace_step(model: UNet, *, training: bool, dtype: torch.dtype) -> list[tupl
     and for training the loss and backward (which leaves the gradients)."""
     cfg = model.config
     batch_size = _trace_batch(model)
-    shape = (batch_size, cfg.in_channels, cfg.image_size, cfg.image_size)
+    shape = cfg.sample_shape(batch_size)
     tracker = _StorageTracker(batch_size=batch_size, compute_dtype=None if dtype == torch.float32 else dtype)
     with _FastGroupNorm(), tracker:
-        x = torch.empty(shape, device="meta", dtype=dtype)  # (B, C, H, W) x_t
+        x = torch.empty(shape, device="meta", dtype=dtype)  # (B, C, H, W[, D]) x_t
         t = torch.empty((batch_size,), device="meta", dtype=torch.long)
         labels = [torch.empty((batch_size,), device="meta", dtype=torch.long)] if cfg.num_classes else []  # y
         if training:
@@ -231,9 +231,9 @@ def upper_bound_bytes(
     cfg = model_config
     item = torch.empty((), dtype=dtype).element_size()
     width = cfg.model_channels * max(cfg.channel_mult)
-    maps = (64 if training else 8) * (2 * cfg.num_res_blocks + 2) * width * cfg.image_size**2
+    maps = (64 if training else 8) * (2 * cfg.num_res_blocks + 2) * width * cfg.image_size**cfg.dims
     attended = set(cfg.attention_resolutions) | {cfg.resolutions[-1]}
-    scores = sum(4 * (2 * cfg.num_res_blocks + 3) * cfg.num_heads * r**4 for r in attended)
+    scores = sum(4 * (2 * cfg.num_res_blocks + 3) * cfg.num_heads * r ** (2 * cfg.dims) for r in attended)
     with torch.device("meta"):  # counts the weights without allocating them
         weights = sum(p.numel() for p in UNet(cfg).parameters())
     per_sample = (maps + scores) * item
@@ -373,10 +373,10 @@ def check_batch_fits(
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if needed(mid) <= budget else (lo, mid)
-    c, s = model_config.in_channels, model_config.image_size
+    shape = "x".join(map(str, model_config.sample_shape(1)[1:]))
     advice = f"the largest {flag} that fits is {lo}" if lo else "not even a batch of 1 fits: use a smaller --img_size or model"
     raise ValueError(
-        f"one {'training' if training else 'sampling'} batch of {batch_size} at {c}x{s}x{s} needs about "
+        f"one {'training' if training else 'sampling'} batch of {batch_size} at {shape} needs about "
         f"{format_bytes(needed(batch_size))} of memory and {format_bytes(available)} is available on "
         f"{torch.device(device).type} ({SAFETY_FRACTION:.0%} of it may be used); {advice}"
     )

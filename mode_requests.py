@@ -45,20 +45,24 @@ class NewModel:
     model_channels: int | None = None
     num_res_blocks: int | None = None
     dropout: float | None = None
+    time_conditioning: str | None = None
     beta_schedule: str = "linear"
     timesteps: int = 1000
 
     def model_config(self) -> UNetConfig:
         """The preset with the flags' overrides (validated)."""
         from basic_diffusion import unet_preset
+        from data import VOLUME_DATASETS
 
         return unet_preset(
             self.preset,
             image_size=self.image_size,
             in_channels=self.channels,
+            dims=3 if self.dataset in VOLUME_DATASETS else 2,
             model_channels=self.model_channels,
             num_res_blocks=self.num_res_blocks,
             dropout=self.dropout,
+            time_conditioning=self.time_conditioning,
         )
 
     def schedule_config(self) -> ScheduleConfig:
@@ -123,6 +127,7 @@ class TrainRequest:
     timestep_sampling: str | None = None  # None: uniform for a new run, the checkpoint's own on --resume
     class_cond: bool = False  # a class-conditional model on the dataset's labels
     cond_drop: float = 0.1  # with class_cond: share of labels trained as the null label
+    grad_checkpoint: bool = False  # activation checkpointing in the residual blocks
     grad_clip: float = 1.0
     compile: bool = False
     save_every: int = 1000
@@ -161,6 +166,8 @@ class EvaluateRequest(DrawRequest):
     samplers: list  # evaluate sweeps samplers x steps
     steps: list
     dataset: str  # the training data of an exported file (a checkpoint records its own)
+    data_dir: str = "./data"  # ... and where it lies (FID/KID read the real images)
+    inception_weights: str | None = None  # FID/KID: a local copy of torch-fidelity's Inception weights
     eta: float = 0.0
     clip_denoised: bool = True
     json: str | None = None

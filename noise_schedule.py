@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 SCHEDULES = ("linear", "cosine")
-SAMPLERS = ("ddpm", "ddim", "dpm_solver")
+SAMPLERS = ("ddpm", "ddim", "dpm_solver", "dpm_solver_sde")
 VARIANCE_TYPES = ("fixed_small", "fixed_large")
 
 # Columns of SamplingPlan.coefficients, in the order the fused kernels read them.
@@ -65,7 +65,7 @@ NUM_COEFFICIENTS = len(COEFFICIENT_NAMES)
 # map of Gaussian data (tests/test_schedule.py): max error 0.099 -> 0.005 at 10 steps, 0.022 -> 0.012 at 20.
 DPM_SOLVER_LAMBDA_MIN = -5.1
 
-DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20}  # None: all T steps
+DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20, "dpm_solver_sde": 20}  # None: all T steps
 MAX_TIMESTEPS = 10_000
 MAX_LIST_ITEMS = 16  # the longest list a config field read from a file may hold
 
@@ -125,13 +125,15 @@ def config_fields(cls: type, data: object) -> dict:
         named += f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         plural = "s" if len(unknown) > 1 else ""
         raise ValueError(f"unknown key{plural} {named}; the known keys are {', '.join(types)}")
-    added_later = getattr(cls, "ADDED_LATER", ())  # fields files written before them lack: their defaults
+    added_later = getattr(cls, "ADDED_LATER", {})  # fields files written before them lack -> their old values
     missing = [name for name in types if name not in data and name not in added_later]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
     fields = {}
     for name, annotation in types.items():
         if name not in data:
+            if name in added_later:
+                fields[name] = added_later[name]
             continue
         value = data[name]
         if annotation not in _FIELD_CHECKS:
@@ -331,7 +333,7 @@ class NoiseSchedule(nn.Module):
             num_steps = DEFAULT_SAMPLING_STEPS[sampler] or self.num_timesteps
             num_steps = min(num_steps, self.num_timesteps)
         alphas_cumprod = torch.cumprod(1.0 - make_betas(self.config), dim=0)  # float64
-        if sampler == "dpm_solver":
+        if sampler.startswith("dpm_solver"):
             timesteps = sampling_timesteps(
                 self.num_timesteps, num_steps, spacing="logsnr", alphas_cumprod=alphas_cumprod, lambda_min=DPM_SOLVER_LAMBDA_MIN
             )
@@ -342,7 +344,7 @@ class NoiseSchedule(nn.Module):
         elif sampler == "ddim":
             columns = _ddim_coefficients(alphas_cumprod, timesteps, eta)
         else:
-            columns = _dpm_solver_coefficients(alphas_cumprod, timesteps)
+            columns = _dpm_solver_coefficients(alphas_cumprod, timesteps, stochastic=sampler == "dpm_solver_sde")
         coefficients = torch.stack([columns[name] for name in COEFFICIENT_NAMES], dim=1)  # (S, 6) float64
         return SamplingPlan(
             sampler=sampler,
@@ -399,29 +401,38 @@ def _ddim_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, et
     }
 
 
-def _dpm_solver_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> dict[str, torch.Tensor]:
-    # Lu et al. 2022, DPM-Solver++(2M) in data prediction, with lambda = log(alpha / sigma):
-    #   first order:  x_s = (sigma_s / sigma_t) x_t - alpha_s expm1(-h) x0_t
+def _dpm_solver_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, *, stochastic: bool = False) -> dict[str, torch.Tensor]:
+    # Lu et al. 2022, DPM-Solver++(2M) in data prediction, with lambda = log(alpha / sigma), h = lambda_s - lambda_t:
+    #   first order (ODE): x_s = (sigma_s / sigma_t) x_t - alpha_s expm1(-h) x0_t
+    #   first order (SDE): x_s = (sigma_s / sigma_t) e^-h x_t - alpha_s expm1(-2h) x0_t + sigma_s sqrt(-expm1(-2h)) z
     #   second order: x0_t is replaced by D = (1 + 1 / 2r) x0_t - (1 / 2r) x0_prev, r = h_prev / h.
+    # The SDE form (SDE-DPM-Solver++(2M), "sde-dpmsolver++" in diffusers) solves the reverse SDE: its noise
+    # corrects part of the model's error on the way, as ancestral DDPM's does, at DPM-Solver++'s step count.
     ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
     coeffs = _xstart_from_eps(ac_t)
     num_steps = len(timesteps)
     c_xt = torch.zeros(num_steps, dtype=torch.float64)
     c_x0 = torch.ones(num_steps, dtype=torch.float64)  # the final jump to clean data returns x0
     c_prev = torch.zeros(num_steps, dtype=torch.float64)
+    sigma = torch.zeros(num_steps, dtype=torch.float64)
     lam = 0.5 * torch.log(ac_t / (1.0 - ac_t))
     for i in range(num_steps - 1):
         alpha_s, sigma_s, sigma_t = ac_prev[i].sqrt(), (1.0 - ac_prev[i]).sqrt(), (1.0 - ac_t[i]).sqrt()
         h = lam[i + 1] - lam[i]
-        c_xt[i] = sigma_s / sigma_t
-        c_x0[i] = -alpha_s * torch.expm1(-h)
+        if stochastic:
+            c_xt[i] = sigma_s / sigma_t * torch.exp(-h)
+            c_x0[i] = -alpha_s * torch.expm1(-2.0 * h)
+            sigma[i] = sigma_s * (-torch.expm1(-2.0 * h)).sqrt()
+        else:
+            c_xt[i] = sigma_s / sigma_t
+            c_x0[i] = -alpha_s * torch.expm1(-h)
         # Second order once a previous x0 exists; like diffusers' lower_order_final, the step into
         # t = 0 stays first order for short plans (S < 15), where r is small and 1 / 2r large.
         if i > 0 and not (i == num_steps - 2 and num_steps < 15):
             r = (lam[i] - lam[i - 1]) / h
             c_prev[i] = c_x0[i] * -(1.0 / (2.0 * r))
             c_x0[i] = c_x0[i] * (1.0 + 1.0 / (2.0 * r))
-    return {**coeffs, "c_xt": c_xt, "c_x0": c_x0, "c_prev": c_prev, "sigma": torch.zeros(num_steps, dtype=torch.float64)}
+    return {**coeffs, "c_xt": c_xt, "c_x0": c_x0, "c_prev": c_prev, "sigma": sigma}
 
 
 @dataclass(frozen=True)
@@ -445,7 +456,7 @@ class SamplingPlan:
 
     @property
     def uses_prev_xstart(self) -> bool:
-        return self.sampler == "dpm_solver"
+        return self.sampler.startswith("dpm_solver")
 
     def column(self, name: str) -> torch.Tensor:
         return self.coefficients[:, COEFFICIENT_NAMES.index(name)]

@@ -246,8 +246,8 @@ class FusedSampler:
     ) -> None:
         check_precision(precision)
         shape = tuple(int(s) for s in shape)
-        if len(shape) != 4 or min(shape) < 1:
-            raise ValueError(f"shape must be four positive sizes (B, C, H, W), got {shape}")
+        if len(shape) not in (4, 5) or min(shape) < 1:
+            raise ValueError(f"shape must be four or five positive sizes (B, C, H, W) or (B, C, D, H, W), got {shape}")
         S = plan.num_steps
         if tuple(plan.coefficients.shape) != (S, NUM_COEFFICIENTS) or tuple(plan.timesteps.shape) != (S,):
             raise ValueError(
@@ -267,7 +267,7 @@ class FusedSampler:
                 f"the diffusion_kernels extension was built without CUDA kernels; rebuild it where the CUDA "
                 f"toolkit is installed: {BUILD_COMMAND}"
             )
-        self._channels_last = on_cuda and channels_last
+        self._channels_last = on_cuda and channels_last and len(shape) == 4  # images only (volumes stay NCDHW)
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
         self._model = torch.compile(model, dynamic=False) if compile_model else model

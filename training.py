@@ -48,6 +48,9 @@ class TrainingDiverged(RuntimeError):
     """The loss stayed non-finite; the last good checkpoint is left untouched."""
 
 
+VOLUME_PREVIEWS = 4  # volumes in a 3-D model's preview PNG (each a row of slices and a projection)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     dataset: str = "mnist"
@@ -71,6 +74,7 @@ class TrainConfig:
     cuda_fast_path: bool = True  # fused AdamW and channels-last on CUDA (off only to measure their effect)
     world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
     cond_drop: float = 0.1  # class-conditional models: share of labels replaced by the null label
+    grad_checkpoint: bool = False  # recompute the residual blocks' activations in the backward pass (less memory)
 
     def per_rank_batch(self) -> int:
         return self.batch_size // self.world_size
@@ -136,10 +140,10 @@ class Trainer:
         config = replace(config, world_size=self.ranks.world_size)  # validates the batch split; the checkpoint records it
         self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
         self.images, self.device = images, torch.device(device)
-        if (images.channels, images.image_size) != (model_config.in_channels, model_config.image_size):
+        data_shape, model_shape = tuple(images.images.shape[1:]), model_config.sample_shape(1)[1:]
+        if data_shape != model_shape:
             raise ValueError(
-                f"the data are {images.channels}x{images.image_size}x{images.image_size} but the model expects "
-                f"{model_config.in_channels}x{model_config.image_size}x{model_config.image_size}"
+                f"the data are {'x'.join(map(str, data_shape))} but the model expects {'x'.join(map(str, model_shape))}"
             )
         if model_config.num_classes and (images.labels is None or len(images.class_names) != model_config.num_classes):
             found = f"{len(images.class_names)} classes" if images.labels is not None else "no classes"
@@ -148,8 +152,9 @@ class Trainer:
             raise ValueError(f"class names must be 1 to {MAX_CLASS_NAME} characters long (the checkpoint stores them)")
         torch.manual_seed(config.seed)  # weight init and dropout
         cuda = self.device.type == "cuda" and config.cuda_fast_path
-        self.memory_format = torch.channels_last if cuda else torch.contiguous_format
+        self.memory_format = torch.channels_last if cuda and model_config.dims == 2 else torch.contiguous_format
         self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
+        self.model.grad_checkpoint = config.grad_checkpoint
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
         self.optimizer = torch.optim.AdamW(
@@ -224,7 +229,6 @@ class Trainer:
     def write_samples(self) -> Path:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
         plan = self.schedule.make_plan("ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps))
-        c, s = self.model_config.in_channels, self.model_config.image_size
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         n, guidance, columns = self.config.preview_samples, None, None
         if self.model_config.num_classes:  # one row per class, guided as sampling is by default
@@ -233,7 +237,9 @@ class Trainer:
             n = columns * classes
             labels = labels_for(list(range(classes)), n=n).to(self.device)
             guidance = Guidance(labels=labels, null_label=self.model_config.null_label, scale=DEFAULT_GUIDANCE)
-        images = sample(self.ema, plan, shape=(n, c, s, s), generator=gen, guidance=guidance)
+        if self.model_config.dims == 3:
+            n = min(n, VOLUME_PREVIEWS)  # a volume step costs (32^3 / 28^2) ~ 40x an MNIST image's
+        images = sample(self.ema, plan, shape=self.model_config.sample_shape(n), generator=gen, guidance=guidance)
         path = self.config.samples_dir / f"step_{self.step:07d}.png"
         return save_grid(images, path, columns=columns)
 

@@ -89,20 +89,28 @@ class UNetIO:
     in_channels: int
     image_size: int
     num_classes: int = 0  # > 0: a class-conditional U-Net, which also takes labels y
+    dims: int = 2  # 3: volumes, x_t and eps are (B, C, S, S, S)
 
     @classmethod
     def from_config(cls, config: UNetConfig) -> UNetIO:
-        return cls(in_channels=config.in_channels, image_size=config.image_size, num_classes=config.num_classes)
+        return cls(
+            in_channels=config.in_channels, image_size=config.image_size, num_classes=config.num_classes, dims=config.dims
+        )
+
+    @property
+    def image(self) -> tuple:
+        """x_t's and eps's shape: (BATCH, C, S, S) or (BATCH, C, S, S, S)."""
+        return (BATCH, self.in_channels, *[self.image_size] * self.dims)
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
-        image = (BATCH, self.in_channels, self.image_size, self.image_size)
+        image = self.image
         specs = (TensorSpec("x_t", torch.float32, image), TensorSpec("t", torch.int64, (BATCH,)))
         return specs + ((TensorSpec("y", torch.int64, (BATCH,)),) if self.num_classes else ())
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
-        return (TensorSpec("eps", torch.float32, (BATCH, self.in_channels, self.image_size, self.image_size)),)
+        return (TensorSpec("eps", torch.float32, self.image),)
 
     @property
     def tensors(self) -> tuple[TensorSpec, ...]:

@@ -112,13 +112,24 @@ def test_training_benchmark_reports_every_variant(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = json.loads((tmp_path / "t.json").read_text())["training_rows"]
     assert [r["name"] for r in rows] == [
-        "fp32 eager", "fp32 compile", "bf16 eager", "bf16 compile",
-        "fp32 eager, t: importance", "fp32 eager, t: topk", "fp32 eager, t: speed",
+        "fp32 eager", "fp32 compile", "bf16 eager", "bf16 compile", "fp32 eager, grad checkpoint",
+        "bf16 eager, grad checkpoint", "fp32 eager, t: importance", "fp32 eager, t: topk", "fp32 eager, t: speed",
     ]  # fmt: skip
     for r in rows:
         assert r["status"] == "ok", r["reason"]
         assert r["images_per_s"] == pytest.approx(8 * 1000 / r["ms_per_step"])
     assert rows[0]["speedup"] == 1.0
+
+
+def test_training_rows_are_chosen_by_key_with_the_fp32_baseline_first():
+    from benchmark_training import select_variants
+
+    cpu = torch.device("cpu")
+    assert [key for key, _, _ in select_variants("amp_checkpoint,fp32_checkpoint", cpu)] == ["fp32", "fp32_checkpoint", "amp_checkpoint"]
+    assert [fields.get("grad_checkpoint", False) for _, _, fields in select_variants("fp32_checkpoint", cpu)] == [False, True]
+    assert len(select_variants("all", cpu)) == len(select_variants(None, cpu)) == 9
+    with pytest.raises(ValueError, match="not a training row"):
+        select_variants("fp32,onnxruntime", cpu)
 
 
 def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):

@@ -221,8 +221,14 @@ def test_labels_for_an_unconditional_model_are_refused(tmp_path):
 
 
 def test_a_conditional_unet_whose_norm_groups_would_cancel_the_label_is_refused():
+    # The older "add" conditioning, with groups of one channel everywhere, would cancel the label.
+    narrow = dict(image_size=8, model_channels=16, channel_mult=(1, 2), num_classes=10, attention_resolutions=(), norm_groups=32)
     with pytest.raises(ValueError, match="model_channels 32 or more"):
-        UNetConfig(image_size=8, model_channels=16, channel_mult=(1, 2), num_classes=10, attention_resolutions=(), norm_groups=32)
+        UNetConfig(**narrow, time_conditioning="add")
+    # Scale-shift conditioning (the default) reaches the output through such groups: accepted, and the label counts.
+    model = perturbed_unet(UNetConfig(**narrow, in_channels=1, num_heads=1))
+    x, t = torch.randn(2, 1, 8, 8), torch.tensor([400, 400])
+    assert (model(x, t, torch.tensor([3, 3])) - model(x, t, torch.tensor([10, 10]))).abs().max() > 1e-3
     # The same widths with norm groups of two channels: the label changes eps.
     model = perturbed_unet(CONFIG)
     x, t = torch.randn(2, 1, 8, 8), torch.tensor([400, 400])

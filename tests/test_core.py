@@ -37,6 +37,36 @@ def test_attention_is_placed_at_the_requested_resolution():
     assert attn_levels == [8]
 
 
+@pytest.mark.parametrize("scale_shift, reaches_output", [(False, False), (True, True)])
+def test_the_time_embedding_reaches_the_output_through_groups_of_one_channel(scale_shift, reaches_output):
+    # GroupNorm over groups of one channel removes any per-channel constant: the older "add" conditioning
+    # (a bias before the norm) is cancelled there; scale-shift conditioning (after the norm) is not.
+    from basic_diffusion import ResBlock
+
+    torch.manual_seed(0)
+    block = ResBlock(4, 4, emb_dim=8, dropout=0.0, groups=4, scale_shift=scale_shift).eval()
+    torch.nn.init.normal_(block.conv2.weight)  # past the identity initialization
+    x = torch.randn(2, 4, 8, 8)
+    e1, e2 = torch.randn(1, 8).expand(2, 8), torch.randn(1, 8).expand(2, 8)
+    with torch.no_grad():
+        differs = not torch.allclose(block(x, e1), block(x, e2), atol=1e-5)
+    assert differs == reaches_output
+
+
+def test_a_config_written_before_scale_shift_conditioning_loads_as_the_model_it_was():
+    # Checkpoints lack the keys added later (num_classes, time_conditioning): they get the values that
+    # rebuild the network they were trained as, and its weights load strictly.
+    old = UNetConfig(image_size=16, in_channels=1, time_conditioning="add", **TINY)
+    saved = {k: v for k, v in old.to_dict().items() if k not in ("num_classes", "time_conditioning")}
+    config = UNetConfig.from_dict(saved)
+    assert config == old and config.time_conditioning == "add" and config.num_classes == 0
+    model = UNet(config)
+    model.load_state_dict(UNet(old).state_dict())  # strict: the same parameter shapes
+    assert UNetConfig(image_size=16, in_channels=1, **TINY).time_conditioning == "scale_shift"  # new models
+    with pytest.raises(ValueError, match="time_conditioning must be one of"):
+        UNetConfig.from_dict({**saved, "time_conditioning": "film"})
+
+
 @pytest.mark.parametrize("size", [30, 2, 0])
 def test_unet_rejects_sizes_it_cannot_downsample(size):
     with pytest.raises(ValueError, match="cannot be downsampled"):

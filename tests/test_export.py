@@ -234,7 +234,7 @@ def test_onnxruntime_prefers_the_gpu_providers_where_installed():
 # ----- the tensorrt implementation's own logic (no engine runs here) ----------------------------------
 
 
-@pytest.mark.parametrize("sampler,eta", [("ddpm", 0.0), ("ddim", 1.0), ("dpm_solver", 0.0)])
+@pytest.mark.parametrize("sampler,eta", [("ddpm", 0.0), ("ddim", 1.0), ("dpm_solver", 0.0), ("dpm_solver_sde", 0.0)])
 @pytest.mark.parametrize("fused_step", [True, False])
 def test_reference_step_sampler_reproduces_the_original_loop_exactly(sampler, eta, fused_step):
     # The engine's place is taken by the PyTorch U-Net: this checks the loop, buffers, device-side

@@ -26,6 +26,7 @@ PLAN_CASES = {
     "ddim_eta0": dict(sampler="ddim", eta=0.0),
     "ddim_eta1": dict(sampler="ddim", eta=1.0),
     "dpm_solver": dict(sampler="dpm_solver"),
+    "dpm_solver_sde": dict(sampler="dpm_solver_sde"),  # noise and the previous x0 in one step
 }
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 STEPS = [0, NUM_STEPS // 2, NUM_STEPS - 1]
@@ -38,6 +39,8 @@ LAYOUTS = [
     ("eps_offset", (2, 1, 6, 6)),  # only eps misaligned: one pointer is enough to leave the vector path
     ("flat_odd", (1003,)),
     ("single", (1,)),
+    ("volume", (2, 1, 3, 5, 7)),  # (B, C, D, H, W): 3-D models' x_t
+    ("volume_offset", (1, 1, 4, 4, 5)),
 ]
 
 
@@ -74,10 +77,11 @@ def make_inputs(
     def make(dt, *, offset):
         return make_tensor(shape, dtype=dt, device=device, layout=layout, offset=offset, generator=g)
 
-    x = make(dtype, offset=layout == "offset")
-    eps = make(eps_dtype or dtype, offset=layout in ("offset", "eps_offset"))
-    noise = make(dtype, offset=layout == "offset")
-    xstart = make(dtype, offset=layout == "offset")
+    offset = layout in ("offset", "volume_offset")
+    x = make(dtype, offset=offset)
+    eps = make(eps_dtype or dtype, offset=offset or layout == "eps_offset")
+    noise = make(dtype, offset=offset)
+    xstart = make(dtype, offset=offset)
     return x, eps, noise, xstart
 
 

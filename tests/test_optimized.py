@@ -28,6 +28,7 @@ PLAN_CASES = {
     "ddim_eta0": dict(sampler="ddim", eta=0.0),
     "ddim_eta1": dict(sampler="ddim", eta=1.0),
     "dpm_solver": dict(sampler="dpm_solver"),
+    "dpm_solver_sde": dict(sampler="dpm_solver_sde"),  # noise and the previous x0 in one step
 }
 SHAPE = (2, 1, 16, 16)
 
@@ -141,8 +142,8 @@ def test_half_precision_stays_close_to_fp32(precision):
     ("options", "message"),
     [
         (dict(precision="fp64"), "unknown precision"),
-        (dict(shape=(2, 16, 16)), "four positive sizes"),
-        (dict(shape=(0, 1, 16, 16)), "four positive sizes"),
+        (dict(shape=(2, 16, 16)), "four or five positive sizes"),
+        (dict(shape=(0, 1, 16, 16)), "four or five positive sizes"),
     ],
 )
 def test_bad_options_are_value_errors(options, message):

@@ -189,6 +189,37 @@ def test_dpm_solver_second_order_matches_the_paper_form(schedule):
         assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), i
 
 
+def test_sde_dpm_solver_first_order_step_is_the_ddpm_posterior(schedule):
+    # SDE-DPM-Solver++ of order 1 between two timesteps is the posterior q(x_s | x_t, x0) (DDIM with eta = 1).
+    sde = schedule.make_plan("dpm_solver_sde", num_steps=20)
+    ddim = _ddim_coefficients(alphas_cumprod64(schedule), sde.timesteps, 1.0)
+    ddim_first = torch.tensor([ddim[name][0].item() for name in COEFFICIENT_NAMES])
+    assert torch.allclose(sde.coefficients[0], ddim_first.float(), rtol=1e-5)
+    assert sde.noise_steps == (True,) * 19 + (False,)
+
+
+def test_sde_dpm_solver_second_order_matches_the_paper_form(schedule):
+    # SDE-DPM-Solver++(2M) (Lu et al. 2022; diffusers' "sde-dpmsolver++", midpoint form) in float64:
+    #   x_s = (sigma_s / sigma_t) e^-h x_t + alpha_s (1 - e^-2h) D + sigma_s sqrt(1 - e^-2h) z.
+    ac = alphas_cumprod64(schedule)
+    plan = schedule.make_plan("dpm_solver_sde", num_steps=20)
+    ts = plan.timesteps
+    lam = lambda t: 0.5 * torch.log(ac[t] / (1 - ac[t]))  # noqa: E731
+    gen = torch.Generator().manual_seed(5)
+    x_t, x0, x0_prev, z = (torch.randn(3, 1, 4, 4, generator=gen, dtype=F64) for _ in range(4))
+    for i in (1, 5, 17):
+        t, s, t_last = ts[i], ts[i + 1], ts[i - 1]
+        h, h_last = lam(s) - lam(t), lam(t) - lam(t_last)
+        r = h_last / h
+        D = (1 + 1 / (2 * r)) * x0 - 1 / (2 * r) * x0_prev
+        alpha_s, sigma_s, sigma_t = ac[s].sqrt(), (1 - ac[s]).sqrt(), (1 - ac[t]).sqrt()
+        expected = sigma_s / sigma_t * torch.exp(-h) * x_t + alpha_s * (1 - torch.exp(-2 * h)) * D
+        expected = expected + sigma_s * (1 - torch.exp(-2 * h)).sqrt() * z
+        c = dict(zip(COEFFICIENT_NAMES, plan.coefficients[i].double()))
+        got = c["c_xt"] * x_t + c["c_x0"] * x0 + c["c_prev"] * x0_prev + c["sigma"] * z
+        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), i
+
+
 @pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("num_steps", [5, 50])
 def test_samplers_recover_a_point_mass(schedule, sampler, num_steps):
@@ -211,7 +242,8 @@ def test_samplers_recover_a_point_mass(schedule, sampler, num_steps):
 # shrinking with more steps); a wrong coefficient anywhere moves the std by far more.
 @pytest.mark.parametrize(
     "sampler,num_steps,std_tol",
-    [("ddpm", 1000, 0.03), ("ddpm", 250, 0.08), ("ddim", 200, 0.04), ("ddim", 1000, 0.01), ("dpm_solver", 10, 0.03), ("dpm_solver", 20, 0.03)],
+    [("ddpm", 1000, 0.03), ("ddpm", 250, 0.08), ("ddim", 200, 0.04), ("ddim", 1000, 0.01), ("dpm_solver", 10, 0.03), ("dpm_solver", 20, 0.03),
+     ("dpm_solver_sde", 20, 0.03), ("dpm_solver_sde", 50, 0.01)],
 )
 def test_samplers_draw_the_right_gaussian(sampler, num_steps, std_tol):
     # Data N(mu, s^2) per pixel has the analytic optimal denoiser; the samples must have mean mu and std s.
