@@ -6,6 +6,7 @@ and peak memory of training variants on one U-Net, each from a fresh Trainer on 
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import time
@@ -97,6 +98,9 @@ def run_training_benchmark(
                  steps=steps, warmup=warmup, seed=seed)  # fmt: skip
     results = []
     for key, name, fields in select_variants(rows, device):
+        gc.collect()  # the previous variant's trainer (model, EMA, optimizer state) is gone before this one
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
         row = {"key": key, "name": name, **fields, "status": "ok", "reason": ""}
         results.append(row)
@@ -115,6 +119,7 @@ def run_training_benchmark(
                 if profile:
                     suffix = f"-rank{ranks.rank}" if ranks.distributed else ""
                     trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}", directory=profile)
+                del trainer  # freed before the next variant is built: its memory is measured alone
             except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
                 if distributed.is_collective_failure(exc, ranks=ranks):
                     raise

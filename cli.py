@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=finite_float, default=None, help="override the preset's dropout")
     g.add_argument(
         "--time_conditioning", choices=TIME_CONDITIONING, default=None,
-        help="how residual blocks take the timestep: scale_shift (default) modulates the normalized features; "
-        "add is the older bias before the norm",
+        help="how residual blocks take the timestep: scale_shift (the small preset's default) modulates the normalized "
+        "features; add is the older bias before the norm (the ddpm_cifar10 preset's, as in the paper)",
     )
     g.add_argument("--beta_schedule", choices=SCHEDULES, default="linear")
     g.add_argument("--timesteps", type=int, default=1000, help="diffusion steps T")
@@ -428,6 +428,8 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
+    if args.resume and args.time_conditioning:
+        raise ValueError("--time_conditioning makes a new model; a resumed run keeps the one in its checkpoint")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
     check_outputs({"--model_path": checkpoint})

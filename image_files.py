@@ -123,6 +123,8 @@ class SampleOutputs:
         or unscaled when that is left to the default), an .npz beyond free disk."""
         n, (c, *spatial) = self.n_samples, self.image_shape
         h, w = spatial[-2:]
+        if self.grid is not None and len(spatial) == 3 and self.grid_scale is not None:
+            raise ValueError("--grid_scale enlarges image grids; a volume PNG (slices and projections) has its own size")
         if self.grid is not None and len(spatial) == 2:  # a volume PNG shows VOLUMES_SHOWN volumes whatever n is
             scale = self.grid_scale or 1
             pixels = grid_pixels(n, height=h, width=w, columns=self.grid_columns) * scale**2

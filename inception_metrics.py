@@ -11,8 +11,9 @@ images repeated to three channels.
 Every table carries its ceiling and floor, scored against the same reference at the same count:
 
 * reference: ``n`` training images (the data the model learned), drawn with the seed;
-* ceiling: ``n`` real images the model never saw (the dataset's test split; for a folder, the
-  other images of the folder) - what a perfect model would score at this count;
+* ceiling: ``n`` other real images (the dataset's test split, which training never saw; for a
+  folder, images outside the reference, which training did see: a folder has no split) - what a
+  perfect model would score at this count;
 * floor: ``n`` images of uniform noise.
 
 FID depends on the sample count (it is biased upwards at small counts): compare rows of one run

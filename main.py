@@ -69,7 +69,9 @@ def resumed_trainer(request: TrainRequest):
             f"{checkpoint} trains with --timestep_sampling {config.timestep_sampling}, and a resumed run keeps it; "
             f"to train with {request.timestep_sampling}, start a new run (another --model_path, or --overwrite)"
         )
-    check_batch_fits(model_config, batch_size=config.per_rank_batch(), device=device, training=True)
+    check_batch_fits(
+        model_config, batch_size=config.per_rank_batch(), device=device, training=True, grad_checkpoint=config.grad_checkpoint
+    )  # fmt: skip
     images = training_images(
         config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
     )
@@ -110,7 +112,10 @@ def new_trainer(request: TrainRequest):
     spec, device, ranks = request.model, request.device, distributed.current()
     model_config = spec.model_config()  # validates before any download
     distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
-    check_batch_fits(model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True)
+    check_batch_fits(
+        model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True,
+        grad_checkpoint=request.grad_checkpoint,
+    )  # fmt: skip
     images = training_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
     if request.class_cond:  # one label embedding per class, and the null label
         if images.labels is None:
@@ -350,7 +355,10 @@ def inception_judge(dataset: str, *, data_dir: str, image_size: int, channels: i
 
     weights = inception_metrics.weights_file(request.inception_weights)  # before the data: fail fast offline
     train = load_images(dataset, data_dir=data_dir, image_size=image_size, channels=channels).images
-    held = load_images(dataset, data_dir=data_dir, image_size=image_size, train=False).images if dataset in TEST_SPLITS else None
+    held = (
+        load_images(dataset, data_dir=data_dir, image_size=image_size, channels=channels, train=False).images
+        if dataset in TEST_SPLITS else None
+    )  # fmt: skip
     reference, ceiling = inception_metrics.real_splits(train, held, n=n, seed=request.seed)
     print(f"Inception features of {n} real {dataset} images (the reference) ...")
     extractor = inception_metrics.inception_extractor(weights, device=request.device)
@@ -387,6 +395,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     from artifacts import artifact_kind, load_artifact
     from checkpoints import load_checkpoint
     from conditioning import unet_batch
+    from data import VOLUME_DATASETS
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
 
@@ -401,6 +410,9 @@ def run_evaluate(request: EvaluateRequest) -> None:
     dataset = load_checkpoint(source.path)["train_config"]["dataset"] if kind == "checkpoint" else request.dataset
     model, model_config = artifact.model, artifact.model_config
     c, s = model_config.in_channels, model_config.image_size
+    if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly
+        kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
+        raise ValueError(f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset")
     guidance, _ = requested_classes(request, artifact)  # a conditional model: each digit asked for equally often
     batch_size = min(request.batch_size, n)
     check_batch_fits(model_config, batch_size=unet_batch(batch_size, guidance), device=device, training=False)

@@ -178,11 +178,14 @@ def _trace_step(model: UNet, *, training: bool, dtype: torch.dtype) -> list[tupl
 
 
 @functools.lru_cache(maxsize=32)
-def _peak_lines(model_config: UNetConfig, training: bool, dtype: torch.dtype) -> tuple[tuple[int, int], ...]:
+def _peak_lines(
+    model_config: UNetConfig, training: bool, dtype: torch.dtype, grad_checkpoint: bool = False
+) -> tuple[tuple[int, int], ...]:
     """(per-sample bytes, fixed bytes) of each moment of the step that can be the peak: peak(B) = max(fixed + B * per_sample)."""
     with torch.device("meta"):
         model = UNet(model_config)
     model = model.to(dtype).train(training).requires_grad_(training)
+    model.grad_checkpoint = grad_checkpoint  # the residual blocks keep only their inputs for the backward
     # Held through the whole step, outside the trace: the weights; training adds the EMA copy and AdamW's two moments.
     weights = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
     state = weights * (4 if training else 1)
@@ -198,7 +201,8 @@ def _peak_lines(model_config: UNetConfig, training: bool, dtype: torch.dtype) ->
 
 
 def estimate_peak_bytes(
-    model_config: UNetConfig, *, batch_size: int, training: bool, dtype: torch.dtype = torch.float32
+    model_config: UNetConfig, *, batch_size: int, training: bool, dtype: torch.dtype = torch.float32,
+    grad_checkpoint: bool = False,
 ) -> int:
     """Peak bytes of one U-Net step on a batch: weights, inputs and activations; training adds autograd's
     saved tensors, the backward, the gradients, the EMA weights and AdamW's state.
@@ -211,7 +215,15 @@ def estimate_peak_bytes(
     """
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
-    return max(intercept + batch_size * slope for slope, intercept in _peak_lines(model_config, training, dtype))
+    from torch.utils.checkpoint import CheckpointError
+
+    try:
+        lines = _peak_lines(model_config, training, dtype, grad_checkpoint and training)
+    except CheckpointError:
+        # The trace's stand-in GroupNorm saves other tensors than the recomputation finds: estimate the
+        # step without checkpointing, an upper bound (a batch it refuses may still fit with it).
+        lines = _peak_lines(model_config, training, dtype, False)
+    return max(intercept + batch_size * slope for slope, intercept in lines)
 
 
 def upper_bound_bytes(
@@ -350,6 +362,7 @@ def check_batch_fits(
     flag: str = "--batch_size",
     extra_bytes: int = 0,
     dtype: torch.dtype = torch.float32,
+    grad_checkpoint: bool = False,
 ) -> None:
     """Refuse (ValueError, one line) a batch whose step would need more than 90% of the available memory.
 
@@ -361,7 +374,9 @@ def check_batch_fits(
         raise ValueError(f"{flag} must be at least 1, got {batch_size}")
 
     def needed(batch: int) -> int:
-        estimate = estimate_peak_bytes(model_config, batch_size=batch, training=training, dtype=dtype)
+        estimate = estimate_peak_bytes(
+            model_config, batch_size=batch, training=training, dtype=dtype, grad_checkpoint=grad_checkpoint
+        )
         return int(estimate * ALLOCATOR_OVERHEAD) + extra_bytes
 
     available = available_bytes(device)

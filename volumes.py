@@ -9,7 +9,7 @@ Data (uint8 (N, 1, S, S, S), as ``data.load_images`` holds every dataset):
 
 Pictures: :func:`save_volume_png` draws each volume's three orthogonal mid-slices and its
 maximum-intensity projection, one row per volume (``sample`` mode's ``--output`` for a 3-D model).
-:func:`volumes_to_npz_layout` gives the channels-last uint8 layout of ``--save_npz``.
+(``--save_npz`` holds the volumes as uint8 (N, D, H, W, C): ``image_files.SampleWriter``.)
 
 Metrics (evaluate mode, ``metric: "voxels"``), by :class:`VoxelJudge`, with the same interface as
 ``evaluate.DigitJudge`` and ``inception_metrics.InceptionJudge``:
@@ -215,12 +215,20 @@ def load_voxel_folder(root: str | Path, *, size: int) -> torch.Tensor:
     paths = sorted(p for p in root.rglob("*") if p.suffix.lower() == ".npy" and p.is_file())
     if not paths:
         raise ValueError(f"voxel folder {root} holds no .npy volumes")
+    # First the headers (memory-mapped, nothing read): refuse a set that would not fit in memory at
+    # --img_size before any volume is converted.
+    from data import check_fits_in_memory
+
+    total = sum(len(_check_volume_array(_read_npy(path), path)) for path in paths)
+    check_fits_in_memory(total, channels=1, image_size=size, dataset="voxels", dims=3)
     out = []
     for path in paths:
         array = _check_volume_array(_read_npy(path), path)  # (N, D, D, D), still on disk
-        values = _volumes_to_unit_range(array, path)  # (N, D, D, D) float32 0..255
+        step = max(1, CHUNK_VOXELS // array.shape[-1] ** 3)  # bounded float32 memory, whatever the stack
+        for start in range(0, len(array), step):
+            values = _volumes_to_unit_range(array[start : start + step], path)  # float32 0..255
+            out.append(_resize(torch.from_numpy(values)[:, None], size))  # (n, 1, size, size, size)
         del array  # closes the memory map
-        out.append(_resize(torch.from_numpy(values)[:, None], size))  # (N, 1, size, size, size)
     return torch.cat(out)
 
 
@@ -241,13 +249,6 @@ def _check_volumes(volumes: torch.Tensor, *, what: str = "volumes") -> torch.Ten
 def to_unit(volumes: torch.Tensor) -> torch.Tensor:
     """Float volumes in [-1, 1] -> float32 in [0, 1] on the CPU (clamped)."""
     return (volumes.detach().float().cpu().clamp(-1, 1) + 1) / 2
-
-
-def volumes_to_npz_layout(volumes: torch.Tensor) -> np.ndarray:
-    """Float (N, C, D, H, W) in [-1, 1] -> uint8 (N, D, H, W, C), rounded as images are ((x + 1) * 127.5)."""
-    volumes = _check_volumes(volumes)
-    pixels = ((volumes.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)  # (N, C, D, H, W)
-    return pixels.permute(0, 2, 3, 4, 1).contiguous().numpy()  # (N, D, H, W, C)
 
 
 PANELS = ("axial (mid z)", "coronal (mid y)", "sagittal (mid x)", "max projection (z)")
@@ -379,8 +380,8 @@ def _check_uint8_volumes(volumes: torch.Tensor, *, what: str) -> torch.Tensor:
 
 class VoxelJudge:
     """Scores volumes by their best-fit spheres and by PSNR/SSIM against the nearest ``reference`` volume
-    (uint8 (N, 1, S, S, S): the data the model trained on); its ceiling is ``held`` (real volumes the
-    model never saw), its floor uniform noise."""
+    (uint8 (N, 1, S, S, S): the data the model trained on); its ceiling is ``held`` (other real volumes:
+    held-out spheres, or for a folder of volumes those outside the reference), its floor uniform noise."""
 
     kind = "voxels"
 

@@ -101,6 +101,11 @@ def test_spheres_train_sample_and_evaluate_from_the_command_line(tmp_path, capsy
         assert grid.read_bytes()[:4] == b"\x89PNG"
         grid.unlink()
         npz.unlink()
+    # Mistakes end in one line: a grid scale for a volume PNG, a new kind of model on --resume.
+    assert main.main([*args, "--grid_scale", "2"]) == 2
+    assert "--grid_scale" in capsys.readouterr().err and not grid.exists()
+    assert main.main([*train, "--resume", "--time_conditioning", "add"]) == 2
+    assert "--time_conditioning makes a new model" in capsys.readouterr().err
     out_json = tmp_path / "e.json"
     evaluate = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(ckpt), "--sampler", "ddpm,dpm_solver_sde",
                 "--sampling_steps", "4", "--n_samples", "6", "--json", str(out_json)]  # fmt: skip

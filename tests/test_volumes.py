@@ -237,12 +237,3 @@ def test_save_volume_png_never_leaves_a_partial_file(tmp_path, monkeypatch):
             volumes.save_volume_png(v, path)
     assert path.read_bytes() == b"old picture"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.png"]  # no temporary left behind
-
-
-def test_volumes_to_npz_layout_is_channels_last_uint8():
-    v = torch.linspace(-1, 1, 2 * 3 * 4 * 4 * 4).view(2, 3, 4, 4, 4)
-    out = volumes.volumes_to_npz_layout(v)
-    assert out.shape == (2, 4, 4, 4, 3) and out.dtype == np.uint8
-    expected = ((v + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1).numpy()
-    np.testing.assert_array_equal(out, expected)
-    assert out.min() == 0 and out.max() == 255
