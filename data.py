@@ -173,7 +173,8 @@ def _load_volumes(dataset: str, root: Path, *, size: int, channels: int | None, 
         n = SPHERES_TRAIN if train else SPHERES_TRAIN // 4
         check_fits_in_memory(n, channels=1, image_size=size, dataset=dataset, dims=3)
         data = volumes.sphere_volumes(n, size=size, seed=SPHERES_SEED + (0 if train else 1))
-    else:
+    else:  # the headers first: a set that would not fit at --img_size is refused before any is converted
+        check_fits_in_memory(volumes.count_voxel_volumes(root), channels=1, image_size=size, dataset=dataset, dims=3)
         data = volumes.load_voxel_folder(root, size=size)
     return ImageSet(name=dataset, images=data)  # (N, 1, S, S, S) uint8
 

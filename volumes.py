@@ -202,25 +202,30 @@ def _resize(volumes: torch.Tensor, size: int) -> torch.Tensor:
     return torch.cat(out)
 
 
+def _voxel_files(root: str | Path) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"voxel folder {root} does not exist (give it with --data_dir)")
+    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() == ".npy" and p.is_file())
+    if not paths:
+        raise ValueError(f"voxel folder {root} holds no .npy volumes")
+    return paths
+
+
+def count_voxel_volumes(root: str | Path) -> int:
+    """How many volumes the ``.npy`` files under ``root`` hold, from their headers (memory-mapped, no
+    data read; shapes and dtypes validated): for a memory check before :func:`load_voxel_folder`."""
+    return sum(len(_check_volume_array(_read_npy(path), path)) for path in _voxel_files(root))
+
+
 def load_voxel_folder(root: str | Path, *, size: int) -> torch.Tensor:
     """The ``.npy`` volumes under ``root`` (sorted, recursive) as uint8 (N, 1, size, size, size), 0..255.
 
     A file holds one volume (D, H, W) or a stack (N, D, H, W) or (N, 1, D, H, W), cubic, at most
     256^3; floats and bools in [0, 1], integers in 0..255 (no pickled objects). One-line ValueError
     naming the folder or file otherwise."""
-    root = Path(root)
     size = _check_count(size, what="the volume size", low=1)
-    if not root.is_dir():
-        raise ValueError(f"voxel folder {root} does not exist (give it with --data_dir)")
-    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() == ".npy" and p.is_file())
-    if not paths:
-        raise ValueError(f"voxel folder {root} holds no .npy volumes")
-    # First the headers (memory-mapped, nothing read): refuse a set that would not fit in memory at
-    # --img_size before any volume is converted.
-    from data import check_fits_in_memory
-
-    total = sum(len(_check_volume_array(_read_npy(path), path)) for path in paths)
-    check_fits_in_memory(total, channels=1, image_size=size, dataset="voxels", dims=3)
+    paths = _voxel_files(root)
     out = []
     for path in paths:
         array = _check_volume_array(_read_npy(path), path)  # (N, D, D, D), still on disk

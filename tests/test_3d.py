@@ -115,3 +115,18 @@ def test_spheres_train_sample_and_evaluate_from_the_command_line(tmp_path, capsy
     result = json.loads(out_json.read_text())
     assert result["metric"] == "voxels" and len(result["rows"]) == 2
     assert result["ceiling"]["iou"] > 0.8 > result["floor"]["iou"]
+
+
+def test_a_voxel_folder_is_counted_from_its_headers_and_refused_when_it_would_not_fit(tmp_path, monkeypatch):
+    import memory_budget
+    import volumes
+    from data import load_images
+
+    np.save(tmp_path / "one.npy", np.zeros((6, 6, 6), dtype=np.float32))
+    np.save(tmp_path / "stack.npy", np.ones((3, 6, 6, 6), dtype=np.uint8) * 200)
+    assert volumes.count_voxel_volumes(tmp_path) == 4
+    data = load_images("voxels", data_dir=tmp_path, image_size=8)
+    assert data.images.shape == (4, 1, 8, 8, 8) and data.dims == 3
+    monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 1000)  # 4 x 8^3 bytes need 2,048
+    with pytest.raises(ValueError, match="voxels images at 1x8x8x8 need"):
+        load_images("voxels", data_dir=tmp_path, image_size=8)
