@@ -22,6 +22,7 @@ from conditioning import DEFAULT_GUIDANCE, check_scale
 from safe_files import check_outputs  # every output checked before any work
 
 from mode_requests import (
+    AutoencoderTrainRequest,
     BenchmarkRun,
     EngineFlags,
     EvaluateRequest,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 PROG = "main.py"
 SEED_MAX = 2**63 - 1
-MODES = ("train", "sample", "evaluate", "benchmark", "export")
+MODES = ("train", "sample", "evaluate", "benchmark", "export", "train_autoencoder")
 
 
 class Parser(argparse.ArgumentParser):
@@ -109,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         choices=MODES,
         default="train",
-        help="what to do (evaluate: sample quality against the training data, for a list of samplers and steps)",
+        help="what to do (evaluate: sample quality against the training data, for a list of samplers and steps; "
+        "train_autoencoder: the first stage of a latent model)",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto picks CUDA when available")
     p.add_argument("--seed", type=seed, default=0, help="seed for weights, data order, noise and sampling")
@@ -131,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model_path",
         default=None,
         help="checkpoint to write (train) or read (sample, export); sample also reads exported .ts, .onnx and "
-        ".engine/.plan files; default checkpoints/<dataset>.pt",
+        ".engine/.plan files; default checkpoints/<dataset>.pt (train_autoencoder: checkpoints/<dataset>_autoencoder.pt)",
     )
 
     g = p.add_argument_group("data")
@@ -151,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how residual blocks take the timestep: scale_shift (the small preset's default) modulates the normalized "
         "features; add is the older bias before the norm (the ddpm_cifar10 preset's, as in the paper)",
     )
+    g.add_argument(
+        "--patch_size", type=int, default=None,
+        help="fold P x P (x P) patches into channels before the U-Net and unfold them after: its layers then run on "
+        "P^2 (P^3) times fewer positions (default: 2 for volumes of 32 or more voxels a side, else 1)",
+    )  # fmt: skip
     g.add_argument("--beta_schedule", choices=SCHEDULES, default="linear")
     g.add_argument("--timesteps", type=int, default=1000, help="diffusion steps T")
 
@@ -158,14 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n_epochs", type=int, default=None, help="passes over the data (default 10)")
     g.add_argument("--max_steps", type=int, default=None, help="optimizer steps: the run's length, or its cap with --n_epochs")
     g.add_argument(
-        "--batch_size", type=int, default=64, help="training batch; sampling draws --n_samples in batches of this size"
-    )
-    g.add_argument("--lr", type=finite_float, default=2e-4, help="peak AdamW learning rate")
+        "--batch_size", type=int, default=None,
+        help="training batch (default 64 images, 16 volumes); sampling draws --n_samples in batches of this size (default 64)",
+    )  # fmt: skip
+    g.add_argument("--lr", type=finite_float, default=None, help="peak AdamW learning rate (default 2e-4 images, 1e-3 volumes and autoencoders)")
     g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up (default: 5%% of the run, at most 500)")
-    g.add_argument("--ema_decay", type=finite_float, default=0.999)
+    g.add_argument("--ema_decay", type=finite_float, default=None, help="(default 0.999 images, 0.995 volumes)")
     g.add_argument(
         "--min_snr_gamma", type=finite_float, default=None,
-        help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice; default: unweighted)",
+        help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice); 0: unweighted "
+        "(default: unweighted for images, 5 for volumes)",
     )
     g.add_argument("--grad_clip", type=finite_float, default=1.0, help="gradient-norm clipping")
     g.add_argument(
@@ -297,7 +306,23 @@ def request_for(args: argparse.Namespace) -> object:
 
         check_opset(args.opset)
     check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
+    if args.batch_size is None:
+        args.batch_size = training_defaults(args.dataset)["batch_size"] if args.mode == "train" else 64
     return REQUESTS[args.mode](args, resolve_device(args.device))
+
+
+# A new training run's defaults for images and for volumes: a 32^3 spheres model learns its shapes in the
+# CPU minutes that the images' defaults spend on a quarter of the steps (BENCHMARKS.md, "3-D volumes").
+TRAINING_DEFAULTS = {
+    "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
+    "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
+}
+
+
+def training_defaults(dataset: str) -> dict:
+    from data import VOLUME_DATASETS
+
+    return TRAINING_DEFAULTS["volumes" if dataset in VOLUME_DATASETS else "images"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -380,6 +405,7 @@ def _new_model(args: argparse.Namespace) -> NewModel:
         num_res_blocks=args.num_res_blocks,
         dropout=args.dropout,
         time_conditioning=args.time_conditioning,
+        patch_size=args.patch_size,
         beta_schedule=args.beta_schedule,
         timesteps=args.timesteps,
     )
@@ -428,11 +454,16 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
-    if args.resume and args.time_conditioning:
-        raise ValueError("--time_conditioning makes a new model; a resumed run keeps the one in its checkpoint")
+    for flag in ("time_conditioning", "patch_size"):
+        if args.resume and getattr(args, flag) is not None:
+            raise ValueError(f"--{flag} makes a new model; a resumed run keeps the one in its checkpoint")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
     check_outputs({"--model_path": checkpoint})
+    recipe = training_defaults(args.dataset)
+    min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
+    if min_snr_gamma < 0:
+        raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
     channels = default_shape(args.dataset)[1]
     if not args.resume and args.channels and args.channels != channels and args.dataset != "folder":
         raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
@@ -447,10 +478,10 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         n_epochs=args.n_epochs,
         max_steps=args.max_steps,
         batch_size=args.batch_size,
-        lr=args.lr,
+        lr=recipe["lr"] if args.lr is None else args.lr,
         warmup_steps=args.warmup_steps,
-        ema_decay=args.ema_decay,
-        min_snr_gamma=args.min_snr_gamma,
+        ema_decay=recipe["ema_decay"] if args.ema_decay is None else args.ema_decay,
+        min_snr_gamma=min_snr_gamma or None,  # 0: unweighted
         timestep_sampling=args.timestep_sampling,
         class_cond=args.class_cond,
         cond_drop=args.cond_drop,
@@ -556,10 +587,39 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     )
 
 
+def train_autoencoder_request(args: argparse.Namespace, device: torch.device) -> AutoencoderTrainRequest:
+    from autoencoder_training import reconstructions_path
+    from data import VOLUME_DATASETS, default_shape
+
+    if args.dataset in VOLUME_DATASETS:
+        raise ValueError(f"--mode train_autoencoder is for images; {args.dataset} holds 3-D volumes")
+    if args.resume:
+        raise ValueError("--mode train_autoencoder has no --resume (a run is a few minutes); start over with --overwrite")
+    if args.precision not in ("auto", "fp32"):
+        raise ValueError(f"--mode train_autoencoder trains in fp32; drop --precision {args.precision}")
+    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    checkpoint = args.model_path or f"checkpoints/{args.dataset}_autoencoder.pt"
+    if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
+        raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
+    png = reconstructions_path(checkpoint)
+    check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png})
+    size, channels = default_shape(args.dataset)
+    if args.channels and args.channels != channels and args.dataset != "folder":
+        raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
+    request = AutoencoderTrainRequest(
+        device=device, checkpoint=checkpoint, reconstructions=png, overwrite=args.overwrite, dataset=args.dataset,
+        data_dir=args.data_dir, image_size=args.img_size or size, channels=args.channels or channels, seed=args.seed,
+        n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=1e-3 if args.lr is None else args.lr,
+    )  # fmt: skip
+    request.config()  # the image size and channels checked before any data is read
+    return request
+
+
 REQUESTS = {
     "train": train_request,
     "sample": sample_request,
     "evaluate": evaluate_request,
     "export": export_request,
     "benchmark": benchmark_request,
+    "train_autoencoder": train_autoencoder_request,
 }

@@ -2,6 +2,7 @@
 
     python main.py --mode train --dataset digits --max_steps 1500          # offline, CPU-friendly
     python main.py --mode train --dataset mnist --n_epochs 10              # downloads MNIST
+    python main.py --mode train_autoencoder --dataset digits               # a latent model's first stage
     python main.py --mode sample --model_path checkpoints/mnist.pt --n_samples 16 --sampler ddim
     python main.py --mode export --format onnx --model_path checkpoints/mnist.pt        # -> checkpoints/mnist.onnx
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
@@ -27,7 +28,9 @@ import interrupts  # before torch: a Ctrl-C during the first imports ends in one
 from cli import PROG
 
 if TYPE_CHECKING:
-    from mode_requests import BenchmarkRun, DrawRequest, EvaluateRequest, ExportRequest, SampleRequest, TrainRequest
+    from mode_requests import (
+        AutoencoderTrainRequest, BenchmarkRun, DrawRequest, EvaluateRequest, ExportRequest, SampleRequest, TrainRequest,
+    )
     from implementations import SamplerOptions
 
 
@@ -193,6 +196,19 @@ def train(trainer, *, profile: str | None = None) -> None:
         if ranks.is_main:
             print(f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
         raise SystemExit(stop.exit_code) from None
+
+
+def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
+    """The first stage of a latent model; an existing checkpoint is replaced only with --overwrite."""
+    from autoencoder_training import train_autoencoder
+    from safe_files import run_lock
+
+    with run_lock(request.checkpoint):  # a second run on this path is refused until this one ends
+        if Path(request.checkpoint).exists() and not request.overwrite:
+            raise ValueError(
+                f"--model_path {request.checkpoint} already holds a checkpoint; pass --overwrite to start over and replace it"
+            )
+        train_autoencoder(request)
 
 
 # ----- sample ------------------------------------------------------------------------------------
@@ -458,7 +474,10 @@ def run_evaluate(request: EvaluateRequest) -> None:
         print(f"wrote {request.chart}")
 
 
-MODES = {"train": run_train, "sample": run_sample, "evaluate": run_evaluate, "export": run_export, "benchmark": run_benchmark}
+MODES = {
+    "train": run_train, "sample": run_sample, "evaluate": run_evaluate, "export": run_export, "benchmark": run_benchmark,
+    "train_autoencoder": run_train_autoencoder,
+}  # fmt: skip
 DISTRIBUTED_MODES = ("train", "sample", "benchmark")  # the modes that run under torchrun
 
 

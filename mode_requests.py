@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from autoencoder import AutoencoderConfig
+
     from basic_diffusion import UNetConfig
     from benchmark import BenchmarkRequest
     from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
@@ -46,6 +48,7 @@ class NewModel:
     num_res_blocks: int | None = None
     dropout: float | None = None
     time_conditioning: str | None = None
+    patch_size: int | None = None
     beta_schedule: str = "linear"
     timesteps: int = 1000
 
@@ -63,6 +66,7 @@ class NewModel:
             num_res_blocks=self.num_res_blocks,
             dropout=self.dropout,
             time_conditioning=self.time_conditioning,
+            patch_size=self.patch_size,
         )
 
     def schedule_config(self) -> ScheduleConfig:
@@ -133,6 +137,40 @@ class TrainRequest:
     save_every: int = 1000
     sample_every: int = 1000
     profile: str | None = None  # --profile DIR
+
+
+@dataclass(frozen=True)
+class AutoencoderTrainRequest:
+    """--mode train_autoencoder: the first stage of a latent model (autoencoder_training.py)."""
+
+    device: torch.device
+    checkpoint: str
+    reconstructions: str  # the PNG beside the checkpoint
+    overwrite: bool
+    dataset: str
+    data_dir: str
+    image_size: int
+    channels: int
+    seed: int = 0
+    n_epochs: int | None = None
+    max_steps: int | None = None  # neither: autoencoder_training.DEFAULT_STEPS
+    batch_size: int = 64
+    lr: float = 1e-3
+    # None: AutoencoderConfig's default
+    latent_channels: int | None = None
+    downsample: int | None = None
+    base_channels: int | None = None
+    kl_weight: float | None = None
+
+    def config(self) -> AutoencoderConfig:
+        """The autoencoder's config (validated)."""
+        from autoencoder import AutoencoderConfig
+
+        given = dict(latent_channels=self.latent_channels, downsample=self.downsample, base_channels=self.base_channels,
+                     kl_weight=self.kl_weight)  # fmt: skip
+        return AutoencoderConfig(
+            image_size=self.image_size, in_channels=self.channels, **{k: v for k, v in given.items() if v is not None}
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import main
-from basic_diffusion import UNet, UNetConfig, sample, unet_preset
+from basic_diffusion import UNet, UNetConfig, depth_to_space, sample, space_to_depth, unet_preset
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -34,6 +34,28 @@ def test_the_3d_unet_keeps_the_volume_shape(size):
     with torch.no_grad():
         assert model(x, torch.tensor([0, 999])).shape == x.shape
     assert isinstance(model.conv_in, torch.nn.Conv3d)
+
+
+def test_patches_fold_into_channels_and_back_like_pixel_unshuffle():
+    images = torch.randn(2, 3, 8, 12)
+    folded = space_to_depth(images, 2)
+    torch.testing.assert_close(folded, torch.nn.functional.pixel_unshuffle(images, 2), rtol=0, atol=0)
+    torch.testing.assert_close(depth_to_space(folded, 2), images, rtol=0, atol=0)
+    volumes = torch.randn(2, 1, 4, 8, 4)
+    folded = space_to_depth(volumes, 2)  # (2, 8, 2, 4, 2): channel k = the patch voxel (k // 4, k // 2 % 2, k % 2)
+    assert folded.shape == (2, 8, 2, 4, 2)
+    torch.testing.assert_close(folded[:, 5], volumes[:, 0, 1::2, 0::2, 1::2], rtol=0, atol=0)
+    torch.testing.assert_close(depth_to_space(folded, 2), volumes, rtol=0, atol=0)
+
+
+def test_the_32_voxel_preset_runs_its_unet_on_2_voxel_patches():
+    config = unet_preset("small", image_size=32, in_channels=1, dims=3, model_channels=8)
+    assert config.patch_size == 2 and config.resolutions == (16, 8, 4)
+    assert unet_preset("small", image_size=16, in_channels=1, dims=3).patch_size == 1
+    model = UNet(config)
+    assert model.conv_in.in_channels == 8 and model.conv_out.out_channels == 8
+    with pytest.raises(ValueError, match="after 2-voxel patches"):
+        UNetConfig(**{**TINY_3D, "image_size": 10, "patch_size": 2})
 
 
 def test_the_cuda_implementation_draws_the_original_volumes_on_the_cpu():
@@ -69,12 +91,13 @@ def test_activation_checkpointing_keeps_the_gradients():
         torch.testing.assert_close(checkpointed, plain)
 
 
-def test_an_exported_3d_unet_gives_pytorchs_eps_through_onnxruntime():
+@pytest.mark.parametrize("patch_size", [1, 2])
+def test_an_exported_3d_unet_gives_pytorchs_eps_through_onnxruntime(patch_size):
     pytest.importorskip("onnxruntime")
     from runtimes import as_onnxruntime
 
     torch.manual_seed(0)
-    model = UNet(UNetConfig(**TINY_3D)).eval()
+    model = UNet(UNetConfig(**{**TINY_3D, "patch_size": patch_size, "attention_resolutions": (4 // patch_size,)})).eval()
     for p in model.parameters():
         p.data.add_(0.05 * torch.randn_like(p))
     runner = as_onnxruntime(model, device=torch.device("cpu"))  # export to ONNX (checked), then a session
@@ -106,6 +129,8 @@ def test_spheres_train_sample_and_evaluate_from_the_command_line(tmp_path, capsy
     assert "--grid_scale" in capsys.readouterr().err and not grid.exists()
     assert main.main([*train, "--resume", "--time_conditioning", "add"]) == 2
     assert "--time_conditioning makes a new model" in capsys.readouterr().err
+    assert main.main([*train, "--resume", "--patch_size", "2"]) == 2
+    assert "--patch_size makes a new model" in capsys.readouterr().err
     out_json = tmp_path / "e.json"
     evaluate = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(ckpt), "--sampler", "ddpm,dpm_solver_sde",
                 "--sampling_steps", "4", "--n_samples", "6", "--json", str(out_json)]  # fmt: skip
