@@ -12,23 +12,29 @@ of them imports another's caller.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
-from checkpoints import load_checkpoint_parts
+from checkpoints import first_line, load_checkpoint_parts, read_limited
 from export import (
+    _quiet_torchscript,
     default_opset,
+    export_decoder_onnx,
     export_onnx_model,
     import_onnx,
     save_torchscript,
     trace_torchscript,
 )
-from noise_schedule import ScheduleConfig
+from noise_schedule import ScheduleConfig, short_repr
 from runtimes import (
+    OnnxRuntimeDecoder,
     OnnxRuntimeUNet,
     _ort_reason,
     import_onnxruntime,
@@ -36,6 +42,7 @@ from runtimes import (
     load_torchscript,
     onnxruntime_session,
 )
+from latents import FirstStage, check_latent_unet, check_pixel_unet, linked_first_stage
 from safe_files import atomic_write, check_target
 from unet_io import UNetIO, artifact_metadata, max_abs_diff
 
@@ -66,6 +73,12 @@ class Artifact:
     model_config: UNetConfig
     schedule_config: ScheduleConfig
     class_names: tuple[str, ...] = ()  # a class-conditional model's classes (label i is class_names[i])
+    first_stage: FirstStage | None = None  # a latent model: the autoencoder that decodes its samples
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """One sample's shape as written: the decoded image's for a latent model, else the U-Net's."""
+        return self.first_stage.image_shape if self.first_stage is not None else self.model_config.sample_shape(1)[1:]
 
 
 def artifact_kind(path: str | Path) -> str:
@@ -76,17 +89,28 @@ def artifact_kind(path: str | Path) -> str:
 
 
 def load_artifact(
-    path: str | Path, *, device: torch.device, weights: str = "ema", trust_torchscript: bool = False
+    path: str | Path, *, device: torch.device, weights: str = "ema", trust_torchscript: bool = False,
+    autoencoder: str | None = None,
 ) -> Artifact:
     """Load a checkpoint or an exported U-Net by its suffix, with the configs stored in or beside it.
 
     Everything is validated first (see the module docstring); a TorchScript file is refused unless
-    ``trust_torchscript``, before anything reads it.
+    ``trust_torchscript``, before anything reads it. A latent model's checkpoint brings its autoencoder
+    (from the path it names, or ``autoencoder``), checked against the sha256 it stored.
     """
     path, kind = Path(path), artifact_kind(path)
     if kind == "checkpoint":
-        model, schedule_config, class_names = load_checkpoint_parts(path, weights=weights, device=device)
-        return Artifact(kind, path, model, model.config, schedule_config, class_names)
+        model, schedule_config, class_names, link = load_checkpoint_parts(path, weights=weights, device=device)
+        if link is None and autoencoder:
+            raise ValueError(f"--autoencoder: {path} is a pixel model; it has no autoencoder to replace")
+        stage = None
+        if link is not None:
+            stage = linked_first_stage(
+                link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder
+            )
+        return Artifact(kind, path, model, model.config, schedule_config, class_names, stage)
+    if autoencoder:
+        raise ValueError(f"--autoencoder goes with a latent model's .pt checkpoint, not a {KIND_NAMES[kind]} file")
     if not path.is_file():
         raise ValueError(f"{path} does not exist or is not a file")
     if kind == "torchscript":  # refused before it is read unless trusted
@@ -101,12 +125,81 @@ def load_artifact(
         raise ValueError(f"{path} holds the EMA weights only; drop --no_ema (or export the raw ones with --no_ema)")
     if meta["weights"] != weights:
         raise ValueError(f"{path} holds the raw weights only (it was exported with --no_ema); sample it with --no_ema")
+    stage = None
+    if "decoder" in meta:  # a latent model: its decoder file beside it, checked against the hash it names
+        if kind == "tensorrt":
+            raise ValueError(f"{path}: engines of latent models are not built by this version")
+        stage = load_exported_decoder(meta["decoder"], path=path, kind=kind, model_config=model_config, device=device)
+    else:
+        check_pixel_unet(model_config, source=str(path))
     class_names = ()
     if model_config.num_classes:
         from conditioning import read_class_names
 
         class_names = read_class_names(meta, num_classes=model_config.num_classes, source=str(path))
-    return Artifact(kind, path, model, model_config, schedule_config, class_names)
+    return Artifact(kind, path, model, model_config, schedule_config, class_names, stage)
+
+
+def decoder_path(unet_path: Path) -> Path:
+    """Where a latent model's exported decoder lives: beside its U-Net, ``X.onnx`` -> ``X.decoder.onnx``."""
+    return unet_path.with_name(f"{unet_path.stem}.decoder{unet_path.suffix}")
+
+
+def load_exported_decoder(entry: object, *, path: Path, kind: str, model_config: UNetConfig, device: torch.device) -> FirstStage:
+    """The decoder an exported latent U-Net names in its metadata, read only if its sha256 is the one named."""
+    shape_ok = lambda v: isinstance(v, list) and 1 <= len(v) <= 4 and all(type(n) is int and 0 < n <= 4096 for n in v)  # noqa: E731
+    if not (
+        isinstance(entry, dict) and set(entry) == {"file", "sha256", "latent_shape", "image_shape"}
+        and entry["file"] == decoder_path(path).name and isinstance(entry["sha256"], str)
+        and shape_ok(entry["latent_shape"]) and shape_ok(entry["image_shape"])
+    ):  # fmt: skip
+        raise ValueError(f"{path} has unusable decoder metadata ({short_repr(entry)}); export it again")
+    stage = FirstStage(None, tuple(entry["latent_shape"]), tuple(entry["image_shape"]), link={})
+    check_latent_unet(model_config, stage, source=str(path))
+    file = decoder_path(path)
+    if not file.is_file():
+        raise ValueError(f"{path} is a latent model whose decoder {file} is missing; export it again")
+    data = read_limited(file, kind=kind)
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise ValueError(f"{file} is not the decoder {path} was exported with (its sha256 differs); export it again")
+    if kind == "onnx":
+        session = onnxruntime_session(data, device=device, source=file)
+        decoder = OnnxRuntimeDecoder(session, image_shape=stage.image_shape, path=file)
+    else:  # TorchScript: trusted with the U-Net (load_torchscript refused it otherwise)
+        try:
+            with _quiet_torchscript():
+                decoder = torch.jit.load(io.BytesIO(data), map_location=device).eval()
+        except Exception as exc:  # as load_torchscript: broken archives, the file's own code
+            raise ValueError(f"{file} is corrupt or not a TorchScript file ({first_line(exc)})") from exc
+    return replace(stage, decoder=decoder)
+
+
+def export_decoder(
+    stage: FirstStage, *, fmt: str, source: Path, output: Path, device: torch.device, opset: int
+) -> tuple[dict, str, Callable[[], None]]:
+    """A latent model's decoder exported for beside its U-Net and checked against PyTorch; returns (the
+    metadata entry naming it, a report line, write(): the file written, atomically, just before the U-Net)."""
+    file = decoder_path(output)
+    check_target(file, flag="--output's decoder")
+    if file.resolve() == source.resolve():
+        raise ValueError(f"the decoder {file} would overwrite the source {source}")
+    decoder = stage.decoder.to(device).eval()
+    example = torch.randn(2, *stage.latent_shape, generator=torch.Generator().manual_seed(0)).to(device)
+    if fmt == "onnx":
+        data = export_decoder_onnx(decoder, latent_shape=stage.latent_shape, opset=opset).SerializeToString()
+        runner = OnnxRuntimeDecoder(onnxruntime_session(data, device=device), image_shape=stage.image_shape)
+    else:
+        buffer = io.BytesIO()
+        with torch.no_grad(), _quiet_torchscript():
+            traced = torch.jit.trace(decoder, (example,), check_trace=False)
+            torch.jit.save(traced, buffer)
+        data, runner = buffer.getvalue(), traced
+    z = torch.randn(3, *stage.latent_shape, generator=torch.Generator().manual_seed(1)).to(device)  # another batch size
+    with torch.no_grad():
+        diff = (runner(z) - decoder(z)).abs().max().item()
+    entry = {"file": file.name, "sha256": hashlib.sha256(data).hexdigest(),
+             "latent_shape": list(stage.latent_shape), "image_shape": list(stage.image_shape)}  # fmt: skip
+    return entry, f"wrote {file} (the decoder; against PyTorch: max abs diff {diff:.3e})", lambda: atomic_write(file, lambda f: f.write(data))
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,8 +233,10 @@ def export_checkpoint(
     device: torch.device,
     opset: int | None = None,
     precision: str = "fp32",
+    autoencoder: str | None = None,
 ) -> list[str]:
     """Export a checkpoint's U-Net to ONNX or TorchScript, check it against PyTorch; returns report lines.
+    A latent model's decoder is exported beside it (:func:`export_decoder`).
 
     ONNX may be written in mixed precision (``precision`` fp16/bf16); its check is then against
     the same mixed-precision U-Net in PyTorch, and the fp32 U-Net's difference is reported too.
@@ -157,8 +252,18 @@ def export_checkpoint(
         import_onnx()  # fail before any work if a package is missing
         import_onnxruntime()
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
-    model, schedule_config, class_names = load_checkpoint_parts(source, weights=weights, device=device)
+    model, schedule_config, class_names, link = load_checkpoint_parts(source, weights=weights, device=device)
     labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
+    report = []
+    if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
+        if fmt == "onnx" and precision != "fp32":
+            raise ValueError("a latent model's ONNX export is fp32 (its decoder has no mixed-precision form yet)")
+        stage = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
+        entry, line, write_decoder = export_decoder(stage, fmt=fmt, source=source, output=output, device=device, opset=opset)
+        labels["decoder"] = entry
+        report.append(line)
+    else:
+        write_decoder = lambda: None  # noqa: E731  (a pixel model has none)
     io = UNetIO.from_config(model.config)  # with the label input y for a conditional U-Net
     batch_sizes = (1, 3, 8)
     if fmt == "onnx":
@@ -184,6 +289,7 @@ def export_checkpoint(
             # and compare the mixed-precision U-Net in PyTorch with the fp32 one instead.
             runtime, reference = reference, model
             compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); instead PyTorch's {precision} U-Net vs fp32"
+        write_decoder()
         atomic_write(output, lambda f: f.write(data))
         diff = max_abs_diff(runtime, reference, io=io, batch_sizes=batch_sizes)
     else:
@@ -191,13 +297,14 @@ def export_checkpoint(
             model_config=model.config, schedule_config=schedule_config, weights=weights, traced_on=device.type, **labels
         )
         module = trace_torchscript(model)
+        write_decoder()
         save_torchscript(module, output, metadata=metadata)
         loaded, *_ = load_torchscript(output, device=device, trusted=True)  # the file traced just now
         diff = max_abs_diff(loaded, model, io=io, batch_sizes=batch_sizes)
         checked = f"traced on {device.type}"
         compared = f"TorchScript vs PyTorch ({weights} weights)"
     sizes = ", ".join(map(str, batch_sizes))
-    return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}"]
+    return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}", *report]
 
 
 def export_artifact(
@@ -210,13 +317,15 @@ def export_artifact(
     precision: str = "fp32",
     opset: int | None = None,
     tensorrt_options=None,
+    autoencoder: str | None = None,
 ) -> list[str]:
     """``--mode export``: ONNX or TorchScript from a checkpoint (:func:`export_checkpoint`), or a TensorRT
     engine from a checkpoint or ONNX file (tensorrt_integration.export_engine); returns report lines."""
     if fmt != "tensorrt":
         return export_checkpoint(
-            source, fmt=fmt, output=output, weights=weights, device=device, opset=opset, precision=precision
-        )
+            source, fmt=fmt, output=output, weights=weights, device=device, opset=opset, precision=precision,
+            autoencoder=autoencoder,
+        )  # fmt: skip
     import tensorrt_integration
 
     source, output = Path(source), Path(output)
@@ -228,7 +337,9 @@ def export_artifact(
     tensorrt_integration.require_cuda(device)
     if artifact_kind(source) not in ("checkpoint", "onnx"):
         raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
-    artifact = load_artifact(source, device=torch.device("cpu"), weights=weights)
+    artifact = load_artifact(source, device=torch.device("cpu"), weights=weights, autoencoder=autoencoder)
+    if artifact.first_stage is not None:
+        raise ValueError(f"{source} is a latent model: its engines (U-Net and decoder) are not built yet; sample it from the checkpoint")
     return tensorrt_integration.export_engine(
         artifact.model,
         model_config=artifact.model_config,

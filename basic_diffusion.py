@@ -39,6 +39,7 @@ UNET_BOUNDS = {
 }
 MAX_LEVELS = 8  # entries of channel_mult
 MAX_CHANNEL_MULT = 8
+MAX_LATENT_CHANNELS = 64  # a latent model's U-Net takes its autoencoder's latent channels (autoencoder.py)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class UNetConfig:
     """Shape of the denoiser. ``attention_resolutions`` are feature-map sizes in pixels.
 
     Valid values (checked at construction; :meth:`from_dict`, for configs read from files, also
-    refuses unknown or missing keys and wrong types): ``in_channels`` 1 or 3; ``image_size``
+    refuses unknown or missing keys and wrong types): ``in_channels`` 1 or 3 (1..64 for the U-Net of a
+    latent model, whose file names its autoencoder: latents.py checks which); ``image_size``
     1..1024, divisible by 2 ** (levels - 1); ``model_channels`` 1..512; ``channel_mult`` 1..8
     levels, each 1..8; ``num_res_blocks`` 1..8; ``num_heads`` 1..64, dividing every attention
     width; ``norm_groups`` 1..256; ``attention_resolutions`` at most 16 sizes, each 1..image_size;
@@ -92,8 +94,10 @@ class UNetConfig:
         # Tuples may arrive as lists from a checkpoint; normalize so equality and hashing work.
         object.__setattr__(self, "channel_mult", tuple(int(m) for m in self.channel_mult))
         object.__setattr__(self, "attention_resolutions", tuple(int(r) for r in self.attention_resolutions))
-        if self.in_channels not in (1, 3):
-            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {short_repr(self.in_channels)}")
+        if not (self.in_channels in (1, 3) or 1 <= self.in_channels <= MAX_LATENT_CHANNELS):  # latents: see latents.py
+            raise ValueError(
+                f"channels must be 1 (grayscale), 3 (RGB) or a latent's 1 to {MAX_LATENT_CHANNELS}, got {short_repr(self.in_channels)}"
+            )
         levels = len(self.channel_mult)
         if not 1 <= levels <= MAX_LEVELS or not all(1 <= m <= MAX_CHANNEL_MULT for m in self.channel_mult):
             raise ValueError(
@@ -170,8 +174,11 @@ def unet_preset(name: str, *, image_size: int, in_channels: int, dims: int = 2, 
         base = dict(model_channels=16, channel_mult=mult, num_res_blocks=1, num_heads=4, dropout=0.0, norm_groups=8)
         base.update(patch_size=patch, attention_resolutions=(inner // 2 ** (levels - 1),))
     elif name == "small":
-        base = dict(model_channels=64, channel_mult=(1, 2, 2), num_res_blocks=2, num_heads=4, dropout=0.1)
-        base["attention_resolutions"] = (image_size // 4,)  # the lowest resolution
+        # Down to a quarter of the side; small inputs (a latent model's 4x4 latents) stop at 2x2, where
+        # GroupNorm still has more than one value per group at batch 1.
+        mult = (1, 2, 2) if image_size >= 8 else (1, 2) if image_size >= 4 else (1,)
+        base = dict(model_channels=64, channel_mult=mult, num_res_blocks=2, num_heads=4, dropout=0.1)
+        base["attention_resolutions"] = (image_size // 2 ** (len(mult) - 1),)  # the lowest resolution
     elif name == "ddpm_cifar10" and dims == 2:
         base = dict(model_channels=128, channel_mult=(1, 2, 2, 2), num_res_blocks=2, num_heads=1, dropout=0.1)
         base["attention_resolutions"] = (16,) if image_size >= 16 else ()

@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,6 +33,7 @@ import implementations
 from basic_diffusion import UNet, count_parameters
 from checkpoints import first_line
 from conditioning import Guidance
+from latents import FirstStage
 from noise_schedule import SamplingPlan
 from benchmark_report import Row, Unavailable, environment, format_summary, format_table, write_outputs
 
@@ -160,11 +161,12 @@ def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int = 819
 # ----- rows ----------------------------------------------------------------------------------------
 def make_row(
     name: str, *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str,
-    guidance: Guidance | None = None,
-) -> tuple[str, Callable[[torch.Generator], torch.Tensor], str]:
-    """(precision, run(generator), detail) for one row, built through the implementation registry;
+    guidance: Guidance | None = None, first_stage: FirstStage | None = None,
+) -> tuple[str, Callable[[torch.Generator], torch.Tensor], str, Callable[[torch.Tensor], torch.Tensor] | None]:
+    """(precision, run(generator), detail, decode) for one row, built through the implementation registry;
     raises Unavailable when the row cannot run here. The fp32-only rows run in fp32 whatever
-    ``precision`` asks.
+    ``precision`` asks. For a latent model ``run`` draws latents and ``decode`` is the row's decoder
+    (None for a pixel model).
 
     Building a row may capture graphs, compile or export: the caller builds, times and frees one
     row at a time, so no row carries another's buffers or memory pools.
@@ -172,7 +174,7 @@ def make_row(
     impl = implementations.get(name)
     row_precision = precision if precision in impl.precisions else "fp32"
     try:
-        impl.check(device=plan.coefficients.device, conditional=guidance is not None)
+        impl.check(device=plan.coefficients.device, conditional=guidance is not None, latent=first_stage is not None)
     except ValueError as exc:
         raise Unavailable(str(exc)) from exc
     options = implementations.SamplerOptions(precision=row_precision, guidance=guidance)
@@ -181,10 +183,14 @@ def make_row(
     try:
         network = impl.prepare(network, options)
         sampler = impl.build(network, plan, shape=shape, options=options)
+        decode = None
+        if first_stage is not None:
+            stage = first_stage if name == "original" else replace(first_stage, decoder=copy.deepcopy(first_stage.decoder))
+            decode = impl.decoder(stage, options)
     except ImportError as exc:  # an optional package or the extension is missing: say which
         raise Unavailable(first_line(exc)) from exc
     detail = getattr(network, "provider", "")  # onnxruntime's execution provider
-    return row_precision, lambda g: sampler(generator=g, guidance=guidance), detail
+    return row_precision, lambda g: sampler(generator=g, guidance=guidance), detail, decode
 
 
 def row_label(name: str, device: torch.device) -> str:
@@ -242,9 +248,11 @@ def run_benchmark(
     progress: Callable[[str], None] = print,
     profile: str | None = None,
     guidance: Guidance | None = None,
+    first_stage: FirstStage | None = None,
 ) -> tuple[dict, list[Row]]:
     """Time every requested row; returns (environment and config, rows). A class-conditional model is
-    timed guided (``guidance``: its labels and scale; the U-Net runs on twice the batch).
+    timed guided (``guidance``: its labels and scale; the U-Net runs on twice the batch). A latent model
+    (``first_stage``) is timed whole (the sampling loop, then the row's decoder), and each stage alone.
 
     With ``profile`` (--profile DIR), each row runs once more after its timing, traced into
     DIR/benchmark-<row>/ (profiling.py): the trace never lands in a timed run or the memory figure.
@@ -277,22 +285,30 @@ def run_benchmark(
         try:
             with memory, PeakRSS() as rss:
                 try:
-                    row.precision, run, row.detail = make_row(
-                        name, model=model, plan=plan, shape=shape, precision=precision, guidance=guidance
-                    )
+                    row.precision, loop, row.detail, decode = make_row(
+                        name, model=model, plan=plan, shape=shape, precision=precision, guidance=guidance,
+                        first_stage=first_stage,
+                    )  # fmt: skip
                 except Unavailable as exc:
                     row.status, row.reason = "unavailable", str(exc)
                     progress(f"{name}: unavailable ({exc})")
                     continue
+                run = loop if decode is None else (lambda g, loop=loop, decode=decode: decode(loop(g)))
                 progress(f"{row_label(name, device)}: {row_warmup} warm-up + {repeats} timed runs ...")
                 times, images = time_runs(
                     lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=row_warmup, repeats=repeats
                 )
+                if decode is not None:  # each stage alone: the loop, then the decoder on its latents
+                    loop_times, latents = time_runs(
+                        lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
+                    )
+                    decode_times, _ = time_runs(lambda: decode(latents), device=device, warmup=1, repeats=repeats)
+                    row.loop_s, row.decode_s = statistics.median(loop_times), statistics.median(decode_times)
                 if device.type == "cuda":
                     memory.sample()  # everything the row allocated is still held here
             if profile:
                 trace_run(run, name=f"benchmark-{name}", directory=profile, device=device, seed=seed, log=progress)
-            del run
+            del run, loop, decode  # free the row before the next one is built
         except Exception as exc:  # a row's failure is reported in its row, the others still run
             row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
             progress(f"{name}: failed ({row.reason})")
@@ -363,7 +379,7 @@ def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
 
 def main(
     args: BenchmarkRequest, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str,
-    guidance: Guidance | None = None,
+    guidance: Guidance | None = None, first_stage: FirstStage | None = None,
 ) -> list[Row]:
     """Run, print (header, table, summary) and write the requested outputs."""
     names = parse_rows(args.rows, device_type=plan.coefficients.device.type)  # the output paths were checked by main.py before any work
@@ -371,7 +387,7 @@ def main(
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = run_benchmark(
         model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup,
-        repeats=args.repeats, profile=args.profile, guidance=guidance,
+        repeats=args.repeats, profile=args.profile, guidance=guidance, first_stage=first_stage,
     )  # fmt: skip
     print()
     for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python"):
@@ -381,6 +397,9 @@ def main(
         f"{'model':>18}: {env['parameters'] / 1e6:.2f}M parameters, {env['unet_gflops_per_forward']:.2f} GFLOP per forward "
         f"at batch {shape[0]}; {plan.sampler}, {plan.num_steps} steps; {args.warmup} warm-up + {args.repeats} timed runs"
     )
+    if first_stage is not None:
+        latents, images = ("x".join(map(str, shape)) for shape in (first_stage.latent_shape, first_stage.image_shape))
+        print(f"{'latent model':>18}: {latents} latents decoded to {images} images; loop s and decoder s: each stage alone")
     if guidance is not None:
         print(f"{'guidance':>18}: class-conditional, scale {guidance.scale:g}: the U-Net runs on twice the batch each step")
     if "matmul_peak_tflops" in env:

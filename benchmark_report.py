@@ -43,6 +43,8 @@ class Row:
     parity: str = ""  # pass | FAIL | reference | ""
     tflops: float | None = None
     detail: str = ""  # what ran, where the name does not say (onnxruntime's execution provider)
+    loop_s: float | None = None  # a latent model: the sampling loop alone (median s)
+    decode_s: float | None = None  # and its decoder alone, on the loop's latents
 
 
 def environment(device: torch.device) -> dict:
@@ -89,11 +91,21 @@ def format_table(rows: list[Row]) -> str:
             f"{r.images_per_s:.1f}", times_text(r.speedup), "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
             "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
         ))  # fmt: skip
+    if any(r.decode_s is not None for r in rows):  # a latent model: the two stages' own times
+        head = (*head[:3], "loop s", "decoder s", *head[3:])
+        lines = [
+            (*line[:3], _seconds(r.loop_s), _seconds(r.decode_s), *line[3:]) if len(line) > 3 else line
+            for r, line in zip(rows, lines)
+        ]
     widths = [max([len(h), *(len(line[i]) for line in lines if len(line) > 3)]) for i, h in enumerate(head)]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     for line in lines:
         out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)) if len(line) > 3 else "  ".join(line))
     return "\n".join(out)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def times_text(speedup: float | None) -> str:

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import pickle
+import re
 import stat
 import warnings
 import zipfile
@@ -54,6 +55,9 @@ MAX_FILE_BYTES = {
 MAX_JSON_DEPTH = 32  # the metadata written here nests 4 deep
 
 WEIGHTS = ("ema", "model")  # the checkpoint entry an artifact was exported from
+LINK_KEY = "autoencoder"  # a latent model's entry naming its autoencoder (latents.py): {"path": str, "sha256": hex}
+MAX_PATH_CHARS = 4096
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def save_checkpoint(path: str | Path, state: dict) -> Path:
@@ -254,18 +258,41 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def read_link(state: Mapping, *, source: str) -> dict | None:
+    """A checkpoint's link to its autoencoder (None for a pixel model), its types checked."""
+    link = state.get(LINK_KEY)
+    if link is None:
+        return None
+    if not (
+        isinstance(link, dict) and set(link) == {"path", "sha256"} and isinstance(link["path"], str)
+        and 0 < len(link["path"]) <= MAX_PATH_CHARS and isinstance(link["sha256"], str) and _SHA256.fullmatch(link["sha256"])
+    ):  # fmt: skip
+        raise ValueError(f"{source}: its autoencoder entry is unusable ({short_repr(link)})")
+    return link
+
+
+def check_pixel_unet(model_config, *, source: str) -> None:
+    """A model without an autoencoder draws images: 1 or 3 channels."""
+    if model_config.in_channels not in (1, 3):
+        raise ValueError(
+            f"{source}: its U-Net has {model_config.in_channels} channels but no autoencoder to decode them "
+            "(images have 1 or 3; latent models are sampled from their .pt checkpoint)"
+        )
+
+
 def load_checkpoint_model(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig]:
     """The U-Net of a checkpoint with its EMA (or raw) weights, in eval mode, and its schedule config."""
-    model, schedule_config, _ = load_checkpoint_parts(path, weights=weights, device=device)
+    model, schedule_config, _, _ = load_checkpoint_parts(path, weights=weights, device=device)
     return model, schedule_config
 
 
 def load_checkpoint_parts(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
-) -> tuple[UNet, ScheduleConfig, tuple[str, ...]]:
-    """:func:`load_checkpoint_model` and the model's class names (empty for an unconditional model).
+) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None]:
+    """:func:`load_checkpoint_model`, the model's class names (empty for an unconditional model) and, for a
+    latent model, its link to its autoencoder (latents.py; None for a pixel model).
 
     The U-Net is built on the meta device and takes the checkpoint's tensors (checkpoints.load_weights
     with ``assign``), so nothing is allocated for a config until its weights are known to match it.
@@ -277,8 +304,11 @@ def load_checkpoint_parts(
     state = load_checkpoint(path)
     source = f"checkpoint {path}"
     model_config, schedule_config = read_configs(state, source=source)
+    link = read_link(state, source=source)
+    if link is None:
+        check_pixel_unet(model_config, source=source)
     class_names = read_class_names(state, num_classes=model_config.num_classes, source=source) if model_config.num_classes else ()
     with torch.device("meta"):
         model = UNet(model_config)
     load_weights(model, state[weights], source=source, assign=True)
-    return model.to(device).eval(), schedule_config, class_names
+    return model.to(device).eval(), schedule_config, class_names, link

@@ -158,7 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="fold P x P (x P) patches into channels before the U-Net and unfold them after: its layers then run on "
         "P^2 (P^3) times fewer positions (default: 2 for volumes of 32 or more voxels a side, else 1)",
     )  # fmt: skip
+    g.add_argument(
+        "--autoencoder", default=None, metavar="PATH",
+        help="latent diffusion: train the U-Net on the latents of this autoencoder (--mode train_autoencoder makes one); "
+        "when sampling, where a latent model's autoencoder is now if it moved",
+    )  # fmt: skip
     g.add_argument("--beta_schedule", choices=SCHEDULES, default="linear")
+    g = p.add_argument_group("autoencoder (--mode train_autoencoder: the first stage of a latent model)")
+    g.add_argument("--latent_channels", type=int, default=None, help="channels of the latent (default 4)")
+    g.add_argument(
+        "--downsample", type=int, default=None, choices=(2, 4, 8),
+        help="image side / latent side (default 4 from 16 pixels up, else 2; sides are padded to an even latent)",
+    )  # fmt: skip
+    g.add_argument("--ae_channels", type=int, default=None, help="the autoencoder's base width (default 32)")
+    g.add_argument("--kl_weight", type=finite_float, default=None, help="weight of the KL term against L1 (default 1e-3)")
     g.add_argument("--timesteps", type=int, default=1000, help="diffusion steps T")
 
     g = p.add_argument_group("training")
@@ -387,14 +400,17 @@ def _model_path(args: argparse.Namespace) -> str:
 
 def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
     return ModelSource(
-        path=path or _model_path(args), weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript
-    )
+        path=path or _model_path(args), weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript,
+        autoencoder=args.autoencoder,
+    )  # fmt: skip
 
 
 def _new_model(args: argparse.Namespace) -> NewModel:
     from data import default_shape
 
     size, channels = default_shape(args.dataset)
+    if getattr(args, "autoencoder", None):
+        size = channels = 0  # a latent model's: its autoencoder's, unless the flags name others (refused if they differ)
     return NewModel(
         dataset=args.dataset,
         data_dir=args.data_dir,
@@ -443,13 +459,15 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
 
 
 def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
-    from data import default_shape
+    from data import VOLUME_DATASETS, default_shape
 
     _single(args)
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
     checkpoint = _model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
+    if args.autoencoder and args.dataset in VOLUME_DATASETS:
+        raise ValueError("--autoencoder: latent models are for images; volumes train in voxel space")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
     if args.resume and args.class_cond:
@@ -474,6 +492,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         resume=args.resume,
         overwrite=args.overwrite,
         model=_new_model(args),
+        autoencoder=args.autoencoder,
         seed=args.seed,
         n_epochs=args.n_epochs,
         max_steps=args.max_steps,
@@ -610,8 +629,10 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
         device=device, checkpoint=checkpoint, reconstructions=png, overwrite=args.overwrite, dataset=args.dataset,
         data_dir=args.data_dir, image_size=args.img_size or size, channels=args.channels or channels, seed=args.seed,
         n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=1e-3 if args.lr is None else args.lr,
+        latent_channels=args.latent_channels, downsample=args.downsample, base_channels=args.ae_channels,
+        kl_weight=args.kl_weight,
     )  # fmt: skip
-    request.config()  # the image size and channels checked before any data is read
+    request.config()  # the image size, channels and shape flags checked before any data is read
     return request
 
 

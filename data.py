@@ -44,7 +44,7 @@ def default_shape(dataset: str) -> tuple[int, int]:
 
 @dataclass
 class ImageSet:
-    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W); ``labels`` int64 (N,) indexes
+    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W) (or float32 latents, latents.py); ``labels`` int64 (N,) indexes
     ``class_names`` (None for a dataset without classes: a folder without sub-folders, random data)."""
 
     name: str
@@ -95,7 +95,9 @@ class ImageSet:
         flips = torch.rand(len(self), generator=gen) < 0.5
         take = order[index * batch_size : (index + 1) * batch_size]
         take = take if rows is None else take[rows]
-        x = self.images[take].to(device, non_blocking=True).float().div_(127.5).sub_(1.0)  # (B, C, H, W[, D])
+        x = self.images[take].to(device, non_blocking=True).float()  # (B, C, H, W[, D])
+        if self.images.dtype == torch.uint8:  # pixels to [-1, 1]; float data (a latent model's latents) as stored
+            x = x.div_(127.5).sub_(1.0)
         if self.hflip:
             flip = flips[take].to(device).view(-1, *[1] * (x.ndim - 1))
             x = torch.where(flip, x.flip(-1), x)

@@ -112,6 +112,22 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
     return proto
 
 
+def export_decoder_onnx(decoder: torch.nn.Module, *, latent_shape: Sequence[int], opset: int = DEFAULT_OPSET):
+    """A latent model's decoder (latents.py) as a checked ``onnx.ModelProto``: "latents" (B, C, h, w) in,
+    "images" (B, C, H, W) out, with a dynamic batch."""
+    check_opset(opset)
+    onnx = import_onnx()
+    device = next(decoder.parameters()).device
+    example = (torch.randn(2, *latent_shape, device=device),)  # B = 2: torch.export specializes sizes 0 and 1
+    program = torch.onnx.export(
+        decoder.eval(), example, input_names=["latents"], output_names=["images"], opset_version=opset, dynamo=True,
+        dynamic_shapes=({0: torch.export.Dim(BATCH, min=1)},), optimize=True, verbose=False,
+    )  # fmt: skip
+    proto = program.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
 def onnx_io_mismatches(proto, io: UNetIO) -> list[str]:
     """How a graph's inputs and outputs differ from the spec: names, dtypes, shapes, a named batch axis."""
     from onnx import TensorProto

@@ -19,7 +19,7 @@ cuBLAS, true fp32 like the fused cuda implementation's fp32.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -27,7 +27,9 @@ from torch import nn
 
 from artifacts import KIND_NAMES
 from conditioning import Guidance
+from latents import FirstStage
 from precision import PRECISIONS, backend_policy
+from profiling import phase
 
 if TYPE_CHECKING:
     from noise_schedule import SamplingPlan
@@ -65,13 +67,19 @@ class Implementation:
     in_sample_mode: bool = True  # offered by --implementation (else a benchmark row only)
     conditional: bool = False  # runs class-conditional models (labels and guidance)
     default_row_on: tuple[str, ...] = ("cpu", "cuda")  # benchmark --rows all includes it on these devices
+    # A latent model's decoder as this implementation runs it: decoder(first_stage, options) -> images = f(latents);
+    # None: latent models are refused.
+    decoder: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
 
     def check(
         self, *, kind: str | None = None, precision: str | None = None, device: torch.device | None = None,
-        conditional: bool = False,
+        conditional: bool = False, latent: bool = False,
     ) -> None:
-        """One-line ValueError if this implementation cannot run ``kind`` files, ``precision``, ``device``
-        or (``conditional``) a class-conditional model."""
+        """One-line ValueError if this implementation cannot run ``kind`` files, ``precision``, ``device``,
+        (``conditional``) a class-conditional model or (``latent``) a latent model."""
+        if latent and self.decoder is None:
+            runs = " or ".join(name for name in SAMPLE_IMPLEMENTATIONS if REGISTRY[name].decoder is not None)
+            raise ValueError(f"the {self.name} implementation does not run latent models yet; use --implementation {runs}")
         if conditional and not self.conditional:
             runs = " or ".join(name for name in SAMPLE_IMPLEMENTATIONS if REGISTRY[name].conditional)
             raise ValueError(
@@ -148,32 +156,89 @@ def _compiled(model: nn.Module, options: SamplerOptions) -> nn.Module:
     return torch.compile(model, mode="max-autotune" if on_gpu else "default")
 
 
+# ----- decoders (latent models: the autoencoder's decoder after the sampling loop) -------------------
+def _eager_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The decoder in plain PyTorch, true fp32 (the original's)."""
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), backend_policy("fp32"):
+            return stage.decoder(z)
+
+    return decode
+
+
+def _autocast_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The cuda implementation's: the decoder in its precision (autocast for bf16/fp16), images in fp32."""
+    from precision import autocast
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), backend_policy(options.precision), autocast(z.device.type, options.precision):
+            return stage.decoder(z).float()
+
+    return decode
+
+
+def _compiled_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+    return _eager_decoder(replace(stage, decoder=_compiled(stage.decoder, options)), options)
+
+
+def _traced_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The decoder traced to TorchScript (once, at the first batch's shape; the trace keeps a dynamic batch)."""
+    traced: list[torch.jit.ScriptModule] = [stage.decoder] if isinstance(stage.decoder, torch.jit.ScriptModule) else []
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), backend_policy("fp32"):
+            if not traced:
+                from export import _quiet_torchscript
+
+                with _quiet_torchscript():
+                    traced.append(torch.jit.trace(stage.decoder, (z,), check_trace=False))
+            return traced[0](z)
+
+    return decode
+
+
+def _onnxruntime_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The decoder exported to ONNX in memory and run by onnxruntime, like the U-Net."""
+    import export
+    import runtimes
+
+    if isinstance(stage.decoder, runtimes.OnnxRuntimeDecoder):  # an exported model's .decoder.onnx
+        return stage.decoder
+    device = next(stage.decoder.parameters()).device
+    return runtimes.OnnxRuntimeDecoder.exported(
+        stage.decoder, latent_shape=stage.latent_shape, image_shape=stage.image_shape, device=device,
+        opset=options.opset or export.DEFAULT_OPSET,
+    )  # fmt: skip
+
+
 REGISTRY: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
         Implementation(
             "original", "the plain PyTorch loop (basic_diffusion.py): the fp32 baseline and the reference", _loop,
-            kinds=ALL_KINDS, conditional=True,
+            kinds=ALL_KINDS, conditional=True, decoder=_eager_decoder,
         ),
         Implementation(
             "cuda", "fused step ops, static buffers and one CUDA graph per step (optimized_diffusion.py)", _fused(False),
-            kinds=("checkpoint", "torchscript"), precisions=PRECISIONS, conditional=True,
+            kinds=("checkpoint", "torchscript"), precisions=PRECISIONS, conditional=True, decoder=_autocast_decoder,
         ),
         Implementation(
             "cuda_compile", "the cuda implementation with the U-Net through torch.compile inside the graph",
             _fused(True), precisions=PRECISIONS, in_sample_mode=False, default_row_on=("cuda",), conditional=True,
+            decoder=_compiled_decoder,
         ),
         Implementation(
             "compile", "the original loop around torch.compile(U-Net) (max-autotune on a GPU)", _loop,
-            prepare=_compiled, in_sample_mode=False, conditional=True,
+            prepare=_compiled, in_sample_mode=False, conditional=True, decoder=_compiled_decoder,
         ),
         Implementation(
             "onnxruntime", "the original loop around the U-Net run by onnxruntime (runtimes.py)", _loop,
-            prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"), conditional=True,
+            prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"), conditional=True, decoder=_onnxruntime_decoder,
         ),
         Implementation(
             "torchscript", "the original loop around the traced U-Net", _loop, prepare=_torchscript,
-            in_sample_mode=False, conditional=True,
+            in_sample_mode=False, conditional=True, decoder=_traced_decoder,
         ),
         Implementation(
             "tensorrt", "the U-Net as a TensorRT engine (tensorrt_integration.py)", _tensorrt,
@@ -202,14 +267,20 @@ def batch_generator(seed: int, index: int, *, device: torch.device) -> torch.Gen
     return torch.Generator(device).manual_seed(seed if index == 0 else (seed * 1_000_003 + index) % 2**63)
 
 
-def make_drawer(name: str, model: nn.Module, plan: SamplingPlan, *, options: SamplerOptions):
+def make_drawer(
+    name: str, model: nn.Module, plan: SamplingPlan, *, options: SamplerOptions, first_stage: FirstStage | None = None
+):
     """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation.
 
     The network is prepared once (an ONNX export, a compile, a trace); a sampler (captured graphs,
-    an engine) is built once per batch shape and reused for every batch of that shape.
+    an engine) is built once per batch shape and reused for every batch of that shape. For a latent
+    model (``first_stage``), ``shape`` is the latents' and the implementation's decoder turns the
+    sampled latents into images.
     """
     impl = get(name)
+    impl.check(latent=first_stage is not None)
     network = impl.prepare(model, options)
+    decode = impl.decoder(first_stage, options) if first_stage is not None else None
     samplers: dict[tuple[int, ...], Sampler] = {}
 
     def draw(
@@ -217,6 +288,11 @@ def make_drawer(name: str, model: nn.Module, plan: SamplingPlan, *, options: Sam
     ) -> torch.Tensor:
         if shape not in samplers:
             samplers[shape] = impl.build(network, plan, shape=shape, options=options)
-        return samplers[shape](generator=generator, progress=progress, guidance=guidance)
+        with phase("sample"):
+            x = samplers[shape](generator=generator, progress=progress, guidance=guidance)
+        if decode is None:
+            return x
+        with phase("decode"):
+            return decode(x)  # latents (B, c, h, w) -> images (B, C, H, W)
 
     return draw

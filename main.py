@@ -29,7 +29,8 @@ from cli import PROG
 
 if TYPE_CHECKING:
     from mode_requests import (
-        AutoencoderTrainRequest, BenchmarkRun, DrawRequest, EvaluateRequest, ExportRequest, SampleRequest, TrainRequest,
+        AutoencoderTrainRequest, BenchmarkRun, DrawRequest, EvaluateRequest, ExportRequest, NewModel, SampleRequest,
+        TrainRequest,
     )
     from implementations import SamplerOptions
 
@@ -57,6 +58,7 @@ def resumed_trainer(request: TrainRequest):
     import distributed
     from checkpoints import load_checkpoint, read_configs
     from memory_budget import check_batch_fits
+    from latents import linked_first_stage, load_first_stage, read_link
     from training import Trainer, resume_config
 
     checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()
@@ -75,10 +77,18 @@ def resumed_trainer(request: TrainRequest):
     check_batch_fits(
         model_config, batch_size=config.per_rank_batch(), device=device, training=True, grad_checkpoint=config.grad_checkpoint
     )  # fmt: skip
-    images = training_images(
-        config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
-    )
-    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state)
+    link, stage = read_link(state, source=f"checkpoint {checkpoint}"), None
+    if link is None:
+        images = training_images(
+            config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
+        )
+    else:  # a latent model: its autoencoder, checked against the one it trained with, encodes the data again
+        stage = linked_first_stage(
+            link, model_config=model_config, source=f"checkpoint {checkpoint}", device=device, override=request.autoencoder
+        )
+        _, autoencoder = load_first_stage(request.autoencoder or link["path"], device=device)
+        images = latent_images(replace(request.model, dataset=config.dataset), autoencoder)
+    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage)
     distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
     return trainer
 
@@ -97,6 +107,17 @@ def training_images(dataset: str, **kwargs):
     return load_images(dataset, download=False, **kwargs)
 
 
+def latent_images(model: NewModel, autoencoder):
+    """The training images at the autoencoder's size, encoded once into its scaled latents (latents.py)."""
+    import distributed
+    from latents import encode_dataset
+
+    config = autoencoder.config
+    images = training_images(model.dataset, data_dir=model.data_dir, image_size=config.image_size, channels=config.in_channels)
+    distributed.say(f"encoding {len(images)} {model.dataset} images with {autoencoder.path} ...")
+    return encode_dataset(images, autoencoder, source=autoencoder.path)
+
+
 def on_ranks(config) -> str:
     """``" on 4 ranks (gloo), 32 images each"`` for a distributed run, ``""`` for one process."""
     import distributed
@@ -113,13 +134,29 @@ def new_trainer(request: TrainRequest):
     from training import TrainConfig, Trainer
 
     spec, device, ranks = request.model, request.device, distributed.current()
+    stage = None
+    if request.autoencoder:  # a latent model: the U-Net's data are the autoencoder's latents
+        from latents import load_first_stage
+
+        stage, autoencoder = load_first_stage(request.autoencoder, device=device)
+        channels, size = autoencoder.config.in_channels, autoencoder.config.image_size
+        if spec.image_size not in (0, size) or spec.channels not in (0, channels):
+            raise ValueError(
+                f"--autoencoder {request.autoencoder} encodes {channels}x{size}x{size} images; drop --img_size and --channels "
+                "(a latent model trains at its autoencoder's size), or train an autoencoder at the size you want"
+            )
+        latent_channels, latent_side = stage.latent_shape[0], stage.latent_shape[-1]
+        spec = replace(spec, image_size=latent_side, channels=latent_channels)
     model_config = spec.model_config()  # validates before any download
     distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
     check_batch_fits(
         model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True,
         grad_checkpoint=request.grad_checkpoint,
     )  # fmt: skip
-    images = training_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
+    if stage is None:
+        images = training_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
+    else:
+        images = latent_images(request.model, autoencoder)
     if request.class_cond:  # one label embedding per class, and the null label
         if images.labels is None:
             raise ValueError(
@@ -153,10 +190,11 @@ def new_trainer(request: TrainRequest):
         cond_drop=request.cond_drop,
         grad_checkpoint=request.grad_checkpoint,
     )
-    trainer = Trainer(config, model_config, spec.schedule_config(), images=images, device=device)
+    trainer = Trainer(config, model_config, spec.schedule_config(), images=images, device=device, first_stage=stage)
+    what = "volumes" if model_config.dims == 3 else "images" if stage is None else "images' latents"
     distributed.say(
         f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} "
-        f"{'volumes' if model_config.dims == 3 else 'images'} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "
+        f"{what} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "
         f"for {total} steps on {device.type}, {request.precision}"
         f"{on_ranks(config)}"
         + (f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)" if model_config.num_classes else "")
@@ -230,20 +268,22 @@ def run_sample(request: SampleRequest) -> None:
     source, device, n, ranks = request.source, request.device, request.n_samples, distributed.current()
     implementations.get(request.implementation).check(kind=artifact_kind(source.path), precision=request.precision)
     artifact = load_artifact(
-        source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript
-    )
+        source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript,
+        autoencoder=source.autoencoder,
+    )  # fmt: skip
     model, model_config = artifact.model, artifact.model_config
     guidance, columns = requested_classes(request, artifact)  # None for an unconditional model
     outputs = SampleOutputs(
-        n, model_config.sample_shape(1)[1:], grid=request.grid, npz=request.npz, grid_scale=request.grid_scale, grid_columns=columns
+        n, artifact.output_shape, grid=request.grid, npz=request.npz, grid_scale=request.grid_scale, grid_columns=columns
     )
     outputs.check()
     batch_size = min(request.batch_size, n)
     check_batch_fits(model_config, batch_size=unet_batch(batch_size, guidance), device=device, training=False)
     plan = request.sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
     draw = implementations.make_drawer(
-        request.implementation, model, plan, options=sampler_options(request, source=artifact.path, guidance=guidance)
-    )
+        request.implementation, model, plan, options=sampler_options(request, source=artifact.path, guidance=guidance),
+        first_stage=artifact.first_stage,
+    )  # fmt: skip
     # Batches of --batch_size in order, batch i from its own generator (seed, i): memory stays that of one
     # batch, and under torchrun rank r draws batches r, r + N, ... which rank 0 gathers and writes in order.
     sizes = [min(batch_size, n - start) for start in range(0, n, batch_size)]
@@ -309,6 +349,7 @@ def run_export(request: ExportRequest) -> None:
         precision=request.precision,
         opset=request.opset,
         tensorrt_options=request.engine.options(source=source.path) if request.fmt == "tensorrt" else None,
+        autoencoder=source.autoencoder,
     )
     for line in lines:
         print(line)
@@ -326,16 +367,25 @@ def run_benchmark(run: BenchmarkRun) -> None:
     from basic_diffusion import UNet
     from checkpoints import load_checkpoint_parts
     from conditioning import guidance_for, unet_batch
+    from latents import linked_first_stage
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
 
     request, device, training = run.request, run.device, run.bench == "training"
+    stage = None  # a latent model's first stage
     if distributed.current().distributed and not training:
         raise ValueError("under torchrun, benchmark mode measures training (--bench training); time sampling in one process")
     if run.source:
         if artifact_kind(run.source.path) != "checkpoint":
             raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {run.source.path}")
-        model, schedule_config, class_names = load_checkpoint_parts(run.source.path, weights=run.source.weights)
+        model, schedule_config, class_names, link = load_checkpoint_parts(run.source.path, weights=run.source.weights)
+        if link is not None and training:
+            raise ValueError(f"{run.source.path} is a latent model; --bench training times pixel U-Nets (give --img_size instead)")
+        if link is not None:  # the whole pipeline is timed: the sampling loop, then the decoder
+            stage = linked_first_stage(
+                link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
+                override=run.source.autoencoder,
+            )  # fmt: skip
     else:
         class_names = ()
         torch.manual_seed(run.seed)
@@ -359,7 +409,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
         return
     benchmark.main(
         request, model=model, plan=plan, shape=model.config.sample_shape(run.n_samples), precision=run.precision,
-        guidance=guidance,
+        guidance=guidance, first_stage=stage,
     )  # fmt: skip
 
 
@@ -420,12 +470,15 @@ def run_evaluate(request: EvaluateRequest) -> None:
         import matplotlib  # noqa: F401  (fail now, not after the sweep)
     kind = artifact_kind(source.path)
     implementations.get(request.implementation).check(kind=kind, precision=request.precision)
-    artifact = load_artifact(source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript)
+    artifact = load_artifact(
+        source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript,
+        autoencoder=source.autoencoder,
+    )  # fmt: skip
     # The training data: recorded in a checkpoint; for exported files, --dataset says it. The real images
     # for FID/KID are read from --data_dir.
     dataset = load_checkpoint(source.path)["train_config"]["dataset"] if kind == "checkpoint" else request.dataset
     model, model_config = artifact.model, artifact.model_config
-    c, s = model_config.in_channels, model_config.image_size
+    c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
     if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly
         kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
         raise ValueError(f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset")
@@ -448,7 +501,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
             sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0,
             clip_denoised=request.clip_denoised, device=device,
         )  # fmt: skip
-        drawer = implementations.make_drawer(request.implementation, model, plan, options=options)
+        drawer = implementations.make_drawer(request.implementation, model, plan, options=options, first_stage=artifact.first_stage)
         generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
         batches = [
             drawer(model_config.sample_shape(size), generator, False, guidance.rows(i * batch_size, i * batch_size + size) if guidance else None)

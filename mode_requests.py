@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     import torch
 
     from autoencoder import AutoencoderConfig
-
     from basic_diffusion import UNetConfig
     from benchmark import BenchmarkRequest
     from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
@@ -33,6 +32,7 @@ class ModelSource:
     path: str
     weights: str = "ema"  # "ema" or "model" (--no_ema): which weights of a checkpoint
     trust_torchscript: bool = False  # a .ts file is a program: loaded only with consent
+    autoencoder: str | None = None  # a latent model's autoencoder where it is now (None: the path it stored)
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class NewModel:
 
     dataset: str
     data_dir: str
-    image_size: int
-    channels: int
+    image_size: int  # 0 (latent models): the autoencoder's
+    channels: int  # 0 (latent models): the autoencoder's
     preset: str = "small"
     model_channels: int | None = None
     num_res_blocks: int | None = None
@@ -120,6 +120,7 @@ class TrainRequest:
     resume: bool
     overwrite: bool
     model: NewModel
+    autoencoder: str | None = None  # a latent model: the autoencoder whose latents the U-Net learns (latents.py)
     seed: int = 0
     n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
     max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap

@@ -100,21 +100,59 @@ class OnnxRuntimeUNet(nn.Module):
         t = t.detach().to(device, torch.int64).contiguous()  # (B,)
         inputs = (x_t, t) if y is None else (x_t, t, y.detach().to(device, torch.int64).contiguous())  # y: (B,)
         eps = torch.empty(self.io.shapes(x_t.shape[0])[self.io.output_names[0]], dtype=torch.float32, device=device)
-        binding = self.session.io_binding()
-        kind, index = ("cuda", device.index or 0) if on_gpu else ("cpu", 0)
-        for name, tensor in zip(self.io.input_names, inputs, strict=True):
-            binding.bind_input(name, kind, index, _NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
-        binding.bind_output(self.io.output_names[0], kind, index, np.float32, tuple(eps.shape), eps.data_ptr())
-        if on_gpu:
-            torch.cuda.current_stream(device).synchronize()  # sync: onnxruntime runs on its own stream
-        try:
-            self.session.run_with_iobinding(binding)
-        except Exception as exc:  # onnxruntime's own classes; a file's graph can fail at run time
-            if self.path is None:
-                raise  # an in-memory export failing is a bug, not a user's error
-            raise ValueError(f"{self.path} failed when run ({first_line(exc)})") from exc
+        run_bound(self.session, dict(zip(self.io.input_names, inputs, strict=True)), {self.io.output_names[0]: eps}, path=self.path)
         return eps.to(caller)  # (B, C, H, W) float32
+
+
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.int64: np.int64}
+
+
+def run_bound(session, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *, path: Path | None = None) -> None:
+    """Run ``session`` reading ``inputs`` and writing ``outputs`` in place (contiguous tensors, all on the
+    CPU or all on one GPU): onnxruntime's I/O binding, no copies through NumPy."""
+    device = next(iter(outputs.values())).device
+    binding = session.io_binding()
+    kind, index = ("cuda", device.index or 0) if device.type == "cuda" else ("cpu", 0)
+    for name, tensor in inputs.items():
+        binding.bind_input(name, kind, index, _NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+    for name, tensor in outputs.items():
+        binding.bind_output(name, kind, index, _NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+    if kind == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # sync: onnxruntime runs on its own stream
+    try:
+        session.run_with_iobinding(binding)
+    except Exception as exc:  # onnxruntime's own classes; a file's graph can fail at run time
+        if path is None:
+            raise  # an in-memory export failing is a bug, not a user's error
+        raise ValueError(f"{path} failed when run ({first_line(exc)})") from exc
+
+
+class OnnxRuntimeDecoder(nn.Module):
+    """A latent model's decoder (latents.py) exported to ONNX in memory and run by onnxruntime:
+    images (B, C, H, W) = decoder(latents (B, c, h, w)), on the latents' device where the provider allows."""
+
+    def __init__(self, session, *, image_shape: tuple[int, ...], path: Path | None = None) -> None:
+        super().__init__()
+        self.session, self.image_shape, self.path = session, tuple(image_shape), path
+        self.provider = self.session.get_providers()[0]
+
+    @classmethod
+    def exported(
+        cls, decoder: nn.Module, *, latent_shape: tuple[int, ...], image_shape: tuple[int, ...], device: torch.device, opset: int
+    ) -> OnnxRuntimeDecoder:
+        """``decoder`` exported to ONNX in memory, in a session."""
+        from export import export_decoder_onnx
+
+        proto = export_decoder_onnx(decoder, latent_shape=latent_shape, opset=opset)
+        return cls(onnxruntime_session(proto.SerializeToString(), device=device), image_shape=image_shape)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        on_gpu = self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and z.is_cuda
+        device = z.device if on_gpu else torch.device("cpu")
+        z_in = z.detach().to(device, torch.float32).contiguous()
+        images = torch.empty((z.shape[0], *self.image_shape), dtype=torch.float32, device=device)
+        run_bound(self.session, {"latents": z_in}, {"images": images}, path=self.path)
+        return images.to(z.device)
 
 
 def _ort_reason(exc: Exception) -> str:

@@ -35,6 +35,7 @@ from conditioning import DEFAULT_GUIDANCE, MAX_CLASS_NAME, Guidance, labels_for,
 from data import ImageSet
 from distributed import Ranks
 from image_files import save_grid
+from latents import LINK_KEY, FirstStage
 from noise_schedule import NoiseSchedule, ScheduleConfig
 from precision import autocast as precision_autocast
 from precision import check_precision
@@ -135,11 +136,13 @@ class Trainer:
         device: torch.device | str,
         resume_state: dict | None = None,
         ranks: Ranks | None = None,
+        first_stage: FirstStage | None = None,
     ) -> None:
         self.ranks = ranks or distributed.current()  # (rank, world size): distributed.SINGLE for one process
         config = replace(config, world_size=self.ranks.world_size)  # validates the batch split; the checkpoint records it
         self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
         self.images, self.device = images, torch.device(device)
+        self.first_stage = first_stage  # a latent model: ``images`` are latents, previews are decoded
         data_shape, model_shape = tuple(images.images.shape[1:]), model_config.sample_shape(1)[1:]
         if data_shape != model_shape:
             raise ValueError(
@@ -188,6 +191,7 @@ class Trainer:
             "step": self.step,
             "timestep_sampler": self.timesteps.state_dict(),
             "class_names": list(self.images.class_names) if self.model_config.num_classes else [],
+            **({LINK_KEY: self.first_stage.link} if self.first_stage is not None else {}),
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -240,6 +244,9 @@ class Trainer:
         if self.model_config.dims == 3:
             n = min(n, VOLUME_PREVIEWS)  # a volume step costs (32^3 / 28^2) ~ 40x an MNIST image's
         images = sample(self.ema, plan, shape=self.model_config.sample_shape(n), generator=gen, guidance=guidance)
+        if self.first_stage is not None:
+            with torch.no_grad():
+                images = self.first_stage.decoder.to(self.device)(images)  # latents -> (n, C, H, W) images
         path = self.config.samples_dir / f"step_{self.step:07d}.png"
         return save_grid(images, path, columns=columns)
 

@@ -151,12 +151,12 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
             events.append(f"run {self.name}")
             return torch.randn((2, 1, 8, 8), generator=g)
 
-    def fake_make_row(name, *, model, plan, shape, precision, guidance=None):
+    def fake_make_row(name, *, model, plan, shape, precision, guidance=None, first_stage=None):
         gc.collect()
         events.append(f"build {name} (earlier rows alive: {sum(r() is not None for r in alive)})")
         runner = Runner(name)
         alive.append(weakref.ref(runner))
-        return "fp32", runner, ""
+        return "fp32", runner, "", None  # a pixel model: no decoder
 
     monkeypatch.setattr(benchmark, "make_row", fake_make_row)
     config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
