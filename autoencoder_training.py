@@ -36,6 +36,7 @@ from data import TEST_SPLITS, ImageSet, load_images
 from image_files import save_grid, to_uint8
 from safe_files import atomic_write
 from training import TrainingDiverged, lr_factor
+from volumes import skimage_metrics
 
 if TYPE_CHECKING:
     from mode_requests import AutoencoderTrainRequest
@@ -80,18 +81,10 @@ def split_heldout(images: ImageSet, *, data_dir: str | Path) -> tuple[ImageSet, 
 
 
 # ----- scores ------------------------------------------------------------------------------------
-def skimage_metrics():
-    try:
-        from skimage.metrics import peak_signal_noise_ratio, structural_similarity
-    except ImportError as exc:
-        raise ImportError("the autoencoder's PSNR and SSIM need scikit-image: pip install scikit-image") from exc
-    return peak_signal_noise_ratio, structural_similarity
-
-
 def psnr_ssim(images: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
     """Mean PSNR (dB, each image capped at PSNR_CAP) and mean SSIM of uint8 (N, C, H, W) ``images``
     against ``truth``, on [0, 1] pixels (scikit-image; SSIM's window 7, or the largest odd one that fits)."""
-    peak_signal_noise_ratio, structural_similarity = skimage_metrics()
+    peak_signal_noise_ratio, structural_similarity = skimage_metrics("the autoencoder's PSNR and SSIM")
     a, b = images.double().div(255).numpy(), truth.double().div(255).numpy()
     window = min(7, a.shape[-1])
     window -= 1 - window % 2  # odd
@@ -147,7 +140,7 @@ def format_scores(metrics: dict) -> str:
 def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True) -> dict:
     """Train, scale, score, and write the PNG and the checkpoint; returns the metrics stored in it."""
     config = request.config()  # validated before any data is read
-    skimage_metrics()  # a missing package is reported now, not after training
+    skimage_metrics("the autoencoder's PSNR and SSIM")  # a missing package is reported now, not after training
     images = load_images(request.dataset, data_dir=request.data_dir, image_size=config.image_size, channels=config.in_channels)
     train, heldout, held_how = split_heldout(images, data_dir=request.data_dir)
     per_epoch = train.steps_per_epoch(request.batch_size)

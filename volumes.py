@@ -338,17 +338,18 @@ def ssim_window(size: int) -> int:
     return win
 
 
-def _skimage_metrics():
+def skimage_metrics(purpose: str = "3-D SSIM"):
+    """scikit-image's PSNR and SSIM, imported when needed; one line naming ``purpose`` if it is missing."""
     try:
         from skimage.metrics import peak_signal_noise_ratio, structural_similarity
     except ImportError as exc:
-        raise ValueError("3-D SSIM needs scikit-image: pip install scikit-image") from exc
+        raise ValueError(f"{purpose} needs scikit-image: pip install scikit-image") from exc
     return peak_signal_noise_ratio, structural_similarity
 
 
 def psnr_ssim(volume: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
     """(PSNR in dB, capped at PSNR_CAP; 3-D SSIM) of ``volume`` against ``truth``, both (D, D, D) in [0, 1]."""
-    peak_signal_noise_ratio, structural_similarity = _skimage_metrics()
+    peak_signal_noise_ratio, structural_similarity = skimage_metrics()
     a, b = np.asarray(volume, dtype=np.float64), np.asarray(truth, dtype=np.float64)
     mse = float(np.mean((a - b) ** 2))
     psnr = PSNR_CAP if mse == 0 else min(PSNR_CAP, float(peak_signal_noise_ratio(b, a, data_range=1.0)))
@@ -397,7 +398,7 @@ class VoxelJudge:
         if self.held.shape[-1] != self.size:
             raise ValueError(f"held-out volumes are {self.held.shape[-1]}^3 and reference volumes {self.size}^3")
         ssim_window(self.size)  # refuses volumes too small for SSIM now, not after sampling
-        _skimage_metrics()  # ... and a missing scikit-image
+        skimage_metrics()  # ... and a missing scikit-image
         self.seed = seed
         flat = self.reference.flatten(1)  # (N, V) uint8
         self.reference_norms = torch.cat(
