@@ -105,7 +105,7 @@ def load_artifact(
             raise ValueError(f"--autoencoder: {path} is a pixel model; it has no autoencoder to replace")
         stage = None
         if link is not None:
-            stage = linked_first_stage(
+            stage, _ = linked_first_stage(
                 link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder
             )
         return Artifact(kind, path, model, model.config, schedule_config, class_names, stage)
@@ -147,11 +147,13 @@ def decoder_path(unet_path: Path) -> Path:
 
 def load_exported_decoder(entry: object, *, path: Path, kind: str, model_config: UNetConfig, device: torch.device) -> FirstStage:
     """The decoder an exported latent U-Net names in its metadata, read only if its sha256 is the one named."""
-    shape_ok = lambda v: isinstance(v, list) and 1 <= len(v) <= 4 and all(type(n) is int and 0 < n <= 4096 for n in v)  # noqa: E731
+    def shape_ok(v: object, channels: range) -> bool:  # (C, S, S): a 2-D image's or latent's
+        return isinstance(v, list) and len(v) == 3 and all(type(n) is int for n in v) and v[0] in channels and v[1] == v[2] and 1 <= v[1] <= 1024
+
     if not (
         isinstance(entry, dict) and set(entry) == {"file", "sha256", "latent_shape", "image_shape"}
         and entry["file"] == decoder_path(path).name and isinstance(entry["sha256"], str)
-        and shape_ok(entry["latent_shape"]) and shape_ok(entry["image_shape"])
+        and shape_ok(entry["latent_shape"], range(1, 65)) and shape_ok(entry["image_shape"], range(1, 4, 2))
     ):  # fmt: skip
         raise ValueError(f"{path} has unusable decoder metadata ({short_repr(entry)}); export it again")
     stage = FirstStage(None, tuple(entry["latent_shape"]), tuple(entry["image_shape"]), link={})
@@ -258,7 +260,7 @@ def export_checkpoint(
     if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
         if fmt == "onnx" and precision != "fp32":
             raise ValueError("a latent model's ONNX export is fp32 (its decoder has no mixed-precision form yet)")
-        stage = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
+        stage, _ = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
         entry, line, write_decoder = export_decoder(stage, fmt=fmt, source=source, output=output, device=device, opset=opset)
         labels["decoder"] = entry
         report.append(line)

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="class-conditional models: classifier-free guidance, eps = eps_uncond + W (eps_cond - eps_uncond); "
         f"1 = the conditional model unguided, 0 = unconditional (default {DEFAULT_GUIDANCE})",
     )  # fmt: skip
-    g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1]")
+    g.add_argument("--no_clip", action="store_true", help="do not clip predicted x0 to [-1, 1] (latent models never do)")
     g.add_argument("--no_ema", action="store_true", help="sample (or export) the raw weights instead of the EMA")
     g.add_argument(
         "--output",
@@ -477,7 +477,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
             raise ValueError(f"--{flag} makes a new model; a resumed run keeps the one in its checkpoint")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
-    check_outputs({"--model_path": checkpoint})
+    check_outputs({"--model_path": checkpoint}, inputs={"--autoencoder": args.autoencoder} if args.autoencoder else None)
     recipe = training_defaults(args.dataset)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
@@ -583,6 +583,8 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
 
     sampling = _single(args)
     check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
+    if args.autoencoder and not args.model_path:
+        raise ValueError("--autoencoder goes with a latent model's checkpoint (--model_path); a fresh U-Net is a pixel model")
     request = benchmark.BenchmarkRequest(
         rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
         batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart, profile=args.profile,
@@ -612,6 +614,8 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
 
     if args.dataset in VOLUME_DATASETS:
         raise ValueError(f"--mode train_autoencoder is for images; {args.dataset} holds 3-D volumes")
+    if args.autoencoder:
+        raise ValueError("--autoencoder names a latent model's first stage; --mode train_autoencoder makes one (drop it)")
     if args.resume:
         raise ValueError("--mode train_autoencoder has no --resume (a run is a few minutes); start over with --overwrite")
     if args.precision not in ("auto", "fp32"):
@@ -632,7 +636,12 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
         latent_channels=args.latent_channels, downsample=args.downsample, base_channels=args.ae_channels,
         kl_weight=args.kl_weight,
     )  # fmt: skip
-    request.config()  # the image size, channels and shape flags checked before any data is read
+    side = request.config().latent_side  # the image size, channels and shape flags checked before any data is read
+    if side >= 8 and side % 4:
+        raise ValueError(
+            f"a {side}x{side} latent cannot be halved twice by the latent U-Net; pick --downsample so the latent side is "
+            "a multiple of 4 (or at most 4)"
+        )
     return request
 
 

@@ -44,22 +44,23 @@ def load_first_stage(path: str | Path, *, device: torch.device) -> tuple[FirstSt
 
 def linked_first_stage(
     link: dict, *, model_config, source: str, device: torch.device, override: str | None = None
-) -> FirstStage:
-    """The autoencoder a latent model was trained with, at its stored path or at ``override``
-    (--autoencoder, for a moved file): refused unless its sha256 and latent shape are the model's."""
+) -> tuple[FirstStage, object]:
+    """(the first stage, the LoadedAutoencoder) a latent model was trained with, at its stored path or at
+    ``override`` (--autoencoder, for a moved file: its link then names the new path); refused unless its
+    sha256 and latent shape are the model's."""
     path = override or link["path"]
     if not Path(path).is_file():
         raise ValueError(
             f"{source} is a latent model whose autoencoder {path} is missing; pass --autoencoder PATH to where it is now"
         )
-    stage, _ = load_first_stage(path, device=device)
+    stage, loaded = load_first_stage(path, device=device)
     if stage.link["sha256"] != link["sha256"]:
         raise ValueError(
             f"{source} was trained on the latents of another autoencoder than {path} (sha256 {link['sha256'][:12]}..., "
             f"this file {stage.link['sha256'][:12]}...); pass --autoencoder with the one it was trained with"
         )
     check_latent_unet(model_config, stage, source=source)
-    return stage if override is None else replace(stage, link=link)
+    return stage, loaded
 
 
 def check_latent_unet(model_config, stage: FirstStage, *, source: str) -> None:

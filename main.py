@@ -58,7 +58,7 @@ def resumed_trainer(request: TrainRequest):
     import distributed
     from checkpoints import load_checkpoint, read_configs
     from memory_budget import check_batch_fits
-    from latents import linked_first_stage, load_first_stage, read_link
+    from latents import linked_first_stage, read_link
     from training import Trainer, resume_config
 
     checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()
@@ -78,15 +78,16 @@ def resumed_trainer(request: TrainRequest):
         model_config, batch_size=config.per_rank_batch(), device=device, training=True, grad_checkpoint=config.grad_checkpoint
     )  # fmt: skip
     link, stage = read_link(state, source=f"checkpoint {checkpoint}"), None
+    if link is None and request.autoencoder:
+        raise ValueError(f"--autoencoder: {checkpoint} is a pixel model; it has no autoencoder to replace")
     if link is None:
         images = training_images(
             config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
         )
     else:  # a latent model: its autoencoder, checked against the one it trained with, encodes the data again
-        stage = linked_first_stage(
+        stage, autoencoder = linked_first_stage(
             link, model_config=model_config, source=f"checkpoint {checkpoint}", device=device, override=request.autoencoder
-        )
-        _, autoencoder = load_first_stage(request.autoencoder or link["path"], device=device)
+        )  # (the checkpoints this run writes name the autoencoder where it is now)
         images = latent_images(replace(request.model, dataset=config.dataset), autoencoder)
     trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage)
     distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
@@ -148,6 +149,10 @@ def new_trainer(request: TrainRequest):
         latent_channels, latent_side = stage.latent_shape[0], stage.latent_shape[-1]
         spec = replace(spec, image_size=latent_side, channels=latent_channels)
     model_config = spec.model_config()  # validates before any download
+    if stage is None:
+        from checkpoints import check_pixel_unet
+
+        check_pixel_unet(model_config, source="--channels")  # images have 1 or 3
     distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
     check_batch_fits(
         model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True,
@@ -279,7 +284,10 @@ def run_sample(request: SampleRequest) -> None:
     outputs.check()
     batch_size = min(request.batch_size, n)
     check_batch_fits(model_config, batch_size=unet_batch(batch_size, guidance), device=device, training=False)
-    plan = request.sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
+    sampling = request.sampling
+    if artifact.first_stage is not None:  # unit-variance latents: x0 is not bounded by [-1, 1]
+        sampling = replace(sampling, clip_denoised=False)
+    plan = sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
     draw = implementations.make_drawer(
         request.implementation, model, plan, options=sampler_options(request, source=artifact.path, guidance=guidance),
         first_stage=artifact.first_stage,
@@ -381,8 +389,10 @@ def run_benchmark(run: BenchmarkRun) -> None:
         model, schedule_config, class_names, link = load_checkpoint_parts(run.source.path, weights=run.source.weights)
         if link is not None and training:
             raise ValueError(f"{run.source.path} is a latent model; --bench training times pixel U-Nets (give --img_size instead)")
+        if link is None and run.source.autoencoder:
+            raise ValueError(f"--autoencoder: {run.source.path} is a pixel model; it has no autoencoder to replace")
         if link is not None:  # the whole pipeline is timed: the sampling loop, then the decoder
-            stage = linked_first_stage(
+            stage, _ = linked_first_stage(
                 link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
                 override=run.source.autoencoder,
             )  # fmt: skip
@@ -403,7 +413,8 @@ def run_benchmark(run: BenchmarkRun) -> None:
         batch //= distributed.current().world_size  # under torchrun: one rank's share of the global batch
     check_batch_fits(model.config, batch_size=unet_batch(batch, guidance), device=device, training=training, flag=flag)
     model.to(device).eval()
-    plan = run.sampling.plan(NoiseSchedule(schedule_config), device=device)
+    sampling = run.sampling if stage is None else replace(run.sampling, clip_denoised=False)  # latents: unbounded
+    plan = sampling.plan(NoiseSchedule(schedule_config), device=device)
     if training:
         benchmark_training.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
         return
@@ -499,7 +510,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
         plan = schedule.make_plan(
             sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0,
-            clip_denoised=request.clip_denoised, device=device,
+            clip_denoised=request.clip_denoised and artifact.first_stage is None, device=device,  # latents: unbounded
         )  # fmt: skip
         drawer = implementations.make_drawer(request.implementation, model, plan, options=options, first_stage=artifact.first_stage)
         generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row

@@ -232,7 +232,10 @@ class Trainer:
 
     def write_samples(self) -> Path:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
-        plan = self.schedule.make_plan("ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps))
+        plan = self.schedule.make_plan(
+            "ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
+            clip_denoised=self.first_stage is None,  # a latent model's latents have unit variance, not [-1, 1]
+        )  # fmt: skip
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         n, guidance, columns = self.config.preview_samples, None, None
         if self.model_config.num_classes:  # one row per class, guided as sampling is by default

@@ -67,6 +67,29 @@ def test_a_latent_model_draws_decoded_images_alike_in_every_implementation(laten
     assert "\n" not in capsys.readouterr().err.strip()
 
 
+def test_a_latent_model_never_clips_its_unit_variance_latents(latent_model, capsys):
+    drawn = []
+    for extra in ((), ("--no_clip",)):
+        assert main.main(sample_args(latent_model, *extra)) == 0, capsys.readouterr().err
+        with np.load(latent_model / "s.npz") as data:
+            drawn.append(data["images"])
+    np.testing.assert_array_equal(drawn[0], drawn[1])
+
+
+def test_the_autoencoder_is_an_input_a_training_run_cannot_overwrite(latent_model, tmp_path, capsys):
+    autoencoder = tmp_path / "ae.pt"
+    shutil.copy(latent_model / "ae.pt", autoencoder)
+    before = autoencoder.read_bytes()
+    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(autoencoder),
+             "--model_path", str(autoencoder), "--overwrite", "--max_steps", "1"]  # fmt: skip
+    assert main.main(train) == 2
+    assert "--autoencoder" in capsys.readouterr().err and autoencoder.read_bytes() == before
+    # An autoencoder whose latents the U-Net preset cannot halve twice is refused before any data is read.
+    assert main.main(["--mode", "train_autoencoder", "--dataset", "mnist", "--downsample", "2",
+                      "--model_path", str(tmp_path / "m.pt"), "--data_dir", str(tmp_path / "none")]) == 2  # fmt: skip
+    assert "14x14 latent" in capsys.readouterr().err
+
+
 def test_the_decoder_run_by_onnxruntime_matches_pytorch(tmp_path):
     pytest.importorskip("onnxruntime")
     from latents import load_first_stage
