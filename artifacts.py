@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
-from checkpoints import first_line, load_checkpoint_parts, read_limited
+from checkpoints import check_pixel_unet, first_line, load_checkpoint_parts, read_limited
 from export import (
     _quiet_torchscript,
     default_opset,
@@ -30,6 +30,7 @@ from export import (
     export_onnx_model,
     import_onnx,
     save_torchscript,
+    trace_decoder,
     trace_torchscript,
 )
 from noise_schedule import ScheduleConfig, short_repr
@@ -42,7 +43,7 @@ from runtimes import (
     load_torchscript,
     onnxruntime_session,
 )
-from latents import FirstStage, check_latent_unet, check_pixel_unet, linked_first_stage
+from latents import FirstStage, check_latent_unet, linked_first_stage
 from safe_files import atomic_write, check_target
 from unet_io import UNetIO, artifact_metadata, max_abs_diff
 
@@ -186,14 +187,13 @@ def export_decoder(
     if file.resolve() == source.resolve():
         raise ValueError(f"the decoder {file} would overwrite the source {source}")
     decoder = stage.decoder.to(device).eval()
-    example = torch.randn(2, *stage.latent_shape, generator=torch.Generator().manual_seed(0)).to(device)
     if fmt == "onnx":
         data = export_decoder_onnx(decoder, latent_shape=stage.latent_shape, opset=opset).SerializeToString()
         runner = OnnxRuntimeDecoder(onnxruntime_session(data, device=device), image_shape=stage.image_shape)
     else:
         buffer = io.BytesIO()
-        with torch.no_grad(), _quiet_torchscript():
-            traced = torch.jit.trace(decoder, (example,), check_trace=False)
+        traced = trace_decoder(decoder, latent_shape=stage.latent_shape)
+        with _quiet_torchscript():  # torch.jit.save's deprecation warning
             torch.jit.save(traced, buffer)
         data, runner = buffer.getvalue(), traced
     z = torch.randn(3, *stage.latent_shape, generator=torch.Generator().manual_seed(1)).to(device)  # another batch size

@@ -215,6 +215,13 @@ def trace_torchscript(model: UNet) -> torch.jit.ScriptModule:
         return torch.jit.trace(model.eval(), example, check_trace=False)
 
 
+def trace_decoder(decoder: torch.nn.Module, *, latent_shape: Sequence[int]) -> torch.jit.ScriptModule:
+    """Trace a latent model's decoder (latents.py) on its own device; the trace keeps a dynamic batch."""
+    example = torch.randn(2, *latent_shape, device=next(decoder.parameters()).device)
+    with torch.no_grad(), _quiet_torchscript():
+        return torch.jit.trace(decoder.eval(), (example,), check_trace=False)
+
+
 def save_torchscript(module: torch.jit.ScriptModule, path: str | Path, *, metadata: dict) -> Path:
     extra = {TORCHSCRIPT_EXTRA_FILE: json.dumps(metadata, sort_keys=True)}
     with _quiet_torchscript():

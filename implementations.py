@@ -183,19 +183,12 @@ def _compiled_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[t
 
 
 def _traced_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The decoder traced to TorchScript (once, at the first batch's shape; the trace keeps a dynamic batch)."""
-    traced: list[torch.jit.ScriptModule] = [stage.decoder] if isinstance(stage.decoder, torch.jit.ScriptModule) else []
+    """The decoder traced to TorchScript (an exported model's .decoder.ts as it is)."""
+    import export
 
-    def decode(z: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), backend_policy("fp32"):
-            if not traced:
-                from export import _quiet_torchscript
-
-                with _quiet_torchscript():
-                    traced.append(torch.jit.trace(stage.decoder, (z,), check_trace=False))
-            return traced[0](z)
-
-    return decode
+    if not isinstance(stage.decoder, torch.jit.ScriptModule):
+        stage = replace(stage, decoder=export.trace_decoder(stage.decoder, latent_shape=stage.latent_shape))
+    return _eager_decoder(stage, options)
 
 
 def _onnxruntime_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -18,8 +18,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from checkpoints import LINK_KEY, check_pixel_unet, read_link  # noqa: F401  (what a checkpoint stores of the link)
-
 
 @dataclass(frozen=True)
 class FirstStage:
@@ -61,6 +59,12 @@ def linked_first_stage(
         )
     check_latent_unet(model_config, stage, source=source)
     return stage, loaded
+
+
+def clips_x0(requested: bool, first_stage: FirstStage | None) -> bool:
+    """Whether a sampling plan clips x0 to [-1, 1]: as asked for a pixel model, never for a latent model,
+    whose latents have unit variance (a clip would cut real values)."""
+    return requested and first_stage is None
 
 
 def check_latent_unet(model_config, stage: FirstStage, *, source: str) -> None:

@@ -56,9 +56,9 @@ def run_train(request: TrainRequest) -> None:
 
 def resumed_trainer(request: TrainRequest):
     import distributed
-    from checkpoints import load_checkpoint, read_configs
+    from checkpoints import load_checkpoint, read_configs, read_link
+    from latents import linked_first_stage
     from memory_budget import check_batch_fits
-    from latents import linked_first_stage, read_link
     from training import Trainer, resume_config
 
     checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()
@@ -265,6 +265,7 @@ def run_sample(request: SampleRequest) -> None:
     from artifacts import artifact_kind, load_artifact
     from conditioning import unet_batch
     from image_files import SampleOutputs, SampleWriter
+    from latents import clips_x0
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
     from profiling import ProfileConfig, make_profiler
@@ -284,9 +285,7 @@ def run_sample(request: SampleRequest) -> None:
     outputs.check()
     batch_size = min(request.batch_size, n)
     check_batch_fits(model_config, batch_size=unet_batch(batch_size, guidance), device=device, training=False)
-    sampling = request.sampling
-    if artifact.first_stage is not None:  # unit-variance latents: x0 is not bounded by [-1, 1]
-        sampling = replace(sampling, clip_denoised=False)
+    sampling = replace(request.sampling, clip_denoised=clips_x0(request.sampling.clip_denoised, artifact.first_stage))
     plan = sampling.plan(NoiseSchedule(artifact.schedule_config).to(device), device=device)
     draw = implementations.make_drawer(
         request.implementation, model, plan, options=sampler_options(request, source=artifact.path, guidance=guidance),
@@ -375,7 +374,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
     from basic_diffusion import UNet
     from checkpoints import load_checkpoint_parts
     from conditioning import guidance_for, unet_batch
-    from latents import linked_first_stage
+    from latents import clips_x0, linked_first_stage
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
 
@@ -413,7 +412,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
         batch //= distributed.current().world_size  # under torchrun: one rank's share of the global batch
     check_batch_fits(model.config, batch_size=unet_batch(batch, guidance), device=device, training=training, flag=flag)
     model.to(device).eval()
-    sampling = run.sampling if stage is None else replace(run.sampling, clip_denoised=False)  # latents: unbounded
+    sampling = replace(run.sampling, clip_denoised=clips_x0(run.sampling.clip_denoised, stage))
     plan = sampling.plan(NoiseSchedule(schedule_config), device=device)
     if training:
         benchmark_training.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
@@ -473,6 +472,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     from checkpoints import load_checkpoint
     from conditioning import unet_batch
     from data import VOLUME_DATASETS
+    from latents import clips_x0
     from memory_budget import check_batch_fits
     from noise_schedule import NoiseSchedule
 
@@ -510,7 +510,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
         plan = schedule.make_plan(
             sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0,
-            clip_denoised=request.clip_denoised and artifact.first_stage is None, device=device,  # latents: unbounded
+            clip_denoised=clips_x0(request.clip_denoised, artifact.first_stage), device=device,
         )  # fmt: skip
         drawer = implementations.make_drawer(request.implementation, model, plan, options=options, first_stage=artifact.first_stage)
         generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row

@@ -30,12 +30,12 @@ from tqdm.auto import tqdm
 import distributed
 import interrupts
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, per_sample_losses, sample
-from checkpoints import FORMAT_VERSION, save_checkpoint
+from checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
 from conditioning import DEFAULT_GUIDANCE, MAX_CLASS_NAME, Guidance, labels_for, valid_class_names
 from data import ImageSet
 from distributed import Ranks
 from image_files import save_grid
-from latents import LINK_KEY, FirstStage
+from latents import FirstStage, clips_x0
 from noise_schedule import NoiseSchedule, ScheduleConfig
 from precision import autocast as precision_autocast
 from precision import check_precision
@@ -234,7 +234,7 @@ class Trainer:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
         plan = self.schedule.make_plan(
             "ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
-            clip_denoised=self.first_stage is None,  # a latent model's latents have unit variance, not [-1, 1]
+            clip_denoised=clips_x0(True, self.first_stage),
         )  # fmt: skip
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         n, guidance, columns = self.config.preview_samples, None, None
@@ -249,7 +249,7 @@ class Trainer:
         images = sample(self.ema, plan, shape=self.model_config.sample_shape(n), generator=gen, guidance=guidance)
         if self.first_stage is not None:
             with torch.no_grad():
-                images = self.first_stage.decoder.to(self.device)(images)  # latents -> (n, C, H, W) images
+                images = self.first_stage.decoder(images)  # latents -> (n, C, H, W) images (loaded on self.device)
         path = self.config.samples_dir / f"step_{self.step:07d}.png"
         return save_grid(images, path, columns=columns)
 

@@ -125,7 +125,7 @@ def test_another_or_a_missing_autoencoder_is_refused_in_one_line(latent_model, t
 
 def test_a_latent_unet_without_an_autoencoder_is_refused(latent_model, tmp_path, capsys):
     from checkpoints import load_checkpoint, save_checkpoint
-    from latents import LINK_KEY
+    from checkpoints import LINK_KEY
 
     state = load_checkpoint(latent_model / "lat.pt")
     del state[LINK_KEY]
