@@ -45,7 +45,7 @@ from runtimes import (
 )
 from latents import FirstStage, check_latent_unet, linked_first_stage
 from safe_files import atomic_write, check_target
-from unet_io import UNetIO, artifact_metadata, max_abs_diff
+from unet_io import BatchRange, UNetIO, artifact_metadata, max_abs_diff
 
 FORMATS = ("onnx", "torchscript", "tensorrt")
 FORMAT_SUFFIXES = {"onnx": (".onnx",), "torchscript": (".ts",), "tensorrt": (".engine", ".plan")}
@@ -128,9 +128,9 @@ def load_artifact(
         raise ValueError(f"{path} holds the raw weights only (it was exported with --no_ema); sample it with --no_ema")
     stage = None
     if "decoder" in meta:  # a latent model: its decoder file beside it, checked against the hash it names
-        if kind == "tensorrt":
-            raise ValueError(f"{path}: engines of latent models are not built by this version")
-        stage = load_exported_decoder(meta["decoder"], path=path, kind=kind, model_config=model_config, device=device)
+        stage = load_exported_decoder(
+            meta["decoder"], path=path, kind=kind, model_config=model_config, device=device, batch_range=meta.get("batch_range")
+        )
     else:
         check_pixel_unet(model_config, source=str(path))
     class_names = ()
@@ -146,8 +146,11 @@ def decoder_path(unet_path: Path) -> Path:
     return unet_path.with_name(f"{unet_path.stem}.decoder{unet_path.suffix}")
 
 
-def load_exported_decoder(entry: object, *, path: Path, kind: str, model_config: UNetConfig, device: torch.device) -> FirstStage:
-    """The decoder an exported latent U-Net names in its metadata, read only if its sha256 is the one named."""
+def load_exported_decoder(
+    entry: object, *, path: Path, kind: str, model_config: UNetConfig, device: torch.device, batch_range: list | None = None
+) -> FirstStage:
+    """The decoder an exported latent U-Net names in its metadata, read only if its sha256 is the one named
+    (an engine's is deserialized for its U-Net engine's ``batch_range``, validated with that engine's metadata)."""
     def shape_ok(v: object, channels: range) -> bool:  # (C, S, S): a 2-D image's or latent's
         return isinstance(v, list) and len(v) == 3 and all(type(n) is int for n in v) and v[0] in channels and v[1] == v[2] and 1 <= v[1] <= 1024
 
@@ -168,6 +171,11 @@ def load_exported_decoder(entry: object, *, path: Path, kind: str, model_config:
     if kind == "onnx":
         session = onnxruntime_session(data, device=device, source=file)
         decoder = OnnxRuntimeDecoder(session, image_shape=stage.image_shape, path=file)
+    elif kind == "tensorrt":  # built with the U-Net's engine, for the same GPU and TensorRT (checked on its load)
+        import tensorrt_integration
+
+        engine = tensorrt_integration.Engine.load(data, io=stage.io, batch=BatchRange(*batch_range), device=device)
+        decoder = tensorrt_integration.TensorRTDecoder(engine)
     else:  # TorchScript: trusted with the U-Net (load_torchscript refused it otherwise)
         try:
             with _quiet_torchscript():
@@ -177,19 +185,38 @@ def load_exported_decoder(entry: object, *, path: Path, kind: str, model_config:
     return replace(stage, decoder=decoder)
 
 
-def export_decoder(
-    stage: FirstStage, *, fmt: str, source: Path, output: Path, device: torch.device, opset: int
-) -> tuple[dict, str, Callable[[], None]]:
-    """A latent model's decoder exported for beside its U-Net and checked against PyTorch; returns (the
-    metadata entry naming it, a report line, write(): the file written, atomically, just before the U-Net)."""
+def checked_decoder_target(output: Path, *, source: Path) -> Path:
+    """Where a latent model's exported decoder goes (:func:`decoder_path`), refused as an output may be."""
     file = decoder_path(output)
     check_target(file, flag="--output's decoder")
     if file.resolve() == source.resolve():
         raise ValueError(f"the decoder {file} would overwrite the source {source}")
+    return file
+
+
+def export_decoder(
+    stage: FirstStage, *, fmt: str, source: Path, output: Path, device: torch.device, opset: int, precision: str = "fp32"
+) -> tuple[dict, str, Callable[[], None]]:
+    """A latent model's decoder exported for beside its U-Net (ONNX in ``precision`` too) and checked
+    against PyTorch; returns (the metadata entry naming it, a report line, write(): the file written,
+    atomically, just before the U-Net)."""
+    file = checked_decoder_target(output, source=source)
     decoder = stage.decoder.to(device).eval()
+    reference, compared = decoder, "against PyTorch"
     if fmt == "onnx":
-        data = export_decoder_onnx(decoder, latent_shape=stage.latent_shape, opset=opset).SerializeToString()
-        runner = OnnxRuntimeDecoder(onnxruntime_session(data, device=device), image_shape=stage.image_shape)
+        data = export_decoder_onnx(decoder, io=stage.io, opset=opset, precision=precision).SerializeToString()
+        if precision != "fp32":
+            from precision import mixed_precision_decoder
+
+            reference, compared = mixed_precision_decoder(decoder, precision), f"against PyTorch's {precision} decoder"
+        try:
+            runner = OnnxRuntimeDecoder(onnxruntime_session(data, device=device), image_shape=stage.image_shape)
+        except ValueError as exc:
+            if precision == "fp32":
+                raise
+            # as for the U-Net: onnxruntime's CPU provider lacks some low-precision kernels
+            runner, reference = reference, decoder
+            compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); PyTorch's {precision} decoder against fp32"
     else:
         buffer = io.BytesIO()
         traced = trace_decoder(decoder, latent_shape=stage.latent_shape)
@@ -198,10 +225,11 @@ def export_decoder(
         data, runner = buffer.getvalue(), traced
     z = torch.randn(3, *stage.latent_shape, generator=torch.Generator().manual_seed(1)).to(device)  # another batch size
     with torch.no_grad():
-        diff = (runner(z) - decoder(z)).abs().max().item()
+        diff = (runner(z) - reference(z)).abs().max().item()
     entry = {"file": file.name, "sha256": hashlib.sha256(data).hexdigest(),
              "latent_shape": list(stage.latent_shape), "image_shape": list(stage.image_shape)}  # fmt: skip
-    return entry, f"wrote {file} (the decoder; against PyTorch: max abs diff {diff:.3e})", lambda: atomic_write(file, lambda f: f.write(data))
+    line = f"wrote {file} (the decoder; {compared}: max abs diff {diff:.3e})"
+    return entry, line, lambda: atomic_write(file, lambda f: f.write(data))
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,10 +286,10 @@ def export_checkpoint(
     labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
     report = []
     if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
-        if fmt == "onnx" and precision != "fp32":
-            raise ValueError("a latent model's ONNX export is fp32 (its decoder has no mixed-precision form yet)")
         stage, _ = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
-        entry, line, write_decoder = export_decoder(stage, fmt=fmt, source=source, output=output, device=device, opset=opset)
+        entry, line, write_decoder = export_decoder(
+            stage, fmt=fmt, source=source, output=output, device=device, opset=opset, precision=precision
+        )
         labels["decoder"] = entry
         report.append(line)
     else:
@@ -340,13 +368,14 @@ def export_artifact(
     if artifact_kind(source) not in ("checkpoint", "onnx"):
         raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
     artifact = load_artifact(source, device=torch.device("cpu"), weights=weights, autoencoder=autoencoder)
-    if artifact.first_stage is not None:
-        raise ValueError(f"{source} is a latent model: its engines (U-Net and decoder) are not built yet; sample it from the checkpoint")
+    decoder_output = None
+    if artifact.first_stage is not None:  # a latent model: the decoder's engine goes beside the U-Net's
+        decoder_output = checked_decoder_target(output, source=source)
     return tensorrt_integration.export_engine(
         artifact.model,
         model_config=artifact.model_config,
         schedule_config=artifact.schedule_config,
         source=source,
         output=output, weights=weights, device=device, precision=precision, options=options,
-        class_names=artifact.class_names,
+        class_names=artifact.class_names, first_stage=artifact.first_stage, decoder_output=decoder_output,
     )

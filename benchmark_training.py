@@ -74,9 +74,10 @@ def warm_timestep_sampler(sampler: TimestepSampler) -> None:
 
 def run_training_benchmark(
     model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
-    progress: Callable[[str], None] = print, profile: str | None = None, rows: str | None = None,
+    progress: Callable[[str], None] = print, profile: str | None = None, rows: str | None = None, latent: bool = False,
 ) -> list[dict]:
     """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant.
+    A latent model's U-Net (``latent``) trains on random unit-variance latents, as its encoded data are.
 
     With ``profile`` (--profile DIR), each variant then runs PROFILED_STEPS more steps, traced into
     DIR/train-<variant>/ (profiling.py), after its timing and memory were read.
@@ -90,7 +91,10 @@ def run_training_benchmark(
     distributed.check_global_batch(batch_size, world_size=ranks.world_size)
     gen = torch.Generator().manual_seed(seed)
     shape = model_config.sample_shape(batch_size * 4)
-    images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
+    if latent:  # float32 latents are fed as they are (data.ImageSet), like an autoencoder's encoded dataset
+        images = ImageSet("random latents", torch.randn(shape, generator=gen))
+    else:
+        images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
     if model_config.num_classes:  # a class-conditional model trains on random labels too
         images.labels = torch.randint(0, model_config.num_classes, (shape[0],), generator=gen)
         images.class_names = tuple(str(i) for i in range(model_config.num_classes))
@@ -196,12 +200,14 @@ def trace_steps(trainer, *, name: str, directory: str) -> None:
             profiler.step()
 
 
-def main_training(args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device) -> list[dict]:
+def main_training(
+    args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device, latent: bool = False
+) -> list[dict]:
     warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
     ranks = distributed.current()
     rows = run_training_benchmark(
         model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
-        warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say, rows=args.rows,
+        warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say, rows=args.rows, latent=latent,
     )  # fmt: skip
     if not ranks.is_main:
         return rows
@@ -210,7 +216,7 @@ def main_training(args: BenchmarkRequest, *, model_config, schedule_config, devi
     for key in ("date", "device", "torch", "cuda"):
         print(f"{key:>10}: {env[key]}")
     shape = "x".join(map(str, model_config.sample_shape(1)[1:]))
-    print(f"{'model':>10}: {model_config.model_channels} base channels, {shape}, batch {args.batch_size}, "
+    print(f"{'model':>10}: {model_config.model_channels} base channels, {shape}{' latents' if latent else ''}, batch {args.batch_size}, "
           f"{warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
     if ranks.distributed:
         env["ranks"] = ranks.world_size

@@ -14,7 +14,8 @@ runs the engines.
   ONNX sha256, precision, shapes, optimization level): any difference rebuilds. The engine file's
   own sha256 is checked against that file before it is deserialized, since an engine is code that
   runs on the GPU; a mismatch is refused, never loaded. The ONNX an engine is built from is cached
-  per precision, keyed by the weights' hash (:func:`cached_onnx`).
+  per precision, keyed by the weights' hash (:func:`cached_onnx`; a latent model's decoder:
+  :func:`cached_decoder_onnx`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ import torch
 
 from basic_diffusion import UNet, UNetConfig
 from checkpoints import parse_json, read_limited
-from export import BF16_MIN_OPSET, default_opset, export_onnx_model
+from export import BF16_MIN_OPSET, default_opset, export_decoder_onnx, export_onnx_model
 from noise_schedule import ScheduleConfig, short_repr
 from precision import PRECISIONS
 from safe_files import atomic_write
 from unet_io import (
     BatchRange,
+    DecoderIO,
+    IOSpec,
     UNetIO,
     artifact_metadata,
     parse_artifact_metadata,
@@ -298,22 +301,44 @@ def get_or_build_engine(engine_path: Path, *, key: Mapping, build: Callable[[], 
 def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
     """The U-Net as an ONNX file in ``cache_dir`` (mixed precision for fp16/bf16), exported again
     when the weights or settings change."""
-    onnx_path = cache_dir / f"unet_{precision}.onnx"
+    io = UNetIO.from_config(model.config)
+    # An intermediate file, not an artifact to sample from: no schedule, weights known by hash only.
+    metadata = artifact_metadata(model_config=model.config, schedule_config=None, weights=None)
+    return _cached_graph(
+        cache_dir / f"unet_{precision}.onnx", model=model, io=io, opset=opset, precision=precision, log=log, what="the U-Net",
+        export=lambda cpu_model: export_onnx_model(cpu_model, metadata=metadata, opset=opset, precision=precision),
+    )  # fmt: skip
+
+
+def cached_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
+    """A latent model's decoder (autoencoder.LatentDecoder) as an ONNX file in ``cache_dir``, like
+    :func:`cached_onnx`; its latent scale is part of the key (it is not a weight)."""
+    return _cached_graph(
+        cache_dir / f"decoder_{precision}.onnx", model=decoder, io=io, opset=opset, precision=precision, log=log,
+        what="the decoder", extra={"latent_scale": float(decoder.latent_scale)},
+        export=lambda cpu_model: export_decoder_onnx(cpu_model, io=io, opset=opset, precision=precision),
+    )  # fmt: skip
+
+
+def _cached_graph(
+    onnx_path: Path, *, model: torch.nn.Module, io: IOSpec, opset: int, precision: str, log: Log, what: str,
+    export: Callable[[torch.nn.Module], object], extra: Mapping | None = None,
+) -> Path:
+    """``onnx_path``, exported again (``export(cpu copy of model)`` -> an onnx.ModelProto) unless its
+    metadata file says it holds these weights, settings and I/O spec and its sha256 matches."""
     key = {
         "precision": precision,
         "metadata_version": METADATA_VERSION,
         "weights_sha256": weights_sha256(model),
         "opset": opset,
         "torch_version": torch.__version__,
-        "io": UNetIO.from_config(model.config).to_dict(),
+        "io": io.to_dict(),
+        **(extra or {}),
     }
     meta = read_metadata(metadata_path(onnx_path))
     if not key_mismatches(meta, key) and onnx_path.is_file() and meta.get("sha256") == sha256_file(onnx_path):
         return onnx_path
-    log(f"exporting the U-Net to {onnx_path} ({precision}, opset {opset})")
+    log(f"exporting {what} to {onnx_path} ({precision}, opset {opset})")
     cpu_model = copy.deepcopy(model).cpu().eval()  # ONNX holds no device: export on the CPU
-    # An intermediate file, not an artifact to sample from: no schedule, weights known by hash only.
-    metadata = artifact_metadata(model_config=model.config, schedule_config=None, weights=None)
-    proto = export_onnx_model(cpu_model, metadata=metadata, opset=opset, precision=precision)
-    store_with_metadata(onnx_path, proto.SerializeToString(), key)
+    store_with_metadata(onnx_path, export(cpu_model).SerializeToString(), key)
     return onnx_path

@@ -23,7 +23,7 @@ from basic_diffusion import UNet
 from checkpoints import first_line
 from noise_schedule import short_repr
 from safe_files import atomic_write
-from unet_io import BATCH, METADATA_KEY, UNetIO
+from unet_io import BATCH, METADATA_KEY, DecoderIO, IOSpec, UNetIO
 
 # Opset 21 is the first whose GroupNormalization takes per-channel scale and bias, and the one at
 # which the exporter emits GroupNormalization natively; opsets 18-20 get an InstanceNormalization
@@ -56,13 +56,16 @@ def import_onnx(*, exporter: bool = True):
     return onnx
 
 
-def check_opset(opset: int) -> None:
-    """``--opset`` must be one the exporter writes for this U-Net and onnxruntime runs."""
+def check_opset(opset: int, *, precision: str = "fp32") -> None:
+    """``--opset`` must be one the exporter writes for this U-Net and onnxruntime runs (22 or later
+    for a bf16 graph)."""
     if type(opset) is not int or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(
             f"--opset must be between {MIN_OPSET} (GroupNormalization) and {MAX_OPSET} (the newest the exporter "
             f"and onnxruntime support here), got {short_repr(opset)}"
         )
+    if precision == "bf16" and opset < BF16_MIN_OPSET:
+        raise ValueError(f"a bf16 ONNX graph needs --opset {BF16_MIN_OPSET} or later (bfloat16 convolutions), got {opset}")
 
 
 def default_opset(precision: str = "fp32") -> int:
@@ -77,9 +80,7 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
     convolutions and matmuls in the low precision, the time embedding, normalization and softmax
     in float32, float32 inputs and output), the form strongly typed TensorRT builds.
     """
-    check_opset(opset)
-    if precision == "bf16" and opset < BF16_MIN_OPSET:
-        raise ValueError(f"a bf16 ONNX graph needs --opset {BF16_MIN_OPSET} or later (bfloat16 convolutions), got {opset}")
+    check_opset(opset, precision=precision)
     onnx = import_onnx()
     io = UNetIO.from_config(model.config)
     if precision != "fp32":
@@ -112,23 +113,31 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
     return proto
 
 
-def export_decoder_onnx(decoder: torch.nn.Module, *, latent_shape: Sequence[int], opset: int = DEFAULT_OPSET):
-    """A latent model's decoder (latents.py) as a checked ``onnx.ModelProto``: "latents" (B, C, h, w) in,
-    "images" (B, C, H, W) out, with a dynamic batch."""
-    check_opset(opset)
+def export_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, opset: int = DEFAULT_OPSET, precision: str = "fp32"):
+    """A latent model's decoder (latents.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
+    (B, c, h, w) in, "images" (B, C, H, W) out, with a dynamic batch. ``precision`` fp16/bf16 writes the
+    mixed-precision decoder (precision.mixed_precision_decoder), float32 in and out, as for the U-Net."""
+    check_opset(opset, precision=precision)
     onnx = import_onnx()
+    if precision != "fp32":
+        from precision import mixed_precision_decoder
+
+        decoder = mixed_precision_decoder(decoder, precision)
     device = next(decoder.parameters()).device
-    example = (torch.randn(2, *latent_shape, device=device),)  # B = 2: torch.export specializes sizes 0 and 1
+    example = (torch.randn(2, *io.latent_shape, device=device),)  # B = 2: torch.export specializes sizes 0 and 1
     program = torch.onnx.export(
-        decoder.eval(), example, input_names=["latents"], output_names=["images"], opset_version=opset, dynamo=True,
-        dynamic_shapes=({0: torch.export.Dim(BATCH, min=1)},), optimize=True, verbose=False,
+        decoder.eval(), example, input_names=io.input_names, output_names=io.output_names, opset_version=opset,
+        dynamo=True, dynamic_shapes=io.torch_dynamic_shapes(), optimize=True, verbose=False,
     )  # fmt: skip
     proto = program.model_proto
+    problems = onnx_io_mismatches(proto, io)
+    if problems:  # the exporter's doing, not the user's
+        raise RuntimeError(f"the exported decoder does not match its I/O spec ({'; '.join(problems)})")
     onnx.checker.check_model(proto, full_check=True)
     return proto
 
 
-def onnx_io_mismatches(proto, io: UNetIO) -> list[str]:
+def onnx_io_mismatches(proto, io: IOSpec) -> list[str]:
     """How a graph's inputs and outputs differ from the spec: names, dtypes, shapes, a named batch axis."""
     from onnx import TensorProto
 

@@ -199,10 +199,14 @@ def _onnxruntime_decoder(stage: FirstStage, options: SamplerOptions) -> Callable
     if isinstance(stage.decoder, runtimes.OnnxRuntimeDecoder):  # an exported model's .decoder.onnx
         return stage.decoder
     device = next(stage.decoder.parameters()).device
-    return runtimes.OnnxRuntimeDecoder.exported(
-        stage.decoder, latent_shape=stage.latent_shape, image_shape=stage.image_shape, device=device,
-        opset=options.opset or export.DEFAULT_OPSET,
-    )  # fmt: skip
+    return runtimes.OnnxRuntimeDecoder.exported(stage.decoder, io=stage.io, device=device, opset=options.opset or export.DEFAULT_OPSET)
+
+
+def _tensorrt_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The decoder as a TensorRT engine in the implementation's precision (an exported model's .decoder.engine as it is)."""
+    import tensorrt_integration
+
+    return tensorrt_integration.tensorrt_decoder(stage, precision=options.precision, options=options.tensorrt, log=options.log)
 
 
 REGISTRY: dict[str, Implementation] = {
@@ -236,6 +240,7 @@ REGISTRY: dict[str, Implementation] = {
         Implementation(
             "tensorrt", "the U-Net as a TensorRT engine (tensorrt_integration.py)", _tensorrt,
             kinds=("checkpoint", "onnx", "tensorrt"), precisions=PRECISIONS, devices=("cuda",), conditional=True,
+            decoder=_tensorrt_decoder,
         ),
     )
 }
@@ -283,9 +288,14 @@ def make_drawer(
             samplers[shape] = impl.build(network, plan, shape=shape, options=options)
         with phase("sample"):
             x = samplers[shape](generator=generator, progress=progress, guidance=guidance)
-        if decode is None:
-            return x
-        with phase("decode"):
-            return decode(x)  # latents (B, c, h, w) -> images (B, C, H, W)
+        if decode is not None:
+            with phase("decode"):
+                x = decode(x)  # latents (B, c, h, w) -> images (B, C, H, W)
+        if not bool(torch.isfinite(x).all()):  # sync: one flag per batch, so NaN never becomes a black image
+            raise ValueError(
+                f"the {name} implementation drew non-finite values (NaN or inf): the model overflowed; if it ran in "
+                "fp16 (--precision fp16 or an fp16 export), sample in fp32 or bf16 (fp32's range), or from the checkpoint"
+            )
+        return x
 
     return draw

@@ -29,6 +29,13 @@ class FirstStage:
     image_shape: tuple[int, ...]
     link: dict
 
+    @property
+    def io(self):
+        """The decoder's I/O spec (unet_io.DecoderIO), read by its ONNX export and its engine build."""
+        from unet_io import DecoderIO
+
+        return DecoderIO(latent_shape=tuple(self.latent_shape), image_shape=tuple(self.image_shape))
+
 
 def load_first_stage(path: str | Path, *, device: torch.device) -> tuple[FirstStage, object]:
     """(the first stage, the LoadedAutoencoder) of the autoencoder checkpoint at ``path``."""

@@ -386,17 +386,17 @@ def run_benchmark(run: BenchmarkRun) -> None:
         if artifact_kind(run.source.path) != "checkpoint":
             raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {run.source.path}")
         model, schedule_config, class_names, link = load_checkpoint_parts(run.source.path, weights=run.source.weights)
-        if link is not None and training:
-            raise ValueError(f"{run.source.path} is a latent model; --bench training times pixel U-Nets (give --img_size instead)")
         if link is None and run.source.autoencoder:
             raise ValueError(f"--autoencoder: {run.source.path} is a pixel model; it has no autoencoder to replace")
-        if link is not None:  # the whole pipeline is timed: the sampling loop, then the decoder
+        if link is not None and training and run.source.autoencoder:
+            raise ValueError("--autoencoder: --bench training times the U-Net on random latents; it reads no autoencoder")
+        if link is not None and not training:  # the whole pipeline is timed: the sampling loop, then the decoder
             stage, _ = linked_first_stage(
                 link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
                 override=run.source.autoencoder,
             )  # fmt: skip
     else:
-        class_names = ()
+        class_names, link = (), None
         torch.manual_seed(run.seed)
         model = UNet(run.model.model_config())
         benchmark.perturb_zero_init(model, seed=run.seed)
@@ -415,7 +415,9 @@ def run_benchmark(run: BenchmarkRun) -> None:
     sampling = replace(run.sampling, clip_denoised=clips_x0(run.sampling.clip_denoised, stage))
     plan = sampling.plan(NoiseSchedule(schedule_config), device=device)
     if training:
-        benchmark_training.main_training(request, model_config=model.config, schedule_config=schedule_config, device=device)
+        benchmark_training.main_training(  # a latent U-Net trains on float latents, not uint8 images
+            request, model_config=model.config, schedule_config=schedule_config, device=device, latent=link is not None
+        )
         return
     benchmark.main(
         request, model=model, plan=plan, shape=model.config.sample_shape(run.n_samples), precision=run.precision,

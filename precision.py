@@ -108,30 +108,52 @@ class MixedPrecisionUNet(nn.Module):
         return eps.float()  # (B, C, H, W) float32, like the fp32 U-Net
 
 
+def _cast_explicitly(module: nn.Module, dtype: torch.dtype, *, keep: set[int] = frozenset()) -> None:
+    """Rewrite ``module`` in place by the policy above: convolutions and linear layers in ``dtype``
+    (weights cast), GroupNorm in float32, attention softmax in float32; modules in ``keep`` (ids) and
+    their children untouched."""
+    from basic_diffusion import AttentionBlock
+
+    for name, child in module.named_children():
+        if id(child) in keep:
+            continue
+        if isinstance(child, (nn.Conv2d, nn.Conv3d, nn.Linear)):
+            setattr(module, name, CastInput(child, dtype))
+        elif isinstance(child, nn.GroupNorm):
+            setattr(module, name, Float32(child))
+        else:
+            if isinstance(child, AttentionBlock):
+                child.float32_softmax = True
+            _cast_explicitly(child, dtype, keep=keep)
+
+
 def mixed_precision_unet(model: nn.Module, precision: str) -> MixedPrecisionUNet:
     """A copy of ``model`` (a basic_diffusion.UNet) computing in ``precision`` by the policy above.
 
     The original is left unchanged. The copy is for export and compilation (its state dict has
     other keys); it runs in PyTorch too, which is how tests compare it with the exported graph.
     """
-    from basic_diffusion import AttentionBlock
-
     dtype = low_dtype(precision)
     unet = copy.deepcopy(model).eval()
-    time_mlp = set(map(id, unet.time_mlp.modules()))  # the time embedding's MLP stays float32
-
-    def convert(parent: nn.Module) -> None:
-        for name, child in parent.named_children():
-            if id(child) in time_mlp:
-                continue
-            if isinstance(child, (nn.Conv2d, nn.Conv3d, nn.Linear)):
-                setattr(parent, name, CastInput(child, dtype))
-            elif isinstance(child, nn.GroupNorm):
-                setattr(parent, name, Float32(child))
-            else:
-                if isinstance(child, AttentionBlock):
-                    child.float32_softmax = True
-                convert(child)
-
-    convert(unet)
+    _cast_explicitly(unet, dtype, keep=set(map(id, unet.time_mlp.modules())))  # the time MLP stays float32
     return MixedPrecisionUNet(unet, precision)
+
+
+class MixedPrecisionDecoder(nn.Module):
+    """A latent model's decoder copy in explicit mixed precision: float32 latents in, float32 images out."""
+
+    def __init__(self, decoder: nn.Module, precision: str) -> None:
+        super().__init__()
+        self.decoder, self.precision = decoder, precision
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.decoder(z).float()  # (B, C, H, W) float32, like the fp32 decoder
+
+
+def mixed_precision_decoder(decoder: nn.Module, precision: str) -> MixedPrecisionDecoder:
+    """A copy of a latent model's decoder (autoencoder.LatentDecoder) in ``precision`` by the same policy:
+    its convolutions in the low precision, its GroupNorms in float32; the original is left unchanged."""
+    dtype = low_dtype(precision)
+    copied = copy.deepcopy(decoder).eval()
+    _cast_explicitly(copied, dtype)
+    return MixedPrecisionDecoder(copied, precision)

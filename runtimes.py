@@ -42,7 +42,7 @@ from export import (
     onnx_io_mismatches,
 )
 from noise_schedule import ScheduleConfig, short_repr
-from unet_io import METADATA_KEY, UNetIO, artifact_metadata, parse_artifact_metadata
+from unet_io import METADATA_KEY, DecoderIO, UNetIO, artifact_metadata, parse_artifact_metadata
 
 ORT_INSTALL = "pip install onnxruntime (or onnxruntime-gpu for the CUDA and TensorRT execution providers)"
 
@@ -137,14 +137,12 @@ class OnnxRuntimeDecoder(nn.Module):
         self.provider = self.session.get_providers()[0]
 
     @classmethod
-    def exported(
-        cls, decoder: nn.Module, *, latent_shape: tuple[int, ...], image_shape: tuple[int, ...], device: torch.device, opset: int
-    ) -> OnnxRuntimeDecoder:
-        """``decoder`` exported to ONNX in memory, in a session."""
+    def exported(cls, decoder: nn.Module, *, io: DecoderIO, device: torch.device, opset: int) -> OnnxRuntimeDecoder:
+        """``decoder`` exported to ONNX in memory by its spec ``io``, in a session."""
         from export import export_decoder_onnx
 
-        proto = export_decoder_onnx(decoder, latent_shape=latent_shape, opset=opset)
-        return cls(onnxruntime_session(proto.SerializeToString(), device=device), image_shape=image_shape)
+        proto = export_decoder_onnx(decoder, io=io, opset=opset)
+        return cls(onnxruntime_session(proto.SerializeToString(), device=device), image_shape=io.image_shape)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         on_gpu = self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and z.is_cuda

@@ -1,4 +1,4 @@
-"""TensorRT for the U-Net: the engine (build from ONNX, cache, load, infer) and the "tensorrt" implementation.
+"""TensorRT for the U-Net (and a latent model's decoder): the engine (build from ONNX, cache, load, infer) and the "tensorrt" implementation.
 
     python main.py --mode sample --model_path checkpoints/mnist.pt --implementation tensorrt --precision fp16
     python main.py --mode export --format tensorrt --model_path checkpoints/mnist.pt     # -> mnist.engine (+ .json)
@@ -28,19 +28,25 @@ How a TensorRT sample runs:
    graph: with the fused step op when the extension is built (optimized_diffusion.FusedSampler),
    else with noise_schedule.p_step (``FusedSampler(fused_step=False)``). Noise is drawn in the order of
    basic_diffusion.sample, so an fp32 engine draws the original's images to float tolerance.
+4. **Decoder** (latent models): the autoencoder's decoder gets its own engine the same way, from its
+   own I/O spec (``DecoderIO``: latents in, images out) and its own cached ONNX graph (mixed precision
+   for fp16/bf16, like the U-Net's), built on the first batch and run after the sampling loop
+   (:func:`tensorrt_decoder`); ``--format tensorrt`` writes it beside the U-Net's engine, named and
+   hashed in its metadata.
 
 ``--trt_backend torch_tensorrt`` compiles the PyTorch U-Net with ``torch_tensorrt.compile(ir="dynamo")``
 instead (no ONNX, no engine cache).
 
 What was run where: no machine this was written on has TensorRT, so none of its calls has run.
 The cache rules, the I/O checks and the sampling loop (with a PyTorch U-Net in the engine's place)
-are tested on the CPU (tests/test_export.py); the ONNX files engines are built from are checked
-against PyTorch with onnxruntime.
+are tested on the CPU (tests/test_export.py; the decoder's spec, cache and build inputs in
+tests/test_latent.py); the ONNX files engines are built from are checked against PyTorch with onnxruntime.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,6 +66,7 @@ from engine_cache import (
     Log,
     build_plan,
     cache_dir_for,
+    cached_decoder_onnx,
     cached_onnx,
     engine_key,
     get_or_build_engine,
@@ -72,12 +79,14 @@ from engine_cache import (
     verified_bytes,
     version_tuple,
 )
+from latents import FirstStage
 from noise_schedule import SamplingPlan, ScheduleConfig
-from runtimes import OnnxRuntimeUNet
+from runtimes import OnnxRuntimeDecoder, OnnxRuntimeUNet
 from safe_files import atomic_write
 from unet_io import (
     DEFAULT_MAX_BATCH,
     BatchRange,
+    IOSpec,
     UNetIO,
     artifact_metadata,
     sha256_file,
@@ -188,7 +197,7 @@ def torch_dtype(trt_dtype) -> torch.dtype:
     return _TORCH_DTYPES[name]
 
 
-def io_mismatches(io: UNetIO, found: Mapping[str, tuple[str, torch.dtype]]) -> list[str]:
+def io_mismatches(io: IOSpec, found: Mapping[str, tuple[str, torch.dtype]]) -> list[str]:
     """How an engine's I/O tensors ({name: ("input" | "output", dtype)}) differ from the spec."""
     expected = {s.name: ("input", s.dtype) for s in io.inputs} | {s.name: ("output", s.dtype) for s in io.outputs}
     problems = [
@@ -221,10 +230,11 @@ def pin_layers_to_float32(network, *, trt, io: UNetIO) -> int:
 
 
 class Engine:
-    """One TensorRT engine for the U-Net: ``build`` (from ONNX) -> ``load`` -> ``activate`` ->
-    ``allocate_buffers`` -> ``infer``. Needs a CUDA device; TensorRT 10.x API."""
+    """One TensorRT engine, for the U-Net (``io`` a UNetIO) or a latent model's decoder (a DecoderIO):
+    ``build`` (from ONNX) -> ``load`` -> ``activate`` -> ``allocate_buffers`` -> ``infer``. Needs a
+    CUDA device; TensorRT 10.x API."""
 
-    def __init__(self, cuda_engine, *, trt, runtime, io: UNetIO, batch: BatchRange, device: torch.device) -> None:
+    def __init__(self, cuda_engine, *, trt, runtime, io: IOSpec, batch: BatchRange, device: torch.device) -> None:
         self._trt, self._runtime, self.engine = trt, runtime, cuda_engine  # the runtime outlives its engine
         self.io, self.batch, self.device = io, batch, device
         found = {}
@@ -234,7 +244,7 @@ class Engine:
             found[name] = (mode, torch_dtype(cuda_engine.get_tensor_dtype(name)))
         problems = io_mismatches(io, found)
         if problems:
-            raise ValueError("the engine's inputs and outputs differ from the U-Net spec: " + "; ".join(problems))
+            raise ValueError("the engine's inputs and outputs differ from its spec: " + "; ".join(problems))
         self.context = None
         self.buffers: dict[str, torch.Tensor] = {}
         self.batch_size: int | None = None
@@ -243,7 +253,7 @@ class Engine:
     def build(
         onnx_path: Path,
         *,
-        io: UNetIO,
+        io: IOSpec,
         batch: BatchRange,
         plan: BuildPlan,
         optimization_level: int,
@@ -267,7 +277,7 @@ class Engine:
         config.builder_optimization_level = optimization_level
         for name in plan.builder_flags:  # weak typing only (TensorRT 10.0-10.11)
             config.set_flag(getattr(trt.BuilderFlag, name))
-        if plan.pin_time_embedding:
+        if plan.pin_time_embedding and isinstance(io, UNetIO):  # a decoder has no time embedding
             pin_layers_to_float32(network, trt=trt, io=io)
         if plan.graph_precision == "fp32" and not plan.builder_flags and hasattr(trt.BuilderFlag, "TF32"):
             config.clear_flag(trt.BuilderFlag.TF32)  # TF32 is on by default; fp32 means fp32, as in PyTorch here
@@ -286,7 +296,7 @@ class Engine:
         return bytes(serialized), bytes(config.get_timing_cache().serialize())
 
     @classmethod
-    def load(cls, data: bytes, *, io: UNetIO, batch: BatchRange, device: torch.device) -> Engine:
+    def load(cls, data: bytes, *, io: IOSpec, batch: BatchRange, device: torch.device) -> Engine:
         """Deserialize an engine whose bytes the caller has verified (see :func:`verified_bytes`)."""
         trt = import_tensorrt()
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
@@ -339,7 +349,7 @@ class Engine:
             self.allocate_buffers(batch_size)
         stream = torch.cuda.current_stream(self.device)  # PyTorch's stream: ordered with the ops around it
         for spec in self.io.inputs:
-            self.buffers[spec.name].copy_(feed[spec.name])  # x_t (B, C, H, W), t (B,): device copies on `stream`
+            self.buffers[spec.name].copy_(feed[spec.name])  # x_t (B, C, H, W), t (B,) or latents: device copies on `stream`
         # execute_async_v3 (TensorRT >= 8.5; 10.0 removed the binding-array execute_v2/enqueue APIs)
         # reads the addresses bound by set_tensor_address.
         if not self.context.execute_async_v3(stream.cuda_stream):
@@ -360,6 +370,18 @@ class TensorRTUNet(nn.Module):
         return eps.clone()  # the next call overwrites the buffer
 
 
+class TensorRTDecoder(nn.Module):
+    """images = decoder(latents) through an :class:`Engine` of a latent model's decoder (DecoderIO)."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        images = self.engine.infer({"latents": z})["images"]  # (B, C, H, W) float32, the engine's buffer
+        return images.clone()
+
+
 def engine_bytes_for(
     model: nn.Module, *, device: torch.device, precision: str, batch: BatchRange, options: TensorRTOptions, log: Log
 ) -> tuple[bytes, dict, UNetIO]:
@@ -367,7 +389,6 @@ def engine_bytes_for(
     freshly built; with its cache key and I/O spec."""
     trt = import_tensorrt()
     plan = build_plan(trt.__version__, precision, opset=options.opset)
-    cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
     if isinstance(model, OnnxRuntimeUNet) and model.path is not None:
         onnx_path, io = model.path, model.io
         graph_precision = model.metadata.get("precision", "fp32")
@@ -378,10 +399,48 @@ def engine_bytes_for(
                 "build from the checkpoint"
             )
     elif isinstance(model, UNet):
+        cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
         onnx_path = cached_onnx(model, cache_dir=cache_dir, opset=plan.opset, precision=plan.graph_precision, log=log)
         io = UNetIO.from_config(model.config)
     else:
         raise ValueError("TensorRT engines are built from checkpoints and .onnx files; this model is neither")
+    data, key = _engine_from_onnx(
+        onnx_path, io=io, name="unet", trt=trt, plan=plan, device=device, precision=precision, batch=batch,
+        options=options, log=log,
+    )  # fmt: skip
+    return data, key, io
+
+
+def decoder_engine_bytes(
+    stage: FirstStage, *, device: torch.device, precision: str, batch: BatchRange, options: TensorRTOptions, log: Log
+) -> tuple[bytes, dict]:
+    """A verified serialized engine of a latent model's decoder, from the cache or freshly built: from
+    the exported .decoder.onnx file of an ONNX model (typed like its U-Net's graph), else from the
+    PyTorch decoder exported into the cache (mixed precision for fp16/bf16, as the U-Net)."""
+    trt = import_tensorrt()
+    plan = build_plan(trt.__version__, precision, opset=options.opset)
+    if isinstance(stage.decoder, OnnxRuntimeDecoder) and stage.decoder.path is not None:
+        onnx_path = stage.decoder.path
+    elif isinstance(stage.decoder, nn.Module) and next(stage.decoder.parameters(), None) is not None:
+        cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
+        onnx_path = cached_decoder_onnx(
+            stage.decoder, io=stage.io, cache_dir=cache_dir, opset=plan.opset, precision=plan.graph_precision, log=log
+        )
+    else:
+        raise ValueError("TensorRT decoder engines are built from checkpoints and .onnx files; this decoder is neither")
+    return _engine_from_onnx(
+        onnx_path, io=stage.io, name="decoder", trt=trt, plan=plan, device=device, precision=precision, batch=batch,
+        options=options, log=log,
+    )  # fmt: skip
+
+
+def _engine_from_onnx(
+    onnx_path: Path, *, io: IOSpec, name: str, trt, plan: BuildPlan, device: torch.device, precision: str,
+    batch: BatchRange, options: TensorRTOptions, log: Log,
+) -> tuple[bytes, dict]:
+    """The engine of ``onnx_path`` (spec ``io``) as ``plan`` says, cached as ``<name>_<precision>.engine``
+    in the cache folder under a key of everything it depends on; with that key."""
+    cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
     environment = runtime_environment(trt, device)
     key = engine_key(
         environment=environment,
@@ -409,8 +468,8 @@ def engine_bytes_for(
         atomic_write(timing_path, lambda f: f.write(timing))
         return data
 
-    data = get_or_build_engine(cache_dir / f"unet_{precision}.engine", key=key, build=build, log=log)
-    return data, key, io
+    data = get_or_build_engine(cache_dir / f"{name}_{precision}.engine", key=key, build=build, log=log)
+    return data, key
 
 
 def load_engine_artifact(path: Path, *, device: torch.device) -> tuple[TensorRTUNet, UNetConfig, ScheduleConfig, dict]:
@@ -441,10 +500,14 @@ def export_engine(
     options: TensorRTOptions,
     log: Log = print,
     class_names: tuple[str, ...] = (),
+    first_stage: FirstStage | None = None,
+    decoder_output: Path | None = None,
 ) -> list[str]:
     """``--mode export --format tensorrt``: an engine for the U-Net of a checkpoint or ONNX file
     ``source`` (loaded by ``artifacts.export_artifact``, which checks the paths first), plus its
-    metadata file (with a class-conditional U-Net's ``class_names``)."""
+    metadata file (with a class-conditional U-Net's ``class_names``). A latent model's decoder
+    (``first_stage``) gets its own engine at ``decoder_output``, same precision and batch range, named
+    and hashed in the U-Net's metadata as the ONNX and TorchScript exports name theirs."""
     output = Path(output)
     if options.backend != "native":
         raise ValueError("--format tensorrt writes native engines; torch_tensorrt compiles when sampling")
@@ -457,17 +520,52 @@ def export_engine(
     )
     Engine.load(data, io=io, batch=batch, device=device)  # deserializes, and checks its I/O against the spec
     labels = {"class_names": list(class_names)} if class_names else {}
+    report = []
+    if first_stage is not None:  # a latent model: the decoder's engine beside the U-Net's
+        decoder_data, _ = decoder_engine_bytes(
+            first_stage, device=device, precision=precision, batch=batch, options=options, log=log
+        )
+        Engine.load(decoder_data, io=first_stage.io, batch=batch, device=device)
+        labels["decoder"] = {"file": decoder_output.name, "sha256": hashlib.sha256(decoder_data).hexdigest(),
+                             "latent_shape": list(first_stage.latent_shape), "image_shape": list(first_stage.image_shape)}  # fmt: skip
+        atomic_write(decoder_output, lambda f: f.write(decoder_data))  # before the U-Net's files, which name it
+        report.append(f"wrote {decoder_output} (the decoder's engine)")
     metadata = artifact_metadata(model_config=model_config, schedule_config=schedule_config, weights=weights, **labels)
     store_with_metadata(output, data, {**metadata, **key, "batch_range": batch.to_list()})
     return [
         f"wrote {output} and {metadata_path(output).name} (TensorRT {key['tensorrt_version']}, {precision}, "
-        f"batch {batch.min}..{batch.max}, {key['gpu_name']})"
+        f"batch {batch.min}..{batch.max}, {key['gpu_name']})",
+        *report,
     ]
 
 
 # --------------------------------------------------------------------------------------------
 # The tensorrt implementation
 # --------------------------------------------------------------------------------------------
+
+
+def tensorrt_decoder(
+    stage: FirstStage, *, precision: str = "fp32", options: TensorRTOptions | None = None, log: Log = print
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The tensorrt implementation's decoder for a latent model: images = decode(latents) through a decoder
+    engine. An exported engine (:class:`TensorRTDecoder`) is used as it is; otherwise the engine is built
+    (or taken from the cache) on the first call, on the latents' device, covering 1 .. ``max_batch``.
+    It is a native engine under either backend (``--trt_backend torch_tensorrt`` compiles the U-Net only)."""
+    if isinstance(stage.decoder, TensorRTDecoder):
+        return stage.decoder
+    options = options or TensorRTOptions()
+    import_tensorrt()
+    engines: dict[tuple[BatchRange, torch.device], TensorRTDecoder] = {}
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        require_cuda(z.device)
+        batch = BatchRange.covering(z.shape[0], max_batch=options.max_batch)
+        if (batch, z.device) not in engines:
+            data, _ = decoder_engine_bytes(stage, device=z.device, precision=precision, batch=batch, options=options, log=log)
+            engines[batch, z.device] = TensorRTDecoder(Engine.load(data, io=stage.io, batch=batch, device=z.device))
+        return engines[batch, z.device](z)  # (B, c, h, w) latents -> (B, C, H, W) images
+
+    return decode
 
 
 def fused_step_available(device: torch.device) -> bool:

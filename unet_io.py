@@ -5,7 +5,8 @@ The interface is defined once, in :class:`UNetIO`: inputs ``x_t`` (B, C, H, W) f
 output ``eps`` (B, C, H, W) float32, the batch B being the one dynamic axis; a
 :class:`BatchRange` gives the (min, opt, max) batch sizes of a TensorRT optimization profile. The
 ONNX export (export.py), onnxruntime (runtimes.py) and the engine build (tensorrt_integration.py)
-all read it.
+all read it. A latent model's decoder has its own, :class:`DecoderIO` (``latents`` in, ``images``
+out); both share :class:`IOSpec`'s names, shapes and optimization profile.
 
 Every artifact carries what sampling needs besides the weights (:func:`artifact_metadata`: model
 and schedule configs, which weights, the I/O spec): ONNX files in ``metadata_props``, TorchScript
@@ -82,8 +83,44 @@ class BatchRange:
         return [self.min, self.opt, self.max]
 
 
+class IOSpec:
+    """What every I/O spec derives from its ``inputs`` and ``outputs``: names, shapes at a batch size,
+    a TensorRT optimization profile and the dynamic batch axes for torch.onnx.export."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        return self.inputs + self.outputs
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec.name for spec in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [spec.name for spec in self.outputs]
+
+    def shapes(self, batch_size: int) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape at one batch size."""
+        return {spec.name: spec.concrete(batch_size) for spec in self.tensors}
+
+    def profile(self, batch: BatchRange) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """(min, opt, max) shapes of each input: a TensorRT optimization profile."""
+        return {spec.name: tuple(spec.concrete(b) for b in batch.to_list()) for spec in self.inputs}
+
+    def torch_dynamic_shapes(self) -> tuple[dict[int, torch.export.Dim], ...]:
+        """The batch axis of each input as one shared ``torch.export.Dim`` (for torch.onnx.export)."""
+        batch = torch.export.Dim(BATCH, min=1)
+        return tuple({spec.shape.index(BATCH): batch} for spec in self.inputs)
+
+    def to_dict(self) -> dict:
+        return {"inputs": [s.to_dict() for s in self.inputs], "outputs": [s.to_dict() for s in self.outputs]}
+
+
 @dataclass(frozen=True)
-class UNetIO:
+class UNetIO(IOSpec):
     """The U-Net's inputs and outputs: the one definition read by the ONNX export and the engine build."""
 
     in_channels: int
@@ -112,26 +149,6 @@ class UNetIO:
     def outputs(self) -> tuple[TensorSpec, ...]:
         return (TensorSpec("eps", torch.float32, self.image),)
 
-    @property
-    def tensors(self) -> tuple[TensorSpec, ...]:
-        return self.inputs + self.outputs
-
-    @property
-    def input_names(self) -> list[str]:
-        return [spec.name for spec in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [spec.name for spec in self.outputs]
-
-    def shapes(self, batch_size: int) -> dict[str, tuple[int, ...]]:
-        """Every tensor's shape at one batch size."""
-        return {spec.name: spec.concrete(batch_size) for spec in self.tensors}
-
-    def profile(self, batch: BatchRange) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
-        """(min, opt, max) shapes of each input: a TensorRT optimization profile."""
-        return {spec.name: tuple(spec.concrete(b) for b in batch.to_list()) for spec in self.inputs}
-
     def example_inputs(
         self, batch_size: int, *, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
     ) -> tuple[torch.Tensor, ...]:
@@ -143,13 +160,22 @@ class UNetIO:
             return x_t, t
         return x_t, t, torch.randint(0, self.num_classes + 1, (batch_size,), generator=generator).to(device)
 
-    def torch_dynamic_shapes(self) -> tuple[dict[int, torch.export.Dim], ...]:
-        """The batch axis of each input as one shared ``torch.export.Dim`` (for torch.onnx.export)."""
-        batch = torch.export.Dim(BATCH, min=1)
-        return tuple({spec.shape.index(BATCH): batch} for spec in self.inputs)
 
-    def to_dict(self) -> dict:
-        return {"inputs": [s.to_dict() for s in self.inputs], "outputs": [s.to_dict() for s in self.outputs]}
+@dataclass(frozen=True)
+class DecoderIO(IOSpec):
+    """A latent model's decoder (latents.py): ``latents`` (B, c, h, w) float32 in, ``images`` (B, C, H, W)
+    float32 out; read by its ONNX export and its engine build like :class:`UNetIO`."""
+
+    latent_shape: tuple[int, ...]
+    image_shape: tuple[int, ...]
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("latents", torch.float32, (BATCH, *self.latent_shape)),)
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("images", torch.float32, (BATCH, *self.image_shape)),)
 
 
 # --------------------------------------------------------------------------------------------

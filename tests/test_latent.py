@@ -97,9 +97,7 @@ def test_the_decoder_run_by_onnxruntime_matches_pytorch(tmp_path):
 
     write_autoencoder(tmp_path / "ae.pt")
     stage, _ = load_first_stage(tmp_path / "ae.pt", device=torch.device("cpu"))
-    runner = OnnxRuntimeDecoder.exported(
-        stage.decoder, latent_shape=stage.latent_shape, image_shape=stage.image_shape, device=torch.device("cpu"), opset=21
-    )
+    runner = OnnxRuntimeDecoder.exported(stage.decoder, io=stage.io, device=torch.device("cpu"), opset=21)
     z = torch.randn(5, *stage.latent_shape, generator=torch.Generator().manual_seed(0))  # another batch than the export's
     with torch.no_grad():
         torch.testing.assert_close(runner(z), stage.decoder(z), rtol=1e-4, atol=1e-5)
@@ -179,3 +177,202 @@ def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_
     decoder.unlink()
     assert main.main(args) == 2
     assert "decoder" in capsys.readouterr().err and not (tmp_path / "x.npz").exists()
+
+
+# ----- the decoder in reduced precision and as a TensorRT engine (TensorRT itself is not installed here) -----
+
+
+def first_stage(folder):
+    from latents import load_first_stage
+
+    write_autoencoder(folder / "ae.pt")
+    stage, _ = load_first_stage(folder / "ae.pt", device=torch.device("cpu"))
+    return stage
+
+
+def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_like_pytorch(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto
+
+    from export import export_decoder_onnx, onnx_io_mismatches
+    from precision import mixed_precision_decoder
+    from runtimes import OnnxRuntimeDecoder, onnxruntime_session
+
+    stage = first_stage(tmp_path)
+    z = torch.randn(5, *stage.latent_shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference, mixed = stage.decoder(z), mixed_precision_decoder(stage.decoder, "fp16")(z)
+    for precision in ("fp32", "fp16", "bf16"):
+        proto = export_decoder_onnx(stage.decoder, io=stage.io, opset=22, precision=precision)
+        assert onnx_io_mismatches(proto, stage.io) == []  # latents (batch, 2, 4, 4) in, images (batch, 1, 8, 8) out
+        weights = {init.name: init.data_type for init in proto.graph.initializer}
+        convs = [node for node in proto.graph.node if node.op_type == "Conv"]
+        low = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[precision]
+        assert convs and {weights[node.input[1]] for node in convs if node.input[1] in weights} == {low}
+    proto = export_decoder_onnx(stage.decoder, io=stage.io, opset=21, precision="fp16")
+    assert proto.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT  # images stay float32
+    session = onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu"))
+    runner = OnnxRuntimeDecoder(session, image_shape=stage.image_shape)
+    torch.testing.assert_close(runner(z), mixed, rtol=0, atol=2e-3)  # the same fp16 arithmetic, other kernels
+    torch.testing.assert_close(mixed, reference, rtol=0, atol=2e-2)
+    assert not torch.equal(mixed, reference)  # it did compute in fp16
+
+
+def test_an_fp16_onnx_export_of_a_latent_model_draws_the_checkpoints_images(latent_model, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    # A U-Net trained 2 steps predicts eps ~ 0, so its unclipped x0 = x_t / sqrt(alpha_bar) is huge on the
+    # fixture's 20-step schedule; on a 1000-step schedule it stays within fp16's range.
+    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(latent_model / "ae.pt"),
+             "--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8", "--save_every", "0",
+             "--sample_every", "0", "--model_path", str(tmp_path / "lat.pt")]  # fmt: skip
+    assert main.main(train) == 0
+    drawn = {}
+    for name, source in (("fp16", tmp_path / "lat.pt"), ("overflows", latent_model / "lat.pt")):
+        export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--precision", "fp16",
+                  "--model_path", str(source), "--output", str(tmp_path / f"{name}.onnx")]  # fmt: skip
+        assert main.main(export) == 0, capsys.readouterr().err
+        assert "PyTorch's fp16 decoder" in capsys.readouterr().out
+    runs = (("checkpoint", tmp_path / "lat.pt", ()), ("fp16", tmp_path / "fp16.onnx", ("--implementation", "onnxruntime")),
+            ("overflows", tmp_path / "overflows.onnx", ("--implementation", "onnxruntime")))  # fmt: skip
+    for name, path, flags in runs:
+        args = ["--device", "cpu", "--mode", "sample", "--model_path", str(path), "--n_samples", "3", "--sampler", "ddim",
+                "--sampling_steps", "3", "--no_grid", "--save_npz", str(tmp_path / f"{name}.npz"), *flags]  # fmt: skip
+        if name == "overflows":  # NaN is refused in one line, never written as black images
+            assert main.main(args) == 2
+            err = capsys.readouterr().err.strip()
+            assert "non-finite" in err and "\n" not in err and not (tmp_path / "overflows.npz").exists()
+            continue
+        assert main.main(args) == 0, capsys.readouterr().err
+        with np.load(tmp_path / f"{name}.npz") as data:
+            drawn[name] = data["images"].astype(int)
+    assert np.abs(drawn["fp16"] - drawn["checkpoint"]).max() <= 4  # 8-bit levels, fp16 rounding through 3 steps
+
+
+class FakeDataType:  # tensorrt.DataType members are pybind11 enums with a .name
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class FakeCudaEngine:
+    """The ICudaEngine calls Engine's I/O check makes: tensors by index, their mode and dtype."""
+
+    def __init__(self, tensors: dict[str, tuple[str, str]]) -> None:
+        self.tensors = tensors
+        self.num_io_tensors = len(tensors)
+
+    def get_tensor_name(self, index: int) -> str:
+        return list(self.tensors)[index]
+
+    def get_tensor_mode(self, name: str) -> str:
+        return self.tensors[name][0]
+
+    def get_tensor_dtype(self, name: str) -> FakeDataType:
+        return FakeDataType(self.tensors[name][1])
+
+
+def test_a_decoder_engine_is_checked_against_the_decoder_spec_not_the_unets(tmp_path):
+    from types import SimpleNamespace
+
+    from tensorrt_integration import Engine
+    from unet_io import BatchRange
+
+    stage = first_stage(tmp_path)
+    trt = SimpleNamespace(TensorIOMode=SimpleNamespace(INPUT="input", OUTPUT="output"))
+    decoder = FakeCudaEngine({"latents": ("input", "FLOAT"), "images": ("output", "FLOAT")})
+    engine = Engine(decoder, trt=trt, runtime=None, io=stage.io, batch=BatchRange(), device=torch.device("cpu"))
+    assert engine.io.shapes(3) == {"latents": (3, 2, 4, 4), "images": (3, 1, 8, 8)}
+    assert engine.io.profile(BatchRange(1, 16, 64))["latents"] == ((1, 2, 4, 4), (16, 2, 4, 4), (64, 2, 4, 4))
+    unet = FakeCudaEngine({"x_t": ("input", "FLOAT"), "t": ("input", "INT64"), "eps": ("output", "FLOAT")})
+    with pytest.raises(ValueError, match="differ from its spec"):
+        Engine(unet, trt=trt, runtime=None, io=stage.io, batch=BatchRange(), device=torch.device("cpu"))
+    half = FakeCudaEngine({"latents": ("input", "HALF"), "images": ("output", "FLOAT")})
+    with pytest.raises(ValueError, match="latents"):
+        Engine(half, trt=trt, runtime=None, io=stage.io, batch=BatchRange(), device=torch.device("cpu"))
+
+
+def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_it_changes(tmp_path, monkeypatch):
+    # No TensorRT: its module and the builder are stand-ins that record what they were asked to build,
+    # so this checks which ONNX file, cache file and key the decoder's engine gets, not an engine.
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import tensorrt_integration as trt_integration
+    from unet_io import BatchRange, sha256_file
+
+    builds = []
+
+    def build(onnx_path, *, io, batch, plan, optimization_level, timing_cache):
+        builds.append((onnx_path, io, plan))
+        return f"engine #{len(builds)}".encode(), b"timing"
+
+    monkeypatch.setattr(trt_integration, "import_tensorrt", lambda: SimpleNamespace(__version__="11.4.1"))
+    monkeypatch.setattr(trt_integration, "runtime_environment", lambda trt, device: {
+        "tensorrt_version": "11.4.1", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"})  # fmt: skip
+    monkeypatch.setattr(trt_integration.Engine, "build", staticmethod(build))
+    stage, cache = first_stage(tmp_path), tmp_path / "cache"
+    options = trt_integration.TensorRTOptions(cache_dir=cache)
+    logs = []
+    arguments = dict(device=torch.device("cpu"), precision="fp16", batch=BatchRange(), options=options, log=logs.append)
+    data, key = trt_integration.decoder_engine_bytes(stage, **arguments)
+    onnx_path, io, plan = builds[0]
+    assert data == b"engine #1" and onnx_path == cache / "decoder_fp16.onnx" and io == stage.io
+    assert plan.strongly_typed and plan.graph_precision == "fp16"  # TensorRT 11: the precision is in the graph
+    assert key["onnx_sha256"] == sha256_file(onnx_path) and set(key["shapes"]) == {"latents"}
+    assert (cache / "decoder_fp16.engine").read_bytes() == b"engine #1"
+    assert trt_integration.decoder_engine_bytes(stage, **arguments)[0] == b"engine #1" and len(builds) == 1  # cached
+    # Another latent scale is another decoder: a new graph, a new engine.
+    rescaled = replace(stage, decoder=type(stage.decoder)(stage.decoder.autoencoder, latent_scale=2.5))
+    assert trt_integration.decoder_engine_bytes(rescaled, **arguments)[0] == b"engine #2"
+    assert sum("exporting the decoder" in line for line in logs) == 2
+
+
+def test_the_tensorrt_implementation_takes_latent_models_and_says_what_to_install(latent_model, tmp_path, capsys, monkeypatch):
+    import sys
+
+    import implementations
+
+    implementations.get("tensorrt").check(latent=True)  # no longer refused
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # TensorRT absent, even where it is installed
+    for args in (["--mode", "sample", "--implementation", "tensorrt", "--output", str(tmp_path / "x.png")],
+                 ["--mode", "export", "--format", "tensorrt", "--output", str(tmp_path / "lat.engine")]):  # fmt: skip
+        assert main.main(["--device", "cpu", "--model_path", str(latent_model / "lat.pt"), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "pip install tensorrt" in err and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp_path, capsys):
+    import json
+
+    args = ["--device", "cpu", "--mode", "benchmark", "--bench", "training", "--model_path", str(latent_model / "lat.pt"),
+            "--batch_size", "4", "--train_steps", "1", "--rows", "fp32", "--json", str(tmp_path / "t.json")]  # fmt: skip
+    assert main.main(args) == 0, capsys.readouterr().err
+    assert "2x4x4 latents" in capsys.readouterr().out
+    (row,) = json.loads((tmp_path / "t.json").read_text())["training_rows"]
+    assert row["status"] == "ok" and row["images_per_s"] > 0
+    assert main.main([*args, "--autoencoder", str(latent_model / "ae.pt")]) == 2  # it would be ignored
+    assert "reads no autoencoder" in capsys.readouterr().err
+
+
+def test_a_conditional_latent_model_draws_the_requested_labels_alike_in_every_implementation(latent_model, tmp_path, capsys):
+    # The labels and guidance travel with the latents: the original, cuda and onnxruntime implementations
+    # draw the same guided, decoded images for the same labels, and other labels draw other images.
+    pytest.importorskip("onnxruntime")
+    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(latent_model / "ae.pt"),
+             "--class_cond", "--model_channels", "32", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8",
+             "--lr", "3e-3", "--ema_decay", "0.5", "--save_every", "0", "--sample_every", "0",
+             "--model_path", str(tmp_path / "cond.pt")]  # fmt: skip
+    assert main.main(train) == 0, capsys.readouterr().err
+    assert "conditioned on 10 classes" in capsys.readouterr().out
+    drawn = {}
+    for impl, labels in (("original", "3,7"), ("cuda", "3,7"), ("onnxruntime", "3,7"), ("original", "1,2")):
+        args = ["--device", "cpu", "--mode", "sample", "--model_path", str(tmp_path / "cond.pt"), "--class_label", labels,
+                "--n_samples", "2", "--sampler", "ddim", "--sampling_steps", "3", "--implementation", impl, "--no_grid",
+                "--save_npz", str(tmp_path / f"{impl}{labels}.npz")]  # fmt: skip
+        assert main.main(args) == 0, capsys.readouterr().err
+        with np.load(tmp_path / f"{impl}{labels}.npz") as data:
+            drawn[impl, labels] = data["images"].astype(int)
+    assert drawn["original", "3,7"].shape == (2, 8, 8, 1)
+    for impl in ("cuda", "onnxruntime"):
+        assert np.abs(drawn[impl, "3,7"] - drawn["original", "3,7"]).max() <= 1
+    assert not np.array_equal(drawn["original", "1,2"], drawn["original", "3,7"])  # the labels reach the U-Net
