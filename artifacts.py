@@ -5,7 +5,8 @@ of them to sample, and the export mode that writes one from a checkpoint.
     python main.py --mode export --format onnx --model_path checkpoints/mnist.pt
 
 ``--mode sample --model_path FILE`` takes a checkpoint (.pt), TorchScript (.ts), ONNX (.onnx) or an
-engine (.engine/.plan) and needs nothing else: each carries its configs (unet_io.py). This module
+engine (.engine/.plan) and needs nothing else: each carries its configs (unet_io.py); a latent
+model's export also needs the decoder file it names beside it (``X.decoder.onnx``/``.ts``/``.engine``). This module
 sits above export.py, runtimes.py and tensorrt_integration.py (imported only for engines), so none
 of them imports another's caller.
 """

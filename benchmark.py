@@ -186,7 +186,7 @@ def make_row(
         decode = None
         if first_stage is not None:
             stage = first_stage if name == "original" else replace(first_stage, decoder=copy.deepcopy(first_stage.decoder))
-            decode = impl.decoder(stage, options)
+            decode = impl.decoder(stage, options, device=plan.coefficients.device)
     except ImportError as exc:  # an optional package or the extension is missing: say which
         raise Unavailable(first_line(exc)) from exc
     detail = getattr(network, "provider", "")  # onnxruntime's execution provider

@@ -15,7 +15,8 @@ runs the engines.
   own sha256 is checked against that file before it is deserialized, since an engine is code that
   runs on the GPU; a mismatch is refused, never loaded. The ONNX an engine is built from is cached
   per precision, keyed by the weights' hash (:func:`cached_onnx`; a latent model's decoder:
-  :func:`cached_decoder_onnx`).
+  :func:`cached_decoder_onnx`, keyed by its latent scale too). Engines are cached per profile size
+  (``unet_fp16_max64.engine``).
 """
 
 from __future__ import annotations

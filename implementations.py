@@ -67,8 +67,8 @@ class Implementation:
     in_sample_mode: bool = True  # offered by --implementation (else a benchmark row only)
     conditional: bool = False  # runs class-conditional models (labels and guidance)
     default_row_on: tuple[str, ...] = ("cpu", "cuda")  # benchmark --rows all includes it on these devices
-    # A latent model's decoder as this implementation runs it: decoder(first_stage, options) -> images = f(latents);
-    # None: latent models are refused.
+    # A latent model's decoder as this implementation runs it, built once (an export, a trace, an engine):
+    # decoder(first_stage, options, device=the sampling device) -> images = f(latents); None: latent models are refused.
     decoder: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
 
     def check(
@@ -157,7 +157,7 @@ def _compiled(model: nn.Module, options: SamplerOptions) -> nn.Module:
 
 
 # ----- decoders (latent models: the autoencoder's decoder after the sampling loop) -------------------
-def _eager_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+def _eager_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder in plain PyTorch, true fp32 (the original's)."""
 
     def decode(z: torch.Tensor) -> torch.Tensor:
@@ -167,7 +167,7 @@ def _eager_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torc
     return decode
 
 
-def _autocast_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+def _autocast_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The cuda implementation's: the decoder in its precision (autocast for bf16/fp16), images in fp32."""
     from precision import autocast
 
@@ -178,35 +178,36 @@ def _autocast_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[t
     return decode
 
 
-def _compiled_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
-    return _eager_decoder(replace(stage, decoder=_compiled(stage.decoder, options)), options)
+def _compiled_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    return _eager_decoder(replace(stage, decoder=_compiled(stage.decoder, options)), options, device=device)
 
 
-def _traced_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+def _traced_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder traced to TorchScript (an exported model's .decoder.ts as it is)."""
     import export
 
     if not isinstance(stage.decoder, torch.jit.ScriptModule):
         stage = replace(stage, decoder=export.trace_decoder(stage.decoder, latent_shape=stage.latent_shape))
-    return _eager_decoder(stage, options)
+    return _eager_decoder(stage, options, device=device)
 
 
-def _onnxruntime_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+def _onnxruntime_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder exported to ONNX in memory and run by onnxruntime, like the U-Net."""
     import export
     import runtimes
 
     if isinstance(stage.decoder, runtimes.OnnxRuntimeDecoder):  # an exported model's .decoder.onnx
         return stage.decoder
-    device = next(stage.decoder.parameters()).device
     return runtimes.OnnxRuntimeDecoder.exported(stage.decoder, io=stage.io, device=device, opset=options.opset or export.DEFAULT_OPSET)
 
 
-def _tensorrt_decoder(stage: FirstStage, options: SamplerOptions) -> Callable[[torch.Tensor], torch.Tensor]:
+def _tensorrt_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder as a TensorRT engine in the implementation's precision (an exported model's .decoder.engine as it is)."""
     import tensorrt_integration
 
-    return tensorrt_integration.tensorrt_decoder(stage, precision=options.precision, options=options.tensorrt, log=options.log)
+    return tensorrt_integration.tensorrt_decoder(
+        stage, device=device, precision=options.precision, options=options.tensorrt, log=options.log
+    )
 
 
 REGISTRY: dict[str, Implementation] = {
@@ -265,6 +266,15 @@ def batch_generator(seed: int, index: int, *, device: torch.device) -> torch.Gen
     return torch.Generator(device).manual_seed(seed if index == 0 else (seed * 1_000_003 + index) % 2**63)
 
 
+def check_finite(x: torch.Tensor, *, name: str) -> None:
+    """One-line ValueError if ``x`` holds NaN or inf, so an overflow never becomes a black image."""
+    if not bool(torch.isfinite(x).all()):  # sync: one flag per batch
+        raise ValueError(
+            f"the {name} implementation drew non-finite values (NaN or inf): the model overflowed; if it ran in "
+            "fp16 (--precision fp16 or an fp16 export), sample in fp32 or bf16 (fp32's range), or from the checkpoint"
+        )
+
+
 def make_drawer(
     name: str, model: nn.Module, plan: SamplingPlan, *, options: SamplerOptions, first_stage: FirstStage | None = None
 ):
@@ -278,7 +288,7 @@ def make_drawer(
     impl = get(name)
     impl.check(latent=first_stage is not None)
     network = impl.prepare(model, options)
-    decode = impl.decoder(first_stage, options) if first_stage is not None else None
+    decode = impl.decoder(first_stage, options, device=plan.coefficients.device) if first_stage is not None else None
     samplers: dict[tuple[int, ...], Sampler] = {}
 
     def draw(
@@ -288,14 +298,11 @@ def make_drawer(
             samplers[shape] = impl.build(network, plan, shape=shape, options=options)
         with phase("sample"):
             x = samplers[shape](generator=generator, progress=progress, guidance=guidance)
+        check_finite(x, name=name)  # a latent model's latents too: its decoder clamps inf away
         if decode is not None:
             with phase("decode"):
                 x = decode(x)  # latents (B, c, h, w) -> images (B, C, H, W)
-        if not bool(torch.isfinite(x).all()):  # sync: one flag per batch, so NaN never becomes a black image
-            raise ValueError(
-                f"the {name} implementation drew non-finite values (NaN or inf): the model overflowed; if it ran in "
-                "fp16 (--precision fp16 or an fp16 export), sample in fp32 or bf16 (fp32's range), or from the checkpoint"
-            )
+            check_finite(x, name=name)
         return x
 
     return draw

@@ -438,7 +438,7 @@ def _engine_from_onnx(
     onnx_path: Path, *, io: IOSpec, name: str, trt, plan: BuildPlan, device: torch.device, precision: str,
     batch: BatchRange, options: TensorRTOptions, log: Log,
 ) -> tuple[bytes, dict]:
-    """The engine of ``onnx_path`` (spec ``io``) as ``plan`` says, cached as ``<name>_<precision>.engine``
+    """The engine of ``onnx_path`` (spec ``io``) as ``plan`` says, cached as ``<name>_<precision>_max<B>.engine``
     in the cache folder under a key of everything it depends on; with that key."""
     cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
     environment = runtime_environment(trt, device)
@@ -468,7 +468,8 @@ def _engine_from_onnx(
         atomic_write(timing_path, lambda f: f.write(timing))
         return data
 
-    data = get_or_build_engine(cache_dir / f"{name}_{precision}.engine", key=key, build=build, log=log)
+    # One cache file per profile size: runs whose batches differ do not rebuild each other's engines.
+    data = get_or_build_engine(cache_dir / f"{name}_{precision}_max{batch.max}.engine", key=key, build=build, log=log)
     return data, key
 
 
@@ -513,6 +514,8 @@ def export_engine(
         raise ValueError("--format tensorrt writes native engines; torch_tensorrt compiles when sampling")
     import_tensorrt()
     require_cuda(device)
+    if first_stage is not None and decoder_output is None:
+        raise ValueError("a latent model's engine export needs the decoder engine's path (decoder_output)")
     batch = BatchRange.covering(1, max_batch=options.max_batch)
     options = replace(options, cache_dir=options.cache_dir or cache_dir_for(source))
     data, key, io = engine_bytes_for(
@@ -545,25 +548,32 @@ def export_engine(
 
 
 def tensorrt_decoder(
-    stage: FirstStage, *, precision: str = "fp32", options: TensorRTOptions | None = None, log: Log = print
+    stage: FirstStage, *, device: torch.device, precision: str = "fp32", options: TensorRTOptions | None = None,
+    log: Log = print,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The tensorrt implementation's decoder for a latent model: images = decode(latents) through a decoder
     engine. An exported engine (:class:`TensorRTDecoder`) is used as it is; otherwise the engine is built
-    (or taken from the cache) on the first call, on the latents' device, covering 1 .. ``max_batch``.
-    It is a native engine under either backend (``--trt_backend torch_tensorrt`` compiles the U-Net only)."""
+    (or taken from the cache) here, before any sampling, for batches 1 .. ``max_batch`` on ``device``,
+    and again for a larger batch should one come. It is a native engine under either backend
+    (``--trt_backend torch_tensorrt`` compiles the U-Net only)."""
     if isinstance(stage.decoder, TensorRTDecoder):
         return stage.decoder
     options = options or TensorRTOptions()
     import_tensorrt()
-    engines: dict[tuple[BatchRange, torch.device], TensorRTDecoder] = {}
+    require_cuda(device)
+    engines: dict[BatchRange, TensorRTDecoder] = {}
+
+    def engine_for(batch_size: int) -> TensorRTDecoder:
+        batch = BatchRange.covering(batch_size, max_batch=options.max_batch)
+        if batch not in engines:
+            data, _ = decoder_engine_bytes(stage, device=device, precision=precision, batch=batch, options=options, log=log)
+            engines[batch] = TensorRTDecoder(Engine.load(data, io=stage.io, batch=batch, device=device))
+        return engines[batch]
+
+    engine_for(1)  # the profile 1 .. max_batch: built now, so a build failure comes before any sampling
 
     def decode(z: torch.Tensor) -> torch.Tensor:
-        require_cuda(z.device)
-        batch = BatchRange.covering(z.shape[0], max_batch=options.max_batch)
-        if (batch, z.device) not in engines:
-            data, _ = decoder_engine_bytes(stage, device=z.device, precision=precision, batch=batch, options=options, log=log)
-            engines[batch, z.device] = TensorRTDecoder(Engine.load(data, io=stage.io, batch=batch, device=z.device))
-        return engines[batch, z.device](z)  # (B, c, h, w) latents -> (B, C, H, W) images
+        return engine_for(z.shape[0])(z)  # (B, c, h, w) latents -> (B, C, H, W) images
 
     return decode
 

@@ -213,7 +213,7 @@ def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_li
     assert proto.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT  # images stay float32
     session = onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu"))
     runner = OnnxRuntimeDecoder(session, image_shape=stage.image_shape)
-    torch.testing.assert_close(runner(z), mixed, rtol=0, atol=2e-3)  # the same fp16 arithmetic, other kernels
+    torch.testing.assert_close(runner(z), mixed, rtol=0, atol=4e-3)  # the same fp16 arithmetic, other kernels
     torch.testing.assert_close(mixed, reference, rtol=0, atol=2e-2)
     assert not torch.equal(mixed, reference)  # it did compute in fp16
 
@@ -231,7 +231,8 @@ def test_an_fp16_onnx_export_of_a_latent_model_draws_the_checkpoints_images(late
         export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--precision", "fp16",
                   "--model_path", str(source), "--output", str(tmp_path / f"{name}.onnx")]  # fmt: skip
         assert main.main(export) == 0, capsys.readouterr().err
-        assert "PyTorch's fp16 decoder" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "against PyTorch's fp16 decoder: max abs diff" in out and "cannot run it" not in out  # onnxruntime ran it
     runs = (("checkpoint", tmp_path / "lat.pt", ()), ("fp16", tmp_path / "fp16.onnx", ("--implementation", "onnxruntime")),
             ("overflows", tmp_path / "overflows.onnx", ("--implementation", "onnxruntime")))  # fmt: skip
     for name, path, flags in runs:
@@ -290,40 +291,98 @@ def test_a_decoder_engine_is_checked_against_the_decoder_spec_not_the_unets(tmp_
         Engine(half, trt=trt, runtime=None, io=stage.io, batch=BatchRange(), device=torch.device("cpu"))
 
 
-def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_it_changes(tmp_path, monkeypatch):
-    # No TensorRT: its module and the builder are stand-ins that record what they were asked to build,
-    # so this checks which ONNX file, cache file and key the decoder's engine gets, not an engine.
-    from dataclasses import replace
+@pytest.fixture
+def stand_in_tensorrt(monkeypatch):
+    """No TensorRT here: its module, the GPU check, the builder and the loader are stand-ins. The builder
+    records what it was asked to build (ONNX file, I/O spec, plan) and returns distinct bytes; the loader
+    returns a stand-in engine holding those bytes, spec and batch range, whose infer returns zeros of the
+    spec's output shape. What this checks is which graphs, cache files, keys and metadata the code around
+    the engines produces; no engine runs."""
     from types import SimpleNamespace
 
     import tensorrt_integration as trt_integration
-    from unet_io import BatchRange, sha256_file
 
     builds = []
 
     def build(onnx_path, *, io, batch, plan, optimization_level, timing_cache):
-        builds.append((onnx_path, io, plan))
+        builds.append(SimpleNamespace(onnx_path=onnx_path, io=io, batch=batch, plan=plan))
         return f"engine #{len(builds)}".encode(), b"timing"
 
+    def load(cls, data, *, io, batch, device):
+        def infer(feed):
+            size = next(iter(feed.values())).shape[0]
+            return {spec.name: torch.zeros(spec.concrete(size)) for spec in io.outputs}
+
+        return SimpleNamespace(data=data, io=io, batch=batch, infer=infer)
+
     monkeypatch.setattr(trt_integration, "import_tensorrt", lambda: SimpleNamespace(__version__="11.4.1"))
+    monkeypatch.setattr(trt_integration, "require_cuda", lambda device: None)
     monkeypatch.setattr(trt_integration, "runtime_environment", lambda trt, device: {
         "tensorrt_version": "11.4.1", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"})  # fmt: skip
     monkeypatch.setattr(trt_integration.Engine, "build", staticmethod(build))
+    monkeypatch.setattr(trt_integration.Engine, "load", classmethod(load))
+    return builds
+
+
+def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_it_changes(tmp_path, stand_in_tensorrt):
+    from dataclasses import replace
+
+    import tensorrt_integration as trt_integration
+    from unet_io import BatchRange, sha256_file
+
+    builds = stand_in_tensorrt
     stage, cache = first_stage(tmp_path), tmp_path / "cache"
     options = trt_integration.TensorRTOptions(cache_dir=cache)
     logs = []
     arguments = dict(device=torch.device("cpu"), precision="fp16", batch=BatchRange(), options=options, log=logs.append)
     data, key = trt_integration.decoder_engine_bytes(stage, **arguments)
-    onnx_path, io, plan = builds[0]
-    assert data == b"engine #1" and onnx_path == cache / "decoder_fp16.onnx" and io == stage.io
-    assert plan.strongly_typed and plan.graph_precision == "fp16"  # TensorRT 11: the precision is in the graph
-    assert key["onnx_sha256"] == sha256_file(onnx_path) and set(key["shapes"]) == {"latents"}
-    assert (cache / "decoder_fp16.engine").read_bytes() == b"engine #1"
+    assert data == b"engine #1" and builds[0].onnx_path == cache / "decoder_fp16.onnx" and builds[0].io == stage.io
+    assert builds[0].plan.strongly_typed and builds[0].plan.graph_precision == "fp16"  # TensorRT 11: the precision is in the graph
+    assert key["onnx_sha256"] == sha256_file(builds[0].onnx_path) and set(key["shapes"]) == {"latents"}
+    assert (cache / "decoder_fp16_max64.engine").read_bytes() == b"engine #1"
     assert trt_integration.decoder_engine_bytes(stage, **arguments)[0] == b"engine #1" and len(builds) == 1  # cached
     # Another latent scale is another decoder: a new graph, a new engine.
     rescaled = replace(stage, decoder=type(stage.decoder)(stage.decoder.autoencoder, latent_scale=2.5))
     assert trt_integration.decoder_engine_bytes(rescaled, **arguments)[0] == b"engine #2"
     assert sum("exporting the decoder" in line for line in logs) == 2
+    # The implementation's decoder builds its engine before any sampling, and a larger profile for a larger batch.
+    decode = trt_integration.tensorrt_decoder(stage, device=torch.device("cpu"), options=options, log=logs.append)
+    assert len(builds) == 3 and builds[-1].batch == BatchRange(1, 16, 64)
+    assert decode(torch.randn(3, *stage.latent_shape)).shape == (3, 1, 8, 8) and len(builds) == 3
+    assert decode(torch.randn(100, *stage.latent_shape)).shape == (100, 1, 8, 8)
+    assert len(builds) == 4 and builds[-1].batch.max == 100 and (cache / "decoder_fp32_max100.engine").is_file()
+
+
+def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked(latent_model, tmp_path, stand_in_tensorrt):
+    from artifacts import export_artifact, export_checkpoint, load_artifact
+    from engine_cache import metadata_path, read_metadata
+    from tensorrt_integration import TensorRTDecoder, TensorRTOptions, tensorrt_decoder
+    from unet_io import BatchRange, DecoderIO, UNetIO
+
+    builds, cpu = stand_in_tensorrt, torch.device("cpu")
+    options = TensorRTOptions(cache_dir=tmp_path / "cache")
+    lines = export_artifact(latent_model / "lat.pt", fmt="tensorrt", output=tmp_path / "lat.engine", weights="ema",
+                            device=cpu, tensorrt_options=options)  # fmt: skip
+    assert [type(b.io) for b in builds] == [UNetIO, DecoderIO] and "the decoder's engine" in lines[-1]
+    assert (tmp_path / "lat.decoder.engine").read_bytes() == b"engine #2"
+    entry = read_metadata(metadata_path(tmp_path / "lat.engine"))["decoder"]
+    assert entry["file"] == "lat.decoder.engine" and entry["latent_shape"] == [2, 4, 4] and entry["image_shape"] == [1, 8, 8]
+    artifact = load_artifact(tmp_path / "lat.engine", device=cpu)
+    decoder = artifact.first_stage.decoder
+    assert isinstance(decoder, TensorRTDecoder) and decoder.engine.data == b"engine #2"
+    assert decoder.engine.io == DecoderIO((2, 4, 4), (1, 8, 8)) and decoder.engine.batch == BatchRange(1, 16, 64)
+    assert artifact.output_shape == (1, 8, 8)
+    assert tensorrt_decoder(artifact.first_stage, device=cpu) is decoder  # used as exported, nothing built
+    assert len(builds) == 2
+    # From an exported ONNX model, the decoder's engine is built from its .decoder.onnx file.
+    export_checkpoint(latent_model / "lat.pt", fmt="onnx", output=tmp_path / "lat.onnx", device=cpu)
+    export_artifact(tmp_path / "lat.onnx", fmt="tensorrt", output=tmp_path / "from_onnx.engine", weights="ema",
+                    device=cpu, tensorrt_options=TensorRTOptions(cache_dir=tmp_path / "cache2"))  # fmt: skip
+    assert [b.onnx_path for b in builds[2:]] == [tmp_path / "lat.onnx", tmp_path / "lat.decoder.onnx"]
+    # Another decoder engine in its place is refused before it is deserialized.
+    (tmp_path / "lat.decoder.engine").write_bytes(b"engine #9")
+    with pytest.raises(ValueError, match="not the decoder"):
+        load_artifact(tmp_path / "lat.engine", device=cpu)
 
 
 def test_the_tensorrt_implementation_takes_latent_models_and_says_what_to_install(latent_model, tmp_path, capsys, monkeypatch):
@@ -341,13 +400,24 @@ def test_the_tensorrt_implementation_takes_latent_models_and_says_what_to_instal
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp_path, capsys):
+def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp_path, capsys, monkeypatch):
     import json
 
     args = ["--device", "cpu", "--mode", "benchmark", "--bench", "training", "--model_path", str(latent_model / "lat.pt"),
             "--batch_size", "4", "--train_steps", "1", "--rows", "fp32", "--json", str(tmp_path / "t.json")]  # fmt: skip
+    import benchmark_training
+
+    fed, time_variant = [], benchmark_training.time_variant
+
+    def spy(fields, *, images, **kwargs):  # the real timing, with a look at the data it trains on
+        fed.append(images)
+        return time_variant(fields, images=images, **kwargs)
+
+    monkeypatch.setattr(benchmark_training, "time_variant", spy)
     assert main.main(args) == 0, capsys.readouterr().err
     assert "2x4x4 latents" in capsys.readouterr().out
+    assert fed[0].images.dtype == torch.float32 and fed[0].images.shape[1:] == (2, 4, 4)  # latents, not uint8 images
+    assert abs(fed[0].images.std().item() - 1) < 0.1
     (row,) = json.loads((tmp_path / "t.json").read_text())["training_rows"]
     assert row["status"] == "ok" and row["images_per_s"] > 0
     assert main.main([*args, "--autoencoder", str(latent_model / "ae.pt")]) == 2  # it would be ignored
