@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
-from checkpoints import check_pixel_unet, first_line, load_checkpoint_parts, read_limited
+from checkpoints import check_pixel_unet, first_line, load_checkpoint, load_checkpoint_parts, read_limited, training_dataset
 from export import (
     _quiet_torchscript,
     default_opset,
@@ -44,6 +44,7 @@ from runtimes import (
     load_torchscript,
     onnxruntime_session,
 )
+from data import DATASETS
 from latents import FirstStage, check_latent_unet, linked_first_stage
 from safe_files import atomic_write, check_target
 from unet_io import BatchRange, UNetIO, artifact_metadata, max_abs_diff
@@ -76,6 +77,7 @@ class Artifact:
     schedule_config: ScheduleConfig
     class_names: tuple[str, ...] = ()  # a class-conditional model's classes (label i is class_names[i])
     first_stage: FirstStage | None = None  # a latent model: the autoencoder that decodes its samples
+    dataset: str | None = None  # an exported file's training data, where it records it (a checkpoint's: training_dataset)
 
     @property
     def output_shape(self) -> tuple[int, ...]:
@@ -139,7 +141,10 @@ def load_artifact(
         from conditioning import read_class_names
 
         class_names = read_class_names(meta, num_classes=model_config.num_classes, source=str(path))
-    return Artifact(kind, path, model, model_config, schedule_config, class_names, stage)
+    dataset = meta.get("dataset")  # recorded by exports since 2026-11-24; absent from older files
+    if dataset is not None and dataset not in DATASETS:
+        raise ValueError(f"{path} names an unknown training dataset {short_repr(dataset)}; export it again")
+    return Artifact(kind, path, model, model_config, schedule_config, class_names, stage, dataset)
 
 
 def decoder_path(unet_path: Path) -> Path:
@@ -285,6 +290,9 @@ def export_checkpoint(
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
     model, schedule_config, class_names, link = load_checkpoint_parts(source, weights=weights, device=device)
     labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
+    dataset = training_dataset(load_checkpoint(source))
+    if dataset is not None:  # evaluate judges the file as its training data without --dataset
+        labels["dataset"] = dataset
     report = []
     if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
         stage, _ = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
@@ -379,4 +387,5 @@ def export_artifact(
         source=source,
         output=output, weights=weights, device=device, precision=precision, options=options,
         class_names=artifact.class_names, first_stage=artifact.first_stage, decoder_output=decoder_output,
+        dataset=artifact.dataset if artifact.kind != "checkpoint" else training_dataset(load_checkpoint(source)),
     )

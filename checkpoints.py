@@ -288,6 +288,15 @@ def load_checkpoint_model(
     return model, schedule_config
 
 
+def training_dataset(state: Mapping) -> str | None:
+    """The dataset a checkpoint's model was trained on (its train_config), or None where it names no known one."""
+    from data import DATASETS
+
+    config = state.get("train_config")
+    dataset = config.get("dataset") if isinstance(config, Mapping) else None
+    return dataset if dataset in DATASETS else None
+
+
 def load_checkpoint_parts(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None]:

@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", choices=DATASETS, default="mnist", help="digits = offline handwritten digits (scikit-learn); spheres = 3-D voxel spheres drawn from a seed "
-        "(offline; --img_size 16, 32 or 64 voxels a side); voxels = your own .npy volumes under --data_dir")
+    g.add_argument("--dataset", choices=DATASETS, default=None, help="default mnist; digits = offline handwritten digits (scikit-learn); spheres = 3-D voxel spheres drawn from a seed "
+        "(offline; --img_size 16, 32 or 64 voxels a side); voxels = your own .npy volumes under --data_dir; "
+        "evaluate: a model's own training data (what its checkpoint or export records) unless given")
     g.add_argument("--data_dir", default="./data", help="download folder, or your images with --dataset folder")
     g.add_argument("--img_size", type=int, default=None, help="training image size (default: the dataset's)")
     g.add_argument("--channels", type=int, default=None, help="1 or 3 (default: the dataset's)")
@@ -319,6 +320,8 @@ def request_for(args: argparse.Namespace) -> object:
 
         check_opset(args.opset)
     check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
+    args.dataset_given = args.dataset is not None  # evaluate: else the data the model file records
+    args.dataset = args.dataset or "mnist"
     if args.batch_size is None:
         args.batch_size = training_defaults(args.dataset)["batch_size"] if args.mode == "train" else 64
     return REQUESTS[args.mode](args, resolve_device(args.device))
@@ -546,7 +549,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
         **_draw_fields(args, device, source),
         samplers=evaluate.parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
         steps=evaluate.parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
-        dataset=args.dataset,
+        dataset=args.dataset if args.dataset_given else None,
         data_dir=args.data_dir,
         inception_weights=args.inception_weights,
         eta=args.eta,

@@ -471,7 +471,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     import evaluate
     import implementations
     from artifacts import artifact_kind, load_artifact
-    from checkpoints import load_checkpoint
+    from checkpoints import load_checkpoint, training_dataset
     from conditioning import unet_batch
     from data import VOLUME_DATASETS
     from latents import clips_x0
@@ -487,9 +487,12 @@ def run_evaluate(request: EvaluateRequest) -> None:
         source.path, device=device, weights=source.weights, trust_torchscript=source.trust_torchscript,
         autoencoder=source.autoencoder,
     )  # fmt: skip
-    # The training data: recorded in a checkpoint; for exported files, --dataset says it. The real images
-    # for FID/KID are read from --data_dir.
-    dataset = load_checkpoint(source.path)["train_config"]["dataset"] if kind == "checkpoint" else request.dataset
+    # The training data: recorded in a checkpoint, and in exports since 2026-11-24; --dataset names it for
+    # older exported files. The real images for FID/KID are read from --data_dir.
+    if kind == "checkpoint":
+        dataset = training_dataset(load_checkpoint(source.path)) or "mnist"
+    else:
+        dataset = request.dataset or artifact.dataset or "mnist"
     model, model_config = artifact.model, artifact.model_config
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
     if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly

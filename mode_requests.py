@@ -204,7 +204,7 @@ class SampleRequest(DrawRequest):
 class EvaluateRequest(DrawRequest):
     samplers: list  # evaluate sweeps samplers x steps
     steps: list
-    dataset: str  # the training data of an exported file (a checkpoint records its own)
+    dataset: str | None  # --dataset: the training data; None: the one the model file records (else mnist)
     data_dir: str = "./data"  # ... and where it lies (FID/KID read the real images)
     inception_weights: str | None = None  # FID/KID: a local copy of torch-fidelity's Inception weights
     eta: float = 0.0

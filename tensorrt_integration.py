@@ -503,10 +503,11 @@ def export_engine(
     class_names: tuple[str, ...] = (),
     first_stage: FirstStage | None = None,
     decoder_output: Path | None = None,
+    dataset: str | None = None,
 ) -> list[str]:
     """``--mode export --format tensorrt``: an engine for the U-Net of a checkpoint or ONNX file
     ``source`` (loaded by ``artifacts.export_artifact``, which checks the paths first), plus its
-    metadata file (with a class-conditional U-Net's ``class_names``). A latent model's decoder
+    metadata file (with a class-conditional U-Net's ``class_names`` and the training ``dataset``). A latent model's decoder
     (``first_stage``) gets its own engine at ``decoder_output``, same precision and batch range, named
     and hashed in the U-Net's metadata as the ONNX and TorchScript exports name theirs."""
     output = Path(output)
@@ -523,6 +524,8 @@ def export_engine(
     )
     Engine.load(data, io=io, batch=batch, device=device)  # deserializes, and checks its I/O against the spec
     labels = {"class_names": list(class_names)} if class_names else {}
+    if dataset is not None:  # the training data, for evaluate
+        labels["dataset"] = dataset
     report = []
     if first_stage is not None:  # a latent model: the decoder's engine beside the U-Net's
         decoder_data, _ = decoder_engine_bytes(

@@ -207,6 +207,21 @@ def test_an_onnx_file_is_validated_before_a_session_is_created(tmp_path, monkeyp
     refused(lambda: artifacts.load_artifact(path, device=CPU), match, unchanged=path)
 
 
+@needs_onnx
+def test_an_exports_training_dataset_is_read_and_an_unknown_one_refused(tmp_path, onnx_bytes):
+    import onnx
+
+    proto = onnx.load_model_from_string(onnx_bytes)
+    for dataset, outcome in (("digits", "digits"), ("../../etc", "unknown training dataset")):
+        set_metadata(proto, json.dumps(metadata(dataset=dataset)))
+        path = tmp_path / "m.onnx"
+        path.write_bytes(proto.SerializeToString())
+        if outcome == "digits":
+            assert artifacts.load_artifact(path, device=CPU).dataset == "digits"
+        else:
+            refused(lambda: artifacts.load_artifact(path, device=CPU), outcome, unchanged=path)
+
+
 def test_opset_must_be_in_the_supported_range():
     export.check_opset(export.MIN_OPSET)
     export.check_opset(export.MAX_OPSET)

@@ -97,3 +97,14 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     # Outputs are checked before any work: the JSON may not replace the model.
     assert main.main([*args[:-4], "--json", str(ckpt)]) == 2
     assert "--json" in capsys.readouterr().err
+    # An export records its training data, so evaluate judges it as the checkpoint without --dataset.
+    pytest.importorskip("onnxruntime")
+    onnx = tmp_path / "digits.onnx"
+    assert main.main(["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(ckpt), "--output", str(onnx)]) == 0
+    exported = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(onnx), "--implementation", "onnxruntime",
+                "--sampler", "ddim", "--sampling_steps", "2", "--n_samples", "12", "--batch_size", "8"]  # fmt: skip
+    capsys.readouterr()
+    assert main.main(exported) == 0, capsys.readouterr().err
+    assert "fitting the digit classifier" in capsys.readouterr().out
+    assert main.main([*exported, "--dataset", "spheres"]) == 2  # --dataset still names it, and is checked
+    assert "not its kind of data" in capsys.readouterr().err
