@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
-from checkpoints import check_pixel_unet, first_line, load_checkpoint, load_checkpoint_parts, read_limited, training_dataset
+from checkpoints import check_pixel_unet, first_line, load_checkpoint_parts, read_limited
 from export import (
     _quiet_torchscript,
     default_opset,
@@ -77,7 +77,7 @@ class Artifact:
     schedule_config: ScheduleConfig
     class_names: tuple[str, ...] = ()  # a class-conditional model's classes (label i is class_names[i])
     first_stage: FirstStage | None = None  # a latent model: the autoencoder that decodes its samples
-    dataset: str | None = None  # an exported file's training data, where it records it (a checkpoint's: training_dataset)
+    dataset: str | None = None  # the training data, where the file records it (evaluate's judge)
 
     @property
     def output_shape(self) -> tuple[int, ...]:
@@ -104,15 +104,11 @@ def load_artifact(
     """
     path, kind = Path(path), artifact_kind(path)
     if kind == "checkpoint":
-        model, schedule_config, class_names, link = load_checkpoint_parts(path, weights=weights, device=device)
-        if link is None and autoencoder:
-            raise ValueError(f"--autoencoder: {path} is a pixel model; it has no autoencoder to replace")
-        stage = None
-        if link is not None:
-            stage, _ = linked_first_stage(
-                link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder
-            )
-        return Artifact(kind, path, model, model.config, schedule_config, class_names, stage)
+        model, schedule_config, class_names, link, dataset = load_checkpoint_parts(path, weights=weights, device=device)
+        stage, _ = linked_first_stage(
+            link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder
+        )
+        return Artifact(kind, path, model, model.config, schedule_config, class_names, stage, dataset)
     if autoencoder:
         raise ValueError(f"--autoencoder goes with a latent model's .pt checkpoint, not a {KIND_NAMES[kind]} file")
     if not path.is_file():
@@ -288,9 +284,8 @@ def export_checkpoint(
         import_onnx()  # fail before any work if a package is missing
         import_onnxruntime()
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
-    model, schedule_config, class_names, link = load_checkpoint_parts(source, weights=weights, device=device)
+    model, schedule_config, class_names, link, dataset = load_checkpoint_parts(source, weights=weights, device=device)
     labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
-    dataset = training_dataset(load_checkpoint(source))
     if dataset is not None:  # evaluate judges the file as its training data without --dataset
         labels["dataset"] = dataset
     report = []
@@ -387,5 +382,5 @@ def export_artifact(
         source=source,
         output=output, weights=weights, device=device, precision=precision, options=options,
         class_names=artifact.class_names, first_stage=artifact.first_stage, decoder_output=decoder_output,
-        dataset=artifact.dataset if artifact.kind != "checkpoint" else training_dataset(load_checkpoint(source)),
+        dataset=artifact.dataset,
     )

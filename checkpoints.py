@@ -284,7 +284,7 @@ def load_checkpoint_model(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig]:
     """The U-Net of a checkpoint with its EMA (or raw) weights, in eval mode, and its schedule config."""
-    model, schedule_config, _, _ = load_checkpoint_parts(path, weights=weights, device=device)
+    model, schedule_config, *_ = load_checkpoint_parts(path, weights=weights, device=device)
     return model, schedule_config
 
 
@@ -299,9 +299,10 @@ def training_dataset(state: Mapping) -> str | None:
 
 def load_checkpoint_parts(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
-) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None]:
-    """:func:`load_checkpoint_model`, the model's class names (empty for an unconditional model) and, for a
-    latent model, its link to its autoencoder (latents.py; None for a pixel model).
+) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None, str | None]:
+    """:func:`load_checkpoint_model`, the model's class names (empty for an unconditional model), for a
+    latent model its link to its autoencoder (latents.py; None for a pixel model), and the dataset it was
+    trained on (:func:`training_dataset`), all from one read of the file.
 
     The U-Net is built on the meta device and takes the checkpoint's tensors (checkpoints.load_weights
     with ``assign``), so nothing is allocated for a config until its weights are known to match it.
@@ -320,4 +321,4 @@ def load_checkpoint_parts(
     with torch.device("meta"):
         model = UNet(model_config)
     load_weights(model, state[weights], source=source, assign=True)
-    return model.to(device).eval(), schedule_config, class_names, link
+    return model.to(device).eval(), schedule_config, class_names, link, training_dataset(state)

@@ -461,8 +461,19 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     )
 
 
+def dataset_channels(args: argparse.Namespace) -> int:
+    """The channels of ``--dataset``'s images: ``--channels`` where it fits them (any for a folder), else a
+    one-line ValueError."""
+    from data import default_shape
+
+    channels = default_shape(args.dataset)[1]
+    if args.channels and args.channels != channels and args.dataset != "folder":
+        raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
+    return args.channels or channels
+
+
 def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
-    from data import VOLUME_DATASETS, default_shape
+    from data import VOLUME_DATASETS
 
     _single(args)
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
@@ -485,9 +496,8 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
         raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
-    channels = default_shape(args.dataset)[1]
-    if not args.resume and args.channels and args.channels != channels and args.dataset != "folder":
-        raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
+    if not args.resume:
+        dataset_channels(args)
     return TrainRequest(
         device=device,
         precision=_precision(args, "training", device),
@@ -629,12 +639,10 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
         raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
     png = reconstructions_path(checkpoint)
     check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png})
-    size, channels = default_shape(args.dataset)
-    if args.channels and args.channels != channels and args.dataset != "folder":
-        raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
+    size, channels = default_shape(args.dataset)[0], dataset_channels(args)
     request = AutoencoderTrainRequest(
         device=device, checkpoint=checkpoint, reconstructions=png, overwrite=args.overwrite, dataset=args.dataset,
-        data_dir=args.data_dir, image_size=args.img_size or size, channels=args.channels or channels, seed=args.seed,
+        data_dir=args.data_dir, image_size=args.img_size or size, channels=channels, seed=args.seed,
         n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=1e-3 if args.lr is None else args.lr,
         latent_channels=args.latent_channels, downsample=args.downsample, base_channels=args.ae_channels,
         kl_weight=args.kl_weight,

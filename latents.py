@@ -48,11 +48,16 @@ def load_first_stage(path: str | Path, *, device: torch.device) -> tuple[FirstSt
 
 
 def linked_first_stage(
-    link: dict, *, model_config, source: str, device: torch.device, override: str | None = None
-) -> tuple[FirstStage, object]:
+    link: dict | None, *, model_config, source: str, device: torch.device, override: str | None = None
+) -> tuple[FirstStage | None, object]:
     """(the first stage, the LoadedAutoencoder) a latent model was trained with, at its stored path or at
     ``override`` (--autoencoder, for a moved file: its link then names the new path); refused unless its
-    sha256 and latent shape are the model's."""
+    sha256 and latent shape are the model's. A pixel model (``link`` None) has none: (None, None), and an
+    ``override`` is refused rather than ignored."""
+    if link is None:
+        if override:
+            raise ValueError(f"--autoencoder: {source} is a pixel model; it has no autoencoder to replace")
+        return None, None
     path = override or link["path"]
     if not Path(path).is_file():
         raise ValueError(

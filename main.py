@@ -77,17 +77,17 @@ def resumed_trainer(request: TrainRequest):
     check_batch_fits(
         model_config, batch_size=config.per_rank_batch(), device=device, training=True, grad_checkpoint=config.grad_checkpoint
     )  # fmt: skip
-    link, stage = read_link(state, source=f"checkpoint {checkpoint}"), None
-    if link is None and request.autoencoder:
-        raise ValueError(f"--autoencoder: {checkpoint} is a pixel model; it has no autoencoder to replace")
-    if link is None:
+    # A latent model: its autoencoder, checked against the one it trained with, encodes the data again
+    # (the checkpoints this run writes name the autoencoder where it is now).
+    stage, autoencoder = linked_first_stage(
+        read_link(state, source=f"checkpoint {checkpoint}"), model_config=model_config, source=f"checkpoint {checkpoint}",
+        device=device, override=request.autoencoder,
+    )  # fmt: skip
+    if stage is None:
         images = training_images(
             config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
         )
-    else:  # a latent model: its autoencoder, checked against the one it trained with, encodes the data again
-        stage, autoencoder = linked_first_stage(
-            link, model_config=model_config, source=f"checkpoint {checkpoint}", device=device, override=request.autoencoder
-        )  # (the checkpoints this run writes name the autoencoder where it is now)
+    else:
         images = latent_images(replace(request.model, dataset=config.dataset), autoencoder)
     trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage)
     distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
@@ -385,12 +385,10 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if run.source:
         if artifact_kind(run.source.path) != "checkpoint":
             raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {run.source.path}")
-        model, schedule_config, class_names, link = load_checkpoint_parts(run.source.path, weights=run.source.weights)
-        if link is None and run.source.autoencoder:
-            raise ValueError(f"--autoencoder: {run.source.path} is a pixel model; it has no autoencoder to replace")
+        model, schedule_config, class_names, link, _ = load_checkpoint_parts(run.source.path, weights=run.source.weights)
         if link is not None and training and run.source.autoencoder:
             raise ValueError("--autoencoder: --bench training times the U-Net on random latents; it reads no autoencoder")
-        if link is not None and not training:  # the whole pipeline is timed: the sampling loop, then the decoder
+        if not training or link is None:  # a latent model is timed whole (loop, then decoder); a pixel model refuses --autoencoder
             stage, _ = linked_first_stage(
                 link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
                 override=run.source.autoencoder,
@@ -471,7 +469,6 @@ def run_evaluate(request: EvaluateRequest) -> None:
     import evaluate
     import implementations
     from artifacts import artifact_kind, load_artifact
-    from checkpoints import load_checkpoint, training_dataset
     from conditioning import unet_batch
     from data import VOLUME_DATASETS
     from latents import clips_x0
@@ -489,10 +486,8 @@ def run_evaluate(request: EvaluateRequest) -> None:
     )  # fmt: skip
     # The training data: recorded in a checkpoint, and in exports since 2026-11-24; --dataset names it for
     # older exported files. The real images for FID/KID are read from --data_dir.
-    if kind == "checkpoint":
-        dataset = training_dataset(load_checkpoint(source.path)) or "mnist"
-    else:
-        dataset = request.dataset or artifact.dataset or "mnist"
+    given = request.dataset if kind != "checkpoint" else None
+    dataset = given or artifact.dataset or "mnist"
     model, model_config = artifact.model, artifact.model_config
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
     if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly

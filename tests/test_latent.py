@@ -446,3 +446,22 @@ def test_a_conditional_latent_model_draws_the_requested_labels_alike_in_every_im
     for impl in ("cuda", "onnxruntime"):
         assert np.abs(drawn[impl, "3,7"] - drawn["original", "3,7"]).max() <= 1
     assert not np.array_equal(drawn["original", "1,2"], drawn["original", "3,7"])  # the labels reach the U-Net
+
+
+def test_an_autoencoder_given_for_a_pixel_model_is_refused_in_one_line_wherever_it_would_be_ignored(latent_model, tmp_path, capsys):
+    pixel = tmp_path / "pixel.pt"
+    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--img_size", "8", "--model_channels", "8",
+             "--num_res_blocks", "1", "--max_steps", "1", "--batch_size", "4", "--save_every", "0", "--sample_every", "0",
+             "--model_path", str(pixel)]  # fmt: skip
+    assert main.main(train) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    before = pixel.read_bytes()
+    given = ["--autoencoder", str(latent_model / "ae.pt")]
+    for args in ([*train[:-2], "--model_path", str(pixel), "--resume", "--max_steps", "2"],
+                 ["--device", "cpu", "--mode", "sample", "--model_path", str(pixel), "--output", str(tmp_path / "x.png")],
+                 ["--device", "cpu", "--mode", "benchmark", "--model_path", str(pixel), "--rows", "original"],
+                 ["--device", "cpu", "--mode", "benchmark", "--bench", "training", "--model_path", str(pixel)]):  # fmt: skip
+        assert main.main([*args, *given]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "is a pixel model; it has no autoencoder to replace" in err and "\n" not in err, err
+    assert pixel.read_bytes() == before and not (tmp_path / "x.png").exists()
