@@ -7,6 +7,8 @@ implementation is checked against: no graphs, no fusion, no tricks.
 
     model = UNet(unet_preset("small", image_size=28, in_channels=1))
     images = sample(model, schedule.make_plan("ddim"), shape=(16, 1, 28, 28), generator=g)
+
+One file: the design's home of the PyTorch U-Net DDPM (U-Net, loss, original loop), which every other implementation is checked against.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from conditioning import Guidance
+from ddpm.conditioning import Guidance
+from ddpm.util.profiling import phase
 from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_fields, guided_eps, p_step, short_repr
-from profiling import phase
 
 PRESETS = ("small", "ddpm_cifar10")
 TIME_CONDITIONING = ("scale_shift", "add")

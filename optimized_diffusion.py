@@ -43,25 +43,26 @@ TF32 is on for the few float32 convolutions and matmuls autocast leaves. The pre
 are restored when sampling returns; nothing global is left changed.
 
 CPU: the same code path with the CPU kernels and no graph (for tests and machines without a GPU).
+
+One file: the design's home of the cuda implementation (extension ops, static buffers, CUDA-graph capture).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from checkpoints import first_line
-from conditioning import Guidance, unet_batch
+from ddpm.conditioning import Guidance, unet_batch
+from ddpm.util.messages import first_line
+from ddpm.util.precision import autocast, backend_policy, check_precision
+from ddpm.util.profiling import phase
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
-from precision import autocast, backend_policy, check_precision
-from profiling import phase
-
 
 # --------------------------------------------------------------------------------------------
 # Loading the extension

@@ -41,6 +41,8 @@ What was run where: no machine this was written on has TensorRT, so none of its 
 The cache rules, the I/O checks and the sampling loop (with a PyTorch U-Net in the engine's place)
 are tested on the CPU (tests/test_export.py; the decoder's spec, cache and build inputs in
 tests/test_latent.py); the ONNX files engines are built from are checked against PyTorch with onnxruntime.
+
+One file: the design keeps the TensorRT engine (build, cache, load, infer) and the tensorrt implementation together, so that what TensorRT needs lives in one place.
 """
 
 from __future__ import annotations
@@ -55,9 +57,7 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNet, UNetConfig
-from checkpoints import check_file_size, first_line
-from conditioning import Guidance, unet_batch
-from engine_cache import (
+from ddpm.backends.engine_cache import (
     DEFAULT_CACHE_DIR,
     METADATA_VERSION,
     MIN_TENSORRT_MAJOR,
@@ -79,11 +79,9 @@ from engine_cache import (
     verified_bytes,
     version_tuple,
 )
-from latents import FirstStage
-from noise_schedule import SamplingPlan, ScheduleConfig
-from runtimes import OnnxRuntimeDecoder, OnnxRuntimeUNet
-from safe_files import atomic_write
-from unet_io import (
+from ddpm.backends.runtimes import OnnxRuntimeDecoder, OnnxRuntimeUNet
+from ddpm.conditioning import Guidance, unet_batch
+from ddpm.formats.unet_io import (
     DEFAULT_MAX_BATCH,
     BatchRange,
     IOSpec,
@@ -91,8 +89,12 @@ from unet_io import (
     artifact_metadata,
     sha256_file,
 )
+from ddpm.util.messages import first_line
+from ddpm.util.safe_files import atomic_write, check_file_size
+from noise_schedule import SamplingPlan, ScheduleConfig
 
 if TYPE_CHECKING:
+    from ddpm.latent.first_stage import FirstStage
     from optimized_diffusion import FusedSampler
 
 BACKENDS = ("native", "torch_tensorrt")
@@ -117,6 +119,18 @@ class TensorRTOptions:
             raise ValueError(f"--max_batch must be a positive integer, got {self.max_batch}")
         if not 0 <= self.optimization_level <= 5:
             raise ValueError(f"--trt_opt_level must be between 0 and 5, got {self.optimization_level}")
+
+    @classmethod
+    def for_source(
+        cls, source: str | Path, *, backend: str = "native", max_batch: int | None = None,
+        optimization_level: int | None = None, opset: int | None = None,
+    ) -> TensorRTOptions:
+        """Options for engines made from the file ``source``: their cache goes in a folder beside it
+        (engine_cache.cache_dir_for); None keeps a default."""
+        given = {"max_batch": max_batch, "optimization_level": optimization_level}
+        return cls(
+            backend=backend, opset=opset, cache_dir=cache_dir_for(source), **{k: v for k, v in given.items() if v is not None}
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -627,7 +641,7 @@ def compile_torch_tensorrt(model: UNet, *, batch: BatchRange, precision: str, op
     ]
     mixed, arguments = torch_tensorrt_arguments(torch_tensorrt.__version__, precision)
     if mixed:  # the precision is in the model: explicit casts, the time embedding kept in fp32
-        from precision import mixed_precision_unet
+        from ddpm.util.precision import mixed_precision_unet
 
         model = mixed_precision_unet(model, precision)
     return torch_tensorrt.compile(

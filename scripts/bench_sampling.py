@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's
 
 import optimized_diffusion as od  # noqa: E402
 from basic_diffusion import UNet, unet_preset  # noqa: E402
-from benchmark import perturb_zero_init, time_runs  # noqa: E402
 from basic_diffusion import sample as original_sample  # noqa: E402
+from ddpm.benchmarks.sampling_bench import perturb_zero_init, time_runs  # noqa: E402
+from ddpm.util.precision import backend_policy  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig, p_step  # noqa: E402
-from precision import backend_policy  # noqa: E402
 
 DEVICE = torch.device("cuda")
 

@@ -23,10 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import optimized_diffusion as od  # noqa: E402
 from bench_sampling import cuda_time_ms, random_unet  # noqa: E402
+
+import optimized_diffusion as od  # noqa: E402
+from ddpm.util.precision import backend_policy  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig  # noqa: E402
-from precision import backend_policy  # noqa: E402
 
 
 def graphed_forward_ms(model, *, shape, precision, channels_last, repeats=50):

@@ -94,7 +94,7 @@ def test_activation_checkpointing_keeps_the_gradients():
 @pytest.mark.parametrize("patch_size", [1, 2])
 def test_an_exported_3d_unet_gives_pytorchs_eps_through_onnxruntime(patch_size):
     pytest.importorskip("onnxruntime")
-    from runtimes import as_onnxruntime
+    from ddpm.backends.runtimes import as_onnxruntime
 
     torch.manual_seed(0)
     model = UNet(UNetConfig(**{**TINY_3D, "patch_size": patch_size, "attention_resolutions": (4 // patch_size,)})).eval()
@@ -143,9 +143,9 @@ def test_spheres_train_sample_and_evaluate_from_the_command_line(tmp_path, capsy
 
 
 def test_a_voxel_folder_is_counted_from_its_headers_and_refused_when_it_would_not_fit(tmp_path, monkeypatch):
-    import memory_budget
-    import volumes
-    from data import load_images
+    from ddpm.data import volumes
+    from ddpm.data.datasets import load_images
+    from ddpm.util import memory_budget
 
     np.save(tmp_path / "one.npy", np.zeros((6, 6, 6), dtype=np.float32))
     np.save(tmp_path / "stack.npy", np.ones((3, 6, 6, 6), dtype=np.uint8) * 200)

@@ -20,18 +20,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_SCHEDULE as SCHEDULE
+from helpers import needs_onnx, perturbed_unet, tiny_unet_config
+
+CONFIG = tiny_unet_config()
 from torch import nn
 
-import checkpoints
-import export
-import artifacts
-import engine_cache
-import runtimes
-import unet_io
 from basic_diffusion import UNetConfig
-from checkpoints import load_checkpoint, load_weights, parse_json, save_checkpoint
+from ddpm.backends import artifacts, engine_cache, runtimes
+from ddpm.formats import checkpoints, exporters, unet_io
+from ddpm.formats.checkpoints import load_checkpoint, load_weights, save_checkpoint
+from ddpm.util import safe_files
+from ddpm.util.safe_files import parse_json
 from noise_schedule import ScheduleConfig
-from test_export import CONFIG, SCHEDULE, needs_onnx, random_unet
 
 CPU = torch.device("cpu")
 
@@ -141,7 +142,7 @@ def test_a_torchscript_archive_renamed_to_pt_runs_no_code(tmp_path, recwarn):
 
 @pytest.fixture(scope="module")
 def onnx_bytes() -> bytes:
-    return export.export_onnx_model(random_unet(), metadata=metadata()).SerializeToString()
+    return exporters.export_onnx_model(perturbed_unet(CONFIG), metadata=metadata()).SerializeToString()
 
 
 def set_metadata(proto, value: str) -> None:
@@ -223,12 +224,12 @@ def test_an_exports_training_dataset_is_read_and_an_unknown_one_refused(tmp_path
 
 
 def test_opset_must_be_in_the_supported_range():
-    export.check_opset(export.MIN_OPSET)
-    export.check_opset(export.MAX_OPSET)
-    supported = f"--opset must be between 18 (GroupNormalization) and {export.MAX_OPSET} ("
-    for opset in (99, export.MAX_OPSET + 1, export.MIN_OPSET - 1, True):
-        refused(lambda: export.check_opset(opset), supported)
-    refused(lambda: export.export_onnx_model(random_unet(), metadata=metadata(), opset=99), "got 99")
+    exporters.check_opset(exporters.MIN_OPSET)
+    exporters.check_opset(exporters.MAX_OPSET)
+    supported = f"--opset must be between 18 (GroupNormalization) and {exporters.MAX_OPSET} ("
+    for opset in (99, exporters.MAX_OPSET + 1, exporters.MIN_OPSET - 1, True):
+        refused(lambda: exporters.check_opset(opset), supported)
+    refused(lambda: exporters.export_onnx_model(perturbed_unet(CONFIG), metadata=metadata(), opset=99), "got 99")
 
 
 # ----- configs read from files --------------------------------------------------------------------
@@ -260,7 +261,7 @@ def test_configs_from_files_round_trip_and_refuse_unknown_keys_types_and_ranges(
     refused(lambda: ScheduleConfig(num_timesteps=2_000_000_000), "between 2 and 10000")  # built in code, too
     # From a checkpoint file: the message names the file.
     path = tmp_path / "evil_config.pt"
-    save_checkpoint(path, checkpoint_state({**good, "evil": 1}, random_unet().state_dict()))
+    save_checkpoint(path, checkpoint_state({**good, "evil": 1}, perturbed_unet(CONFIG).state_dict()))
     refused(lambda: load_checkpoint(path), f"checkpoint {path}: its model config is unusable", unchanged=path)
 
 
@@ -268,7 +269,7 @@ def test_configs_from_files_round_trip_and_refuse_unknown_keys_types_and_ranges(
 
 
 def test_weights_that_do_not_match_their_config_are_named_in_one_line(tmp_path):
-    model = random_unet()
+    model = perturbed_unet(CONFIG)
     weights = dict(model.state_dict())
     good = tmp_path / "good.pt"
     save_checkpoint(good, checkpoint_state(CONFIG.to_dict(), weights))
@@ -286,7 +287,7 @@ def test_weights_that_do_not_match_their_config_are_named_in_one_line(tmp_path):
     assert f"1 missing, e.g. {first!r}; 1 unexpected, e.g. 'extra.weight'; " in message
     assert f"shape of {conv!r} is [3, 3] but the config makes {list(weights[conv].shape)}" in message
     # The helper training reuses, on a real (not meta) model:
-    refused(lambda: load_weights(random_unet(), bad_weights, source="resume"), "resume: its weights do not match")
+    refused(lambda: load_weights(perturbed_unet(CONFIG), bad_weights, source="resume"), "resume: its weights do not match")
 
 
 # ----- metadata JSON is size- and depth-limited ---------------------------------------------------
@@ -327,11 +328,11 @@ def load_engine_metadata(path: Path) -> None:
         ("torchscript", "m.ts", lambda p: artifacts.load_artifact(p, device=CPU, trust_torchscript=True)),
         pytest.param("onnx", "m.onnx", lambda p: artifacts.load_artifact(p, device=CPU), marks=needs_onnx),
         ("metadata", "m.engine.json", load_engine_metadata),
-        ("tensorrt", "m.engine", lambda p: checkpoints.check_file_size(p, kind="tensorrt")),
+        ("tensorrt", "m.engine", lambda p: safe_files.check_file_size(p, kind="tensorrt")),
     ],
 )
 def test_a_file_over_its_kinds_limit_is_refused_before_it_is_read(tmp_path, monkeypatch, kind, name, load):
     path = tmp_path / name
     path.write_bytes(b"\x00junk" * 1000)  # read, it would be refused as corrupt instead
-    monkeypatch.setitem(checkpoints.MAX_FILE_BYTES, kind, 1000)
-    refused(lambda: load(path), f"is 4.9 KiB, over the 1000 bytes limit for a {kind} file", unchanged=path)
+    monkeypatch.setitem(safe_files.MAX_FILE_BYTES, kind, 1000)
+    refused(lambda: load(path), f"is 4.9 KiB, over the 1000 B limit for a {kind} file", unchanged=path)

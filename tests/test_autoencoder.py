@@ -15,11 +15,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_TRAIN, assert_user_error, run_here
 from PIL import Image
-from test_cli import TINY_TRAIN, assert_user_error, run_here
 
-import cli
-from autoencoder import (
+from ddpm.cli import resolve
+from ddpm.data.datasets import load_images
+from ddpm.latent.autoencoder import (
     Autoencoder,
     AutoencoderConfig,
     LatentDecoder,
@@ -28,9 +29,7 @@ from autoencoder import (
     load_autoencoder,
     to_unit_range,
 )
-from autoencoder_training import psnr_ssim, split_heldout, train_autoencoder
-from data import load_images
-from mode_requests import AutoencoderTrainRequest
+from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest, psnr_ssim, split_heldout, train_autoencoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -208,11 +207,11 @@ def test_load_refuses_weights_that_do_not_fit_the_config_and_bad_entries(trained
 )
 def test_flag_mistakes_are_refused_before_any_work(flags, message):
     with pytest.raises(ValueError, match=message):
-        cli.parse([*TINY_AUTOENCODER, *flags])
+        resolve.parse([*TINY_AUTOENCODER, *flags])
 
 
 def test_the_cli_trains_and_refuses_to_replace_a_checkpoint_without_overwrite(tmp_path):
-    _, request = cli.parse(["--mode", "train_autoencoder", "--dataset", "digits", "--device", "cpu"])
+    _, request = resolve.parse(["--mode", "train_autoencoder", "--dataset", "digits", "--device", "cpu"])
     assert (request.checkpoint, request.reconstructions) == (
         "checkpoints/digits_autoencoder.pt", "checkpoints/digits_autoencoder_reconstructions.png"
     )  # fmt: skip

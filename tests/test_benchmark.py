@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmark import PeakRSS, Row, format_summary, format_table, psnr_db, unet_flops
 from basic_diffusion import UNet, UNetConfig
+from ddpm.benchmarks.report import PeakRSS
+from ddpm.benchmarks.sampling_bench import Row, format_summary, format_table, psnr_db, unet_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +123,7 @@ def test_training_benchmark_reports_every_variant(tmp_path):
 
 
 def test_training_rows_are_chosen_by_key_with_the_fp32_baseline_first():
-    from benchmark_training import select_variants
+    from ddpm.benchmarks.training_bench import select_variants
 
     cpu = torch.device("cpu")
     assert [key for key, _, _ in select_variants("amp_checkpoint,fp32_checkpoint", cpu)] == ["fp32", "fp32_checkpoint", "amp_checkpoint"]
@@ -138,7 +139,7 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
     import gc
     import weakref
 
-    import benchmark
+    from ddpm.benchmarks import sampling_bench
     from noise_schedule import NoiseSchedule, ScheduleConfig
 
     events, alive = [], []
@@ -158,11 +159,11 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
         alive.append(weakref.ref(runner))
         return "fp32", runner, "", None  # a pixel model: no decoder
 
-    monkeypatch.setattr(benchmark, "make_row", fake_make_row)
+    monkeypatch.setattr(sampling_bench, "make_row", fake_make_row)
     config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
                         attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
     plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
-    _, rows = benchmark.run_benchmark(
+    _, rows = sampling_bench.run_benchmark(
         UNet(config).eval(), plan, shape=(2, 1, 8, 8), seed=0, precision="fp32", rows=["cuda", "torchscript"],
         warmup=0, repeats=2, progress=lambda _: None,
     )  # fmt: skip
@@ -177,9 +178,9 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
 
 
 def test_all_rows_leave_out_the_compiled_cuda_row_on_a_cpu():
-    import benchmark
+    from ddpm.benchmarks import sampling_bench
 
-    assert "cuda_compile" not in benchmark.parse_rows("all", device_type="cpu")
-    assert "cuda_compile" in benchmark.parse_rows("all", device_type="cuda")
+    assert "cuda_compile" not in sampling_bench.parse_rows("all", device_type="cpu")
+    assert "cuda_compile" in sampling_bench.parse_rows("all", device_type="cuda")
     with pytest.raises(ValueError, match="unknown benchmark rows"):
-        benchmark.parse_rows("original,warp_drive")
+        sampling_bench.parse_rows("original,warp_drive")

@@ -2,58 +2,12 @@
 one-line errors for bad input (in this process, through ``main.main``: the same code, without the
 3 s that each new Python process spends importing torch)."""
 
-import contextlib
-import io
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ROOT, TINY_TRAIN, assert_user_error, run, run_here  # noqa: F401  (ROOT: cwd of runs)
 from PIL import Image
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY_TRAIN = [
-    "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
-    "--timesteps", "50", "--max_steps", "3", "--batch_size", "8", "--sample_every", "0",
-]  # fmt: skip
-
-
-def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-
-
-def run_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``main.main(args)`` in this process, in ``cwd``, with its exit code and output captured."""
-    import interrupts
-    import main
-
-    out, err, previous = io.StringIO(), io.StringIO(), os.getcwd()
-    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}  # main installs its own
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main.main(list(args))
-            except SystemExit as exc:  # argparse's own errors and --help
-                code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        os.chdir(previous)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
-
-
-def assert_user_error(result: subprocess.CompletedProcess, match: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("main.py: error:"), result.stderr
-    assert match in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")

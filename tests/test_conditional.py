@@ -13,15 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import assert_user_error, perturbed_unet, run, run_here
 from PIL import Image
 
 import optimized_diffusion as od
 from basic_diffusion import UNetConfig, sample
-from conditioning import Guidance, class_labels, grid_columns, labels_for
-from conftest import perturbed_unet
-from data import ImageSet, load_images
+from ddpm.conditioning import Guidance, class_labels, grid_columns, labels_for
+from ddpm.data.datasets import ImageSet, load_images
 from noise_schedule import NoiseSchedule, ScheduleConfig
-from test_cli import assert_user_error, run, run_here
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SCHEDULE = NoiseSchedule(ScheduleConfig(num_timesteps=100))
@@ -101,7 +100,7 @@ def test_a_conditional_sampler_refuses_a_call_without_labels(model):
 
 
 def test_training_replaces_labels_by_the_null_label_at_the_configured_rate():
-    from training import TrainConfig, Trainer
+    from ddpm.training.trainer import TrainConfig, Trainer
 
     images = load_images("digits", data_dir=".", image_size=8)
     config = TrainConfig(dataset="digits", total_steps=40, batch_size=64, cond_drop=0.25, save_every=0, sample_every=0)
@@ -174,7 +173,7 @@ def tiny_conditional(tmp_path_factory):
 
 
 def test_a_briefly_trained_conditional_model_draws_the_requested_digits(conditional_run):
-    from evaluate import DigitJudge
+    from ddpm.evaluation.quality import DigitJudge
 
     result = run(
         "--mode", "sample", "--model_path", "c.pt", "--class_label", "all", "--n_samples", "200", "--sampler", "ddpm",
@@ -236,7 +235,7 @@ def test_a_conditional_unet_whose_norm_groups_would_cancel_the_label_is_refused(
 
 
 def test_image_set_without_labels_cannot_train_a_conditional_model():
-    from training import TrainConfig, Trainer
+    from ddpm.training.trainer import TrainConfig, Trainer
 
     images = ImageSet("random", torch.zeros(8, 1, 8, 8, dtype=torch.uint8))
     with pytest.raises(ValueError, match="no classes"):
@@ -283,7 +282,7 @@ def test_exported_conditional_unets_take_labels_and_draw_the_originals_images(ti
 
 
 def test_class_names_a_checkpoint_could_not_hold_are_refused_before_training():
-    from training import TrainConfig, Trainer
+    from ddpm.training.trainer import TrainConfig, Trainer
 
     names = tuple("x" * 101 if i == 3 else str(i) for i in range(10))  # a folder's 101-character sub-folder name
     images = ImageSet("folder", torch.zeros(8, 1, 8, 8, dtype=torch.uint8), labels=torch.arange(8) % 10, class_names=names)

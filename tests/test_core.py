@@ -5,15 +5,16 @@ import math
 
 import pytest
 import torch
+from helpers import TINY_UNET, make_trainer
 
 from basic_diffusion import UNet, UNetConfig, count_parameters, sample, unet_preset
-from benchmark_training import warm_timestep_sampler
-from checkpoints import load_checkpoint, save_checkpoint
-from data import load_images
+from ddpm.benchmarks.training_bench import warm_timestep_sampler
+from ddpm.data.datasets import load_images
+from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
+from ddpm.training.trainer import TrainingDiverged
 from noise_schedule import NoiseSchedule, ScheduleConfig
-from training import TrainConfig, Trainer, TrainingDiverged
 
-TINY = dict(model_channels=16, channel_mult=(1, 2), num_res_blocks=1, attention_resolutions=(8,), num_heads=2, dropout=0.1)
+TINY = {**TINY_UNET, "dropout": 0.1}
 
 
 @pytest.mark.parametrize("size", [16, 28, 32, 64])
@@ -126,25 +127,6 @@ def test_torchvision_files_placed_in_data_dir_are_used_offline(tmp_path, dataset
 def test_missing_torchvision_files_explain_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="--dataset digits"):
         load_images("mnist", data_dir=tmp_path, image_size=28, download=False)
-
-
-def make_trainer(tmp_path, *, total_steps=6, state=None, **overrides):
-    images = load_images("digits", data_dir="unused", image_size=16)
-    config = TrainConfig(
-        dataset="digits",
-        total_steps=total_steps,
-        batch_size=16,
-        lr=1e-3,
-        warmup_steps=2,
-        checkpoint=str(tmp_path / "run.pt"),
-        save_every=0,
-        sample_every=0,
-        preview_samples=4,
-        preview_steps=2,
-        **overrides,
-    )
-    model_config = UNetConfig(image_size=16, in_channels=1, **TINY)
-    return Trainer(config, model_config, ScheduleConfig(num_timesteps=100), images=images, device="cpu", resume_state=state)
 
 
 def test_loss_falls_on_digits(tmp_path):
@@ -287,7 +269,7 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
 def test_atomic_writes_get_the_usual_file_mode(tmp_path):
     import os
 
-    from safe_files import atomic_write
+    from ddpm.util.safe_files import atomic_write
 
     mask = os.umask(0o022)
     try:

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import assert_user_error, run_here
 
-import distributed
-from distributed import Ranks
-from test_cli import assert_user_error, run_here
+from ddpm.util import distributed
+from ddpm.util.distributed import Ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 # No dropout: each rank draws its own dropout masks, so only without it are the weights one process's.
@@ -147,7 +147,7 @@ def test_modes_that_run_in_one_process_are_refused_under_torchrun(tmp_path, monk
 
 def test_each_sampling_batch_draws_from_its_own_seed():
     """Batch i's images depend on (seed, i) only: the property that lets ranks share batches out."""
-    from implementations import batch_generator
+    from ddpm.backends.registry import batch_generator
 
     device = torch.device("cpu")
     first = torch.randn(3, generator=batch_generator(7, 0, device=device))

@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-import evaluate
 import main
+from ddpm.cli import resolve
+from ddpm.evaluation import quality
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def judge() -> evaluate.DigitJudge:
-    return evaluate.DigitJudge(image_size=16, seed=0)
+def judge() -> quality.DigitJudge:
+    return quality.DigitJudge(image_size=16, seed=0)
 
 
 def test_frechet_distance_is_the_closed_form_for_gaussians():
@@ -30,8 +31,8 @@ def test_frechet_distance_is_the_closed_form_for_gaussians():
     a = rng.standard_normal((20000, 2))
     b = rng.standard_normal((20000, 2)) * 2.0 + np.array([3.0, 0.0])
     # ||mu_a - mu_b||^2 + tr(C_a + C_b - 2 (C_a C_b)^1/2) = 9 + (2 + 8 - 2 * 4) = 11
-    assert evaluate.frechet_distance(a, b) == pytest.approx(11.0, rel=0.03)
-    assert evaluate.frechet_distance(a, a) == pytest.approx(0.0, abs=1e-8)
+    assert quality.frechet_distance(a, b) == pytest.approx(11.0, rel=0.03)
+    assert quality.frechet_distance(a, a) == pytest.approx(0.0, abs=1e-8)
 
 
 def test_real_digits_score_near_the_ceiling_and_noise_at_the_floor(judge):
@@ -55,17 +56,17 @@ def test_a_copied_training_image_is_flagged_as_memorised_and_a_new_one_is_not(ju
 
 
 def test_lists_parse_and_bad_items_are_named():
-    assert evaluate.parse_list("ddpm,ddim", kind=str, flag="--sampler", choices=("ddpm", "ddim")) == ["ddpm", "ddim"]
-    assert evaluate.parse_list("5,10", kind=int, flag="--sampling_steps") == [5, 10]
-    assert evaluate.parse_list(None, kind=int, flag="--sampling_steps") == [None]
+    assert resolve.parse_list("ddpm,ddim", kind=str, flag="--sampler", choices=("ddpm", "ddim")) == ["ddpm", "ddim"]
+    assert resolve.parse_list("5,10", kind=int, flag="--sampling_steps") == [5, 10]
+    assert resolve.parse_list(None, kind=int, flag="--sampling_steps") == [None]
     with pytest.raises(ValueError, match="--sampling_steps"):
-        evaluate.parse_list("5,x", kind=int, flag="--sampling_steps")
+        resolve.parse_list("5,x", kind=int, flag="--sampling_steps")
 
 
 def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(tmp_path, capsys):
-    from training import TrainConfig, Trainer
     from basic_diffusion import UNetConfig
-    from data import load_images
+    from ddpm.data.datasets import load_images
+    from ddpm.training.trainer import TrainConfig, Trainer
     from noise_schedule import ScheduleConfig
 
     ckpt = tmp_path / "digits.pt"

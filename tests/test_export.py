@@ -12,7 +12,6 @@ path ends in one line naming what to install, and importing the project never im
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -24,47 +23,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_SCHEDULE, needs_onnx, perturbed_unet, tiny_unet_config
 
-import export
-import artifacts
-import checkpoints
-import engine_cache
-import runtimes
-import unet_io
 import main
 import tensorrt_integration as trt_integration
-from conftest import perturbed_unet
-from basic_diffusion import UNet, UNetConfig
+from basic_diffusion import UNet
 from basic_diffusion import sample as original_sample
-from data import load_images
-from unet_io import BatchRange, UNetIO
-from noise_schedule import NoiseSchedule, ScheduleConfig
+from ddpm.backends import artifacts, engine_cache, runtimes
+from ddpm.data.datasets import load_images
+from ddpm.formats import checkpoints, exporters, unet_io
+from ddpm.formats.unet_io import BatchRange, UNetIO
+from ddpm.training.trainer import TrainConfig, Trainer
+from noise_schedule import NoiseSchedule
 from optimized_diffusion import FusedSampler
-from training import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
-HAVE_ONNX = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
-needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason=f"needs onnx, onnxscript and onnxruntime: {export.ONNX_INSTALL}")
-CONFIG = UNetConfig(
-    image_size=16, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
-    attention_resolutions=(8,), num_heads=2, dropout=0.0,
-)  # fmt: skip
-SCHEDULE = ScheduleConfig(num_timesteps=50)
+CONFIG, SCHEDULE = tiny_unet_config(), TINY_SCHEDULE
 IO = UNetIO.from_config(CONFIG)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def random_unet() -> UNet:
-    return perturbed_unet(CONFIG)
-
-
 @pytest.fixture(scope="module")
 def random_onnx() -> tuple[UNet, object]:
-    model = random_unet()
+    model = perturbed_unet(CONFIG)
     metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=SCHEDULE, weights="ema")
-    return model, export.export_onnx_model(model, metadata=metadata)
+    return model, exporters.export_onnx_model(model, metadata=metadata)
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +116,12 @@ def test_io_spec_gives_every_shape_and_the_optimization_profile():
 @needs_onnx
 def test_onnx_export_has_the_spec_io_native_groupnorm_and_dynamic_batch(random_onnx):
     _, proto = random_onnx
-    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [export.DEFAULT_OPSET]
+    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [exporters.DEFAULT_OPSET]
     assert "GroupNormalization" in {node.op_type for node in proto.graph.node}
     inputs = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
     assert inputs["x_t"][1:] == [1, 16, 16] and isinstance(inputs["x_t"][0], str) and inputs["t"] == inputs["x_t"][:1]
     stored = {p.key: p.value for p in proto.metadata_props}[unet_io.METADATA_KEY]
-    model_config, schedule_config, _ = unet_io.parse_artifact_metadata(stored, source=Path("random.onnx"))
+    model_config, schedule_config, _ = checkpoints.parse_artifact_metadata(stored, source=Path("random.onnx"))
     assert (model_config, schedule_config) == (CONFIG, SCHEDULE)
 
 
@@ -240,7 +225,7 @@ def test_reference_step_sampler_reproduces_the_original_loop_exactly(sampler, et
     # The engine's place is taken by the PyTorch U-Net: this checks the loop, buffers, device-side
     # step index and noise order that the tensorrt implementation wraps around its engine, with the
     # fused op and with the p_step fallback used where the extension is not built.
-    model = random_unet()
+    model = perturbed_unet(CONFIG)
     plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=6, eta=eta)
     g_ours, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     sampler_ = FusedSampler(model, plan, shape=(2, 1, 16, 16), channels_last=False, fused_step=fused_step)
@@ -480,7 +465,10 @@ def test_an_implementation_that_cannot_run_an_artifact_is_a_one_line_error(workd
 def test_importing_the_project_never_imports_tensorrt(tmp_path):
     # A tensorrt that fails loudly when imported, first on the path: the project must not touch it.
     (tmp_path / "tensorrt.py").write_text("raise RuntimeError('tensorrt was imported')\n")
-    code = "import main, cli, export, tensorrt_integration, optimized_diffusion; cli.build_parser()"
+    code = (
+        "import main, tensorrt_integration, optimized_diffusion; from ddpm.cli import parser, resolve; "
+        "from ddpm.modes import benchmark, evaluate, export, sample, train, train_autoencoder; parser.build_parser()"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"},

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-import inception_metrics
 import main
+from ddpm.evaluation import inception
 
 pytest.importorskip("torch_fidelity")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -38,18 +38,18 @@ def pixels(images: torch.Tensor) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def random_inception_weights(tmp_path_factory) -> str:
     """torch-fidelity's InceptionV3 with random weights, saved as its weights file would be."""
-    import torch_fidelity.feature_extractor_inceptionv3 as inception
+    import torch_fidelity.feature_extractor_inceptionv3 as fidelity_inception
 
     real_load = torch.nn.Module.load_state_dict
     try:
-        inception.load_state_dict_from_url = lambda *a, **k: {}
+        fidelity_inception.load_state_dict_from_url = lambda *a, **k: {}
         torch.nn.Module.load_state_dict = lambda self, state, *a, **k: None
         torch.manual_seed(0)
-        net = inception.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
+        net = fidelity_inception.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
     finally:
         torch.nn.Module.load_state_dict = real_load
-        inception.load_state_dict_from_url = torch.hub.load_state_dict_from_url
-    path = tmp_path_factory.mktemp("inception") / inception_metrics.WEIGHTS_NAME
+        fidelity_inception.load_state_dict_from_url = torch.hub.load_state_dict_from_url
+    path = tmp_path_factory.mktemp("inception") / inception.WEIGHTS_NAME
     torch.save(net.state_dict(), path)
     return str(path)
 
@@ -58,22 +58,22 @@ def test_fid_is_the_closed_form_for_gaussians_and_kid_separates_distributions():
     g = torch.Generator().manual_seed(0)
     a = torch.randn(4000, 3, generator=g, dtype=torch.float64)
     b = torch.randn(4000, 3, generator=g, dtype=torch.float64) * 2 + torch.tensor([3.0, 0.0, 0.0], dtype=torch.float64)
-    fid, _, _ = inception_metrics.fid_kid(a, b)
+    fid, _, _ = inception.fid_kid(a, b)
     # ||mu_a - mu_b||^2 + tr(C_a + C_b - 2 (C_a C_b)^1/2) = 9 + 3 * (1 + 4 - 2 * 2) = 12
     assert fid == pytest.approx(12.0, rel=0.05)
-    same, _, _ = inception_metrics.fid_kid(a, a)
+    same, _, _ = inception.fid_kid(a, a)
     assert same == pytest.approx(0.0, abs=1e-6)
-    _, kid_near, _ = inception_metrics.fid_kid(a[:2000], a[2000:])
-    _, kid_far, _ = inception_metrics.fid_kid(a, b)
+    _, kid_near, _ = inception.fid_kid(a[:2000], a[2000:])
+    _, kid_far, _ = inception.fid_kid(a, b)
     assert abs(kid_near) < 0.01 < kid_far
 
 
 def test_real_images_score_near_the_ceiling_and_noise_far_above():
-    from data import load_images
+    from ddpm.data.datasets import load_images
 
     digits = load_images("digits", data_dir=".", image_size=8).images
-    reference, held = inception_metrics.real_splits(digits, None, n=400, seed=0)
-    judge = inception_metrics.InceptionJudge(reference, held, extractor=pixels, seed=0)
+    reference, held = inception.real_splits(digits, None, n=400, seed=0)
+    judge = inception.InceptionJudge(reference, held, extractor=pixels, seed=0)
     ceiling, floor = judge.ceiling(400, seed=0), judge.floor(400, seed=0, image_size=8)
     assert floor.fid > 10 * ceiling.fid and floor.kid > 10 * ceiling.kid
     # Real digits passed as samples ([-1, 1] floats, as a sampler returns them) land on the ceiling.
@@ -84,27 +84,27 @@ def test_real_images_score_near_the_ceiling_and_noise_far_above():
 
 def test_reference_and_ceiling_images_are_disjoint_and_counts_are_checked():
     images = torch.arange(20, dtype=torch.uint8).view(20, 1, 1, 1)
-    reference, held = inception_metrics.real_splits(images, None, n=10, seed=3)
+    reference, held = inception.real_splits(images, None, n=10, seed=3)
     assert set(reference.flatten().tolist()).isdisjoint(held.flatten().tolist())
     with pytest.raises(ValueError, match="--n_samples 10 or fewer"):
-        inception_metrics.real_splits(images, None, n=11, seed=3)
+        inception.real_splits(images, None, n=11, seed=3)
     test = torch.full((5, 1, 1, 1), 99, dtype=torch.uint8)
-    reference, held = inception_metrics.real_splits(images, test, n=5, seed=3)
+    reference, held = inception.real_splits(images, test, n=5, seed=3)
     assert (held == 99).all() and (reference < 20).all()
     with pytest.raises(ValueError, match="more than the data hold"):
-        inception_metrics.real_splits(images, test, n=6, seed=3)
+        inception.real_splits(images, test, n=6, seed=3)
 
 
 def test_missing_or_broken_weights_and_a_failed_download_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="is not a file"):
-        inception_metrics.weights_file(tmp_path / "absent.pth")
+        inception.weights_file(tmp_path / "absent.pth")
     junk = tmp_path / "junk.pth"
     junk.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="not a readable weights file"):
-        inception_metrics.weights_file(junk)
+        inception.weights_file(junk)
     torch.save({"a": 1}, tmp_path / "odd.pth")
     with pytest.raises(ValueError, match="not a state dict of tensors"):
-        inception_metrics.weights_file(tmp_path / "odd.pth")
+        inception.weights_file(tmp_path / "odd.pth")
     # Offline: the download fails and the message names the URL and where to put the file.
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
 
@@ -113,14 +113,14 @@ def test_missing_or_broken_weights_and_a_failed_download_are_one_line_errors(tmp
 
     monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
     with pytest.raises(ValueError) as info:
-        inception_metrics.weights_file(None)
+        inception.weights_file(None)
     message = str(info.value)
     assert "\n" not in message and "github.com" in message
-    assert str(tmp_path / "hub" / "checkpoints" / inception_metrics.WEIGHTS_NAME) in message
+    assert str(tmp_path / "hub" / "checkpoints" / inception.WEIGHTS_NAME) in message
 
 
 def test_the_inception_extractor_gives_2048_features_for_grey_and_rgb(random_inception_weights):
-    extract = inception_metrics.inception_extractor(inception_metrics.weights_file(random_inception_weights), device=torch.device("cpu"))
+    extract = inception.inception_extractor(inception.weights_file(random_inception_weights), device=torch.device("cpu"))
     grey = torch.randint(0, 256, (2, 1, 8, 8), dtype=torch.uint8)
     assert extract(grey).shape == (2, 2048)
     # A grey image is the RGB image with three equal channels.

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import main
-from autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state
-from safe_files import atomic_write
+from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state
+from ddpm.util.safe_files import atomic_write
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -92,8 +92,8 @@ def test_the_autoencoder_is_an_input_a_training_run_cannot_overwrite(latent_mode
 
 def test_the_decoder_run_by_onnxruntime_matches_pytorch(tmp_path):
     pytest.importorskip("onnxruntime")
-    from latents import load_first_stage
-    from runtimes import OnnxRuntimeDecoder
+    from ddpm.backends.runtimes import OnnxRuntimeDecoder
+    from ddpm.latent.first_stage import load_first_stage
 
     write_autoencoder(tmp_path / "ae.pt")
     stage, _ = load_first_stage(tmp_path / "ae.pt", device=torch.device("cpu"))
@@ -122,8 +122,7 @@ def test_another_or_a_missing_autoencoder_is_refused_in_one_line(latent_model, t
 
 
 def test_a_latent_unet_without_an_autoencoder_is_refused(latent_model, tmp_path, capsys):
-    from checkpoints import load_checkpoint, save_checkpoint
-    from checkpoints import LINK_KEY
+    from ddpm.formats.checkpoints import LINK_KEY, load_checkpoint, save_checkpoint
 
     state = load_checkpoint(latent_model / "lat.pt")
     del state[LINK_KEY]
@@ -134,9 +133,9 @@ def test_a_latent_unet_without_an_autoencoder_is_refused(latent_model, tmp_path,
 
 
 def test_latents_train_as_stored_without_flips_and_the_sizes_must_match(latent_model):
-    from autoencoder import load_autoencoder
-    from data import load_images
-    from latents import encode_dataset
+    from ddpm.data.datasets import load_images
+    from ddpm.latent.autoencoder import load_autoencoder
+    from ddpm.latent.first_stage import encode_dataset
 
     loaded = load_autoencoder(latent_model / "ae.pt", device="cpu")
     digits = load_images("digits", data_dir="unused", image_size=8)
@@ -183,7 +182,7 @@ def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_
 
 
 def first_stage(folder):
-    from latents import load_first_stage
+    from ddpm.latent.first_stage import load_first_stage
 
     write_autoencoder(folder / "ae.pt")
     stage, _ = load_first_stage(folder / "ae.pt", device=torch.device("cpu"))
@@ -194,9 +193,9 @@ def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_li
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto
 
-    from export import export_decoder_onnx, onnx_io_mismatches
-    from precision import mixed_precision_decoder
-    from runtimes import OnnxRuntimeDecoder, onnxruntime_session
+    from ddpm.backends.runtimes import OnnxRuntimeDecoder, onnxruntime_session
+    from ddpm.formats.exporters import export_decoder_onnx, onnx_io_mismatches
+    from ddpm.util.precision import mixed_precision_decoder
 
     stage = first_stage(tmp_path)
     z = torch.randn(5, *stage.latent_shape, generator=torch.Generator().manual_seed(0))
@@ -274,8 +273,8 @@ class FakeCudaEngine:
 def test_a_decoder_engine_is_checked_against_the_decoder_spec_not_the_unets(tmp_path):
     from types import SimpleNamespace
 
+    from ddpm.formats.unet_io import BatchRange
     from tensorrt_integration import Engine
-    from unet_io import BatchRange
 
     stage = first_stage(tmp_path)
     trt = SimpleNamespace(TensorIOMode=SimpleNamespace(INPUT="input", OUTPUT="output"))
@@ -328,7 +327,7 @@ def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_
     from dataclasses import replace
 
     import tensorrt_integration as trt_integration
-    from unet_io import BatchRange, sha256_file
+    from ddpm.formats.unet_io import BatchRange, sha256_file
 
     builds = stand_in_tensorrt
     stage, cache = first_stage(tmp_path), tmp_path / "cache"
@@ -354,10 +353,11 @@ def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_
 
 
 def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked(latent_model, tmp_path, stand_in_tensorrt):
-    from artifacts import export_artifact, export_checkpoint, load_artifact
-    from engine_cache import metadata_path, read_metadata
+    from ddpm.backends.artifacts import load_artifact
+    from ddpm.backends.engine_cache import metadata_path, read_metadata
+    from ddpm.formats.unet_io import BatchRange, DecoderIO, UNetIO
+    from ddpm.modes.export import export_artifact, export_checkpoint
     from tensorrt_integration import TensorRTDecoder, TensorRTOptions, tensorrt_decoder
-    from unet_io import BatchRange, DecoderIO, UNetIO
 
     builds, cpu = stand_in_tensorrt, torch.device("cpu")
     options = TensorRTOptions(cache_dir=tmp_path / "cache")
@@ -388,9 +388,9 @@ def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked
 def test_the_tensorrt_implementation_takes_latent_models_and_says_what_to_install(latent_model, tmp_path, capsys, monkeypatch):
     import sys
 
-    import implementations
+    from ddpm.backends import registry
 
-    implementations.get("tensorrt").check(latent=True)  # no longer refused
+    registry.get("tensorrt").check(latent=True)  # no longer refused
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # TensorRT absent, even where it is installed
     for args in (["--mode", "sample", "--implementation", "tensorrt", "--output", str(tmp_path / "x.png")],
                  ["--mode", "export", "--format", "tensorrt", "--output", str(tmp_path / "lat.engine")]):  # fmt: skip
@@ -405,15 +405,15 @@ def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp
 
     args = ["--device", "cpu", "--mode", "benchmark", "--bench", "training", "--model_path", str(latent_model / "lat.pt"),
             "--batch_size", "4", "--train_steps", "1", "--rows", "fp32", "--json", str(tmp_path / "t.json")]  # fmt: skip
-    import benchmark_training
+    from ddpm.benchmarks import training_bench
 
-    fed, time_variant = [], benchmark_training.time_variant
+    fed, time_variant = [], training_bench.time_variant
 
     def spy(fields, *, images, **kwargs):  # the real timing, with a look at the data it trains on
         fed.append(images)
         return time_variant(fields, images=images, **kwargs)
 
-    monkeypatch.setattr(benchmark_training, "time_variant", spy)
+    monkeypatch.setattr(training_bench, "time_variant", spy)
     assert main.main(args) == 0, capsys.readouterr().err
     assert "2x4x4 latents" in capsys.readouterr().out
     assert fed[0].images.dtype == torch.float32 and fed[0].images.shape[1:] == (2, 4, 4)  # latents, not uint8 images

@@ -8,16 +8,10 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import memory_budget
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, unet_preset
-from memory_budget import (
-    available_bytes,
-    check_batch_fits,
-    estimate_peak_bytes,
-    format_bytes,
-    is_out_of_memory,
-    upper_bound_bytes,
-)
+from ddpm.util import memory_budget
+from ddpm.util.memory_budget import available_bytes, check_batch_fits, estimate_peak_bytes, is_out_of_memory, upper_bound_bytes
+from ddpm.util.messages import format_bytes
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 GiB = 1 << 30

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import perturbed_unet
 from torch import nn
 
 import optimized_diffusion as od
-from conftest import perturbed_unet
 from basic_diffusion import UNet, UNetConfig
 from basic_diffusion import sample as original_sample
+from ddpm.util.precision import backend_policy
 from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
-from precision import backend_policy
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -33,14 +33,12 @@ PLAN_CASES = {
 SHAPE = (2, 1, 16, 16)
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run fastest on one thread
+
+
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The models here are tiny: one thread is fastest, and immune to a busy 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    od.load_extension()
-    yield
-    torch.set_num_threads(threads)
+def extension():
+    od.load_extension()  # built by setup.py (or JIT-compiled once, here)
 
 
 def make_plan(case: str, *, num_steps: int = 8, device: str = "cpu") -> SamplingPlan:

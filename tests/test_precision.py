@@ -14,17 +14,16 @@ import json
 
 import pytest
 import torch
+from helpers import perturbed_unet
 
-import export
-import runtimes
-import unet_io
 import main
-from conftest import perturbed_unet
 from basic_diffusion import UNet, UNetConfig
-from precision import CastInput, Float32, mixed_precision_unet
+from ddpm.backends import runtimes
+from ddpm.formats import exporters, unet_io
+from ddpm.util.precision import CastInput, Float32, mixed_precision_unet
 
 HAVE_ONNX = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
-needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason=f"needs onnx, onnxscript and onnxruntime: {export.ONNX_INSTALL}")
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason=f"needs onnx, onnxscript and onnxruntime: {exporters.ONNX_INSTALL}")
 CONFIG = UNetConfig(
     image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
     attention_resolutions=(4,), num_heads=2, dropout=0.0, norm_groups=8,
@@ -65,8 +64,8 @@ def test_the_mixed_precision_unet_follows_autocasts_policy_and_leaves_the_origin
 def test_a_bf16_graph_needs_opset_22(precision):
     if precision == "bf16":
         with pytest.raises(ValueError, match="opset 22"):
-            export.export_onnx_model(random_unet(), metadata={}, opset=21, precision="bf16")
-    assert export.default_opset(precision) == (22 if precision == "bf16" else 21)
+            exporters.export_onnx_model(random_unet(), metadata={}, opset=21, precision="bf16")
+    assert exporters.default_opset(precision) == (22 if precision == "bf16" else 21)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +73,7 @@ def graphs() -> dict:
     model = random_unet()
     metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=None, weights=None)
     return {
-        precision: export.export_onnx_model(model, metadata=metadata, opset=export.default_opset(precision), precision=precision)
+        precision: exporters.export_onnx_model(model, metadata=metadata, opset=exporters.default_opset(precision), precision=precision)
         for precision in ("fp16", "bf16")
     }
 
@@ -130,9 +129,9 @@ def test_onnxruntime_runs_the_fp16_graph_like_pytorch_runs_the_mixed_unet(graphs
 
 @needs_onnx
 def test_the_cli_exports_an_fp16_graph_that_onnxruntime_samples_from(tmp_path, capsys):
-    from data import ImageSet
+    from ddpm.data.datasets import ImageSet
+    from ddpm.training.trainer import TrainConfig, Trainer
     from noise_schedule import ScheduleConfig
-    from training import TrainConfig, Trainer
 
     ckpt = tmp_path / "m.pt"  # a checkpoint trained a few steps at a high rate, so eps is not zero
     config = TrainConfig(dataset="random", total_steps=3, batch_size=4, lr=3e-3, warmup_steps=0, ema_decay=0.5,

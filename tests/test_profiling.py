@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiling import (
+from ddpm.util.profiling import (
     NullProfiler,
     ProfileConfig,
     Profiler,

@@ -9,9 +9,9 @@ from basic_diffusion import sample
 from noise_schedule import (
     COEFFICIENT_NAMES,
     SAMPLERS,
-    _ddim_coefficients,
     NoiseSchedule,
     ScheduleConfig,
+    _ddim_coefficients,
     make_betas,
     p_step,
     sampling_timesteps,

@@ -1,5 +1,7 @@
-"""The project's structure as a newcomer relies on it: one registry of implementations, one
-precision policy, and module imports that never form a circle."""
+"""The project's structure as a newcomer relies on it: the design's core modules at the root, everything
+else in the ddpm package by concern, imports that flow one way (no circle, few floors, nothing low
+importing the modes or the command line), one registry of implementations, one precision policy, and
+flags resolved once into typed requests."""
 
 import ast
 from pathlib import Path
@@ -7,25 +9,69 @@ from pathlib import Path
 import pytest
 import torch
 
-import cli
-import implementations
-from precision import resolve
+from ddpm.backends import registry
+from ddpm.cli import resolve
+from ddpm.cli.parser import build_parser
+from ddpm.cli.requests import ModelSource, SampleRequest, SamplingChoice
+from ddpm.util.precision import resolve as resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
+CORE = ("main", "noise_schedule", "basic_diffusion", "optimized_diffusion", "tensorrt_integration")
+# The longest chain of imports (main -> a mode -> the drawing path -> the registry -> tensorrt_integration
+# -> the engine cache -> the formats -> basic_diffusion -> noise_schedule) is 9 modules: the floors.
+MAX_FLOORS = 9
+# Folders below the modes and the command line: none of them imports ddpm.modes or ddpm.cli.
+LOWER = ("ddpm.util", "ddpm.formats", "ddpm.data", "ddpm.latent", "ddpm.evaluation", "ddpm.training", "ddpm.backends",
+         "ddpm.benchmarks", "ddpm.conditioning")  # fmt: skip
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the project by its import name: the root's (setup.py aside) and the package's."""
+    files = {p.stem: p for p in ROOT.glob("*.py") if p.name != "setup.py"}
+    for path in (ROOT / "ddpm").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def runtime_imports(tree: ast.AST, *, package: list[str]) -> set[str]:
+    """What a module imports at any depth, as dotted names; imports under ``if TYPE_CHECKING:`` are
+    annotations only (they never run), so they are left out, as import-linter does."""
+    typing_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for statement in branch.body
+        for node in ast.walk(statement)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return found
 
 
 def module_imports() -> dict[str, set[str]]:
-    """Each top-level module's imports of other top-level modules (at any depth in the file)."""
-    names = {p.stem for p in ROOT.glob("*.py")}
+    """Each module's imports of the project's other modules (a package's __init__ counts as nothing: they are empty)."""
+    files = module_files()
+    modules = {name for name, path in files.items() if path.name != "__init__.py"}
     graph = {}
-    for name in names:
-        found = set()
-        for node in ast.walk(ast.parse((ROOT / f"{name}.py").read_text())):
-            if isinstance(node, ast.Import):
-                found |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module.split(".")[0])
-        graph[name] = (found & names) - {name}
+    for name in modules:
+        package = name.split(".")[:-1]
+        deps = set()
+        for imported in runtime_imports(ast.parse(files[name].read_text()), package=package):
+            parts = imported.split(".")
+            longest = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None)
+            if longest:
+                deps.add(longest)
+        graph[name] = deps - {name}
     return graph
 
 
@@ -48,24 +94,63 @@ def test_module_imports_form_no_circle():
             visit(name)
 
 
+def test_imports_stand_at_most_max_floors_tall():
+    """Floor 1 imports nothing of the project's; every other module stands one floor above the highest it imports."""
+    graph, floors = module_imports(), {}
+
+    def floor(name: str) -> int:
+        if name not in floors:
+            floors[name] = 1 + max((floor(dep) for dep in graph[name]), default=0)
+        return floors[name]
+
+    tallest = max(graph, key=floor)
+    chain = [tallest]
+    while graph[chain[-1]]:
+        chain.append(max(graph[chain[-1]], key=floor))
+    assert floor(tallest) <= MAX_FLOORS, " -> ".join(chain)
+    assert floor("main") == max(floors.values())  # the entry point is the top floor
+
+
+def test_nothing_below_the_modes_imports_the_modes_or_the_command_line():
+    graph = module_imports()
+    low = [name for name in graph if name.startswith(LOWER) or name in CORE[1:]]
+    offenders = sorted(f"{name} -> {dep}" for name in low for dep in graph[name] if dep.startswith(("ddpm.modes", "ddpm.cli")))
+    assert offenders == []
+
+
+def test_the_core_modules_stay_at_the_root_and_are_no_shims():
+    """The design's core files are the real homes of their parts: each defines what it owns."""
+    for name in CORE:
+        tree = ast.parse((ROOT / f"{name}.py").read_text())
+        defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        assert len(defined) >= 2, f"{name}.py defines {len(defined)} functions or classes"
+    assert len((ROOT / "main.py").read_text().splitlines()) <= 150  # the entry point only
+
+
+def test_modules_over_450_lines_say_why_in_their_docstring():
+    long = {name: path for name, path in module_files().items() if len(path.read_text().splitlines()) > 450}
+    unexplained = sorted(name for name, path in long.items() if "One file" not in (ast.get_docstring(ast.parse(path.read_text())) or ""))
+    assert unexplained == []
+
+
 def test_only_the_cli_reads_an_argparse_namespace():
-    """Flags are resolved once, in cli.py, into typed requests: no other module takes a Namespace."""
-    readers = sorted(p.name for p in ROOT.glob("*.py") if p.name != "cli.py" and "Namespace" in p.read_text())
+    """Flags are resolved once, in ddpm/cli/, into typed requests: no other module takes a Namespace."""
+    readers = sorted(name for name, path in module_files().items() if not name.startswith("ddpm.cli") and "Namespace" in path.read_text())
     assert readers == []
 
 
 def test_flags_resolve_once_into_a_typed_request():
-    mode, request = cli.parse(
+    mode, request = resolve.parse(
         ["--mode", "sample", "--device", "cpu", "--dataset", "digits", "--sampler", "ddim", "--sampling_steps", "10",
          "--no_ema", "--compile", "--implementation", "cuda", "--save_npz", "out.npz"]
     )  # fmt: skip
-    assert mode == "sample" and isinstance(request, cli.SampleRequest)
+    assert mode == "sample" and isinstance(request, SampleRequest)
     assert request.device == torch.device("cpu") and request.precision == "fp32"  # auto, resolved for sampling
-    assert request.source == cli.ModelSource(path="checkpoints/digits.pt", weights="model")
+    assert request.source == ModelSource(path="checkpoints/digits.pt", weights="model")
     assert request.implementation == "cuda_compile"  # --compile with cuda is its own registry entry
-    assert request.sampling == cli.SamplingChoice(sampler="ddim", steps=10, eta=0.0, clip_denoised=True)
+    assert request.sampling == SamplingChoice(sampler="ddim", steps=10, eta=0.0, clip_denoised=True)
     assert (request.grid, request.npz) == ("samples.png", "out.npz")
-    _, train = cli.parse(["--mode", "train", "--device", "cpu", "--dataset", "digits", "--channels", "1"])
+    _, train = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", "digits", "--channels", "1"])
     assert (train.model.image_size, train.model.channels, train.checkpoint) == (8, 1, "checkpoints/digits.pt")
 
 
@@ -77,17 +162,22 @@ def test_flags_resolve_once_into_a_typed_request():
         (["--mode", "train", "--resume", "--overwrite"], "choose one"),
         (["--mode", "evaluate", "--chart", "quality.jpg"], "ending in .png"),
         (["--mode", "train", "--dataset", "digits", "--channels", "3"], "does not fit"),
+        (["--mode", "train", "--img_size", "0"], "--img_size must be a positive integer"),  # 0 is not "the default"
+        (["--mode", "sample", "--max_batch", "0"], "--max_batch must be a positive integer"),  # before any file is read
+        (["--mode", "sample", "--trt_opt_level", "9"], "--trt_opt_level must be between 0 and 5"),
+        (["--mode", "sample", "--model_path", "m.onnx", "--implementation", "cuda"], "cannot run ONNX files"),
+        (["--mode", "benchmark", "--model_path", "m.onnx"], "measures a checkpoint"),
     ],
 )
 def test_flag_mistakes_are_refused_while_resolving(flags, message):
     with pytest.raises(ValueError, match=message):
-        cli.parse([*flags, "--device", "cpu"])
+        resolve.parse([*flags, "--device", "cpu"])
 
 
 def test_the_cli_offers_exactly_the_registrys_sample_implementations():
-    action = next(a for a in cli.build_parser()._actions if a.dest == "implementation")
-    assert tuple(action.choices) == implementations.SAMPLE_IMPLEMENTATIONS
-    assert set(implementations.SAMPLE_IMPLEMENTATIONS) == {"original", "cuda", "onnxruntime", "tensorrt"}
+    action = next(a for a in build_parser()._actions if a.dest == "implementation")
+    assert tuple(action.choices) == registry.SAMPLE_IMPLEMENTATIONS
+    assert set(registry.SAMPLE_IMPLEMENTATIONS) == {"original", "cuda", "onnxruntime", "tensorrt"}
 
 
 @pytest.mark.parametrize(
@@ -100,9 +190,9 @@ def test_the_cli_offers_exactly_the_registrys_sample_implementations():
     ],
 )
 def test_which_implementation_runs_which_file(kind, runs):
-    assert implementations.implementations_for(kind) == runs
-    for name in implementations.SAMPLE_IMPLEMENTATIONS:
-        impl = implementations.get(name)
+    assert registry.implementations_for(kind) == runs
+    for name in registry.SAMPLE_IMPLEMENTATIONS:
+        impl = registry.get(name)
         if name in runs:
             impl.check(kind=kind)
         else:
@@ -112,36 +202,37 @@ def test_which_implementation_runs_which_file(kind, runs):
 
 def test_precision_and_device_refusals_are_one_line_and_name_the_way_out():
     with pytest.raises(ValueError, match="fp32 baseline; use --implementation cuda"):
-        implementations.get("original").check(precision="bf16")
+        registry.get("original").check(precision="bf16")
     with pytest.raises(ValueError, match="runs in fp32; drop --precision fp16"):
-        implementations.get("onnxruntime").check(precision="fp16")
+        registry.get("onnxruntime").check(precision="fp16")
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        implementations.get("tensorrt").check(device=torch.device("cpu"))
+        registry.get("tensorrt").check(device=torch.device("cpu"))
     with pytest.raises(ValueError, match="unknown implementation 'warp'"):
-        implementations.get("warp")
+        registry.get("warp")
 
 
 def test_auto_precision_is_bf16_only_for_training_on_a_bf16_gpu():
     cpu = torch.device("cpu")
-    assert resolve("auto", purpose="training", device=cpu) == "fp32"
-    assert resolve("auto", purpose="sampling", device=cpu) == "fp32"
-    assert resolve("fp16", purpose="sampling", device=cpu) == "fp16"
+    assert resolve_precision("auto", purpose="training", device=cpu) == "fp32"
+    assert resolve_precision("auto", purpose="sampling", device=cpu) == "fp32"
+    assert resolve_precision("fp16", purpose="sampling", device=cpu) == "fp16"
     with pytest.raises(ValueError, match="unknown precision"):
-        resolve("fp8", purpose="training", device=cpu)
+        resolve_precision("fp8", purpose="training", device=cpu)
 
 
 def test_every_implementation_draws_the_originals_images_through_the_registry():
+    from helpers import perturbed_unet
+
     from basic_diffusion import UNetConfig
-    from conftest import perturbed_unet
     from noise_schedule import NoiseSchedule, ScheduleConfig
 
     model = perturbed_unet(UNetConfig(image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2),
                                       num_res_blocks=1, attention_resolutions=(), num_heads=1, dropout=0.0))  # fmt: skip
     plan = NoiseSchedule(ScheduleConfig(num_timesteps=20)).make_plan("ddpm", num_steps=4, device=torch.device("cpu"))
-    options = implementations.SamplerOptions()
+    options = registry.SamplerOptions()
     images = {}
     for name in ("original", "cuda", "torchscript"):
-        draw = implementations.make_drawer(name, model, plan, options=options)
+        draw = registry.make_drawer(name, model, plan, options=options)
         images[name] = draw((2, 1, 8, 8), torch.Generator().manual_seed(3), False)
     assert torch.allclose(images["cuda"], images["original"], atol=1e-5)
     assert torch.allclose(images["torchscript"], images["original"], atol=1e-5)

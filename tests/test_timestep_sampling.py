@@ -8,7 +8,7 @@ from collections import deque
 import pytest
 import torch
 
-from timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler, top_k_timesteps
+from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler, top_k_timesteps
 
 
 def close(actual, expected, *, rel=0.0, abs_=1e-12):

@@ -26,11 +26,12 @@ import pytest
 import torch
 from PIL import Image
 
-import implementations
-import interrupts
 import main
-from checkpoints import load_checkpoint, save_checkpoint
-from safe_files import check_outputs, remove_stale_temporaries
+from ddpm.backends import registry
+from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
+from ddpm.modes import train as train_mode
+from ddpm.util import interrupts
+from ddpm.util.safe_files import check_outputs, remove_stale_temporaries
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = [
@@ -250,7 +251,7 @@ def test_a_grid_too_large_for_one_png_is_refused_before_work(cli, work):
 def test_an_npz_larger_than_the_free_disk_is_refused(work, monkeypatch):
     import shutil
 
-    import image_files
+    from ddpm.data import image_files
 
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(ValueError, match="GiB free"):
@@ -258,7 +259,7 @@ def test_an_npz_larger_than_the_free_disk_is_refused(work, monkeypatch):
 
 
 def test_a_failed_sampling_run_leaves_no_partial_files(work):
-    import image_files
+    from ddpm.data import image_files
 
     with pytest.raises(RuntimeError, match="boom"):
         with image_files.SampleWriter(image_files.SampleOutputs(8, (1, 4, 4), grid=work / "p.png", npz=work / "p.npz")) as out:
@@ -316,7 +317,7 @@ def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
 
     interrupts.install()
     with pytest.raises(SystemExit) as exit_info:
-        main.train(Trainer())
+        train_mode.train(Trainer())
     assert exit_info.value.code == 130
     assert (tmp_path / "saved").read_text() == "whole"
     assert interrupts.pending() is None
@@ -333,7 +334,7 @@ def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
             raise AssertionError("nothing may be saved")
 
     with pytest.raises(SystemExit) as exit_info:
-        main.train(Trainer())
+        train_mode.train(Trainer())
     assert exit_info.value.code == 143
     assert "stopped before the first step; nothing was saved" in capsys.readouterr().err
 
@@ -341,7 +342,7 @@ def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
 KILLED_SAVER = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from checkpoints import save_checkpoint
+from ddpm.formats.checkpoints import save_checkpoint
 state = {{"format_version": 1, "model_config": {{}}, "schedule_config": {{}}, "ema": {{}}, "step": 0,
           "model": {{"w": torch.randn(1_000_000)}}}}
 print("ready", flush=True)
@@ -377,9 +378,9 @@ def test_stale_temporaries_of_live_processes_are_kept(tmp_path):
 
 
 def test_non_finite_steps_most_of_a_run_end_non_zero(tmp_path):
-    from test_core import make_trainer  # the tiny trainer of the core tests
+    from helpers import make_trainer  # the tiny trainer of the core tests
 
-    from training import TrainingDiverged
+    from ddpm.training.trainer import TrainingDiverged
 
     trainer = make_trainer(tmp_path, total_steps=15)
     clean = trainer.images.batch_with_labels
@@ -414,7 +415,7 @@ def test_cpu_out_of_memory_ends_in_one_line(cli, work, monkeypatch):
 
         return draw
 
-    monkeypatch.setattr(implementations, "make_drawer", exhausted)
+    monkeypatch.setattr(registry, "make_drawer", exhausted)
     refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "oom.png", cwd=work), "the machine ran out of memory")
     assert not (work / "oom.png").exists()
 
@@ -423,7 +424,7 @@ def test_cpu_out_of_memory_ends_in_one_line(cli, work, monkeypatch):
 def test_the_grid_is_torchvisions_save_image_pixel_for_pixel(tmp_path, n, channels):
     from torchvision.utils import save_image
 
-    import image_files
+    from ddpm.data import image_files
 
     images = torch.rand(n, channels, 5, 6, generator=torch.Generator().manual_seed(n)) * 2.2 - 1.1  # some out of range
     ours = image_files.save_grid(images, tmp_path / "ours.png", scale=1)
@@ -435,7 +436,7 @@ def test_the_grid_is_torchvisions_save_image_pixel_for_pixel(tmp_path, n, channe
 def test_the_default_grid_enlarges_small_tiles_pixel_for_pixel(tmp_path):
     from torchvision.utils import save_image
 
-    import image_files
+    from ddpm.data import image_files
 
     images = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
     ours = image_files.save_grid(images, tmp_path / "ours.png")  # 8x8 tiles -> x8 by default
@@ -446,7 +447,7 @@ def test_the_default_grid_enlarges_small_tiles_pixel_for_pixel(tmp_path):
 
 
 def test_the_default_grid_scale_shrinks_to_fit_one_png():
-    import image_files
+    from ddpm.data import image_files
 
     assert image_files.choose_grid_scale(64, height=28, width=28) == 3
     n = 10_000  # 100 x 100 tiles of 28 px: x1 fits in 4096^2 pixels, x2 would not

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-import volumes
-from volumes import VoxelJudge, fit_sphere, load_voxel_folder, sphere_parameters, sphere_volumes
+from ddpm.data import volumes
+from ddpm.data.volumes import VoxelJudge, fit_sphere, load_voxel_folder, sphere_parameters, sphere_volumes
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

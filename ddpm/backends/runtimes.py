@@ -1,0 +1,319 @@
+"""Running exported U-Nets: ONNX files through onnxruntime, TorchScript files through torch.jit.
+
+    model, model_config, schedule_config, meta = load_onnx(Path("checkpoints/mnist.onnx"), device=device)
+    eps = model(x_t, t)   # the PyTorch U-Net's call: any sampling loop takes it
+
+Artifacts are validated at load, not trusted; every failure is a one-line ValueError naming the file.
+Each file is refused before it is read when larger than ``MAX_FILE_BYTES`` allows, and
+its configs go through ``UNetConfig.from_dict`` / ``ScheduleConfig.from_dict``. A TorchScript file is
+a program (loading it runs its ``__setstate__``, calling it runs its code): it is loaded only with
+``trusted=True`` (``--trust_torchscript``), its metadata is read and checked first, and an error
+from its code is reported in one line. An ONNX file is checked before onnxruntime sees it
+(:func:`load_onnx`): parsed from its bytes, no external data, the opset within
+``MIN_OPSET..MAX_OPSET``, its metadata, its graph's inputs and outputs against the metadata's I/O
+spec, ``onnx.checker``; the session is then made from the same bytes.
+
+onnxruntime is optional; it is imported when used.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Sequence
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from basic_diffusion import UNet, UNetConfig
+from ddpm.formats.checkpoints import parse_artifact_metadata
+from ddpm.formats.exporters import (
+    DEFAULT_OPSET,
+    MAX_OPSET,
+    MIN_OPSET,
+    TORCHSCRIPT_EXTRA_FILE,
+    _onnx_tensors,
+    _quiet_torchscript,
+    export_onnx_model,
+    import_onnx,
+    onnx_io_mismatches,
+)
+from ddpm.formats.unet_io import METADATA_KEY, DecoderIO, UNetIO, artifact_metadata
+from ddpm.util.messages import first_line, format_bytes
+from ddpm.util.safe_files import MAX_FILE_BYTES, read_limited
+from noise_schedule import ScheduleConfig, short_repr
+
+ORT_INSTALL = "pip install onnxruntime (or onnxruntime-gpu for the CUDA and TensorRT execution providers)"
+
+
+# --------------------------------------------------------------------------------------------
+# onnxruntime
+# --------------------------------------------------------------------------------------------
+
+
+def import_onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ImportError(f"onnxruntime is not installed ({first_line(exc)}); install it: {ORT_INSTALL}") from exc
+    return onnxruntime
+
+
+def onnxruntime_providers(available: Sequence[str], *, device_type: str, trt_cache_dir: Path | None = None) -> list:
+    """Execution providers in order of preference: on a GPU, TensorRT's and CUDA's when installed
+    (onnxruntime-gpu), then the CPU. TensorRT's builds its own engine, so it gets an engine cache."""
+    providers: list = []
+    if device_type == "cuda":
+        if "TensorrtExecutionProvider" in available and trt_cache_dir is not None:
+            options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(trt_cache_dir)}
+            providers.append(("TensorrtExecutionProvider", options))
+        if "CUDAExecutionProvider" in available:
+            providers.append(("CUDAExecutionProvider", {"use_tf32": "0"}))  # true fp32, like the original row
+    providers.append("CPUExecutionProvider")
+    return providers
+
+
+class OnnxRuntimeUNet(nn.Module):
+    """eps = unet(x_t, t) through an onnxruntime session: the PyTorch U-Net's call, for the sampling loops.
+
+    Inputs and output are bound to torch tensors (onnxruntime's I/O binding): with the CUDA
+    execution provider (onnxruntime-gpu) and tensors on the GPU, x_t, t and eps stay on the GPU
+    between steps; with the CPU provider, onnxruntime reads and writes the tensors' memory
+    directly, without NumPy copies. ``path`` is the ONNX file when the session came from one
+    (the tensorrt implementation builds its engine from it).
+    """
+
+    def __init__(self, session, *, io: UNetIO, path: Path | None = None, metadata: dict | None = None) -> None:
+        super().__init__()
+        self.session, self.io, self.path = session, io, path
+        self.metadata = metadata or {}  # the file's artifact metadata ("precision": the graph's, fp32 if absent)
+        self.provider = session.get_providers()[0]  # the execution provider onnxruntime runs first
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        if (y is None) != (self.io.num_classes == 0):
+            raise ValueError("this U-Net is class-conditional: pass labels y" if y is None else "this U-Net takes no labels")
+        caller = x_t.device  # eps goes back there
+        on_gpu = self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and x_t.is_cuda
+        device = caller if on_gpu else torch.device("cpu")
+        x_t = x_t.detach().to(device, torch.float32).contiguous()  # (B, C, H, W); to the host with the CPU provider
+        t = t.detach().to(device, torch.int64).contiguous()  # (B,)
+        inputs = (x_t, t) if y is None else (x_t, t, y.detach().to(device, torch.int64).contiguous())  # y: (B,)
+        eps = torch.empty(self.io.shapes(x_t.shape[0])[self.io.output_names[0]], dtype=torch.float32, device=device)
+        run_bound(self.session, dict(zip(self.io.input_names, inputs, strict=True)), {self.io.output_names[0]: eps}, path=self.path)
+        return eps.to(caller)  # (B, C, H, W) float32
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.int64: np.int64}
+
+
+def run_bound(session, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *, path: Path | None = None) -> None:
+    """Run ``session`` reading ``inputs`` and writing ``outputs`` in place (contiguous tensors, all on the
+    CPU or all on one GPU): onnxruntime's I/O binding, no copies through NumPy."""
+    device = next(iter(outputs.values())).device
+    binding = session.io_binding()
+    kind, index = ("cuda", device.index or 0) if device.type == "cuda" else ("cpu", 0)
+    for name, tensor in inputs.items():
+        binding.bind_input(name, kind, index, _NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+    for name, tensor in outputs.items():
+        binding.bind_output(name, kind, index, _NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+    if kind == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # sync: onnxruntime runs on its own stream
+    try:
+        session.run_with_iobinding(binding)
+    except Exception as exc:  # onnxruntime's own classes; a file's graph can fail at run time
+        if path is None:
+            raise  # an in-memory export failing is a bug, not a user's error
+        raise ValueError(f"{path} failed when run ({first_line(exc)})") from exc
+
+
+class OnnxRuntimeDecoder(nn.Module):
+    """A latent model's decoder (latents.py) exported to ONNX in memory and run by onnxruntime:
+    images (B, C, H, W) = decoder(latents (B, c, h, w)), on the latents' device where the provider allows."""
+
+    def __init__(self, session, *, image_shape: tuple[int, ...], path: Path | None = None) -> None:
+        super().__init__()
+        self.session, self.image_shape, self.path = session, tuple(image_shape), path
+        self.provider = self.session.get_providers()[0]
+
+    @classmethod
+    def exported(cls, decoder: nn.Module, *, io: DecoderIO, device: torch.device, opset: int) -> OnnxRuntimeDecoder:
+        """``decoder`` exported to ONNX in memory by its spec ``io``, in a session."""
+        from ddpm.formats.exporters import export_decoder_onnx
+
+        proto = export_decoder_onnx(decoder, io=io, opset=opset)
+        return cls(onnxruntime_session(proto.SerializeToString(), device=device), image_shape=io.image_shape)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        on_gpu = self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and z.is_cuda
+        device = z.device if on_gpu else torch.device("cpu")
+        z_in = z.detach().to(device, torch.float32).contiguous()
+        images = torch.empty((z.shape[0], *self.image_shape), dtype=torch.float32, device=device)
+        run_bound(self.session, {"latents": z_in}, {"images": images}, path=self.path)
+        return images.to(z.device)
+
+
+def _ort_reason(exc: Exception) -> str:
+    """The short reason inside onnxruntime's message ("Could not find an implementation for Conv(22) ...")."""
+    text = first_line(exc)
+    return text.rsplit(" : ", 1)[-1].rstrip(")")[:100]
+
+
+def onnxruntime_session(
+    model: bytes | Path, *, device: torch.device, trt_cache_dir: Path | None = None, source: Path | None = None
+):
+    """An onnxruntime session for an ONNX file or serialized model; ValueError if it is not valid ONNX.
+
+    Files are validated by :func:`load_onnx` first, which passes their checked bytes and ``source``.
+    """
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only
+    options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch uses
+    providers = onnxruntime_providers(
+        ort.get_available_providers(), device_type=device.type, trt_cache_dir=trt_cache_dir
+    )
+    try:
+        return ort.InferenceSession(
+            model if isinstance(model, bytes) else str(model), sess_options=options, providers=providers
+        )
+    except Exception as exc:  # onnxruntime raises its own classes (InvalidProtobuf, InvalidGraph, Fail, ...)
+        name = source or ("the exported model" if isinstance(model, bytes) else model)
+        raise ValueError(f"{name} is corrupt or not an ONNX model onnxruntime can run ({first_line(exc)})") from exc
+
+
+def as_onnxruntime(model: nn.Module, *, device: torch.device, opset: int = DEFAULT_OPSET) -> OnnxRuntimeUNet:
+    """An onnxruntime U-Net: ``model`` itself if it is one, else a U-Net exported to ONNX in memory."""
+    if isinstance(model, OnnxRuntimeUNet):
+        return model
+    if not isinstance(model, UNet):
+        raise ValueError("onnxruntime runs checkpoints and .onnx files; this model is neither")
+    metadata = artifact_metadata(model_config=model.config, schedule_config=None, weights=None)  # never saved
+    proto = export_onnx_model(model, metadata=metadata, opset=opset)
+    session = onnxruntime_session(proto.SerializeToString(), device=device)
+    return OnnxRuntimeUNet(session, io=UNetIO.from_config(model.config))
+
+
+def load_onnx(path: Path, *, device: torch.device) -> tuple[OnnxRuntimeUNet, UNetConfig, ScheduleConfig, dict]:
+    """An ONNX file validated before onnxruntime sees it, then run by onnxruntime from the same bytes.
+
+    In order: the size limit (before reading), the bytes parsed by onnx, no external data (it would
+    make onnxruntime read other files), the default-domain opset within MIN_OPSET..MAX_OPSET and no
+    other domain, the metadata (:func:`parse_artifact_metadata`), the graph's inputs and outputs
+    against the metadata's I/O spec, ``onnx.checker``; only then the session.
+    """
+    data = read_limited(path, kind="onnx")
+    onnx = import_onnx(exporter=False)
+    try:
+        proto = onnx.load_model_from_string(data)
+    except Exception as exc:  # google.protobuf's DecodeError, and whatever else a parser raises on junk
+        raise ValueError(f"{path} is corrupt or not an ONNX model ({first_line(exc)})") from exc
+    external = [tensor.name for tensor in _onnx_tensors(proto) if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise ValueError(
+            f"{path} keeps tensor {short_repr(external[0])} in an external file, which is not read; "
+            "this tool's exports hold all their weights"
+        )
+    domains = [(o.domain, o.version) for o in proto.opset_import]
+    opsets = [version for domain, version in domains if domain in ("", "ai.onnx")]
+    if not opsets:
+        raise ValueError(f"{path} is corrupt or not an ONNX model (it imports no ONNX opset)")
+    others = sorted({domain for domain, _ in domains if domain not in ("", "ai.onnx")})
+    if len(opsets) > 1 or others:
+        found = ", ".join(short_repr(d) for d in others) or "the ONNX domain twice"
+        raise ValueError(f"{path} imports {found}; this tool's exports use the ONNX domain once and nothing else")
+    if not MIN_OPSET <= opsets[0] <= MAX_OPSET:
+        raise ValueError(f"{path} uses ONNX opset {opsets[0]}; this tool runs opsets {MIN_OPSET} to {MAX_OPSET}")
+    entries = [entry.value for entry in proto.metadata_props if entry.key == METADATA_KEY]
+    if len(entries) > 1:
+        raise ValueError(f"{path} has {len(entries)} {METADATA_KEY!r} metadata entries; export it again")
+    model_config, schedule_config, meta = parse_artifact_metadata(entries[0] if entries else None, source=path)
+    io = UNetIO.from_config(model_config)
+    problems = onnx_io_mismatches(proto, io)
+    if problems:
+        raise ValueError(f"{path}: its graph's inputs and outputs do not match its metadata ({'; '.join(problems)})")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # onnx.checker.ValidationError, shape inference errors
+        raise ValueError(f"{path} fails onnx.checker ({first_line(exc)})") from exc
+    trt_cache_dir = path.with_name(f"{path.stem}_ort_trt")
+    session = onnxruntime_session(data, device=device, trt_cache_dir=trt_cache_dir, source=path)
+    return OnnxRuntimeUNet(session, io=io, path=path, metadata=meta), model_config, schedule_config, meta
+
+
+# --------------------------------------------------------------------------------------------
+# TorchScript
+# --------------------------------------------------------------------------------------------
+
+
+class TorchScriptUNet(nn.Module):
+    """A loaded TorchScript U-Net whose errors (its own code's) end as one-line ValueErrors naming its file."""
+
+    def __init__(self, module: torch.jit.ScriptModule, *, path: Path) -> None:
+        super().__init__()
+        self.module, self.path = module, path
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        try:
+            return self.module(x_t, t) if y is None else self.module(x_t, t, y)
+        except Exception as exc:  # torch.jit.Error, RuntimeError, or whatever the file's code raises
+            raise ValueError(f"{self.path} failed when run ({torchscript_error(exc)})") from exc
+
+
+def torchscript_error(exc: BaseException) -> str:
+    """One line of a TorchScript error: the interpreter's message ends with the original one."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if lines and lines[0].startswith("The following operation failed in the TorchScript interpreter"):
+        return lines[-1]
+    return first_line(exc)
+
+
+def load_torchscript(
+    path: Path, *, device: torch.device, trusted: bool
+) -> tuple[TorchScriptUNet, UNetConfig, ScheduleConfig, dict]:
+    """A TorchScript U-Net, only when ``trusted`` (loading runs the file's code); ValueError otherwise.
+
+    The file is read within its size limit and its metadata (the extra file, read from the zip
+    without torch) is checked before torch.jit.load runs anything.
+    """
+    if not trusted:
+        raise ValueError(
+            f"{path} is a TorchScript file: a program, not only weights, and loading it runs its code; "
+            "pass --trust_torchscript if it comes from a source you trust"
+        )
+    data = read_limited(path, kind="torchscript")
+    raw = torchscript_extra_file(data, path=path)
+    model_config, schedule_config, meta = parse_artifact_metadata(raw, source=path)
+    if meta.get("traced_on") not in ("cpu", "cuda"):
+        traced_on = short_repr(meta.get("traced_on"))
+        raise ValueError(f"{path} has unusable model metadata (traced_on {traced_on}); export it again")
+    if meta["traced_on"] != device.type:
+        raise ValueError(
+            f"{path} was traced on {meta['traced_on']} and a trace only runs there: sample with "
+            f"--device {meta['traced_on']}, or export it again with --device {device.type}"
+        )
+    try:
+        with _quiet_torchscript():
+            module = torch.jit.load(BytesIO(data), map_location=device)
+    except Exception as exc:  # RuntimeError on broken archives; anything from the file's own __setstate__
+        raise ValueError(f"{path} is corrupt or not a TorchScript file ({torchscript_error(exc)})") from exc
+    return TorchScriptUNet(module, path=path).eval(), model_config, schedule_config, meta
+
+
+def torchscript_extra_file(data: bytes, *, path: Path) -> bytes | None:
+    """The metadata extra file of a TorchScript archive (``<name>/extra/ddpm.json``), read as a zip
+    member, within the metadata size limit; None if there is none."""
+    limit = MAX_FILE_BYTES["metadata"]
+    try:
+        with zipfile.ZipFile(BytesIO(data)) as archive:
+            name = f"extra/{TORCHSCRIPT_EXTRA_FILE}"  # under the archive's top folder
+            members = [info for info in archive.infolist() if info.filename.split("/", 1)[-1] == name]
+            if not members:
+                return None
+            if members[0].file_size > limit:
+                raise ValueError(f"{path}: its metadata is over the {format_bytes(limit)} limit")
+            with archive.open(members[0]) as f:
+                return f.read(limit + 1)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise ValueError(f"{path} is corrupt or not a TorchScript file ({first_line(exc)})") from exc

@@ -1,0 +1,2 @@
+"""Timing: the sampling implementations side by side, training steps per variant, and their reports.
+"""

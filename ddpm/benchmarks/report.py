@@ -1,0 +1,235 @@
+"""The benchmark's record of one row and how rows are reported: the table, the summary, the chart,
+JSON and CSV, and the environment line every measurement carries (device, driver, versions, date).
+
+benchmark.py measures; this module only formats and writes what was measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import platform
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ddpm.util.safe_files import atomic_write
+
+
+class Unavailable(Exception):
+    """A row that cannot run here; the message says why (shown in the table)."""
+
+
+@dataclass
+class Row:
+    name: str
+    precision: str
+    status: str = "ok"  # ok | unavailable | failed
+    reason: str = ""
+    times_s: list[float] = field(default_factory=list)
+    median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    ms_per_step: float | None = None
+    images_per_s: float | None = None
+    speedup: float | None = None
+    peak_memory_mb: float | None = None
+    memory_kind: str = ""
+    max_abs_diff: float | None = None
+    psnr_db: float | None = None
+    parity: str = ""  # pass | FAIL | reference | ""
+    tflops: float | None = None
+    detail: str = ""  # what ran, where the name does not say (onnxruntime's execution provider)
+    loop_s: float | None = None  # a latent model: the sampling loop alone (median s)
+    decode_s: float | None = None  # and its decoder alone, on the loop's latents
+
+
+def environment(device: torch.device) -> dict:
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "python": platform.python_version(),
+    }
+    if device.type == "cuda":
+        info["driver"] = _driver_version()
+        info["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    try:
+        import tensorrt
+
+        info["tensorrt"] = tensorrt.__version__
+    except ImportError:
+        info["tensorrt"] = "not installed"
+    return info
+
+
+def _driver_version() -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("implementation", "precision", "median s", "min-max s", "ms/step", "img/s", "speedup", "peak MB", "max|diff|", "PSNR dB", "parity")
+    lines = []
+    for r in rows:
+        if r.status != "ok":
+            lines.append((r.name, r.precision, f"{r.status}: {r.reason}"))
+            continue
+        lines.append((
+            f"{r.name} ({r.detail})" if r.detail else r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
+            f"{r.images_per_s:.1f}", times_text(r.speedup), "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
+            "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
+        ))  # fmt: skip
+    if any(r.decode_s is not None for r in rows):  # a latent model: the two stages' own times
+        head = (*head[:3], "loop s", "decoder s", *head[3:])
+        lines = [
+            (*line[:3], _seconds(r.loop_s), _seconds(r.decode_s), *line[3:]) if len(line) > 3 else line
+            for r, line in zip(rows, lines)
+        ]
+    widths = [max([len(h), *(len(line[i]) for line in lines if len(line) > 3)]) for i, h in enumerate(head)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    for line in lines:
+        out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)) if len(line) > 3 else "  ".join(line))
+    return "\n".join(out)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def times_text(speedup: float | None) -> str:
+    return "-" if speedup is None else f"{speedup:.2f}x"
+
+
+SUMMARY_NAMES = {"original": "Original PyTorch implementation", "cuda": "CUDA-optimized implementation",
+                 "tensorrt": "TensorRT implementation", "compile": "torch.compile implementation",
+                 "onnxruntime": "onnxruntime implementation", "torchscript": "TorchScript implementation"}  # fmt: skip
+
+
+def format_summary(rows: list[Row]) -> str:
+    lines = ["===== BENCHMARK RESULTS ====="]
+    by_name = {r.name: r for r in rows}
+    for r in rows:
+        label = SUMMARY_NAMES.get(r.name, r.name)
+        if r.status != "ok":
+            lines.append(f"{label}: {r.status} ({r.reason})")
+        elif r.name == "original":
+            lines.append(f"{label}: {r.median_s:.2f}s")
+        else:
+            lines.append(f"{label}: {r.median_s:.2f}s (Speedup: {times_text(r.speedup)})")
+    trt, cuda = by_name.get("tensorrt"), by_name.get("cuda")
+    if trt and cuda and trt.status == cuda.status == "ok":
+        lines.append(f"TensorRT vs CUDA-optimized speedup: {cuda.median_s / trt.median_s:.2f}x")
+    return "\n".join(lines)
+
+
+def write_chart(rows: list[Row], path: str | Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.status == "ok"]
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
+    bars = ax.bar([f"{r.name}\n{r.precision}" for r in ok], [r.median_s for r in ok], color="#4c72b0")
+    for bar, r in zip(bars, ok):
+        ax.annotate(times_text(r.speedup), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+    ax.set_ylabel("median seconds per sampling run")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write(path, lambda f: f.write(buf.getvalue()))
+
+
+def write_outputs(env: dict, rows: list[Row], *, json_path: str | None, csv_path: str | None, chart_path: str | None) -> None:
+    if json_path:
+        payload = json.dumps({"environment": env, "rows": [asdict(r) for r in rows]}, indent=2, default=str)
+        atomic_write(json_path, lambda f: f.write(payload.encode()))
+    if csv_path:
+        buf = io.StringIO()
+        fields = [k for k in asdict(rows[0]) if k != "times_s"]
+        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(asdict(r))
+        atomic_write(csv_path, lambda f: f.write(buf.getvalue().encode()))
+    if chart_path:
+        title = f"{env['device']} · {env['sampler']} {env['steps']} steps · batch {env['shape'][0]} · {'x'.join(map(str, env['shape'][1:]))}"
+        write_chart(rows, chart_path, title=title)
+
+
+@dataclass(frozen=True)
+class BenchmarkRequest:
+    """What benchmark mode was asked for (resolved from the flags by main.py)."""
+
+    rows: str = "all"  # comma-separated row names, or "all"
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+    train_steps: int = 20  # --bench training: timed optimizer steps per variant
+    batch_size: int = 64  # --bench training: the batch of each step
+    json: str | None = None
+    csv: str | None = None
+    chart: str | None = None
+    profile: str | None = None  # --profile DIR: one more run of each row, traced, after its timing
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.train_steps < 1:
+            raise ValueError(f"--train_steps must be >= 1, got {self.train_steps}")
+
+
+# ----- measuring ---------------------------------------------------------------------------------
+class PeakRSS:
+    """Samples the process's resident set every few ms while a row runs (Linux /proc; else None)."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s, self.peak, self._stop = interval_s, 0, threading.Event()
+        self._page = 4096
+        try:
+            import os
+
+            self._page = os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+
+    def _read(self) -> int | None:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * self._page
+        except OSError:
+            return None
+
+    def __enter__(self) -> PeakRSS:
+        if self._read() is None:
+            self.peak = None
+            return self
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._read() or 0)
+            time.sleep(self.interval_s)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.peak is not None:
+            self._thread.join()
+            self.peak = max(self.peak, self._read() or 0)

@@ -1,0 +1,241 @@
+"""The training benchmark (``--mode benchmark --bench training``): images per second, time per step
+and peak memory of training variants on one U-Net, each from a fresh Trainer on random images.
+
+    python main.py --mode benchmark --bench training --dataset digits --batch_size 64 --train_steps 20
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import time
+from collections.abc import Callable
+
+import torch
+
+from ddpm.benchmarks.report import BenchmarkRequest, PeakRSS, environment, times_text
+from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
+from ddpm.util import distributed
+from ddpm.util.messages import first_line
+from ddpm.util.safe_files import atomic_write
+
+PROFILED_STEPS = 3  # with --profile: 1 warm-up + 2 recorded steps per variant (profiling.ProfileConfig.fitted)
+
+
+def training_variants(device: torch.device) -> list[tuple[str, str, dict]]:
+    """(key for --rows, name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last,
+    +/- compile; each precision with activation checkpointing (--grad_checkpoint: the memory it saves, the
+    time it costs); then fp32 eager with each adaptive timestep sampler (their cost per step: a draw and
+    a history update)."""
+    amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
+    fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
+    eager = dict(precision="fp32", compile=False, cuda_fast_path=False)
+    mixed = dict(precision=amp, compile=False, cuda_fast_path=True)
+    return [
+        ("fp32", "fp32 eager", eager),
+        ("fp32_compile", "fp32 compile", dict(eager, compile=True)),
+        ("amp", f"{amp}{fast} eager", mixed),
+        ("amp_compile", f"{amp}{fast} compile", dict(mixed, compile=True)),
+        ("fp32_checkpoint", "fp32 eager, grad checkpoint", dict(eager, grad_checkpoint=True)),
+        ("amp_checkpoint", f"{amp}{fast} eager, grad checkpoint", dict(mixed, grad_checkpoint=True)),
+        *((f"t_{name}", f"fp32 eager, t: {name}", dict(eager, timestep_sampling=name)) for name in TIMESTEP_SAMPLERS[1:]),
+    ]
+
+
+def variant_keys() -> tuple[str, ...]:
+    """The training benchmark's --rows names."""
+    return tuple(key for key, _, _ in training_variants(torch.device("cpu")))
+
+
+def select_variants(rows: str | None, device: torch.device) -> list[tuple[str, str, dict]]:
+    """The variants --rows names (default "all"); fp32 eager always runs first: the speedups' baseline."""
+    variants = training_variants(device)
+    if rows in (None, "all"):
+        return variants
+    wanted = [r.strip() for r in rows.split(",") if r.strip()]
+    unknown = [r for r in wanted if r not in variant_keys()]
+    if unknown:
+        raise ValueError(f"--rows: {', '.join(unknown)} not a training row; choose from {', '.join(variant_keys())}")
+    return [v for v in variants if v[0] == "fp32" or v[0] in wanted]
+
+
+def warm_timestep_sampler(sampler: TimestepSampler) -> None:
+    """Feed a sampler synthetic losses (falling with t, as epsilon-prediction losses do) until its warm-up
+    is over, so timed steps run its learned-distribution path rather than the uniform warm-up draw."""
+    t = torch.arange(sampler.num_timesteps)
+    losses = 1.0 / (1.0 + t.double())
+    for _ in range(100_000):  # speed's warm-up is its horizon (1,000 updates): far below this bound
+        if sampler.ready():
+            return
+        sampler.update(t, losses)
+
+
+def run_training_benchmark(
+    model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
+    progress: Callable[[str], None] = print, profile: str | None = None, rows: str | None = None, latent: bool = False,
+) -> list[dict]:
+    """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant.
+    A latent model's U-Net (``latent``) trains on random unit-variance latents, as its encoded data are.
+
+    With ``profile`` (--profile DIR), each variant then runs PROFILED_STEPS more steps, traced into
+    DIR/train-<variant>/ (profiling.py), after its timing and memory were read.
+    Under torchrun, ``batch_size`` is the global batch: each variant is timed on all ranks with
+    DistributedDataParallel, and first on rank 0 alone with one rank's share of the batch, so the row
+    reports images/s per rank and the scaling efficiency (per-rank throughput over the lone rank's).
+    """
+    from ddpm.data.datasets import ImageSet
+
+    ranks = distributed.current()
+    distributed.check_global_batch(batch_size, world_size=ranks.world_size)
+    gen = torch.Generator().manual_seed(seed)
+    shape = model_config.sample_shape(batch_size * 4)
+    if latent:  # float32 latents are fed as they are (data.ImageSet), like an autoencoder's encoded dataset
+        images = ImageSet("random latents", torch.randn(shape, generator=gen))
+    else:
+        images = ImageSet("random", torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
+    if model_config.num_classes:  # a class-conditional model trains on random labels too
+        images.labels = torch.randint(0, model_config.num_classes, (shape[0],), generator=gen)
+        images.class_names = tuple(str(i) for i in range(model_config.num_classes))
+    timed = dict(model_config=model_config, schedule_config=schedule_config, images=images, device=device,
+                 steps=steps, warmup=warmup, seed=seed)  # fmt: skip
+    results = []
+    for key, name, fields in select_variants(rows, device):
+        gc.collect()  # the previous variant's trainer (model, EMA, optimizer state) is gone before this one
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
+        row = {"key": key, "name": name, **fields, "status": "ok", "reason": ""}
+        results.append(row)
+        failure = None
+        if ranks.distributed and ranks.is_main:  # the baseline: one rank alone, one rank's share of the batch
+            try:
+                alone, _, _ = time_variant(fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed)
+                row["single_rank_images_per_s"] = steps * (batch_size // ranks.world_size) / alone
+            except Exception as exc:  # the other ranks learn of it in the next all-reduce
+                failure = exc
+        # Every rank takes part in each any_failed (an all-reduce), so the ranks stay in step whatever fails.
+        failed = any_failed(failure is not None, ranks=ranks, device=device)
+        if not failed:
+            try:
+                elapsed, peak_mb, trainer = time_variant(fields, batch_size=batch_size, ranks=ranks, **timed)
+                if profile:
+                    suffix = f"-rank{ranks.rank}" if ranks.distributed else ""
+                    trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}", directory=profile)
+                del trainer  # freed before the next variant is built: its memory is measured alone
+            except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
+                if distributed.is_collective_failure(exc, ranks=ranks):
+                    raise
+                failure = exc
+            failed = any_failed(failure is not None, ranks=ranks, device=device)
+        if failed:  # every rank marks the row alike
+            reason = f"{type(failure).__name__}: {first_line(failure)}" if failure else "failed on another rank"
+            row.update(status="failed", reason=reason)
+            progress(f"training {name}: failed ({row['reason']})")
+            continue
+        # The slowest rank's time is the step's time (on the device: NCCL reduces only GPU tensors).
+        elapsed = distributed.all_reduce_max(torch.tensor([elapsed], dtype=torch.float64, device=device)).item()
+        row["images_per_s"] = steps * batch_size / elapsed
+        row["ms_per_step"] = 1000.0 * elapsed / steps
+        row["peak_memory_mb"] = peak_mb  # this rank's (rank 0's in the table)
+        if ranks.distributed:
+            row.update(ranks=ranks.world_size, images_per_s_per_rank=row["images_per_s"] / ranks.world_size)
+            if row.get("single_rank_images_per_s"):
+                row["scaling_efficiency"] = row["images_per_s_per_rank"] / row["single_rank_images_per_s"]
+        progress(f"training {name}: {row['images_per_s']:.1f} img/s")  # each variant's result as soon as it is known
+    base = results[0].get("images_per_s")
+    for row in results:
+        if base and row.get("images_per_s"):
+            row["speedup"] = row["images_per_s"] / base
+    return results
+
+
+def any_failed(failed: bool, *, ranks: distributed.Ranks, device: torch.device) -> bool:
+    """Whether this or any other rank failed (one all-reduce; just ``failed`` for one process)."""
+    if not ranks.distributed:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=device)
+    return bool(distributed.all_reduce_max(flag, ranks=ranks).item())
+
+
+def time_variant(
+    fields: dict, *, model_config, schedule_config, images, device: torch.device, batch_size: int, steps: int,
+    warmup: int, seed: int, ranks: distributed.Ranks,
+) -> tuple[float, float | None, object]:
+    """(seconds for ``steps`` timed steps, peak memory in MB or None, the trainer) of one variant."""
+    from ddpm.training.trainer import TrainConfig, Trainer
+
+    config = TrainConfig(dataset="random", total_steps=warmup + steps + PROFILED_STEPS, batch_size=batch_size, seed=seed,
+                         warmup_steps=0, save_every=0, sample_every=0, **fields)  # fmt: skip
+    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, ranks=ranks)
+    warm_timestep_sampler(trainer.timesteps)
+    for _ in range(warmup):
+        trainer.train_step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    with PeakRSS() as rss:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()  # reads the loss each step (a sync), so the clock sees the GPU work
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+    if device.type == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak_mb = None if rss.peak is None else rss.peak / 2**20
+    return elapsed, peak_mb, trainer
+
+
+def trace_steps(trainer, *, name: str, directory: str) -> None:
+    """PROFILED_STEPS more training steps under torch.profiler, each one profiler step."""
+    from ddpm.util.profiling import ProfileConfig, make_profiler
+
+    config = ProfileConfig(directory, run_name=name, total_steps=PROFILED_STEPS)
+    with make_profiler(config, device=trainer.device) as profiler:
+        for _ in range(PROFILED_STEPS):
+            trainer.train_step()
+            profiler.step()
+
+
+def main_training(
+    args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device, latent: bool = False
+) -> list[dict]:
+    warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
+    ranks = distributed.current()
+    rows = run_training_benchmark(
+        model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
+        warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say, rows=args.rows, latent=latent,
+    )  # fmt: skip
+    if not ranks.is_main:
+        return rows
+    env = environment(device)
+    print()
+    for key in ("date", "device", "torch", "cuda"):
+        print(f"{key:>10}: {env[key]}")
+    shape = "x".join(map(str, model_config.sample_shape(1)[1:]))
+    print(f"{'model':>10}: {model_config.model_channels} base channels, {shape}{' latents' if latent else ''}, batch {args.batch_size}, "
+          f"{warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
+    if ranks.distributed:
+        env["ranks"] = ranks.world_size
+        print(f"{'ranks':>10}: {ranks.world_size} ({distributed.backend()}), {args.batch_size // ranks.world_size} images each; "
+              "scaling = img/s per rank over one rank alone with the same per-rank batch")  # fmt: skip
+    print()
+    extra = f"{'img/s/rank':>11}{'scaling':>9}" if ranks.distributed else ""
+    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}{extra}")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['name']:<40}{r['status']}: {r['reason']}")
+            continue
+        mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
+        line = f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{times_text(r.get('speedup')):>9}{mem:>9}"
+        if ranks.distributed:
+            scaling = f"{100 * r['scaling_efficiency']:.0f}%" if r.get("scaling_efficiency") else "n/a"
+            line += f"{r['images_per_s_per_rank']:>11.1f}{scaling:>9}"
+        print(line)
+    if args.json:
+        payload = json.dumps({"environment": env, "training_rows": rows}, indent=2, default=str)
+        atomic_write(args.json, lambda f: f.write(payload.encode()))
+        print(f"wrote {args.json}")
+    return rows

@@ -1,0 +1,188 @@
+"""What each mode receives: typed requests, resolved from the flags once by cli.py.
+
+    request = SampleRequest(device=torch.device("cpu"), precision="fp32", source=ModelSource("m.pt"), ...)
+    main.run_sample(request)
+
+Every value here is already resolved and checked (the device, the precision, default paths, the
+registry name of the implementation, the sampler's parameters, outputs that destroy nothing), so a
+mode reads fields, never the parsed flags. Small helpers turn a request's parts into what
+the libraries take (a UNetConfig, a SamplingPlan, TensorRTOptions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from basic_diffusion import UNetConfig
+    from ddpm.benchmarks.report import BenchmarkRequest
+    from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A file to sample, export or measure: a checkpoint, or an exported U-Net (.ts, .onnx, .engine/.plan)."""
+
+    path: str
+    weights: str = "ema"  # "ema" or "model" (--no_ema): which weights of a checkpoint
+    trust_torchscript: bool = False  # a .ts file is a program: loaded only with consent
+    autoencoder: str | None = None  # a latent model's autoencoder where it is now (None: the path it stored)
+
+
+@dataclass(frozen=True)
+class NewModel:
+    """A U-Net and noise schedule made from the flags (training; benchmark without --model_path)."""
+
+    dataset: str
+    data_dir: str
+    image_size: int  # 0 (latent models): the autoencoder's
+    channels: int  # 0 (latent models): the autoencoder's
+    preset: str = "small"
+    model_channels: int | None = None
+    num_res_blocks: int | None = None
+    dropout: float | None = None
+    time_conditioning: str | None = None
+    patch_size: int | None = None
+    beta_schedule: str = "linear"
+    timesteps: int = 1000
+
+    def model_config(self) -> UNetConfig:
+        """The preset with the flags' overrides (validated)."""
+        from basic_diffusion import unet_preset
+        from ddpm.data.catalog import VOLUME_DATASETS
+
+        return unet_preset(
+            self.preset,
+            image_size=self.image_size,
+            in_channels=self.channels,
+            dims=3 if self.dataset in VOLUME_DATASETS else 2,
+            model_channels=self.model_channels,
+            num_res_blocks=self.num_res_blocks,
+            dropout=self.dropout,
+            time_conditioning=self.time_conditioning,
+            patch_size=self.patch_size,
+        )
+
+    def schedule_config(self) -> ScheduleConfig:
+        from noise_schedule import ScheduleConfig
+
+        return ScheduleConfig(kind=self.beta_schedule, num_timesteps=self.timesteps)
+
+
+@dataclass(frozen=True)
+class SamplingChoice:
+    """Which sampler, how many steps (None: its default), DDIM's eta, and whether x0 is clipped."""
+
+    sampler: str = "ddpm"
+    steps: int | None = None
+    eta: float = 0.0
+    clip_denoised: bool = True
+
+    def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
+        return schedule.make_plan(
+            self.sampler, num_steps=self.steps, eta=self.eta, clip_denoised=self.clip_denoised, device=device
+        )
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The TensorRT flags (tensorrt_integration.TensorRTOptions.from_flags turns them into engine options)."""
+
+    backend: str = "native"
+    max_batch: int | None = None  # None: TensorRTOptions' default (unet_io.DEFAULT_MAX_BATCH)
+    optimization_level: int | None = None  # None: TensorRTOptions' default
+    opset: int | None = None  # None: chosen from the TensorRT version
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    device: torch.device
+    precision: str  # resolved: bf16 on a GPU that has it, fp32 otherwise, unless asked
+    checkpoint: str
+    resume: bool
+    overwrite: bool
+    model: NewModel
+    autoencoder: str | None = None  # a latent model: the autoencoder whose latents the U-Net learns (latents.py)
+    seed: int = 0
+    n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
+    max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap
+    batch_size: int = 64
+    lr: float = 2e-4
+    warmup_steps: int | None = None  # None: 5% of the run, at most 500
+    ema_decay: float = 0.999
+    min_snr_gamma: float | None = None
+    timestep_sampling: str | None = None  # None: uniform for a new run, the checkpoint's own on --resume
+    class_cond: bool = False  # a class-conditional model on the dataset's labels
+    cond_drop: float = 0.1  # with class_cond: share of labels trained as the null label
+    grad_checkpoint: bool = False  # activation checkpointing in the residual blocks
+    grad_clip: float = 1.0
+    compile: bool = False
+    save_every: int = 1000
+    sample_every: int = 1000
+    profile: str | None = None  # --profile DIR
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrawRequest:
+    """What sample and evaluate mode share: a file, the implementation that runs it, and the batches."""
+
+    device: torch.device
+    precision: str
+    source: ModelSource
+    implementation: str  # a registry name (cuda with --compile is cuda_compile)
+    n_samples: int = 16
+    batch_size: int = 64
+    seed: int = 0
+    opset: int | None = None  # the ONNX opset of an in-memory export
+    engine: EngineFlags = EngineFlags()
+    class_label: str | None = None  # --class_label as given: resolved against the model's class names
+    guidance_scale: float | None = None  # None: conditioning.DEFAULT_GUIDANCE for a conditional model
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleRequest(DrawRequest):
+    sampling: SamplingChoice
+    grid: str | None  # the PNG grid, or None with --no_grid
+    npz: str | None
+    grid_scale: int | None = None
+    profile: str | None = None  # --profile DIR
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateRequest(DrawRequest):
+    samplers: list  # evaluate sweeps samplers x steps
+    steps: list
+    dataset: str | None  # --dataset: the training data; None: the one the model file records (else mnist)
+    data_dir: str = "./data"  # ... and where it lies (FID/KID read the real images)
+    inception_weights: str | None = None  # FID/KID: a local copy of torch-fidelity's Inception weights
+    eta: float = 0.0
+    clip_denoised: bool = True
+    json: str | None = None
+    chart: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    device: torch.device
+    precision: str
+    source: ModelSource
+    fmt: str
+    output: str
+    opset: int | None = None
+    engine: EngineFlags = EngineFlags()
+
+
+@dataclass(frozen=True)
+class BenchmarkRun:
+    device: torch.device
+    precision: str
+    bench: str  # "sampling" or "training"
+    request: BenchmarkRequest
+    source: ModelSource | None  # a checkpoint, or None: a fresh U-Net of ``model``
+    model: NewModel
+    sampling: SamplingChoice
+    n_samples: int = 16  # the seed and the training batch are the timing request's (request.seed, request.batch_size)
+    guidance_scale: float | None = None  # a class-conditional checkpoint is timed guided (default: conditioning's)

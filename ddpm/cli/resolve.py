@@ -1,0 +1,446 @@
+"""Flags resolved once into a typed request per mode (cli/requests.py), every mistake refused here.
+
+    mode, request = resolve.parse(["--mode", "sample", "--n_samples", "4"])   # -> ("sample", SampleRequest(...))
+
+``main.py`` runs a mode on its request; below main.py nothing reads an argparse Namespace. The
+requests hold resolved values (the device, the precision, default paths, registry names, the
+sampler plan's parameters), and every flag error a user can make is a ``ValueError`` raised here,
+before any file is read or written or any model is loaded: a value no flag may take (a count, a
+size or a step number below 1, an opset out of range, a guidance scale out of range), flags that
+contradict each other or the mode, an implementation that cannot run the file's kind or the
+precision, and every output that would destroy an input (util/safe_files.check_outputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddpm.cli.parser import build_parser
+from ddpm.cli.requests import (
+    BenchmarkRun,
+    EngineFlags,
+    EvaluateRequest,
+    ExportRequest,
+    ModelSource,
+    NewModel,
+    SampleRequest,
+    SamplingChoice,
+    TrainRequest,
+)  # fmt: skip
+from ddpm.conditioning import check_scale
+from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
+from ddpm.util.safe_files import check_outputs  # every output checked before any work
+
+if TYPE_CHECKING:
+    import torch
+
+
+def parse(argv: list[str] | None = None) -> tuple[str, object]:
+    """The mode and its request, with every flag checked; argparse errors exit 2 on their own."""
+    args = build_parser().parse_args(argv)
+    return args.mode, request_for(args)
+
+
+def request_for(args: argparse.Namespace) -> object:
+    """The request of ``args.mode``: flags resolved and checked (a ValueError names the flag)."""
+    if args.opset is not None:
+        from ddpm.formats.exporters import check_opset
+
+        check_opset(args.opset)
+    check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
+    # Sizes, counts and step numbers: never 0 or negative (0 is not "the default"; leave a flag out for that).
+    check_positive(
+        img_size=args.img_size, channels=args.channels, model_channels=args.model_channels,
+        num_res_blocks=args.num_res_blocks, patch_size=args.patch_size, timesteps=args.timesteps,
+        latent_channels=args.latent_channels, ae_channels=args.ae_channels, max_batch=args.max_batch,
+        train_steps=args.train_steps, repeats=args.repeats,
+    )  # fmt: skip
+    check_not_negative(
+        warmup_steps=args.warmup_steps, save_every=args.save_every, sample_every=args.sample_every, warmup=args.warmup
+    )
+    if not 0 <= args.trt_opt_level <= 5:
+        raise ValueError(f"--trt_opt_level must be between 0 and 5, got {args.trt_opt_level}")
+    args.dataset_given = args.dataset is not None  # evaluate: else the data the model file records
+    args.dataset = args.dataset or "mnist"
+    if args.batch_size is None:
+        args.batch_size = training_defaults(args.dataset)["batch_size"] if args.mode == "train" else 64
+    return REQUESTS[args.mode](args, resolve_device(args.device))
+
+
+# A new training run's defaults for images and for volumes: a 32^3 spheres model learns its shapes in the
+# CPU minutes that the images' defaults spend on a quarter of the steps (BENCHMARKS.md, "3-D volumes").
+TRAINING_DEFAULTS = {
+    "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
+    "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
+}
+
+
+def training_defaults(dataset: str) -> dict:
+    from ddpm.data.catalog import VOLUME_DATASETS
+
+    return TRAINING_DEFAULTS["volumes" if dataset in VOLUME_DATASETS else "images"]
+
+
+def resolve_device(name: str) -> torch.device:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but PyTorch sees no CUDA GPU here (use --device cpu)")
+    return torch.device(name)
+
+
+def check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value}")
+
+
+def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Sequence | None = None) -> list:
+    """ "ddpm,ddim" -> ["ddpm", "ddim"]; "5,10" -> [5, 10]; one line naming ``flag`` on a bad item."""
+    if text is None:
+        return [None]
+    if isinstance(text, int):
+        return [text]
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{flag} is empty")
+    try:
+        values = [kind(item) for item in items]
+    except ValueError:
+        raise ValueError(f"{flag} takes a comma-separated list, got {text!r}") from None
+    if choices is not None and any(v not in choices for v in values):
+        raise ValueError(f"{flag}: {', '.join(str(v) for v in values if v not in choices)} not one of {', '.join(choices)}")
+    return values
+
+
+def check_not_negative(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 0:
+            raise ValueError(f"--{name} must be 0 or more, got {value}")
+
+
+def check_suffix(flag: str, path: str | None, suffix: str) -> None:
+    """A file name's ending; a folder is left to safe_files.check_outputs, which says so."""
+    if path is not None and Path(path).suffix.lower() != suffix and not Path(path).is_dir():
+        raise ValueError(f"{flag} needs a file name ending in {suffix}, got {path}")
+
+
+def _precision(args: argparse.Namespace, purpose: str, device: torch.device) -> str:
+    from ddpm.util.precision import resolve
+
+    return resolve(args.precision, purpose=purpose, device=device)
+
+
+def _single(args: argparse.Namespace) -> SamplingChoice:
+    """Outside --mode evaluate, --sampler and --sampling_steps name one value."""
+    for flag, value in (("--sampler", args.sampler), ("--sampling_steps", args.sampling_steps)):
+        if value is not None and "," in value:
+            raise ValueError(f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}")
+    steps = int(args.sampling_steps) if args.sampling_steps is not None else None
+    return SamplingChoice(sampler=args.sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
+
+
+def check_profile_dir(args: argparse.Namespace) -> None:
+    """--profile DIR: a folder (made if missing), never a file; only for train, sample and benchmark."""
+    if args.profile is None:
+        return
+    if args.mode not in ("train", "sample", "benchmark"):
+        raise ValueError(f"--profile applies to --mode train, sample and benchmark, not {args.mode}")
+    if Path(args.profile).exists() and not Path(args.profile).is_dir():
+        raise ValueError(f"--profile {args.profile} is a file; it names the folder the traces go into")
+    existing = Path(args.profile).absolute()
+    while not existing.exists():  # the folder, or the nearest one that exists (the rest is made)
+        existing = existing.parent
+    try:  # a probe, as for every output: modes, read-only file systems and /proc all answer it
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".profile-probe-")
+    except OSError as exc:
+        raise ValueError(f"--profile {args.profile}: cannot write into {existing} ({exc.strerror})") from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _model_path(args: argparse.Namespace) -> str:
+    return args.model_path or f"checkpoints/{args.dataset}.pt"
+
+
+def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
+    return ModelSource(
+        path=path or _model_path(args), weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript,
+        autoencoder=args.autoencoder,
+    )  # fmt: skip
+
+
+def _new_model(args: argparse.Namespace) -> NewModel:
+    from ddpm.data.catalog import default_shape
+
+    size, channels = default_shape(args.dataset)
+    if getattr(args, "autoencoder", None):
+        size = channels = 0  # a latent model's: its autoencoder's, unless the flags name others (refused if they differ)
+    return NewModel(
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        image_size=size if args.img_size is None else args.img_size,
+        channels=channels if args.channels is None else args.channels,
+        preset=args.model_preset,
+        model_channels=args.model_channels,
+        num_res_blocks=args.num_res_blocks,
+        dropout=args.dropout,
+        time_conditioning=args.time_conditioning,
+        patch_size=args.patch_size,
+        beta_schedule=args.beta_schedule,
+        timesteps=args.timesteps,
+    )
+
+
+def _engine(args: argparse.Namespace) -> EngineFlags:
+    return EngineFlags(
+        backend=args.trt_backend, max_batch=args.max_batch, optimization_level=args.trt_opt_level, opset=args.opset
+    )
+
+
+def _implementation(args: argparse.Namespace) -> str:
+    """The registry entry --implementation names: with --compile, cuda is cuda_compile (the U-Net
+    through torch.compile inside the graph); --compile applies to no other implementation."""
+    if args.compile and args.implementation != "cuda":
+        raise ValueError("--compile applies to training and to sampling with --implementation cuda")
+    return "cuda_compile" if args.compile else args.implementation
+
+
+def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSource) -> dict:
+    """The fields of a DrawRequest (sample and evaluate mode); the implementation checked against the
+    file's kind and the precision (a class-conditional model is checked once its file is read)."""
+    from ddpm.backends import registry
+    from ddpm.formats.kinds import artifact_kind
+
+    precision = _precision(args, "sampling", device)  # auto is fp32: the original's images
+    registry.get(_implementation(args)).check(kind=artifact_kind(source.path), precision=precision)
+    return dict(
+        device=device,
+        precision=precision,
+        source=source,
+        implementation=_implementation(args),
+        n_samples=args.n_samples,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        opset=args.opset,
+        engine=_engine(args),
+        class_label=args.class_label,
+        guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
+    )
+
+
+def dataset_channels(args: argparse.Namespace) -> int:
+    """The channels of ``--dataset``'s images: ``--channels`` where it fits them (any for a folder), else a
+    one-line ValueError."""
+    from ddpm.data.catalog import default_shape
+
+    channels = default_shape(args.dataset)[1]
+    if args.channels and args.channels != channels and args.dataset != "folder":
+        raise ValueError(f"{args.dataset} images have {channels} channel(s); --channels {args.channels} does not fit")
+    return channels if args.channels is None else args.channels
+
+
+def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
+    from ddpm.data.catalog import VOLUME_DATASETS
+
+    _single(args)
+    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    checkpoint = _model_path(args)
+    if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
+        raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
+    if args.autoencoder and args.dataset in VOLUME_DATASETS:
+        raise ValueError("--autoencoder: latent models are for images; volumes train in voxel space")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
+    if args.resume and args.class_cond:
+        raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
+    for flag in ("time_conditioning", "patch_size"):
+        if args.resume and getattr(args, flag) is not None:
+            raise ValueError(f"--{flag} makes a new model; a resumed run keeps the one in its checkpoint")
+    if not 0.0 <= args.cond_drop <= 1.0:
+        raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
+    check_outputs({"--model_path": checkpoint}, inputs={"--autoencoder": args.autoencoder} if args.autoencoder else None)
+    recipe = training_defaults(args.dataset)
+    min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
+    if min_snr_gamma < 0:
+        raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
+    if not args.resume:
+        dataset_channels(args)
+    return TrainRequest(
+        device=device,
+        precision=_precision(args, "training", device),
+        checkpoint=checkpoint,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        model=_new_model(args),
+        autoencoder=args.autoencoder,
+        seed=args.seed,
+        n_epochs=args.n_epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        lr=recipe["lr"] if args.lr is None else args.lr,
+        warmup_steps=args.warmup_steps,
+        ema_decay=recipe["ema_decay"] if args.ema_decay is None else args.ema_decay,
+        min_snr_gamma=min_snr_gamma or None,  # 0: unweighted
+        timestep_sampling=args.timestep_sampling,
+        class_cond=args.class_cond,
+        cond_drop=args.cond_drop,
+        grad_checkpoint=args.grad_checkpoint,
+        grad_clip=args.grad_clip,
+        compile=args.compile,
+        save_every=args.save_every,
+        sample_every=args.sample_every,
+        profile=args.profile,
+    )
+
+
+def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequest:
+    sampling = _single(args)
+    check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
+    if args.no_grid and args.output:
+        raise ValueError("--no_grid writes no PNG, so --output has nothing to name; drop one of them")
+    if args.no_grid and not args.save_npz:
+        raise ValueError("--no_grid writes no PNG, so nothing would be saved; add --save_npz FILE.npz")
+    grid = None if args.no_grid else (args.output or "samples.png")
+    source = _source(args)  # a checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan)
+    check_outputs({"--output": grid, "--save_npz": args.save_npz}, inputs={"--model_path": source.path})
+    check_suffix("--output (the PNG grid)", grid, ".png")
+    check_suffix("--save_npz", args.save_npz, ".npz")
+    return SampleRequest(
+        **_draw_fields(args, device, source), sampling=sampling, grid=grid, npz=args.save_npz,
+        grid_scale=args.grid_scale, profile=args.profile,
+    )  # fmt: skip
+
+
+def evaluate_request(args: argparse.Namespace, device: torch.device) -> EvaluateRequest:
+    from noise_schedule import SAMPLERS
+
+    check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
+    source = _source(args)
+    check_outputs({"--json": args.json, "--chart": args.chart}, inputs={"--model_path": source.path})
+    check_suffix("--json", args.json, ".json")
+    check_suffix("--chart", args.chart, ".png")
+    if args.chart:
+        try:
+            import matplotlib  # noqa: F401  (an optional package: missing, it fails now, not after the sweep)
+        except ImportError as exc:
+            raise ImportError(f"--chart needs matplotlib ({exc}); install it: pip install matplotlib") from exc
+    if args.inception_weights is not None and not Path(args.inception_weights).is_file():
+        raise ValueError(f"--inception_weights {args.inception_weights} is not a file")
+    return EvaluateRequest(
+        **_draw_fields(args, device, source),
+        samplers=parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
+        steps=parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
+        dataset=args.dataset if args.dataset_given else None,
+        data_dir=args.data_dir,
+        inception_weights=args.inception_weights,
+        eta=args.eta,
+        clip_denoised=not args.no_clip,
+        json=args.json,
+        chart=args.chart,
+    )
+
+
+def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequest:
+    from ddpm.backends.engine_cache import metadata_path
+    from ddpm.formats.kinds import default_output
+
+    _single(args)
+    source = _source(args)
+    output = args.output or str(default_output(source.path, args.format))
+    outputs = {"--output": output}
+    if args.format == "tensorrt":
+        outputs["--output's metadata"] = metadata_path(output)
+    check_outputs(outputs, inputs={"--model_path": source.path})
+    return ExportRequest(
+        device=device,
+        precision=_precision(args, "export", device),
+        source=source,
+        fmt=args.format,
+        output=output,
+        opset=args.opset,
+        engine=_engine(args),
+    )
+
+
+def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:
+    from ddpm.benchmarks.report import BenchmarkRequest
+    from ddpm.formats.kinds import artifact_kind
+
+    sampling = _single(args)
+    check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
+    if args.autoencoder and not args.model_path:
+        raise ValueError("--autoencoder goes with a latent model's checkpoint (--model_path); a fresh U-Net is a pixel model")
+    if args.model_path and artifact_kind(args.model_path) != "checkpoint":
+        raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {args.model_path}")
+    request = BenchmarkRequest(
+        rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
+        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart, profile=args.profile,
+    )  # fmt: skip
+    outputs = {"--json": args.json}
+    if args.bench == "sampling":
+        outputs.update({"--csv": args.csv, "--chart": args.chart})
+    check_outputs(outputs, inputs={"--model_path": args.model_path})
+    return BenchmarkRun(
+        device=device,
+        precision=_precision(args, "sampling", device),
+        bench=args.bench,
+        request=request,
+        source=_source(args, args.model_path) if args.model_path else None,
+        model=_new_model(args),
+        sampling=sampling,
+        n_samples=args.n_samples,
+        guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
+    )
+
+
+def train_autoencoder_request(args: argparse.Namespace, device: torch.device) -> AutoencoderTrainRequest:
+    from ddpm.data.catalog import VOLUME_DATASETS, default_shape
+    from ddpm.training.autoencoder_trainer import reconstructions_path
+
+    if args.dataset in VOLUME_DATASETS:
+        raise ValueError(f"--mode train_autoencoder is for images; {args.dataset} holds 3-D volumes")
+    if args.autoencoder:
+        raise ValueError("--autoencoder names a latent model's first stage; --mode train_autoencoder makes one (drop it)")
+    if args.resume:
+        raise ValueError("--mode train_autoencoder has no --resume (a run is a few minutes); start over with --overwrite")
+    if args.precision not in ("auto", "fp32"):
+        raise ValueError(f"--mode train_autoencoder trains in fp32; drop --precision {args.precision}")
+    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    checkpoint = args.model_path or f"checkpoints/{args.dataset}_autoencoder.pt"
+    if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
+        raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
+    png = reconstructions_path(checkpoint)
+    check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png})
+    size, channels = default_shape(args.dataset)[0], dataset_channels(args)
+    request = AutoencoderTrainRequest(
+        device=device, checkpoint=checkpoint, reconstructions=png, overwrite=args.overwrite, dataset=args.dataset,
+        data_dir=args.data_dir, image_size=size if args.img_size is None else args.img_size, channels=channels, seed=args.seed,
+        n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=1e-3 if args.lr is None else args.lr,
+        latent_channels=args.latent_channels, downsample=args.downsample, base_channels=args.ae_channels,
+        kl_weight=args.kl_weight,
+    )  # fmt: skip
+    side = request.config().latent_side  # the image size, channels and shape flags checked before any data is read
+    if side >= 8 and side % 4:
+        raise ValueError(
+            f"a {side}x{side} latent cannot be halved twice by the latent U-Net; pick --downsample so the latent side is "
+            "a multiple of 4 (or at most 4)"
+        )
+    return request
+
+
+REQUESTS = {
+    "train": train_request,
+    "sample": sample_request,
+    "evaluate": evaluate_request,
+    "export": export_request,
+    "benchmark": benchmark_request,
+    "train_autoencoder": train_autoencoder_request,
+}

@@ -1,0 +1,236 @@
+"""Training data: MNIST, Fashion-MNIST, CIFAR-10, the offline digits, a folder of your own images,
+or 3-D volumes (voxel spheres drawn from a seed, or a folder of your own ``.npy`` volumes).
+
+Every dataset is loaded once into memory as a uint8 tensor (N, C, H, W), or (N, C, D, H, W) for
+volumes, at the training size;
+these datasets are small, and a tensor is the fastest, simplest way to feed a small U-Net and
+makes the batch order a pure function of (seed, step), so a resumed run sees the same batches.
+
+    images = load_images("digits", data_dir="./data", image_size=16)   # offline, no download
+    for step in range(...):
+        batch = images.batch(step, batch_size=64, seed=0)               # (B, C, H, W) in [-1, 1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ddpm.data.catalog import DATASETS, TEST_SPLITS, VOLUME_DATASETS
+
+# The spheres: a fixed training set drawn from its own seed (independent of --seed), and held-out
+# spheres from the next seed (evaluate's ceiling).
+SPHERES_TRAIN, SPHERES_SEED = 2048, 0
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+# Horizontal flips only where they keep an image in its class (never for digits).
+FLIP = {"cifar10": True}
+
+
+@dataclass
+class ImageSet:
+    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W) (or float32 latents, latents.py); ``labels`` int64 (N,) indexes
+    ``class_names`` (None for a dataset without classes: a folder without sub-folders, random data)."""
+
+    name: str
+    images: torch.Tensor
+    hflip: bool = False
+    labels: torch.Tensor | None = None
+    class_names: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    @property
+    def channels(self) -> int:
+        return self.images.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        return self.images.shape[-1]
+
+    @property
+    def dims(self) -> int:
+        """2 for images, 3 for volumes."""
+        return self.images.ndim - 2
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return max(1, len(self) // batch_size)
+
+    def batch(
+        self, step: int, *, batch_size: int, seed: int, device: torch.device | str = "cpu", rows: slice | None = None
+    ) -> torch.Tensor:
+        """The batch of a global training step, in [-1, 1]: a function of (seed, step) only.
+
+        Each epoch shuffles with its own seed; the last partial batch is dropped. Flips are drawn
+        from the same per-epoch generator, so a resumed run sees exactly the same pixels.
+        ``rows`` takes part of the batch (a rank's share in a distributed run): the same rows as
+        slicing the whole batch, without moving the rest to the device.
+        """
+        return self.batch_with_labels(step, batch_size=batch_size, seed=seed, device=device, rows=rows)[0]
+
+    def batch_with_labels(
+        self, step: int, *, batch_size: int, seed: int, device: torch.device | str = "cpu", rows: slice | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`batch` and its labels (B,) int64 on ``device`` (None for a dataset without classes)."""
+        per_epoch = self.steps_per_epoch(batch_size)
+        epoch, index = divmod(step, per_epoch)
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self), generator=gen)
+        flips = torch.rand(len(self), generator=gen) < 0.5
+        take = order[index * batch_size : (index + 1) * batch_size]
+        take = take if rows is None else take[rows]
+        x = self.images[take].to(device, non_blocking=True).float()  # (B, C, H, W[, D])
+        if self.images.dtype == torch.uint8:  # pixels to [-1, 1]; float data (a latent model's latents) as stored
+            x = x.div_(127.5).sub_(1.0)
+        if self.hflip:
+            flip = flips[take].to(device).view(-1, *[1] * (x.ndim - 1))
+            x = torch.where(flip, x.flip(-1), x)
+        labels = None if self.labels is None else self.labels[take].to(device, non_blocking=True)
+        return x, labels
+
+
+def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize uint8 (N, C, H, W) to (N, C, size, size) with antialiased bilinear filtering."""
+    if images.shape[-2:] == (size, size):
+        return images
+    out = []
+    chunk_size = max(1, 2**28 // (4 * images.shape[1] * size * size))  # float chunks of at most 256 MiB
+    for chunk in images.split(chunk_size):
+        x = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out.append(x.round_().clamp_(0, 255).to(torch.uint8))
+    return torch.cat(out)
+
+
+def load_images(
+    dataset: str, *, data_dir: str | Path, image_size: int, channels: int | None = None, download: bool = True,
+    train: bool = True,
+) -> ImageSet:
+    """Load ``dataset`` at ``image_size`` (and ``channels`` for a folder). ``train=False``: the test split
+    (MNIST, Fashion-MNIST, CIFAR-10 only). Raises ValueError on user errors."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    if image_size < 1:
+        raise ValueError(f"image size must be positive, got {image_size}")
+    if not train and dataset not in TEST_SPLITS:
+        raise ValueError(f"{dataset} has no test split")
+    if dataset in VOLUME_DATASETS:
+        return _load_volumes(dataset, Path(data_dir), size=image_size, channels=channels, train=train)
+    if dataset == "digits":
+        images, labels, class_names = _load_digits()
+    elif dataset == "folder":
+        images, labels, class_names = _load_folder(Path(data_dir), image_size=image_size, channels=channels or 3)
+    else:
+        images, labels, class_names = _load_torchvision(dataset, Path(data_dir), download=download, train=train)
+    check_fits_in_memory(len(images), channels=images.shape[1], image_size=image_size, dataset=dataset)
+    native_channels = images.shape[1]
+    if channels is not None and channels != native_channels:
+        if dataset != "folder":
+            raise ValueError(f"{dataset} images have {native_channels} channel(s); --channels {channels} does not fit")
+    return ImageSet(
+        name=dataset, images=resize_uint8(images, image_size), hflip=FLIP.get(dataset, False), labels=labels,
+        class_names=class_names,
+    )  # fmt: skip
+
+
+def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, dataset: str, dims: int = 2) -> None:
+    """Refuse a dataset whose images, resized, would not fit in memory (the whole set is held, uint8)."""
+    from ddpm.util.memory_budget import available_bytes
+    from ddpm.util.messages import format_bytes
+
+    need = n_images * channels * image_size**dims
+    free = available_bytes(torch.device("cpu"))
+    if need > 0.5 * free:  # half: the training step needs the rest
+        shape = "x".join([str(channels)] + [str(image_size)] * dims)
+        raise ValueError(
+            f"{n_images} {dataset} images at {shape} need {format_bytes(need)} in memory "
+            f"and {format_bytes(free)} is available; use a smaller --img_size"
+        )
+
+
+Loaded = tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]  # uint8 (N, C, H, W), labels (N,), class names
+
+
+def _load_volumes(dataset: str, root: Path, *, size: int, channels: int | None, train: bool) -> ImageSet:
+    """Spheres drawn from their seed (the next seed for the held-out split), or the user's .npy volumes."""
+    from ddpm.data import volumes
+
+    if channels not in (None, 1):
+        raise ValueError(f"{dataset} volumes have 1 channel; --channels {channels} does not fit")
+    if dataset == "spheres":
+        n = SPHERES_TRAIN if train else SPHERES_TRAIN // 4
+        check_fits_in_memory(n, channels=1, image_size=size, dataset=dataset, dims=3)
+        data = volumes.sphere_volumes(n, size=size, seed=SPHERES_SEED + (0 if train else 1))
+    else:  # the headers first: a set that would not fit at --img_size is refused before any is converted
+        check_fits_in_memory(volumes.count_voxel_volumes(root), channels=1, image_size=size, dataset=dataset, dims=3)
+        data = volumes.load_voxel_folder(root, size=size)
+    return ImageSet(name=dataset, images=data)  # (N, 1, S, S, S) uint8
+
+
+def _load_digits() -> Loaded:
+    # scikit-learn ships 1,797 real 8x8 handwritten digits (UCI), grey levels 0..16: no network needed.
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise ValueError("the offline digits need scikit-learn: pip install scikit-learn") from exc
+    digits = load_digits()
+    pixels = torch.from_numpy(digits.images)  # (1797, 8, 8) float64 in [0, 16]
+    images = (pixels * (255.0 / 16.0)).round().to(torch.uint8)[:, None]  # (N, 1, 8, 8)
+    return images, torch.from_numpy(digits.target).long(), tuple(str(d) for d in range(10))
+
+
+
+
+def _load_torchvision(dataset: str, root: Path, *, download: bool, train: bool = True) -> Loaded:
+    from torchvision import datasets
+
+    cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[dataset]
+    try:
+        ds = cls(root=str(root), train=train, download=download)
+    except (OSError, RuntimeError) as exc:
+        # No network (or a broken partial download): say what to do instead of a traceback.
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"could not load {dataset} into {root} ({reason}); with network access it downloads by itself; "
+            f"offline, place the torchvision {cls.__name__} files under {root}, or train on --dataset digits"
+        ) from exc
+    data = torch.as_tensor(ds.data)
+    labels, names = torch.as_tensor(ds.targets).long(), tuple(str(name) for name in ds.classes)
+    if data.ndim == 3:  # (N, H, W) grayscale
+        return data[:, None].contiguous(), labels, names
+    return data.permute(0, 3, 1, 2).contiguous(), labels, names  # CIFAR-10: (N, H, W, C) -> (N, C, H, W)
+
+
+def _load_folder(root: Path, *, image_size: int, channels: int) -> Loaded:
+    """The images under ``root``; their classes are the names of root's sub-folders when every image lies
+    in one (``root/cat/1.png``, ``root/dog/2.png``), else none."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not root.is_dir():
+        raise ValueError(f"image folder {root} does not exist (give it with --data_dir)")
+    paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise ValueError(f"image folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    check_fits_in_memory(len(paths), channels=channels, image_size=image_size, dataset="folder")
+    mode = "L" if channels == 1 else "RGB"
+    out = torch.empty(len(paths), channels, image_size, image_size, dtype=torch.uint8)
+    for i, path in enumerate(paths):
+        try:
+            with Image.open(path) as img:
+                img = img.convert(mode)
+                # Center-crop to a square, then resize.
+                side = min(img.size)
+                left, top = (img.width - side) // 2, (img.height - side) // 2
+                img = img.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BICUBIC)
+                pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
+            raise ValueError(f"cannot read image {path}: {exc}") from exc
+        out[i] = pixels.view(image_size, image_size, channels).permute(2, 0, 1)
+    folders = [path.relative_to(root).parts[0] if len(path.relative_to(root).parts) > 1 else None for path in paths]
+    if None in folders:
+        return out, None, ()
+    names = tuple(sorted(set(folders)))
+    return out, torch.tensor([names.index(f) for f in folders], dtype=torch.long), names

@@ -1,0 +1,347 @@
+"""The first stage of latent diffusion: a small KL-regularized convolutional autoencoder.
+
+In the style of the latent diffusion paper's first stage (Rombach et al. 2022, the "KL" models):
+residual blocks (GroupNorm, SiLU, 3x3 convolutions), strided-convolution downsampling and
+nearest + convolution upsampling, no attention. The encoder gives a diagonal Gaussian posterior
+(mean, log-variance) over a latent of ``latent_channels`` x (side / downsample)^2; training
+reconstructs from a reparameterized sample with an L1 loss plus a small KL term to N(0, I).
+Images whose side does not divide are padded (edge pixels repeated) to the next multiple of
+2 x downsample in the encoder and cropped back in the decoder, so the latent side is even:
+28x28 -> 32 -> 8x8 with factor 4; 8x8 digits -> 4x4 with factor 2.
+
+    python main.py --mode train_autoencoder --dataset digits            # -> checkpoints/digits_autoencoder.pt
+
+    loaded = load_autoencoder("checkpoints/digits_autoencoder.pt", device=torch.device("cpu"))
+    z = encode_images(loaded, images_uint8)              # (N, 4, 4, 4) float32, unit variance on the training set
+    x = LatentDecoder(loaded.model, loaded.latent_scale)(z)   # (N, 1, 8, 8) in [-1, 1]; traces and exports to ONNX
+
+Training (the loop, the latent scale, PSNR/SSIM and the reconstructions PNG) is autoencoder_training.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import pickle
+import warnings
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from basic_diffusion import Downsample, Upsample, _norm
+from ddpm.formats.checkpoints import is_torchscript_archive, load_weights
+from ddpm.util.messages import first_line
+from ddpm.util.safe_files import read_limited
+from noise_schedule import config_fields, short_repr
+
+KIND, FORMAT = "autoencoder", 1  # a checkpoint's "kind" and "format"
+DOWNSAMPLE_FACTORS = (2, 4, 8)
+NORM_GROUPS = 8  # GroupNorm groups (fewer where a width has fewer channels)
+LOGVAR_RANGE = (-30.0, 20.0)  # the posterior's log-variance is clamped here, as in the paper's code
+# Entries of the checkpoint: required, and informative (checked when present).
+REQUIRED_KEYS = ("kind", "format", "config", "state_dict", "latent_scale")
+OPTIONAL_KEYS = {"dataset": str, "metrics": dict, "step": int}
+
+
+@dataclass(frozen=True)
+class AutoencoderConfig:
+    """Shape and loss weight of the autoencoder.
+
+    Valid values (checked at construction; :meth:`from_dict`, for configs read from files, also refuses
+    unknown or missing keys and wrong types): ``image_size`` 4..1024; ``in_channels`` 1 or 3;
+    ``latent_channels`` 1..64; ``downsample`` 2, 4 or 8 (0: the default, 4 from 16 pixels up, else 2);
+    ``base_channels`` 4..256; ``kl_weight`` in [0, 1].
+    """
+
+    image_size: int
+    in_channels: int
+    latent_channels: int = 4
+    downsample: int = 0  # 0: 4 for images of 16 pixels or more, 2 for smaller ones (resolved here)
+    base_channels: int = 32
+    # See autoencoder_loss. The paper's KL-f4/f8 models use 1e-6. On the 8x8 digits (2,000 steps), 1e-6, 1e-4 and 1e-3
+    # reconstruct alike (39 dB) and 1e-3 decodes noisy latents best of them; 1e-2 costs 2.5 dB for centred latents.
+    kl_weight: float = 1e-3
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("image_size", 4, 1024), ("latent_channels", 1, 64), ("base_channels", 4, 256)):
+            value = getattr(self, name)
+            if type(value) is not int or not low <= value <= high:
+                raise ValueError(f"autoencoder {name} must be an integer between {low} and {high}, got {short_repr(value)}")
+        if self.in_channels not in (1, 3) or type(self.in_channels) is not int:
+            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {short_repr(self.in_channels)}")
+        if self.downsample == 0:
+            object.__setattr__(self, "downsample", 4 if self.image_size >= 16 else 2)
+        if self.downsample not in DOWNSAMPLE_FACTORS or type(self.downsample) is not int:
+            raise ValueError(f"autoencoder downsample factor must be 2, 4 or 8, got {short_repr(self.downsample)}")
+        if not (isinstance(self.kl_weight, (int, float)) and 0.0 <= self.kl_weight <= 1.0):  # also refuses NaN
+            raise ValueError(f"autoencoder kl_weight must be between 0 and 1, got {short_repr(self.kl_weight)}")
+        object.__setattr__(self, "kl_weight", float(self.kl_weight))
+
+    @classmethod
+    def from_dict(cls, data: object) -> AutoencoderConfig:
+        """A config read from a file: refuses unknown or missing keys, wrong types, bad ranges."""
+        return cls(**config_fields(cls, data))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def padded_size(self) -> int:
+        """The side the encoder sees: the next multiple of 2 x downsample (so the latent side is even)."""
+        unit = 2 * self.downsample
+        return -(-self.image_size // unit) * unit
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """Pixels added before and after the image along each side (the decoder crops them)."""
+        extra = self.padded_size - self.image_size
+        return extra // 2, extra - extra // 2
+
+    @property
+    def latent_side(self) -> int:
+        return self.padded_size // self.downsample
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        """(C, h, w) of one image's latent."""
+        return (self.latent_channels, self.latent_side, self.latent_side)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.in_channels, self.image_size, self.image_size)
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Channels at each resolution, finest first: base_channels, and twice that at the latent's."""
+        levels = int(math.log2(self.downsample))
+        return (self.base_channels,) * levels + (2 * self.base_channels,)
+
+
+class ResnetBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv, GroupNorm -> SiLU -> conv, plus the (1x1-projected) input."""
+
+    def __init__(self, in_ch: int, out_ch: int) -> None:
+        super().__init__()
+        self.norm1 = _norm(in_ch, NORM_GROUPS)
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, padding=1)
+        self.norm2 = _norm(out_ch, NORM_GROUPS)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        self.skip = nn.Conv2d(in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return self.skip(x) + h
+
+
+class Autoencoder(nn.Module):
+    """``encode(x) -> (mean, logvar)`` of the latent posterior; ``decode(z) -> x_hat``; images in [-1, 1]."""
+
+    def __init__(self, config: AutoencoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        widths, c, z = config.widths, config.in_channels, config.latent_channels
+        # Encoder: a residual block per resolution, a strided convolution between them.
+        layers: list[nn.Module] = [nn.Conv2d(c, widths[0], 3, padding=1)]
+        previous = widths[0]
+        for level, width in enumerate(widths):
+            layers.append(ResnetBlock(previous, width))
+            previous = width
+            if level < len(widths) - 1:
+                layers.append(Downsample(width))
+        layers += [_norm(previous, NORM_GROUPS), nn.SiLU(), nn.Conv2d(previous, 2 * z, 3, padding=1)]
+        self.encoder = nn.Sequential(*layers)
+        # Decoder: the mirror image, nearest-neighbour upsampling followed by a convolution.
+        layers = [nn.Conv2d(z, widths[-1], 3, padding=1)]
+        previous = widths[-1]
+        for level in reversed(range(len(widths))):
+            layers.append(ResnetBlock(previous, widths[level]))
+            previous = widths[level]
+            if level > 0:
+                layers.append(Upsample(previous))
+        layers += [_norm(previous, NORM_GROUPS), nn.SiLU(), nn.Conv2d(previous, c, 3, padding=1)]
+        self.decoder = nn.Sequential(*layers)
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C, H, W) in [-1, 1] -> the posterior's mean and log-variance, each (B, *latent_shape)."""
+        before, after = self.config.padding
+        if before or after:
+            x = F.pad(x, (before, after, before, after), mode="replicate")  # (B, C, P, P)
+        mean, logvar = self.encoder(x).chunk(2, dim=1)
+        return mean, logvar.clamp(*LOGVAR_RANGE)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """(B, *latent_shape) -> (B, C, H, W), unclamped (the padding cropped off)."""
+        x = self.decoder(z)  # (B, C, P, P)
+        before, size = self.config.padding[0], self.config.image_size
+        return x[:, :, before : before + size, before : before + size]
+
+    def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None):
+        """Reconstruct from a reparameterized posterior sample: (x_hat, mean, logvar)."""
+        mean, logvar = self.encode(x)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return self.decode(mean + torch.exp(0.5 * logvar) * noise), mean, logvar
+
+
+def autoencoder_loss(
+    x: torch.Tensor, x_hat: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor, *, kl_weight: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, L1, KL): mean |x - x_hat| + kl_weight * KL / (C H W).
+
+    KL is KL(N(mean, exp(logvar)) || N(0, I)) summed over each image's latent, averaged over the batch.
+    The latent diffusion paper sums both terms over each image; dividing both by the pixel count keeps
+    the ratio, so ``kl_weight`` means what its ``kl_weight`` means (1e-6 for its KL-f4 and f8 models; 1e-3 here).
+    """
+    l1 = (x - x_hat).abs().mean()
+    kl = 0.5 * (mean.square() + logvar.exp() - 1.0 - logvar).flatten(1).sum(1).mean()
+    return l1 + kl_weight * kl / x[0].numel(), l1, kl
+
+
+class LatentDecoder(nn.Module):
+    """Scaled latents (B, *latent_shape) -> images (B, C, H, W) in [-1, 1]: decode(z / latent_scale),
+    clamped. Plain tensor ops with no branching on values, so it traces and exports to ONNX."""
+
+    def __init__(self, autoencoder: Autoencoder, latent_scale: float) -> None:
+        super().__init__()
+        self.autoencoder = autoencoder
+        self.latent_scale = float(latent_scale)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.autoencoder.decode(z * (1.0 / self.latent_scale)).clamp(-1.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def checkpoint_state(
+    model: Autoencoder, *, latent_scale: float, dataset: str, metrics: dict, step: int
+) -> dict:
+    """The dict an autoencoder checkpoint holds (written with safe_files.atomic_write)."""
+    return {
+        "kind": KIND,
+        "format": FORMAT,
+        "config": model.config.to_dict(),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "latent_scale": float(latent_scale),
+        "dataset": dataset,
+        "metrics": metrics,
+        "step": int(step),
+    }
+
+
+@dataclass(frozen=True)
+class LoadedAutoencoder:
+    """An autoencoder checkpoint, validated: the model (eval mode, on its device, frozen), its config,
+    the latent scale, and the file's sha256 (hex) and path."""
+
+    model: Autoencoder
+    config: AutoencoderConfig
+    latent_scale: float
+    sha256: str
+    path: str
+
+    def decoder(self) -> LatentDecoder:
+        return LatentDecoder(self.model, self.latent_scale).eval()
+
+
+def load_autoencoder(path: str | Path, *, device: torch.device | str) -> LoadedAutoencoder:
+    """Read an autoencoder checkpoint once, validate everything, and build its model on ``device``.
+
+    Refused with a one-line ValueError naming the path: a missing file or one over the size limit,
+    a TorchScript archive, bytes torch cannot load with ``weights_only=True``, a DDPM checkpoint,
+    another kind or format, a bad config, a latent scale that is not finite and positive, weights
+    whose keys, shapes or dtypes do not match the config, non-finite weights.
+    """
+    name = f"autoencoder {path}"
+    if not Path(path).exists():
+        raise ValueError(f"{name} does not exist (train one with --mode train_autoencoder)")
+    data = read_limited(path, kind="checkpoint")  # a regular file within the checkpoint size limit
+    if is_torchscript_archive(data):
+        raise ValueError(f"{name} is a TorchScript archive (a program), not an autoencoder checkpoint; not loaded")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a failure is reported below, in one line
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        what = "holds objects beyond tensors and plain data" if "global" in str(exc).lower() else "is corrupt"
+        raise ValueError(f"{name} {what}, so it is refused ({first_line(exc)[:200]})") from exc
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, MemoryError) as exc:
+        raise ValueError(f"{name} is corrupt or not a PyTorch file ({first_line(exc)[:200]})") from exc
+    config, latent_scale = check_state(state, name=name)
+    with torch.device("meta"):  # nothing allocated until the weights are known to fit the config
+        model = Autoencoder(config)
+    load_weights(model, state["state_dict"], source=name, assign=True)
+    if not all(bool(t.isfinite().all()) for t in model.state_dict().values()):
+        raise ValueError(f"{name}: its weights hold NaN or inf")
+    model = model.to(device).eval().requires_grad_(False)
+    return LoadedAutoencoder(model, config, latent_scale, hashlib.sha256(data).hexdigest(), str(path))
+
+
+def check_state(state: object, *, name: str) -> tuple[AutoencoderConfig, float]:
+    """The config and latent scale of a loaded checkpoint dict; everything else in it checked too."""
+    if not isinstance(state, dict):
+        # A file's content is the user's mistake (exit 2): a ValueError, not a TypeError.
+        raise ValueError(f"{name} holds a {type(state).__name__}, not an autoencoder checkpoint")  # noqa: TRY004
+    if "kind" not in state and "model_config" in state:
+        raise ValueError(f"{name} is a DDPM checkpoint (a U-Net), not an autoencoder; train one with --mode train_autoencoder")
+    if type(state.get("kind")) is not str or state["kind"] != KIND:
+        raise ValueError(f"{name} is not an autoencoder checkpoint written by this tool (kind {short_repr(state.get('kind'))})")
+    missing = [key for key in REQUIRED_KEYS if key not in state]
+    unknown = [key for key in state if key not in REQUIRED_KEYS and key not in OPTIONAL_KEYS]
+    if missing or unknown:
+        problem = f"lacks {', '.join(missing)}" if missing else f"has unknown entries {short_repr(unknown)}"
+        raise ValueError(f"{name} {problem}; it was not written by this tool's --mode train_autoencoder")
+    if type(state["format"]) is not int or state["format"] != FORMAT:
+        raise ValueError(f"{name} has format {short_repr(state['format'])}; this tool reads format {FORMAT}")
+    for key, kind in OPTIONAL_KEYS.items():
+        if key in state and type(state[key]) is not kind:
+            raise ValueError(f"{name}: its {key} is a {type(state[key]).__name__}, not a {kind.__name__}")
+    try:
+        config = AutoencoderConfig.from_dict(state["config"])
+    except ValueError as exc:
+        raise ValueError(f"{name}: its config is unusable ({first_line(exc)})") from exc
+    scale = state["latent_scale"]
+    if type(scale) is not float or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{name}: its latent scale must be a finite positive number, got {short_repr(scale)}")
+    return config, scale
+
+
+# --------------------------------------------------------------------------------------------
+# Latents
+# --------------------------------------------------------------------------------------------
+
+
+def to_unit_range(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, C, H, W) -> float32 in [-1, 1], as data.ImageSet.batch scales training images."""
+    return images.float().div_(127.5).sub_(1.0)
+
+
+@torch.no_grad()
+def posterior_means(model: Autoencoder, images: torch.Tensor, *, batch_size: int = 256) -> torch.Tensor:
+    """The unscaled posterior means of uint8 (N, C, H, W) images, float32 (N, *latent_shape) on the CPU."""
+    device = next(model.parameters()).device
+    means = [
+        model.encode(to_unit_range(chunk.to(device)))[0].float().cpu()  # sync: each batch comes back to the host
+        for chunk in images.split(batch_size)
+    ]
+    return torch.cat(means) if means else torch.empty(0, *model.config.latent_shape)
+
+
+def encode_images(loaded: LoadedAutoencoder, images: torch.Tensor, *, batch_size: int = 256) -> torch.Tensor:
+    """uint8 (N, C, H, W) images -> float32 scaled latents (N, *latent_shape) on the CPU: the posterior
+    mean times the latent scale (unit variance over the autoencoder's training set)."""
+    config = loaded.config
+    if images.dtype != torch.uint8 or images.ndim != 4 or tuple(images.shape[1:]) != config.image_shape:
+        shape = "x".join(map(str, config.image_shape))
+        found = f"{images.dtype} {'x'.join(map(str, images.shape[1:]))}"
+        raise ValueError(f"{loaded.path} encodes uint8 {shape} images; got {found}")
+    if batch_size < 1:
+        raise ValueError(f"batch size must be positive, got {batch_size}")
+    return posterior_means(loaded.model, images, batch_size=batch_size).mul_(loaded.latent_scale)

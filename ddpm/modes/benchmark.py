@@ -1,0 +1,71 @@
+"""--mode benchmark: every implementation on one model, timed side by side (or training steps with
+--bench training).
+
+    python main.py --mode benchmark --n_samples 8 --img_size 32 --channels 3 --sampler ddim
+    python main.py --mode benchmark --model_path checkpoints/digits.pt --bench training
+
+The model is a checkpoint (--model_path) or a fresh U-Net of --img_size/--channels whose zero-initialized
+layers get small random weights (a new U-Net predicts eps = 0, and every implementation would agree
+trivially). The timing itself is benchmarks/sampling_bench.py's and benchmarks/training_bench.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from basic_diffusion import UNet
+from ddpm.benchmarks import sampling_bench, training_bench
+from ddpm.cli.requests import BenchmarkRun
+from ddpm.conditioning import guidance_for, unet_batch
+from ddpm.formats.checkpoints import load_checkpoint_parts
+from ddpm.latent.first_stage import clips_x0, linked_first_stage
+from ddpm.util import distributed
+from ddpm.util.memory_budget import check_batch_fits
+from noise_schedule import NoiseSchedule
+
+
+def run_benchmark(run: BenchmarkRun) -> None:
+    """Every implementation on one model: a checkpoint (--model_path), or a fresh U-Net of --img_size/--channels."""
+    request, device, training = run.request, run.device, run.bench == "training"
+    stage = None  # a latent model's first stage
+    if distributed.current().distributed and not training:
+        raise ValueError("under torchrun, benchmark mode measures training (--bench training); time sampling in one process")
+    if run.source:
+        model, schedule_config, class_names, link, _ = load_checkpoint_parts(run.source.path, weights=run.source.weights)
+        if link is not None and training and run.source.autoencoder:
+            raise ValueError("--autoencoder: --bench training times the U-Net on random latents; it reads no autoencoder")
+        if not training or link is None:  # a latent model is timed whole (loop, then decoder); a pixel model refuses --autoencoder
+            stage, _ = linked_first_stage(
+                link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
+                override=run.source.autoencoder,
+            )  # fmt: skip
+    else:
+        class_names, link = (), None
+        torch.manual_seed(request.seed)
+        model = UNet(run.model.model_config())
+        sampling_bench.perturb_zero_init(model, seed=request.seed)
+        schedule_config = run.model.schedule_config()
+    guidance = None
+    if not training:  # a conditional model is timed guided, every class in turn
+        source = run.source.path if run.source else "a fresh U-Net"
+        guidance, _ = guidance_for(
+            model.config, class_names, class_label=None, scale=run.guidance_scale, n_samples=run.n_samples, source=source
+        )
+    batch, flag = (request.batch_size, "--batch_size") if training else (run.n_samples, "--n_samples")
+    if training:
+        batch //= distributed.current().world_size  # under torchrun: one rank's share of the global batch
+    check_batch_fits(model.config, batch_size=unet_batch(batch, guidance), device=device, training=training, flag=flag)
+    model.to(device).eval()
+    sampling = replace(run.sampling, clip_denoised=clips_x0(run.sampling.clip_denoised, stage))
+    plan = sampling.plan(NoiseSchedule(schedule_config), device=device)
+    if training:
+        training_bench.main_training(  # a latent U-Net trains on float latents, not uint8 images
+            request, model_config=model.config, schedule_config=schedule_config, device=device, latent=link is not None
+        )
+        return
+    sampling_bench.main(
+        request, model=model, plan=plan, shape=model.config.sample_shape(run.n_samples), precision=run.precision,
+        guidance=guidance, first_stage=stage,
+    )  # fmt: skip

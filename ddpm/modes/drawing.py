@@ -1,0 +1,75 @@
+"""What sample and evaluate mode share: open a model file for drawing, and make a drawer for a plan.
+
+    opened = open_for_drawing(request)                        # checked, loaded, guidance resolved, memory checked
+    draw = opened.drawer(request.sampling.plan(...))          # draw(shape, generator, progress, labels) -> images
+
+Both modes check the implementation against the file and precision once, load any artifact
+(backends/artifacts.py), resolve a class-conditional model's labels and guidance, and refuse a batch
+that cannot fit before any sampling; they differ only in what they do with the images (write a grid,
+or judge them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ddpm.backends import registry
+from ddpm.backends.artifacts import Artifact, load_artifact
+from ddpm.cli.requests import DrawRequest
+from ddpm.conditioning import Guidance, guidance_for, unet_batch
+from ddpm.latent.first_stage import clips_x0
+from ddpm.util.memory_budget import check_batch_fits
+from noise_schedule import NoiseSchedule, SamplingPlan
+from tensorrt_integration import TensorRTOptions
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A model file ready to draw from, with what the request resolved against it."""
+
+    request: DrawRequest
+    artifact: Artifact
+    guidance: Guidance | None  # a class-conditional model: one label per image, and the scale
+    grid_columns: int | None  # a conditional model's grid: one row per class
+    batch_size: int  # --batch_size, at most --n_samples
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """--n_samples in batches of ``batch_size``, in order (the last one may be smaller)."""
+        n = self.request.n_samples
+        return [min(self.batch_size, n - start) for start in range(0, n, self.batch_size)]
+
+    def schedule(self) -> NoiseSchedule:
+        return NoiseSchedule(self.artifact.schedule_config).to(self.request.device)
+
+    def clips_x0(self, requested: bool) -> bool:
+        """Whether x0 is clipped: as requested for pixel models, never for latent models."""
+        return clips_x0(requested, self.artifact.first_stage)
+
+    def drawer(self, plan: SamplingPlan):
+        """``draw(shape, generator, progress, labels) -> images`` of the request's implementation for ``plan``."""
+        options = registry.SamplerOptions(
+            precision=self.request.precision, opset=self.request.opset,
+            tensorrt=TensorRTOptions.for_source(self.artifact.path, **asdict(self.request.engine)), guidance=self.guidance,
+        )  # fmt: skip
+        return registry.make_drawer(
+            self.request.implementation, self.artifact.model, plan, options=options, first_stage=self.artifact.first_stage
+        )
+
+
+def open_for_drawing(request: DrawRequest) -> Opened:
+    """Load the file, check the implementation runs a conditional model, resolve labels and guidance, check one batch fits."""
+    source = request.source  # its kind and the precision were checked against the implementation (cli/resolve.py)
+    artifact = load_artifact(
+        source.path, device=request.device, weights=source.weights, trust_torchscript=source.trust_torchscript,
+        autoencoder=source.autoencoder,
+    )  # fmt: skip
+    if artifact.model_config.num_classes:
+        registry.get(request.implementation).check(conditional=True)
+    guidance, columns = guidance_for(
+        artifact.model_config, artifact.class_names, class_label=request.class_label, scale=request.guidance_scale,
+        n_samples=request.n_samples, source=artifact.path,
+    )  # fmt: skip
+    batch_size = min(request.batch_size, request.n_samples)
+    check_batch_fits(artifact.model_config, batch_size=unet_batch(batch_size, guidance), device=request.device, training=False)
+    return Opened(request, artifact, guidance, columns, batch_size)

@@ -1,0 +1,71 @@
+"""--mode evaluate: sample quality for each --sampler x --sampling_steps, with its ceiling and floor.
+
+    python main.py --mode evaluate --model_path checkpoints/digits.pt --sampler ddpm,dpm_solver --sampling_steps 10,20
+    python main.py --mode evaluate --model_path checkpoints/cifar10.pt --n_samples 10000 --json q.json --chart q.png
+
+The digits are judged by a classifier and Frechet distance fitted to real digits, volumes by best-fit
+spheres and PSNR/SSIM, other data by FID/KID against the training images (evaluation/judges.py).
+Every row draws the same noise (one generator seeded with --seed), so rows differ only by sampler.
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from ddpm.cli.requests import EvaluateRequest
+from ddpm.data.catalog import VOLUME_DATASETS
+from ddpm.evaluation import quality
+from ddpm.evaluation.judges import judge_for
+from ddpm.formats.kinds import artifact_kind
+from ddpm.modes.drawing import open_for_drawing
+
+
+def run_evaluate(request: EvaluateRequest) -> None:
+    source, device, n = request.source, request.device, request.n_samples
+    opened = open_for_drawing(request)
+    artifact, guidance = opened.artifact, opened.guidance
+    # The training data: recorded in a checkpoint, and in exports since 2026-11-24; --dataset names it for
+    # older exported files. The real images for FID/KID are read from --data_dir.
+    given = request.dataset if artifact_kind(source.path) != "checkpoint" else None
+    dataset = given or artifact.dataset or "mnist"
+    model_config = artifact.model_config
+    c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
+    if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly
+        kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
+        raise ValueError(f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset")
+    judge = judge_for(
+        dataset, data_dir=request.data_dir, image_size=s, channels=c, n=n, seed=request.seed, device=device,
+        inception_weights=request.inception_weights,
+    )  # fmt: skip
+    schedule, sizes, batch_size = opened.schedule(), opened.batch_sizes, opened.batch_size
+
+    def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
+        plan = schedule.make_plan(
+            sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0,
+            clip_denoised=opened.clips_x0(request.clip_denoised), device=device,
+        )  # fmt: skip
+        drawer = opened.drawer(plan)
+        generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
+        batches = [
+            drawer(model_config.sample_shape(size), generator, False, guidance.rows(i * batch_size, i * batch_size + size) if guidance else None)
+            .float().cpu()  # sync: the batch leaves the device
+            for i, size in enumerate(tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False))
+        ]  # fmt: skip
+        return torch.cat(batches), plan.num_steps
+
+    result = quality.run_sweep(
+        draw, judge, samplers=request.samplers, steps=request.steps, n_samples=n, seed=request.seed, image_size=s,
+        requested=None if guidance is None else guidance.labels,
+    )  # fmt: skip
+    result.update(model_path=str(source.path), implementation=request.implementation, precision=request.precision)
+    if guidance is not None:
+        result.update(guidance_scale=guidance.scale, class_names=list(artifact.class_names))
+    print()
+    print(quality.format_table(result))
+    if request.json:
+        quality.write_json(result, request.json)
+        print(f"wrote {request.json}")
+    if request.chart:
+        quality.write_plot(result, request.chart)
+        print(f"wrote {request.chart}")

@@ -1,0 +1,258 @@
+"""--mode export: a checkpoint's U-Net (and a latent model's decoder) as ONNX, TorchScript or a TensorRT
+engine, each checked against PyTorch before it is written.
+
+    python main.py --mode export --format onnx --model_path checkpoints/mnist.pt          # -> checkpoints/mnist.onnx
+    python main.py --mode export --format onnx --precision fp16 --model_path checkpoints/mnist.pt
+    python main.py --mode export --format tensorrt --model_path checkpoints/mnist.onnx     # a GPU with TensorRT
+
+The writers are formats/exporters.py's; loading any of the files back is backends/artifacts.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ddpm.backends.artifacts import decoder_path, load_artifact
+from ddpm.backends.runtimes import (
+    OnnxRuntimeDecoder,
+    OnnxRuntimeUNet,
+    _ort_reason,
+    import_onnxruntime,
+    load_torchscript,
+    onnxruntime_session,
+)  # fmt: skip
+from ddpm.cli.requests import ExportRequest
+from ddpm.formats.checkpoints import load_checkpoint_parts
+from ddpm.formats.exporters import (
+    _quiet_torchscript,
+    default_opset,
+    export_decoder_onnx,
+    export_onnx_model,
+    import_onnx,
+    save_torchscript,
+    trace_decoder,
+    trace_torchscript,
+)  # fmt: skip
+from ddpm.formats.kinds import FORMAT_SUFFIXES, FORMATS, artifact_kind
+from ddpm.formats.unet_io import UNetIO, artifact_metadata, max_abs_diff
+from ddpm.latent.first_stage import FirstStage, linked_first_stage
+from ddpm.util.safe_files import atomic_write, check_target
+from tensorrt_integration import TensorRTOptions
+
+
+def run_export(request: ExportRequest) -> None:
+    source, output = request.source, request.output
+    lines = export_artifact(
+        source.path,
+        fmt=request.fmt,
+        output=output,
+        weights=source.weights,
+        device=request.device,
+        precision=request.precision,
+        opset=request.opset,
+        tensorrt_options=TensorRTOptions.for_source(source.path, **asdict(request.engine)) if request.fmt == "tensorrt" else None,
+        autoencoder=source.autoencoder,
+    )
+    for line in lines:
+        print(line)
+
+
+
+def checked_decoder_target(output: Path, *, source: Path) -> Path:
+    """Where a latent model's exported decoder goes (:func:`decoder_path`), refused as an output may be."""
+    file = decoder_path(output)
+    check_target(file, flag="--output's decoder")
+    if file.resolve() == source.resolve():
+        raise ValueError(f"the decoder {file} would overwrite the source {source}")
+    return file
+
+
+def export_decoder(
+    stage: FirstStage, *, fmt: str, source: Path, output: Path, device: torch.device, opset: int, precision: str = "fp32"
+) -> tuple[dict, str, Callable[[], None]]:
+    """A latent model's decoder exported for beside its U-Net (ONNX in ``precision`` too) and checked
+    against PyTorch; returns (the metadata entry naming it, a report line, write(): the file written,
+    atomically, just before the U-Net)."""
+    file = checked_decoder_target(output, source=source)
+    decoder = stage.decoder.to(device).eval()
+    reference, compared = decoder, "against PyTorch"
+    if fmt == "onnx":
+        data = export_decoder_onnx(decoder, io=stage.io, opset=opset, precision=precision).SerializeToString()
+        if precision != "fp32":
+            from ddpm.util.precision import mixed_precision_decoder
+
+            reference, compared = mixed_precision_decoder(decoder, precision), f"against PyTorch's {precision} decoder"
+        try:
+            runner = OnnxRuntimeDecoder(onnxruntime_session(data, device=device), image_shape=stage.image_shape)
+        except ValueError as exc:
+            if precision == "fp32":
+                raise
+            # as for the U-Net: onnxruntime's CPU provider lacks some low-precision kernels
+            runner, reference = reference, decoder
+            compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); PyTorch's {precision} decoder against fp32"
+    else:
+        buffer = io.BytesIO()
+        traced = trace_decoder(decoder, latent_shape=stage.latent_shape)
+        with _quiet_torchscript():  # torch.jit.save's deprecation warning
+            torch.jit.save(traced, buffer)
+        data, runner = buffer.getvalue(), traced
+    z = torch.randn(3, *stage.latent_shape, generator=torch.Generator().manual_seed(1)).to(device)  # another batch size
+    with torch.no_grad():
+        diff = (runner(z) - reference(z)).abs().max().item()
+    entry = {"file": file.name, "sha256": hashlib.sha256(data).hexdigest(),
+             "latent_shape": list(stage.latent_shape), "image_shape": list(stage.image_shape)}  # fmt: skip
+    line = f"wrote {file} (the decoder; {compared}: max abs diff {diff:.3e})"
+    return entry, line, lambda: atomic_write(file, lambda f: f.write(data))
+
+
+# --------------------------------------------------------------------------------------------
+# Exporting a checkpoint
+# --------------------------------------------------------------------------------------------
+
+
+def check_export_paths(source: Path, output: Path, fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if output.suffix not in FORMAT_SUFFIXES[fmt]:
+        raise ValueError(
+            f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
+        )
+    check_target(output, flag="--output")
+    if output.resolve() == source.resolve():
+        raise ValueError(f"--output {output} would overwrite the source {source}")
+
+
+def export_checkpoint(
+    source: str | Path,
+    *,
+    fmt: str,
+    output: str | Path,
+    weights: str = "ema",
+    device: torch.device,
+    opset: int | None = None,
+    precision: str = "fp32",
+    autoencoder: str | None = None,
+) -> list[str]:
+    """Export a checkpoint's U-Net to ONNX or TorchScript, check it against PyTorch; returns report lines.
+    A latent model's decoder is exported beside it (:func:`export_decoder`).
+
+    ONNX may be written in mixed precision (``precision`` fp16/bf16); its check is then against
+    the same mixed-precision U-Net in PyTorch, and the fp32 U-Net's difference is reported too.
+    """
+    if fmt != "onnx" and precision != "fp32":
+        raise ValueError(f"{fmt} exports hold fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt")
+    opset = default_opset(precision) if opset is None else opset
+    source, output = Path(source), Path(output)
+    check_export_paths(source, output, fmt)
+    if fmt == "tensorrt":
+        raise ValueError("build TensorRT engines with tensorrt_integration.export_engine")
+    if fmt == "onnx":
+        import_onnx()  # fail before any work if a package is missing
+        import_onnxruntime()
+        device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
+    model, schedule_config, class_names, link, dataset = load_checkpoint_parts(source, weights=weights, device=device)
+    labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
+    if dataset is not None:  # evaluate judges the file as its training data without --dataset
+        labels["dataset"] = dataset
+    report = []
+    if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
+        stage, _ = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
+        entry, line, write_decoder = export_decoder(
+            stage, fmt=fmt, source=source, output=output, device=device, opset=opset, precision=precision
+        )
+        labels["decoder"] = entry
+        report.append(line)
+    else:
+        write_decoder = lambda: None  # noqa: E731  (a pixel model has none)
+    io = UNetIO.from_config(model.config)  # with the label input y for a conditional U-Net
+    batch_sizes = (1, 3, 8)
+    if fmt == "onnx":
+        metadata = artifact_metadata(
+            model_config=model.config, schedule_config=schedule_config, weights=weights, opset=opset, **labels
+        )
+        proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
+        data = proto.SerializeToString()
+        checked = f"{precision}, opset {opset}, dynamic batch, onnx.checker passed"
+        if precision == "fp32":
+            reference, compared = model, f"onnxruntime vs PyTorch ({weights} weights)"
+        else:
+            from ddpm.util.precision import mixed_precision_unet
+
+            reference = mixed_precision_unet(model, precision)
+            compared = f"onnxruntime vs PyTorch's {precision} mixed-precision U-Net ({weights} weights)"
+        try:
+            runtime = OnnxRuntimeUNet(onnxruntime_session(data, device=device), io=io)
+        except ValueError as exc:
+            if precision == "fp32":
+                raise
+            # onnxruntime's CPU provider lacks some low-precision kernels (bf16 convolutions): say so,
+            # and compare the mixed-precision U-Net in PyTorch with the fp32 one instead.
+            runtime, reference = reference, model
+            compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); instead PyTorch's {precision} U-Net vs fp32"
+        write_decoder()
+        atomic_write(output, lambda f: f.write(data))
+        diff = max_abs_diff(runtime, reference, io=io, batch_sizes=batch_sizes)
+    else:
+        metadata = artifact_metadata(
+            model_config=model.config, schedule_config=schedule_config, weights=weights, traced_on=device.type, **labels
+        )
+        module = trace_torchscript(model)
+        write_decoder()
+        save_torchscript(module, output, metadata=metadata)
+        loaded, *_ = load_torchscript(output, device=device, trusted=True)  # the file traced just now
+        diff = max_abs_diff(loaded, model, io=io, batch_sizes=batch_sizes)
+        checked = f"traced on {device.type}"
+        compared = f"TorchScript vs PyTorch ({weights} weights)"
+    sizes = ", ".join(map(str, batch_sizes))
+    return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}", *report]
+
+
+def export_artifact(
+    source: str | Path,
+    *,
+    fmt: str,
+    output: str | Path,
+    weights: str,
+    device: torch.device,
+    precision: str = "fp32",
+    opset: int | None = None,
+    tensorrt_options=None,
+    autoencoder: str | None = None,
+) -> list[str]:
+    """``--mode export``: ONNX or TorchScript from a checkpoint (:func:`export_checkpoint`), or a TensorRT
+    engine from a checkpoint or ONNX file (tensorrt_integration.export_engine); returns report lines."""
+    if fmt != "tensorrt":
+        return export_checkpoint(
+            source, fmt=fmt, output=output, weights=weights, device=device, opset=opset, precision=precision,
+            autoencoder=autoencoder,
+        )  # fmt: skip
+    import tensorrt_integration
+
+    source, output = Path(source), Path(output)
+    check_export_paths(source, output, "tensorrt")
+    options = tensorrt_options or tensorrt_integration.TensorRTOptions(opset=opset)
+    if options.backend != "native":
+        raise ValueError("--format tensorrt writes native engines; torch_tensorrt compiles when sampling")
+    tensorrt_integration.import_tensorrt()  # before anything is loaded: TensorRT and a GPU are needed
+    tensorrt_integration.require_cuda(device)
+    if artifact_kind(source) not in ("checkpoint", "onnx"):
+        raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
+    artifact = load_artifact(source, device=torch.device("cpu"), weights=weights, autoencoder=autoencoder)
+    decoder_output = None
+    if artifact.first_stage is not None:  # a latent model: the decoder's engine goes beside the U-Net's
+        decoder_output = checked_decoder_target(output, source=source)
+    return tensorrt_integration.export_engine(
+        artifact.model,
+        model_config=artifact.model_config,
+        schedule_config=artifact.schedule_config,
+        source=source,
+        output=output, weights=weights, device=device, precision=precision, options=options,
+        class_names=artifact.class_names, first_stage=artifact.first_stage, decoder_output=decoder_output,
+        dataset=artifact.dataset,
+    )

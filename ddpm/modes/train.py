@@ -1,0 +1,199 @@
+"""--mode train: a new run (or --resume of one) from the request to the saved checkpoint.
+
+    python main.py --mode train --dataset digits --max_steps 1500
+    torchrun --nproc_per_node 4 main.py --mode train --dataset cifar10 --batch_size 128
+
+The loop itself is training/trainer.py's; this module builds the trainer (a new model, a resumed
+checkpoint, or a latent model on its autoencoder's latents), checks the batch fits, and turns Ctrl-C
+or SIGTERM into a saved step and exit code 130 or 143.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from basic_diffusion import count_parameters
+from ddpm.cli.requests import NewModel, TrainRequest
+from ddpm.data.datasets import load_images
+from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
+from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
+from ddpm.training.trainer import TrainConfig, Trainer, resume_config
+from ddpm.util import distributed, interrupts
+from ddpm.util.memory_budget import check_batch_fits
+from ddpm.util.profiling import ProfileConfig, make_profiler
+from ddpm.util.safe_files import run_lock
+
+
+def run_train(request: TrainRequest) -> None:
+    checkpoint, ranks = request.checkpoint, distributed.current()
+    # A second run on this path is refused until this one ends (rank 0 writes, so rank 0 holds the lock).
+    with run_lock(checkpoint) if ranks.is_main else contextlib.nullcontext():
+        if Path(checkpoint).exists() and not (request.resume or request.overwrite):
+            raise ValueError(
+                f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
+                "or --overwrite to start over and replace it"
+            )
+        train(resumed_trainer(request) if request.resume else new_trainer(request), profile=request.profile)
+    distributed.say(f"checkpoint: {checkpoint}")
+
+def resumed_trainer(request: TrainRequest):
+    checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()
+    state = load_checkpoint(checkpoint)  # validated: configs, sizes
+    model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
+    # Any number of ranks continues a run: the checkpoint holds no rank's own state.
+    config = resume_config(
+        state, total_steps=request.max_steps, checkpoint=checkpoint, world_size=ranks.world_size,
+        grad_checkpoint=request.grad_checkpoint or None,  # memory, not math: a resumed run may turn it on
+    )  # fmt: skip
+    if request.timestep_sampling not in (None, config.timestep_sampling):
+        raise ValueError(
+            f"{checkpoint} trains with --timestep_sampling {config.timestep_sampling}, and a resumed run keeps it; "
+            f"to train with {request.timestep_sampling}, start a new run (another --model_path, or --overwrite)"
+        )
+    check_batch_fits(
+        model_config, batch_size=config.per_rank_batch(), device=device, training=True, grad_checkpoint=config.grad_checkpoint
+    )  # fmt: skip
+    # A latent model: its autoencoder, checked against the one it trained with, encodes the data again
+    # (the checkpoints this run writes name the autoencoder where it is now).
+    stage, autoencoder = linked_first_stage(
+        read_link(state, source=f"checkpoint {checkpoint}"), model_config=model_config, source=f"checkpoint {checkpoint}",
+        device=device, override=request.autoencoder,
+    )  # fmt: skip
+    if stage is None:
+        images = training_images(
+            config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
+        )
+    else:
+        images = latent_images(replace(request.model, dataset=config.dataset), autoencoder)
+    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage)
+    distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
+    return trainer
+
+def training_images(dataset: str, **kwargs):
+    """The training images; under torchrun rank 0 downloads them (if needed) before the others read them."""
+
+    ranks = distributed.current()
+    if ranks.is_main:
+        images = load_images(dataset, **kwargs)
+        distributed.barrier()  # the files are in place for the other ranks
+        return images
+    distributed.barrier()
+    return load_images(dataset, download=False, **kwargs)
+
+def latent_images(model: NewModel, autoencoder):
+    """The training images at the autoencoder's size, encoded once into its scaled latents (latents.py)."""
+
+    config = autoencoder.config
+    images = training_images(model.dataset, data_dir=model.data_dir, image_size=config.image_size, channels=config.in_channels)
+    distributed.say(f"encoding {len(images)} {model.dataset} images with {autoencoder.path} ...")
+    return encode_dataset(images, autoencoder, source=autoencoder.path)
+
+def on_ranks(config) -> str:
+    """``" on 4 ranks (gloo), 32 images each"`` for a distributed run, ``""`` for one process."""
+
+    if config.world_size == 1:
+        return ""
+    return f" on {config.world_size} ranks ({distributed.backend()}), {config.per_rank_batch()} images each"
+
+def new_trainer(request: TrainRequest):
+    spec, device, ranks = request.model, request.device, distributed.current()
+    stage = None
+    if request.autoencoder:  # a latent model: the U-Net's data are the autoencoder's latents
+
+        stage, autoencoder = load_first_stage(request.autoencoder, device=device)
+        channels, size = autoencoder.config.in_channels, autoencoder.config.image_size
+        if spec.image_size not in (0, size) or spec.channels not in (0, channels):
+            raise ValueError(
+                f"--autoencoder {request.autoencoder} encodes {channels}x{size}x{size} images; drop --img_size and --channels "
+                "(a latent model trains at its autoencoder's size), or train an autoencoder at the size you want"
+            )
+        latent_channels, latent_side = stage.latent_shape[0], stage.latent_shape[-1]
+        spec = replace(spec, image_size=latent_side, channels=latent_channels)
+    model_config = spec.model_config()  # validates before any download
+    if stage is None:
+        check_pixel_unet(model_config, source="--channels")  # images have 1 or 3
+    distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
+    check_batch_fits(
+        model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True,
+        grad_checkpoint=request.grad_checkpoint,
+    )  # fmt: skip
+    if stage is None:
+        images = training_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
+    else:
+        images = latent_images(request.model, autoencoder)
+    if request.class_cond:  # one label embedding per class, and the null label
+        if images.labels is None:
+            raise ValueError(
+                f"--class_cond needs labels; the {spec.dataset} images have none (a folder's classes are its "
+                "sub-folders: put every image in one)"
+            )
+        model_config = replace(model_config, num_classes=len(images.class_names))
+    # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
+    if request.n_epochs is None and request.max_steps:
+        total = request.max_steps
+    else:
+        total = (request.n_epochs or 10) * images.steps_per_epoch(request.batch_size)
+        total = min(total, request.max_steps) if request.max_steps else total
+    config = TrainConfig(
+        dataset=spec.dataset,
+        total_steps=total,
+        batch_size=request.batch_size,
+        lr=request.lr,
+        warmup_steps=request.warmup_steps if request.warmup_steps is not None else min(500, total // 20),
+        grad_clip=request.grad_clip,
+        ema_decay=request.ema_decay,
+        min_snr_gamma=request.min_snr_gamma,
+        timestep_sampling=request.timestep_sampling or "uniform",
+        precision=request.precision,
+        compile=request.compile,
+        seed=request.seed,
+        checkpoint=request.checkpoint,
+        save_every=request.save_every,
+        sample_every=request.sample_every,
+        world_size=ranks.world_size,
+        cond_drop=request.cond_drop,
+        grad_checkpoint=request.grad_checkpoint,
+    )
+    trainer = Trainer(config, model_config, spec.schedule_config(), images=images, device=device, first_stage=stage)
+    what = "volumes" if model_config.dims == 3 else "images" if stage is None else "images' latents"
+    distributed.say(
+        f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} "
+        f"{what} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "
+        f"for {total} steps on {device.type}, {request.precision}"
+        f"{on_ranks(config)}"
+        + (f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)" if model_config.num_classes else "")
+    )
+    return trainer
+
+def train(trainer, *, profile: str | None = None) -> None:
+    """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143.
+
+    A run stopped before its first step saves nothing, so the file it would replace stays as it was.
+    With ``profile`` (--profile DIR) a few steps of the run are traced (profiling.py).
+    """
+
+    start, ranks = trainer.step, distributed.current()
+    try:
+        if profile and trainer.config.total_steps > start:
+            run_name = f"train-rank{ranks.rank}" if ranks.distributed else "train"
+            config = ProfileConfig(profile, run_name=run_name, total_steps=trainer.config.total_steps - start)
+            with make_profiler(config, device=trainer.device, log=tqdm.write) as profiler:
+                trainer.run(profiler=profiler)
+        else:
+            trainer.run()
+    except KeyboardInterrupt as exc:
+        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        if trainer.step == start:
+            if ranks.is_main:
+                print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
+            raise SystemExit(stop.exit_code) from None
+        with interrupts.deferred(reraise=False):  # a second signal does not cut this save
+            path = trainer.save()  # rank 0 writes; every rank stopped after the same step
+        if ranks.is_main:
+            print(f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None

@@ -1,0 +1,22 @@
+"""--mode train_autoencoder: the first stage of a latent model (training/autoencoder_trainer.py).
+
+    python main.py --mode train_autoencoder --dataset digits
+    python main.py --mode train --dataset digits --autoencoder checkpoints/digits_autoencoder.pt
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest, train_autoencoder
+from ddpm.util.safe_files import run_lock
+
+
+def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
+    """The first stage of a latent model; an existing checkpoint is replaced only with --overwrite."""
+    with run_lock(request.checkpoint):  # a second run on this path is refused until this one ends
+        if Path(request.checkpoint).exists() and not request.overwrite:
+            raise ValueError(
+                f"--model_path {request.checkpoint} already holds a checkpoint; pass --overwrite to start over and replace it"
+            )
+        train_autoencoder(request)

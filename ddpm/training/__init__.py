@@ -1,0 +1,2 @@
+"""Training: the DDPM trainer, the autoencoder's trainer, and the timestep samplers.
+"""

@@ -1,0 +1,399 @@
+"""Training a DDPM: AdamW, warm-up + cosine LR, gradient clipping, EMA, mixed precision, checkpoints.
+
+The loop is step-based. The batch of step ``k`` is a function of (seed, k) (see data.py), and
+every other source of randomness (timesteps, noise, dropout) lives in states the checkpoint
+keeps, so ``--resume`` continues a run exactly: on a CPU, the same loss curve to the bit.
+
+Under torchrun (distributed.py) every rank draws the whole global batch's timesteps and noise from
+the same generator and keeps its own rows; DistributedDataParallel averages the gradients, so N
+ranks take the same steps as one process with the same global batch (to float rounding, and
+without dropout: dropout masks are drawn per rank for its rows, not for the global batch), and a
+checkpoint resumes on any number of ranks. Rank 0 alone writes checkpoints, grids and the progress bar.
+
+    trainer = Trainer(train_config, model_config, schedule_config, images=images, device="cpu")
+    trainer.run()   # -> writes the checkpoint and sample grids as configured
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import signal
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from basic_diffusion import UNet, UNetConfig, diffusion_loss, per_sample_losses, sample
+from ddpm.conditioning import DEFAULT_GUIDANCE, MAX_CLASS_NAME, Guidance, labels_for, valid_class_names
+from ddpm.data.datasets import ImageSet
+from ddpm.data.image_files import save_grid
+from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
+from ddpm.latent.first_stage import FirstStage, clips_x0
+from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
+from ddpm.util import distributed, interrupts
+from ddpm.util.distributed import Ranks
+from ddpm.util.precision import autocast, check_precision
+from ddpm.util.profiling import NullProfiler, Profiler, phase
+from noise_schedule import NoiseSchedule, ScheduleConfig
+
+MAX_CONSECUTIVE_NONFINITE = 20
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stayed non-finite; the last good checkpoint is left untouched."""
+
+
+VOLUME_PREVIEWS = 4  # volumes in a 3-D model's preview PNG (each a row of slices and a projection)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    dataset: str = "mnist"
+    total_steps: int = 1000
+    batch_size: int = 64
+    lr: float = 2e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ema_decay: float = 0.999
+    min_snr_gamma: float | None = None  # None: the unweighted loss; a number: min-SNR-gamma weighting
+    timestep_sampling: str = "uniform"  # which t each sample trains on (timestep_sampling.py)
+    precision: str = "fp32"
+    compile: bool = False
+    seed: int = 0
+    checkpoint: str = "checkpoints/mnist.pt"
+    save_every: int = 1000
+    sample_every: int = 1000
+    preview_samples: int = 64
+    preview_steps: int = 100  # respaced ancestral DDPM: robust early in training, when ODE samplers stay noisy
+    cuda_fast_path: bool = True  # fused AdamW and channels-last on CUDA (off only to measure their effect)
+    world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
+    cond_drop: float = 0.1  # class-conditional models: share of labels replaced by the null label
+    grad_checkpoint: bool = False  # recompute the residual blocks' activations in the backward pass (less memory)
+
+    def per_rank_batch(self) -> int:
+        return self.batch_size // self.world_size
+
+    def __post_init__(self) -> None:
+        positive = {"total steps": self.total_steps, "batch size": self.batch_size, "preview samples": self.preview_samples}
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"learning rate must be positive, got {self.lr}")
+        if self.warmup_steps < 0 or self.save_every < 0 or self.sample_every < 0:
+            raise ValueError("warm-up steps, --save_every and --sample_every must be >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:  # also refuses NaN
+            raise ValueError(f"EMA decay must be in [0, 1), got {self.ema_decay}")
+        if not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"gradient clipping norm (--grad_clip) must be positive and finite, got {self.grad_clip}")
+        if self.min_snr_gamma is not None and not (math.isfinite(self.min_snr_gamma) and self.min_snr_gamma > 0):
+            raise ValueError(f"--min_snr_gamma must be positive, got {self.min_snr_gamma}")
+        check_precision(self.precision)
+        if self.timestep_sampling not in TIMESTEP_SAMPLERS:
+            raise ValueError(f"unknown timestep sampling {self.timestep_sampling!r}; choose one of {', '.join(TIMESTEP_SAMPLERS)}")
+        if not 0.0 <= self.cond_drop <= 1.0:  # also refuses NaN
+            raise ValueError(f"--cond_drop must be in [0, 1], got {self.cond_drop}")
+        if self.world_size < 1:
+            raise ValueError(f"world size must be positive, got {self.world_size}")
+        distributed.check_global_batch(self.batch_size, world_size=self.world_size)
+
+    @property
+    def samples_dir(self) -> Path:
+        path = Path(self.checkpoint)
+        return path.with_name(f"{path.stem}_samples")
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+class Trainer:
+    """Owns the model, its EMA, the optimizer, LR schedule and grad scaler of one training run."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model_config: UNetConfig,
+        schedule_config: ScheduleConfig,
+        *,
+        images: ImageSet,
+        device: torch.device | str,
+        resume_state: dict | None = None,
+        ranks: Ranks | None = None,
+        first_stage: FirstStage | None = None,
+    ) -> None:
+        self.ranks = ranks or distributed.current()  # (rank, world size): distributed.SINGLE for one process
+        config = replace(config, world_size=self.ranks.world_size)  # validates the batch split; the checkpoint records it
+        self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
+        self.images, self.device = images, torch.device(device)
+        self.first_stage = first_stage  # a latent model: ``images`` are latents, previews are decoded
+        data_shape, model_shape = tuple(images.images.shape[1:]), model_config.sample_shape(1)[1:]
+        if data_shape != model_shape:
+            raise ValueError(
+                f"the data are {'x'.join(map(str, data_shape))} but the model expects {'x'.join(map(str, model_shape))}"
+            )
+        if model_config.num_classes and (images.labels is None or len(images.class_names) != model_config.num_classes):
+            found = f"{len(images.class_names)} classes" if images.labels is not None else "no classes"
+            raise ValueError(f"a model of {model_config.num_classes} classes cannot train on {images.name} data with {found}")
+        if model_config.num_classes and not valid_class_names(images.class_names, num_classes=model_config.num_classes):
+            raise ValueError(f"class names must be 1 to {MAX_CLASS_NAME} characters long (the checkpoint stores them)")
+        torch.manual_seed(config.seed)  # weight init and dropout
+        cuda = self.device.type == "cuda" and config.cuda_fast_path
+        self.memory_format = torch.channels_last if cuda and model_config.dims == 2 else torch.contiguous_format
+        self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
+        self.model.grad_checkpoint = config.grad_checkpoint
+        self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.schedule = NoiseSchedule(schedule_config).to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=cuda or None
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        self.generator = torch.Generator(self.device).manual_seed(config.seed)  # timesteps and noise
+        self.timesteps = make_timestep_sampler(config.timestep_sampling, num_timesteps=schedule_config.num_timesteps)
+        wrapped = self.model
+        if self.ranks.distributed:  # gradients averaged over the ranks during backward
+            from torch.nn.parallel import DistributedDataParallel
+
+            wrapped = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.forward = torch.compile(wrapped) if config.compile else wrapped
+        self.stop_requested = False  # a rank was asked to stop (Ctrl-C, SIGTERM): every rank stops after this step
+        self.step = 0
+        if resume_state is not None:
+            self._restore(resume_state)
+
+    # ----- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "model_config": self.model_config.to_dict(),
+            "schedule_config": asdict(self.schedule_config),
+            "train_config": asdict(self.config),
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "timestep_sampler": self.timesteps.state_dict(),
+            "class_names": list(self.images.class_names) if self.model_config.num_classes else [],
+            **({LINK_KEY: self.first_stage.link} if self.first_stage is not None else {}),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "generator": self.generator.get_state(),
+                "device": self.device.type,
+            },
+        }
+
+    def _restore(self, state: dict) -> None:
+        saved_on = state.get("rng", {}).get("device", self.device.type)
+        if saved_on != self.device.type:
+            raise ValueError(f"this run was trained on {saved_on}; resume it there (--device {saved_on}) to continue it exactly")
+        try:
+            self.model.load_state_dict(state["model"])
+            self.ema.load_state_dict(state["ema"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["grad_scaler"])
+            if "timestep_sampler" in state:  # checkpoints before it existed trained with uniform t
+                self.timesteps.load_state_dict(state["timestep_sampler"])
+            rng = state["rng"]
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            self.generator.set_state(rng["generator"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"cannot resume from this checkpoint: {str(exc).splitlines()[0]}") from exc
+        self.step = int(state["step"])
+
+    def save(self) -> Path:
+        """Write the checkpoint (rank 0; the other ranks hold the same weights and only check them)."""
+        # sync: one check that no weight is NaN/inf before anything reaches the disk.
+        tensors = list(self.model.parameters()) + list(self.ema.parameters())
+        if not bool(torch.stack([t.isfinite().all() for t in tensors]).all()):
+            raise TrainingDiverged("the weights hold NaN or inf; the checkpoint was not written")
+        if not self.ranks.is_main:
+            return Path(self.config.checkpoint)
+        return save_checkpoint(self.config.checkpoint, self.state_dict())
+
+    def write_samples(self) -> Path:
+        """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
+        plan = self.schedule.make_plan(
+            "ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
+            clip_denoised=clips_x0(True, self.first_stage),
+        )  # fmt: skip
+        gen = torch.Generator(self.device).manual_seed(self.config.seed)
+        n, guidance, columns = self.config.preview_samples, None, None
+        if self.model_config.num_classes:  # one row per class, guided as sampling is by default
+            classes = self.model_config.num_classes
+            columns = max(1, math.ceil(n / classes))
+            n = columns * classes
+            labels = labels_for(list(range(classes)), n=n).to(self.device)
+            guidance = Guidance(labels=labels, null_label=self.model_config.null_label, scale=DEFAULT_GUIDANCE)
+        if self.model_config.dims == 3:
+            n = min(n, VOLUME_PREVIEWS)  # a volume step costs (32^3 / 28^2) ~ 40x an MNIST image's
+        images = sample(self.ema, plan, shape=self.model_config.sample_shape(n), generator=gen, guidance=guidance)
+        if self.first_stage is not None:
+            with torch.no_grad():
+                images = self.first_stage.decoder(images)  # latents -> (n, C, H, W) images (loaded on self.device)
+        path = self.config.samples_dir / f"step_{self.step:07d}.png"
+        return save_grid(images, path, columns=columns)
+
+    # ----- the loop ------------------------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """The LR schedule is a function of the step (and the config), so the checkpoint's step restores it."""
+        cfg = self.config
+        return cfg.lr * lr_factor(self.step, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
+
+    def train_step(self) -> float:
+        """One optimizer step on the batch of ``self.step``; returns the loss (NaN if skipped)."""
+        cfg, ranks = self.config, self.ranks
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        mine = ranks.share(cfg.batch_size)  # this rank's rows of the global batch (all of them for one process)
+        with phase("data"):
+            x_start, labels = self.images.batch_with_labels(
+                self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device, rows=mine
+            )
+            x_start = x_start.contiguous(memory_format=self.memory_format)  # (B / ranks, C, H, W)
+            # Timesteps, then noise, for the whole global batch on every rank (the generator stays in step
+            # across ranks); each rank keeps its rows. One process draws exactly what it always drew.
+            B = cfg.batch_size
+            if self.timesteps.name == "uniform":
+                t = torch.randint(0, self.schedule.num_timesteps, (B,), device=self.device, generator=self.generator)
+            else:  # t from the sampler; each draw weighted so the objective keeps its expectation
+                t, weights = self.timesteps.sample(B, generator=self.generator, device=self.device)
+            noise = torch.randn((B, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype)
+            y = None
+            if self.model_config.num_classes:  # classifier-free guidance: some labels become the null label
+                drop = torch.rand(B, device=self.device, generator=self.generator) < cfg.cond_drop
+                y = torch.where(drop[mine], self.model_config.null_label, labels)  # (B / ranks,)
+        # Forward and backward, in the chosen precision.
+        self.model.train()
+        with phase("forward"), autocast(self.device.type, cfg.precision):
+            if self.timesteps.name == "uniform":
+                loss = diffusion_loss(
+                    self.forward, self.schedule, x_start, t=t[mine], noise=noise[mine], y=y, min_snr_gamma=cfg.min_snr_gamma
+                )
+            else:
+                losses = per_sample_losses(
+                    self.forward, self.schedule, x_start, t[mine], noise=noise[mine], y=y, min_snr_gamma=cfg.min_snr_gamma
+                )  # (B / ranks,)
+                loss = (weights[mine] * losses).mean()
+        with phase("backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+        with phase("optimizer"):
+            # Clip gradients (after unscaling fp16 gradients).
+            self.scaler.unscale_(self.optimizer)
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            # sync: read the loss and check loss and gradients are finite before they touch the weights. With
+            # ranks, the same all-reduce averages the loss and says whether any rank was asked to stop, so all
+            # ranks take the same decisions (the gradients, and so their norm, are the same on every rank).
+            stop = float(interrupts.pending() or 0) if ranks.distributed else 0.0
+            stats = torch.stack([loss.detach().float(), grad_norm.float(), loss.new_tensor(stop, dtype=torch.float32)])
+            loss_value, norm_value, stop = distributed.all_reduce_sum(stats, ranks=ranks).div_(ranks.world_size).tolist()
+            self.stop_requested = stop > 0
+            finite = math.isfinite(loss_value) and math.isfinite(norm_value)
+            if finite:
+                self.scaler.step(self.optimizer)
+                self._update_ema()
+        if self.timesteps.name != "uniform" and finite:
+            global_losses = distributed.all_gather_rows(losses.detach(), ranks=ranks)  # (B,), in rank order
+            self.timesteps.update(t, global_losses)  # sync inside: the per-timestep history lives on the CPU
+        self.scaler.update()  # with fp16, an overflowing gradient lowers the scale (the step is skipped)
+        self.step += 1
+        scaler_backoff = self.scaler.is_enabled() and math.isfinite(loss_value)
+        return loss_value if finite or scaler_backoff else math.nan
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        # Warm the decay up so short runs still get a useful average (Tensorflow's EMA num_updates).
+        decay = min(self.config.ema_decay, (1 + self.step) / (10 + self.step))
+        ema_params, params = list(self.ema.parameters()), list(self.model.parameters())
+        torch._foreach_lerp_(ema_params, params, 1.0 - decay)
+        for ema_buf, buf in zip(self.ema.buffers(), self.model.buffers()):
+            ema_buf.copy_(buf)
+
+    def run(
+        self, *, until_step: int | None = None, progress: bool = True, profiler: Profiler | NullProfiler | None = None
+    ) -> list[float]:
+        """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses.
+
+        With a ``profiler`` (profiling.py), each step is one profiler step, its phases named ranges in the trace.
+        """
+        cfg = self.config
+        end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
+        losses, bad_in_a_row, smoothed = [], 0, None
+        bar = tqdm(
+            total=end, initial=self.step, desc="training", unit="step", disable=not (progress and self.ranks.is_main),
+            dynamic_ncols=True,
+        )  # fmt: skip
+        profiler = profiler or NullProfiler()
+        window_start, window_steps = time.perf_counter(), 0
+        # Ctrl-C and SIGTERM take effect between steps, so a checkpoint saved on interrupt is a whole step's state.
+        try:
+            with interrupts.deferred():
+                while self.step < end:
+                    if not self.ranks.distributed:  # ranks stop together, after the step that reports the signal
+                        interrupts.raise_if_pending()
+                    loss = self.train_step()
+                    profiler.step()
+                    losses.append(loss)
+                    if math.isfinite(loss):
+                        bad_in_a_row = 0
+                        smoothed = loss if smoothed is None else 0.98 * smoothed + 0.02 * loss
+                    else:
+                        bad_in_a_row += 1
+                        if self.ranks.is_main:  # every rank saw the same (averaged) loss
+                            bar.write(f"step {self.step}: non-finite loss, update skipped")
+                        if bad_in_a_row >= MAX_CONSECUTIVE_NONFINITE:
+                            raise TrainingDiverged(
+                                f"the loss was non-finite for {bad_in_a_row} steps in a row at step {self.step}; "
+                                "try a lower --lr or --precision fp32 (the last good checkpoint is kept)"
+                            )
+                    window_steps += 1
+                    bar.update(1)
+                    elapsed = time.perf_counter() - window_start
+                    if elapsed > 1.0 or self.step == end:
+                        bar.set_postfix(
+                            loss=f"{smoothed:.4f}" if smoothed is not None else "nan",
+                            img_s=f"{window_steps * cfg.batch_size / elapsed:.0f}",
+                            lr=f"{self.lr:.2e}",
+                        )
+                        window_start, window_steps = time.perf_counter(), 0
+                    if self.stop_requested:  # this rank's own signal, or another rank's
+                        interrupts.raise_if_pending()
+                        raise interrupts.Interrupted(signal.SIGTERM)
+                    at_end = self.step == cfg.total_steps
+                    if at_end or (cfg.save_every and self.step % cfg.save_every == 0):
+                        self.save()
+                    sample_now = at_end or (cfg.sample_every and self.step % cfg.sample_every == 0)
+                    if sample_now and self.ranks.is_main:  # the other ranks wait for rank 0 in the next step
+                        bar.write(f"step {self.step}: samples in {self.write_samples()}")
+        finally:
+            bar.close()
+        skipped = sum(not math.isfinite(loss) for loss in losses)
+        if 2 * skipped > len(losses):
+            raise TrainingDiverged(
+                f"{skipped} of the {len(losses)} steps of this run were skipped as non-finite, so the checkpoint "
+                "learned little; try a lower --lr or --precision fp32"
+            )
+        return losses
+
+
+def resume_config(state: dict, **overrides) -> TrainConfig:
+    """The stored training config of a checkpoint, with the given fields replaced."""
+    try:
+        stored = TrainConfig(**state["train_config"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError("this checkpoint holds no training state to resume from (was it exported?)") from exc
+    return replace(stored, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,35 @@
+"""One-line messages: what a user reads when something they can cause goes wrong.
+
+    raise ValueError(f"{path} cannot be read ({first_line(exc)})") from exc
+    print(f"main.py: error: {one_line(exc)}")
+
+Errors a user can cause end in one line on stderr (main.py); library code quotes the first line of
+an exception it wraps, and sizes in binary units.
+"""
+
+from __future__ import annotations
+
+
+def _lines(exc: BaseException) -> list[str]:
+    return [line.strip() for line in str(exc).splitlines() if line.strip()]
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message (its type name if there is none)."""
+    lines = _lines(exc)
+    return lines[0] if lines else type(exc).__name__
+
+
+def one_line(exc: BaseException) -> str:
+    """The whole message of an exception on one line (its lines joined by "; ")."""
+    return "; ".join(_lines(exc)) or type(exc).__name__
+
+
+def format_bytes(n: int | float) -> str:
+    """1536 -> '1.5 KiB'; binary units, one decimal."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            break
+        value /= 1024
+    return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"

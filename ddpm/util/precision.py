@@ -1,0 +1,157 @@
+"""Precision names, how "auto" resolves, the TF32/cuDNN policy, and a U-Net with autocast's mixed-precision policy written into the model itself.
+
+Strongly typed runtimes (TensorRT 11, TensorRT 10.12+ with ``STRONGLY_TYPED``, Torch-TensorRT 2.10+)
+run every layer in the dtype of its inputs and weights: there is no flag that turns fp16 on. So
+reduced precision has to be in the graph. :func:`mixed_precision_unet` returns a copy of a U-Net
+whose modules cast explicitly, following the policy PyTorch's autocast applies to this network:
+
+* convolutions, linear layers and the attention matmuls run in the low precision (weights cast);
+* the timestep embedding (``t * freqs``, ``sin``, ``cos``) and the time MLP stay in float32: at
+  t = 999 an fp16 phase is off by about 0.5 rad and a bf16 one by about 4 rad;
+* GroupNorm (its statistics and output) and the attention softmax run in float32;
+* inputs and output stay float32, so the sampling loop around the model is unchanged.
+
+Exported to ONNX (``--mode export --format onnx --precision fp16``) this gives a mixed-precision
+graph that TensorRT 10.12+ and 11 build as it is. Why not NVIDIA ModelOpt AutoCast on the fp32
+graph: it decides per node from heuristics and data, so which nodes stay fp32 (the time
+embedding above all) would be its choice, not a tested property of this code; ModelOpt was not
+tried or measured here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`; ValueError naming the choices otherwise."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
+    """The precision ``--precision`` names: "auto" is bf16 for training on a GPU that supports it
+    (fp32 elsewhere), and fp32 for sampling and export, where fp32 draws the original's images."""
+    if requested != "auto":
+        return check_precision(requested)
+    if purpose == "training" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+@contextlib.contextmanager
+def backend_policy(precision: str) -> Iterator[None]:
+    """cuDNN autotuning on; TF32 off for fp32 (exact fp32), on for bf16/fp16. Restored on exit."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    tf32 = precision != "fp32"
+    cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = True, tf32, tf32
+    try:
+        yield
+    finally:
+        cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+
+
+def autocast(device_type: str, precision: str, *, cache_enabled: bool = True) -> torch.autocast:
+    """The autocast context of ``precision`` on ``device_type`` (a disabled one for fp32)."""
+    dtype = LOW_DTYPES.get(check_precision(precision), torch.float32)
+    return torch.autocast(device_type, dtype=dtype, enabled=precision != "fp32", cache_enabled=cache_enabled)
+
+
+def low_dtype(precision: str) -> torch.dtype:
+    """The reduced-precision dtype of ``precision`` ("fp16" or "bf16")."""
+    if precision not in LOW_DTYPES:
+        raise ValueError(f"a mixed-precision model needs --precision fp16 or bf16, got {precision!r}")
+    return LOW_DTYPES[precision]
+
+
+class CastInput(nn.Module):
+    """Runs ``inner`` (its parameters already in ``dtype``) on its input cast to ``dtype``."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner, self.dtype = inner.to(dtype), dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.to(self.dtype))
+
+
+class Float32(nn.Module):
+    """Runs ``inner`` (float32 parameters) in float32; its output stays float32."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.float())
+
+
+class MixedPrecisionUNet(nn.Module):
+    """A U-Net copy in explicit mixed precision: float32 in and out, ``config`` kept for the I/O spec."""
+
+    def __init__(self, unet: nn.Module, precision: str) -> None:
+        super().__init__()
+        self.unet, self.precision, self.config = unet, precision, unet.config
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        eps = self.unet(x, t) if y is None else self.unet(x, t, y)
+        return eps.float()  # (B, C, H, W) float32, like the fp32 U-Net
+
+
+def _cast_explicitly(module: nn.Module, dtype: torch.dtype, *, keep: set[int] = frozenset()) -> None:
+    """Rewrite ``module`` in place by the policy above: convolutions and linear layers in ``dtype``
+    (weights cast), GroupNorm in float32, attention softmax in float32; modules in ``keep`` (ids) and
+    their children untouched."""
+    for name, child in module.named_children():
+        if id(child) in keep:
+            continue
+        if isinstance(child, (nn.Conv2d, nn.Conv3d, nn.Linear)):
+            setattr(module, name, CastInput(child, dtype))
+        elif isinstance(child, nn.GroupNorm):
+            setattr(module, name, Float32(child))
+        else:
+            if hasattr(child, "float32_softmax"):  # basic_diffusion.AttentionBlock
+                child.float32_softmax = True
+            _cast_explicitly(child, dtype, keep=keep)
+
+
+def mixed_precision_unet(model: nn.Module, precision: str) -> MixedPrecisionUNet:
+    """A copy of ``model`` (a basic_diffusion.UNet) computing in ``precision`` by the policy above.
+
+    The original is left unchanged. The copy is for export and compilation (its state dict has
+    other keys); it runs in PyTorch too, which is how tests compare it with the exported graph.
+    """
+    dtype = low_dtype(precision)
+    unet = copy.deepcopy(model).eval()
+    _cast_explicitly(unet, dtype, keep=set(map(id, unet.time_mlp.modules())))  # the time MLP stays float32
+    return MixedPrecisionUNet(unet, precision)
+
+
+class MixedPrecisionDecoder(nn.Module):
+    """A latent model's decoder copy in explicit mixed precision: float32 latents in, float32 images out."""
+
+    def __init__(self, decoder: nn.Module, precision: str) -> None:
+        super().__init__()
+        self.decoder, self.precision = decoder, precision
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.decoder(z).float()  # (B, C, H, W) float32, like the fp32 decoder
+
+
+def mixed_precision_decoder(decoder: nn.Module, precision: str) -> MixedPrecisionDecoder:
+    """A copy of a latent model's decoder (autoencoder.LatentDecoder) in ``precision`` by the same policy:
+    its convolutions in the low precision, its GroupNorms in float32; the original is left unchanged."""
+    dtype = low_dtype(precision)
+    copied = copy.deepcopy(decoder).eval()
+    _cast_explicitly(copied, dtype)
+    return MixedPrecisionDecoder(copied, precision)

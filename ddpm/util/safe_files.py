@@ -1,0 +1,326 @@
+"""Reading and writing files without ever losing a good one: bounded reads, output checks, atomic writes, run locks.
+
+Four rules, applied by every mode before any work starts:
+
+* :func:`read_limited` reads a file only if it is a regular file within :data:`MAX_FILE_BYTES` for its
+  kind (checked with ``os.stat`` first), and :func:`parse_json` reads metadata size- and depth-limited.
+
+* :func:`check_outputs` resolves every output path (following symlinks) and refuses, with the flag
+  and the path in one line, an output that is the same file as an input or as another output, an
+  existing path that is not a regular file (a folder, a device, a FIFO), a read-only file (its mode
+  is respected, even by root), or a folder that cannot be written.
+* :func:`atomic_write` writes through a temporary file in the target's folder (flushed, fsynced,
+  then renamed over the target), so a file holds either its old or its whole new content; signals
+  arriving during the write wait until the rename is done. A symlinked output keeps its link: the
+  file it points to is replaced. Temporaries are named ``.<name>.tmp-<pid>-<random>``; the next
+  check of that output removes those whose process is gone (a killed save).
+* :func:`run_lock` takes an advisory lock beside a checkpoint, so two training runs never write
+  into the same file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO
+
+from ddpm.util import interrupts
+from ddpm.util.messages import first_line, format_bytes
+
+PathLike = str | os.PathLike
+
+
+def resolved(path: PathLike) -> Path:
+    """The absolute path with every symlink followed (the file a write would really change)."""
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of an existing path, so hard links and bind mounts compare equal."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_target(path: PathLike, *, flag: str = "output") -> Path:
+    """Refuse a path that a write must not replace; returns the resolved path. ValueError names ``flag``."""
+    raw = os.fspath(path)
+    if not raw:
+        raise ValueError(f"{flag} is an empty path; give a file name")
+    target = resolved(raw)
+    try:
+        st = os.stat(target)
+    except (FileNotFoundError, NotADirectoryError):  # the folder check below says which part is wrong
+        st = None
+    except OSError as exc:
+        raise ValueError(f"{flag} {raw}: cannot inspect it ({exc.strerror})") from exc
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{flag} {raw} is a folder; give a file name")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{flag} {raw} is not a regular file (a device, FIFO or socket); refusing to replace it")
+        if not st.st_mode & 0o222 or not os.access(target, os.W_OK):
+            raise ValueError(
+                f"{flag} {raw} is read-only (mode {stat.S_IMODE(st.st_mode):04o}); refusing to replace it "
+                "(make it writable, or choose another path)"
+            )
+    folder = target.parent
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise ValueError(f"{flag} {raw}: {existing} is not a folder, so the file cannot be written")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {raw}: the folder {existing} is not writable")
+    return target
+
+
+def check_outputs(
+    outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, PathLike | None] | None = None
+) -> dict[str, Path]:
+    """Check every output before any work (see the module docstring); returns flag -> resolved path.
+
+    ``outputs`` and ``inputs`` map a flag (``"--output"``) to its path; None entries are skipped.
+    Stale temporaries of each output (from a killed save) are removed.
+    """
+    inputs = {flag: path for flag, path in (inputs or {}).items() if path is not None}
+    input_ids = {flag: (resolved(path), _identity(resolved(path))) for flag, path in inputs.items()}
+    checked: dict[str, Path] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        target = check_target(path, flag=flag)
+        target_id = _identity(target)
+        for in_flag, (in_path, in_id) in input_ids.items():
+            if target == in_path or (target_id is not None and target_id == in_id):
+                raise ValueError(f"{flag} {path} is the same file as {in_flag}; it would be destroyed, choose another path")
+        for out_flag, out_path in checked.items():
+            if target == out_path:
+                raise ValueError(f"{flag} and {out_flag} both name {path}; one would overwrite the other")
+        _probe_folder(target, flag=flag, raw=path)
+        remove_stale_temporaries(target)
+        checked[flag] = target
+    return checked
+
+
+def _probe_folder(target: Path, *, flag: str, raw: PathLike) -> None:
+    """Create and remove a temporary file beside ``target``: catches read-only file systems early."""
+    if not target.parent.is_dir():
+        return  # created when the file is written; its nearest existing ancestor was checked
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target))
+    except OSError as exc:
+        raise ValueError(f"{flag} {raw}: cannot write in {target.parent} ({exc.strerror})") from exc
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def temp_prefix(target: Path) -> str:
+    """The name every temporary file of ``target`` starts with; the writer's pid follows it."""
+    return f".{target.name}.tmp-{os.getpid()}-"
+
+
+def remove_stale_temporaries(target: PathLike) -> list[Path]:
+    """Remove ``.<name>.tmp-<pid>-*`` files beside ``target`` whose writing process no longer runs."""
+    target = resolved(target)
+    removed = []
+    if not target.parent.is_dir():
+        return removed
+    for tmp in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = tmp.name[len(f".{target.name}.tmp-") :].split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def atomic_write(path: PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write a file through ``write(f)`` so that ``path`` holds either the old or the whole new file.
+
+    Returns ``path`` as given. Signals arriving meanwhile are held until the file is in place.
+    """
+    with interrupts.deferred(), atomic_open(path) as f:
+        write(f)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_open(path: PathLike) -> Iterator[IO[bytes]]:
+    """A binary file that replaces ``path`` when the block ends without an exception (else it vanishes).
+
+    For writes that span other work (a stream of samples); the final fsync and rename are not cut
+    by signals. An OSError (a full disk, a vanished folder) names ``path``, not the temporary file.
+    """
+    target = check_target(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target))
+    except OSError as exc:
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode instead
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            with interrupts.deferred():
+                try:
+                    f.flush()
+                    os.fsync(f.fileno())
+                    os.replace(tmp, target)
+                except OSError as exc:
+                    raise OSError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def run_lock(path: PathLike, *, flag: str = "--model_path") -> Iterator[Path]:
+    """Hold an advisory lock on ``<path>.lock`` for the block; a second holder is refused (ValueError).
+
+    The lock file stays (removing it would race with the next run); the lock dies with the process.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no advisory locks, nothing to hold
+        yield Path(path)
+        return
+    target = resolved(path)
+    lock_path = target.with_name(f"{target.name}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot create the lock file {lock_path} ({exc.strerror})") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"another run is training into {path} (it holds {lock_path}); wait for it, or choose another {flag}"
+            ) from None
+        yield target
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# The largest file of each kind that is read at all, with a wide margin over the largest legitimate
+# one: the ddpm_cifar10 preset's 35.7M fp32 parameters are 0.14 GB, so a checkpoint (model, EMA and
+# AdamW's two moments) is 0.57 GB and a TorchScript, ONNX or engine file (one copy) 0.14 GB;
+# metadata files are a few KB. Keys are formats.kinds.ARTIFACT_KINDS's kinds, plus "metadata" (JSON).
+GiB, MiB = 1 << 30, 1 << 20
+MAX_FILE_BYTES = {
+    "checkpoint": 4 * GiB,
+    "torchscript": 1 * GiB,
+    "onnx": 1 * GiB,
+    "tensorrt": 1 * GiB,
+    "metadata": 1 * MiB,
+}
+MAX_JSON_DEPTH = 32  # the metadata written here nests 4 deep
+
+
+# --------------------------------------------------------------------------------------------
+# Reading files within limits
+# --------------------------------------------------------------------------------------------
+
+
+def check_file_size(path: str | Path, *, kind: str) -> int:
+    """The size of ``path``, a regular file of at most ``MAX_FILE_BYTES[kind]``; stat only, no read."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({first_line(exc)})") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path} is not a regular file")
+    limit = MAX_FILE_BYTES[kind]
+    if info.st_size > limit:
+        raise ValueError(
+            f"{path} is {format_bytes(info.st_size)}, over the {format_bytes(limit)} limit for a {kind} file; "
+            "refusing to read it"
+        )
+    return info.st_size
+
+
+def read_limited(path: str | Path, *, kind: str) -> bytes:
+    """The bytes of ``path`` after :func:`check_file_size`; never more than the limit (if it grows meanwhile)."""
+    check_file_size(path, kind=kind)
+    limit = MAX_FILE_BYTES[kind]
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({first_line(exc)})") from exc
+    if len(data) > limit:
+        raise ValueError(f"{path} grew beyond the {format_bytes(limit)} limit for a {kind} file while being read")
+    return data
+
+
+def parse_json(
+    raw: str | bytes,
+    *,
+    source: str | Path,
+    max_bytes: int | None = None,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> object:
+    """JSON metadata, refused (one-line ValueError naming ``source``) when larger than ``max_bytes``
+    (default ``MAX_FILE_BYTES["metadata"]``), nested deeper than ``max_depth``, not JSON, or
+    holding NaN or Infinity."""
+    max_bytes = MAX_FILE_BYTES["metadata"] if max_bytes is None else max_bytes
+    if len(raw) > max_bytes:
+        size, limit = format_bytes(len(raw)), format_bytes(max_bytes)
+        raise ValueError(f"{source}: its metadata is {size}, over the {limit} limit")
+
+    def no_constants(name: str) -> object:
+        raise ValueError(f"{name} is not a number this tool reads")
+
+    try:
+        value = json.loads(raw, parse_constant=no_constants)
+    except RecursionError as exc:
+        raise ValueError(f"{source}: its metadata nests deeper than {max_depth} levels") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too-long integers
+        raise ValueError(f"{source}: its metadata is not valid JSON ({first_line(exc)})") from exc
+    stack = [(value, 1)]
+    while stack:  # no recursion: depth is what is being checked
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                raise ValueError(f"{source}: its metadata nests deeper than {max_depth} levels")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value

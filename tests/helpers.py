@@ -1,0 +1,118 @@
+"""What the tests share: tiny configs, tiny models, and the command line run as a user runs it.
+
+    from helpers import TINY_TRAIN, assert_user_error, perturbed_unet, run, run_here, tiny_unet_config
+
+Fixtures live in conftest.py; everything else two test files need lives here, so no test file imports
+another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from basic_diffusion import UNet, UNetConfig
+from noise_schedule import ScheduleConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ----- tiny models -----------------------------------------------------------------------------------
+# The U-Net most tests use: two levels, one residual block each, attention at 8x8, 16 channels wide.
+TINY_UNET = dict(model_channels=16, channel_mult=(1, 2), num_res_blocks=1, attention_resolutions=(8,), num_heads=2, dropout=0.0)
+TINY_SCHEDULE = ScheduleConfig(num_timesteps=50)
+
+
+def tiny_unet_config(*, image_size: int = 16, in_channels: int = 1, **overrides) -> UNetConfig:
+    """:data:`TINY_UNET` at ``image_size`` x ``in_channels``, with any field overridden."""
+    return UNetConfig(image_size=image_size, in_channels=in_channels, **{**TINY_UNET, **overrides})
+
+
+def perturbed_unet(config: UNetConfig, *, device: str | torch.device = "cpu", std: float = 0.05) -> UNet:
+    """A U-Net of ``config`` (seed 0) with every weight perturbed, in eval mode: its zero-initialized
+    output layers would otherwise give eps = 0, and every implementation would agree trivially."""
+    torch.manual_seed(0)
+    model = UNet(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(std * torch.randn_like(p))
+    return model.to(device).eval()
+
+
+def make_trainer(tmp_path, *, total_steps=6, state=None, **overrides):
+    """A tiny digits trainer (16x16, 100 timesteps) writing tmp_path/run.pt; ``overrides`` go to TrainConfig."""
+    from ddpm.data.datasets import load_images
+    from ddpm.training.trainer import TrainConfig, Trainer
+
+    images = load_images("digits", data_dir="unused", image_size=16)
+    config = TrainConfig(
+        dataset="digits",
+        total_steps=total_steps,
+        batch_size=16,
+        lr=1e-3,
+        warmup_steps=2,
+        checkpoint=str(tmp_path / "run.pt"),
+        save_every=0,
+        sample_every=0,
+        preview_samples=4,
+        preview_steps=2,
+        **overrides,
+    )
+    model_config = tiny_unet_config(dropout=0.1)
+    return Trainer(config, model_config, ScheduleConfig(num_timesteps=100), images=images, device="cpu", resume_state=state)
+
+
+HAVE_ONNX = all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript", "onnxruntime"))
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="needs onnx, onnxscript and onnxruntime: pip install onnx onnxscript onnxruntime")
+
+# ----- the command line ------------------------------------------------------------------------------
+TINY_TRAIN = [
+    "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
+    "--timesteps", "50", "--max_steps", "3", "--batch_size", "8", "--sample_every", "0",
+]  # fmt: skip
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python main.py args`` in a new process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def run_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``main.main(args)`` in this process, in ``cwd``, with its exit code and output captured (the same
+    code without the seconds each new Python process spends importing torch)."""
+    import main
+    from ddpm.util import interrupts
+
+    out, err, previous = io.StringIO(), io.StringIO(), os.getcwd()
+    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}  # main installs its own
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main.main(list(args))
+            except SystemExit as exc:  # argparse's own errors and --help
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(previous)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def assert_user_error(result: subprocess.CompletedProcess, match: str) -> None:
+    """Exit code 2, no traceback, one line on stderr that starts like every user error and says ``match``."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("main.py: error:"), result.stderr
+    assert match in lines[0], lines[0]
