@@ -50,7 +50,7 @@ class UNetConfig:
 
     Valid values (checked at construction; :meth:`from_dict`, for configs read from files, also
     refuses unknown or missing keys and wrong types): ``in_channels`` 1 or 3 (1..64 for the U-Net of a
-    latent model, whose file names its autoencoder: latents.py checks which); ``image_size``
+    latent model, whose file names its autoencoder: latent/first_stage.py checks which); ``image_size``
     1..1024, divisible by 2 ** (levels - 1); ``model_channels`` 1..512; ``channel_mult`` 1..8
     levels, each 1..8; ``num_res_blocks`` 1..8; ``num_heads`` 1..64, dividing every attention
     width; ``norm_groups`` 1..256; ``attention_resolutions`` at most 16 sizes, each 1..image_size;
@@ -96,7 +96,7 @@ class UNetConfig:
         # Tuples may arrive as lists from a checkpoint; normalize so equality and hashing work.
         object.__setattr__(self, "channel_mult", tuple(int(m) for m in self.channel_mult))
         object.__setattr__(self, "attention_resolutions", tuple(int(r) for r in self.attention_resolutions))
-        if not (self.in_channels in (1, 3) or 1 <= self.in_channels <= MAX_LATENT_CHANNELS):  # latents: see latents.py
+        if not (self.in_channels in (1, 3) or 1 <= self.in_channels <= MAX_LATENT_CHANNELS):  # latents: see latent/first_stage.py
             raise ValueError(
                 f"channels must be 1 (grayscale), 3 (RGB) or a latent's 1 to {MAX_LATENT_CHANNELS}, got {short_repr(self.in_channels)}"
             )
@@ -320,7 +320,7 @@ class UNet(nn.Module):
         dims = config.dims
         folded = config.in_channels * config.patch_size**dims  # channels after space-to-depth
         self.conv_in = conv_nd(dims, folded, ch, 3, padding=1)
-        # Activation checkpointing of the residual blocks in training (training.py sets it): their
+        # Activation checkpointing of the residual blocks in training (training/trainer.py sets it): their
         # activations are recomputed in the backward pass instead of kept, for about a third more compute.
         self.grad_checkpoint = False
 

@@ -17,7 +17,7 @@ API (native engines and Torch-TensorRT) sits in this one file, so a TensorRT upg
 
 How a TensorRT sample runs:
 
-1. **ONNX.** The U-Net is exported to ONNX (export.py, from the one I/O spec ``UNetIO``) into a cache
+1. **ONNX.** The U-Net is exported to ONNX (formats/exporters.py, from the one I/O spec ``UNetIO``) into a cache
    folder beside the checkpoint, unless it is an ONNX file already.
 2. **Engine.** Built from that file with the precision asked for, one optimization profile (the
    spec's (min, opt, max) shapes), a timing cache and a builder optimization level, or loaded from

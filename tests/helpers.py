@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from basic_diffusion import UNet, UNetConfig
+from ddpm.formats.exporters import ONNX_INSTALL
 from noise_schedule import ScheduleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ def make_trainer(tmp_path, *, total_steps=6, state=None, **overrides):
 
 
 HAVE_ONNX = all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript", "onnxruntime"))
-needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="needs onnx, onnxscript and onnxruntime: pip install onnx onnxscript onnxruntime")
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason=f"needs onnx, onnxscript and onnxruntime: {ONNX_INSTALL}")
 
 # ----- the command line ------------------------------------------------------------------------------
 TINY_TRAIN = [

@@ -9,12 +9,11 @@ mixed-precision U-Net; the CLI exports a mixed-precision ONNX file that onnxrunt
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
-from helpers import perturbed_unet
+from helpers import needs_onnx, perturbed_unet
 
 import main
 from basic_diffusion import UNet, UNetConfig
@@ -22,8 +21,6 @@ from ddpm.backends import runtimes
 from ddpm.formats import exporters, unet_io
 from ddpm.util.precision import CastInput, Float32, mixed_precision_unet
 
-HAVE_ONNX = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
-needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason=f"needs onnx, onnxscript and onnxruntime: {exporters.ONNX_INSTALL}")
 CONFIG = UNetConfig(
     image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
     attention_resolutions=(4,), num_heads=2, dropout=0.0, norm_groups=8,

@@ -1,13 +1,12 @@
-"""Artifacts: the files a U-Net lives in (checkpoint, TorchScript, ONNX, TensorRT engine), loading any
-of them to sample, and the export mode that writes one from a checkpoint.
+"""Artifacts: loading any file a U-Net lives in (checkpoint, TorchScript, ONNX, TensorRT engine) to sample
+(writing them is modes/export.py's; which file is which, formats/kinds.py's).
 
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
-    python main.py --mode export --format onnx --model_path checkpoints/mnist.pt
 
 ``--mode sample --model_path FILE`` takes a checkpoint (.pt), TorchScript (.ts), ONNX (.onnx) or an
 engine (.engine/.plan) and needs nothing else: each carries its configs (unet_io.py); a latent
 model's export also needs the decoder file it names beside it (``X.decoder.onnx``/``.ts``/``.engine``). This module
-sits above export.py, runtimes.py and tensorrt_integration.py (imported only for engines), so none
+sits above formats/exporters.py, backends/runtimes.py and tensorrt_integration.py (imported only for engines), so none
 of them imports another's caller.
 """
 

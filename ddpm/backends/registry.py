@@ -231,7 +231,7 @@ REGISTRY: dict[str, Implementation] = {
             prepare=_compiled, in_sample_mode=False, conditional=True, decoder=_compiled_decoder,
         ),
         Implementation(
-            "onnxruntime", "the original loop around the U-Net run by onnxruntime (runtimes.py)", _loop,
+            "onnxruntime", "the original loop around the U-Net run by onnxruntime (backends/runtimes.py)", _loop,
             prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"), conditional=True, decoder=_onnxruntime_decoder,
         ),
         Implementation(

@@ -1,7 +1,8 @@
 """The benchmark's record of one row and how rows are reported: the table, the summary, the chart,
 JSON and CSV, and the environment line every measurement carries (device, driver, versions, date).
 
-benchmark.py measures; this module only formats and writes what was measured.
+sampling_bench.py and training_bench.py measure; this module formats and writes what they measured, and holds
+what both share: the request (BenchmarkRequest) and the peak-memory sampler (PeakRSS).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ is synchronized once per run, when the events are read); on a CPU, ``time.perf_c
 ``torch.cuda.max_memory_allocated`` after a reset (GPU), or the process's peak resident set
 sampled while the row runs (CPU). Parity: each row's images against the original's from the
 same noise (max abs difference, PSNR over the [-1, 1] range). The table, chart and files are written
-by benchmark_report.py; the training benchmark is benchmark_training.py.
+by benchmarks/report.py; the training benchmark is benchmarks/training_bench.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What each mode receives: typed requests, resolved from the flags once by cli.py.
+"""What each mode receives: typed requests, resolved from the flags once by cli/resolve.py.
 
     request = SampleRequest(device=torch.device("cpu"), precision="fp32", source=ModelSource("m.pt"), ...)
     main.run_sample(request)
@@ -105,7 +105,7 @@ class TrainRequest:
     resume: bool
     overwrite: bool
     model: NewModel
-    autoencoder: str | None = None  # a latent model: the autoencoder whose latents the U-Net learns (latents.py)
+    autoencoder: str | None = None  # a latent model: the autoencoder whose latents the U-Net learns (latent/first_stage.py)
     seed: int = 0
     n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
     max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap

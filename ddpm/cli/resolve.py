@@ -220,12 +220,13 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     from ddpm.formats.kinds import artifact_kind
 
     precision = _precision(args, "sampling", device)  # auto is fp32: the original's images
-    registry.get(_implementation(args)).check(kind=artifact_kind(source.path), precision=precision)
+    implementation = _implementation(args)
+    registry.get(implementation).check(kind=artifact_kind(source.path), precision=precision)
     return dict(
         device=device,
         precision=precision,
         source=source,
-        implementation=_implementation(args),
+        implementation=implementation,
         n_samples=args.n_samples,
         batch_size=args.batch_size,
         seed=args.seed,

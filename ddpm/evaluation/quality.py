@@ -23,7 +23,7 @@ size as in training, then both brought to [0, 1] and area-averaged to the classi
 scored the same way, at the same count) and its floor (uniform noise).
 
 Models of MNIST, Fashion-MNIST, CIFAR-10 and image folders are scored by FID and KID
-(``inception_metrics.py``, through torch-fidelity's Inception network), with the same sweep, table,
+(``evaluation/inception.py``, through torch-fidelity's Inception network), with the same sweep, table,
 JSON and chart.
 """
 

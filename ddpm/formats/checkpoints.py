@@ -39,7 +39,7 @@ FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "model_config", "schedule_config", "model", "ema", "step")
 
 WEIGHTS = ("ema", "model")  # the checkpoint entry an artifact was exported from
-LINK_KEY = "autoencoder"  # a latent model's entry naming its autoencoder (latents.py): {"path": str, "sha256": hex}
+LINK_KEY = "autoencoder"  # a latent model's entry naming its autoencoder (latent/first_stage.py): {"path": str, "sha256": hex}
 MAX_PATH_CHARS = 4096
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -55,7 +55,7 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint this tool wrote; anything else is refused with a ValueError.
 
-    The file must be a regular file within :data:`MAX_FILE_BYTES` ["checkpoint"]; a TorchScript
+    The file must be a regular file within ``safe_files.MAX_FILE_BYTES["checkpoint"]``; a TorchScript
     archive (a program) is refused before torch sees it; the configs must pass :func:`read_configs`.
     """
     path = Path(path)
@@ -232,7 +232,7 @@ def load_checkpoint_parts(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None, str | None]:
     """:func:`load_checkpoint_model`, the model's class names (empty for an unconditional model), for a
-    latent model its link to its autoencoder (latents.py; None for a pixel model), and the dataset it was
+    latent model its link to its autoencoder (latent/first_stage.py; None for a pixel model), and the dataset it was
     trained on (:func:`training_dataset`), all from one read of the file.
 
     The U-Net is built on the meta device and takes the checkpoint's tensors (checkpoints.load_weights

@@ -4,8 +4,8 @@
     python main.py --mode export --format torchscript --model_path checkpoints/mnist.pt   # -> checkpoints/mnist.ts
 
 Both take the U-Net's interface from unet_io.py and write its metadata into the file. The export
-mode itself (load, write, check against PyTorch) is ``artifacts.export_checkpoint``; running the
-files is runtimes.py. onnx and onnxscript (the exporter's backend) are optional; they are imported
+mode itself (load, write, check against PyTorch) is ``modes/export.export_checkpoint``; running the
+files is backends/runtimes.py. onnx and onnxscript (the exporter's backend) are optional; they are imported
 when used.
 """
 
@@ -114,7 +114,7 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
 
 
 def export_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, opset: int = DEFAULT_OPSET, precision: str = "fp32"):
-    """A latent model's decoder (latents.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
+    """A latent model's decoder (latent/first_stage.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
     (B, c, h, w) in, "images" (B, C, H, W) out, with a dynamic batch. ``precision`` fp16/bf16 writes the
     mixed-precision decoder (precision.mixed_precision_decoder), float32 in and out, as for the U-Net."""
     check_opset(opset, precision=precision)
@@ -225,7 +225,7 @@ def trace_torchscript(model: UNet) -> torch.jit.ScriptModule:
 
 
 def trace_decoder(decoder: torch.nn.Module, *, latent_shape: Sequence[int]) -> torch.jit.ScriptModule:
-    """Trace a latent model's decoder (latents.py) on its own device; the trace keeps a dynamic batch."""
+    """Trace a latent model's decoder (latent/first_stage.py) on its own device; the trace keeps a dynamic batch."""
     example = torch.randn(2, *latent_shape, device=next(decoder.parameters()).device)
     with torch.no_grad(), _quiet_torchscript():
         return torch.jit.trace(decoder.eval(), (example,), check_trace=False)

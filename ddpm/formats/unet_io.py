@@ -4,7 +4,7 @@ The interface is defined once, in :class:`UNetIO`: inputs ``x_t`` (B, C, H, W) f
 (B,) int64 (and, for a class-conditional U-Net, ``y`` (B,) int64 labels, its null label included),
 output ``eps`` (B, C, H, W) float32, the batch B being the one dynamic axis; a
 :class:`BatchRange` gives the (min, opt, max) batch sizes of a TensorRT optimization profile. The
-ONNX export (export.py), onnxruntime (runtimes.py) and the engine build (tensorrt_integration.py)
+ONNX export (export.py), onnxruntime (backends/runtimes.py) and the engine build (tensorrt_integration.py)
 all read it. A latent model's decoder has its own, :class:`DecoderIO` (``latents`` in, ``images``
 out); both share :class:`IOSpec`'s names, shapes and optimization profile.
 
@@ -163,7 +163,7 @@ class UNetIO(IOSpec):
 
 @dataclass(frozen=True)
 class DecoderIO(IOSpec):
-    """A latent model's decoder (latents.py): ``latents`` (B, c, h, w) float32 in, ``images`` (B, C, H, W)
+    """A latent model's decoder (latent/first_stage.py): ``latents`` (B, c, h, w) float32 in, ``images`` (B, C, H, W)
     float32 out; read by its ONNX export and its engine build like :class:`UNetIO`."""
 
     latent_shape: tuple[int, ...]

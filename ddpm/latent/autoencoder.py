@@ -15,7 +15,7 @@ Images whose side does not divide are padded (edge pixels repeated) to the next 
     z = encode_images(loaded, images_uint8)              # (N, 4, 4, 4) float32, unit variance on the training set
     x = LatentDecoder(loaded.model, loaded.latent_scale)(z)   # (N, 1, 8, 8) in [-1, 1]; traces and exports to ONNX
 
-Training (the loop, the latent scale, PSNR/SSIM and the reconstructions PNG) is autoencoder_training.py.
+Training (the loop, the latent scale, PSNR/SSIM and the reconstructions PNG) is training/autoencoder_trainer.py.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ or judge them).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 from ddpm.backends import registry
 from ddpm.backends.artifacts import Artifact, load_artifact
@@ -46,14 +47,18 @@ class Opened:
         """Whether x0 is clipped: as requested for pixel models, never for latent models."""
         return clips_x0(requested, self.artifact.first_stage)
 
-    def drawer(self, plan: SamplingPlan):
-        """``draw(shape, generator, progress, labels) -> images`` of the request's implementation for ``plan``."""
-        options = registry.SamplerOptions(
+    @cached_property
+    def options(self) -> registry.SamplerOptions:
+        """What the implementation needs besides the model and plan: the same for every plan drawn."""
+        return registry.SamplerOptions(
             precision=self.request.precision, opset=self.request.opset,
             tensorrt=TensorRTOptions.for_source(self.artifact.path, **asdict(self.request.engine)), guidance=self.guidance,
         )  # fmt: skip
+
+    def drawer(self, plan: SamplingPlan):
+        """``draw(shape, generator, progress, labels) -> images`` of the request's implementation for ``plan``."""
         return registry.make_drawer(
-            self.request.implementation, self.artifact.model, plan, options=options, first_stage=self.artifact.first_stage
+            self.request.implementation, self.artifact.model, plan, options=self.options, first_stage=self.artifact.first_stage
         )
 
 

@@ -86,7 +86,7 @@ def training_images(dataset: str, **kwargs):
     return load_images(dataset, download=False, **kwargs)
 
 def latent_images(model: NewModel, autoencoder):
-    """The training images at the autoencoder's size, encoded once into its scaled latents (latents.py)."""
+    """The training images at the autoencoder's size, encoded once into its scaled latents (latent/first_stage.py)."""
 
     config = autoencoder.config
     images = training_images(model.dataset, data_dir=model.data_dir, image_size=config.image_size, channels=config.in_channels)

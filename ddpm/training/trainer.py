@@ -1,6 +1,6 @@
 """Training a DDPM: AdamW, warm-up + cosine LR, gradient clipping, EMA, mixed precision, checkpoints.
 
-The loop is step-based. The batch of step ``k`` is a function of (seed, k) (see data.py), and
+The loop is step-based. The batch of step ``k`` is a function of (seed, k) (see data/datasets.py), and
 every other source of randomness (timesteps, noise, dropout) lives in states the checkpoint
 keeps, so ``--resume`` continues a run exactly: on a CPU, the same loss curve to the bit.
 
