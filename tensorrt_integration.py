@@ -47,6 +47,7 @@ One file: the design keeps the TensorRT engine (build, cache, load, infer) and t
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -59,6 +60,7 @@ from torch import nn
 from basic_diffusion import UNet, UNetConfig
 from ddpm.backends.engine_cache import (
     DEFAULT_CACHE_DIR,
+    ENVIRONMENT_FIELDS,
     METADATA_VERSION,
     MIN_TENSORRT_MAJOR,
     TENSORRT_INSTALL,
@@ -66,32 +68,34 @@ from ddpm.backends.engine_cache import (
     Log,
     build_plan,
     cache_dir_for,
-    cached_decoder_onnx,
-    cached_onnx,
     engine_key,
     get_or_build_engine,
     key_mismatches,
     metadata_path,
-    read_engine_metadata,
+    read_metadata,
     runtime_environment,
     store_with_metadata,
     torch_tensorrt_arguments,
     verified_bytes,
     version_tuple,
 )
-from ddpm.backends.runtimes import OnnxRuntimeDecoder, OnnxRuntimeUNet
 from ddpm.conditioning import Guidance, unet_batch
+from ddpm.formats.checkpoints import parse_artifact_metadata
+from ddpm.formats.exporters import export_decoder_onnx, export_onnx_model
 from ddpm.formats.unet_io import (
     DEFAULT_MAX_BATCH,
     BatchRange,
+    DecoderIO,
+    FromOnnxFile,
     IOSpec,
     UNetIO,
     artifact_metadata,
     sha256_file,
+    weights_sha256,
 )
 from ddpm.util.messages import first_line
-from ddpm.util.safe_files import atomic_write, check_file_size
-from noise_schedule import SamplingPlan, ScheduleConfig
+from ddpm.util.safe_files import atomic_write, check_file_size, read_limited
+from noise_schedule import SamplingPlan, ScheduleConfig, short_repr
 
 if TYPE_CHECKING:
     from ddpm.latent.first_stage import FirstStage
@@ -396,6 +400,52 @@ class TensorRTDecoder(nn.Module):
         return images.clone()
 
 
+def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
+    """The U-Net as an ONNX file in ``cache_dir`` (mixed precision for fp16/bf16), exported again
+    when the weights or settings change."""
+    io = UNetIO.from_config(model.config)
+    # An intermediate file, not an artifact to sample from: no schedule, weights known by hash only.
+    metadata = artifact_metadata(model_config=model.config, schedule_config=None, weights=None)
+    return _cached_graph(
+        cache_dir / f"unet_{precision}.onnx", model=model, io=io, opset=opset, precision=precision, log=log, what="the U-Net",
+        export=lambda cpu_model: export_onnx_model(cpu_model, metadata=metadata, opset=opset, precision=precision),
+    )  # fmt: skip
+
+
+def cached_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
+    """A latent model's decoder (autoencoder.LatentDecoder) as an ONNX file in ``cache_dir``, like
+    :func:`cached_onnx`; its latent scale is part of the key (it is not a weight)."""
+    return _cached_graph(
+        cache_dir / f"decoder_{precision}.onnx", model=decoder, io=io, opset=opset, precision=precision, log=log,
+        what="the decoder", extra={"latent_scale": float(decoder.latent_scale)},
+        export=lambda cpu_model: export_decoder_onnx(cpu_model, io=io, opset=opset, precision=precision),
+    )  # fmt: skip
+
+
+def _cached_graph(
+    onnx_path: Path, *, model: torch.nn.Module, io: IOSpec, opset: int, precision: str, log: Log, what: str,
+    export: Callable[[torch.nn.Module], object], extra: Mapping | None = None,
+) -> Path:
+    """``onnx_path``, exported again (``export(cpu copy of model)`` -> an onnx.ModelProto) unless its
+    metadata file says it holds these weights, settings and I/O spec and its sha256 matches."""
+    key = {
+        "precision": precision,
+        "metadata_version": METADATA_VERSION,
+        "weights_sha256": weights_sha256(model),
+        "opset": opset,
+        "torch_version": torch.__version__,
+        "io": io.to_dict(),
+        **(extra or {}),
+    }
+    meta = read_metadata(metadata_path(onnx_path))
+    if not key_mismatches(meta, key) and onnx_path.is_file() and meta.get("sha256") == sha256_file(onnx_path):
+        return onnx_path
+    log(f"exporting {what} to {onnx_path} ({precision}, opset {opset})")
+    cpu_model = copy.deepcopy(model).cpu().eval()  # ONNX holds no device: export on the CPU
+    store_with_metadata(onnx_path, export(cpu_model).SerializeToString(), key)
+    return onnx_path
+
+
 def engine_bytes_for(
     model: nn.Module, *, device: torch.device, precision: str, batch: BatchRange, options: TensorRTOptions, log: Log
 ) -> tuple[bytes, dict, UNetIO]:
@@ -403,8 +453,8 @@ def engine_bytes_for(
     freshly built; with its cache key and I/O spec."""
     trt = import_tensorrt()
     plan = build_plan(trt.__version__, precision, opset=options.opset)
-    if isinstance(model, OnnxRuntimeUNet) and model.path is not None:
-        onnx_path, io = model.path, model.io
+    if isinstance(model, FromOnnxFile) and model.onnx_path is not None:  # an exported .onnx file's U-Net
+        onnx_path, io = model.onnx_path, model.io
         graph_precision = model.metadata.get("precision", "fp32")
         if plan.strongly_typed and graph_precision != precision:
             raise ValueError(
@@ -433,8 +483,8 @@ def decoder_engine_bytes(
     PyTorch decoder exported into the cache (mixed precision for fp16/bf16, as the U-Net)."""
     trt = import_tensorrt()
     plan = build_plan(trt.__version__, precision, opset=options.opset)
-    if isinstance(stage.decoder, OnnxRuntimeDecoder) and stage.decoder.path is not None:
-        onnx_path = stage.decoder.path
+    if isinstance(stage.decoder, FromOnnxFile) and stage.decoder.onnx_path is not None:
+        onnx_path = stage.decoder.onnx_path
     elif isinstance(stage.decoder, nn.Module) and next(stage.decoder.parameters(), None) is not None:
         cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
         onnx_path = cached_decoder_onnx(
@@ -485,6 +535,43 @@ def _engine_from_onnx(
     # One cache file per profile size: runs whose batches differ do not rebuild each other's engines.
     data = get_or_build_engine(cache_dir / f"{name}_{precision}_max{batch.max}.engine", key=key, build=build, log=log)
     return data, key
+
+
+def read_engine_metadata(path: Path) -> tuple[UNetConfig, ScheduleConfig, dict, BatchRange]:
+    """The configs, metadata and batch range of an exported engine, from the metadata file beside it.
+
+    Validated without TensorRT: the file's size and JSON depth (checkpoints.parse_json), the configs
+    (parse_artifact_metadata), the metadata version (an int), the environment fields (short
+    printable strings), the sha256 (64 hex digits) and the batch range (three ints, 1 <= min <= opt
+    <= max); ValueError on one line otherwise.
+    """
+    meta_file = metadata_path(path)
+    if not meta_file.exists():
+        raise ValueError(
+            f"{path} has no {meta_file.name} beside it; engines are loaded only with their metadata "
+            "(configs and sha256): export one with --mode export --format tensorrt"
+        )
+    model_config, schedule_config, meta = parse_artifact_metadata(
+        read_limited(meta_file, kind="metadata"), source=meta_file
+    )
+    problems = [
+        f"{field} {short_repr(meta.get(field))}"
+        for field in ENVIRONMENT_FIELDS
+        if not (isinstance(meta.get(field), str) and 0 < len(meta[field]) <= 100 and meta[field].isprintable())
+    ]
+    if type(meta.get("metadata_version")) is not int:
+        problems.append(f"metadata_version {short_repr(meta.get('metadata_version'))}")
+    digest = meta.get("sha256")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        problems.append(f"sha256 {short_repr(digest)}")
+    batch = meta.get("batch_range")
+    if not (isinstance(batch, list) and len(batch) == 3 and all(type(b) is int for b in batch)):
+        problems.append(f"batch_range {short_repr(batch)}")
+    elif not 1 <= batch[0] <= batch[1] <= batch[2]:
+        problems.append(f"batch_range {batch} (needs 1 <= min <= opt <= max)")
+    if problems:
+        raise ValueError(f"{meta_file} holds an invalid {'; '.join(problems)}; export the engine again")
+    return model_config, schedule_config, meta, BatchRange(*batch)
 
 
 def load_engine_artifact(path: Path, *, device: torch.device) -> tuple[TensorRTUNet, UNetConfig, ScheduleConfig, dict]:

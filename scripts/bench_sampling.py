@@ -48,7 +48,7 @@ def summary(times: list[float]) -> dict:
 
 
 def random_unet(*, image_size: int, channels: int) -> UNet:
-    """The "small" preset as benchmark mode builds it: never time on zeros (benchmark.perturb_zero_init)."""
+    """The "small" preset as benchmark mode builds it: never time on zeros (sampling_bench.perturb_zero_init)."""
     torch.manual_seed(0)
     model = UNet(unet_preset("small", image_size=image_size, in_channels=channels))
     perturb_zero_init(model, seed=0)

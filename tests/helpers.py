@@ -38,13 +38,14 @@ def tiny_unet_config(*, image_size: int = 16, in_channels: int = 1, **overrides)
 
 
 def perturbed_unet(config: UNetConfig, *, device: str | torch.device = "cpu", std: float = 0.05) -> UNet:
-    """A U-Net of ``config`` (seed 0) with every weight perturbed, in eval mode: its zero-initialized
-    output layers would otherwise give eps = 0, and every implementation would agree trivially."""
+    """A U-Net of ``config`` (seed 0) in eval mode whose zero-initialized layers got small random
+    weights, as benchmark mode builds it (sampling_bench.perturb_zero_init): its output layers would
+    otherwise give eps = 0, and every implementation would agree trivially."""
+    from ddpm.benchmarks.sampling_bench import perturb_zero_init
+
     torch.manual_seed(0)
     model = UNet(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(std * torch.randn_like(p))
+    perturb_zero_init(model, seed=0, std=std)
     return model.to(device).eval()
 
 

@@ -22,17 +22,19 @@ import pytest
 import torch
 from helpers import TINY_SCHEDULE as SCHEDULE
 from helpers import needs_onnx, perturbed_unet, tiny_unet_config
-
-CONFIG = tiny_unet_config()
 from torch import nn
 
+import tensorrt_integration
 from basic_diffusion import UNetConfig
 from ddpm.backends import artifacts, engine_cache, runtimes
 from ddpm.formats import checkpoints, exporters, unet_io
-from ddpm.formats.checkpoints import load_checkpoint, load_weights, save_checkpoint
+from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
+from ddpm.formats.torch_files import load_weights
 from ddpm.util import safe_files
 from ddpm.util.safe_files import parse_json
 from noise_schedule import ScheduleConfig
+
+CONFIG = tiny_unet_config()
 
 CPU = torch.device("cpu")
 
@@ -224,11 +226,11 @@ def test_an_exports_training_dataset_is_read_and_an_unknown_one_refused(tmp_path
 
 
 def test_opset_must_be_in_the_supported_range():
-    exporters.check_opset(exporters.MIN_OPSET)
-    exporters.check_opset(exporters.MAX_OPSET)
-    supported = f"--opset must be between 18 (GroupNormalization) and {exporters.MAX_OPSET} ("
-    for opset in (99, exporters.MAX_OPSET + 1, exporters.MIN_OPSET - 1, True):
-        refused(lambda: exporters.check_opset(opset), supported)
+    unet_io.check_opset(unet_io.MIN_OPSET)
+    unet_io.check_opset(unet_io.MAX_OPSET)
+    supported = f"--opset must be between 18 (GroupNormalization) and {unet_io.MAX_OPSET} ("
+    for opset in (99, unet_io.MAX_OPSET + 1, unet_io.MIN_OPSET - 1, True):
+        refused(lambda: unet_io.check_opset(opset), supported)
     refused(lambda: exporters.export_onnx_model(perturbed_unet(CONFIG), metadata=metadata(), opset=99), "got 99")
 
 
@@ -304,20 +306,20 @@ def test_metadata_json_is_size_and_depth_limited(tmp_path):
     engine.write_bytes(b"engine bytes")
     sidecar = engine_cache.metadata_path(engine)
     sidecar.write_text("[" * 100_000 + "]" * 100_000)
-    refused(lambda: engine_cache.read_engine_metadata(engine), "nests deeper than 32 levels", unchanged=sidecar)
+    refused(lambda: tensorrt_integration.read_engine_metadata(engine), "nests deeper than 32 levels", unchanged=sidecar)
     environment = {"tensorrt_version": "10.9.0", "gpu_name": "NVIDIA H100", "compute_capability": "9.0"}
     meta = {**metadata(), **environment, "metadata_version": 1, "batch_range": [1, 16, 64], "sha256": "0" * 64}
     sidecar.write_text(json.dumps(meta))
-    assert engine_cache.read_engine_metadata(engine)[3] == unet_io.BatchRange(1, 16, 64)
+    assert tensorrt_integration.read_engine_metadata(engine)[3] == unet_io.BatchRange(1, 16, 64)
     sidecar.write_text(json.dumps({**meta, "sha256": "ab\ncd", "batch_range": [4, 2, 1]}))
-    refused(lambda: engine_cache.read_engine_metadata(engine), "holds an invalid sha256 'ab\\ncd'; batch_range")
+    refused(lambda: tensorrt_integration.read_engine_metadata(engine), "holds an invalid sha256 'ab\\ncd'; batch_range")
 
 
 # ----- files larger than their kind's limit are not read ------------------------------------------
 
 
 def load_engine_metadata(path: Path) -> None:
-    engine_cache.read_engine_metadata(path.with_name(path.name.removesuffix(".json")))
+    tensorrt_integration.read_engine_metadata(path.with_name(path.name.removesuffix(".json")))
 
 
 @pytest.mark.parametrize(

@@ -163,7 +163,7 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
     config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
                         attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
     plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
-    _, rows = sampling_bench.run_benchmark(
+    _, rows = sampling_bench.time_rows(
         UNet(config).eval(), plan, shape=(2, 1, 8, 8), seed=0, precision="fp32", rows=["cuda", "torchscript"],
         warmup=0, repeats=2, progress=lambda _: None,
     )  # fmt: skip

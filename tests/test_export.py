@@ -116,7 +116,7 @@ def test_io_spec_gives_every_shape_and_the_optimization_profile():
 @needs_onnx
 def test_onnx_export_has_the_spec_io_native_groupnorm_and_dynamic_batch(random_onnx):
     _, proto = random_onnx
-    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [exporters.DEFAULT_OPSET]
+    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [unet_io.DEFAULT_OPSET]
     assert "GroupNormalization" in {node.op_type for node in proto.graph.node}
     inputs = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
     assert inputs["x_t"][1:] == [1, 16, 16] and isinstance(inputs["x_t"][0], str) and inputs["t"] == inputs["x_t"][:1]

@@ -62,7 +62,7 @@ def test_a_bf16_graph_needs_opset_22(precision):
     if precision == "bf16":
         with pytest.raises(ValueError, match="opset 22"):
             exporters.export_onnx_model(random_unet(), metadata={}, opset=21, precision="bf16")
-    assert exporters.default_opset(precision) == (22 if precision == "bf16" else 21)
+    assert unet_io.default_opset(precision) == (22 if precision == "bf16" else 21)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def graphs() -> dict:
     model = random_unet()
     metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=None, weights=None)
     return {
-        precision: exporters.export_onnx_model(model, metadata=metadata, opset=exporters.default_opset(precision), precision=precision)
+        precision: exporters.export_onnx_model(model, metadata=metadata, opset=unet_io.default_opset(precision), precision=precision)
         for precision in ("fp16", "bf16")
     }
 

@@ -14,14 +14,13 @@ runs the engines.
   ONNX sha256, precision, shapes, optimization level): any difference rebuilds. The engine file's
   own sha256 is checked against that file before it is deserialized, since an engine is code that
   runs on the GPU; a mismatch is refused, never loaded. The ONNX an engine is built from is cached
-  per precision, keyed by the weights' hash (:func:`cached_onnx`; a latent model's decoder:
-  :func:`cached_decoder_onnx`, keyed by its latent scale too). Engines are cached per profile size
+  per precision, keyed by the weights' hash (tensorrt_integration.cached_onnx; a latent model's decoder:
+  cached_decoder_onnx, keyed by its latent scale too). Engines are cached per profile size
   (``unet_fp16_max64.engine``).
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -31,13 +30,9 @@ from pathlib import Path
 
 import torch
 
-from basic_diffusion import UNet, UNetConfig
-from ddpm.formats.checkpoints import parse_artifact_metadata
-from ddpm.formats.exporters import BF16_MIN_OPSET, default_opset, export_decoder_onnx, export_onnx_model
-from ddpm.formats.unet_io import BatchRange, DecoderIO, IOSpec, UNetIO, artifact_metadata, sha256_file, weights_sha256
+from ddpm.formats.unet_io import BF16_MIN_OPSET, default_opset
 from ddpm.util.precision import PRECISIONS
 from ddpm.util.safe_files import atomic_write, parse_json, read_limited
-from noise_schedule import ScheduleConfig, short_repr
 
 ENGINE_PRECISIONS = PRECISIONS  # an engine is built in any of them
 TENSORRT_INSTALL = "pip install tensorrt (NVIDIA's wheels, for a machine with an NVIDIA GPU)"
@@ -188,49 +183,12 @@ def metadata_path(path: str | Path) -> Path:
 
 def read_metadata(path: Path) -> dict | None:
     """A cache metadata file's contents, or None when it is missing, too large, too deep or not JSON
-    (which means: rebuild). Exported engines' metadata is read strictly, by :func:`read_engine_metadata`."""
+    (which means: rebuild). Exported engines' metadata is read strictly, by tensorrt_integration.read_engine_metadata."""
     try:
         meta = parse_json(read_limited(path, kind="metadata"), source=path)
     except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
-
-
-def read_engine_metadata(path: Path) -> tuple[UNetConfig, ScheduleConfig, dict, BatchRange]:
-    """The configs, metadata and batch range of an exported engine, from the metadata file beside it.
-
-    Validated without TensorRT: the file's size and JSON depth (checkpoints.parse_json), the configs
-    (parse_artifact_metadata), the metadata version (an int), the environment fields (short
-    printable strings), the sha256 (64 hex digits) and the batch range (three ints, 1 <= min <= opt
-    <= max); ValueError on one line otherwise.
-    """
-    meta_file = metadata_path(path)
-    if not meta_file.exists():
-        raise ValueError(
-            f"{path} has no {meta_file.name} beside it; engines are loaded only with their metadata "
-            "(configs and sha256): export one with --mode export --format tensorrt"
-        )
-    model_config, schedule_config, meta = parse_artifact_metadata(
-        read_limited(meta_file, kind="metadata"), source=meta_file
-    )
-    problems = [
-        f"{field} {short_repr(meta.get(field))}"
-        for field in ENVIRONMENT_FIELDS
-        if not (isinstance(meta.get(field), str) and 0 < len(meta[field]) <= 100 and meta[field].isprintable())
-    ]
-    if type(meta.get("metadata_version")) is not int:
-        problems.append(f"metadata_version {short_repr(meta.get('metadata_version'))}")
-    digest = meta.get("sha256")
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-        problems.append(f"sha256 {short_repr(digest)}")
-    batch = meta.get("batch_range")
-    if not (isinstance(batch, list) and len(batch) == 3 and all(type(b) is int for b in batch)):
-        problems.append(f"batch_range {short_repr(batch)}")
-    elif not 1 <= batch[0] <= batch[1] <= batch[2]:
-        problems.append(f"batch_range {batch} (needs 1 <= min <= opt <= max)")
-    if problems:
-        raise ValueError(f"{meta_file} holds an invalid {'; '.join(problems)}; export the engine again")
-    return model_config, schedule_config, meta, BatchRange(*batch)
 
 
 class IntegrityError(ValueError):
@@ -288,49 +246,3 @@ def get_or_build_engine(engine_path: Path, *, key: Mapping, build: Callable[[], 
     data = build()
     store_with_metadata(engine_path, data, key)
     return data
-
-
-def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
-    """The U-Net as an ONNX file in ``cache_dir`` (mixed precision for fp16/bf16), exported again
-    when the weights or settings change."""
-    io = UNetIO.from_config(model.config)
-    # An intermediate file, not an artifact to sample from: no schedule, weights known by hash only.
-    metadata = artifact_metadata(model_config=model.config, schedule_config=None, weights=None)
-    return _cached_graph(
-        cache_dir / f"unet_{precision}.onnx", model=model, io=io, opset=opset, precision=precision, log=log, what="the U-Net",
-        export=lambda cpu_model: export_onnx_model(cpu_model, metadata=metadata, opset=opset, precision=precision),
-    )  # fmt: skip
-
-
-def cached_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
-    """A latent model's decoder (autoencoder.LatentDecoder) as an ONNX file in ``cache_dir``, like
-    :func:`cached_onnx`; its latent scale is part of the key (it is not a weight)."""
-    return _cached_graph(
-        cache_dir / f"decoder_{precision}.onnx", model=decoder, io=io, opset=opset, precision=precision, log=log,
-        what="the decoder", extra={"latent_scale": float(decoder.latent_scale)},
-        export=lambda cpu_model: export_decoder_onnx(cpu_model, io=io, opset=opset, precision=precision),
-    )  # fmt: skip
-
-
-def _cached_graph(
-    onnx_path: Path, *, model: torch.nn.Module, io: IOSpec, opset: int, precision: str, log: Log, what: str,
-    export: Callable[[torch.nn.Module], object], extra: Mapping | None = None,
-) -> Path:
-    """``onnx_path``, exported again (``export(cpu copy of model)`` -> an onnx.ModelProto) unless its
-    metadata file says it holds these weights, settings and I/O spec and its sha256 matches."""
-    key = {
-        "precision": precision,
-        "metadata_version": METADATA_VERSION,
-        "weights_sha256": weights_sha256(model),
-        "opset": opset,
-        "torch_version": torch.__version__,
-        "io": io.to_dict(),
-        **(extra or {}),
-    }
-    meta = read_metadata(metadata_path(onnx_path))
-    if not key_mismatches(meta, key) and onnx_path.is_file() and meta.get("sha256") == sha256_file(onnx_path):
-        return onnx_path
-    log(f"exporting {what} to {onnx_path} ({precision}, opset {opset})")
-    cpu_model = copy.deepcopy(model).cpu().eval()  # ONNX holds no device: export on the CPU
-    store_with_metadata(onnx_path, export(cpu_model).SerializeToString(), key)
-    return onnx_path

@@ -27,6 +27,7 @@ from torch import nn
 
 from ddpm.conditioning import Guidance
 from ddpm.formats.kinds import KIND_NAMES
+from ddpm.formats.unet_io import DEFAULT_OPSET
 from ddpm.util.precision import PRECISIONS, backend_policy
 from ddpm.util.profiling import phase
 
@@ -49,7 +50,7 @@ class SamplerOptions:
     """What an implementation may need besides the model and plan (each reads what applies to it)."""
 
     precision: str = "fp32"
-    opset: int | None = None  # the ONNX opset of an in-memory export (None: exporters.DEFAULT_OPSET)
+    opset: int | None = None  # the ONNX opset of an in-memory export (None: unet_io.DEFAULT_OPSET)
     tensorrt: TensorRTOptions | None = None  # engines: profile, builder level, cache folder
     log: Callable[[str], None] = print  # one-line notices (an engine built, a graph capture refused)
     guidance: Guidance | None = None  # class-conditional models: the null label and scale (labels come per batch)
@@ -138,11 +139,10 @@ def _as_onnxruntime(model: nn.Module, options: SamplerOptions) -> nn.Module:
     # Only the U-Net call goes through onnxruntime (a checkpoint's U-Net exported in memory); the
     # original loop draws the noise, so the images match the original's.
     from ddpm.backends import runtimes
-    from ddpm.formats import exporters
 
     weight = next(model.parameters(), None)  # None: an .onnx file's model, returned as it is
     device = weight.device if weight is not None else torch.device("cpu")
-    return runtimes.as_onnxruntime(model, device=device, opset=options.opset or exporters.DEFAULT_OPSET)
+    return runtimes.as_onnxruntime(model, device=device, opset=options.opset or DEFAULT_OPSET)
 
 
 def _torchscript(model: nn.Module, options: SamplerOptions) -> nn.Module:
@@ -194,11 +194,10 @@ def _traced_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch
 def _onnxruntime_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder exported to ONNX in memory and run by onnxruntime, like the U-Net."""
     from ddpm.backends import runtimes
-    from ddpm.formats import exporters
 
     if isinstance(stage.decoder, runtimes.OnnxRuntimeDecoder):  # an exported model's .decoder.onnx
         return stage.decoder
-    return runtimes.OnnxRuntimeDecoder.exported(stage.decoder, io=stage.io, device=device, opset=options.opset or exporters.DEFAULT_OPSET)
+    return runtimes.OnnxRuntimeDecoder.exported(stage.decoder, io=stage.io, device=device, opset=options.opset or DEFAULT_OPSET)
 
 
 def _tensorrt_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -30,9 +30,6 @@ from torch import nn
 from basic_diffusion import UNet, UNetConfig
 from ddpm.formats.checkpoints import parse_artifact_metadata
 from ddpm.formats.exporters import (
-    DEFAULT_OPSET,
-    MAX_OPSET,
-    MIN_OPSET,
     TORCHSCRIPT_EXTRA_FILE,
     _onnx_tensors,
     _quiet_torchscript,
@@ -40,7 +37,7 @@ from ddpm.formats.exporters import (
     import_onnx,
     onnx_io_mismatches,
 )
-from ddpm.formats.unet_io import METADATA_KEY, DecoderIO, UNetIO, artifact_metadata
+from ddpm.formats.unet_io import DEFAULT_OPSET, MAX_OPSET, METADATA_KEY, MIN_OPSET, DecoderIO, UNetIO, artifact_metadata
 from ddpm.util.messages import first_line, format_bytes
 from ddpm.util.safe_files import MAX_FILE_BYTES, read_limited
 from noise_schedule import ScheduleConfig, short_repr
@@ -81,13 +78,13 @@ class OnnxRuntimeUNet(nn.Module):
     Inputs and output are bound to torch tensors (onnxruntime's I/O binding): with the CUDA
     execution provider (onnxruntime-gpu) and tensors on the GPU, x_t, t and eps stay on the GPU
     between steps; with the CPU provider, onnxruntime reads and writes the tensors' memory
-    directly, without NumPy copies. ``path`` is the ONNX file when the session came from one
-    (the tensorrt implementation builds its engine from it).
+    directly, without NumPy copies. ``onnx_path`` is the ONNX file when the session came from one
+    (unet_io.FromOnnxFile: the tensorrt implementation builds its engine from it).
     """
 
     def __init__(self, session, *, io: UNetIO, path: Path | None = None, metadata: dict | None = None) -> None:
         super().__init__()
-        self.session, self.io, self.path = session, io, path
+        self.session, self.io, self.onnx_path = session, io, path
         self.metadata = metadata or {}  # the file's artifact metadata ("precision": the graph's, fp32 if absent)
         self.provider = session.get_providers()[0]  # the execution provider onnxruntime runs first
 
@@ -101,7 +98,7 @@ class OnnxRuntimeUNet(nn.Module):
         t = t.detach().to(device, torch.int64).contiguous()  # (B,)
         inputs = (x_t, t) if y is None else (x_t, t, y.detach().to(device, torch.int64).contiguous())  # y: (B,)
         eps = torch.empty(self.io.shapes(x_t.shape[0])[self.io.output_names[0]], dtype=torch.float32, device=device)
-        run_bound(self.session, dict(zip(self.io.input_names, inputs, strict=True)), {self.io.output_names[0]: eps}, path=self.path)
+        run_bound(self.session, dict(zip(self.io.input_names, inputs, strict=True)), {self.io.output_names[0]: eps}, path=self.onnx_path)
         return eps.to(caller)  # (B, C, H, W) float32
 
 
@@ -134,7 +131,7 @@ class OnnxRuntimeDecoder(nn.Module):
 
     def __init__(self, session, *, image_shape: tuple[int, ...], path: Path | None = None) -> None:
         super().__init__()
-        self.session, self.image_shape, self.path = session, tuple(image_shape), path
+        self.session, self.image_shape, self.onnx_path = session, tuple(image_shape), path
         self.provider = self.session.get_providers()[0]
 
     @classmethod
@@ -150,7 +147,7 @@ class OnnxRuntimeDecoder(nn.Module):
         device = z.device if on_gpu else torch.device("cpu")
         z_in = z.detach().to(device, torch.float32).contiguous()
         images = torch.empty((z.shape[0], *self.image_shape), dtype=torch.float32, device=device)
-        run_bound(self.session, {"latents": z_in}, {"images": images}, path=self.path)
+        run_bound(self.session, {"latents": z_in}, {"images": images}, path=self.onnx_path)
         return images.to(z.device)
 
 

@@ -180,7 +180,7 @@ class DeviceMemory:
 
 
 # ----- the benchmark -----------------------------------------------------------------------------
-def run_benchmark(
+def time_rows(
     model: UNet,
     plan: SamplingPlan,
     *,
@@ -322,7 +322,7 @@ def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
     return names
 
 
-def main(
+def benchmark_sampling(
     args: BenchmarkRequest, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str,
     guidance: Guidance | None = None, first_stage: FirstStage | None = None,
 ) -> list[Row]:
@@ -330,7 +330,7 @@ def main(
     names = parse_rows(args.rows, device_type=plan.coefficients.device.type)  # the output paths were checked by main.py before any work
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
-    env, rows = run_benchmark(
+    env, rows = time_rows(
         model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup,
         repeats=args.repeats, profile=args.profile, guidance=guidance, first_stage=first_stage,
     )  # fmt: skip

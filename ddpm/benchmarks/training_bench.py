@@ -71,7 +71,7 @@ def warm_timestep_sampler(sampler: TimestepSampler) -> None:
         sampler.update(t, losses)
 
 
-def run_training_benchmark(
+def time_variants(
     model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
     progress: Callable[[str], None] = print, profile: str | None = None, rows: str | None = None, latent: bool = False,
 ) -> list[dict]:
@@ -199,12 +199,12 @@ def trace_steps(trainer, *, name: str, directory: str) -> None:
             profiler.step()
 
 
-def main_training(
+def benchmark_training(
     args: BenchmarkRequest, *, model_config, schedule_config, device: torch.device, latent: bool = False
 ) -> list[dict]:
     warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
     ranks = distributed.current()
-    rows = run_training_benchmark(
+    rows = time_variants(
         model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
         warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say, rows=args.rows, latent=latent,
     )  # fmt: skip

@@ -49,7 +49,7 @@ def parse(argv: list[str] | None = None) -> tuple[str, object]:
 def request_for(args: argparse.Namespace) -> object:
     """The request of ``args.mode``: flags resolved and checked (a ValueError names the flag)."""
     if args.opset is not None:
-        from ddpm.formats.exporters import check_opset
+        from ddpm.formats.unet_io import check_opset
 
         check_opset(args.opset)
     check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on

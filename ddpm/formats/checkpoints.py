@@ -3,7 +3,7 @@
 A checkpoint is one file holding everything a run needs: the model and schedule configs, the
 model and EMA weights, the optimizer, LR schedule and grad-scaler states, the step and the RNG
 states. It is written atomically (safe_files.atomic_write), and it is read with
-``torch.load(weights_only=True)``, so loading one never runs code from it.
+``torch.load(weights_only=True)`` (formats/torch_files.py), so loading one never runs code from it.
 
 Everything read from a file is validated, not trusted; each failure is a one-line ValueError
 naming the file (files are read within size limits by safe_files.read_limited). The shared pieces
@@ -11,24 +11,19 @@ live here (the artifact modules import them):
 
 * :func:`read_configs`: the model and schedule configs, through ``UNetConfig.from_dict`` and
   ``ScheduleConfig.from_dict`` (known keys, types, ranges);
-* :func:`load_weights`: a state dict loaded strictly, every mismatch with the config in one line;
 * :func:`load_checkpoint_model`: a checkpoint's U-Net, its EMA or raw weights, ready to sample.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 import re
-import warnings
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from basic_diffusion import UNet, UNetConfig
+from ddpm.formats.torch_files import load_pt, load_weights
 from ddpm.formats.unet_io import ARTIFACT_FORMAT, UNetIO
 from ddpm.util.messages import first_line
 from ddpm.util.precision import PRECISIONS
@@ -52,7 +47,7 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
     return atomic_write(path, lambda f: torch.save(state, f))
 
 
-def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> dict:
+def load_checkpoint(path: str | Path) -> dict:
     """Read a checkpoint this tool wrote; anything else is refused with a ValueError.
 
     The file must be a regular file within ``safe_files.MAX_FILE_BYTES["checkpoint"]``; a TorchScript
@@ -63,25 +58,10 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         raise ValueError(f"checkpoint {path} does not exist (train one with --mode train, or pass --model_path)")
     if not path.is_file():
         raise ValueError(f"checkpoint {path} is not a file")
-    data = read_limited(path, kind="checkpoint")
-    if is_torchscript_archive(data):
-        raise ValueError(
-            f"checkpoint {path} is a TorchScript archive (a program), not a checkpoint, and was not loaded; "
-            "if it comes from a source you trust, name it .ts and pass --trust_torchscript"
-        )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notes on odd files: a failure is reported below, in one line
-            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "global" not in str(exc).lower():  # not a forbidden class or function: just broken bytes
-            raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({first_line(exc)})") from exc
-        raise ValueError(
-            f"checkpoint {path} holds objects beyond tensors and plain data, so it is refused "
-            "(it was not written by this tool, and loading it could run code)"
-        ) from exc
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, MemoryError) as exc:
-        raise ValueError(f"checkpoint {path} is corrupt or not a PyTorch file ({first_line(exc)})") from exc
+    state = load_pt(
+        read_limited(path, kind="checkpoint"), source=f"checkpoint {path}", kind="a checkpoint",
+        program_hint="; if it comes from a source you trust, name it .ts and pass --trust_torchscript",
+    )  # fmt: skip
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         raise ValueError(f"{path} is not a checkpoint written by this tool (missing model, EMA or config)")
     version = state["format_version"]
@@ -104,59 +84,6 @@ def read_configs(meta: Mapping, *, source: str) -> tuple[UNetConfig, ScheduleCon
             raise ValueError(f"{source}: its {key.replace('_', ' ')} is unusable ({first_line(exc)})") from exc
     model_config, schedule_config = configs
     return model_config, schedule_config
-
-
-def load_weights(model: nn.Module, state_dict: object, *, source: str, assign: bool = False) -> None:
-    """Load ``state_dict`` into ``model`` strictly; any mismatch is one ValueError naming ``source``.
-
-    Every key, shape, dtype and layout must be the model's. ``assign=True`` makes the model hold
-    ``state_dict``'s tensors instead of copying them: for a model built on the meta device, so that a
-    config read from a file allocates nothing until its weights are known to fit it.
-    """
-    problems = weight_mismatches(model.state_dict(), state_dict)
-    if problems:
-        raise ValueError(f"{source}: its weights do not match its model config ({'; '.join(problems)})")
-    try:
-        model.load_state_dict(state_dict, strict=True, assign=assign)
-    except RuntimeError as exc:  # not expected after the checks above; still one line
-        raise ValueError(f"{source}: its weights cannot be loaded ({first_line(exc)})") from exc
-
-
-def weight_mismatches(expected: Mapping[str, torch.Tensor], found: object) -> list[str]:
-    """How a loaded state dict differs from a model's (``model.state_dict()``), one phrase per kind."""
-    if not isinstance(found, Mapping):
-        return [f"they are a {type(found).__name__}, not a dict of tensors"]
-    problems = []
-    missing = [name for name in expected if name not in found]
-    unexpected = [name for name in found if name not in expected]
-    if missing:
-        problems.append(f"{len(missing)} missing, e.g. {short_repr(missing[0])}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected, e.g. {short_repr(unexpected[0])}")
-    differences = []
-    for name, want in expected.items():
-        got = found.get(name)
-        if got is None:
-            continue
-        if not isinstance(got, torch.Tensor):
-            differences.append(f"{name!r} is a {type(got).__name__}, not a tensor")
-        elif got.shape != want.shape:
-            differences.append(f"shape of {name!r} is {list(got.shape)} but the config makes {list(want.shape)}")
-        elif got.dtype != want.dtype or got.layout != want.layout:
-            differences.append(f"{name!r} is {got.dtype} {got.layout}, the model's {want.dtype} {want.layout}")
-    if differences:
-        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
-        problems.append(differences[0] + more)
-    return problems
-
-
-def is_torchscript_archive(data: bytes) -> bool:
-    """Whether ``data`` is a TorchScript zip (it has ``constants.pkl``, as torch.load's own test)."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            return any(name.split("/", 1)[-1] == "constants.pkl" for name in archive.namelist())
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError):  # not a zip: the legacy format, or junk
-        return False
 
 
 def parse_artifact_metadata(raw: str | bytes | dict | None, *, source: Path) -> tuple[UNetConfig, ScheduleConfig, dict]:
@@ -235,7 +162,7 @@ def load_checkpoint_parts(
     latent model its link to its autoencoder (latent/first_stage.py; None for a pixel model), and the dataset it was
     trained on (:func:`training_dataset`), all from one read of the file.
 
-    The U-Net is built on the meta device and takes the checkpoint's tensors (checkpoints.load_weights
+    The U-Net is built on the meta device and takes the checkpoint's tensors (torch_files.load_weights
     with ``assign``), so nothing is allocated for a config until its weights are known to match it.
     """
     from ddpm.conditioning import read_class_names

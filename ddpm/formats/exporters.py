@@ -20,21 +20,11 @@ from pathlib import Path
 import torch
 
 from basic_diffusion import UNet
-from ddpm.formats.unet_io import BATCH, METADATA_KEY, DecoderIO, IOSpec, UNetIO
+from ddpm.formats.unet_io import BATCH, DEFAULT_OPSET, METADATA_KEY, DecoderIO, IOSpec, UNetIO, check_opset
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import atomic_write
 from noise_schedule import short_repr
 
-# Opset 21 is the first whose GroupNormalization takes per-channel scale and bias, and the one at
-# which the exporter emits GroupNormalization natively; opsets 18-20 get an InstanceNormalization
-# decomposition instead (use --opset 18 for a TensorRT parser without GroupNormalization-21).
-# MAX_OPSET is the newest that torch.onnx's dynamo exporter (torch 2.14.1, onnxscript 0.7.2) writes for
-# this U-Net and onnxruntime 1.31.1 runs (max abs diff vs PyTorch ~1e-6 at 18, 21, 22, 23, 24, 25);
-# at 26 the exporter's version conversion fails (no Attention adapter from 22), 2026-11-22.
-DEFAULT_OPSET = 21
-BF16_MIN_OPSET = 22  # ONNX allows bfloat16 convolutions and GroupNormalization from opset 22
-MIN_OPSET = 18
-MAX_OPSET = 25
 ONNX_INSTALL = "pip install onnx onnxscript onnxruntime"
 
 
@@ -54,23 +44,6 @@ def import_onnx(*, exporter: bool = True):
         what = "ONNX export needs onnx and onnxscript" if exporter else "reading ONNX files needs onnx"
         raise ImportError(f"{what} ({first_line(exc)}); install them: {ONNX_INSTALL}") from exc
     return onnx
-
-
-def check_opset(opset: int, *, precision: str = "fp32") -> None:
-    """``--opset`` must be one the exporter writes for this U-Net and onnxruntime runs (22 or later
-    for a bf16 graph)."""
-    if type(opset) is not int or not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ValueError(
-            f"--opset must be between {MIN_OPSET} (GroupNormalization) and {MAX_OPSET} (the newest the exporter "
-            f"and onnxruntime support here), got {short_repr(opset)}"
-        )
-    if precision == "bf16" and opset < BF16_MIN_OPSET:
-        raise ValueError(f"a bf16 ONNX graph needs --opset {BF16_MIN_OPSET} or later (bfloat16 convolutions), got {opset}")
-
-
-def default_opset(precision: str = "fp32") -> int:
-    """The opset an export uses when --opset is not given: 21, or 22 for a bf16 graph."""
-    return BF16_MIN_OPSET if precision == "bf16" else DEFAULT_OPSET
 
 
 def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET, precision: str = "fp32"):

@@ -4,14 +4,15 @@ The interface is defined once, in :class:`UNetIO`: inputs ``x_t`` (B, C, H, W) f
 (B,) int64 (and, for a class-conditional U-Net, ``y`` (B,) int64 labels, its null label included),
 output ``eps`` (B, C, H, W) float32, the batch B being the one dynamic axis; a
 :class:`BatchRange` gives the (min, opt, max) batch sizes of a TensorRT optimization profile. The
-ONNX export (export.py), onnxruntime (backends/runtimes.py) and the engine build (tensorrt_integration.py)
+ONNX export (formats/exporters.py), onnxruntime (backends/runtimes.py) and the engine build (tensorrt_integration.py)
 all read it. A latent model's decoder has its own, :class:`DecoderIO` (``latents`` in, ``images``
 out); both share :class:`IOSpec`'s names, shapes and optimization profile.
 
 Every artifact carries what sampling needs besides the weights (:func:`artifact_metadata`: model
 and schedule configs, which weights, the I/O spec): ONNX files in ``metadata_props``, TorchScript
 files in an extra file, TensorRT engines in a JSON sidecar; checkpoints.parse_artifact_metadata
-validates it on load. This module imports nothing of the project's: every format stands on it.
+validates it on load. The ONNX opsets this tool writes and reads are chosen here too (:func:`check_opset`).
+This module imports nothing of the project's: every format stands on it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -39,6 +40,43 @@ DEFAULT_MAX_BATCH = 64
 # --------------------------------------------------------------------------------------------
 # The I/O spec
 # --------------------------------------------------------------------------------------------
+
+
+# Opset 21 is the first whose GroupNormalization takes per-channel scale and bias, and the one at
+# which the exporter emits GroupNormalization natively; opsets 18-20 get an InstanceNormalization
+# decomposition instead (use --opset 18 for a TensorRT parser without GroupNormalization-21).
+# MAX_OPSET is the newest that torch.onnx's dynamo exporter (torch 2.14.1, onnxscript 0.7.2) writes for
+# this U-Net and onnxruntime 1.31.1 runs (max abs diff vs PyTorch ~1e-6 at 18, 21, 22, 23, 24, 25);
+# at 26 the exporter's version conversion fails (no Attention adapter from 22), 2026-11-22.
+DEFAULT_OPSET = 21
+BF16_MIN_OPSET = 22  # ONNX allows bfloat16 convolutions and GroupNormalization from opset 22
+MIN_OPSET = 18
+MAX_OPSET = 25
+
+
+def check_opset(opset: int, *, precision: str = "fp32") -> None:
+    """``--opset`` must be one the exporter writes for this U-Net and onnxruntime runs (22 or later
+    for a bf16 graph)."""
+    if type(opset) is not int or not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(
+            f"--opset must be between {MIN_OPSET} (GroupNormalization) and {MAX_OPSET} (the newest the exporter "
+            f"and onnxruntime support here), got {repr(opset)[:40]}"
+        )
+    if precision == "bf16" and opset < BF16_MIN_OPSET:
+        raise ValueError(f"a bf16 ONNX graph needs --opset {BF16_MIN_OPSET} or later (bfloat16 convolutions), got {opset}")
+
+
+def default_opset(precision: str = "fp32") -> int:
+    """The opset an export uses when --opset is not given: 21, or 22 for a bf16 graph."""
+    return BF16_MIN_OPSET if precision == "bf16" else DEFAULT_OPSET
+
+
+@runtime_checkable
+class FromOnnxFile(Protocol):
+    """A module that runs an ONNX file (backends/runtimes.py's onnxruntime U-Net and decoder):
+    ``onnx_path`` names the file (None for a graph made in memory), so an engine can be built from it."""
+
+    onnx_path: Path | None
 
 
 @dataclass(frozen=True)

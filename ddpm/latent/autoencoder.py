@@ -21,11 +21,7 @@ Training (the loop, the latent scale, PSNR/SSIM and the reconstructions PNG) is 
 from __future__ import annotations
 
 import hashlib
-import io
 import math
-import pickle
-import warnings
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from basic_diffusion import Downsample, Upsample, _norm
-from ddpm.formats.checkpoints import is_torchscript_archive, load_weights
+from ddpm.formats.torch_files import load_pt, load_weights
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import read_limited
 from noise_schedule import config_fields, short_repr
@@ -263,17 +259,7 @@ def load_autoencoder(path: str | Path, *, device: torch.device | str) -> LoadedA
     if not Path(path).exists():
         raise ValueError(f"{name} does not exist (train one with --mode train_autoencoder)")
     data = read_limited(path, kind="checkpoint")  # a regular file within the checkpoint size limit
-    if is_torchscript_archive(data):
-        raise ValueError(f"{name} is a TorchScript archive (a program), not an autoencoder checkpoint; not loaded")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a failure is reported below, in one line
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        what = "holds objects beyond tensors and plain data" if "global" in str(exc).lower() else "is corrupt"
-        raise ValueError(f"{name} {what}, so it is refused ({first_line(exc)[:200]})") from exc
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, MemoryError) as exc:
-        raise ValueError(f"{name} is corrupt or not a PyTorch file ({first_line(exc)[:200]})") from exc
+    state = load_pt(data, source=name, kind="an autoencoder checkpoint")
     config, latent_scale = check_state(state, name=name)
     with torch.device("meta"):  # nothing allocated until the weights are known to fit the config
         model = Autoencoder(config)

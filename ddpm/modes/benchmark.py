@@ -61,11 +61,11 @@ def run_benchmark(run: BenchmarkRun) -> None:
     sampling = replace(run.sampling, clip_denoised=clips_x0(run.sampling.clip_denoised, stage))
     plan = sampling.plan(NoiseSchedule(schedule_config), device=device)
     if training:
-        training_bench.main_training(  # a latent U-Net trains on float latents, not uint8 images
+        training_bench.benchmark_training(  # a latent U-Net trains on float latents, not uint8 images
             request, model_config=model.config, schedule_config=schedule_config, device=device, latent=link is not None
         )
         return
-    sampling_bench.main(
+    sampling_bench.benchmark_sampling(
         request, model=model, plan=plan, shape=model.config.sample_shape(run.n_samples), precision=run.precision,
         guidance=guidance, first_stage=stage,
     )  # fmt: skip

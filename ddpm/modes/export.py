@@ -31,7 +31,6 @@ from ddpm.cli.requests import ExportRequest
 from ddpm.formats.checkpoints import load_checkpoint_parts
 from ddpm.formats.exporters import (
     _quiet_torchscript,
-    default_opset,
     export_decoder_onnx,
     export_onnx_model,
     import_onnx,
@@ -40,7 +39,7 @@ from ddpm.formats.exporters import (
     trace_torchscript,
 )  # fmt: skip
 from ddpm.formats.kinds import FORMAT_SUFFIXES, FORMATS, artifact_kind
-from ddpm.formats.unet_io import UNetIO, artifact_metadata, max_abs_diff
+from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
 from ddpm.util.safe_files import atomic_write, check_target
 from tensorrt_integration import TensorRTOptions
