@@ -17,7 +17,7 @@ A sampler visits ``S`` distinct timesteps chosen by :func:`sampling_timesteps`, 
 trained timestep ``T - 1`` down to ``0``. DDPM and DDIM space them evenly in t (rounded half
 up; ``S = T`` visits every timestep); DPM-Solver++ spaces them evenly in log-SNR, which its
 authors recommend for low-resolution images and which cuts its error several-fold at 10-20
-steps here (tests/test_schedule.py), with the grid starting no lower than log-SNR -5.1
+steps here (tests/test_noise_schedule.py), with the grid starting no lower than log-SNR -5.1
 (:data:`DPM_SOLVER_LAMBDA_MIN`). Step ``i`` goes from ``t_i`` to ``t_{i+1}``; the last
 step goes from ``t = 0`` to clean data (alpha-bar = 1).
 
@@ -32,7 +32,7 @@ with six per-step coefficients precomputed in float64 (:class:`SamplingPlan`). `
 and ``s = sqrt(1 - abar)``: the difference is taken before the large factor ``a`` (about 20,000 at
 t = 999 on the cosine schedule), so float32 loses no digits to cancellation there; the expanded
 form ``a * x_t - (a * s) * eps`` was 66x less accurate at that step (max error 6.3e-3 against
-9.6e-5 over 4096 values; tests/test_schedule.py).
+9.6e-5 over 4096 values; tests/test_noise_schedule.py).
 
 * DDPM: ``c_x0``, ``c_xt`` are the posterior-mean coefficients of the (respaced) chain,
   ``sigma`` the square root of the posterior variance ("fixed_small") or of beta
@@ -64,7 +64,7 @@ NUM_COEFFICIENTS = len(COEFFICIENT_NAMES)
 # DPM-Solver++'s log-SNR grid starts no lower than this (diffusers' lambda_min_clipped). The linear
 # schedule ends at lambda(T - 1) = -5.06, so it is unchanged; the cosine schedule reaches -9.9, and an
 # unclipped grid spends 5 of 20 steps on t = 999..995. Measured against the exact probability-flow
-# map of Gaussian data (tests/test_schedule.py): max error 0.099 -> 0.005 at 10 steps, 0.022 -> 0.012 at 20.
+# map of Gaussian data (tests/test_noise_schedule.py): max error 0.099 -> 0.005 at 10 steps, 0.022 -> 0.012 at 20.
 DPM_SOLVER_LAMBDA_MIN = -5.1
 
 DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20, "dpm_solver_sde": 20}  # None: all T steps

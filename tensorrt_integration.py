@@ -39,8 +39,8 @@ instead (no ONNX, no engine cache).
 
 What was run where: no machine this was written on has TensorRT, so none of its calls has run.
 The cache rules, the I/O checks and the sampling loop (with a PyTorch U-Net in the engine's place)
-are tested on the CPU (tests/test_export.py; the decoder's spec, cache and build inputs in
-tests/test_latent.py); the ONNX files engines are built from are checked against PyTorch with onnxruntime.
+are tested on the CPU (tests/backends/test_runtimes.py; the decoder's spec, cache and build inputs in
+tests/latent/test_latent_diffusion.py); the ONNX files engines are built from are checked against PyTorch with onnxruntime.
 
 One file: the design keeps the TensorRT engine (build, cache, load, infer) and the tensorrt implementation together, so that what TensorRT needs lives in one place.
 """

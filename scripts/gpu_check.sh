@@ -58,7 +58,7 @@ run_stage build "$PYTHON" setup.py build_ext --inplace
 run_stage gpu_tests "$PYTHON" -m pytest -m gpu -v -rs tests/
 run_stage memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
-  "$PYTHON" -m pytest -m gpu -q -x tests/test_kernels.py
+  "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py
 run_stage benchmark "$PYTHON" scripts/bench_sampling.py --out "$OUTDIR/benchmark.json"
 
 if [ ${#FAILED[@]} -gt 0 ]; then

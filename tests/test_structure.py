@@ -236,3 +236,15 @@ def test_every_implementation_draws_the_originals_images_through_the_registry():
         images[name] = draw((2, 1, 8, 8), torch.Generator().manual_seed(3), False)
     assert torch.allclose(images["cuda"], images["original"], atol=1e-5)
     assert torch.allclose(images["torchscript"], images["original"], atol=1e-5)
+
+
+def test_the_tests_mirror_the_layout():
+    """A test file per core module at the top of tests/, a test folder per package folder: a reader finds
+    a module's tests by its path (test folders name package folders; top-level test files name modules)."""
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert folders <= {p.name for p in (ROOT / "ddpm").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = set(module_files()) | {"diffusion_kernels", "structure"}  # the kernels are C++; this file tests the layout
+    top = {p.stem.removeprefix("test_") for p in tests.glob("test_*.py")}
+    assert sorted(name for name in top if name not in modules and f"ddpm.{name}" not in modules) == []
+    assert {f"test_{name}.py" for name in CORE[1:]} <= {p.name for p in tests.glob("test_*.py")}

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ddpm.data import volumes
 from ddpm.data.catalog import TEST_SPLITS, VOLUME_DATASETS
 from ddpm.data.datasets import load_images
-from ddpm.evaluation import inception
+from ddpm.evaluation import inception, voxels
 from ddpm.evaluation.quality import DigitJudge
 
 
@@ -61,4 +60,4 @@ def voxel_judge(dataset: str, *, data_dir: str, size: int, n: int, seed: int):
         train, held = train[:half], train[half:]
     if n > len(held):
         raise ValueError(f"--n_samples {n} is more than the {len(held)} held-out real volumes the ceiling is scored on")
-    return volumes.VoxelJudge(train, held, seed=seed)
+    return voxels.VoxelJudge(train, held, seed=seed)

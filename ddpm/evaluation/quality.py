@@ -222,9 +222,9 @@ def format_table(result: dict) -> str:
     if result.get("metric") == "inception":
         return _inception_table(result)
     if result.get("metric") == "voxels":
-        from ddpm.data import volumes
+        from ddpm.evaluation import voxels
 
-        return volumes.voxel_table(result)
+        return voxels.voxel_table(result)
     head = f"{'sampler':<16}{'steps':>6}{'confident':>11}{'classes':>9}{'Frechet':>10}{'memorised':>11}{'seconds':>9}"
     lines = [head]
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ddpm.data.catalog import TEST_SPLITS
 from ddpm.data.datasets import ImageSet, load_images
 from ddpm.data.image_files import save_grid, to_uint8
-from ddpm.data.volumes import skimage_metrics
+from ddpm.evaluation.voxels import skimage_metrics
 from ddpm.latent.autoencoder import (
     Autoencoder,
     AutoencoderConfig,

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT
 from PIL import Image
 
 import main
@@ -33,7 +34,6 @@ from ddpm.modes import train as train_mode
 from ddpm.util import interrupts
 from ddpm.util.safe_files import check_outputs, remove_stale_temporaries
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = [
     "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
     "--timesteps", "50", "--batch_size", "8", "--sample_every", "0", "--save_every", "0",
@@ -378,7 +378,7 @@ def test_stale_temporaries_of_live_processes_are_kept(tmp_path):
 
 
 def test_non_finite_steps_most_of_a_run_end_non_zero(tmp_path):
-    from helpers import make_trainer  # the tiny trainer of the core tests
+    from helpers import make_trainer  # the tiny digits trainer
 
     from ddpm.training.trainer import TrainingDiverged
 

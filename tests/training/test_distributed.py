@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_user_error, run_here
+from helpers import ROOT, assert_user_error, run_here
 
 from ddpm.util import distributed
 from ddpm.util.distributed import Ranks
 
-ROOT = Path(__file__).resolve().parents[1]
 # No dropout: each rank draws its own dropout masks, so only without it are the weights one process's.
 TRAIN = [
     "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",

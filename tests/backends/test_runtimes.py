@@ -1,22 +1,18 @@
-"""Export and the onnxruntime / tensorrt implementations, specified against PyTorch.
+"""Export and the onnxruntime and TorchScript runtimes, specified against PyTorch.
 
 Specification: the ONNX export (random weights and a trained checkpoint) agrees with PyTorch through
 onnxruntime at several batch sizes, and so does the TorchScript trace; sampling from a checkpoint,
 its TorchScript and ONNX exports, and with --implementation onnxruntime gives the checkpoint's images
-from one seed; the tensorrt implementation's step loop reproduces the original loop exactly (a
-PyTorch U-Net stands in for the engine: no engine runs here); the engine cache rebuilds on any
-metadata difference and refuses an engine whose sha256 differs; without TensorRT every TensorRT
-path ends in one line naming what to install, and importing the project never imports it.
+from one seed; without TensorRT every TensorRT path ends in one line naming what to install; a corrupt
+artifact, or an implementation that cannot run it, is one line. (The engine cache: test_engine_cache.py;
+the tensorrt implementation's loop: tests/test_tensorrt_integration.py.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,18 +22,15 @@ import torch
 from helpers import TINY_SCHEDULE, needs_onnx, perturbed_unet, tiny_unet_config
 
 import main
-import tensorrt_integration as trt_integration
 from basic_diffusion import UNet
 from basic_diffusion import sample as original_sample
-from ddpm.backends import artifacts, engine_cache, runtimes
+from ddpm.backends import artifacts, runtimes
 from ddpm.data.datasets import load_images
 from ddpm.formats import checkpoints, exporters, unet_io
 from ddpm.formats.unet_io import BatchRange, UNetIO
 from ddpm.training.trainer import TrainConfig, Trainer
 from noise_schedule import NoiseSchedule
-from optimized_diffusion import FusedSampler
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG, SCHEDULE = tiny_unet_config(), TINY_SCHEDULE
 IO = UNetIO.from_config(CONFIG)
 
@@ -216,199 +209,6 @@ def test_onnxruntime_prefers_the_gpu_providers_where_installed():
     assert runtimes.onnxruntime_providers(["CPUExecutionProvider"], device_type="cuda") == ["CPUExecutionProvider"]
 
 
-# ----- the tensorrt implementation's own logic (no engine runs here) ----------------------------------
-
-
-@pytest.mark.parametrize("sampler,eta", [("ddpm", 0.0), ("ddim", 1.0), ("dpm_solver", 0.0), ("dpm_solver_sde", 0.0)])
-@pytest.mark.parametrize("fused_step", [True, False])
-def test_reference_step_sampler_reproduces_the_original_loop_exactly(sampler, eta, fused_step):
-    # The engine's place is taken by the PyTorch U-Net: this checks the loop, buffers, device-side
-    # step index and noise order that the tensorrt implementation wraps around its engine, with the
-    # fused op and with the p_step fallback used where the extension is not built.
-    model = perturbed_unet(CONFIG)
-    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=6, eta=eta)
-    g_ours, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    sampler_ = FusedSampler(model, plan, shape=(2, 1, 16, 16), channels_last=False, fused_step=fused_step)
-    ours = sampler_(generator=g_ours)
-    reference = original_sample(model, plan, shape=(2, 1, 16, 16), generator=g_ref)
-    assert torch.equal(ours, reference)
-    assert torch.equal(g_ours.get_state(), g_ref.get_state())  # the generator is left where the original leaves it
-
-
-def key(**changes) -> dict:
-    environment = {"tensorrt_version": "10.9.0", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
-    fields = dict(environment=environment, onnx_sha256="ab" * 32, precision="fp16", profile=IO.profile(BatchRange()),
-                  optimization_level=3)  # fmt: skip
-    environment.update({k: v for k, v in changes.items() if k in environment})
-    fields.update({k: v for k, v in changes.items() if k not in environment})
-    return engine_cache.engine_key(**fields)
-
-
-class FakeBuilder:
-    """Counts builds; returns distinct bytes each time (no TensorRT involved)."""
-
-    def __init__(self) -> None:
-        self.builds = 0
-
-    def __call__(self) -> bytes:
-        self.builds += 1
-        return f"serialized engine #{self.builds}".encode()
-
-
-def test_engine_key_records_everything_an_engine_depends_on_as_json():
-    stored = json.loads(json.dumps(key()))  # what a metadata file gives back
-    assert engine_cache.key_mismatches(stored, key()) == []
-    for field in ("tensorrt_version", "gpu_name", "compute_capability", "onnx_sha256", "precision",
-                  "builder_optimization_level", "shapes"):  # fmt: skip
-        assert field in stored
-    assert stored["shapes"]["x_t"] == {"min": [1, 1, 16, 16], "opt": [16, 1, 16, 16], "max": [64, 1, 16, 16]}
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        dict(tensorrt_version="10.10.0"),
-        dict(gpu_name="NVIDIA H200"),
-        dict(compute_capability="8.0"),
-        dict(onnx_sha256="cd" * 32),
-        dict(precision="fp32"),
-        dict(profile=IO.profile(BatchRange(1, 16, 128))),
-        dict(optimization_level=5),
-    ],
-)
-def test_any_metadata_difference_rebuilds_the_engine(tmp_path, change):
-    engine_path, build, logs = tmp_path / "unet_fp16.engine", FakeBuilder(), []
-    first = engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
-    again = engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=logs.append)
-    assert first == again == b"serialized engine #1" and build.builds == 1  # a matching cache is reused
-    rebuilt = engine_cache.get_or_build_engine(engine_path, key=key(**change), build=build, log=logs.append)
-    assert rebuilt == b"serialized engine #2" and build.builds == 2
-    assert "other settings" in logs[-1]
-    meta = engine_cache.read_metadata(engine_cache.metadata_path(engine_path))
-    assert engine_cache.key_mismatches(meta, key(**change)) == []  # the new metadata describes the new engine
-
-
-def test_an_engine_whose_sha256_differs_is_refused_not_deserialized(tmp_path):
-    engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
-    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-    engine_path.write_bytes(b"serialized engine #1, tampered with")
-    with pytest.raises(engine_cache.IntegrityError, match="refusing to load"):
-        engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-    assert build.builds == 1
-
-
-def test_missing_or_corrupt_metadata_rebuilds(tmp_path):
-    engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
-    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-    engine_cache.metadata_path(engine_path).write_text("{not json")
-    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-    engine_cache.metadata_path(engine_path).unlink()
-    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-    assert build.builds == 3
-
-
-def test_a_crash_while_storing_leaves_a_rebuild_not_a_refusal(tmp_path, monkeypatch):
-    engine_path, build = tmp_path / "unet_fp16.engine", FakeBuilder()
-    engine_cache.get_or_build_engine(engine_path, key=key(), build=build, log=lambda _: None)
-
-    def crash(path, write):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(engine_cache, "atomic_write", crash)
-    with pytest.raises(OSError):
-        engine_cache.store_with_metadata(engine_path, b"new engine", key())
-    monkeypatch.undo()
-    assert engine_cache.lookup_engine(engine_path, key()).data is None  # rebuild, no IntegrityError
-
-
-def test_engine_io_is_checked_against_the_spec():
-    good = {"x_t": ("input", torch.float32), "t": ("input", torch.int64), "eps": ("output", torch.float32)}
-    assert trt_integration.io_mismatches(IO, good) == []
-    problems = trt_integration.io_mismatches(
-        IO, {**good, "eps": ("output", torch.float16), "extra": ("output", torch.float32)}
-    )
-    assert len(problems) == 2 and "eps" in problems[0] and "extra" in problems[1]
-
-    class FakeDataType:  # tensorrt.DataType members are pybind11 enums with a .name
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-    assert trt_integration.torch_dtype(FakeDataType("INT64")) is torch.int64
-    assert trt_integration.torch_dtype(FakeDataType("BF16")) is torch.bfloat16
-
-
-@pytest.mark.parametrize(
-    "version,precision,strongly_typed,graph,flags,pin,opset",
-    [
-        ("10.8.0.43", "fp16", False, "fp32", ("FP16", "OBEY_PRECISION_CONSTRAINTS"), True, 18),  # no GroupNorm-21
-        ("10.9.0.34", "fp16", False, "fp32", ("FP16", "OBEY_PRECISION_CONSTRAINTS"), True, 21),
-        ("10.9.0.34", "fp32", False, "fp32", (), False, 21),
-        ("10.11.0", "bf16", False, "fp32", ("BF16", "OBEY_PRECISION_CONSTRAINTS"), True, 21),
-        ("10.12.0.36", "fp16", True, "fp16", (), False, 21),  # STRONGLY_TYPED from a mixed graph
-        ("10.12.0.36", "bf16", True, "bf16", (), False, 22),  # bf16 convolutions need opset 22
-        ("11.0.0", "fp32", True, "fp32", (), False, 21),
-        ("11.4.1", "fp16", True, "fp16", (), False, 21),
-        ("11.4.1", "bf16", True, "bf16", (), False, 22),
-    ],
-)  # fmt: skip
-def test_the_engine_build_follows_the_tensorrt_version(version, precision, strongly_typed, graph, flags, pin, opset):
-    plan = engine_cache.build_plan(version, precision)
-    assert (plan.strongly_typed, plan.graph_precision, plan.builder_flags) == (strongly_typed, graph, flags)
-    assert (plan.pin_time_embedding, plan.opset) == (pin, opset)
-    # Nothing TensorRT 11 removed is ever asked of it.
-    if version.startswith("11"):
-        assert not {"FP16", "BF16", "OBEY_PRECISION_CONSTRAINTS"} & set(plan.builder_flags)
-
-
-def test_opsets_a_tensorrt_version_cannot_parse_are_refused_in_one_line():
-    assert engine_cache.build_plan("11.4.1", "fp16", opset=18).opset == 18  # an explicit choice is kept
-    with pytest.raises(ValueError, match="opset 18"):
-        engine_cache.build_plan("10.8.0", "fp32", opset=21)
-    with pytest.raises(ValueError, match="opset 22"):
-        engine_cache.build_plan("11.4.1", "bf16", opset=21)
-    with pytest.raises(ValueError, match="too old"):
-        engine_cache.build_plan("8.6.1", "fp32")
-
-
-@pytest.mark.parametrize(
-    "version,precision,mixed,arguments",
-    [
-        ("2.9.0", "fp32", False, {"enabled_precisions": {torch.float32}}),
-        ("2.9.0+cu128", "fp16", True, {"use_explicit_typing": True, "enabled_precisions": {torch.float32}}),
-        ("2.8.0", "bf16", True, {"use_explicit_typing": True, "enabled_precisions": {torch.float32}}),
-        ("2.10.0", "fp16", True, {}),  # enabled_precisions raises on 2.10-2.12
-        ("2.13.0", "bf16", True, {}),  # ... and is silently ignored on 2.13+
-        ("2.14.1+cu130", "fp32", False, {}),
-    ],
-)  # fmt: skip
-def test_torch_tensorrt_gets_the_arguments_its_version_honours(version, precision, mixed, arguments):
-    assert engine_cache.torch_tensorrt_arguments(version, precision) == (mixed, arguments)
-
-
-def test_an_old_torch_tensorrt_is_refused_for_reduced_precision_not_built_in_fp32():
-    with pytest.raises(ValueError, match="upgrade"):
-        engine_cache.torch_tensorrt_arguments("2.5.1", "fp16")
-    assert engine_cache.torch_tensorrt_arguments("2.5.1", "fp32") == (False, {"enabled_precisions": {torch.float32}})
-
-
-def test_weak_typing_pins_exactly_the_layers_that_depend_only_on_t():
-    # A network in TensorRT's layer order: constants, the time branch, the image branch, their sum.
-    layers = [
-        ([], ["freqs"]),  # 0 constant
-        (["t"], ["t_float"]),  # 1 cast
-        (["t_float", "freqs"], ["phase"]),  # 2 t * freqs
-        (["phase"], ["sin"]),  # 3
-        (["phase"], ["cos"]),  # 4
-        (["cos", "sin"], ["emb"]),  # 5 concat
-        ([], ["w1"]),  # 6 constant
-        (["emb", "w1"], ["emb_mlp"]),  # 7 time MLP
-        (["x_t"], ["h"]),  # 8 conv on the image
-        (["h", "emb_mlp"], ["h_plus"]),  # 9 image + embedding: not pinned
-        (["h_plus"], ["eps"]),  # 10
-    ]
-    assert trt_integration.time_embedding_layers(layers) == [1, 2, 3, 4, 5, 7]
-
-
 # ----- errors ----------------------------------------------------------------------------------------
 
 
@@ -461,16 +261,3 @@ def test_an_implementation_that_cannot_run_an_artifact_is_a_one_line_error(workd
     )
     assert_one_line_error(rc, err, "cannot run ONNX files")
 
-
-def test_importing_the_project_never_imports_tensorrt(tmp_path):
-    # A tensorrt that fails loudly when imported, first on the path: the project must not touch it.
-    (tmp_path / "tensorrt.py").write_text("raise RuntimeError('tensorrt was imported')\n")
-    code = (
-        "import main, tensorrt_integration, optimized_diffusion; from ddpm.cli import parser, resolve; "
-        "from ddpm.modes import benchmark, evaluate, export, sample, train, train_autoencoder; parser.build_parser()"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr

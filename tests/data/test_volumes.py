@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from ddpm.data import volumes
-from ddpm.data.volumes import VoxelJudge, fit_sphere, load_voxel_folder, sphere_parameters, sphere_volumes
+from ddpm.data.volumes import load_voxel_folder, sphere_parameters, sphere_volumes
+from ddpm.evaluation import voxels
+from ddpm.evaluation.voxels import VoxelJudge, fit_sphere
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -105,7 +107,7 @@ def test_held_out_spheres_score_at_the_ceiling_and_noise_at_the_floor(judge):
     assert ceiling.n == floor.n == 32 and ceiling.seconds is None
     assert ceiling.iou > 0.9 and ceiling.iou_ok == 1.0
     assert ceiling.radius_in_range == 1.0 and ceiling.centre_in_range == 1.0
-    assert 10 < ceiling.psnr < volumes.PSNR_CAP  # a held-out sphere is not in the reference
+    assert 10 < ceiling.psnr < voxels.PSNR_CAP  # a held-out sphere is not in the reference
     assert floor.iou < 0.4 and floor.iou_ok == 0.0 and floor.radius_in_range == 0.0
     assert ceiling.ssim > floor.ssim + 0.5 and ceiling.psnr > floor.psnr + 10
     fields = {"name", "n", "seconds", "iou", "iou_ok", "psnr", "ssim", "radius_mean", "radius_std", "radius_in_range"}
@@ -116,7 +118,7 @@ def test_a_copied_reference_volume_has_capped_psnr_and_ssim_one(judge):
     copies = judge.reference[[3, 100]].float() / 127.5 - 1
     assert judge.nearest((copies + 1) / 2).tolist() == [3, 100]
     scores = judge.score(copies, name="copies")
-    assert scores.psnr == volumes.PSNR_CAP
+    assert scores.psnr == voxels.PSNR_CAP
     assert scores.ssim == pytest.approx(1.0, abs=1e-9)
 
 
@@ -138,7 +140,7 @@ def test_without_scikit_image_the_judge_says_what_to_install(monkeypatch):
 def test_voxel_table_shows_the_rows_the_ceiling_and_the_floor(judge):
     ceiling, floor = asdict(judge.ceiling(4, seed=0)), asdict(judge.floor(4, seed=0, image_size=16))
     row = {"sampler": "dpm_solver", "steps": 20, **ceiling, "name": "dpm_solver 20", "seconds": 1.5}
-    lines = volumes.voxel_table({"rows": [row], "ceiling": ceiling, "floor": floor}).splitlines()
+    lines = voxels.voxel_table({"rows": [row], "ceiling": ceiling, "floor": floor}).splitlines()
     assert len(lines) == 4 and "IoU (median)" in lines[0] and "SSIM" in lines[0]
     assert lines[1].startswith("dpm_solver") and lines[1].endswith("1.5")
     assert lines[2].endswith("   (ceiling: held-out real volumes)")

@@ -4,16 +4,14 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT
 
 from basic_diffusion import UNet, UNetConfig
 from ddpm.benchmarks.report import PeakRSS
 from ddpm.benchmarks.sampling_bench import Row, format_summary, format_table, psnr_db, unet_flops
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
