@@ -63,6 +63,7 @@ from ddpm.backends.engine_cache import (
     ENVIRONMENT_FIELDS,
     METADATA_VERSION,
     MIN_TENSORRT_MAJOR,
+    OPT_LEVELS,
     TENSORRT_INSTALL,
     BuildPlan,
     Log,
@@ -121,7 +122,7 @@ class TensorRTOptions:
             raise ValueError(f"unknown TensorRT backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.max_batch < 1:
             raise ValueError(f"--max_batch must be a positive integer, got {self.max_batch}")
-        if not 0 <= self.optimization_level <= 5:
+        if self.optimization_level not in OPT_LEVELS:
             raise ValueError(f"--trt_opt_level must be between 0 and 5, got {self.optimization_level}")
 
     @classmethod

@@ -164,7 +164,7 @@ def test_flags_resolve_once_into_a_typed_request():
         (["--mode", "train", "--dataset", "digits", "--channels", "3"], "does not fit"),
         (["--mode", "train", "--img_size", "0"], "--img_size must be a positive integer"),  # 0 is not "the default"
         (["--mode", "sample", "--max_batch", "0"], "--max_batch must be a positive integer"),  # before any file is read
-        (["--mode", "sample", "--trt_opt_level", "9"], "--trt_opt_level must be between 0 and 5"),
+        (["--mode", "sample", "--grid_scale", "0"], "--grid_scale must be a positive integer, got 0"),
         (["--mode", "sample", "--model_path", "m.onnx", "--implementation", "cuda"], "cannot run ONNX files"),
         (["--mode", "benchmark", "--model_path", "m.onnx"], "measures a checkpoint"),
     ],
@@ -172,6 +172,12 @@ def test_flags_resolve_once_into_a_typed_request():
 def test_flag_mistakes_are_refused_while_resolving(flags, message):
     with pytest.raises(ValueError, match=message):
         resolve.parse([*flags, "--device", "cpu"])
+
+
+def test_the_parser_refuses_an_optimization_level_outside_0_to_5(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        resolve.parse(["--mode", "sample", "--trt_opt_level", "9"])
+    assert exit_.value.code == 2 and "--trt_opt_level: invalid choice: 9" in capsys.readouterr().err
 
 
 def test_the_cli_offers_exactly_the_registrys_sample_implementations():

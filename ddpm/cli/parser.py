@@ -52,13 +52,6 @@ def int_list(text: str) -> str:
     return ",".join(items)
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
-
-
 def seed(text: str) -> int:
     value = int(text)
     if not 0 <= value <= SEED_MAX:
@@ -68,6 +61,7 @@ def seed(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from basic_diffusion import PRESETS, TIME_CONDITIONING
+    from ddpm.backends.engine_cache import OPT_LEVELS
     from ddpm.backends.registry import REGISTRY, SAMPLE_IMPLEMENTATIONS
     from ddpm.conditioning import DEFAULT_GUIDANCE
     from ddpm.data.catalog import DATASETS
@@ -234,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save_npz", default=None, help="also save the images (uint8, NHWC) to this .npz file")
     g.add_argument("--no_grid", action="store_true", help="write no PNG grid (with --save_npz: for many samples)")
     g.add_argument(
-        "--grid_scale", type=positive_int, default=None,
+        "--grid_scale", type=int, default=None,
         help="enlarge the grid N times, nearest neighbour (default: tiles of at least 64 pixels, e.g. x8 for 8x8 digits)",
     )
     g.add_argument(
@@ -254,7 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--trt_backend", choices=BACKENDS, default="native", help="native engines or torch_tensorrt.compile")
     g.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch a TensorRT engine takes")
-    g.add_argument("--trt_opt_level", type=int, default=3, help="TensorRT builder optimization level, 0-5")
+    g.add_argument(
+        "--trt_opt_level", type=int, choices=OPT_LEVELS, default=3, metavar="0-5",
+        help="TensorRT builder optimization level: 0 builds fastest, 5 tries the most tactics",
+    )
     g = p.add_argument_group("benchmark")
     g.add_argument(
         "--bench", choices=("sampling", "training"), default="sampling", help="time sampling implementations, or training steps"

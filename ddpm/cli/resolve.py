@@ -58,13 +58,11 @@ def request_for(args: argparse.Namespace) -> object:
         img_size=args.img_size, channels=args.channels, model_channels=args.model_channels,
         num_res_blocks=args.num_res_blocks, patch_size=args.patch_size, timesteps=args.timesteps,
         latent_channels=args.latent_channels, ae_channels=args.ae_channels, max_batch=args.max_batch,
-        train_steps=args.train_steps, repeats=args.repeats,
+        train_steps=args.train_steps, repeats=args.repeats, grid_scale=args.grid_scale,
     )  # fmt: skip
     check_not_negative(
         warmup_steps=args.warmup_steps, save_every=args.save_every, sample_every=args.sample_every, warmup=args.warmup
     )
-    if not 0 <= args.trt_opt_level <= 5:
-        raise ValueError(f"--trt_opt_level must be between 0 and 5, got {args.trt_opt_level}")
     args.dataset_given = args.dataset is not None  # evaluate: else the data the model file records
     args.dataset = args.dataset or "mnist"
     if args.batch_size is None:
