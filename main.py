@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     2 for a user error (or memory exhausted), 1 for a training run that diverged, 130/143 for Ctrl-C/SIGTERM."""
     interrupts.install()
     try:
-        args = parser.build_parser().parse_args(argv)  # --help and argparse's own errors (exit 2) end here
+        args = parser.parse_args(argv)  # --help and argparse's own errors (exit 2) end here
         # Imported here, under the signal handlers: a Ctrl-C while torch loads ends in one line too.
         from ddpm.cli import resolve
         from ddpm.modes.benchmark import run_benchmark

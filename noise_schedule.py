@@ -327,8 +327,10 @@ class NoiseSchedule(nn.Module):
             raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         if variance_type not in VARIANCE_TYPES:
             raise ValueError(f"unknown variance type {variance_type!r}; choose one of {', '.join(VARIANCE_TYPES)}")
-        if not (math.isfinite(eta) and eta >= 0.0):
-            raise ValueError(f"eta must be a finite number >= 0, got {eta}")
+        if not (math.isfinite(eta) and 0.0 <= eta <= 1.0):
+            # 0: deterministic DDIM; 1: DDPM's posterior variance. Beyond 1 the noise outgrows the step and
+            # the images saturate (eta 1e10 wrote all-black and all-white grids).
+            raise ValueError(f"eta must be between 0 (deterministic) and 1 (DDPM's posterior variance), got {eta}")
         if sampler != "ddim" and eta != 0.0:
             raise ValueError(f"eta only applies to the ddim sampler, got eta={eta} with {sampler}")
         if num_steps is None:

@@ -165,6 +165,7 @@ def test_flags_resolve_once_into_a_typed_request():
         (["--mode", "train", "--img_size", "0"], "--img_size must be a positive integer"),  # 0 is not "the default"
         (["--mode", "sample", "--max_batch", "0"], "--max_batch must be a positive integer"),  # before any file is read
         (["--mode", "sample", "--grid_scale", "0"], "--grid_scale must be a positive integer, got 0"),
+        (["--mode", "sample", "--sampler", "ddim", "--eta", "1e10"], "--eta must be between 0"),  # saturated images
         (["--mode", "sample", "--model_path", "m.onnx", "--implementation", "cuda"], "cannot run ONNX files"),
         (["--mode", "benchmark", "--model_path", "m.onnx"], "measures a checkpoint"),
     ],

@@ -21,11 +21,14 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
+from ddpm.backends.engine_cache import metadata_path
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
+    check_onnx_graph,
     load_onnx,
     load_torchscript,
     onnxruntime_session,
+    parse_onnx,
 )
 from ddpm.data.catalog import DATASETS
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint_parts
@@ -56,6 +59,13 @@ class Artifact:
     class_names: tuple[str, ...] = ()  # a class-conditional model's classes (label i is class_names[i])
     first_stage: FirstStage | None = None  # a latent model: the autoencoder that decodes its samples
     dataset: str | None = None  # the training data, where the file records it (evaluate's judge)
+    also_read: tuple[tuple[str, Path], ...] = ()  # the files it named, read with it: (what, path)
+
+    @property
+    def inputs(self) -> dict[str, Path]:
+        """Every file this model was read from, for the output check: the file and those it names (a
+        latent model's autoencoder or exported decoder, an engine's metadata)."""
+        return {"--model_path": self.path, **dict(self.also_read)}
 
     @property
     def output_shape(self) -> tuple[int, ...]:
@@ -79,7 +89,8 @@ def load_artifact(
         stage, _ = linked_first_stage(
             link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder
         )
-        return Artifact(kind, path, model, model.config, schedule_config, class_names, stage, dataset)
+        read = (("its autoencoder", Path(stage.link["path"])),) if stage is not None else ()
+        return Artifact(kind, path, model, model.config, schedule_config, class_names, stage, dataset, read)
     if autoencoder:
         raise ValueError(f"--autoencoder goes with a latent model's .pt checkpoint, not a {KIND_NAMES[kind]} file")
     if not path.is_file():
@@ -111,7 +122,10 @@ def load_artifact(
     dataset = meta.get("dataset")  # recorded by exports since 2026-11-24; absent from older files
     if dataset is not None and dataset not in DATASETS:
         raise ValueError(f"{path} names an unknown training dataset {short_repr(dataset)}; export it again")
-    return Artifact(kind, path, model, model_config, schedule_config, class_names, stage, dataset)
+    read = [("its metadata", metadata_path(path))] if kind == "tensorrt" else []
+    if stage is not None:
+        read.append(("its decoder", decoder_path(path)))
+    return Artifact(kind, path, model, model_config, schedule_config, class_names, stage, dataset, tuple(read))
 
 
 def decoder_path(unet_path: Path) -> Path:
@@ -141,7 +155,8 @@ def load_exported_decoder(
     data = read_limited(file, kind=kind)
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ValueError(f"{file} is not the decoder {path} was exported with (its sha256 differs); export it again")
-    if kind == "onnx":
+    if kind == "onnx":  # through the U-Net graph's checks: the same parser, domains, opsets, I/O spec, checker
+        check_onnx_graph(parse_onnx(data, source=file), io=stage.io, source=file)
         session = onnxruntime_session(data, device=device, source=file)
         decoder = OnnxRuntimeDecoder(session, image_shape=stage.image_shape, path=file)
     elif kind == "tensorrt":  # built with the U-Net's engine, for the same GPU and TensorRT (checked on its load)

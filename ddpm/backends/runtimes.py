@@ -37,7 +37,7 @@ from ddpm.formats.exporters import (
     import_onnx,
     onnx_io_mismatches,
 )
-from ddpm.formats.unet_io import DEFAULT_OPSET, MAX_OPSET, METADATA_KEY, MIN_OPSET, DecoderIO, UNetIO, artifact_metadata
+from ddpm.formats.unet_io import DEFAULT_OPSET, MAX_OPSET, METADATA_KEY, MIN_OPSET, DecoderIO, IOSpec, UNetIO, artifact_metadata
 from ddpm.util.messages import first_line, format_bytes
 from ddpm.util.safe_files import MAX_FILE_BYTES, read_limited
 from noise_schedule import ScheduleConfig, short_repr
@@ -195,48 +195,62 @@ def as_onnxruntime(model: nn.Module, *, device: torch.device, opset: int = DEFAU
 def load_onnx(path: Path, *, device: torch.device) -> tuple[OnnxRuntimeUNet, UNetConfig, ScheduleConfig, dict]:
     """An ONNX file validated before onnxruntime sees it, then run by onnxruntime from the same bytes.
 
-    In order: the size limit (before reading), the bytes parsed by onnx, no external data (it would
-    make onnxruntime read other files), the default-domain opset within MIN_OPSET..MAX_OPSET and no
-    other domain, the metadata (:func:`parse_artifact_metadata`), the graph's inputs and outputs
-    against the metadata's I/O spec, ``onnx.checker``; only then the session.
+    In order: the size limit (before reading), the graph's own checks (:func:`parse_onnx`), the metadata
+    (:func:`parse_artifact_metadata`), the graph against the metadata's I/O spec and ``onnx.checker``
+    (:func:`check_onnx_graph`); only then the session.
     """
     data = read_limited(path, kind="onnx")
-    onnx = import_onnx(exporter=False)
-    try:
-        proto = onnx.load_model_from_string(data)
-    except Exception as exc:  # google.protobuf's DecodeError, and whatever else a parser raises on junk
-        raise ValueError(f"{path} is corrupt or not an ONNX model ({first_line(exc)})") from exc
-    external = [tensor.name for tensor in _onnx_tensors(proto) if tensor.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
-        raise ValueError(
-            f"{path} keeps tensor {short_repr(external[0])} in an external file, which is not read; "
-            "this tool's exports hold all their weights"
-        )
-    domains = [(o.domain, o.version) for o in proto.opset_import]
-    opsets = [version for domain, version in domains if domain in ("", "ai.onnx")]
-    if not opsets:
-        raise ValueError(f"{path} is corrupt or not an ONNX model (it imports no ONNX opset)")
-    others = sorted({domain for domain, _ in domains if domain not in ("", "ai.onnx")})
-    if len(opsets) > 1 or others:
-        found = ", ".join(short_repr(d) for d in others) or "the ONNX domain twice"
-        raise ValueError(f"{path} imports {found}; this tool's exports use the ONNX domain once and nothing else")
-    if not MIN_OPSET <= opsets[0] <= MAX_OPSET:
-        raise ValueError(f"{path} uses ONNX opset {opsets[0]}; this tool runs opsets {MIN_OPSET} to {MAX_OPSET}")
+    proto = parse_onnx(data, source=path)
     entries = [entry.value for entry in proto.metadata_props if entry.key == METADATA_KEY]
     if len(entries) > 1:
         raise ValueError(f"{path} has {len(entries)} {METADATA_KEY!r} metadata entries; export it again")
     model_config, schedule_config, meta = parse_artifact_metadata(entries[0] if entries else None, source=path)
     io = UNetIO.from_config(model_config)
-    problems = onnx_io_mismatches(proto, io)
-    if problems:
-        raise ValueError(f"{path}: its graph's inputs and outputs do not match its metadata ({'; '.join(problems)})")
-    try:
-        onnx.checker.check_model(proto, full_check=True)
-    except Exception as exc:  # onnx.checker.ValidationError, shape inference errors
-        raise ValueError(f"{path} fails onnx.checker ({first_line(exc)})") from exc
+    check_onnx_graph(proto, io=io, source=path)
     trt_cache_dir = path.with_name(f"{path.stem}_ort_trt")
     session = onnxruntime_session(data, device=device, trt_cache_dir=trt_cache_dir, source=path)
     return OnnxRuntimeUNet(session, io=io, path=path, metadata=meta), model_config, schedule_config, meta
+
+
+def parse_onnx(data: bytes, *, source: Path):
+    """The ONNX model in ``data`` (an onnx.ModelProto), refused in one line unless it is what this tool's
+    exports are: bytes onnx parses, no external data (it would make onnxruntime read other files), the
+    ONNX domain once at an opset within MIN_OPSET..MAX_OPSET and no other domain. Every exported graph,
+    a U-Net's or a latent model's decoder's, passes here before onnxruntime sees it."""
+    onnx = import_onnx(exporter=False)
+    try:
+        proto = onnx.load_model_from_string(data)
+    except Exception as exc:  # google.protobuf's DecodeError, and whatever else a parser raises on junk
+        raise ValueError(f"{source} is corrupt or not an ONNX model ({first_line(exc)})") from exc
+    external = [tensor.name for tensor in _onnx_tensors(proto) if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise ValueError(
+            f"{source} keeps tensor {short_repr(external[0])} in an external file, which is not read; "
+            "this tool's exports hold all their weights"
+        )
+    domains = [(o.domain, o.version) for o in proto.opset_import]
+    opsets = [version for domain, version in domains if domain in ("", "ai.onnx")]
+    if not opsets:
+        raise ValueError(f"{source} is corrupt or not an ONNX model (it imports no ONNX opset)")
+    others = sorted({domain for domain, _ in domains if domain not in ("", "ai.onnx")})
+    if len(opsets) > 1 or others:
+        found = ", ".join(short_repr(d) for d in others) or "the ONNX domain twice"
+        raise ValueError(f"{source} imports {found}; this tool's exports use the ONNX domain once and nothing else")
+    if not MIN_OPSET <= opsets[0] <= MAX_OPSET:
+        raise ValueError(f"{source} uses ONNX opset {opsets[0]}; this tool runs opsets {MIN_OPSET} to {MAX_OPSET}")
+    return proto
+
+
+def check_onnx_graph(proto, *, io: IOSpec, source: Path) -> None:
+    """The graph's inputs and outputs against the I/O spec it must have, then ``onnx.checker`` (full check)."""
+    onnx = import_onnx(exporter=False)
+    problems = onnx_io_mismatches(proto, io)
+    if problems:
+        raise ValueError(f"{source}: its graph's inputs and outputs do not match its metadata ({'; '.join(problems)})")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # onnx.checker.ValidationError, shape inference errors
+        raise ValueError(f"{source} fails onnx.checker ({first_line(exc)})") from exc
 
 
 # --------------------------------------------------------------------------------------------

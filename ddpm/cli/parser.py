@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections.abc import Sequence
 
 PROG = "main.py"
 SEED_MAX = 2**63 - 1
@@ -57,6 +59,25 @@ def seed(text: str) -> int:
     if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
     return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The flags of ``argv`` (default: the command line), with ``given``: the flags written there, told
+    apart from argparse's defaults (what a resumed run compares with its checkpoint)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    args.given = given_flags(argv)
+    return args
+
+
+def given_flags(argv: Sequence[str]) -> frozenset[str]:
+    """The flags written on the command line (their dests), told apart from argparse's defaults: what a
+    resumed run compares with its checkpoint."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    namespace, _ = parser.parse_known_args(argv)
+    return frozenset(vars(namespace))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: T for ddpm, 50 for ddim, 20 for dpm_solver and dpm_solver_sde; --mode evaluate takes a "
         "comma-separated list",
     )
-    g.add_argument("--eta", type=finite_float, default=0.0, help="DDIM stochasticity (0 = deterministic)")
+    g.add_argument("--eta", type=finite_float, default=0.0, help="DDIM stochasticity, 0-1 (0 = deterministic, 1 = DDPM's posterior variance)")
     g.add_argument(
         "--class_label", default=None, metavar="LABELS",
         help="class-conditional models: a class (index or name), a comma-separated list (the samples split evenly, "

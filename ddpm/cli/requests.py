@@ -31,6 +31,10 @@ class ModelSource:
     trust_torchscript: bool = False  # a .ts file is a program: loaded only with consent
     autoencoder: str | None = None  # a latent model's autoencoder where it is now (None: the path it stored)
 
+    def inputs(self) -> dict[str, str | None]:
+        """The files the flags name for reading (those the file names are Artifact.inputs)."""
+        return {"--model_path": self.path, "--autoencoder": self.autoencoder}
+
 
 @dataclass(frozen=True)
 class NewModel:
@@ -123,6 +127,7 @@ class TrainRequest:
     save_every: int = 1000
     sample_every: int = 1000
     profile: str | None = None  # --profile DIR
+    given: frozenset[str] = frozenset()  # the flags written on the command line: --resume checks them against the checkpoint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +146,10 @@ class DrawRequest:
     class_label: str | None = None  # --class_label as given: resolved against the model's class names
     guidance_scale: float | None = None  # None: conditioning.DEFAULT_GUIDANCE for a conditional model
 
+    def outputs(self) -> dict[str, str | None]:
+        """The files the run writes, by flag (checked again against the inputs the model file names)."""
+        return {}
+
 
 @dataclass(frozen=True, kw_only=True)
 class SampleRequest(DrawRequest):
@@ -149,6 +158,9 @@ class SampleRequest(DrawRequest):
     npz: str | None
     grid_scale: int | None = None
     profile: str | None = None  # --profile DIR
+
+    def outputs(self) -> dict[str, str | None]:
+        return {"--output": self.grid, "--save_npz": self.npz}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +174,9 @@ class EvaluateRequest(DrawRequest):
     clip_denoised: bool = True
     json: str | None = None
     chart: str | None = None
+
+    def outputs(self) -> dict[str, str | None]:
+        return {"--json": self.json, "--chart": self.chart}
 
 
 @dataclass(frozen=True)

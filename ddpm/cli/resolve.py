@@ -14,13 +14,11 @@ precision, and every output that would destroy an input (util/safe_files.check_o
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpm.cli.parser import build_parser
+from ddpm.cli.checks import check_not_negative, check_positive, check_profile_dir, check_suffix, parse_list
+from ddpm.cli.parser import parse_args
 from ddpm.cli.requests import (
     BenchmarkRun,
     EngineFlags,
@@ -34,7 +32,7 @@ from ddpm.cli.requests import (
 )  # fmt: skip
 from ddpm.conditioning import check_scale
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
-from ddpm.util.safe_files import check_outputs  # every output checked before any work
+from ddpm.util.safe_files import InputFolder, check_outputs  # every output checked before any work
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +40,7 @@ if TYPE_CHECKING:
 
 def parse(argv: list[str] | None = None) -> tuple[str, object]:
     """The mode and its request, with every flag checked; argparse errors exit 2 on their own."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return args.mode, request_for(args)
 
 
@@ -63,6 +61,8 @@ def request_for(args: argparse.Namespace) -> object:
     check_not_negative(
         warmup_steps=args.warmup_steps, save_every=args.save_every, sample_every=args.sample_every, warmup=args.warmup
     )
+    if not 0.0 <= args.eta <= 1.0:
+        raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {args.eta:g}")
     args.dataset_given = args.dataset is not None  # evaluate: else the data the model file records
     args.dataset = args.dataset or "mnist"
     if args.batch_size is None:
@@ -94,42 +94,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_positive(**values: int | None) -> None:
-    for name, value in values.items():
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be a positive integer, got {value}")
-
-
-def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Sequence | None = None) -> list:
-    """ "ddpm,ddim" -> ["ddpm", "ddim"]; "5,10" -> [5, 10]; one line naming ``flag`` on a bad item."""
-    if text is None:
-        return [None]
-    if isinstance(text, int):
-        return [text]
-    items = [item.strip() for item in str(text).split(",") if item.strip()]
-    if not items:
-        raise ValueError(f"{flag} is empty")
-    try:
-        values = [kind(item) for item in items]
-    except ValueError:
-        raise ValueError(f"{flag} takes a comma-separated list, got {text!r}") from None
-    if choices is not None and any(v not in choices for v in values):
-        raise ValueError(f"{flag}: {', '.join(str(v) for v in values if v not in choices)} not one of {', '.join(choices)}")
-    return values
-
-
-def check_not_negative(**values: int | None) -> None:
-    for name, value in values.items():
-        if value is not None and value < 0:
-            raise ValueError(f"--{name} must be 0 or more, got {value}")
-
-
-def check_suffix(flag: str, path: str | None, suffix: str) -> None:
-    """A file name's ending; a folder is left to safe_files.check_outputs, which says so."""
-    if path is not None and Path(path).suffix.lower() != suffix and not Path(path).is_dir():
-        raise ValueError(f"{flag} needs a file name ending in {suffix}, got {path}")
-
-
 def _precision(args: argparse.Namespace, purpose: str, device: torch.device) -> str:
     from ddpm.util.precision import resolve
 
@@ -143,25 +107,6 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
             raise ValueError(f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}")
     steps = int(args.sampling_steps) if args.sampling_steps is not None else None
     return SamplingChoice(sampler=args.sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
-
-
-def check_profile_dir(args: argparse.Namespace) -> None:
-    """--profile DIR: a folder (made if missing), never a file; only for train, sample and benchmark."""
-    if args.profile is None:
-        return
-    if args.mode not in ("train", "sample", "benchmark"):
-        raise ValueError(f"--profile applies to --mode train, sample and benchmark, not {args.mode}")
-    if Path(args.profile).exists() and not Path(args.profile).is_dir():
-        raise ValueError(f"--profile {args.profile} is a file; it names the folder the traces go into")
-    existing = Path(args.profile).absolute()
-    while not existing.exists():  # the folder, or the nearest one that exists (the rest is made)
-        existing = existing.parent
-    try:  # a probe, as for every output: modes, read-only file systems and /proc all answer it
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".profile-probe-")
-    except OSError as exc:
-        raise ValueError(f"--profile {args.profile}: cannot write into {existing} ({exc.strerror})") from exc
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _model_path(args: argparse.Namespace) -> str:
@@ -235,6 +180,14 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     )
 
 
+def data_input(args: argparse.Namespace) -> InputFolder | None:
+    """The files ``--dataset`` is read from under ``--data_dir`` (None: data drawn in memory), an input of the run."""
+    from ddpm.data.catalog import data_files
+
+    found = data_files(args.dataset, args.data_dir)
+    return None if found is None else InputFolder(*found)
+
+
 def dataset_channels(args: argparse.Namespace) -> int:
     """The channels of ``--dataset``'s images: ``--channels`` where it fits them (any for a folder), else a
     one-line ValueError."""
@@ -260,12 +213,14 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
-    for flag in ("time_conditioning", "patch_size"):
-        if args.resume and getattr(args, flag) is not None:
+    for flag in ("time_conditioning", "patch_size", "model_preset"):
+        if args.resume and (getattr(args, flag) is not None if flag != "model_preset" else flag in getattr(args, "given", ())):
             raise ValueError(f"--{flag} makes a new model; a resumed run keeps the one in its checkpoint")
+    if args.resume and args.n_epochs is not None:
+        raise ValueError("--n_epochs sets a new run's length; a resumed run goes on to --max_steps (drop --n_epochs)")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
-    check_outputs({"--model_path": checkpoint}, inputs={"--autoencoder": args.autoencoder} if args.autoencoder else None)
+    check_outputs({"--model_path": checkpoint}, inputs={"--autoencoder": args.autoencoder, "--data_dir": data_input(args)})
     recipe = training_defaults(args.dataset)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
@@ -297,6 +252,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         save_every=args.save_every,
         sample_every=args.sample_every,
         profile=args.profile,
+        given=getattr(args, "given", frozenset()),
     )
 
 
@@ -309,7 +265,7 @@ def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequ
         raise ValueError("--no_grid writes no PNG, so nothing would be saved; add --save_npz FILE.npz")
     grid = None if args.no_grid else (args.output or "samples.png")
     source = _source(args)  # a checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan)
-    check_outputs({"--output": grid, "--save_npz": args.save_npz}, inputs={"--model_path": source.path})
+    check_outputs({"--output": grid, "--save_npz": args.save_npz}, inputs=source.inputs())
     check_suffix("--output (the PNG grid)", grid, ".png")
     check_suffix("--save_npz", args.save_npz, ".npz")
     return SampleRequest(
@@ -322,8 +278,11 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     from noise_schedule import SAMPLERS
 
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
+    if args.n_samples < 2:
+        raise ValueError("--mode evaluate needs --n_samples 2 or more (a Frechet distance needs a covariance)")
     source = _source(args)
-    check_outputs({"--json": args.json, "--chart": args.chart}, inputs={"--model_path": source.path})
+    # (the data it is judged against is checked in evaluate mode, once the model file has said which it is)
+    check_outputs({"--json": args.json, "--chart": args.chart}, inputs=source.inputs())
     check_suffix("--json", args.json, ".json")
     check_suffix("--chart", args.chart, ".png")
     if args.chart:
@@ -357,7 +316,7 @@ def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequ
     outputs = {"--output": output}
     if args.format == "tensorrt":
         outputs["--output's metadata"] = metadata_path(output)
-    check_outputs(outputs, inputs={"--model_path": source.path})
+    check_outputs(outputs, inputs=source.inputs())
     return ExportRequest(
         device=device,
         precision=_precision(args, "export", device),
@@ -386,7 +345,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     outputs = {"--json": args.json}
     if args.bench == "sampling":
         outputs.update({"--csv": args.csv, "--chart": args.chart})
-    check_outputs(outputs, inputs={"--model_path": args.model_path})
+    check_outputs(outputs, inputs={"--model_path": args.model_path, "--autoencoder": args.autoencoder})
     return BenchmarkRun(
         device=device,
         precision=_precision(args, "sampling", device),
@@ -417,7 +376,7 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
     png = reconstructions_path(checkpoint)
-    check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png})
+    check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png}, inputs={"--data_dir": data_input(args)})
     size, channels = default_shape(args.dataset)[0], dataset_channels(args)
     request = AutoencoderTrainRequest(
         device=device, checkpoint=checkpoint, reconstructions=png, overwrite=args.overwrite, dataset=args.dataset,

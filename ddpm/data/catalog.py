@@ -8,6 +8,8 @@ Loading them is datasets.py's; this list is what flags, checkpoints and evaluate
 
 from __future__ import annotations
 
+from pathlib import Path
+
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "digits", "folder", "spheres", "voxels")
 VOLUME_DATASETS = ("spheres", "voxels")  # 3-D: (N, 1, S, S, S)
 TEST_SPLITS = ("mnist", "fashion_mnist", "cifar10", "spheres")  # the others: evaluate holds out part of the data
@@ -24,3 +26,20 @@ DEFAULT_SHAPE = {
 def default_shape(dataset: str) -> tuple[int, int]:
     """(image_size, channels) a dataset trains at unless the flags say otherwise."""
     return DEFAULT_SHAPE[dataset]
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")  # a --dataset folder's images
+# The folder under --data_dir where torchvision keeps each dataset's files.
+TORCHVISION_FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "cifar-10-batches-py"}
+
+
+def data_files(dataset: str, data_dir: str | Path) -> tuple[Path, tuple[str, ...] | None] | None:
+    """Where a dataset's files lie, as (folder, the suffixes read there; None: every file), or None for data
+    drawn in memory (digits, spheres): what the output check protects as a run's input."""
+    if dataset == "folder":
+        return Path(data_dir), IMAGE_SUFFIXES
+    if dataset == "voxels":
+        return Path(data_dir), (".npy",)
+    if dataset in TORCHVISION_FOLDERS:
+        return Path(data_dir) / TORCHVISION_FOLDERS[dataset], None
+    return None

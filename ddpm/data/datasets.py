@@ -13,18 +13,19 @@ makes the batch order a pure function of (seed, step), so a resumed run sees the
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ddpm.data.catalog import DATASETS, TEST_SPLITS, VOLUME_DATASETS
+from ddpm.data.catalog import DATASETS, IMAGE_SUFFIXES, TEST_SPLITS, VOLUME_DATASETS
+from ddpm.util.messages import first_line
 
 # The spheres: a fixed training set drawn from its own seed (independent of --seed), and held-out
 # spheres from the next seed (evaluate's ceiling).
 SPHERES_TRAIN, SPHERES_SEED = 2048, 0
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 # Horizontal flips only where they keep an image in its class (never for digits).
 FLIP = {"cifar10": True}
@@ -78,7 +79,7 @@ class ImageSet:
         """:meth:`batch` and its labels (B,) int64 on ``device`` (None for a dataset without classes)."""
         per_epoch = self.steps_per_epoch(batch_size)
         epoch, index = divmod(step, per_epoch)
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % 2**63)  # within torch's range for every --seed
         order = torch.randperm(len(self), generator=gen)
         flips = torch.rand(len(self), generator=gen) < 0.5
         take = order[index * batch_size : (index + 1) * batch_size]
@@ -207,7 +208,7 @@ def _load_torchvision(dataset: str, root: Path, *, download: bool, train: bool =
 def _load_folder(root: Path, *, image_size: int, channels: int) -> Loaded:
     """The images under ``root``; their classes are the names of root's sub-folders when every image lies
     in one (``root/cat/1.png``, ``root/dog/2.png``), else none."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if not root.is_dir():
         raise ValueError(f"image folder {root} does not exist (give it with --data_dir)")
@@ -219,15 +220,21 @@ def _load_folder(root: Path, *, image_size: int, channels: int) -> Loaded:
     out = torch.empty(len(paths), channels, image_size, image_size, dtype=torch.uint8)
     for i, path in enumerate(paths):
         try:
-            with Image.open(path) as img:
-                img = img.convert(mode)
-                # Center-crop to a square, then resize.
-                side = min(img.size)
-                left, top = (img.width - side) // 2, (img.height - side) // 2
-                img = img.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BICUBIC)
-                pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
-        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
-            raise ValueError(f"cannot read image {path}: {exc}") from exc
+            with warnings.catch_warnings():
+                # An image past PIL's pixel limit is refused like one past twice the limit (no warning printed).
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(path) as img:
+                    img = img.convert(mode)
+                    # Center-crop to a square, then resize.
+                    side = min(img.size)
+                    left, top = (img.width - side) // 2, (img.height - side) // 2
+                    img = img.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BICUBIC)
+                    pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 -- PIL raises anything on junk (OSError, SyntaxError, struct.error, ...)
+            reason = first_line(exc) if isinstance(exc, (OSError, ValueError, Image.DecompressionBombWarning)) else type(exc).__name__
+            raise ValueError(f"cannot read image {path}: {reason}") from exc
         out[i] = pixels.view(image_size, image_size, channels).permute(2, 0, 1)
     folders = [path.relative_to(root).parts[0] if len(path.relative_to(root).parts) > 1 else None for path in paths]
     if None in folders:

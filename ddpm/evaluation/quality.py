@@ -99,6 +99,7 @@ class DigitJudge:
         labels = load_digits().target  # the same order as data.load_images("digits")
         self.real_images = real  # (1797, 1, S, S) in [-1, 1]
         features = to_features(real)
+        seed = seed % 2**32  # scikit-learn takes 32-bit seeds; --seed goes to 2^63 - 1 (the same split below 2^32)
         idx_train, idx_held = train_test_split(
             np.arange(len(features)), test_size=0.5, stratify=labels, random_state=seed
         )

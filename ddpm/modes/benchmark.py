@@ -23,6 +23,7 @@ from ddpm.formats.checkpoints import load_checkpoint_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
 from ddpm.util import distributed
 from ddpm.util.memory_budget import check_batch_fits
+from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule
 
 
@@ -41,6 +42,9 @@ def run_benchmark(run: BenchmarkRun) -> None:
                 link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
                 override=run.source.autoencoder,
             )  # fmt: skip
+        if stage is not None:  # the autoencoder the checkpoint named is an input too
+            outputs = {"--json": request.json, "--csv": request.csv, "--chart": request.chart}
+            check_outputs(outputs, inputs={"--model_path": run.source.path, "its autoencoder": stage.link["path"]})
     else:
         class_names, link = (), None
         torch.manual_seed(request.seed)

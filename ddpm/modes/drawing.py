@@ -20,6 +20,7 @@ from ddpm.cli.requests import DrawRequest
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.latent.first_stage import clips_x0
 from ddpm.util.memory_budget import check_batch_fits
+from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule, SamplingPlan
 from tensorrt_integration import TensorRTOptions
 
@@ -69,6 +70,8 @@ def open_for_drawing(request: DrawRequest) -> Opened:
         source.path, device=request.device, weights=source.weights, trust_torchscript=source.trust_torchscript,
         autoencoder=source.autoencoder,
     )  # fmt: skip
+    # The files the model named (a latent model's autoencoder, an exported decoder) are inputs too.
+    check_outputs(request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})
     if artifact.model_config.num_classes:
         registry.get(request.implementation).check(conditional=True)
     guidance, columns = guidance_for(

@@ -10,15 +10,31 @@ Every row draws the same noise (one generator seeded with --seed), so rows diffe
 
 from __future__ import annotations
 
+import math
+
 import torch
 from tqdm.auto import tqdm
 
 from ddpm.cli.requests import EvaluateRequest
-from ddpm.data.catalog import VOLUME_DATASETS
+from ddpm.data.catalog import VOLUME_DATASETS, data_files
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
-from ddpm.formats.kinds import artifact_kind
 from ddpm.modes.drawing import open_for_drawing
+from ddpm.util.memory_budget import available_bytes
+from ddpm.util.messages import format_bytes
+from ddpm.util.safe_files import InputFolder, check_outputs
+
+
+def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
+    """Evaluate holds every sample of a row (float32) while it is judged: refuse a count that cannot fit,
+    saying how many do (half the available memory; the judge's features and the next row need the rest)."""
+    each = 4 * math.prod(shape)
+    free = available_bytes(torch.device("cpu"))
+    if 2 * n * each > free:
+        raise ValueError(
+            f"--n_samples {n}: the samples of one row ({'x'.join(map(str, shape))} float32 each) need {format_bytes(n * each)} "
+            f"and {format_bytes(free)} is available; at most {free // (2 * each)} fit"
+        )
 
 
 def run_evaluate(request: EvaluateRequest) -> None:
@@ -26,14 +42,20 @@ def run_evaluate(request: EvaluateRequest) -> None:
     opened = open_for_drawing(request)
     artifact, guidance = opened.artifact, opened.guidance
     # The training data: recorded in a checkpoint, and in exports since 2026-11-24; --dataset names it for
-    # older exported files. The real images for FID/KID are read from --data_dir.
-    given = request.dataset if artifact_kind(source.path) != "checkpoint" else None
-    dataset = given or artifact.dataset or "mnist"
+    # older exported files, and may not contradict a recorded one. The real images for FID/KID are read from --data_dir.
+    if request.dataset and artifact.dataset and request.dataset != artifact.dataset:
+        raise ValueError(
+            f"--dataset {request.dataset} contradicts {source.path}, which was trained on {artifact.dataset}; drop --dataset"
+        )
+    dataset = artifact.dataset or request.dataset or "mnist"
     model_config = artifact.model_config
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
     if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly
         kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
         raise ValueError(f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset")
+    check_samples_fit(n, artifact.output_shape)
+    found = data_files(dataset, request.data_dir)  # the real data it is judged against is an input too
+    check_outputs(request.outputs(), inputs={"--data_dir": InputFolder(*found) if found else None})
     judge = judge_for(
         dataset, data_dir=request.data_dir, image_size=s, channels=c, n=n, seed=request.seed, device=device,
         inception_weights=request.inception_weights,

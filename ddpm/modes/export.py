@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from ddpm.backends.artifacts import decoder_path, load_artifact
+from ddpm.backends.engine_cache import metadata_path
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
     OnnxRuntimeUNet,
@@ -41,7 +42,7 @@ from ddpm.formats.exporters import (
 from ddpm.formats.kinds import FORMAT_SUFFIXES, FORMATS, artifact_kind
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
-from ddpm.util.safe_files import atomic_write, check_target
+from ddpm.util.safe_files import atomic_write, check_outputs
 from tensorrt_integration import TensorRTOptions
 
 
@@ -63,22 +64,21 @@ def run_export(request: ExportRequest) -> None:
 
 
 
-def checked_decoder_target(output: Path, *, source: Path) -> Path:
-    """Where a latent model's exported decoder goes (:func:`decoder_path`), refused as an output may be."""
+def checked_decoder_target(output: Path, *, inputs: Mapping[str, Path | str | None]) -> Path:
+    """Where a latent model's exported decoder goes (:func:`decoder_path`), refused as any output is
+    (``inputs``: every file the export read, the autoencoder included)."""
     file = decoder_path(output)
-    check_target(file, flag="--output's decoder")
-    if file.resolve() == source.resolve():
-        raise ValueError(f"the decoder {file} would overwrite the source {source}")
+    check_outputs({"--output's decoder": file}, inputs=inputs)
     return file
 
 
 def export_decoder(
-    stage: FirstStage, *, fmt: str, source: Path, output: Path, device: torch.device, opset: int, precision: str = "fp32"
+    stage: FirstStage, *, fmt: str, inputs: Mapping, output: Path, device: torch.device, opset: int, precision: str = "fp32"
 ) -> tuple[dict, str, Callable[[], None]]:
     """A latent model's decoder exported for beside its U-Net (ONNX in ``precision`` too) and checked
     against PyTorch; returns (the metadata entry naming it, a report line, write(): the file written,
     atomically, just before the U-Net)."""
-    file = checked_decoder_target(output, source=source)
+    file = checked_decoder_target(output, inputs=inputs)
     decoder = stage.decoder.to(device).eval()
     reference, compared = decoder, "against PyTorch"
     if fmt == "onnx":
@@ -122,9 +122,7 @@ def check_export_paths(source: Path, output: Path, fmt: str) -> None:
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    check_target(output, flag="--output")
-    if output.resolve() == source.resolve():
-        raise ValueError(f"--output {output} would overwrite the source {source}")
+    check_outputs({"--output": output}, inputs={"--model_path": source})
 
 
 def export_checkpoint(
@@ -162,8 +160,10 @@ def export_checkpoint(
     report = []
     if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
         stage, _ = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
+        inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
+        check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
         entry, line, write_decoder = export_decoder(
-            stage, fmt=fmt, source=source, output=output, device=device, opset=opset, precision=precision
+            stage, fmt=fmt, inputs=inputs, output=output, device=device, opset=opset, precision=precision
         )
         labels["decoder"] = entry
         report.append(line)
@@ -243,9 +243,10 @@ def export_artifact(
     if artifact_kind(source) not in ("checkpoint", "onnx"):
         raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
     artifact = load_artifact(source, device=torch.device("cpu"), weights=weights, autoencoder=autoencoder)
+    check_outputs({"--output": output, "--output's metadata": metadata_path(output)}, inputs=artifact.inputs)
     decoder_output = None
     if artifact.first_stage is not None:  # a latent model: the decoder's engine goes beside the U-Net's
-        decoder_output = checked_decoder_target(output, source=source)
+        decoder_output = checked_decoder_target(output, inputs=artifact.inputs)
     return tensorrt_integration.export_engine(
         artifact.model,
         model_config=artifact.model_config,

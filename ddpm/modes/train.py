@@ -45,11 +45,20 @@ def resumed_trainer(request: TrainRequest):
     checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()
     state = load_checkpoint(checkpoint)  # validated: configs, sizes
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
-    # Any number of ranks continues a run: the checkpoint holds no rank's own state.
+    # Any number of ranks continues a run: the checkpoint holds no rank's own state. How the run goes on
+    # (its end, precision, compile, checkpoint and preview cadence) may change; what it learns may not.
+    honoured = {flag: getattr(request, flag) for flag in ("precision", "compile", "save_every", "sample_every") if flag in request.given}
     config = resume_config(
         state, total_steps=request.max_steps, checkpoint=checkpoint, world_size=ranks.world_size,
         grad_checkpoint=request.grad_checkpoint or None,  # memory, not math: a resumed run may turn it on
+        **honoured,
     )  # fmt: skip
+    contradicted = resume_contradictions(request, config, model_config, schedule_config)
+    if contradicted:
+        raise ValueError(
+            f"{checkpoint} is resumed with its own settings, and {'; '.join(contradicted)} differ from them; "
+            "drop those flags, or start a new run (another --model_path, or --overwrite)"
+        )
     if request.timestep_sampling not in (None, config.timestep_sampling):
         raise ValueError(
             f"{checkpoint} trains with --timestep_sampling {config.timestep_sampling}, and a resumed run keeps it; "
@@ -73,6 +82,31 @@ def resumed_trainer(request: TrainRequest):
     trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage)
     distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
     return trainer
+
+def resume_contradictions(request: TrainRequest, config, model_config, schedule_config) -> list[str]:
+    """The flags given with --resume whose values differ from the checkpoint's ("--lr 0.001 (the
+    checkpoint's 0.0002)"): a resumed run keeps its model, schedule, data and optimizer settings."""
+    spec = request.model
+    kept = {
+        "dataset": (spec.dataset, config.dataset),
+        "img_size": (spec.image_size, model_config.image_size),
+        "channels": (spec.channels, model_config.in_channels),
+        "model_channels": (spec.model_channels, model_config.model_channels),
+        "num_res_blocks": (spec.num_res_blocks, model_config.num_res_blocks),
+        "dropout": (spec.dropout, model_config.dropout),
+        "timesteps": (spec.timesteps, schedule_config.num_timesteps),
+        "beta_schedule": (spec.beta_schedule, schedule_config.kind),
+        "batch_size": (request.batch_size, config.batch_size),
+        "lr": (request.lr, config.lr),
+        "warmup_steps": (request.warmup_steps, config.warmup_steps),
+        "ema_decay": (request.ema_decay, config.ema_decay),
+        "min_snr_gamma": (request.min_snr_gamma, config.min_snr_gamma),
+        "grad_clip": (request.grad_clip, config.grad_clip),
+        "cond_drop": (request.cond_drop, config.cond_drop),
+        "seed": (request.seed, config.seed),
+    }
+    return [f"--{flag} {ours} (the checkpoint's {theirs})" for flag, (ours, theirs) in kept.items() if flag in request.given and ours != theirs]
+
 
 def training_images(dataset: str, **kwargs):
     """The training images; under torchrun rank 0 downloads them (if needed) before the others read them."""

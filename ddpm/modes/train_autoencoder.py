@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest, train_autoencoder
+from ddpm.util import interrupts
 from ddpm.util.safe_files import run_lock
 
 
@@ -19,4 +20,7 @@ def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
             raise ValueError(
                 f"--model_path {request.checkpoint} already holds a checkpoint; pass --overwrite to start over and replace it"
             )
-        train_autoencoder(request)
+        try:
+            train_autoencoder(request)
+        except interrupts.Interrupted as stop:  # what was trained is saved and said (training/autoencoder_trainer.py)
+            raise SystemExit(stop.exit_code) from None

@@ -15,6 +15,7 @@ reconstructions, beside the checkpoint. A run stopped early (Ctrl-C, a diverged 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from ddpm.latent.autoencoder import (
     to_unit_range,
 )
 from ddpm.training.trainer import TrainingDiverged, lr_factor
+from ddpm.util import interrupts
 from ddpm.util.safe_files import atomic_write
 
 DEFAULT_STEPS = 2000  # the run's length without --max_steps or --n_epochs (see BENCHMARKS.md)
@@ -186,28 +188,49 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     print(f"training a {n_params / 1e3:.0f}k-parameter autoencoder on {len(train)} {request.dataset} images "
           f"({shape} -> latent {latent}, kl_weight {config.kl_weight:g}) for {total} steps on {device.type}")  # fmt: skip
     start = window = time.perf_counter()
-    with tqdm(total=total, desc="training", unit="step", disable=not progress, dynamic_ncols=True) as bar:
-        for step in range(total):
-            lr = request.lr * lr_factor(step, warmup_steps=warmup, total_steps=total)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x = train.batch(step, batch_size=request.batch_size, seed=request.seed, device=device)  # (B, C, H, W)
-            x_hat, mean, logvar = model(x, generator=generator)
-            loss, l1, kl = autoencoder_loss(x, x_hat, mean, logvar, kl_weight=config.kl_weight)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-            value = loss.item()  # sync: a non-finite loss stops the run before it reaches the weights
-            if not math.isfinite(value):
-                raise TrainingDiverged(
-                    f"the autoencoder's loss was non-finite at step {step}; try a lower --lr (nothing was written)"
-                )
-            optimizer.step()
-            bar.update(1)
-            if time.perf_counter() - window > 1.0 or step == total - 1:
-                bar.set_postfix(loss=f"{value:.4f}", l1=f"{l1.item():.4f}", kl=f"{kl.item():.1f}", lr=f"{lr:.1e}")
-                window = time.perf_counter()
-    seconds = time.perf_counter() - start
+    stop, done = None, 0  # Ctrl-C / SIGTERM take effect between steps; the model so far is then saved
+    try:
+        with interrupts.deferred(), tqdm(total=total, desc="training", unit="step", disable=not progress, dynamic_ncols=True) as bar:
+            for step in range(total):
+                interrupts.raise_if_pending()
+                lr = request.lr * lr_factor(step, warmup_steps=warmup, total_steps=total)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                x = train.batch(step, batch_size=request.batch_size, seed=request.seed, device=device)  # (B, C, H, W)
+                x_hat, mean, logvar = model(x, generator=generator)
+                loss, l1, kl = autoencoder_loss(x, x_hat, mean, logvar, kl_weight=config.kl_weight)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+                value = loss.item()  # sync: a non-finite loss stops the run before it reaches the weights
+                if not math.isfinite(value):
+                    raise TrainingDiverged(
+                        f"the autoencoder's loss was non-finite at step {step}; try a lower --lr (nothing was written)"
+                    )
+                optimizer.step()
+                done = step + 1
+                bar.update(1)
+                if time.perf_counter() - window > 1.0 or step == total - 1:
+                    bar.set_postfix(loss=f"{value:.4f}", l1=f"{l1.item():.4f}", kl=f"{kl.item():.1f}", lr=f"{lr:.1e}")
+                    window = time.perf_counter()
+    except KeyboardInterrupt as exc:  # the save below runs, then the run ends with the signal
+        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+    if stop is not None and done == 0:
+        print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
+        raise stop
+    with interrupts.deferred(reraise=False):  # a signal now does not cut the save of what was trained
+        metrics = _finish(model, request, config=config, train=train, heldout=heldout, held_how=held_how,
+                          steps=done, seconds=time.perf_counter() - start)  # fmt: skip
+    if stop is not None:
+        print(f"\n{stop.name}: stopped at step {done} of {total}; saved {request.checkpoint}", file=sys.stderr)
+        raise stop
+    return metrics
+
+
+def _finish(
+    model: Autoencoder, request: AutoencoderTrainRequest, *, config, train, heldout, held_how: str, steps: int, seconds: float
+) -> dict:
+    """The latent scale, the held-out scores, the PNG and the checkpoint of a model trained ``steps`` steps."""
     model.eval()
 
     # The latent scale: unit variance of the posterior means over the whole training set.
@@ -220,7 +243,7 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     metrics = {
         "scores": scores, "heldout": held_how, "heldout_images": len(heldout), "train_images": len(train),
         "image_shape": list(config.image_shape), "latent_shape": list(config.latent_shape),
-        "latent_mean": float(means.mean()), "latent_std": std, "train_seconds": seconds, "device": device.type,
+        "latent_mean": float(means.mean()), "latent_std": std, "train_seconds": seconds, "device": request.device.type,
         "batch_size": request.batch_size, "lr": request.lr, "seed": request.seed,
     }  # fmt: skip
     mean = metrics["latent_mean"]
@@ -230,7 +253,7 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     # The PNG, then the checkpoint: held-out originals above their reconstructions.
     n = min(PNG_IMAGES, len(heldout))
     save_grid(to_unit_range(torch.cat([heldout[:n], recon[:n]])), request.reconstructions, columns=n)
-    state = checkpoint_state(model, latent_scale=1.0 / std, dataset=request.dataset, metrics=metrics, step=total)
+    state = checkpoint_state(model, latent_scale=1.0 / std, dataset=request.dataset, metrics=metrics, step=steps)
     atomic_write(request.checkpoint, lambda f: torch.save(state, f))
-    print(f"wrote {request.reconstructions} and {request.checkpoint} ({total} steps in {seconds:.0f} s)")
+    print(f"wrote {request.reconstructions} and {request.checkpoint} ({steps} steps in {seconds:.0f} s)")
     return metrics

@@ -8,14 +8,15 @@ Four rules, applied by every mode before any work starts:
 * :func:`check_outputs` resolves every output path (following symlinks) and refuses, with the flag
   and the path in one line, an output that is the same file as an input or as another output, an
   existing path that is not a regular file (a folder, a device, a FIFO), a read-only file (its mode
-  is respected, even by root), or a folder that cannot be written.
+  is respected, even by root), or a folder that cannot be written. An input may be a folder of data
+  (:class:`InputFolder`): an existing file in it that the run reads is refused as an output too.
 * :func:`atomic_write` writes through a temporary file in the target's folder (flushed, fsynced,
   then renamed over the target), so a file holds either its old or its whole new content; signals
   arriving during the write wait until the rename is done. A symlinked output keeps its link: the
   file it points to is replaced. Temporaries are named ``.<name>.tmp-<pid>-<random>``; the next
   check of that output removes those whose process is gone (a killed save).
 * :func:`run_lock` takes an advisory lock beside a checkpoint, so two training runs never write
-  into the same file.
+  into the same file; the lock file goes when the run ends.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -80,16 +82,35 @@ def check_target(path: PathLike, *, flag: str = "output") -> Path:
     return target
 
 
-def check_outputs(
-    outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, PathLike | None] | None = None
-) -> dict[str, Path]:
+@dataclass(frozen=True)
+class InputFolder:
+    """A folder a run reads data from: the files under ``root`` with one of ``suffixes`` (None: all of them)."""
+
+    root: PathLike
+    suffixes: tuple[str, ...] | None = None
+
+    def holds(self, target: Path) -> bool:
+        """Whether ``target`` (resolved) is an existing file this folder's reader would read."""
+        root = resolved(self.root)
+        return (
+            target.is_relative_to(root) and target.is_file()
+            and (self.suffixes is None or target.suffix.lower() in self.suffixes)
+        )  # fmt: skip
+
+
+Input = PathLike | InputFolder
+
+
+def check_outputs(outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, Input | None] | None = None) -> dict[str, Path]:
     """Check every output before any work (see the module docstring); returns flag -> resolved path.
 
-    ``outputs`` and ``inputs`` map a flag (``"--output"``) to its path; None entries are skipped.
-    Stale temporaries of each output (from a killed save) are removed.
+    ``outputs`` and ``inputs`` map a flag (``"--output"``) or a description (``"its autoencoder"``) to
+    its path (an input may be an :class:`InputFolder`); None entries are skipped. Stale temporaries of
+    each output (from a killed save) are removed.
     """
     inputs = {flag: path for flag, path in (inputs or {}).items() if path is not None}
-    input_ids = {flag: (resolved(path), _identity(resolved(path))) for flag, path in inputs.items()}
+    folders = {flag: folder for flag, folder in inputs.items() if isinstance(folder, InputFolder)}
+    input_ids = {flag: (resolved(path), _identity(resolved(path))) for flag, path in inputs.items() if flag not in folders}
     checked: dict[str, Path] = {}
     for flag, path in outputs.items():
         if path is None:
@@ -99,6 +120,9 @@ def check_outputs(
         for in_flag, (in_path, in_id) in input_ids.items():
             if target == in_path or (target_id is not None and target_id == in_id):
                 raise ValueError(f"{flag} {path} is the same file as {in_flag}; it would be destroyed, choose another path")
+        for in_flag, folder in folders.items():
+            if folder.holds(target):
+                raise ValueError(f"{flag} {path} is one of the files {in_flag} reads; it would be destroyed, choose another path")
         for out_flag, out_path in checked.items():
             if target == out_path:
                 raise ValueError(f"{flag} and {out_flag} both name {path}; one would overwrite the other")
@@ -215,7 +239,10 @@ def _fsync_dir(folder: Path) -> None:
 def run_lock(path: PathLike, *, flag: str = "--model_path") -> Iterator[Path]:
     """Hold an advisory lock on ``<path>.lock`` for the block; a second holder is refused (ValueError).
 
-    The lock file stays (removing it would race with the next run); the lock dies with the process.
+    The lock file is removed when the block ends (done, refused or interrupted), while it is still
+    held; a run that opened the file just before that finds, once it has the lock, that the path
+    names another file (or none), and takes the lock again on the path's current file, so two runs
+    never both hold the lock. The lock dies with the process (a killed run leaves only an empty file).
     """
     try:
         import fcntl
@@ -225,19 +252,26 @@ def run_lock(path: PathLike, *, flag: str = "--model_path") -> Iterator[Path]:
     target = resolved(path)
     lock_path = target.with_name(f"{target.name}.lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
-    except OSError as exc:
-        raise ValueError(f"{flag} {path}: cannot create the lock file {lock_path} ({exc.strerror})") from exc
-    try:
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        except OSError as exc:
+            raise ValueError(f"{flag} {path}: cannot create the lock file {lock_path} ({exc.strerror})") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise ValueError(
                 f"another run is training into {path} (it holds {lock_path}); wait for it, or choose another {flag}"
             ) from None
+        if _identity(lock_path) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+            break  # the lock is on the file the path names
+        os.close(fd)  # the holder removed it as we opened it: lock the path's current file instead
+    try:
         yield target
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)  # still held: no other run can hold this file's lock now
         os.close(fd)  # releases the lock
 
 

@@ -94,6 +94,15 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--timestep_sampling", "topk"],
          "trains with --timestep_sampling uniform, and a resumed run keeps it"),
         (["--mode", "train", "--dataset", "digits", "--profile", "/proc/prof"], "cannot write into /proc"),
+        # --resume keeps what the run learns with; a flag that contradicts the checkpoint names both values.
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--model_channels", "32"],
+         "--model_channels 32 (the checkpoint's 16)"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--img_size", "8"], "--img_size 8 (the checkpoint's 16)"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--lr", "0.5"], "--lr 0.5 (the checkpoint's"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--dataset", "mnist"], "--dataset mnist (the checkpoint's digits)"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--model_preset", "small"], "--model_preset makes a new model"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--n_epochs", "2"], "--n_epochs"),
+        (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--n_samples", "1"], "--n_samples 2 or more"),
     ],
 )
 def test_user_errors_end_in_one_line_and_exit_code_2(trained, args, match):
@@ -133,3 +142,18 @@ def test_profile_writes_a_trace_where_tensorboard_looks(trained):
     trace = next((trained / "prof" / "sample-original" / "plugins" / "profile").glob("*/*.pt.trace.json"))
     events = [event.get("name") for event in json.loads(trace.read_text())["traceEvents"]]
     assert events.count("unet") == 3 and events.count("step") == 3  # one per sampling step
+
+
+def test_the_largest_seed_works_in_training_sampling_and_evaluation(tmp_path):
+    """--seed takes 0 .. 2^63 - 1; every generator derived from it stays in torch's and scikit-learn's range."""
+    seed = str(2**63 - 1)
+    steps = [
+        [*TINY_TRAIN, "--model_path", "m.pt", "--seed", seed],
+        ["--mode", "sample", "--model_path", "m.pt", "--n_samples", "4", "--batch_size", "2", "--sampling_steps", "2",
+         "--sampler", "dpm_solver_sde", "--seed", seed],
+        ["--mode", "evaluate", "--model_path", "m.pt", "--n_samples", "4", "--sampling_steps", "2", "--sampler", "ddim",
+         "--seed", seed],
+    ]  # fmt: skip
+    for args in steps:
+        result = run_here(*args, "--device", "cpu", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr

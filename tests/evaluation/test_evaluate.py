@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import main
-from ddpm.cli import resolve
 from ddpm.evaluation import quality
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -55,14 +54,6 @@ def test_a_copied_training_image_is_flagged_as_memorised_and_a_new_one_is_not(ju
     assert judge.score(blends, name="blends").memorised == 0.0
 
 
-def test_lists_parse_and_bad_items_are_named():
-    assert resolve.parse_list("ddpm,ddim", kind=str, flag="--sampler", choices=("ddpm", "ddim")) == ["ddpm", "ddim"]
-    assert resolve.parse_list("5,10", kind=int, flag="--sampling_steps") == [5, 10]
-    assert resolve.parse_list(None, kind=int, flag="--sampling_steps") == [None]
-    with pytest.raises(ValueError, match="--sampling_steps"):
-        resolve.parse_list("5,x", kind=int, flag="--sampling_steps")
-
-
 def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(tmp_path, capsys):
     from basic_diffusion import UNetConfig
     from ddpm.data.datasets import load_images
@@ -95,6 +86,14 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     # Lists are for evaluate only; other modes name the flag in one line.
     assert main.main(["--device", "cpu", "--mode", "sample", "--model_path", str(ckpt), "--sampler", "ddim,ddpm"]) == 2
     assert "--sampler takes one value" in capsys.readouterr().err
+    # A --dataset that contradicts the one the checkpoint records is refused, naming both; so is a sample count
+    # whose samples cannot fit in memory (before any is drawn) and one too small for a covariance.
+    assert main.main([*args, "--dataset", "mnist"]) == 2
+    assert "--dataset mnist contradicts" in (err := capsys.readouterr().err) and "trained on digits" in err
+    assert main.main([*args[:-8], "--n_samples", str(10**13)]) == 2
+    assert "at most" in capsys.readouterr().err
+    assert main.main([*args[:-8], "--n_samples", "1"]) == 2
+    assert "--n_samples 2 or more" in capsys.readouterr().err
     # Outputs are checked before any work: the JSON may not replace the model.
     assert main.main([*args[:-4], "--json", str(ckpt)]) == 2
     assert "--json" in capsys.readouterr().err
@@ -107,5 +106,5 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     capsys.readouterr()
     assert main.main(exported) == 0, capsys.readouterr().err
     assert "fitting the digit classifier" in capsys.readouterr().out
-    assert main.main([*exported, "--dataset", "spheres"]) == 2  # --dataset still names it, and is checked
-    assert "not its kind of data" in capsys.readouterr().err
+    assert main.main([*exported, "--dataset", "spheres"]) == 2  # --dataset may not contradict the recorded data
+    assert "--dataset spheres contradicts" in capsys.readouterr().err

@@ -31,7 +31,7 @@ import main
 from ddpm.backends import registry
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
 from ddpm.modes import train as train_mode
-from ddpm.util import interrupts
+from ddpm.util import interrupts, safe_files
 from ddpm.util.safe_files import check_outputs, remove_stale_temporaries
 
 TINY_TRAIN = [
@@ -195,6 +195,42 @@ def test_a_second_run_on_a_locked_checkpoint_is_refused(cli, work):
     assert not (work / "locked.pt").exists()
 
 
+def test_no_training_run_leaves_its_lock_file_behind(cli, work):
+    # Done, and refused once the lock is held (a --resume whose checkpoint is not one).
+    code, err = cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "fresh.pt", cwd=work)
+    assert code == 0, err
+    (work / "junk.pt").write_text("not a checkpoint")
+    refused(cli(*TINY_TRAIN, "--max_steps", "3", "--model_path", "junk.pt", "--resume", cwd=work), "corrupt")
+    code, err = cli("--mode", "train_autoencoder", "--dataset", "digits", "--max_steps", "1", "--batch_size", "4",
+                    "--model_path", "ae.pt", cwd=work)  # fmt: skip
+    assert code == 0, err
+    assert [name for name in ("fresh.pt.lock", "junk.pt.lock", "ae.pt.lock") if (work / name).exists()] == []
+
+
+def test_a_run_that_opens_the_lock_file_as_its_holder_removes_it_still_gets_one_lock(tmp_path, monkeypatch):
+    """The race the removal opens: B opens the file, A removes it and ends, C creates a new one. B must lock
+    the path's current file (the one C locks), not the removed one, or B and C would both train."""
+    import fcntl
+
+    opened = []
+    real_open = os.open
+
+    def open_then_lose_the_race(path, *args):
+        fd = real_open(path, *args)
+        if not opened:  # the first open: the holder removes the file now, and a third run locks a new one
+            opened.append(fd)
+            os.unlink(path)
+            third = real_open(path, os.O_RDWR | os.O_CREAT)
+            fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            opened.append(third)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_lose_the_race)
+    with pytest.raises(ValueError, match="another run"), safe_files.run_lock(tmp_path / "m.pt"):
+        pass
+    os.close(opened[1])
+
+
 # ----- TorchScript needs consent ----------------------------------------------------------------------
 def test_sampling_a_torchscript_file_needs_trust_torchscript(cli, work):
     code, err = cli("--mode", "export", "--format", "torchscript", "--model_path", "m.pt", "--output", "m.ts", cwd=work)
@@ -288,6 +324,24 @@ def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(t
     assert "Traceback" not in stderr
     step = load_checkpoint(tmp_path / "ck.pt")["step"]
     assert step > 0 and f"{name}: stopped at step {step};" in stderr
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_in_autoencoder_training_saves_what_was_trained(tmp_path, sig, code, name):
+    proc = start(["--mode", "train_autoencoder", "--dataset", "digits", "--max_steps", "100000", "--batch_size", "8",
+                  "--model_path", "ae.pt"], tmp_path)  # fmt: skip
+    assert proc.stdout.readline().startswith("training")  # printed just before the loop starts
+    time.sleep(2.0)  # some steps in
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()[-1:]) == 1
+    from ddpm.latent.autoencoder import load_autoencoder
+
+    loaded = load_autoencoder(tmp_path / "ae.pt", device="cpu")  # a whole, loadable first stage
+    step = torch.load(tmp_path / "ae.pt", weights_only=True)["step"]
+    assert loaded.latent_scale > 0 and step > 0 and f"{name}: stopped at step {step} of 100000; saved ae.pt" in stderr
+    assert (tmp_path / "ae_reconstructions.png").is_file() and not list(tmp_path.glob("*.lock"))
 
 
 def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):

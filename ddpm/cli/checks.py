@@ -1,0 +1,66 @@
+"""Checks of single flag values that several requests share: positive counts, non-negative steps, file
+suffixes, comma-separated lists, the --profile folder. Each failure is a ValueError naming the flag
+(main.py prints it in one line, exit code 2); cli/resolve.py calls them while it builds a request."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value}")
+
+
+def check_not_negative(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 0:
+            raise ValueError(f"--{name} must be 0 or more, got {value}")
+
+
+def check_suffix(flag: str, path: str | None, suffix: str) -> None:
+    """A file name's ending; a folder is left to safe_files.check_outputs, which says so."""
+    if path is not None and Path(path).suffix.lower() != suffix and not Path(path).is_dir():
+        raise ValueError(f"{flag} needs a file name ending in {suffix}, got {path}")
+
+
+def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Sequence | None = None) -> list:
+    """ "ddpm,ddim" -> ["ddpm", "ddim"]; "5,10" -> [5, 10]; one line naming ``flag`` on a bad item."""
+    if text is None:
+        return [None]
+    if isinstance(text, int):
+        return [text]
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{flag} is empty")
+    try:
+        values = [kind(item) for item in items]
+    except ValueError:
+        raise ValueError(f"{flag} takes a comma-separated list, got {text!r}") from None
+    if choices is not None and any(v not in choices for v in values):
+        raise ValueError(f"{flag}: {', '.join(str(v) for v in values if v not in choices)} not one of {', '.join(choices)}")
+    return values
+
+
+def check_profile_dir(args: argparse.Namespace) -> None:
+    """--profile DIR: a folder (made if missing), never a file; only for train, sample and benchmark."""
+    if args.profile is None:
+        return
+    if args.mode not in ("train", "sample", "benchmark"):
+        raise ValueError(f"--profile applies to --mode train, sample and benchmark, not {args.mode}")
+    if Path(args.profile).exists() and not Path(args.profile).is_dir():
+        raise ValueError(f"--profile {args.profile} is a file; it names the folder the traces go into")
+    existing = Path(args.profile).absolute()
+    while not existing.exists():  # the folder, or the nearest one that exists (the rest is made)
+        existing = existing.parent
+    try:  # a probe, as for every output: modes, read-only file systems and /proc all answer it
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".profile-probe-")
+    except OSError as exc:
+        raise ValueError(f"--profile {args.profile}: cannot write into {existing} ({exc.strerror})") from exc
+    os.close(fd)
+    os.unlink(probe)

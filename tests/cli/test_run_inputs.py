@@ -1,0 +1,108 @@
+"""Every file a run reads is an input no output may touch: the model file, the autoencoder given or
+linked, an exported decoder, an engine's metadata, the data a mode reads.
+
+Specification: for every mode, an output that is (directly, through a symlink, or as a hard link) the
+autoencoder a latent checkpoint names, or the decoder an exported latent model names, or an image of the
+folder evaluate judges against, is refused in one line with exit 2 before any work, and the input is
+left byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from helpers import needs_onnx
+from PIL import Image
+
+import main
+from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state
+from ddpm.util.safe_files import atomic_write
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+TINY = ["--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8", "--timesteps", "20",
+        "--save_every", "0", "--sample_every", "0"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """ae.pt, a latent model lat.pt linked to it, and a pixel model of an image folder (data/)."""
+    folder = tmp_path_factory.mktemp("inputs")
+    torch.manual_seed(0)
+    ae = Autoencoder(AutoencoderConfig(image_size=8, in_channels=1, latent_channels=2, downsample=2, base_channels=8))
+    state = checkpoint_state(ae, latent_scale=1.5, dataset="digits", metrics={}, step=0)
+    atomic_write(folder / "ae.pt", lambda f: torch.save(state, f))
+    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(folder / "ae.pt"), *TINY,
+             "--model_path", str(folder / "lat.pt")]  # fmt: skip
+    assert main.main(train) == 0
+    data = folder / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(data / f"img{i}.png")
+    train = ["--device", "cpu", "--mode", "train", "--dataset", "folder", "--data_dir", str(data), "--img_size", "8",
+             "--channels", "1", *TINY, "--model_path", str(folder / "pix.pt")]  # fmt: skip
+    assert main.main(train) == 0
+    return folder
+
+
+def refused(args: list[str], victim, capsys, match: str) -> None:
+    before = victim.read_bytes()
+    assert main.main(["--device", "cpu", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err, err
+    assert victim.read_bytes() == before
+
+
+def alias(kind: str, target, path):
+    """``path`` naming ``target``: a symlink or a hard link."""
+    path.unlink(missing_ok=True)
+    (os.symlink if kind == "symlink" else os.link)(target, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_no_output_of_any_mode_may_be_the_autoencoder_a_checkpoint_links(files, tmp_path, capsys, kind):
+    ae, lat = files / "ae.pt", str(files / "lat.pt")
+    sample = ["--mode", "sample", "--model_path", lat, "--n_samples", "2", "--sampling_steps", "2", "--sampler", "ddim"]
+    runs = {
+        "--output": [*sample, "--output", str(alias(kind, ae, tmp_path / "grid.png"))],
+        "--save_npz": [*sample, "--output", str(tmp_path / "g.png"), "--save_npz", str(alias(kind, ae, tmp_path / "s.npz"))],
+        "--json": ["--mode", "benchmark", "--model_path", lat, "--n_samples", "2", "--sampling_steps", "2", "--rows", "original",
+                   "--repeats", "1", "--warmup", "0", "--json", str(alias(kind, ae, tmp_path / "b.json"))],
+        "--chart": ["--mode", "evaluate", "--model_path", lat, "--n_samples", "2", "--sampling_steps", "2",
+                    "--chart", str(alias(kind, ae, tmp_path / "c.png"))],
+        "--output's decoder": ["--mode", "export", "--format", "torchscript", "--model_path", lat,
+                               "--output", str(tmp_path / "x.ts")],
+    }  # fmt: skip
+    alias(kind, ae, tmp_path / "x.decoder.ts")
+    for flag, args in runs.items():
+        refused(args, ae, capsys, f"{flag} ")
+
+
+def test_an_output_that_names_the_linked_autoencoder_says_so(files, tmp_path, capsys):
+    link = alias("symlink", files / "ae.pt", tmp_path / "grid.png")
+    args = ["--mode", "sample", "--model_path", str(files / "lat.pt"), "--n_samples", "2", "--sampling_steps", "2",
+            "--sampler", "ddim", "--output", str(link)]  # fmt: skip
+    refused(args, files / "ae.pt", capsys, "is the same file as its autoencoder")
+
+
+@needs_onnx
+def test_sampling_an_exported_latent_model_never_writes_over_its_decoder(files, tmp_path, capsys):
+    onnx = tmp_path / "lat.onnx"
+    export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(files / "lat.pt"), "--output", str(onnx)]
+    assert main.main(export) == 0
+    decoder = tmp_path / "lat.decoder.onnx"
+    args = ["--mode", "sample", "--model_path", str(onnx), "--implementation", "onnxruntime", "--n_samples", "2",
+            "--sampling_steps", "2", "--sampler", "ddim", "--output", str(alias("symlink", decoder, tmp_path / "g.png"))]  # fmt: skip
+    refused(args, decoder, capsys, "is the same file as its decoder")
+
+
+def test_evaluate_never_writes_over_the_images_it_judges_against(files, capsys):
+    image = files / "data" / "img3.png"
+    args = ["--mode", "evaluate", "--model_path", str(files / "pix.pt"), "--data_dir", str(files / "data"),
+            "--n_samples", "2", "--sampling_steps", "2", "--chart", str(image)]  # fmt: skip
+    refused(args, image, capsys, "is one of the files --data_dir reads")
