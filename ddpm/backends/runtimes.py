@@ -18,6 +18,7 @@ onnxruntime is optional; it is imported when used.
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Sequence
 from io import BytesIO
@@ -242,15 +243,67 @@ def parse_onnx(data: bytes, *, source: Path):
 
 
 def check_onnx_graph(proto, *, io: IOSpec, source: Path) -> None:
-    """The graph's inputs and outputs against the I/O spec it must have, then ``onnx.checker`` (full check)."""
+    """The graph's inputs and outputs against the I/O spec it must have, :func:`check_bounded_work`, then
+    ``onnx.checker`` (full check)."""
     onnx = import_onnx(exporter=False)
     problems = onnx_io_mismatches(proto, io)
     if problems:
         raise ValueError(f"{source}: its graph's inputs and outputs do not match its metadata ({'; '.join(problems)})")
+    check_bounded_work(proto, source=source)
     try:
         onnx.checker.check_model(proto, full_check=True)
     except Exception as exc:  # onnx.checker.ValidationError, shape inference errors
         raise ValueError(f"{source} fails onnx.checker ({first_line(exc)})") from exc
+
+
+# The op types this tool's exporter writes (torch 2.14.1's dynamo exporter, opsets 18-25, fp32/fp16/bf16
+# graphs, 2-D and 3-D, conditional, patched and "add" U-Nets, latent decoders; collected 2026-11-24 and
+# kept by tests/backends/test_artifacts.py). None sizes its output from data: ConstantOfShape, Expand,
+# Tile, Range, Pad, loops and the like are not among them, so an imported graph cannot allocate through them.
+EXPORTED_OPS = frozenset({
+    "Add", "Attention", "Cast", "Clip", "Concat", "Conv", "Cos", "Gather", "Gemm", "GroupNormalization",
+    "InstanceNormalization", "MatMul", "Mul", "Reshape", "Resize", "Shape", "Sigmoid", "Sin", "Slice", "Softmax",
+    "Split", "Squeeze", "Transpose", "Unsqueeze",
+})  # fmt: skip
+MAX_ELEMENTS_PER_SAMPLE = 1 << 24  # any tensor of known shape, per sample (64 MiB of fp32; ours: well under 1 MiB)
+
+
+def check_bounded_work(proto, *, source: Path) -> None:
+    """Refuse a graph that could allocate far beyond one batch before anything runs it: ops this tool's
+    exports never contain, a Resize by more than 2x or to computed sizes, a convolution with strides,
+    dilations or pads ours never use, a tensor whose known shape holds more than MAX_ELEMENTS_PER_SAMPLE
+    per sample (the batch and other symbolic dims count once)."""
+    from onnx import numpy_helper, shape_inference
+
+    graph = proto.graph
+    foreign = sorted({node.op_type for node in graph.node} - EXPORTED_OPS)
+    if foreign:
+        raise ValueError(f"{source} uses the ONNX op {short_repr(foreign[0])}, which this tool's exports never contain; it is not run")
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Resize":
+            scales = node.input[2] if len(node.input) > 2 else ""
+            sizes = node.input[3] if len(node.input) > 3 else ""
+            if sizes or scales not in constants or not all(0 < s <= 2 for s in numpy_helper.to_array(constants[scales]).ravel()):
+                raise ValueError(f"{source} resizes {short_repr(node.name)} by computed or more than 2x scales; this tool's exports upsample 2x")
+        elif node.op_type == "Conv":
+            attributes = {a.name: list(a.ints) for a in node.attribute if a.name in ("pads", "strides", "dilations")}
+            if any(p > 3 for p in attributes.get("pads", [])) or any(s > 2 for s in attributes.get("strides", [])) or any(
+                d != 1 for d in attributes.get("dilations", [])
+            ):
+                raise ValueError(f"{source} has a convolution ({short_repr(node.name)}) with pads, strides or dilations this tool's exports never use")
+    try:
+        inferred = shape_inference.infer_shapes(proto).graph
+    except Exception as exc:  # noqa: BLE001 -- onnx.checker passed; inference still raises on odd graphs
+        raise ValueError(f"{source}: its shapes cannot be inferred ({first_line(exc)})") from exc
+    for value in (*inferred.value_info, *inferred.output):
+        shape = value.type.tensor_type.shape
+        elements = math.prod(d.dim_value for d in shape.dim if d.HasField("dim_value"))
+        if elements > MAX_ELEMENTS_PER_SAMPLE:
+            raise ValueError(
+                f"{source} makes a tensor ({short_repr(value.name)}) of {elements:,} elements per sample; this tool's exports "
+                f"stay under {MAX_ELEMENTS_PER_SAMPLE:,}, so it is not run"
+            )
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import TINY_SCHEDULE as SCHEDULE
@@ -180,6 +181,28 @@ def unknown_config_key(proto) -> None:
     set_metadata(proto, json.dumps(meta))
 
 
+def appended_allocation(proto) -> None:  # a 2^30-element ConstantOfShape beside the U-Net (4 GiB of fp32)
+    import onnx
+
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1 << 30], dtype=np.int64), "huge_shape"))
+    proto.graph.node.append(onnx.helper.make_node("ConstantOfShape", ["huge_shape"], ["huge"]))
+
+
+def resize_by_1000(proto) -> None:  # its stored shapes dropped, as an attacker would, so onnx.checker passes it
+    import onnx
+
+    del proto.graph.value_info[:]
+    node = next(n for n in proto.graph.node if n.op_type == "Resize")
+    scales = next(t for t in proto.graph.initializer if t.name == node.input[2])
+    scales.CopyFrom(onnx.numpy_helper.from_array(np.array([1, 1, 1000, 1000], dtype=np.float32), scales.name))
+
+
+def dilated_convolution(proto) -> None:
+    del proto.graph.value_info[:]
+    node = next(n for n in proto.graph.node if n.op_type == "Conv")
+    next(a for a in node.attribute if a.name == "dilations").ints[:] = [64, 64]
+
+
 @needs_onnx
 @pytest.mark.parametrize(
     "tamper,match",
@@ -189,6 +212,9 @@ def unknown_config_key(proto) -> None:
         (external_weights, "in an external file, which is not read"),
         (deep_metadata, "nests deeper than 32 levels"),
         (unknown_config_key, "its model config is unusable (unknown key 'evil'"),
+        (appended_allocation, "uses the ONNX op 'ConstantOfShape', which this tool's exports never contain"),
+        (resize_by_1000, "by computed or more than 2x scales"),
+        (dilated_convolution, "pads, strides or dilations this tool's exports never use"),
     ],
 )
 def test_an_onnx_file_is_validated_before_a_session_is_created(tmp_path, monkeypatch, onnx_bytes, tamper, match):
@@ -208,6 +234,28 @@ def test_an_onnx_file_is_validated_before_a_session_is_created(tmp_path, monkeyp
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", no_session)
     refused(lambda: artifacts.load_artifact(path, device=CPU), match, unchanged=path)
+
+
+@needs_onnx
+@pytest.mark.parametrize(
+    "variant,opset,precision",
+    [("plain", 18, "fp32"), ("conditional", 21, "fp16"), ("3-D", 22, "bf16"), ("patched", 25, "fp32"), ("decoder", 21, "fp32")],
+)
+def test_every_graph_the_exporter_writes_passes_the_bounded_work_check(variant, opset, precision):
+    """EXPORTED_OPS and the Resize/Conv limits hold the exporter's own graphs, whatever their opset and precision."""
+    from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, LatentDecoder
+
+    if variant == "decoder":
+        torch.manual_seed(0)
+        ae = Autoencoder(AutoencoderConfig(image_size=16, in_channels=1, latent_channels=2, downsample=4, base_channels=8))
+        io = unet_io.DecoderIO(latent_shape=ae.config.latent_shape, image_shape=ae.config.image_shape)
+        proto = exporters.export_decoder_onnx(LatentDecoder(ae, 1.5).eval(), io=io, opset=opset, precision=precision)
+    else:
+        overrides = {"conditional": {"num_classes": 3}, "3-D": {"dims": 3, "image_size": 8, "attention_resolutions": (4,)},
+                     "patched": {"patch_size": 2}}.get(variant, {})  # fmt: skip
+        config = tiny_unet_config(**overrides)
+        proto = exporters.export_onnx_model(perturbed_unet(config), metadata=metadata(config), opset=opset, precision=precision)
+    runtimes.check_bounded_work(proto, source=variant)
 
 
 @needs_onnx
