@@ -149,7 +149,7 @@ def test_checkpoint_round_trip(tmp_path):
         assert all(torch.equal(ref[k], state[key][k]) for k in ref)
     assert not torch.equal(state["model"]["conv_out.weight"], state["ema"]["conv_out.weight"])
     assert (tmp_path / "run_samples" / "step_0000003.png").is_file()
-    assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"
+    assert not list(tmp_path.rglob(".*.tmp-*")), "a temporary file was left behind"  # safe_files.temp_prefix's names
 
 
 def test_resume_continues_the_same_loss_curve(tmp_path):
