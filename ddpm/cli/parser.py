@@ -1,6 +1,6 @@
 """The command line's flags: every flag, its type, default and help, in one argparse parser.
 
-    args = build_parser().parse_args(["--mode", "sample", "--n_samples", "4"])
+    args = parse_args(["--mode", "sample", "--n_samples", "4"])
     request = resolve.request_for(args)            # cli/resolve.py: flags checked, one typed request
 
 Most of the file is the flags' help text, kept beside each flag. argparse checks each value's type
@@ -65,19 +65,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The flags of ``argv`` (default: the command line), with ``given``: the flags written there, told
     apart from argparse's defaults (what a resumed run compares with its checkpoint)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    args.given = given_flags(argv)
-    return args
-
-
-def given_flags(argv: Sequence[str]) -> frozenset[str]:
-    """The flags written on the command line (their dests), told apart from argparse's defaults: what a
-    resumed run compares with its checkpoint."""
     parser = build_parser()
-    for action in parser._actions:
+    args = parser.parse_args(argv)
+    for action in parser._actions:  # parsed again without defaults, only what was written is left
         action.default = argparse.SUPPRESS
-    namespace, _ = parser.parse_known_args(argv)
-    return frozenset(vars(namespace))
+    args.given = frozenset(vars(parser.parse_known_args(argv)[0]))
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ from ddpm.cli.requests import (
 )  # fmt: skip
 from ddpm.conditioning import check_scale
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
-from ddpm.util.safe_files import InputFolder, check_outputs  # every output checked before any work
+from ddpm.util.safe_files import check_outputs  # every output checked before any work
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +63,6 @@ def request_for(args: argparse.Namespace) -> object:
     )
     if not 0.0 <= args.eta <= 1.0:
         raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {args.eta:g}")
-    args.dataset_given = args.dataset is not None  # evaluate: else the data the model file records
     args.dataset = args.dataset or "mnist"
     if args.batch_size is None:
         args.batch_size = training_defaults(args.dataset)["batch_size"] if args.mode == "train" else 64
@@ -180,12 +179,10 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     )
 
 
-def data_input(args: argparse.Namespace) -> InputFolder | None:
-    """The files ``--dataset`` is read from under ``--data_dir`` (None: data drawn in memory), an input of the run."""
-    from ddpm.data.catalog import data_files
+def _data_input(args: argparse.Namespace):
+    from ddpm.data.datasets import data_input
 
-    found = data_files(args.dataset, args.data_dir)
-    return None if found is None else InputFolder(*found)
+    return data_input(args.dataset, args.data_dir)
 
 
 def dataset_channels(args: argparse.Namespace) -> int:
@@ -214,13 +211,13 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
     for flag in ("time_conditioning", "patch_size", "model_preset"):
-        if args.resume and (getattr(args, flag) is not None if flag != "model_preset" else flag in getattr(args, "given", ())):
+        if args.resume and flag in args.given:
             raise ValueError(f"--{flag} makes a new model; a resumed run keeps the one in its checkpoint")
     if args.resume and args.n_epochs is not None:
         raise ValueError("--n_epochs sets a new run's length; a resumed run goes on to --max_steps (drop --n_epochs)")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
-    check_outputs({"--model_path": checkpoint}, inputs={"--autoencoder": args.autoencoder, "--data_dir": data_input(args)})
+    check_outputs({"--model_path": checkpoint}, inputs={"--autoencoder": args.autoencoder, "--data_dir": _data_input(args)})
     recipe = training_defaults(args.dataset)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
@@ -252,7 +249,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         save_every=args.save_every,
         sample_every=args.sample_every,
         profile=args.profile,
-        given=getattr(args, "given", frozenset()),
+        given=args.given,
     )
 
 
@@ -296,7 +293,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
         **_draw_fields(args, device, source),
         samplers=parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
         steps=parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
-        dataset=args.dataset if args.dataset_given else None,
+        dataset=args.dataset if "dataset" in args.given else None,  # else the data the model file records
         data_dir=args.data_dir,
         inception_weights=args.inception_weights,
         eta=args.eta,
@@ -376,7 +373,7 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
     png = reconstructions_path(checkpoint)
-    check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png}, inputs={"--data_dir": data_input(args)})
+    check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png}, inputs={"--data_dir": _data_input(args)})
     size, channels = default_shape(args.dataset)[0], dataset_channels(args)
     request = AutoencoderTrainRequest(
         device=device, checkpoint=checkpoint, reconstructions=png, overwrite=args.overwrite, dataset=args.dataset,

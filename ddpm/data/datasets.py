@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ddpm.data.catalog import DATASETS, IMAGE_SUFFIXES, TEST_SPLITS, VOLUME_DATASETS
+from ddpm.data.catalog import DATASETS, IMAGE_SUFFIXES, TEST_SPLITS, VOLUME_DATASETS, data_files
 from ddpm.util.messages import first_line
+from ddpm.util.safe_files import InputFolder
 
 # The spheres: a fixed training set drawn from its own seed (independent of --seed), and held-out
 # spheres from the next seed (evaluate's ceiling).
@@ -137,19 +138,22 @@ def load_images(
     )  # fmt: skip
 
 
+def data_input(dataset: str, data_dir: str | Path) -> InputFolder | None:
+    """The files ``dataset`` is read from under ``data_dir`` as an input of the run's output check (None:
+    data drawn in memory, as the digits and spheres are)."""
+    found = data_files(dataset, data_dir)
+    return None if found is None else InputFolder(*found)
+
+
 def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, dataset: str, dims: int = 2) -> None:
     """Refuse a dataset whose images, resized, would not fit in memory (the whole set is held, uint8)."""
-    from ddpm.util.memory_budget import available_bytes
-    from ddpm.util.messages import format_bytes
+    from ddpm.util.memory_budget import check_held_in_host_memory
 
-    need = n_images * channels * image_size**dims
-    free = available_bytes(torch.device("cpu"))
-    if need > 0.5 * free:  # half: the training step needs the rest
-        shape = "x".join([str(channels)] + [str(image_size)] * dims)
-        raise ValueError(
-            f"{n_images} {dataset} images at {shape} need {format_bytes(need)} in memory "
-            f"and {format_bytes(free)} is available; use a smaller --img_size"
-        )
+    shape = "x".join([str(channels)] + [str(image_size)] * dims)
+    check_held_in_host_memory(
+        n_images * channels * image_size**dims, what=f"{n_images} {dataset} images at {shape}",
+        advice=lambda _: "use a smaller --img_size",
+    )  # fmt: skip
 
 
 Loaded = tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]  # uint8 (N, C, H, W), labels (N,), class names
@@ -230,9 +234,7 @@ def _load_folder(root: Path, *, image_size: int, channels: int) -> Loaded:
                     left, top = (img.width - side) // 2, (img.height - side) // 2
                     img = img.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BICUBIC)
                     pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # noqa: BLE001 -- PIL raises anything on junk (OSError, SyntaxError, struct.error, ...)
+        except Exception as exc:  # noqa: BLE001 -- PIL raises anything on junk (OSError, SyntaxError, struct.error, ...)
             reason = first_line(exc) if isinstance(exc, (OSError, ValueError, Image.DecompressionBombWarning)) else type(exc).__name__
             raise ValueError(f"cannot read image {path}: {reason}") from exc
         out[i] = pixels.view(image_size, image_size, channels).permute(2, 0, 1)

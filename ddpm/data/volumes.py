@@ -109,9 +109,7 @@ def _read_npy(path: Path) -> np.ndarray:
                 f"volume file {path} holds a pickled object array; volumes must be plain numeric arrays"
             ) from exc
         raise ValueError(f"cannot read volume file {path}: {str(exc).splitlines()[0]}") from exc
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # noqa: BLE001 -- a damaged header makes numpy's parser raise anything (SyntaxError, TokenError, ...)
+    except Exception as exc:  # noqa: BLE001 -- a damaged header makes numpy's parser raise anything (SyntaxError, TokenError, ...)
         raise ValueError(f"volume file {path} is corrupt or not a NumPy .npy array ({type(exc).__name__})") from exc
     if not isinstance(array, np.ndarray):
         raise ValueError(f"volume file {path} is not a single .npy array")

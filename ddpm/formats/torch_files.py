@@ -47,9 +47,7 @@ def load_pt(data: bytes, *, source: str, kind: str, program_hint: str = "") -> o
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's notes on odd files: a failure is reported below, in one line
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # noqa: BLE001 -- junk makes the readers raise anything (KeyError, struct.error, ...)
+    except Exception as exc:  # noqa: BLE001 -- junk makes the readers raise anything (KeyError, struct.error, ...)
         text = str(exc)
         if isinstance(exc, pickle.UnpicklingError) and "global" in text.lower():
             raise ValueError(

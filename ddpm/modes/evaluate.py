@@ -16,25 +16,23 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpm.cli.requests import EvaluateRequest
-from ddpm.data.catalog import VOLUME_DATASETS, data_files
+from ddpm.data.catalog import VOLUME_DATASETS
+from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
 from ddpm.modes.drawing import open_for_drawing
-from ddpm.util.memory_budget import available_bytes
-from ddpm.util.messages import format_bytes
-from ddpm.util.safe_files import InputFolder, check_outputs
+from ddpm.util.memory_budget import check_held_in_host_memory
+from ddpm.util.safe_files import check_outputs
 
 
 def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
     """Evaluate holds every sample of a row (float32) while it is judged: refuse a count that cannot fit,
     saying how many do (half the available memory; the judge's features and the next row need the rest)."""
     each = 4 * math.prod(shape)
-    free = available_bytes(torch.device("cpu"))
-    if 2 * n * each > free:
-        raise ValueError(
-            f"--n_samples {n}: the samples of one row ({'x'.join(map(str, shape))} float32 each) need {format_bytes(n * each)} "
-            f"and {format_bytes(free)} is available; at most {free // (2 * each)} fit"
-        )
+    check_held_in_host_memory(
+        n * each, what=f"--n_samples {n}: the samples of one row ({'x'.join(map(str, shape))} float32 each)",
+        advice=lambda free: f"at most {free // (2 * each)} fit",
+    )  # fmt: skip
 
 
 def run_evaluate(request: EvaluateRequest) -> None:
@@ -54,8 +52,8 @@ def run_evaluate(request: EvaluateRequest) -> None:
         kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
         raise ValueError(f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset")
     check_samples_fit(n, artifact.output_shape)
-    found = data_files(dataset, request.data_dir)  # the real data it is judged against is an input too
-    check_outputs(request.outputs(), inputs={"--data_dir": InputFolder(*found) if found else None})
+    # The real data it is judged against is an input too.
+    check_outputs(request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(
         dataset, data_dir=request.data_dir, image_size=s, channels=c, n=n, seed=request.seed, device=device,
         inception_weights=request.inception_weights,

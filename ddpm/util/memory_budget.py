@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -341,6 +342,14 @@ def available_bytes(device: torch.device) -> int:
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free + cached)
     return _host_available()
+
+
+def check_held_in_host_memory(need: int, *, what: str, advice: Callable[[int], str]) -> None:
+    """Refuse data that would be held whole in host memory when it needs more than half of what is
+    available (the work on it needs the rest); ``advice(available bytes)`` says what to change."""
+    free = available_bytes(torch.device("cpu"))
+    if need > 0.5 * free:
+        raise ValueError(f"{what} need {format_bytes(need)} in memory and {format_bytes(free)} is available; {advice(free)}")
 
 
 # ----- the check -----------------------------------------------------------------------------------
