@@ -25,6 +25,7 @@ from ddpm.backends.engine_cache import metadata_path
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
     check_onnx_graph,
+    decoder_memory_cap,
     load_onnx,
     load_torchscript,
     onnxruntime_session,
@@ -36,7 +37,7 @@ from ddpm.formats.exporters import (
     _quiet_torchscript,
 )
 from ddpm.formats.kinds import KIND_NAMES, artifact_kind
-from ddpm.formats.unet_io import BatchRange
+from ddpm.formats.unet_io import DEFAULT_MAX_BATCH, BatchRange
 from ddpm.latent.first_stage import FirstStage, check_latent_unet, linked_first_stage
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import read_limited
@@ -75,13 +76,14 @@ class Artifact:
 
 def load_artifact(
     path: str | Path, *, device: torch.device, weights: str = "ema", trust_torchscript: bool = False,
-    autoencoder: str | None = None,
+    autoencoder: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
 ) -> Artifact:
     """Load a checkpoint or an exported U-Net by its suffix, with the configs stored in or beside it.
 
     Everything is validated first (see the module docstring); a TorchScript file is refused unless
     ``trust_torchscript``, before anything reads it. A latent model's checkpoint brings its autoencoder
-    (from the path it names, or ``autoencoder``), checked against the sha256 it stored.
+    (from the path it names, or ``autoencoder``), checked against the sha256 it stored. An ONNX file's
+    sessions may allocate what batches of up to ``max_batch`` need (runtimes.unet_memory_cap).
     """
     path, kind = Path(path), artifact_kind(path)
     if kind == "checkpoint":
@@ -98,7 +100,7 @@ def load_artifact(
     if kind == "torchscript":  # refused before it is read unless trusted
         model, model_config, schedule_config, meta = load_torchscript(path, device=device, trusted=trust_torchscript)
     elif kind == "onnx":
-        model, model_config, schedule_config, meta = load_onnx(path, device=device)
+        model, model_config, schedule_config, meta = load_onnx(path, device=device, max_batch=max_batch)
     else:
         import tensorrt_integration
 
@@ -110,7 +112,8 @@ def load_artifact(
     stage = None
     if "decoder" in meta:  # a latent model: its decoder file beside it, checked against the hash it names
         stage = load_exported_decoder(
-            meta["decoder"], path=path, kind=kind, model_config=model_config, device=device, batch_range=meta.get("batch_range")
+            meta["decoder"], path=path, kind=kind, model_config=model_config, device=device, batch_range=meta.get("batch_range"),
+            max_batch=max_batch,
         )
     else:
         check_pixel_unet(model_config, source=str(path))
@@ -134,7 +137,8 @@ def decoder_path(unet_path: Path) -> Path:
 
 
 def load_exported_decoder(
-    entry: object, *, path: Path, kind: str, model_config: UNetConfig, device: torch.device, batch_range: list | None = None
+    entry: object, *, path: Path, kind: str, model_config: UNetConfig, device: torch.device, batch_range: list | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> FirstStage:
     """The decoder an exported latent U-Net names in its metadata, read only if its sha256 is the one named
     (an engine's is deserialized for its U-Net engine's ``batch_range``, validated with that engine's metadata)."""
@@ -157,7 +161,8 @@ def load_exported_decoder(
         raise ValueError(f"{file} is not the decoder {path} was exported with (its sha256 differs); export it again")
     if kind == "onnx":  # through the U-Net graph's checks: the same parser, domains, opsets, I/O spec, checker
         check_onnx_graph(parse_onnx(data, source=file), io=stage.io, source=file)
-        session = onnxruntime_session(data, device=device, source=file)
+        cap = decoder_memory_cap(stage.image_shape, max_batch=max_batch, file_bytes=len(data))
+        session = onnxruntime_session(data, device=device, source=file, memory_cap=cap)
         decoder = OnnxRuntimeDecoder(session, image_shape=stage.image_shape, path=file)
     elif kind == "tensorrt":  # built with the U-Net's engine, for the same GPU and TensorRT (checked on its load)
         import tensorrt_integration

@@ -38,7 +38,17 @@ from ddpm.formats.exporters import (
     import_onnx,
     onnx_io_mismatches,
 )
-from ddpm.formats.unet_io import DEFAULT_OPSET, MAX_OPSET, METADATA_KEY, MIN_OPSET, DecoderIO, IOSpec, UNetIO, artifact_metadata
+from ddpm.formats.unet_io import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_OPSET,
+    MAX_OPSET,
+    METADATA_KEY,
+    MIN_OPSET,
+    DecoderIO,
+    IOSpec,
+    UNetIO,
+    artifact_metadata,
+)
 from ddpm.util.messages import first_line, format_bytes
 from ddpm.util.safe_files import MAX_FILE_BYTES, read_limited
 from noise_schedule import ScheduleConfig, short_repr
@@ -59,16 +69,22 @@ def import_onnxruntime():
     return onnxruntime
 
 
-def onnxruntime_providers(available: Sequence[str], *, device_type: str, trt_cache_dir: Path | None = None) -> list:
+def onnxruntime_providers(
+    available: Sequence[str], *, device_type: str, trt_cache_dir: Path | None = None, memory_cap: int | None = None
+) -> list:
     """Execution providers in order of preference: on a GPU, TensorRT's and CUDA's when installed
-    (onnxruntime-gpu), then the CPU. TensorRT's builds its own engine, so it gets an engine cache."""
+    (onnxruntime-gpu), then the CPU. TensorRT's builds its own engine, so it gets an engine cache;
+    CUDA's arena stops at ``memory_cap`` bytes when one is given (the CPU's: :func:`onnxruntime_session`)."""
     providers: list = []
     if device_type == "cuda":
         if "TensorrtExecutionProvider" in available and trt_cache_dir is not None:
             options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(trt_cache_dir)}
             providers.append(("TensorrtExecutionProvider", options))
         if "CUDAExecutionProvider" in available:
-            providers.append(("CUDAExecutionProvider", {"use_tf32": "0"}))  # true fp32, like the original row
+            options = {"use_tf32": "0"}  # true fp32, like the original row
+            if memory_cap is not None:
+                options["gpu_mem_limit"] = str(memory_cap)
+            providers.append(("CUDAExecutionProvider", options))
     providers.append("CPUExecutionProvider")
     return providers
 
@@ -123,6 +139,10 @@ def run_bound(session, inputs: dict[str, torch.Tensor], outputs: dict[str, torch
     except Exception as exc:  # onnxruntime's own classes; a file's graph can fail at run time
         if path is None:
             raise  # an in-memory export failing is a bug, not a user's error
+        if "Available memory of" in str(exc) or "Failed to allocate memory" in str(exc):  # the arena's cap
+            raise ValueError(
+                f"{path} tried to allocate far more memory than its model needs; it is not run"
+            ) from exc
         raise ValueError(f"{path} failed when run ({first_line(exc)})") from exc
 
 
@@ -159,18 +179,28 @@ def _ort_reason(exc: Exception) -> str:
 
 
 def onnxruntime_session(
-    model: bytes | Path, *, device: torch.device, trt_cache_dir: Path | None = None, source: Path | None = None
+    model: bytes | Path, *, device: torch.device, trt_cache_dir: Path | None = None, source: Path | None = None,
+    memory_cap: int | None = None,
 ):
     """An onnxruntime session for an ONNX file or serialized model; ValueError if it is not valid ONNX.
 
-    Files are validated by :func:`load_onnx` first, which passes their checked bytes and ``source``.
+    Files are validated by :func:`load_onnx` first, which passes their checked bytes, ``source`` and a
+    ``memory_cap``: the bytes the session's tensors may take (CPU arena and CUDA arena alike), so that a
+    graph computing its shapes at run time (which :func:`check_bounded_work` cannot bound) fails in one
+    line instead of taking the machine's memory. The tool's own in-memory exports run without a cap.
     """
     ort = import_onnxruntime()
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only
+    options.log_severity_level = 4  # nothing printed: every error is raised, and reported in one line
     options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch uses
+    if memory_cap is not None:
+        # A CPU arena of memory_cap bytes, shared with the environment and taken by this session when it
+        # is created (a later registration replaces it for later sessions only).
+        cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(memory_cap, -1, -1, -1))
+        options.add_session_config_entry("session.use_env_allocators", "1")
     providers = onnxruntime_providers(
-        ort.get_available_providers(), device_type=device.type, trt_cache_dir=trt_cache_dir
+        ort.get_available_providers(), device_type=device.type, trt_cache_dir=trt_cache_dir, memory_cap=memory_cap
     )
     try:
         return ort.InferenceSession(
@@ -193,8 +223,31 @@ def as_onnxruntime(model: nn.Module, *, device: torch.device, opset: int = DEFAU
     return OnnxRuntimeUNet(session, io=UNetIO.from_config(model.config))
 
 
-def load_onnx(path: Path, *, device: torch.device) -> tuple[OnnxRuntimeUNet, UNetConfig, ScheduleConfig, dict]:
-    """An ONNX file validated before onnxruntime sees it, then run by onnxruntime from the same bytes.
+def unet_memory_cap(model_config: UNetConfig, *, max_batch: int, file_bytes: int) -> int:
+    """Bytes an ONNX U-Net file's session may allocate for batches up to ``max_batch``: its weights twice
+    (the initializers and a packed copy) and memory_budget's generous bound on one sampling step of the
+    tool's own U-Net of that config. Far beyond one batch is refused; the exporter's graphs need 6-35x less
+    (2026-11-24, onnxruntime 1.31.1, CPU: small 28x28 at batch 64 needs 244 MiB of a 1.5 GiB cap,
+    ddpm_cifar10 32x32x3 at batch 16 167 MiB of 2.3 GiB)."""
+    from ddpm.util.memory_budget import upper_bound_bytes
+
+    return 2 * file_bytes + upper_bound_bytes(model_config, batch_size=max_batch, training=False)
+
+
+DECODER_BYTES_PER_PIXEL = 32 << 10  # per image position: 8 fp32 maps of 1,024 channels
+
+
+def decoder_memory_cap(image_shape: Sequence[int], *, max_batch: int, file_bytes: int) -> int:
+    """Bytes an exported decoder's session may allocate for batches up to ``max_batch`` (see :func:`unet_memory_cap`).
+    The exporter's decoders need 4-16x less (2026-11-24, CPU; the least margin: base_channels 256 on 28x28 images)."""
+    return 2 * file_bytes + max_batch * math.prod(image_shape[1:]) * DECODER_BYTES_PER_PIXEL
+
+
+def load_onnx(
+    path: Path, *, device: torch.device, max_batch: int = DEFAULT_MAX_BATCH
+) -> tuple[OnnxRuntimeUNet, UNetConfig, ScheduleConfig, dict]:
+    """An ONNX file validated before onnxruntime sees it, then run by onnxruntime from the same bytes,
+    within the memory a batch of up to ``max_batch`` needs (:func:`unet_memory_cap`).
 
     In order: the size limit (before reading), the graph's own checks (:func:`parse_onnx`), the metadata
     (:func:`parse_artifact_metadata`), the graph against the metadata's I/O spec and ``onnx.checker``
@@ -209,7 +262,8 @@ def load_onnx(path: Path, *, device: torch.device) -> tuple[OnnxRuntimeUNet, UNe
     io = UNetIO.from_config(model_config)
     check_onnx_graph(proto, io=io, source=path)
     trt_cache_dir = path.with_name(f"{path.stem}_ort_trt")
-    session = onnxruntime_session(data, device=device, trt_cache_dir=trt_cache_dir, source=path)
+    cap = unet_memory_cap(model_config, max_batch=max_batch, file_bytes=len(data))
+    session = onnxruntime_session(data, device=device, trt_cache_dir=trt_cache_dir, source=path, memory_cap=cap)
     return OnnxRuntimeUNet(session, io=io, path=path, metadata=meta), model_config, schedule_config, meta
 
 

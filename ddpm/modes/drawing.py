@@ -68,7 +68,7 @@ def open_for_drawing(request: DrawRequest) -> Opened:
     source = request.source  # its kind and the precision were checked against the implementation (cli/resolve.py)
     artifact = load_artifact(
         source.path, device=request.device, weights=source.weights, trust_torchscript=source.trust_torchscript,
-        autoencoder=source.autoencoder,
+        autoencoder=source.autoencoder, max_batch=2 * min(request.batch_size, request.n_samples),  # guided: twice the images
     )  # fmt: skip
     # The files the model named (a latent model's autoencoder, an exported decoder) are inputs too.
     check_outputs(request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})

@@ -236,6 +236,52 @@ def test_an_onnx_file_is_validated_before_a_session_is_created(tmp_path, monkeyp
     refused(lambda: artifacts.load_artifact(path, device=CPU), match, unchanged=path)
 
 
+def doubling_concats(proto, *, doublings: int) -> None:
+    """x_t flattened and concatenated with itself ``doublings`` times, added (times 0) to eps: only ops the
+    exporter writes, and sizes known only when it runs (the flatten hides the batch), so no check of the
+    file can bound it. 2 KiB of x_t (batch 2) becomes 2 KiB * 2^doublings."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    (output,) = proto.graph.output
+    producer = next(node for node in proto.graph.node if output.name in node.output)
+    producer.output[list(producer.output).index(output.name)] = "eps_before"
+    constants = {"flat": [-1], "start": [0], "stop": [1]}
+    proto.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items())
+    proto.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "zero"))
+    nodes = [helper.make_node("Reshape", ["x_t", "flat"], ["grown_0"])]
+    nodes += [helper.make_node("Concat", [f"grown_{i}"] * 2, [f"grown_{i + 1}"], axis=0) for i in range(doublings)]
+    nodes += [
+        helper.make_node("Slice", [f"grown_{doublings}", "start", "stop"], ["first"]),
+        helper.make_node("Mul", ["first", "zero"], ["nothing"]),
+        helper.make_node("Add", ["eps_before", "nothing"], [output.name]),
+    ]
+    proto.graph.node.extend(nodes)
+    onnx.checker.check_model(proto)
+
+
+@needs_onnx
+def test_a_graph_sized_at_run_time_fails_at_its_memory_cap_not_the_machines(tmp_path, onnx_bytes):
+    """The sessions of a file get an arena of runtimes.unet_memory_cap bytes: the file's own graph runs
+    under it, and one growing to 1 GiB at batch 2 (2 KiB of x_t doubled 19 times) ends in one line."""
+    import onnx
+
+    x_t, t = torch.randn(2, *CONFIG.sample_shape(1)[1:]), torch.tensor([3, 7])
+    for doublings, fails in ((1, False), (19, True)):
+        proto = onnx.load_model_from_string(onnx_bytes)
+        doubling_concats(proto, doublings=doublings)
+        path = tmp_path / f"grown_{doublings}.onnx"
+        path.write_bytes(proto.SerializeToString())
+        model, *_ = runtimes.load_onnx(path, device=CPU, max_batch=2)  # every check of the file passes
+        assert runtimes.unet_memory_cap(CONFIG, max_batch=2, file_bytes=path.stat().st_size) < (1 << 30) // 10
+        if fails:
+            refused(lambda: model(x_t, t), "tried to allocate far more memory than its model needs", unchanged=path)
+        else:  # the control: a graph that grows a little runs, and is the U-Net
+            reference = perturbed_unet(CONFIG).eval()
+            with torch.no_grad():
+                torch.testing.assert_close(model(x_t, t), reference(x_t, t), atol=1e-4, rtol=1e-4)
+
+
 @needs_onnx
 @pytest.mark.parametrize(
     "variant,opset,precision",
