@@ -208,9 +208,13 @@ def test_fused_step_propagates_nan_like_the_reference():
 
 
 def test_fused_step_handles_empty_tensors():
+    """A zero-sample batch is a no-op (no launch over an empty grid); the op still steps a real batch after it."""
     plan = make_plan("ddpm")
-    x = torch.empty(0, 3, 4, 4)
-    od.fused_step_(x, x.clone(), noise=None, xstart=None, coefficients=plan.coefficients, step=torch.tensor(0), clip_denoised=True, use_prev=False)
+    x, xstart = torch.empty(0, 3, 4, 4), torch.empty(0, 3, 4, 4)
+    od.fused_step_(x, x.clone(), noise=torch.empty(0, 3, 4, 4), xstart=xstart, coefficients=plan.coefficients,
+                   step=torch.tensor(0), clip_denoised=plan.clip_denoised, use_prev=False)  # fmt: skip
+    assert x.shape == xstart.shape == (0, 3, 4, 4)
+    check_step_matches_reference(plan, 0, *make_inputs((1, 3, 4, 4), dtype=torch.float32))
 
 
 # ---------------------------------------------------------------------------------------------

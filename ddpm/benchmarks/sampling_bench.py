@@ -48,8 +48,11 @@ from noise_schedule import SamplingPlan
 ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmark-only
 
 # A row passes parity when its images match the original's to this PSNR (dB, data range 2).
-# fp32 rows differ only by float reassociation; bf16/fp16 rows by the lower precision.
-PARITY_PSNR_DB = {"fp32": 40.0, "bf16": 20.0, "fp16": 25.0}
+# fp32 rows differ only by float reassociation: measured 121-128 dB on the CPU (onnxruntime, compile)
+# and 70.2 dB on the H100 (TorchScript, DDPM 1000 steps; BENCHMARKS.md); 60 dB is an RMS difference of
+# a quarter of a uint8 level, the same images. bf16/fp16 rows differ by the lower precision (49.6 dB
+# for bf16 on the H100).
+PARITY_PSNR_DB = {"fp32": 60.0, "bf16": 20.0, "fp16": 25.0}
 
 
 def time_runs(fn: Callable[[], torch.Tensor], *, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], torch.Tensor]:

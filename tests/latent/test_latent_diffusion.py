@@ -219,6 +219,7 @@ def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_li
 
 def test_an_fp16_onnx_export_of_a_latent_model_draws_the_checkpoints_images(latent_model, tmp_path, capsys):
     pytest.importorskip("onnxruntime")
+    import onnx
     # A U-Net trained 2 steps predicts eps ~ 0, so its unclipped x0 = x_t / sqrt(alpha_bar) is huge on the
     # fixture's 20-step schedule; on a 1000-step schedule it stays within fp16's range.
     train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(latent_model / "ae.pt"),
@@ -232,6 +233,9 @@ def test_an_fp16_onnx_export_of_a_latent_model_draws_the_checkpoints_images(late
         assert main.main(export) == 0, capsys.readouterr().err
         out = capsys.readouterr().out
         assert "against PyTorch's fp16 decoder: max abs diff" in out and "cannot run it" not in out  # onnxruntime ran it
+        for graph in (f"{name}.onnx", f"{name}.decoder.onnx"):  # both graphs hold fp16 weights: not an fp32 export
+            proto = onnx.load(str(tmp_path / graph))
+            assert any(w.data_type == onnx.TensorProto.FLOAT16 for w in proto.graph.initializer), graph
     runs = (("checkpoint", tmp_path / "lat.pt", ()), ("fp16", tmp_path / "fp16.onnx", ("--implementation", "onnxruntime")),
             ("overflows", tmp_path / "overflows.onnx", ("--implementation", "onnxruntime")))  # fmt: skip
     for name, path, flags in runs:

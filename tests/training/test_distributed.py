@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,12 +108,15 @@ def test_a_global_batch_that_does_not_split_is_refused_on_every_rank(tmp_path):
 def test_the_training_benchmark_reports_per_rank_throughput_and_scaling_under_torchrun(tmp_path):
     args = ["--mode", "benchmark", "--bench", "training", *TRAIN[2:12], "--batch_size", "8", "--train_steps", "2",
             "--warmup", "1", "--json", "t.json"]  # fmt: skip
+    started = time.perf_counter()
     result = launch(*args, cwd=tmp_path, ranks=2)
+    wall = time.perf_counter() - started  # an outer bound on every timed step
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "t.json").read_text())
     assert report["environment"]["ranks"] == 2
     for row in report["training_rows"]:
         assert row["status"] == "ok", row
+        assert 2 * 8 / wall < row["images_per_s"] and 2 * 4 / wall < row["single_rank_images_per_s"]  # 2 timed steps
         assert row["images_per_s_per_rank"] == pytest.approx(row["images_per_s"] / 2)
         assert row["scaling_efficiency"] == pytest.approx(row["images_per_s_per_rank"] / row["single_rank_images_per_s"])
     assert result.stdout.count("img/s/rank") == 1  # one table, from rank 0
