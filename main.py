@@ -28,7 +28,7 @@ from dataclasses import replace
 from ddpm.cli import parser
 from ddpm.cli.parser import PROG
 from ddpm.util import interrupts  # before torch: a Ctrl-C during the first imports ends in one line too
-from ddpm.util.messages import one_line
+from ddpm.util.messages import one_line, one_line_warnings
 
 DISTRIBUTED_MODES = ("train", "sample", "benchmark")  # the modes that run under torchrun
 
@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run one mode; every failure a user can cause ends in one line on stderr and a documented exit code:
     2 for a user error (or memory exhausted), 1 for a training run that diverged, 130/143 for Ctrl-C/SIGTERM."""
     interrupts.install()
+    with one_line_warnings(PROG):  # a library's warning is one line too
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = parser.parse_args(argv)  # --help and argparse's own errors (exit 2) end here
         # Imported here, under the signal handlers: a Ctrl-C while torch loads ends in one line too.

@@ -271,12 +271,20 @@ def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequ
     )  # fmt: skip
 
 
+MAX_EVALUATE_SAMPLES = 50_000
+
+
 def evaluate_request(args: argparse.Namespace, device: torch.device) -> EvaluateRequest:
     from noise_schedule import SAMPLERS
 
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
     if args.n_samples < 2:
         raise ValueError("--mode evaluate needs --n_samples 2 or more (a Frechet distance needs a covariance)")
+    if args.n_samples > MAX_EVALUATE_SAMPLES:  # time: every row draws them all, a U-Net pass per sample and step
+        raise ValueError(
+            f"--mode evaluate draws at most {MAX_EVALUATE_SAMPLES:,} samples per row (the count FID is reported at; "
+            f"more changes no conclusion and takes hours per row), got --n_samples {args.n_samples:,}"
+        )
     source = _source(args)
     # (the data it is judged against is checked in evaluate mode, once the model file has said which it is)
     check_outputs({"--json": args.json, "--chart": args.chart}, inputs=source.inputs())

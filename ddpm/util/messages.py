@@ -4,10 +4,16 @@
     print(f"main.py: error: {one_line(exc)}")
 
 Errors a user can cause end in one line on stderr (main.py); library code quotes the first line of
-an exception it wraps, and sizes in binary units.
+an exception it wraps, and sizes in binary units. Warnings, ours or a library's, print as one line
+each, once (:func:`one_line_warnings`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from collections.abc import Iterator
 
 
 def _lines(exc: BaseException) -> list[str]:
@@ -33,3 +39,20 @@ def format_bytes(n: int | float) -> str:
             break
         value /= 1024
     return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+@contextlib.contextmanager
+def one_line_warnings(prog: str) -> Iterator[None]:
+    """While inside, every warning (a library's included) prints as ``prog: warning: <first line>``, once per
+    text, instead of Python's two lines with a file name and source line; the previous handling comes back after."""
+    seen: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = first_line(message if isinstance(message, BaseException) else Exception(str(message)))
+        if text not in seen:
+            seen.add(text)
+            (file or sys.stderr).write(f"{prog}: warning: {text}\n")
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield

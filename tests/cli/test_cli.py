@@ -157,3 +157,19 @@ def test_the_largest_seed_works_in_training_sampling_and_evaluation(tmp_path):
     for args in steps:
         result = run_here(*args, "--device", "cpu", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
+
+
+def test_a_librarys_warning_is_one_line_once_and_python_shows_warnings_as_before_after(tmp_path, monkeypatch):
+    import warnings
+
+    from ddpm.modes import sample
+
+    def warns(request) -> None:  # a library warning twice, with a second line, as onnx or torch might
+        for _ in range(2):
+            warnings.warn("TracerWarning: a library says\n  something on a second line", UserWarning)
+
+    monkeypatch.setattr(sample, "run_sample", warns)
+    result = run_here("--mode", "sample", "--model_path", "m.pt", cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "main.py: warning: TracerWarning: a library says\n"
+    with pytest.warns(UserWarning, match="after the run"):  # the handler was the run's only
+        warnings.warn("after the run", UserWarning)

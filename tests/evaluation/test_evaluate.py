@@ -91,7 +91,7 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     assert main.main([*args, "--dataset", "mnist"]) == 2
     assert "--dataset mnist contradicts" in (err := capsys.readouterr().err) and "trained on digits" in err
     assert main.main([*args[:-8], "--n_samples", str(10**13)]) == 2
-    assert "at most" in capsys.readouterr().err
+    assert "at most 50,000 samples per row" in capsys.readouterr().err  # time: refused before anything is read
     assert main.main([*args[:-8], "--n_samples", "1"]) == 2
     assert "--n_samples 2 or more" in capsys.readouterr().err
     # Outputs are checked before any work: the JSON may not replace the model.
@@ -108,3 +108,13 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     assert "fitting the digit classifier" in capsys.readouterr().out
     assert main.main([*exported, "--dataset", "spheres"]) == 2  # --dataset may not contradict the recorded data
     assert "--dataset spheres contradicts" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_a_row_of_samples_that_cannot_fit_in_memory_saying_how_many_do(monkeypatch):
+    from ddpm.modes import evaluate
+    from ddpm.util import memory_budget
+
+    monkeypatch.setattr(memory_budget, "_host_available", lambda: 8 << 30)  # 8 GiB free
+    evaluate.check_samples_fit(1_000, (3, 256, 256))  # 750 MiB: fits in half of it
+    with pytest.raises(ValueError, match=r"--n_samples 50000: .* at most 5461 fit"):
+        evaluate.check_samples_fit(50_000, (3, 256, 256))  # 36.6 GiB
