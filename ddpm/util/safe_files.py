@@ -90,12 +90,19 @@ class InputFolder:
     suffixes: tuple[str, ...] | None = None
 
     def holds(self, target: Path) -> bool:
-        """Whether ``target`` (resolved) is an existing file this folder's reader would read."""
+        """Whether ``target`` (resolved) is an existing file this folder's reader would read: one under it,
+        or, elsewhere, the same file as one of them (a hard link to it, or what a symlink in it names)."""
         root = resolved(self.root)
-        return (
-            target.is_relative_to(root) and target.is_file()
-            and (self.suffixes is None or target.suffix.lower() in self.suffixes)
-        )  # fmt: skip
+        if not target.is_file():
+            return False
+        if target.is_relative_to(root):
+            return self.reads(target)
+        identity = _identity(target)
+        # The readers' own walk (data/datasets.py, data/volumes.py); only for outputs that already exist.
+        return any(self.reads(path) and _identity(resolved(path)) == identity for path in root.rglob("*"))
+
+    def reads(self, path: Path) -> bool:
+        return self.suffixes is None or path.suffix.lower() in self.suffixes
 
 
 Input = PathLike | InputFolder

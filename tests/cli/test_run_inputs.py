@@ -106,3 +106,62 @@ def test_evaluate_never_writes_over_the_images_it_judges_against(files, capsys):
     args = ["--mode", "evaluate", "--model_path", str(files / "pix.pt"), "--data_dir", str(files / "data"),
             "--n_samples", "2", "--sampling_steps", "2", "--chart", str(image)]  # fmt: skip
     refused(args, image, capsys, "is one of the files --data_dir reads")
+
+
+# Every mode's outputs against every kind of input a run reads, through a symlink and a hard link.
+DRAW = ["--n_samples", "2", "--sampling_steps", "2", "--sampler", "ddim"]
+OUTPUTS = {  # mode: (its arguments, {output flag: a file name with the suffix it takes})
+    "sample": (["--mode", "sample", *DRAW], {"--output": "g.png", "--save_npz": "s.npz"}),
+    "evaluate": (["--mode", "evaluate", *DRAW], {"--json": "e.json", "--chart": "e.png"}),
+    "benchmark": (["--mode", "benchmark", *DRAW, "--rows", "original", "--repeats", "1", "--warmup", "0"],
+                  {"--json": "b.json", "--csv": "b.csv", "--chart": "b.png"}),
+    "export": (["--mode", "export", "--format", "torchscript"], {"--output": "x.ts"}),
+}  # fmt: skip
+
+
+def input_matrix(files, tmp_path):
+    """(name, arguments naming the model, the files it reads, the modes that take it) for each kind of model."""
+    onnx = files / "lat.onnx"
+    if not onnx.exists():
+        export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(files / "lat.pt"), "--output", str(onnx)]
+        assert main.main(export) == 0
+    image = files / "data" / "img5.png"
+    return [
+        ("latent checkpoint", ["--model_path", str(files / "lat.pt")], [files / "lat.pt", files / "ae.pt"], list(OUTPUTS)),
+        ("exported latent model", ["--model_path", str(onnx), "--implementation", "onnxruntime"],
+         [onnx, files / "lat.decoder.onnx"], ["sample", "evaluate"]),
+        ("pixel checkpoint of a folder", ["--model_path", str(files / "pix.pt"), "--data_dir", str(files / "data")],
+         [files / "pix.pt", image], ["evaluate"]),
+    ]  # fmt: skip
+
+
+@needs_onnx
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_every_output_of_every_mode_is_refused_when_it_is_any_input_of_the_run(files, tmp_path, capsys, kind):
+    runs = 0
+    for name, model, inputs, modes in input_matrix(files, tmp_path):
+        for mode in modes:
+            args, outputs = OUTPUTS[mode]
+            for flag, file_name in outputs.items():
+                for victim in inputs:
+                    out = alias(kind, victim, tmp_path / file_name)
+                    before = victim.read_bytes()
+                    assert main.main(["--device", "cpu", *args, *model, flag, str(out)]) == 2, (name, mode, flag, victim)
+                    err = capsys.readouterr().err.strip()
+                    assert len(err.splitlines()) == 1 and flag in err, (name, mode, flag, victim, err)
+                    assert victim.read_bytes() == before
+                    out.unlink()
+                    runs += 1
+    assert runs == 2 * (2 + 2 + 3 + 1) + 2 * (2 + 2) + 2 * 2  # every pair above was tried
+    # Training writes its checkpoint: never onto the autoencoder it reads or an image of its folder (even with --overwrite).
+    trains = [
+        (["--mode", "train", "--dataset", "digits", "--autoencoder", str(files / "ae.pt"), *TINY], files / "ae.pt"),
+        (["--mode", "train", "--dataset", "folder", "--data_dir", str(files / "data"), "--img_size", "8", "--channels", "1", *TINY],
+         files / "data" / "img5.png"),
+        (["--mode", "train_autoencoder", "--dataset", "folder", "--data_dir", str(files / "data"), "--img_size", "8",
+          "--channels", "1", "--max_steps", "2"], files / "data" / "img5.png"),
+    ]  # fmt: skip
+    for args, victim in trains:
+        out = alias(kind, victim, tmp_path / "m.pt")
+        refused([*args, "--overwrite", "--model_path", str(out)], victim, capsys, "--model_path")
+        out.unlink()
