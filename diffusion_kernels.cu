@@ -231,11 +231,96 @@ void gather_timestep_cuda(const at::Tensor& t, const at::Tensor& timesteps, cons
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// One block per (sample, group): thread k owns partial sum k of diffusion_kernels.h's fixed order
+// (elements j = k, k + kGnPartials, ...), the partials meet in the same pairwise tree as the CPU
+// twin's, then each thread normalizes its own elements. Three reads of the group (sum, squared
+// deviations, output; the second and third mostly from L2) and one write.
+template <typename T>
+__global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(
+    GroupNormSources src, T* __restrict__ out, int64_t out_stride_b, int64_t out_stride_c, int64_t out_stride_p,
+    const float* __restrict__ weight, const float* __restrict__ bias, const float* __restrict__ x_bias,
+    const float* __restrict__ scale, const float* __restrict__ shift, int64_t channels, int64_t cg, int64_t positions,
+    int64_t groups, float eps, bool silu) {
+  __shared__ float partial[kGnPartials];
+  const int k = threadIdx.x;
+  const int64_t b = blockIdx.x / groups, g = blockIdx.x % groups;
+  const int64_t n = cg * positions, c0 = g * cg;
+  auto reduce = [&](float mine) {
+    partial[k] = mine;
+    __syncthreads();
+    for (int half = kGnPartials / 2; half >= 1; half /= 2) {
+      if (k < half) {
+        partial[k] = add_rn(partial[k], partial[k + half]);
+      }
+      __syncthreads();
+    }
+    const float total = partial[0];
+    __syncthreads();  // partial is reused by the next reduction
+    return total;
+  };
+  float sum = 0.0f;
+  for (int64_t j = k; j < n; j += kGnPartials) {
+    sum = add_rn(sum, load_source<T>(src, x_bias, b, c0 + j % cg, j / cg));
+  }
+  const float count = static_cast<float>(n);
+  const float mean = div_rn(reduce(sum), count);
+  float squares = 0.0f;
+  for (int64_t j = k; j < n; j += kGnPartials) {
+    const float d = sub_rn(load_source<T>(src, x_bias, b, c0 + j % cg, j / cg), mean);
+    squares = add_rn(squares, mul_rn(d, d));
+  }
+  const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(reduce(squares), count), eps)));
+  for (int64_t j = k; j < n; j += kGnPartials) {
+    const int64_t c = c0 + j % cg, p = j / cg;
+    const float y = group_norm_act_element(
+        load_source<T>(src, x_bias, b, c, p), mean, rstd, weight[c], bias[c],
+        scale != nullptr ? scale[b * channels + c] : 0.0f, shift != nullptr ? shift[b * channels + c] : 0.0f,
+        scale != nullptr, silu);
+    out[b * out_stride_b + c * out_stride_c + p * out_stride_p] = static_cast<T>(y);
+  }
+}
+
+at::Tensor group_norm_act_cuda(
+    const at::Tensor& x,
+    const std::optional<at::Tensor>& x2,
+    const at::Tensor& weight,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& x_bias,
+    const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& shift,
+    int64_t groups,
+    double eps,
+    bool silu) {
+  int64_t positions = 0;
+  const GroupNormSources src = check_group_norm_act_args(x, x2, weight, bias, x_bias, scale, shift, groups, &positions);
+  const int64_t channels = weight.size(0);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  at::Tensor out = group_norm_act_output(x, channels);
+  const int64_t blocks = x.size(0) * groups;
+  if (out.numel() == 0) {
+    return out;
+  }
+  TORCH_CHECK(blocks <= INT32_MAX, "group_norm_act: ", blocks, " (sample, group) pairs are more than one launch takes");
+  const int64_t out_stride_p = position_stride(out, "the output");
+  dispatch_step_dtype(x.scalar_type(), "x", [&](auto tag) {
+    using T = decltype(tag);
+    group_norm_act_kernel<T><<<static_cast<unsigned int>(blocks), kGnPartials, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        src, out.mutable_data_ptr<T>(), out.stride(0), out.stride(1), out_stride_p, weight.const_data_ptr<float>(),
+        bias.const_data_ptr<float>(), x_bias.has_value() ? x_bias->const_data_ptr<float>() : nullptr,
+        scale.has_value() ? scale->const_data_ptr<float>() : nullptr,
+        shift.has_value() ? shift->const_data_ptr<float>() : nullptr, channels, channels / groups, positions, groups,
+        static_cast<float>(eps), silu);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(diffusion_kernels, CUDA, m) {
   m.impl("fused_step_", &fused_step_cuda);
   m.impl("gather_timestep_", &gather_timestep_cuda);
+  m.impl("group_norm_act", &group_norm_act_cuda);
 }
 
 }  // namespace diffusion_kernels

@@ -18,6 +18,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 
@@ -140,6 +141,116 @@ C10_HOST_DEVICE inline void step_at(
     xstart[i] = static_cast<T>(r.pred_xstart);
   }
 }
+
+// ----------------------------------------------------------------------------------------------
+// group_norm_act: GroupNorm, the time embedding's per-sample scale and shift, and SiLU, in one pass
+// ----------------------------------------------------------------------------------------------
+// For sample b, channel c of the concatenation [x, x2] (x2: the skip connection, or none), position p:
+//
+//   v = x[b, c, p] (+ x_bias[c], the producing convolution's bias; x's channels only)
+//   mean, var over the (channels of c's group) x (all positions), in float32
+//   y = (v - mean) * (1 / sqrt(var + eps)) * weight[c] + bias[c]
+//   y = y * (1 + scale[b, c]) + shift[b, c]                  (when scale and shift are given)
+//   y = y / (1 + exp(-y))                                    (SiLU, when silu)
+//
+// Every product, sum, quotient and square root is rounded separately (no FMA), exp is the
+// polynomial exp_rn below, and both sums of a group run in one fixed order: kGnPartials partial
+// sums, partial k adding the elements j = k, k + kGnPartials, ... in increasing j (j = p * Cg + cl,
+// position-major like the channels-last layout), then a pairwise tree (k += k + half, halving).
+// The CPU twin and the CUDA kernel (one block of kGnPartials threads per (b, group)) do exactly
+// this, so they agree bit for bit.
+constexpr int kGnPartials = 256;
+
+C10_HOST_DEVICE inline float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+C10_HOST_DEVICE inline float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// exp(x) as 2^k * P(r), r = x - k ln 2 in [-ln2/2, ln2/2] (Cody-Waite split of ln 2), P the degree-7
+// Taylor polynomial in Horner form: within 2 ulp of exp in float32, and the same bits on host and device
+// (libm's expf and CUDA's differ in the last bits, which would break the twins' agreement).
+C10_HOST_DEVICE inline float exp_rn(float x) {
+  if (!(x < 88.72f)) {
+    return x != x ? x : INFINITY;  // NaN stays NaN; overflow
+  }
+  if (x < -103.0f) {
+    return 0.0f;
+  }
+  const float k = floorf(add_rn(mul_rn(x, 1.44269502f), 0.5f));  // round(x / ln 2)
+  const float r = sub_rn(sub_rn(x, mul_rn(k, 0.693145752f)), mul_rn(k, 1.42860677e-06f));  // ln 2 = hi + lo
+  float p = 1.98412701e-04f;  // 1/7!
+  p = add_rn(mul_rn(p, r), 1.38888892e-03f);  // 1/6!
+  p = add_rn(mul_rn(p, r), 8.33333377e-03f);  // 1/5!
+  p = add_rn(mul_rn(p, r), 4.16666679e-02f);  // 1/4!
+  p = add_rn(mul_rn(p, r), 1.66666672e-01f);  // 1/3!
+  p = add_rn(mul_rn(p, r), 0.5f);
+  p = add_rn(mul_rn(p, r), 1.0f);
+  p = add_rn(mul_rn(p, r), 1.0f);
+  return ldexpf(p, static_cast<int>(k));
+}
+
+// The normalization, scale-shift and SiLU of one element, given its group's mean and 1/std.
+C10_HOST_DEVICE inline float group_norm_act_element(
+    float v, float mean, float rstd, float weight, float bias, float scale, float shift, bool modulate, bool silu) {
+  float y = add_rn(mul_rn(mul_rn(sub_rn(v, mean), rstd), weight), bias);
+  if (modulate) {
+    y = add_rn(mul_rn(y, add_rn(1.0f, scale)), shift);
+  }
+  if (silu) {
+    y = div_rn(y, add_rn(1.0f, exp_rn(-y)));
+  }
+  return y;
+}
+
+// Where sample b's channel c, position p lives: x's channels first, then x2's (the concatenation
+// is never materialized). Strides in elements; positions flatten to one stride (checked).
+struct GroupNormSources {
+  const void* x;
+  const void* x2;  // nullptr: one source
+  int64_t c1;  // x's channels (x2 has C - c1)
+  int64_t stride_b1, stride_c1, stride_p1;
+  int64_t stride_b2, stride_c2, stride_p2;
+};
+
+template <typename T>
+C10_HOST_DEVICE inline float load_source(const GroupNormSources& s, const float* x_bias, int64_t b, int64_t c, int64_t p) {
+  if (c < s.c1) {
+    const float v = static_cast<float>(static_cast<const T*>(s.x)[b * s.stride_b1 + c * s.stride_c1 + p * s.stride_p1]);
+    return x_bias != nullptr ? add_rn(v, x_bias[c]) : v;
+  }
+  const int64_t c2 = c - s.c1;
+  return static_cast<float>(static_cast<const T*>(s.x2)[b * s.stride_b2 + c2 * s.stride_c2 + p * s.stride_p2]);
+}
+
+// Argument checks shared by the CPU and CUDA kernels of group_norm_act; returns the sources' layout
+// and, through `spatial`, the number of positions.
+GroupNormSources check_group_norm_act_args(
+    const at::Tensor& x,
+    const std::optional<at::Tensor>& x2,
+    const at::Tensor& weight,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& x_bias,
+    const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& shift,
+    int64_t groups,
+    int64_t* spatial);
+
+// The output: (B, C, *spatial) in x's dtype and memory format (contiguous or channels-last).
+at::Tensor group_norm_act_output(const at::Tensor& x, int64_t channels);
+
+// The one stride of a (B, C, *spatial) tensor's flattened positions (1 contiguous, C channels-last).
+int64_t position_stride(const at::Tensor& t, const char* name);
 
 // Calls f(tag) with a value of the C++ type matching `dtype` (float, c10::Half or
 // c10::BFloat16); anything else is a TORCH_CHECK error naming `what`.

@@ -21,15 +21,25 @@
 //
 //   gather_timestep_(t, timesteps, step)
 //       t[:] = timesteps[step]: the U-Net's (B,) timestep input, gathered on the device.
+//
+//   group_norm_act(x, x2, weight, bias, x_bias, scale, shift, *, groups, eps, silu) -> Tensor
+//       GroupNorm of the channels of [x, x2] (x2: a skip connection to concatenate, or None; a group
+//       may straddle the two), with x_bias (the producing convolution's bias) added to x first, the
+//       per-sample scale and shift of the time embedding (y * (1 + scale) + shift) and SiLU, in one
+//       pass; a new tensor in x's dtype and memory format. The arithmetic and the fixed reduction
+//       order are in diffusion_kernels.h (group_norm_act_element); the CUDA kernel matches this CPU
+//       twin bit for bit.
 #include <Python.h>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "diffusion_kernels.h"
 
 #include <type_traits>
+#include <vector>
 
 namespace diffusion_kernels {
 namespace {
@@ -122,6 +132,75 @@ void check_gather_timestep_args(const at::Tensor& t, const at::Tensor& timesteps
       "gather_timestep_: timesteps must be a contiguous (S,) tensor with S >= 1, got shape ", timesteps.sizes());
   at::assert_no_overlap(t, timesteps);
   check_step_counter(step, t.device(), "gather_timestep_");
+}
+
+// The positions of a (B, C, *spatial) tensor as one stride: contiguous (stride 1) or channels-last
+// (stride C) layouts, and any other whose spatial dimensions are dense among themselves.
+int64_t position_stride(const at::Tensor& t, const char* name) {
+  int64_t stride = t.dim() > 2 ? t.stride(t.dim() - 1) : 1;
+  int64_t expected = stride;
+  for (int64_t d = t.dim() - 1; d >= 2; --d) {
+    TORCH_CHECK(t.size(d) <= 1 || t.stride(d) == expected,
+        "group_norm_act: ", name, "'s spatial dimensions must be dense (contiguous or channels-last), got strides ", t.strides());
+    expected *= t.size(d);
+  }
+  return stride;
+}
+
+GroupNormSources check_group_norm_act_args(
+    const at::Tensor& x,
+    const std::optional<at::Tensor>& x2,
+    const at::Tensor& weight,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& x_bias,
+    const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& shift,
+    int64_t groups,
+    int64_t* spatial) {
+  TORCH_CHECK(is_step_dtype(x.scalar_type()), "group_norm_act: x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 3, "group_norm_act: x must be (B, C, *spatial) with at least one spatial dimension, got ", x.sizes());
+  const int64_t c1 = x.size(1);
+  int64_t channels = c1;
+  GroupNormSources s{x.const_data_ptr(), nullptr, c1, x.stride(0), x.stride(1), position_stride(x, "x"), 0, 0, 0};
+  if (x2.has_value()) {
+    TORCH_CHECK(x2->device() == x.device(), "group_norm_act: x2 is on ", x2->device(), " but x is on ", x.device());
+    TORCH_CHECK(x2->scalar_type() == x.scalar_type(), "group_norm_act: x2 must have x's dtype ", x.scalar_type(), ", got ", x2->scalar_type());
+    TORCH_CHECK(x2->dim() == x.dim() && x2->size(0) == x.size(0) && x2->sizes().slice(2) == x.sizes().slice(2),
+        "group_norm_act: x2 must have x's batch and spatial sizes, got ", x2->sizes(), " for ", x.sizes());
+    channels += x2->size(1);
+    s.x2 = x2->const_data_ptr();
+    s.stride_b2 = x2->stride(0);
+    s.stride_c2 = x2->stride(1);
+    s.stride_p2 = position_stride(*x2, "x2");
+  }
+  TORCH_CHECK(groups >= 1 && channels % groups == 0, "group_norm_act: ", channels, " channels do not split into ", groups, " groups");
+  auto check_param = [&](const at::Tensor& p, const char* name, at::IntArrayRef shape) {
+    TORCH_CHECK(p.device() == x.device(), "group_norm_act: ", name, " is on ", p.device(), " but x is on ", x.device());
+    TORCH_CHECK(p.scalar_type() == at::kFloat, "group_norm_act: ", name, " must be float32, got ", p.scalar_type());
+    TORCH_CHECK(p.sizes() == shape && p.is_contiguous(), "group_norm_act: ", name, " must be a contiguous ", shape, " tensor, got ", p.sizes());
+  };
+  check_param(weight, "weight", {channels});
+  check_param(bias, "bias", {channels});
+  if (x_bias.has_value()) {
+    check_param(*x_bias, "x_bias", {c1});
+  }
+  TORCH_CHECK(scale.has_value() == shift.has_value(), "group_norm_act: scale and shift go together");
+  if (scale.has_value()) {
+    check_param(*scale, "scale", {x.size(0), channels});
+    check_param(*shift, "shift", {x.size(0), channels});
+  }
+  int64_t positions = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) {
+    positions *= x.size(d);
+  }
+  *spatial = positions;
+  return s;
+}
+
+at::Tensor group_norm_act_output(const at::Tensor& x, int64_t channels) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[1] = channels;
+  return at::empty(shape, x.options().memory_format(x.suggest_memory_format()));
 }
 
 namespace {
@@ -240,6 +319,83 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
   }
 }
 
+// One (sample, group) of group_norm_act, in the fixed order of diffusion_kernels.h.
+template <typename T>
+void group_norm_act_group(
+    const GroupNormSources& src, T* out, int64_t out_stride_b, int64_t out_stride_c, int64_t out_stride_p,
+    const float* weight, const float* bias, const float* x_bias, const float* scale, const float* shift,
+    int64_t channels, int64_t cg, int64_t positions, int64_t b, int64_t g, float eps, bool silu) {
+  const int64_t n = cg * positions;
+  const int64_t c0 = g * cg;
+  auto value = [&](int64_t j) { return load_source<T>(src, x_bias, b, c0 + j % cg, j / cg); };
+  float partial[kGnPartials];
+  auto reduce = [&]() {
+    for (int half = kGnPartials / 2; half >= 1; half /= 2) {
+      for (int k = 0; k < half; ++k) {
+        partial[k] = add_rn(partial[k], partial[k + half]);
+      }
+    }
+    return partial[0];
+  };
+  for (int k = 0; k < kGnPartials; ++k) {
+    partial[k] = 0.0f;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    partial[j % kGnPartials] = add_rn(partial[j % kGnPartials], value(j));
+  }
+  const float count = static_cast<float>(n);
+  const float mean = div_rn(reduce(), count);
+  for (int k = 0; k < kGnPartials; ++k) {
+    partial[k] = 0.0f;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float d = sub_rn(value(j), mean);
+    partial[j % kGnPartials] = add_rn(partial[j % kGnPartials], mul_rn(d, d));
+  }
+  const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(reduce(), count), eps)));
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t c = c0 + j % cg, p = j / cg;
+    const float y = group_norm_act_element(
+        value(j), mean, rstd, weight[c], bias[c], scale != nullptr ? scale[b * channels + c] : 0.0f,
+        shift != nullptr ? shift[b * channels + c] : 0.0f, scale != nullptr, silu);
+    out[b * out_stride_b + c * out_stride_c + p * out_stride_p] = static_cast<T>(y);
+  }
+}
+
+at::Tensor group_norm_act_cpu(
+    const at::Tensor& x,
+    const std::optional<at::Tensor>& x2,
+    const at::Tensor& weight,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& x_bias,
+    const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& shift,
+    int64_t groups,
+    double eps,
+    bool silu) {
+  int64_t positions = 0;
+  const GroupNormSources src = check_group_norm_act_args(x, x2, weight, bias, x_bias, scale, shift, groups, &positions);
+  const int64_t channels = weight.size(0);
+  at::Tensor out = group_norm_act_output(x, channels);
+  const int64_t batch = x.size(0), cg = channels / groups;
+  const int64_t out_stride_p = position_stride(out, "the output");
+  dispatch_step_dtype(x.scalar_type(), "x", [&](auto tag) {
+    using T = decltype(tag);
+    T* out_ptr = out.mutable_data_ptr<T>();
+    at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        group_norm_act_group<T>(
+            src, out_ptr, out.stride(0), out.stride(1), out_stride_p, weight.const_data_ptr<float>(),
+            bias.const_data_ptr<float>(), x_bias.has_value() ? x_bias->const_data_ptr<float>() : nullptr,
+            scale.has_value() ? scale->const_data_ptr<float>() : nullptr,
+            shift.has_value() ? shift->const_data_ptr<float>() : nullptr, channels, cg, positions, i / groups,
+            i % groups, static_cast<float>(eps), silu);
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(diffusion_kernels, m) {
@@ -247,11 +403,15 @@ TORCH_LIBRARY(diffusion_kernels, m) {
       "fused_step_(Tensor(a!) x, Tensor eps, Tensor? noise, Tensor(b!)? xstart, Tensor coefficients, "
       "Tensor step, *, bool clip_denoised, bool use_prev, float? guidance=None) -> ()");
   m.def("gather_timestep_(Tensor(a!) t, Tensor timesteps, Tensor step) -> ()");
+  m.def(
+      "group_norm_act(Tensor x, Tensor? x2, Tensor weight, Tensor bias, Tensor? x_bias, Tensor? scale, "
+      "Tensor? shift, *, int groups, float eps, bool silu) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
   m.impl("fused_step_", &fused_step_cpu);
   m.impl("gather_timestep_", &gather_timestep_cpu);
+  m.impl("group_norm_act", &group_norm_act_cpu);
 }
 
 }  // namespace diffusion_kernels

@@ -156,6 +156,14 @@ def _register_fakes() -> None:
     def _gather_timestep_fake(t, timesteps, step):
         return None
 
+    if not hasattr(torch.ops.diffusion_kernels, "group_norm_act"):  # an extension built before the op existed
+        return
+
+    @torch.library.register_fake("diffusion_kernels::group_norm_act")
+    def _group_norm_act_fake(x, x2, weight, bias, x_bias, scale, shift, *, groups, eps, silu):
+        shape = (x.shape[0], weight.shape[0], *x.shape[2:])
+        return x.new_empty(shape).contiguous(memory_format=torch._prims_common.suggest_memory_format(x))
+
 
 # --------------------------------------------------------------------------------------------
 # Op wrappers
@@ -199,6 +207,35 @@ def gather_timestep_(t: torch.Tensor, *, timesteps: torch.Tensor, step: torch.Te
     if _loaded_from is None:
         load_extension()
     torch.ops.diffusion_kernels.gather_timestep_(t, timesteps, step)
+
+
+def group_norm_act(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    groups: int,
+    eps: float = 1e-5,
+    x2: torch.Tensor | None = None,
+    x_bias: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    silu: bool = True,
+) -> torch.Tensor:
+    """SiLU(GroupNorm([x + x_bias, x2]) * (1 + scale) + shift) in one pass: a new tensor (B, C, *spatial)
+    in x's dtype and memory format, without materializing the concatenation or the biased x.
+
+    x: (B, C1, *spatial), contiguous or channels-last, float32/float16/bfloat16. x2: (B, C2, *spatial)
+    of x's dtype (a skip connection; a group may straddle x and x2), or None. weight, bias: (C,) float32,
+    C = C1 + C2. x_bias: (C1,) float32, the bias of the convolution that produced x, or None.
+    scale, shift: (B, C) float32, or None. silu: apply SiLU last. Statistics in float32 in a fixed order
+    (diffusion_kernels.h), so the CUDA kernel and this CPU twin agree bit for bit.
+    """
+    if _loaded_from is None:
+        load_extension()
+    return torch.ops.diffusion_kernels.group_norm_act(
+        x, x2, weight, bias, x_bias, scale, shift, groups=groups, eps=eps, silu=silu
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ present (plus graph capture and large tensors).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -468,3 +470,135 @@ def test_captured_graph_replays_every_step_like_the_reference_cuda(case):
         ref, prev = p_step(plan, i, ref, eps, noise=noise, prev_xstart=prev if plan.uses_prev_xstart else None)
     assert int(step) == plan.num_steps
     torch.testing.assert_close(x, ref, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# group_norm_act: GroupNorm + scale/shift + SiLU in one pass (the fused U-Net's op)
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_group_norm_act(x, weight, bias, *, groups, eps=1e-5, x2=None, x_bias=None, scale=None, shift=None, silu=True):
+    """The op in float64 PyTorch: concatenate, add the convolution bias, F.group_norm, modulate, SiLU."""
+    spatial = (1,) * (x.dim() - 2)
+    v = x.double() + (x_bias.double().view(1, -1, *spatial) if x_bias is not None else 0)
+    if x2 is not None:
+        v = torch.cat([v, x2.double()], dim=1)
+    y = torch.nn.functional.group_norm(v, groups, weight.double(), bias.double(), eps)
+    if scale is not None:
+        y = y * (1 + scale.double().view(*scale.shape, *spatial)) + shift.double().view(*shift.shape, *spatial)
+    return torch.nn.functional.silu(y) if silu else y
+
+
+def group_norm_case(shape, *, c2=0, groups, dtype=torch.float32, layout="contiguous", offset=0.0, modulate=True,
+                    x_bias=True, device="cpu", seed=0):  # fmt: skip
+    """Inputs of group_norm_act: x (and x2 with c2 channels) of ``shape``, parameters for C = C1 + c2."""
+    g = torch.Generator().manual_seed(seed)
+    b, c1, *spatial = shape
+    c = c1 + c2
+
+    def tensor(*size, scale=1.0):
+        return (torch.randn(*size, generator=g) * scale).to(device)
+
+    def laid_out(t):
+        t = t.to(dtype)
+        if layout == "channels_last":
+            return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+        return t
+
+    args = dict(
+        x=laid_out(tensor(*shape) * 2 + offset), weight=1 + tensor(c, scale=0.3), bias=tensor(c, scale=0.3), groups=groups,
+        x2=laid_out(tensor(b, c2, *spatial) - offset) if c2 else None, x_bias=tensor(c1) if x_bias else None,
+    )  # fmt: skip
+    if modulate:
+        args.update(scale=tensor(b, c, scale=0.5), shift=tensor(b, c, scale=0.5))
+    return args
+
+
+GROUP_NORM_CASES = {
+    "2-D, 32 channels in 8 groups": dict(shape=(3, 32, 6, 6), groups=8),
+    "a group of 600 elements (more than the 256 partial sums)": dict(shape=(2, 24, 10, 10), groups=4),
+    "a group of 4 elements (fewer than the partial sums)": dict(shape=(2, 4, 2, 2), groups=4),
+    "channels-last": dict(shape=(2, 16, 5, 7), groups=4, layout="channels_last"),
+    "3-D": dict(shape=(2, 8, 3, 4, 5), groups=2),
+    "3-D channels-last": dict(shape=(2, 8, 3, 4, 5), groups=4, layout="channels_last"),
+    "a skip connection whose groups straddle x and x2": dict(shape=(2, 6, 4, 4), c2=10, groups=4),
+    "no modulation, no convolution bias": dict(shape=(2, 8, 4, 4), groups=2, modulate=False, x_bias=False),
+    "values far from zero (a one-pass variance would cancel)": dict(shape=(2, 8, 8, 8), groups=4, offset=300.0),
+}
+
+
+@pytest.mark.parametrize("case", GROUP_NORM_CASES)
+@pytest.mark.parametrize("silu", [True, False])
+def test_group_norm_act_matches_the_float64_reference_cpu(case, silu):
+    args = group_norm_case(**GROUP_NORM_CASES[case])
+    out = od.group_norm_act(**args, silu=silu)
+    expected = reference_group_norm_act(**args, silu=silu)
+    assert out.shape == expected.shape and out.dtype == torch.float32
+    assert out.is_contiguous(memory_format=torch.channels_last if out.dim() == 4 else torch.channels_last_3d) == (
+        GROUP_NORM_CASES[case].get("layout") == "channels_last"
+    )  # x's memory format
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_group_norm_act_in_half_precision_rounds_only_its_input_and_output_cpu(dtype):
+    args = group_norm_case((2, 16, 6, 6), c2=8, groups=8, dtype=dtype, layout="channels_last")
+    out = od.group_norm_act(**args)
+    assert out.dtype == dtype
+    expected = reference_group_norm_act(**args)  # from the same rounded inputs, in float64
+    torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=0, atol=2 * torch.finfo(dtype).eps * 8)
+
+
+def test_group_norm_acts_silu_follows_exp_over_the_whole_float_range_cpu():
+    """SiLU through the shared polynomial exp: within a few float32 ulp of float64 from -100 to 100."""
+    y = torch.linspace(-100, 100, 200_001).view(1, 1, -1, 1)
+    one = torch.ones(1)
+    # GroupNorm of one group is y standardized; undo it with weight = std and bias = mean.
+    mean, std = y.double().mean(), y.double().var(unbiased=False).add(1e-5).sqrt()
+    out = od.group_norm_act(y, std.float() * one, mean.float() * one, groups=1)
+    reference = reference_group_norm_act(y, std.float() * one, mean.float() * one, groups=1)
+    # atol: the de-standardization's own float32 rounding where y crosses 0 (measured 1e-8).
+    torch.testing.assert_close(out.double(), reference, rtol=4e-6, atol=2e-8)
+    assert torch.isnan(od.group_norm_act(torch.full((1, 1, 2, 1), float("nan")), one, one * 0, groups=1)).all()
+
+
+def test_group_norm_act_handles_an_empty_batch_cpu():
+    args = group_norm_case((0, 8, 4, 4), groups=2)
+    assert od.group_norm_act(**args).shape == (0, 8, 4, 4)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(groups=3), "do not split into 3 groups"),
+        (dict(weight=torch.ones(7)), "weight must be a contiguous [8] tensor"),
+        (dict(scale=None), "scale and shift go together"),
+        (dict(x_bias=torch.ones(8, dtype=torch.float64)), "x_bias must be float32"),
+        (dict(x2=torch.zeros(2, 4, 5, 5)), "x2 must have x's batch and spatial sizes"),
+        (dict(x=torch.zeros(2, 8, 4, 4, dtype=torch.int64)), "x must be float32, float16 or bfloat16"),
+        (dict(x=torch.zeros(2, 8, 8, 8)[:, :, ::2, ::2]), "spatial dimensions must be dense"),
+    ],
+)
+def test_group_norm_act_rejects_bad_arguments(change, message):
+    args = group_norm_case((2, 8, 4, 4), groups=2) | change
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        od.group_norm_act(**args)
+
+
+def test_group_norm_act_opcheck_cpu():
+    for case in ("a skip connection whose groups straddle x and x2", "channels-last", "3-D"):
+        args = group_norm_case(**GROUP_NORM_CASES[case])
+        x, weight, bias, groups = args.pop("x"), args.pop("weight"), args.pop("bias"), args.pop("groups")
+        positional = (x, args.get("x2"), weight, bias, args.get("x_bias"), args.get("scale"), args.get("shift"))
+        torch.library.opcheck(torch.ops.diffusion_kernels.group_norm_act, positional, dict(groups=groups, eps=1e-5, silu=True))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", GROUP_NORM_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_bit_for_bit(case, dtype):
+    _require_cuda_kernels()
+    args = group_norm_case(**GROUP_NORM_CASES[case], dtype=dtype)
+    on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    torch.testing.assert_close(od.group_norm_act(**on_gpu).cpu(), od.group_norm_act(**args), rtol=0, atol=0)
