@@ -60,7 +60,7 @@ from torch import nn
 
 from ddpm.conditioning import Guidance, unet_batch
 from ddpm.util.messages import first_line
-from ddpm.util.precision import autocast, backend_policy, check_precision
+from ddpm.util.precision import LOW_DTYPES, autocast, backend_policy, check_precision
 from ddpm.util.profiling import phase
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 
@@ -239,6 +239,104 @@ def group_norm_act(
 
 
 # --------------------------------------------------------------------------------------------
+# The fused U-Net runner
+# --------------------------------------------------------------------------------------------
+
+
+class FusedUNet(nn.Module):
+    """eps = runner(x_t, t[, y]): a :class:`basic_diffusion.UNet`'s forward with every GroupNorm (+ the time
+    embedding's scale and shift) (+ SiLU) one :func:`group_norm_act`, each convolution's bias folded into
+    the norm that consumes its output, activations in ``dtype`` and (``channels_last``) NHWC / NDHWC end to
+    end, and the weights cast and laid out once, here, instead of by autocast on every call. The time and
+    label embeddings and their per-block projections stay in float32. Same math as the U-Net: in fp32 it
+    agrees to float rounding (tests/test_optimized_diffusion.py). Built from the U-Net's modules (it shares
+    nothing it would change: the packed weights are copies, so the U-Net is left as it was).
+    """
+
+    def __init__(self, unet: nn.Module, *, dtype: torch.dtype = torch.float32, channels_last: bool = True) -> None:
+        super().__init__()
+        self.unet, self.dtype = unet, dtype
+        self.config = unet.config
+        self.memory_format = (
+            (torch.channels_last if self.config.dims == 2 else torch.channels_last_3d) if channels_last else torch.contiguous_format
+        )
+        self.packed: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for module in unet.modules():
+            if isinstance(module, (nn.Conv2d, nn.Conv3d)):
+                weight = module.weight.detach().to(dtype).contiguous(memory_format=self.memory_format)
+                bias = None if module.bias is None else module.bias.detach().to(dtype)
+                self.packed[module] = (weight, bias)
+
+    def _conv(self, conv: nn.Module, x: torch.Tensor, *, with_bias: bool = True) -> torch.Tensor:
+        weight, bias = self.packed[conv]
+        op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
+        return op(x, weight, bias if with_bias else None, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    @staticmethod
+    def _norm(norm: nn.GroupNorm, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        return group_norm_act(x, norm.weight.detach().float(), norm.bias.detach().float(), groups=norm.num_groups, eps=norm.eps, **kwargs)
+
+    def _res_block(self, block: nn.Module, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        h = self._conv(block.conv1, self._norm(block.norm1, x), with_bias=False)  # its bias: folded into norm2
+        e = block.emb_proj(torch.nn.functional.silu(emb)).float()  # (B, 2C) or (B, C), float32
+        if block.scale_shift:
+            scale, shift = (part.contiguous() for part in e.chunk(2, dim=1))
+            h = self._norm(block.norm2, h, x_bias=block.conv1.bias.detach().float(), scale=scale, shift=shift)
+        else:  # "add": the embedding is a per-sample bias before the norm
+            spatial = (1,) * self.config.dims
+            h = h + (block.conv1.bias.detach().float() + e).to(h.dtype).view(*e.shape, *spatial)
+            h = self._norm(block.norm2, h)
+        h = self._conv(block.conv2, h)  # dropout: identity when sampling
+        skip = x if isinstance(block.skip, nn.Identity) else self._conv(block.skip, x)
+        return skip + h
+
+    def _attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(block, nn.Identity):
+            return x
+        B, C, *spatial = x.shape
+        heads = block.num_heads
+        qkv = self._conv(block.qkv, self._norm(block.norm, x, silu=False))
+        qkv = qkv.reshape(B, 3, heads, C // heads, -1)  # (B, 3, heads, C/heads, positions)
+        q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, positions, C/heads)
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        h = h.transpose(-1, -2).reshape(B, C, *spatial).contiguous(memory_format=self.memory_format)
+        return x + self._conv(block.proj, h)
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        from basic_diffusion import depth_to_space, space_to_depth, timestep_embedding
+
+        unet, config = self.unet, self.config
+        emb = unet.time_mlp(timestep_embedding(t, config.model_channels))  # (B, 4ch) float32
+        if unet.label_embedding is not None:
+            if y is None:
+                raise ValueError("this U-Net is class-conditional: pass labels y (B,), or its null label")
+            emb = emb + unet.label_embedding(y)
+        elif y is not None:
+            raise ValueError("this U-Net is unconditional: it takes no labels")
+        p = config.patch_size
+        x = space_to_depth(x_t, p) if p > 1 else x_t
+        h = self._conv(unet.conv_in, x.to(self.dtype).contiguous(memory_format=self.memory_format))
+        skips = [h]
+        for level, down in zip(unet.down, unet.downsample):
+            for block, attention in zip(level.blocks, level.attentions):
+                h = self._attention(attention, self._res_block(block, h, emb))
+                skips.append(h)
+            if not isinstance(down, nn.Identity):
+                h = self._conv(down.conv, h)
+                skips.append(h)
+        h = self._res_block(unet.mid_block1, h, emb)
+        h = self._res_block(unet.mid_block2, self._attention(unet.mid_attention, h), emb)
+        for level, up in zip(unet.up, unet.upsample):
+            for block, attention in zip(level.blocks, level.attentions):
+                h = self._attention(attention, self._res_block(block, torch.cat([h, skips.pop()], dim=1), emb))
+            if not isinstance(up, nn.Identity):
+                h = self._conv(up.conv, torch.nn.functional.interpolate(h, scale_factor=2.0, mode="nearest"))
+        out = self._conv(unet.conv_out, self._norm(unet.norm_out, h))
+        out = out.float().contiguous()
+        return depth_to_space(out, p) if p > 1 else out  # x_t's shape, float32
+
+
+# --------------------------------------------------------------------------------------------
 # The sampler
 # --------------------------------------------------------------------------------------------
 
@@ -281,6 +379,7 @@ class FusedSampler:
         log: Callable[[str], None] | None = None,  # where the capture-failure notice goes (default print)
         fused_step: bool = True,
         guidance: Guidance | None = None,  # class-conditional models: null label and scale (labels come per call)
+        fused_unet: bool = False,
     ) -> None:
         check_precision(precision)
         shape = tuple(int(s) for s in shape)
@@ -305,7 +404,16 @@ class FusedSampler:
                 f"the diffusion_kernels extension was built without CUDA kernels; rebuild it where the CUDA "
                 f"toolkit is installed: {BUILD_COMMAND}"
             )
-        self._channels_last = on_cuda and channels_last and len(shape) == 4  # images only (volumes stay NCDHW)
+        self._fused_unet = fused_unet
+        if fused_unet:  # the runner holds the precision (weights cast once) and its own NHWC layout: no autocast
+            from basic_diffusion import UNet
+
+            if not isinstance(model, UNet):
+                raise ValueError("the fused U-Net runner is built from a PyTorch U-Net (a checkpoint), not from this model")
+            if not fused_step:
+                raise ValueError("the fused U-Net runner needs the diffusion_kernels extension (fused_step=True)")
+            model = FusedUNet(model, dtype=torch.float32 if precision == "fp32" else LOW_DTYPES[precision])
+        self._channels_last = on_cuda and channels_last and len(shape) == 4 and not fused_unet  # images only
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
         self._model = torch.compile(model, dynamic=False) if compile_model else model
@@ -354,7 +462,9 @@ class FusedSampler:
         """Whether the steps replay a CUDA graph."""
         return self._graph is not None
 
-    def _autocast(self) -> torch.autocast:
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self._fused_unet:
+            return contextlib.nullcontext()  # the runner computes in its dtype (weights cast once)
         # cache_enabled=False: autocast's weight-cast cache must not outlive a graph capture.
         return autocast(self.device.type, self.precision, cache_enabled=False)
 
@@ -479,6 +589,7 @@ def sample(
     compile_model: bool = False,
     progress: bool = False,
     guidance: Guidance | None = None,
+    fused_unet: bool = False,
 ) -> torch.Tensor:
     """Draw images (B, C, H, W) in [-1, 1]: :func:`basic_diffusion.sample`, fused and graphed.
 
@@ -495,5 +606,6 @@ def sample(
         channels_last=channels_last,
         compile_model=compile_model,
         guidance=guidance,
+        fused_unet=fused_unet,
     )
     return sampler(generator=generator, progress=progress, guidance=guidance)

@@ -258,3 +258,76 @@ def test_sampling_runs_on_its_own_stream_and_hands_back_finished_images_cuda():
     reference = eager(generator=torch.Generator("cuda").manual_seed(1))
     torch.testing.assert_close(total, reference.sum(), rtol=1e-5, atol=1e-4)
     assert sampler._stream != torch.cuda.default_stream()
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused U-Net runner (FusedUNet): group_norm_act, folded biases, NHWC, weights cast once
+# ---------------------------------------------------------------------------------------------
+
+FUSED_VARIANTS = {
+    "the test U-Net": SMALL,
+    "class-conditional": UNetConfig(**{**SMALL.to_dict(), "channel_mult": (1, 2), "num_classes": 3}),
+    "3-D": UNetConfig(**{**SMALL.to_dict(), "image_size": 8, "dims": 3, "attention_resolutions": (4,)}),
+    "patched": UNetConfig(**{**SMALL.to_dict(), "patch_size": 2, "attention_resolutions": (4,)}),
+    "time conditioning 'add'": UNetConfig(**{**SMALL.to_dict(), "time_conditioning": "add"}),
+}
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("variant", FUSED_VARIANTS)
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_the_fused_unet_is_the_unet_to_float_rounding(variant, channels_last):
+    config = FUSED_VARIANTS[variant]
+    model = perturbed_unet(config).eval()
+    x, t = torch.randn(3, *config.sample_shape(1)[1:]), torch.tensor([0, 37, 99])
+    y = torch.tensor([0, 2, config.null_label]) if config.num_classes else None
+    runner = od.FusedUNet(model, channels_last=channels_last)
+    with torch.no_grad():
+        eps, expected = runner(x, t, y), model(x, t, y)
+    assert eps.shape == expected.shape and eps.dtype == torch.float32 and eps.is_contiguous()
+    assert relative_error(eps, expected) < 1e-5  # measured 1e-6 to 3e-6
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the U-Net is left as it was
+
+
+@pytest.mark.parametrize("case", ["ddim_eta0", "dpm_solver_sde"])
+def test_the_cuda_implementation_with_the_fused_unet_draws_the_originals_images(case):
+    expected, actual, g_original, g_cuda = both(small_unet(), make_plan(case), seed=4, fused_unet=True)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(g_original.get_state(), g_cuda.get_state())
+
+
+def test_a_guided_fused_unet_sampler_draws_the_originals_images():
+    from ddpm.conditioning import Guidance
+
+    model = perturbed_unet(FUSED_VARIANTS["class-conditional"])
+    guidance = Guidance(torch.tensor([2, 0]), null_label=3, scale=3.0)
+    plan = make_plan("ddim_eta0")
+    expected = original_sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(1), guidance=guidance)
+    actual = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(1), guidance=guidance, fused_unet=True)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_fused_unet_in_half_precision_is_as_close_to_fp32_as_autocast(precision):
+    """Weights cast once and statistics in fp32: final images at least as close to fp32's as the autocast
+    U-Net's (measured on this random model: bf16 42.0 dB against autocast's 41.7, fp16 67.9 against 63.3),
+    and not fp32 themselves."""
+    model, plan = small_unet(), make_plan("ddim_eta0", num_steps=20)
+    reference = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(0))
+
+    def psnr(fused_unet: bool) -> float:
+        images = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(0), precision=precision,
+                           fused_unet=fused_unet)  # fmt: skip
+        mse = (images.double() - reference.double()).pow(2).mean().item()
+        return 10 * torch.log10(torch.tensor(4.0 / mse)).item()  # data range 2
+
+    fused, autocast = psnr(True), psnr(False)
+    assert autocast - 1.0 <= fused < 120, (fused, autocast)
+
+
+def test_the_fused_unet_runner_takes_only_a_pytorch_unet():
+    with pytest.raises(ValueError, match="built from a PyTorch U-Net"):
+        od.FusedSampler(TinyEps().eval(), make_plan("ddpm"), shape=SHAPE, fused_unet=True)
