@@ -38,6 +38,7 @@
 
 #include "diffusion_kernels.h"
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -319,15 +320,22 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
   }
 }
 
-// One (sample, group) of group_norm_act, in the fixed order of diffusion_kernels.h.
+// One (sample, group) of group_norm_act, in the fixed order of diffusion_kernels.h: element j = p * cg + cl
+// goes to partial sum j % kGnPartials, walked incrementally (positions outer, the group's channels inner).
 template <typename T>
 void group_norm_act_group(
     const GroupNormSources& src, T* out, int64_t out_stride_b, int64_t out_stride_c, int64_t out_stride_p,
     const float* weight, const float* bias, const float* x_bias, const float* scale, const float* shift,
     int64_t channels, int64_t cg, int64_t positions, int64_t b, int64_t g, float eps, bool silu) {
-  const int64_t n = cg * positions;
   const int64_t c0 = g * cg;
-  auto value = [&](int64_t j) { return load_source<T>(src, x_bias, b, c0 + j % cg, j / cg); };
+  // Calls f(p, c, v) for every element in the order j = p * cg + cl, v read as load_source reads it.
+  auto for_each = [&](auto&& f) {
+    for (int64_t p = 0; p < positions; ++p) {
+      for (int64_t c = c0; c < c0 + cg; ++c) {
+        f(p, c, load_source<T>(src, x_bias, b, c, p));
+      }
+    }
+  };
   float partial[kGnPartials];
   auto reduce = [&]() {
     for (int half = kGnPartials / 2; half >= 1; half /= 2) {
@@ -337,29 +345,29 @@ void group_norm_act_group(
     }
     return partial[0];
   };
-  for (int k = 0; k < kGnPartials; ++k) {
-    partial[k] = 0.0f;
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    partial[j % kGnPartials] = add_rn(partial[j % kGnPartials], value(j));
-  }
-  const float count = static_cast<float>(n);
+  std::fill(partial, partial + kGnPartials, 0.0f);
+  int k = 0;
+  for_each([&](int64_t, int64_t, float v) {
+    partial[k] = add_rn(partial[k], v);
+    k = k + 1 == kGnPartials ? 0 : k + 1;
+  });
+  const float count = static_cast<float>(cg * positions);
   const float mean = div_rn(reduce(), count);
-  for (int k = 0; k < kGnPartials; ++k) {
-    partial[k] = 0.0f;
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    const float d = sub_rn(value(j), mean);
-    partial[j % kGnPartials] = add_rn(partial[j % kGnPartials], mul_rn(d, d));
-  }
+  std::fill(partial, partial + kGnPartials, 0.0f);
+  k = 0;
+  for_each([&](int64_t, int64_t, float v) {
+    const float d = sub_rn(v, mean);
+    partial[k] = add_rn(partial[k], mul_rn(d, d));
+    k = k + 1 == kGnPartials ? 0 : k + 1;
+  });
   const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(reduce(), count), eps)));
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t c = c0 + j % cg, p = j / cg;
+  const bool modulate = scale != nullptr;
+  for_each([&](int64_t p, int64_t c, float v) {
     const float y = group_norm_act_element(
-        value(j), mean, rstd, weight[c], bias[c], scale != nullptr ? scale[b * channels + c] : 0.0f,
-        shift != nullptr ? shift[b * channels + c] : 0.0f, scale != nullptr, silu);
+        v, mean, rstd, weight[c], bias[c], modulate ? scale[b * channels + c] : 0.0f,
+        modulate ? shift[b * channels + c] : 0.0f, modulate, silu);
     out[b * out_stride_b + c * out_stride_c + p * out_stride_p] = static_cast<T>(y);
-  }
+  });
 }
 
 at::Tensor group_norm_act_cpu(

@@ -112,7 +112,7 @@ def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOpti
     return run
 
 
-def _fused(compile_model: bool) -> Callable[..., Sampler]:
+def _fused(compile_model: bool, *, fused_unet: bool = False) -> Callable[..., Sampler]:
     def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
         try:
             import optimized_diffusion
@@ -120,7 +120,7 @@ def _fused(compile_model: bool) -> Callable[..., Sampler]:
             raise ImportError(f"the cuda implementation's extension is not built: {exc}") from exc
         return optimized_diffusion.FusedSampler(
             network, plan, shape=shape, precision=options.precision, compile_model=compile_model, log=options.log,
-            guidance=options.guidance,
+            guidance=options.guidance, fused_unet=fused_unet,
         )  # fmt: skip
 
     return build
@@ -219,6 +219,11 @@ REGISTRY: dict[str, Implementation] = {
         Implementation(
             "cuda", "fused step ops, static buffers and one CUDA graph per step (optimized_diffusion.py)", _fused(False),
             kinds=("checkpoint", "torchscript"), precisions=PRECISIONS, conditional=True, decoder=_autocast_decoder,
+        ),
+        Implementation(
+            "cuda_fused_unet", "the cuda implementation with the fused U-Net runner (group_norm_act, NHWC, weights cast once)",
+            _fused(False, fused_unet=True), precisions=PRECISIONS, in_sample_mode=False, conditional=True,
+            decoder=_autocast_decoder,
         ),
         Implementation(
             "cuda_compile", "the cuda implementation with the U-Net through torch.compile inside the graph",
