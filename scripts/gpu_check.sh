@@ -9,8 +9,11 @@
 #   gpu_tests    pytest -m gpu: CUDA kernels vs the reference, graph replay, cuda vs original
 #   memcheck     compute-sanitizer --tool memcheck on the CUDA kernel tests (caching allocator
 #                off, so an out-of-bounds access hits unallocated memory and is reported)
+#   racecheck    compute-sanitizer --tool racecheck on group_norm_act (its shared-memory reduction)
 #   benchmark    scripts/bench_sampling.py: original vs cuda sampling, fused op bandwidth
 #                (OUTDIR/benchmark.json)
+#   rows         benchmark mode, MNIST size, bf16, batch 64 and 8: original, cuda, cuda_fused_unet
+#                (the fused U-Net runner), cuda_compile (OUTDIR/rows_b64.json, rows_b8.json)
 # OUTDIR/summary.txt lists each stage's status and time. Exit status: 0 if every stage passed,
 # 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200).
 set -u
@@ -59,7 +62,15 @@ run_stage gpu_tests "$PYTHON" -m pytest -m gpu -v -rs tests/
 run_stage memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py
+run_stage racecheck timeout "${MEMCHECK_TIMEOUT:-1200}" \
+  compute-sanitizer --tool racecheck --error-exitcode 1 \
+  "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py -k group_norm_act
 run_stage benchmark "$PYTHON" scripts/bench_sampling.py --out "$OUTDIR/benchmark.json"
+for batch in 64 8; do
+  run_stage "rows_b$batch" "$PYTHON" main.py --mode benchmark --device cuda --img_size 28 --channels 1 \
+    --n_samples "$batch" --precision bf16 --timesteps 1000 --sampler ddpm --repeats 3 \
+    --rows original,cuda,cuda_fused_unet,cuda_compile --json "$OUTDIR/rows_b$batch.json"
+done
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "FAILED stages: ${FAILED[*]} (logs in $OUTDIR)" | tee -a "$SUMMARY"

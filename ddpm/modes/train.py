@@ -11,6 +11,7 @@ or SIGTERM into a saved step and exit code 130 or 143.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,14 +20,14 @@ from tqdm.auto import tqdm
 
 from basic_diffusion import count_parameters
 from ddpm.cli.requests import NewModel, TrainRequest
-from ddpm.data.datasets import load_images
+from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
 from ddpm.training.trainer import TrainConfig, Trainer, resume_config
 from ddpm.util import distributed, interrupts
 from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.profiling import ProfileConfig, make_profiler
-from ddpm.util.safe_files import run_lock
+from ddpm.util.safe_files import check_outputs, run_lock
 
 
 def run_train(request: TrainRequest) -> None:
@@ -38,8 +39,38 @@ def run_train(request: TrainRequest) -> None:
                 f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
                 "or --overwrite to start over and replace it"
             )
-        train(resumed_trainer(request) if request.resume else new_trainer(request), profile=request.profile)
+        trainer = resumed_trainer(request) if request.resume else new_trainer(request)
+        check_previews(trainer, data_dir=request.model.data_dir)
+        train(trainer, profile=request.profile)
     distributed.say(f"checkpoint: {checkpoint}")
+
+
+PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")
+
+
+def check_previews(trainer, *, data_dir: str) -> None:
+    """The preview grids this run will write (<model_path stem>_samples/step_NNNNNNN.png, every
+    --sample_every steps and at the end) are outputs too: checked before the first step against the
+    run's inputs, the autoencoder and the training data, like every other output. Only names that
+    already exist can be an input (through a symlink or a hard link); a folder name taken by a file is refused."""
+    config = trainer.config
+    folder = config.samples_dir
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, but the training previews go into a folder of that name; move it")
+    if not folder.is_dir():
+        return
+    start, end, every = trainer.step, config.total_steps, config.sample_every
+
+    def planned(step: int) -> bool:
+        return start < step <= end and (step == end or (every > 0 and step % every == 0))
+
+    existing = [entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))]
+    if existing:
+        stage = trainer.first_stage
+        inputs = {"its autoencoder": stage.link.get("path") if stage is not None else None,
+                  "--data_dir": data_input(config.dataset, data_dir)}  # fmt: skip
+        for entry in existing:
+            check_outputs({"the training preview": entry}, inputs=inputs)
 
 def resumed_trainer(request: TrainRequest):
     checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()

@@ -165,3 +165,23 @@ def test_every_output_of_every_mode_is_refused_when_it_is_any_input_of_the_run(f
         out = alias(kind, victim, tmp_path / "m.pt")
         refused([*args, "--overwrite", "--model_path", str(out)], victim, capsys, "--model_path")
         out.unlink()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_the_training_previews_are_outputs_never_written_over_an_input(files, tmp_path, capsys, kind):
+    """<model_path stem>_samples/step_NNNNNNN.png, written at the end of a run, may not be the autoencoder or a
+    data image (before the fix the preview went through the link and replaced them, exit 0)."""
+    runs = [
+        (["--mode", "train", "--dataset", "digits", "--autoencoder", str(files / "ae.pt"), *TINY], files / "ae.pt"),
+        (["--mode", "train", "--dataset", "folder", "--data_dir", str(files / "data"), "--img_size", "8", "--channels", "1",
+          *TINY], files / "data" / "img2.png"),
+    ]  # fmt: skip
+    for args, victim in runs:
+        (tmp_path / "m_samples").mkdir(exist_ok=True)
+        preview = alias(kind, victim, tmp_path / "m_samples" / "step_0000002.png")  # TINY: --max_steps 2
+        refused([*args, "--overwrite", "--model_path", str(tmp_path / "m.pt")], victim, capsys, "the training preview")
+        assert not (tmp_path / "m.pt").exists()  # refused before the first step
+        preview.unlink()
+    (tmp_path / "m_samples").rmdir()
+    (tmp_path / "m_samples").write_bytes(b"a file where the previews' folder goes")
+    refused([*runs[0][0], "--model_path", str(tmp_path / "m.pt")], tmp_path / "m_samples", capsys, "the training previews go into a folder")
