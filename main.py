@@ -44,7 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     2 for a user error (or memory exhausted), 1 for a training run that diverged, 130/143 for Ctrl-C/SIGTERM."""
     interrupts.install()
     with one_line_warnings(PROG):  # a library's warning is one line too
-        return _main(argv)
+        try:
+            return _main(argv)
+        except Exception as exc:  # a library's own error, raised because a signal interrupted it
+            stop = interrupts.raised_within(exc)
+            if stop is None:
+                raise
+            return stopped(stop)
+
+
+def stopped(stop: interrupts.Interrupted) -> int:
+    print(f"\n{PROG}: {stop.name}: stopped", file=sys.stderr)
+    return stop.exit_code
 
 
 def _main(argv: list[str] | None) -> int:
@@ -76,6 +87,8 @@ def _main(argv: list[str] | None) -> int:
             with distributed.session(ranks, request.device) as device:  # each rank on its own GPU
                 modes[args.mode](replace(request, device=device))
         except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
+            if interrupts.raised_within(exc):
+                raise  # a wrapped interrupt (main() ends it as one)
             report(f"{ranks.label()}{one_line(exc)}")
             return 2
         except TrainingDiverged as exc:
@@ -91,9 +104,7 @@ def _main(argv: list[str] | None) -> int:
             report(f"{ranks.label()}the {place} ran out of memory; lower --batch_size or --n_samples")
             return 2
     except KeyboardInterrupt as exc:
-        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
-        print(f"\n{PROG}: {stop.name}: stopped", file=sys.stderr)
-        return stop.exit_code
+        return stopped(exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted())
     return 0
 
 

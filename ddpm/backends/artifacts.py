@@ -89,7 +89,8 @@ def load_artifact(
     if kind == "checkpoint":
         model, schedule_config, class_names, link, dataset = load_checkpoint_parts(path, weights=weights, device=device)
         stage, _ = linked_first_stage(
-            link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder
+            link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder,
+            folder=path.parent,
         )
         read = (("its autoencoder", Path(stage.link["path"])),) if stage is not None else ()
         return Artifact(kind, path, model, model.config, schedule_config, class_names, stage, dataset, read)

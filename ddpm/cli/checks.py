@@ -17,6 +17,13 @@ def check_positive(**values: int | None) -> None:
             raise ValueError(f"--{name} must be a positive integer, got {value}")
 
 
+def check_at_most(limit: int, why: str, **values: int | None) -> None:
+    """Counts a run could never finish: refused in one line, naming the limit and why it is there."""
+    for name, value in values.items():
+        if value is not None and value > limit:
+            raise ValueError(f"--{name} must be at most {limit:,} ({why}), got {value:,}")
+
+
 def check_not_negative(**values: int | None) -> None:
     for name, value in values.items():
         if value is not None and value < 0:

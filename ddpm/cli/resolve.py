@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpm.cli.checks import check_not_negative, check_positive, check_profile_dir, check_suffix, parse_list
+from ddpm.cli.checks import check_at_most, check_not_negative, check_positive, check_profile_dir, check_suffix, parse_list
 from ddpm.cli.parser import parse_args
 from ddpm.cli.requests import (
     BenchmarkRun,
@@ -31,6 +31,7 @@ from ddpm.cli.requests import (
     TrainRequest,
 )  # fmt: skip
 from ddpm.conditioning import check_scale
+from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
 from ddpm.util.safe_files import check_outputs  # every output checked before any work
 
@@ -61,6 +62,9 @@ def request_for(args: argparse.Namespace) -> object:
     check_not_negative(
         warmup_steps=args.warmup_steps, save_every=args.save_every, sample_every=args.sample_every, warmup=args.warmup
     )
+    check_at_most(MAX_STEP, "a billion optimizer steps, the most a checkpoint records", max_steps=args.max_steps,
+                  n_epochs=args.n_epochs, train_steps=args.train_steps)  # fmt: skip
+    check_at_most(1000, "timings settle within a few repeats", repeats=args.repeats, warmup=args.warmup)
     if not 0.0 <= args.eta <= 1.0:
         raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {args.eta:g}")
     args.dataset = args.dataset or "mnist"

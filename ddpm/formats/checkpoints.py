@@ -32,6 +32,7 @@ from noise_schedule import ScheduleConfig, short_repr
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "model_config", "schedule_config", "model", "ema", "step")
+MAX_STEP = 10**9  # the most optimizer steps a run may take (--max_steps) and a checkpoint may record
 
 WEIGHTS = ("ema", "model")  # the checkpoint entry an artifact was exported from
 LINK_KEY = "autoencoder"  # a latent model's entry naming its autoencoder (latent/first_stage.py): {"path": str, "sha256": hex}
@@ -70,6 +71,13 @@ def load_checkpoint(path: str | Path) -> dict:
             f"checkpoint {path} has format version {short_repr(version)}; this tool reads {FORMAT_VERSION}"
         )
     read_configs(state, source=f"checkpoint {path}")
+    step = state["step"]
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise ValueError(f"checkpoint {path} records step {short_repr(step)}; a checkpoint's step is 0 to {MAX_STEP:,}")
+    for weights in ("model", "ema"):
+        tensors = state[weights].values() if isinstance(state[weights], dict) else ()
+        if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all() for t in tensors):
+            raise ValueError(f"checkpoint {path}: its {'EMA ' if weights == 'ema' else ''}weights hold NaN or inf; it is unusable")
     return state
 
 

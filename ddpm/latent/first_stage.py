@@ -48,17 +48,27 @@ def load_first_stage(path: str | Path, *, device: torch.device) -> tuple[FirstSt
 
 
 def linked_first_stage(
-    link: dict | None, *, model_config, source: str, device: torch.device, override: str | None = None
+    link: dict | None, *, model_config, source: str, device: torch.device, override: str | None = None,
+    folder: str | Path | None = None,
 ) -> tuple[FirstStage | None, object]:
     """(the first stage, the LoadedAutoencoder) a latent model was trained with, at its stored path or at
     ``override`` (--autoencoder, for a moved file: its link then names the new path); refused unless its
     sha256 and latent shape are the model's. A pixel model (``link`` None) has none: (None, None), and an
-    ``override`` is refused rather than ignored."""
+    ``override`` is refused rather than ignored.
+
+    The stored path is a file's say, not the user's: it is followed only inside ``folder`` (the
+    checkpoint's own folder and those below it), so a checkpoint cannot make the tool read, or hang on,
+    any other file; outside it, --autoencoder names the file (the user's consent)."""
     if link is None:
         if override:
             raise ValueError(f"--autoencoder: {source} is a pixel model; it has no autoencoder to replace")
         return None, None
     path = override or link["path"]
+    if not override and folder is not None and not Path(path).resolve().is_relative_to(Path(folder).resolve()):
+        raise ValueError(
+            f"{source} names its autoencoder at {path}, outside the checkpoint's folder (a file's links are followed only inside its folder); "
+            f"pass --autoencoder {path} if it is the one"
+        )
     if not Path(path).is_file():
         raise ValueError(
             f"{source} is a latent model whose autoencoder {path} is missing; pass --autoencoder PATH to where it is now"

@@ -12,6 +12,7 @@ trivially). The timing itself is benchmarks/sampling_bench.py's and benchmarks/t
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -40,7 +41,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
         if not training or link is None:  # a latent model is timed whole (loop, then decoder); a pixel model refuses --autoencoder
             stage, _ = linked_first_stage(
                 link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
-                override=run.source.autoencoder,
+                override=run.source.autoencoder, folder=Path(run.source.path).parent,
             )  # fmt: skip
         if stage is not None:  # the autoencoder the checkpoint named is an input too
             outputs = {"--json": request.json, "--csv": request.csv, "--chart": request.chart}

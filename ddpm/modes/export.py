@@ -159,7 +159,10 @@ def export_checkpoint(
         labels["dataset"] = dataset
     report = []
     if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
-        stage, _ = linked_first_stage(link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder)
+        stage, _ = linked_first_stage(
+            link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder,
+            folder=Path(source).parent,
+        )  # fmt: skip
         inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
         check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
         entry, line, write_decoder = export_decoder(

@@ -95,6 +95,10 @@ def resumed_trainer(request: TrainRequest):
             f"{checkpoint} trains with --timestep_sampling {config.timestep_sampling}, and a resumed run keeps it; "
             f"to train with {request.timestep_sampling}, start a new run (another --model_path, or --overwrite)"
         )
+    if config.total_steps <= state["step"]:  # nothing to do: say so rather than exit 0 having done nothing
+        raise ValueError(
+            f"{checkpoint} is at step {state['step']} of {config.total_steps}; to train on, pass --max_steps above {state['step']}"
+        )
     check_batch_fits(
         model_config, batch_size=config.per_rank_batch(), device=device, training=True, grad_checkpoint=config.grad_checkpoint
     )  # fmt: skip
@@ -102,7 +106,7 @@ def resumed_trainer(request: TrainRequest):
     # (the checkpoints this run writes name the autoencoder where it is now).
     stage, autoencoder = linked_first_stage(
         read_link(state, source=f"checkpoint {checkpoint}"), model_config=model_config, source=f"checkpoint {checkpoint}",
-        device=device, override=request.autoencoder,
+        device=device, override=request.autoencoder, folder=Path(checkpoint).parent,
     )  # fmt: skip
     if stage is None:
         images = training_images(

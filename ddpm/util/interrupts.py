@@ -55,6 +55,19 @@ def install() -> None:
             signal.signal(sig, _handler)
 
 
+def raised_within(exc: BaseException) -> Interrupted | None:
+    """The Ctrl-C or SIGTERM behind ``exc``, if one is in its chain of causes and contexts: a library that
+    was interrupted mid-import or mid-call may raise its own error instead (torch.export's
+    TorchExportError, an AttributeError from a half-imported module), which must still end as an interrupt."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc if isinstance(exc, Interrupted) else Interrupted()
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def pending() -> int | None:
     """The first signal held by an open :func:`deferred` block, or None."""
     return _pending[0] if _pending else None

@@ -173,3 +173,23 @@ def test_a_librarys_warning_is_one_line_once_and_python_shows_warnings_as_before
     assert result.returncode == 0 and result.stderr == "main.py: warning: TracerWarning: a library says\n"
     with pytest.warns(UserWarning, match="after the run"):  # the handler was the run's only
         warnings.warn("after the run", UserWarning)
+
+
+@pytest.mark.parametrize("wrapper", [AttributeError, ValueError, RuntimeError])
+def test_a_library_error_raised_because_of_ctrl_c_ends_as_the_interrupt(tmp_path, monkeypatch, wrapper):
+    """Ctrl-C inside torch.export's lazy imports surfaced as AttributeError / TorchExportError tracebacks with
+    exit 1 (ValueError when our exporter wraps it): the interrupt in the chain decides, 130 and one line."""
+    import signal
+
+    from ddpm.modes import sample
+    from ddpm.util import interrupts
+
+    def interrupted_inside_a_library(request) -> None:
+        try:
+            raise interrupts.Interrupted(signal.SIGINT)
+        except KeyboardInterrupt as exc:
+            raise wrapper("module 'torch._dynamo' has no attribute 'exc'") from exc
+
+    monkeypatch.setattr(sample, "run_sample", interrupted_inside_a_library)
+    result = run_here("--mode", "sample", "--model_path", "m.pt", cwd=tmp_path)
+    assert result.returncode == 130 and result.stderr.strip() == "main.py: Ctrl-C: stopped"

@@ -185,3 +185,20 @@ def test_the_training_previews_are_outputs_never_written_over_an_input(files, tm
     (tmp_path / "m_samples").rmdir()
     (tmp_path / "m_samples").write_bytes(b"a file where the previews' folder goes")
     refused([*runs[0][0], "--model_path", str(tmp_path / "m.pt")], tmp_path / "m_samples", capsys, "the training previews go into a folder")
+
+
+def test_a_checkpoint_cannot_make_the_tool_read_a_file_outside_its_folder(files, tmp_path, capsys):
+    """A latent checkpoint's stored autoencoder path is followed only inside the checkpoint's folder: a hostile
+    link (/etc/passwd, /proc/kmsg, which hung sampling) is refused before anything is opened, without saying
+    whether the file exists; --autoencoder, the user's word, still names any file."""
+    state = torch.load(files / "lat.pt", weights_only=True)
+    sample = ["--mode", "sample", "--n_samples", "2", "--sampling_steps", "2", "--sampler", "ddim", "--no_grid",
+              "--save_npz", str(tmp_path / "s.npz")]  # fmt: skip
+    for target in ("/etc/passwd", "/nonexistent/ae.pt", str(files / "ae.pt"), "/proc/kmsg"):
+        state["autoencoder"]["path"] = target
+        atomic_write(tmp_path / "lat.pt", lambda f: torch.save(state, f))
+        assert main.main(["--device", "cpu", *sample, "--model_path", str(tmp_path / "lat.pt")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "outside the checkpoint's folder" in err and f"--autoencoder {target}" in err, err
+    args = ["--device", "cpu", *sample, "--model_path", str(tmp_path / "lat.pt"), "--autoencoder", str(files / "ae.pt")]
+    assert main.main(args) == 0, capsys.readouterr().err
