@@ -22,6 +22,7 @@ into one line and an exit code.
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import replace
 
@@ -61,6 +62,9 @@ def stopped(stop: interrupts.Interrupted) -> int:
 def _main(argv: list[str] | None) -> int:
     try:
         args = parser.parse_args(argv)  # --help and argparse's own errors (exit 2) end here
+        # torch's extension builder logs "No CUDA runtime is found" on machines without a GPU (when
+        # --compile or a first-use build imports it): expected here, so not shown.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         # Imported here, under the signal handlers: a Ctrl-C while torch loads ends in one line too.
         from ddpm.cli import resolve
         from ddpm.modes.benchmark import run_benchmark

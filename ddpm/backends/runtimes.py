@@ -423,15 +423,17 @@ def torchscript_extra_file(data: bytes, *, path: Path) -> bytes | None:
     """The metadata extra file of a TorchScript archive (``<name>/extra/ddpm.json``), read as a zip
     member, within the metadata size limit; None if there is none."""
     limit = MAX_FILE_BYTES["metadata"]
+    too_large = False
     try:
         with zipfile.ZipFile(BytesIO(data)) as archive:
             name = f"extra/{TORCHSCRIPT_EXTRA_FILE}"  # under the archive's top folder
             members = [info for info in archive.infolist() if info.filename.split("/", 1)[-1] == name]
             if not members:
                 return None
-            if members[0].file_size > limit:
-                raise ValueError(f"{path}: its metadata is over the {format_bytes(limit)} limit")
-            with archive.open(members[0]) as f:
-                return f.read(limit + 1)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
+            too_large = members[0].file_size > limit
+            if not too_large:
+                with archive.open(members[0]) as f:
+                    return f.read(limit + 1)
+    except Exception as exc:  # zipfile's and zlib's errors, a member name that is not UTF-8, ...: the file's fault
         raise ValueError(f"{path} is corrupt or not a TorchScript file ({first_line(exc)})") from exc
+    raise ValueError(f"{path}: its metadata is over the {format_bytes(limit)} limit")

@@ -116,9 +116,27 @@ def _model_path(args: argparse.Namespace) -> str:
     return args.model_path or f"checkpoints/{args.dataset}.pt"
 
 
+# Flags that describe a new model (its shape, network, schedule, conditioning, autoencoder): a run from a
+# model file takes all of that from the file, so giving one would be silently ignored.
+NEW_MODEL_FLAGS = (
+    "img_size", "channels", "model_preset", "model_channels", "num_res_blocks", "dropout", "time_conditioning",
+    "patch_size", "beta_schedule", "timesteps", "class_cond", "latent_channels", "downsample", "ae_channels", "kl_weight",
+)  # fmt: skip
+# Flags of sampling and of autoencoder training that a U-Net's training run would ignore.
+NOT_TRAINING_FLAGS = ("class_label", "guidance_scale", "latent_channels", "downsample", "ae_channels", "kl_weight")
+
+
+def _refuse_ignored(args: argparse.Namespace, flags: tuple[str, ...], why: str) -> None:
+    given = [flag for flag in flags if flag in args.given]
+    if given:
+        raise ValueError(f"--{given[0]} {why}; drop it")
+
+
 def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
+    path = path or _model_path(args)
+    _refuse_ignored(args, NEW_MODEL_FLAGS, f"describes a new model, and --mode {args.mode} takes the whole model from {path}")
     return ModelSource(
-        path=path or _model_path(args), weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript,
+        path=path, weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript,
         autoencoder=args.autoencoder,
     )  # fmt: skip
 
@@ -214,6 +232,9 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
+    _refuse_ignored(args, NOT_TRAINING_FLAGS, "is not read by --mode train (it is a flag of sampling or of --mode train_autoencoder)")
+    if "cond_drop" in args.given and not args.class_cond and not args.resume:
+        raise ValueError("--cond_drop is the share of labels dropped when training a class-conditional model; add --class_cond or drop it")
     for flag in ("time_conditioning", "patch_size", "model_preset"):
         if args.resume and flag in args.given:
             raise ValueError(f"--{flag} makes a new model; a resumed run keeps the one in its checkpoint")
