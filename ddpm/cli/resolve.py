@@ -305,6 +305,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
     if args.n_samples < 2:
         raise ValueError("--mode evaluate needs --n_samples 2 or more (a Frechet distance needs a covariance)")
+    _refuse_ignored(args, ("output", "save_npz", "no_grid", "grid_scale"), "is sample mode's; evaluate writes --json and --chart")
     if args.n_samples > MAX_EVALUATE_SAMPLES:  # time: every row draws them all, a U-Net pass per sample and step
         raise ValueError(
             f"--mode evaluate draws at most {MAX_EVALUATE_SAMPLES:,} samples per row (the count FID is reported at; "

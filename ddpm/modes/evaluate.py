@@ -52,13 +52,17 @@ def run_evaluate(request: EvaluateRequest) -> None:
         kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
         raise ValueError(f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset")
     check_samples_fit(n, artifact.output_shape)
+    schedule = opened.schedule()
+    for sampler in request.samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
+        for num_steps in request.steps:
+            schedule.make_plan(sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0)
     # The real data it is judged against is an input too.
     check_outputs(request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(
         dataset, data_dir=request.data_dir, image_size=s, channels=c, n=n, seed=request.seed, device=device,
         inception_weights=request.inception_weights,
     )  # fmt: skip
-    schedule, sizes, batch_size = opened.schedule(), opened.batch_sizes, opened.batch_size
+    sizes, batch_size = opened.batch_sizes, opened.batch_size
 
     def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
         plan = schedule.make_plan(

@@ -103,6 +103,19 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--model_preset", "small"], "--model_preset makes a new model"),
         (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--n_epochs", "2"], "--n_epochs"),
         (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--n_samples", "1"], "--n_samples 2 or more"),
+        # A flag the run would ignore is refused, not ignored (the adversarial pass of 2026-11-24 found them accepted).
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--timesteps", "10"], "--timesteps describes a new model"),
+        (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--img_size", "12"], "--img_size describes a new model"),
+        (["--mode", "export", "--model_path", "ck/digits.pt", "--class_cond"], "--class_cond describes a new model"),
+        (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--output", "e.png"], "--output is sample mode's"),
+        (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--sampler", "ddim", "--sampling_steps", "2,500",
+          "--n_samples", "4"], "sampling steps must be between 1 and 50"),  # before the first row is drawn
+        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--class_label", "3"], "--class_label is not read by --mode train"),
+        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--kl_weight", "0.1"], "--kl_weight is not read by --mode train"),
+        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--cond_drop", "0.2"], "add --class_cond or drop it"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--max_steps", "2"], "is at step 3 of 2"),
+        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--max_steps", str(10**10)], "at most 1,000,000,000"),
+        (["--mode", "benchmark", "--repeats", "5000"], "--repeats must be at most 1,000"),
     ],
 )
 def test_user_errors_end_in_one_line_and_exit_code_2(trained, args, match):

@@ -12,6 +12,7 @@ import dataclasses
 import io
 import json
 import random
+import re
 import struct
 import zipfile
 
@@ -88,6 +89,27 @@ def write_autoencoder(path) -> None:
 def test_junk_checkpoints_end_in_one_line(tmp_path):
     write_checkpoint(tmp_path / "real.pt")
     fuzz(lambda p: load_artifact(p, device=CPU), tmp_path / "real.pt", tmp_path, name="junk.pt")
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [("step", -1, "records step -1"), ("step", 10**30, "a checkpoint's step is 0 to"), ("step", 1.5, "records step 1.5"),
+     ("ema", "inf", "its EMA weights hold NaN or inf"), ("model", "nan", "its weights hold NaN or inf")],
+)  # fmt: skip
+def test_a_checkpoint_whose_fields_lie_is_refused_at_load(tmp_path, field, value, match):
+    """A hand-edited checkpoint (step -1 ended in a ZeroDivisionError traceback on --resume; inf weights
+    trained two steps, then failed with exit 1): refused when read, in one line."""
+    state = perturbed_unet(CONFIG).state_dict()
+    checkpoint = {"format_version": FORMAT_VERSION, "model_config": dataclasses.asdict(CONFIG),
+                  "schedule_config": dataclasses.asdict(TINY_SCHEDULE), "model": state, "ema": dict(state), "step": 0}  # fmt: skip
+    if field == "step":
+        checkpoint["step"] = value
+    else:
+        checkpoint[field] = {k: v.clone().fill_(float(value)) if v.is_floating_point() else v for k, v in state.items()}
+    atomic_write(tmp_path / "lying.pt", lambda f: torch.save(checkpoint, f))
+    with pytest.raises(ValueError, match=re.escape(match)) as info:
+        load_artifact(tmp_path / "lying.pt", device=CPU)
+    assert "\n" not in str(info.value)
 
 
 def test_junk_autoencoders_end_in_one_line_directly_and_through_a_link(tmp_path):
