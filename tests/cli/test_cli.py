@@ -113,7 +113,7 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--class_label", "3"], "--class_label is not read by --mode train"),
         (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--kl_weight", "0.1"], "--kl_weight is not read by --mode train"),
         (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--cond_drop", "0.2"], "add --class_cond or drop it"),
-        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--max_steps", "2"], "is at step 3 of 2"),
+        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--max_steps", "2"], "of 2; to train on, pass --max_steps above"),
         (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--max_steps", str(10**10)], "at most 1,000,000,000"),
         (["--mode", "benchmark", "--repeats", "5000"], "--repeats must be at most 1,000"),
     ],
