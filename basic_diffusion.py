@@ -370,7 +370,8 @@ class UNet(nn.Module):
         nn.init.zeros_(self.conv_out.weight)
         nn.init.zeros_(self.conv_out.bias)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    def embedding(self, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """The (B, 4ch) embedding every residual block takes: the time MLP's, plus the label's when conditional."""
         emb = self.time_mlp(timestep_embedding(t, self.config.model_channels))  # (B, 4ch)
         if self.label_embedding is not None:
             if y is None:
@@ -378,6 +379,10 @@ class UNet(nn.Module):
             emb = emb + self.label_embedding(y)
         elif y is not None:
             raise ValueError("this U-Net is unconditional: it takes no labels")
+        return emb
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        emb = self.embedding(t, y)  # (B, 4ch)
         run = self._checkpointed if self.grad_checkpoint and self.training and torch.is_grad_enabled() else _call
         p = self.config.patch_size
         h = self.conv_in(space_to_depth(x, p) if p > 1 else x)

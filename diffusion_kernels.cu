@@ -236,15 +236,11 @@ void gather_timestep_cuda(const at::Tensor& t, const at::Tensor& timesteps, cons
 // twin's, then each thread normalizes its own elements. Three reads of the group (sum, squared
 // deviations, output; the second and third mostly from L2) and one write.
 template <typename T>
-__global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(
-    GroupNormSources src, T* __restrict__ out, int64_t out_stride_b, int64_t out_stride_c, int64_t out_stride_p,
-    const float* __restrict__ weight, const float* __restrict__ bias, const float* __restrict__ x_bias,
-    const float* __restrict__ scale, const float* __restrict__ shift, int64_t channels, int64_t cg, int64_t positions,
-    int64_t groups, float eps, bool silu) {
+__global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(const GroupNormAct a) {
   __shared__ float partial[kGnPartials];
   const int k = threadIdx.x;
-  const int64_t b = blockIdx.x / groups, g = blockIdx.x % groups;
-  const int64_t n = cg * positions, c0 = g * cg;
+  const int64_t b = blockIdx.x / a.groups, g = blockIdx.x % a.groups;
+  const int64_t n = a.cg * a.positions, c0 = g * a.cg;
   auto reduce = [&](float mine) {
     partial[k] = mine;
     __syncthreads();
@@ -260,23 +256,19 @@ __global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(
   };
   float sum = 0.0f;
   for (int64_t j = k; j < n; j += kGnPartials) {
-    sum = add_rn(sum, load_source<T>(src, x_bias, b, c0 + j % cg, j / cg));
+    sum = add_rn(sum, load_source<T>(a.src, b, c0 + j % a.cg, j / a.cg));
   }
   const float count = static_cast<float>(n);
   const float mean = div_rn(reduce(sum), count);
   float squares = 0.0f;
   for (int64_t j = k; j < n; j += kGnPartials) {
-    const float d = sub_rn(load_source<T>(src, x_bias, b, c0 + j % cg, j / cg), mean);
+    const float d = sub_rn(load_source<T>(a.src, b, c0 + j % a.cg, j / a.cg), mean);
     squares = add_rn(squares, mul_rn(d, d));
   }
-  const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(reduce(squares), count), eps)));
+  const float rstd = group_rstd(reduce(squares), count, a.eps);
   for (int64_t j = k; j < n; j += kGnPartials) {
-    const int64_t c = c0 + j % cg, p = j / cg;
-    const float y = group_norm_act_element(
-        load_source<T>(src, x_bias, b, c, p), mean, rstd, weight[c], bias[c],
-        scale != nullptr ? scale[b * channels + c] : 0.0f, shift != nullptr ? shift[b * channels + c] : 0.0f,
-        scale != nullptr, silu);
-    out[b * out_stride_b + c * out_stride_c + p * out_stride_p] = static_cast<T>(y);
+    const int64_t c = c0 + j % a.cg, p = j / a.cg;
+    store_group_norm_act<T>(a, b, c, p, load_source<T>(a.src, b, c, p), mean, rstd);
   }
 }
 
@@ -291,25 +283,17 @@ at::Tensor group_norm_act_cuda(
     int64_t groups,
     double eps,
     bool silu) {
-  int64_t positions = 0;
-  const GroupNormSources src = check_group_norm_act_args(x, x2, weight, bias, x_bias, scale, shift, groups, &positions);
-  const int64_t channels = weight.size(0);
   const c10::cuda::CUDAGuard device_guard(x.device());
-  at::Tensor out = group_norm_act_output(x, channels);
-  const int64_t blocks = x.size(0) * groups;
+  at::Tensor out;
+  const GroupNormAct a = prepare_group_norm_act(x, x2, weight, bias, x_bias, scale, shift, groups, eps, silu, &out);
+  const int64_t blocks = a.batch * a.groups;
   if (out.numel() == 0) {
     return out;
   }
   TORCH_CHECK(blocks <= INT32_MAX, "group_norm_act: ", blocks, " (sample, group) pairs are more than one launch takes");
-  const int64_t out_stride_p = position_stride(out, "the output");
   dispatch_step_dtype(x.scalar_type(), "x", [&](auto tag) {
     using T = decltype(tag);
-    group_norm_act_kernel<T><<<static_cast<unsigned int>(blocks), kGnPartials, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        src, out.mutable_data_ptr<T>(), out.stride(0), out.stride(1), out_stride_p, weight.const_data_ptr<float>(),
-        bias.const_data_ptr<float>(), x_bias.has_value() ? x_bias->const_data_ptr<float>() : nullptr,
-        scale.has_value() ? scale->const_data_ptr<float>() : nullptr,
-        shift.has_value() ? shift->const_data_ptr<float>() : nullptr, channels, channels / groups, positions, groups,
-        static_cast<float>(eps), silu);
+    group_norm_act_kernel<T><<<static_cast<unsigned int>(blocks), kGnPartials, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

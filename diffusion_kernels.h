@@ -218,24 +218,40 @@ C10_HOST_DEVICE inline float group_norm_act_element(
 struct GroupNormSources {
   const void* x;
   const void* x2;  // nullptr: one source
+  const float* x_bias;  // (C1,) added to x's values, or nullptr
   int64_t c1;  // x's channels (x2 has C - c1)
   int64_t stride_b1, stride_c1, stride_p1;
   int64_t stride_b2, stride_c2, stride_p2;
 };
 
 template <typename T>
-C10_HOST_DEVICE inline float load_source(const GroupNormSources& s, const float* x_bias, int64_t b, int64_t c, int64_t p) {
+C10_HOST_DEVICE inline float load_source(const GroupNormSources& s, int64_t b, int64_t c, int64_t p) {
   if (c < s.c1) {
     const float v = static_cast<float>(static_cast<const T*>(s.x)[b * s.stride_b1 + c * s.stride_c1 + p * s.stride_p1]);
-    return x_bias != nullptr ? add_rn(v, x_bias[c]) : v;
+    return s.x_bias != nullptr ? add_rn(v, s.x_bias[c]) : v;
   }
   const int64_t c2 = c - s.c1;
   return static_cast<float>(static_cast<const T*>(s.x2)[b * s.stride_b2 + c2 * s.stride_c2 + p * s.stride_p2]);
 }
 
-// Argument checks shared by the CPU and CUDA kernels of group_norm_act; returns the sources' layout
-// and, through `spatial`, the number of positions.
-GroupNormSources check_group_norm_act_args(
+// Everything a group_norm_act kernel reads and writes, checked and built once on the host by
+// prepare_group_norm_act, then handed whole to the CPU loop or the CUDA kernel.
+struct GroupNormAct {
+  GroupNormSources src;
+  void* out;  // (B, C, *spatial) in x's dtype
+  int64_t out_stride_b, out_stride_c, out_stride_p;
+  const float* weight;  // (C,)
+  const float* bias;  // (C,)
+  const float* scale;  // (B, C), or nullptr (then shift is too)
+  const float* shift;
+  int64_t batch, channels, groups, cg, positions;  // cg: channels per group
+  float eps;
+  bool silu;
+};
+
+// Checks the arguments (shared by the CPU and CUDA kernels; reads no device memory), allocates the
+// output in x's dtype and memory format into *out, and returns the kernels' view of it all.
+GroupNormAct prepare_group_norm_act(
     const at::Tensor& x,
     const std::optional<at::Tensor>& x2,
     const at::Tensor& weight,
@@ -244,13 +260,25 @@ GroupNormSources check_group_norm_act_args(
     const std::optional<at::Tensor>& scale,
     const std::optional<at::Tensor>& shift,
     int64_t groups,
-    int64_t* spatial);
+    double eps,
+    bool silu,
+    at::Tensor* out);
 
-// The output: (B, C, *spatial) in x's dtype and memory format (contiguous or channels-last).
-at::Tensor group_norm_act_output(const at::Tensor& x, int64_t channels);
+// 1 / std of a group from its summed squared deviations.
+C10_HOST_DEVICE inline float group_rstd(float sum_squares, float count, float eps) {
+  return div_rn(1.0f, sqrt_rn(add_rn(div_rn(sum_squares, count), eps)));
+}
 
-// The one stride of a (B, C, *spatial) tensor's flattened positions (1 contiguous, C channels-last).
-int64_t position_stride(const at::Tensor& t, const char* name);
+// The output element of sample b, channel c, position p from its input value v and its group's statistics.
+template <typename T>
+C10_HOST_DEVICE inline void store_group_norm_act(
+    const GroupNormAct& a, int64_t b, int64_t c, int64_t p, float v, float mean, float rstd) {
+  const bool modulate = a.scale != nullptr;
+  const float y = group_norm_act_element(
+      v, mean, rstd, a.weight[c], a.bias[c], modulate ? a.scale[b * a.channels + c] : 0.0f,
+      modulate ? a.shift[b * a.channels + c] : 0.0f, modulate, a.silu);
+  static_cast<T*>(a.out)[b * a.out_stride_b + c * a.out_stride_c + p * a.out_stride_p] = static_cast<T>(y);
+}
 
 // Calls f(tag) with a value of the C++ type matching `dtype` (float, c10::Half or
 // c10::BFloat16); anything else is a TORCH_CHECK error naming `what`.

@@ -135,6 +135,8 @@ void check_gather_timestep_args(const at::Tensor& t, const at::Tensor& timesteps
   check_step_counter(step, t.device(), "gather_timestep_");
 }
 
+namespace {
+
 // The positions of a (B, C, *spatial) tensor as one stride: contiguous (stride 1) or channels-last
 // (stride C) layouts, and any other whose spatial dimensions are dense among themselves.
 int64_t position_stride(const at::Tensor& t, const char* name) {
@@ -148,7 +150,9 @@ int64_t position_stride(const at::Tensor& t, const char* name) {
   return stride;
 }
 
-GroupNormSources check_group_norm_act_args(
+}  // namespace
+
+GroupNormAct prepare_group_norm_act(
     const at::Tensor& x,
     const std::optional<at::Tensor>& x2,
     const at::Tensor& weight,
@@ -157,12 +161,14 @@ GroupNormSources check_group_norm_act_args(
     const std::optional<at::Tensor>& scale,
     const std::optional<at::Tensor>& shift,
     int64_t groups,
-    int64_t* spatial) {
+    double eps,
+    bool silu,
+    at::Tensor* out) {
   TORCH_CHECK(is_step_dtype(x.scalar_type()), "group_norm_act: x must be float32, float16 or bfloat16, got ", x.scalar_type());
   TORCH_CHECK(x.dim() >= 3, "group_norm_act: x must be (B, C, *spatial) with at least one spatial dimension, got ", x.sizes());
   const int64_t c1 = x.size(1);
   int64_t channels = c1;
-  GroupNormSources s{x.const_data_ptr(), nullptr, c1, x.stride(0), x.stride(1), position_stride(x, "x"), 0, 0, 0};
+  GroupNormSources s{x.const_data_ptr(), nullptr, nullptr, c1, x.stride(0), x.stride(1), position_stride(x, "x"), 0, 0, 0};
   if (x2.has_value()) {
     TORCH_CHECK(x2->device() == x.device(), "group_norm_act: x2 is on ", x2->device(), " but x is on ", x.device());
     TORCH_CHECK(x2->scalar_type() == x.scalar_type(), "group_norm_act: x2 must have x's dtype ", x.scalar_type(), ", got ", x2->scalar_type());
@@ -184,6 +190,7 @@ GroupNormSources check_group_norm_act_args(
   check_param(bias, "bias", {channels});
   if (x_bias.has_value()) {
     check_param(*x_bias, "x_bias", {c1});
+    s.x_bias = x_bias->const_data_ptr<float>();
   }
   TORCH_CHECK(scale.has_value() == shift.has_value(), "group_norm_act: scale and shift go together");
   if (scale.has_value()) {
@@ -194,14 +201,14 @@ GroupNormSources check_group_norm_act_args(
   for (int64_t d = 2; d < x.dim(); ++d) {
     positions *= x.size(d);
   }
-  *spatial = positions;
-  return s;
-}
-
-at::Tensor group_norm_act_output(const at::Tensor& x, int64_t channels) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape[1] = channels;
-  return at::empty(shape, x.options().memory_format(x.suggest_memory_format()));
+  *out = at::empty(shape, x.options().memory_format(x.suggest_memory_format()));
+  return GroupNormAct{
+      s, out->mutable_data_ptr(), out->stride(0), out->stride(1), position_stride(*out, "the output"),
+      weight.const_data_ptr<float>(), bias.const_data_ptr<float>(),
+      scale.has_value() ? scale->const_data_ptr<float>() : nullptr, shift.has_value() ? shift->const_data_ptr<float>() : nullptr,
+      x.size(0), channels, groups, channels / groups, positions, static_cast<float>(eps), silu};
 }
 
 namespace {
@@ -323,16 +330,13 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
 // One (sample, group) of group_norm_act, in the fixed order of diffusion_kernels.h: element j = p * cg + cl
 // goes to partial sum j % kGnPartials, walked incrementally (positions outer, the group's channels inner).
 template <typename T>
-void group_norm_act_group(
-    const GroupNormSources& src, T* out, int64_t out_stride_b, int64_t out_stride_c, int64_t out_stride_p,
-    const float* weight, const float* bias, const float* x_bias, const float* scale, const float* shift,
-    int64_t channels, int64_t cg, int64_t positions, int64_t b, int64_t g, float eps, bool silu) {
-  const int64_t c0 = g * cg;
-  // Calls f(p, c, v) for every element in the order j = p * cg + cl, v read as load_source reads it.
+void group_norm_act_group(const GroupNormAct& a, int64_t b, int64_t g) {
+  const int64_t c0 = g * a.cg;
+  // Calls f(p, c, v) for every element in the order j = p * cg + cl.
   auto for_each = [&](auto&& f) {
-    for (int64_t p = 0; p < positions; ++p) {
-      for (int64_t c = c0; c < c0 + cg; ++c) {
-        f(p, c, load_source<T>(src, x_bias, b, c, p));
+    for (int64_t p = 0; p < a.positions; ++p) {
+      for (int64_t c = c0; c < c0 + a.cg; ++c) {
+        f(p, c, load_source<T>(a.src, b, c, p));
       }
     }
   };
@@ -351,7 +355,7 @@ void group_norm_act_group(
     partial[k] = add_rn(partial[k], v);
     k = k + 1 == kGnPartials ? 0 : k + 1;
   });
-  const float count = static_cast<float>(cg * positions);
+  const float count = static_cast<float>(a.cg * a.positions);
   const float mean = div_rn(reduce(), count);
   std::fill(partial, partial + kGnPartials, 0.0f);
   k = 0;
@@ -360,14 +364,8 @@ void group_norm_act_group(
     partial[k] = add_rn(partial[k], mul_rn(d, d));
     k = k + 1 == kGnPartials ? 0 : k + 1;
   });
-  const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(reduce(), count), eps)));
-  const bool modulate = scale != nullptr;
-  for_each([&](int64_t p, int64_t c, float v) {
-    const float y = group_norm_act_element(
-        v, mean, rstd, weight[c], bias[c], modulate ? scale[b * channels + c] : 0.0f,
-        modulate ? shift[b * channels + c] : 0.0f, modulate, silu);
-    out[b * out_stride_b + c * out_stride_c + p * out_stride_p] = static_cast<T>(y);
-  });
+  const float rstd = group_rstd(reduce(), count, a.eps);
+  for_each([&](int64_t p, int64_t c, float v) { store_group_norm_act<T>(a, b, c, p, v, mean, rstd); });
 }
 
 at::Tensor group_norm_act_cpu(
@@ -381,23 +379,13 @@ at::Tensor group_norm_act_cpu(
     int64_t groups,
     double eps,
     bool silu) {
-  int64_t positions = 0;
-  const GroupNormSources src = check_group_norm_act_args(x, x2, weight, bias, x_bias, scale, shift, groups, &positions);
-  const int64_t channels = weight.size(0);
-  at::Tensor out = group_norm_act_output(x, channels);
-  const int64_t batch = x.size(0), cg = channels / groups;
-  const int64_t out_stride_p = position_stride(out, "the output");
+  at::Tensor out;
+  const GroupNormAct a = prepare_group_norm_act(x, x2, weight, bias, x_bias, scale, shift, groups, eps, silu, &out);
   dispatch_step_dtype(x.scalar_type(), "x", [&](auto tag) {
     using T = decltype(tag);
-    T* out_ptr = out.mutable_data_ptr<T>();
-    at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, a.batch * a.groups, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        group_norm_act_group<T>(
-            src, out_ptr, out.stride(0), out.stride(1), out_stride_p, weight.const_data_ptr<float>(),
-            bias.const_data_ptr<float>(), x_bias.has_value() ? x_bias->const_data_ptr<float>() : nullptr,
-            scale.has_value() ? scale->const_data_ptr<float>() : nullptr,
-            shift.has_value() ? shift->const_data_ptr<float>() : nullptr, channels, cg, positions, i / groups,
-            i % groups, static_cast<float>(eps), silu);
+        group_norm_act_group<T>(a, i / a.groups, i % a.groups);
       }
     });
   });

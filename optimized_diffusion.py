@@ -303,16 +303,10 @@ class FusedUNet(nn.Module):
         return x + self._conv(block.proj, h)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        from basic_diffusion import depth_to_space, space_to_depth, timestep_embedding
+        from basic_diffusion import depth_to_space, space_to_depth
 
         unet, config = self.unet, self.config
-        emb = unet.time_mlp(timestep_embedding(t, config.model_channels))  # (B, 4ch) float32
-        if unet.label_embedding is not None:
-            if y is None:
-                raise ValueError("this U-Net is class-conditional: pass labels y (B,), or its null label")
-            emb = emb + unet.label_embedding(y)
-        elif y is not None:
-            raise ValueError("this U-Net is unconditional: it takes no labels")
+        emb = unet.embedding(t, y)  # (B, 4ch) float32
         p = config.patch_size
         x = space_to_depth(x_t, p) if p > 1 else x_t
         h = self._conv(unet.conv_in, x.to(self.dtype).contiguous(memory_format=self.memory_format))

@@ -235,9 +235,9 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     _refuse_ignored(args, NOT_TRAINING_FLAGS, "is not read by --mode train (it is a flag of sampling or of --mode train_autoencoder)")
     if "cond_drop" in args.given and not args.class_cond and not args.resume:
         raise ValueError("--cond_drop is the share of labels dropped when training a class-conditional model; add --class_cond or drop it")
-    for flag in ("time_conditioning", "patch_size", "model_preset"):
-        if args.resume and flag in args.given:
-            raise ValueError(f"--{flag} makes a new model; a resumed run keeps the one in its checkpoint")
+    if args.resume:
+        resumed_keeps = "makes a new model; a resumed run keeps the one in its checkpoint"
+        _refuse_ignored(args, ("time_conditioning", "patch_size", "model_preset"), resumed_keeps)
     if args.resume and args.n_epochs is not None:
         raise ValueError("--n_epochs sets a new run's length; a resumed run goes on to --max_steps (drop --n_epochs)")
     if not 0.0 <= args.cond_drop <= 1.0:
