@@ -64,7 +64,10 @@ class UNetConfig:
     """
 
     # Fields that checkpoints written before them lack, and the value that reproduces those models.
-    ADDED_LATER = {"num_classes": 0, "time_conditioning": "add", "dims": 2, "patch_size": 1}
+    ADDED_LATER = {
+        "num_classes": 0, "time_conditioning": "add", "dims": 2, "patch_size": 1,
+        "flip_sin_to_cos": True, "freq_shift": 0, "norm_eps": 1e-5, "downsample_padding": 1,
+    }  # fmt: skip
 
     image_size: int = 28
     in_channels: int = 1
@@ -86,6 +89,14 @@ class UNetConfig:
     # (space-to-depth, as in Hoogeboom et al. 2023's "simple diffusion"): 2 runs a 32^3 volume's U-Net at 16^3
     # with 8 channels per position, 8x fewer positions for every layer; 1: none.
     patch_size: int = 1
+    # Details in which published DDPMs differ (formats/diffusers_io.py maps diffusers' UNet2DModel onto these):
+    # the sinusoidal time embedding as [cos, sin] (True) or [sin, cos], its frequencies exp(-ln(10^4) i / (half
+    # - freq_shift)); GroupNorm's epsilon; downsampling convolutions padded 1 on every side (1) or, as Ho et
+    # al.'s TensorFlow network, by one row and column after the image only (0).
+    flip_sin_to_cos: bool = True
+    freq_shift: int = 0
+    norm_eps: float = 1e-5
+    downsample_padding: int = 1
 
     @property
     def null_label(self) -> int:
@@ -123,6 +134,14 @@ class UNetConfig:
                 f"attention_resolutions must be at most {MAX_LIST_ITEMS} sizes between 1 and the image size "
                 f"{self.image_size}, got {short_repr(list(attention))}"
             )
+        if type(self.flip_sin_to_cos) is not bool:
+            raise ValueError(f"flip_sin_to_cos must be true or false, got {short_repr(self.flip_sin_to_cos)}")
+        if self.freq_shift not in (0, 1):
+            raise ValueError(f"freq_shift must be 0 or 1, got {short_repr(self.freq_shift)}")
+        if not 1e-12 <= self.norm_eps <= 1e-1:  # also False for NaN
+            raise ValueError(f"norm_eps must be between 1e-12 and 0.1, got {short_repr(self.norm_eps)}")
+        if self.downsample_padding not in (0, 1):
+            raise ValueError(f"downsample_padding must be 0 (after the image only) or 1, got {short_repr(self.downsample_padding)}")
         if not 0.0 <= self.dropout < 1.0:  # also False for NaN
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         widths = [self.model_channels * m for m in self.channel_mult]
@@ -193,19 +212,23 @@ def unet_preset(name: str, *, image_size: int, in_channels: int, dims: int = 2, 
     return UNetConfig(image_size=image_size, in_channels=in_channels, dims=dims, **base)
 
 
-def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal embedding of (B,) timesteps -> (B, dim), as in Transformer positional encodings."""
+def timestep_embedding(
+    t: torch.Tensor, dim: int, max_period: float = 10000.0, *, flip_sin_to_cos: bool = True, freq_shift: int = 0
+) -> torch.Tensor:
+    """Sinusoidal embedding of (B,) timesteps -> (B, dim), as in Transformer positional encodings:
+    [cos, sin] of t * exp(-ln(max_period) * i / (dim // 2 - freq_shift)), or [sin, cos] (``flip_sin_to_cos=False``)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
-    args = t.float()[:, None] * freqs[None, :]
-    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=1)
+    exponent = torch.arange(half, device=t.device, dtype=torch.float32) / (half - freq_shift)
+    args = t.float()[:, None] * torch.exp(-math.log(max_period) * exponent)[None, :]
+    pair = (torch.cos(args), torch.sin(args)) if flip_sin_to_cos else (torch.sin(args), torch.cos(args))
+    emb = torch.cat(pair, dim=1)
     if dim % 2:
         emb = F.pad(emb, (0, 1))
     return emb
 
 
-def _norm(channels: int, groups: int) -> nn.GroupNorm:
-    return nn.GroupNorm(math.gcd(groups, channels), channels)
+def _norm(channels: int, groups: int, eps: float = 1e-5) -> nn.GroupNorm:
+    return nn.GroupNorm(math.gcd(groups, channels), channels, eps=eps)
 
 
 def conv_nd(dims: int, *args, **kwargs) -> nn.Module:
@@ -221,14 +244,15 @@ class ResBlock(nn.Module):
     """
 
     def __init__(
-        self, in_ch: int, out_ch: int, *, emb_dim: int, dropout: float, groups: int, scale_shift: bool = True, dims: int = 2
+        self, in_ch: int, out_ch: int, *, emb_dim: int, dropout: float, groups: int, scale_shift: bool = True, dims: int = 2,
+        eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.scale_shift = scale_shift
-        self.norm1 = _norm(in_ch, groups)
+        self.norm1 = _norm(in_ch, groups, eps)
         self.conv1 = conv_nd(dims, in_ch, out_ch, 3, padding=1)
         self.emb_proj = nn.Linear(emb_dim, 2 * out_ch if scale_shift else out_ch)
-        self.norm2 = _norm(out_ch, groups)
+        self.norm2 = _norm(out_ch, groups, eps)
         self.dropout = nn.Dropout(dropout)
         self.conv2 = conv_nd(dims, out_ch, out_ch, 3, padding=1)
         nn.init.zeros_(self.conv2.weight)  # each block starts as the identity
@@ -251,7 +275,7 @@ class ResBlock(nn.Module):
 class AttentionBlock(nn.Module):
     """Multi-head self-attention over the H*W (or D*H*W) positions, with a residual connection."""
 
-    def __init__(self, channels: int, *, num_heads: int, groups: int, dims: int = 2) -> None:
+    def __init__(self, channels: int, *, num_heads: int, groups: int, dims: int = 2, eps: float = 1e-5) -> None:
         super().__init__()
         if channels % num_heads:
             raise ValueError(f"attention channels {channels} are not divisible by num_heads={num_heads}")
@@ -259,7 +283,7 @@ class AttentionBlock(nn.Module):
         # True in precision.mixed_precision_unet: the softmax in float32 (as autocast does), the
         # matmuls in the low precision. Otherwise one fused scaled_dot_product_attention.
         self.float32_softmax = False
-        self.norm = _norm(channels, groups)
+        self.norm = _norm(channels, groups, eps)
         self.qkv = conv_nd(dims, channels, 3 * channels, 1)
         self.proj = conv_nd(dims, channels, channels, 1)
         nn.init.zeros_(self.proj.weight)
@@ -279,12 +303,19 @@ class AttentionBlock(nn.Module):
 
 
 class Downsample(nn.Module):
-    def __init__(self, channels: int, dims: int = 2) -> None:
+    """A stride-2 3x3 convolution, padded 1 on every side or (``padding=0``) by one after the image only."""
+
+    def __init__(self, channels: int, dims: int = 2, padding: int = 1) -> None:
         super().__init__()
-        self.conv = conv_nd(dims, channels, channels, 3, stride=2, padding=1)
+        self.conv = conv_nd(dims, channels, channels, 3, stride=2, padding=padding)
+        self.pad_after = (0, 1) * dims if padding == 0 else None
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolution's input: ``x``, or ``x`` with one more row and column (and slice) of zeros."""
+        return x if self.pad_after is None else F.pad(x, self.pad_after)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x)
+        return self.conv(self.padded(x))
 
 
 class Upsample(nn.Module):
@@ -326,11 +357,11 @@ class UNet(nn.Module):
 
         def block(i: int, o: int) -> ResBlock:
             return ResBlock(i, o, emb_dim=emb_dim, dropout=config.dropout, groups=groups,
-                            scale_shift=config.time_conditioning == "scale_shift", dims=dims)  # fmt: skip
+                            scale_shift=config.time_conditioning == "scale_shift", dims=dims, eps=config.norm_eps)  # fmt: skip
 
         def attention(c: int, resolution: int) -> nn.Module:
             if resolution in config.attention_resolutions:
-                return AttentionBlock(c, num_heads=config.num_heads, groups=groups, dims=dims)
+                return AttentionBlock(c, num_heads=config.num_heads, groups=groups, dims=dims, eps=config.norm_eps)
             return nn.Identity()
 
         # Down path: remember every output's channel count for the skip connections.
@@ -345,12 +376,12 @@ class UNet(nn.Module):
                 skip_channels.append(cur)
             self.down.append(Level(blocks, attns))
             last = level == len(config.channel_mult) - 1
-            self.downsample.append(nn.Identity() if last else Downsample(cur, dims))
+            self.downsample.append(nn.Identity() if last else Downsample(cur, dims, config.downsample_padding))
             if not last:
                 skip_channels.append(cur)
 
         self.mid_block1 = block(cur, cur)
-        self.mid_attention = AttentionBlock(cur, num_heads=config.num_heads, groups=groups, dims=dims)
+        self.mid_attention = AttentionBlock(cur, num_heads=config.num_heads, groups=groups, dims=dims, eps=config.norm_eps)
         self.mid_block2 = block(cur, cur)
 
         # Up path: one more block per level than the down path, each eating one skip.
@@ -365,14 +396,15 @@ class UNet(nn.Module):
             self.up.append(Level(blocks, attns))
             self.upsample.append(Upsample(cur, dims) if level > 0 else nn.Identity())
 
-        self.norm_out = _norm(cur, groups)
+        self.norm_out = _norm(cur, groups, config.norm_eps)
         self.conv_out = conv_nd(dims, cur, folded, 3, padding=1)
         nn.init.zeros_(self.conv_out.weight)
         nn.init.zeros_(self.conv_out.bias)
 
     def embedding(self, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """The (B, 4ch) embedding every residual block takes: the time MLP's, plus the label's when conditional."""
-        emb = self.time_mlp(timestep_embedding(t, self.config.model_channels))  # (B, 4ch)
+        c = self.config
+        emb = self.time_mlp(timestep_embedding(t, c.model_channels, flip_sin_to_cos=c.flip_sin_to_cos, freq_shift=c.freq_shift))  # (B, 4ch)
         if self.label_embedding is not None:
             if y is None:
                 raise ValueError("this U-Net is class-conditional: pass labels y (B,), or its null label")

@@ -162,6 +162,7 @@ _FIELD_CHECKS = {
     "int": ("an integer", _is_int),
     "float": ("a finite number", _is_finite_number),
     "str": ("a string", lambda v: type(v) is str),
+    "bool": ("true or false", lambda v: type(v) is bool),
     "tuple[int, ...]": (
         f"a list of at most {MAX_LIST_ITEMS} integers",
         lambda v: isinstance(v, (list, tuple)) and len(v) <= MAX_LIST_ITEMS and all(map(_is_int, v)),

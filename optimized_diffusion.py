@@ -316,7 +316,7 @@ class FusedUNet(nn.Module):
                 h = self._attention(attention, self._res_block(block, h, emb))
                 skips.append(h)
             if not isinstance(down, nn.Identity):
-                h = self._conv(down.conv, h)
+                h = self._conv(down.conv, down.padded(h))
                 skips.append(h)
         h = self._res_block(unet.mid_block1, h, emb)
         h = self._res_block(unet.mid_block2, self._attention(unet.mid_attention, h), emb)

@@ -32,11 +32,12 @@ from ddpm.backends.runtimes import (
     parse_onnx,
 )
 from ddpm.data.catalog import DATASETS
-from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint_parts
+from ddpm.formats.checkpoints import check_pixel_unet
 from ddpm.formats.exporters import (
     _quiet_torchscript,
 )
 from ddpm.formats.kinds import KIND_NAMES, artifact_kind
+from ddpm.formats.model_files import load_model_parts
 from ddpm.formats.unet_io import DEFAULT_MAX_BATCH, BatchRange
 from ddpm.latent.first_stage import FirstStage, check_latent_unet, linked_first_stage
 from ddpm.util.messages import first_line
@@ -87,7 +88,7 @@ def load_artifact(
     """
     path, kind = Path(path), artifact_kind(path)
     if kind == "checkpoint":
-        model, schedule_config, class_names, link, dataset = load_checkpoint_parts(path, weights=weights, device=device)
+        model, schedule_config, class_names, link, dataset = load_model_parts(path, weights=weights, device=device)
         stage, _ = linked_first_stage(
             link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder,
             folder=path.parent,

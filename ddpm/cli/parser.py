@@ -117,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model_path",
         default=None,
-        help="checkpoint to write (train) or read (sample, export); sample also reads exported .ts, .onnx and "
-        ".engine/.plan files; default checkpoints/<dataset>.pt (train_autoencoder: checkpoints/<dataset>_autoencoder.pt)",
+        help="checkpoint to write (train) or read (sample, export); sample also reads exported .ts, .onnx, "
+        ".safetensors and .engine/.plan files, and a Hugging Face diffusers model folder (UNet2DModel + scheduler); default checkpoints/<dataset>.pt (train_autoencoder: checkpoints/<dataset>_autoencoder.pt)",
     )
 
     g = p.add_argument_group("data")
@@ -202,8 +202,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sample_every", type=int, default=1000, help="sample grid every N steps (0: only at the end)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --model_path exactly")
     g.add_argument(
-        "--overwrite", action="store_true", help="start over and replace an existing --model_path (without it, refused)"
-    )
+        "--init_from", default=None, metavar="MODEL",
+        help="fine-tune: a new run (into --model_path) that starts from MODEL's weights and takes its U-Net and noise "
+        "schedule: a checkpoint, a .safetensors export or a diffusers model folder (fresh optimizer, step 0)",
+    )  # fmt: skip
+    g.add_argument(
+        "--overwrite", action="store_true",
+        help="start over and replace an existing --model_path and its training curves (without it, refused)",
+    )  # fmt: skip
+    g.add_argument(
+        "--log_dir", default=None, metavar="DIR",
+        help="training curves: DIR/metrics.csv (step, loss, lr, grad_norm, images_per_s, skipped_steps, wall_time) and, "
+        "with the tensorboard package, TensorBoard event files with the preview grids (view: tensorboard --logdir DIR); "
+        "--resume appends to them (default: <model_path stem>_logs beside the checkpoint)",
+    )  # fmt: skip
+    g.add_argument(
+        "--log_every", type=int, default=10,
+        help="a row of training curves every N steps (loss and gradient norm: the means over those steps) and at the end",
+    )  # fmt: skip
 
     g = p.add_argument_group("sampling")
     g.add_argument("--implementation", choices=SAMPLE_IMPLEMENTATIONS, default="original")
@@ -252,7 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("export and TensorRT")
-    g.add_argument("--format", choices=FORMATS, default="onnx", help="what --mode export writes")
+    g.add_argument(
+        "--format", choices=FORMATS, default="onnx",
+        help="what --mode export writes: onnx, torchscript (.ts), tensorrt (an engine), safetensors (the weights, "
+        "no pickle, this tool's configs in the file's metadata) or diffusers (a folder that diffusers' "
+        "DDPMPipeline.from_pretrained loads; default <checkpoint stem>_diffusers/)",
+    )  # fmt: skip
     g.add_argument(
         "--opset",
         type=int,

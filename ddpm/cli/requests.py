@@ -12,6 +12,7 @@ the libraries take (a UNetConfig, a SamplingPlan, TensorRTOptions).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,9 +32,13 @@ class ModelSource:
     trust_torchscript: bool = False  # a .ts file is a program: loaded only with consent
     autoencoder: str | None = None  # a latent model's autoencoder where it is now (None: the path it stored)
 
-    def inputs(self) -> dict[str, str | None]:
-        """The files the flags name for reading (those the file names are Artifact.inputs)."""
-        return {"--model_path": self.path, "--autoencoder": self.autoencoder}
+    def inputs(self) -> dict[str, object]:
+        """The files the flags name for reading (those the file names are Artifact.inputs); a diffusers
+        model folder as an InputFolder: every file in it."""
+        from ddpm.util.safe_files import InputFolder
+
+        path = InputFolder(self.path) if Path(self.path).is_dir() else self.path
+        return {"--model_path": path, "--autoencoder": self.autoencoder}
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class TrainRequest:
     overwrite: bool
     model: NewModel
     autoencoder: str | None = None  # a latent model: the autoencoder whose latents the U-Net learns (latent/first_stage.py)
+    init_from: str | None = None  # fine-tuning: a new run starting from these weights (checkpoint, safetensors, diffusers folder)
     seed: int = 0
     n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
     max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap
@@ -127,6 +133,8 @@ class TrainRequest:
     save_every: int = 1000
     sample_every: int = 1000
     profile: str | None = None  # --profile DIR
+    log_dir: str | None = None  # the training curves' folder (metrics.csv, TensorBoard events); None: none written
+    log_every: int = 10  # a row of the curves every N steps
     given: frozenset[str] = frozenset()  # the flags written on the command line: --resume checks them against the checkpoint
 
 

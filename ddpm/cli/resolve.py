@@ -9,6 +9,9 @@ before any file is read or written or any model is loaded: a value no flag may t
 size or a step number below 1, an opset out of range, a guidance scale out of range), flags that
 contradict each other or the mode, an implementation that cannot run the file's kind or the
 precision, and every output that would destroy an input (util/safe_files.check_outputs).
+
+One file for every mode's flags (over 450 lines): the refusals of one mode's flags in another, and the
+flags modes share, are read in one place rather than kept in step across six.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ddpm.cli.requests import (
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
-from ddpm.util.safe_files import check_outputs  # every output checked before any work
+from ddpm.util.safe_files import InputFolder, check_outputs  # every output checked before any work
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +55,8 @@ def request_for(args: argparse.Namespace) -> object:
 
         check_opset(args.opset)
     check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
+    if args.mode != "train":  # the training curves are --mode train's
+        _refuse_ignored(args, ("log_dir", "log_every"), f"applies to --mode train (its training curves), not --mode {args.mode}")
     # Sizes, counts and step numbers: never 0 or negative (0 is not "the default"; leave a flag out for that).
     check_positive(
         img_size=args.img_size, channels=args.channels, model_channels=args.model_channels,
@@ -220,9 +225,10 @@ def dataset_channels(args: argparse.Namespace) -> int:
 
 def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
     from ddpm.data.catalog import VOLUME_DATASETS
+    from ddpm.training.curves import default_log_dir
 
     _single(args)
-    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every)
     checkpoint = _model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
@@ -230,6 +236,12 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--autoencoder: latent models are for images; volumes train in voxel space")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
+    if args.init_from:  # fine-tuning: the whole model comes from the file, the data and the recipe from the flags
+        if args.resume:
+            raise ValueError(f"--resume continues {checkpoint}'s own run and --init_from starts a new one from {args.init_from}; choose one")
+        _refuse_ignored(args, NEW_MODEL_FLAGS, f"describes a new model, and --init_from takes the whole model from {args.init_from}")
+        if args.autoencoder:
+            raise ValueError("--init_from starts from a pixel model's weights; a latent model continues with --resume")
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
     _refuse_ignored(args, NOT_TRAINING_FLAGS, "is not read by --mode train (it is a flag of sampling or of --mode train_autoencoder)")
@@ -242,7 +254,12 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--n_epochs sets a new run's length; a resumed run goes on to --max_steps (drop --n_epochs)")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
-    check_outputs({"--model_path": checkpoint}, inputs={"--autoencoder": args.autoencoder, "--data_dir": _data_input(args)})
+    init_from = args.init_from and (InputFolder(args.init_from) if Path(args.init_from).is_dir() else args.init_from)
+    inputs = {"--autoencoder": args.autoencoder, "--data_dir": _data_input(args), "--init_from": init_from}
+    check_outputs({"--model_path": checkpoint}, inputs=inputs)
+    log_dir = args.log_dir or default_log_dir(checkpoint)  # its metrics.csv is checked once the run's inputs are known
+    if Path(log_dir).exists() and not Path(log_dir).is_dir():
+        raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
     recipe = training_defaults(args.dataset)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
@@ -257,6 +274,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         overwrite=args.overwrite,
         model=_new_model(args),
         autoencoder=args.autoencoder,
+        init_from=args.init_from,
         seed=args.seed,
         n_epochs=args.n_epochs,
         max_steps=args.max_steps,
@@ -274,6 +292,8 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         save_every=args.save_every,
         sample_every=args.sample_every,
         profile=args.profile,
+        log_dir=log_dir,
+        log_every=args.log_every,
         given=args.given,
     )
 
@@ -347,6 +367,12 @@ def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequ
     outputs = {"--output": output}
     if args.format == "tensorrt":
         outputs["--output's metadata"] = metadata_path(output)
+    if args.format == "diffusers":  # a folder: the files written into it are the outputs
+        from ddpm.formats.diffusers_io import diffusers_folder_files
+
+        if Path(output).exists() and not Path(output).is_dir():
+            raise ValueError(f"--output {output} is a file; --format diffusers writes a folder")
+        outputs = diffusers_folder_files(Path(output))
     check_outputs(outputs, inputs=source.inputs())
     return ExportRequest(
         device=device,

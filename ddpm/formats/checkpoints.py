@@ -173,12 +173,23 @@ def load_checkpoint_parts(
     The U-Net is built on the meta device and takes the checkpoint's tensors (torch_files.load_weights
     with ``assign``), so nothing is allocated for a config until its weights are known to match it.
     """
+    return model_parts(load_checkpoint(path), path=path, weights=weights, device=device)
+
+
+def model_parts(
+    state: Mapping, *, path: str | Path, weights: str = "ema", device: torch.device | str = "cpu"
+) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None, str | None]:
+    """:func:`load_checkpoint_parts` from a checkpoint's state read from ``path``: a checkpoint's, or one
+    formats/model_files.py made of a safetensors export or a diffusers folder (``source_format``)."""
     from ddpm.conditioning import read_class_names
 
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
-    state = load_checkpoint(path)
-    source = f"checkpoint {path}"
+    source = f"checkpoint {path}" if "source_format" not in state else str(path)
+    held = state.get("weights_kind", "ema")  # a checkpoint holds both; a safetensors export or diffusers folder one set
+    if "source_format" in state and weights != held:
+        what = "one set of weights" if state["source_format"] == "diffusers" else f"the {'EMA' if held == 'ema' else 'raw'} weights only"
+        raise ValueError(f"{path} holds {what}; drop --no_ema" if weights == "model" else f"{path} holds {what}; sample it with --no_ema")
     model_config, schedule_config = read_configs(state, source=source)
     link = read_link(state, source=source)
     if link is None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FORMATS = ("onnx", "torchscript", "tensorrt")
-FORMAT_SUFFIXES = {"onnx": (".onnx",), "torchscript": (".ts",), "tensorrt": (".engine", ".plan")}
+FORMATS = ("onnx", "torchscript", "tensorrt", "safetensors", "diffusers")
+# "diffusers" writes a folder (formats/diffusers_io.py): no suffix.
+FORMAT_SUFFIXES = {"onnx": (".onnx",), "torchscript": (".ts",), "tensorrt": (".engine", ".plan"), "safetensors": (".safetensors",), "diffusers": ("",)}
+# Weights a PyTorch U-Net is rebuilt from are all "checkpoint"s to the implementations: a .pt checkpoint, a
+# safetensors export, and a diffusers model folder (any folder; formats/diffusers_io.py says if it is not one).
 ARTIFACT_KINDS = {
     ".pt": "checkpoint",
+    ".safetensors": "checkpoint",
     ".ts": "torchscript",
     ".onnx": "onnx",
     ".engine": "tensorrt",
@@ -24,12 +28,18 @@ KIND_NAMES = {"checkpoint": "checkpoint", "torchscript": "TorchScript", "onnx": 
 
 
 def artifact_kind(path: str | Path) -> str:
+    if Path(path).is_dir():
+        return "checkpoint"  # a diffusers model folder
     kind = ARTIFACT_KINDS.get(Path(path).suffix)
     if kind is None:
-        raise ValueError(f"--model_path {path}: expected a file ending in {', '.join(ARTIFACT_KINDS)}")
+        raise ValueError(f"--model_path {path}: expected a diffusers model folder or a file ending in {', '.join(ARTIFACT_KINDS)}")
     return kind
 
 
 def default_output(source: str | Path, fmt: str) -> Path:
-    """Where an export goes by default: beside its checkpoint, with the format's suffix."""
-    return Path(source).with_suffix(FORMAT_SUFFIXES[fmt][0])
+    """Where an export goes by default: beside its checkpoint, with the format's suffix (a diffusers
+    folder: ``<stem>_diffusers``)."""
+    source = Path(source)
+    if fmt == "diffusers":
+        return source.with_name(f"{source.stem if source.suffix else source.name}_diffusers")
+    return source.with_suffix(FORMAT_SUFFIXES[fmt][0])

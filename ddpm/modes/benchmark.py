@@ -20,7 +20,7 @@ from basic_diffusion import UNet
 from ddpm.benchmarks import sampling_bench, training_bench
 from ddpm.cli.requests import BenchmarkRun
 from ddpm.conditioning import guidance_for, unet_batch
-from ddpm.formats.checkpoints import load_checkpoint_parts
+from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
 from ddpm.util import distributed
 from ddpm.util.memory_budget import check_batch_fits
@@ -35,7 +35,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if distributed.current().distributed and not training:
         raise ValueError("under torchrun, benchmark mode measures training (--bench training); time sampling in one process")
     if run.source:
-        model, schedule_config, class_names, link, _ = load_checkpoint_parts(run.source.path, weights=run.source.weights)
+        model, schedule_config, class_names, link, _ = load_model_parts(run.source.path, weights=run.source.weights)
         if link is not None and training and run.source.autoencoder:
             raise ValueError("--autoencoder: --bench training times the U-Net on random latents; it reads no autoencoder")
         if not training or link is None:  # a latent model is timed whole (loop, then decoder); a pixel model refuses --autoencoder

@@ -29,7 +29,7 @@ from ddpm.backends.runtimes import (
     onnxruntime_session,
 )  # fmt: skip
 from ddpm.cli.requests import ExportRequest
-from ddpm.formats.checkpoints import load_checkpoint_parts
+from ddpm.formats.diffusers_io import diffusers_folder_files
 from ddpm.formats.exporters import (
     _quiet_torchscript,
     export_decoder_onnx,
@@ -40,9 +40,10 @@ from ddpm.formats.exporters import (
     trace_torchscript,
 )  # fmt: skip
 from ddpm.formats.kinds import FORMAT_SUFFIXES, FORMATS, artifact_kind
+from ddpm.formats.model_files import load_model_parts, load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
-from ddpm.util.safe_files import atomic_write, check_outputs
+from ddpm.util.safe_files import InputFolder, atomic_write, check_outputs
 from tensorrt_integration import TensorRTOptions
 
 
@@ -118,11 +119,40 @@ def export_decoder(
 def check_export_paths(source: Path, output: Path, fmt: str) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    inputs = {"--model_path": InputFolder(source) if source.is_dir() else source}
+    if fmt == "diffusers":
+        if output.exists() and not output.is_dir():
+            raise ValueError(f"--output {output} is a file; --format diffusers writes a folder")
+        check_outputs(diffusers_folder_files(output), inputs=inputs)
+        return
     if output.suffix not in FORMAT_SUFFIXES[fmt]:
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    check_outputs({"--output": output}, inputs={"--model_path": source})
+    check_outputs({"--output": output}, inputs=inputs)
+
+
+def export_weights(model, schedule_config, *, fmt: str, source: Path, output: Path, weights: str, labels: dict) -> list[str]:
+    """``--format safetensors`` (the weights and this tool's metadata) or ``diffusers`` (a DDPMPipeline
+    folder); each read back and compared with the model it came from before the report says so."""
+    from ddpm.formats import model_files, safetensors_io
+
+    if fmt == "safetensors":
+        metadata = artifact_metadata(model_config=model.config, schedule_config=schedule_config, weights=weights, **labels)
+        safetensors_io.write_safetensors(model, output, metadata=metadata)
+        state = load_model_state(output)
+        written = f"wrote {output} (safetensors, {weights} weights, this tool's configs in its metadata)"
+    else:
+        files = model_files.write_diffusers_folder(model, schedule_config, output, source=str(source))
+        state = model_files.read_diffusers_folder(output)
+        written = f"wrote {output}/ ({', '.join(str(f.relative_to(output)) for f in files)}; diffusers' DDPMPipeline loads it)"
+        if model.config.num_classes:
+            written += f"; num_class_embeds {model.config.num_classes + 1}: classes 0-{model.config.num_classes - 1}, the last the null label"
+    reference = model.state_dict()
+    same = all(torch.equal(state["ema"][k], reference[k].float()) for k in reference)
+    if not same:  # a programming error in the renaming; never expected
+        raise RuntimeError(f"{output}: the weights read back differ from the model's")
+    return [written, "read back: the same weights, bit for bit"]
 
 
 def export_checkpoint(
@@ -149,14 +179,20 @@ def export_checkpoint(
     check_export_paths(source, output, fmt)
     if fmt == "tensorrt":
         raise ValueError("build TensorRT engines with tensorrt_integration.export_engine")
+    if fmt in ("safetensors", "diffusers") and precision != "fp32":
+        raise ValueError(f"--format {fmt} holds fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt")
     if fmt == "onnx":
         import_onnx()  # fail before any work if a package is missing
         import_onnxruntime()
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
-    model, schedule_config, class_names, link, dataset = load_checkpoint_parts(source, weights=weights, device=device)
+    model, schedule_config, class_names, link, dataset = load_model_parts(source, weights=weights, device=device)
     labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
     if dataset is not None:  # evaluate judges the file as its training data without --dataset
         labels["dataset"] = dataset
+    if fmt in ("safetensors", "diffusers"):
+        if link is not None:
+            raise ValueError(f"--format {fmt} holds a U-Net alone; a latent model needs its autoencoder too: export it as onnx or torchscript")
+        return export_weights(model, schedule_config, fmt=fmt, source=source, output=output, weights=weights, labels=labels)
     report = []
     if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
         stage, _ = linked_first_stage(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -22,7 +22,9 @@ from basic_diffusion import count_parameters
 from ddpm.cli.requests import NewModel, TrainRequest
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
+from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
+from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.training.trainer import TrainConfig, Trainer, resume_config
 from ddpm.util import distributed, interrupts
 from ddpm.util.memory_budget import check_batch_fits
@@ -39,9 +41,16 @@ def run_train(request: TrainRequest) -> None:
                 f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
                 "or --overwrite to start over and replace it"
             )
+        if request.log_dir is not None:  # before the data are read: a new run never mixes its curves with another's
+            refuse_previous_curves(request.log_dir, resume=request.resume, overwrite=request.overwrite)
         trainer = resumed_trainer(request) if request.resume else new_trainer(request)
         check_previews(trainer, data_dir=request.model.data_dir)
-        train(trainer, profile=request.profile)
+        curves = training_log(trainer, request)
+        try:
+            train(trainer, profile=request.profile, curves=curves)
+        finally:
+            if curves is not None:
+                curves.close()
     distributed.say(f"checkpoint: {checkpoint}")
 
 
@@ -71,6 +80,25 @@ def check_previews(trainer, *, data_dir: str) -> None:
                   "--data_dir": data_input(config.dataset, data_dir)}  # fmt: skip
         for entry in existing:
             check_outputs({"the training preview": entry}, inputs=inputs)
+
+
+def training_log(trainer, request: TrainRequest) -> TrainingLog | None:
+    """Rank 0's training curves (training/curves.py) in --log_dir, checked as outputs against the run's inputs
+    (its checkpoint, its autoencoder, its data) before the first step; None on the other ranks."""
+    if request.log_dir is None or not distributed.current().is_main:
+        return None
+    stage, config = trainer.first_stage, trainer.config
+    inputs = {"--model_path": request.checkpoint, "its autoencoder": stage.link.get("path") if stage is not None else None,
+              "--data_dir": data_input(config.dataset, request.model.data_dir)}  # fmt: skip
+    explicit = "log_dir" in request.given  # the tensorboard hint only for a user who asked for curves
+    curves = TrainingLog(
+        request.log_dir, start_step=trainer.step, every=request.log_every, resume=request.resume,
+        overwrite=request.overwrite, inputs=inputs, say=distributed.say if explicit else None,
+    )  # fmt: skip
+    model, schedule = trainer.model_config.to_dict(), asdict(trainer.schedule_config)
+    curves.hparams({"train": asdict(config), "model": model, "schedule": schedule})
+    return curves
+
 
 def resumed_trainer(request: TrainRequest):
     checkpoint, device, ranks = request.checkpoint, request.device, distributed.current()
@@ -183,9 +211,17 @@ def new_trainer(request: TrainRequest):
             )
         latent_channels, latent_side = stage.latent_shape[0], stage.latent_shape[-1]
         spec = replace(spec, image_size=latent_side, channels=latent_channels)
-    model_config = spec.model_config()  # validates before any download
+    start = None
+    if request.init_from:  # fine-tuning: the U-Net, its weights and its schedule from the file; data and recipe from the flags
+        start, schedule_config, _, link, _ = load_model_parts(request.init_from, device="cpu")
+        if link is not None:
+            raise ValueError(f"--init_from {request.init_from} is a latent model; continue its own run with --resume instead")
+        model_config = start.config
+        spec = replace(spec, image_size=model_config.image_size, channels=model_config.in_channels)
+    else:
+        model_config, schedule_config = spec.model_config(), spec.schedule_config()  # validated before any download
     if stage is None:
-        check_pixel_unet(model_config, source="--channels")  # images have 1 or 3
+        check_pixel_unet(model_config, source="--init_from" if start is not None else "--channels")  # images have 1 or 3
     distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
     check_batch_fits(
         model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True,
@@ -228,22 +264,27 @@ def new_trainer(request: TrainRequest):
         cond_drop=request.cond_drop,
         grad_checkpoint=request.grad_checkpoint,
     )
-    trainer = Trainer(config, model_config, spec.schedule_config(), images=images, device=device, first_stage=stage)
+    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, first_stage=stage)
+    if start is not None:  # the model and its EMA both start from the file's (EMA) weights
+        trainer.model.load_state_dict(start.state_dict())
+        trainer.ema.load_state_dict(start.state_dict())
     what = "volumes" if model_config.dims == 3 else "images" if stage is None else "images' latents"
     distributed.say(
         f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} "
         f"{what} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "
         f"for {total} steps on {device.type}, {request.precision}"
         f"{on_ranks(config)}"
+        + (f", starting from {request.init_from}" if start is not None else "")
         + (f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)" if model_config.num_classes else "")
     )
     return trainer
 
-def train(trainer, *, profile: str | None = None) -> None:
+def train(trainer, *, profile: str | None = None, curves: TrainingLog | None = None) -> None:
     """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143.
 
     A run stopped before its first step saves nothing, so the file it would replace stays as it was.
-    With ``profile`` (--profile DIR) a few steps of the run are traced (profiling.py).
+    With ``profile`` (--profile DIR) a few steps of the run are traced (profiling.py); with ``curves``
+    (training_log's) every step is recorded.
     """
 
     start, ranks = trainer.step, distributed.current()
@@ -252,9 +293,9 @@ def train(trainer, *, profile: str | None = None) -> None:
             run_name = f"train-rank{ranks.rank}" if ranks.distributed else "train"
             config = ProfileConfig(profile, run_name=run_name, total_steps=trainer.config.total_steps - start)
             with make_profiler(config, device=trainer.device, log=tqdm.write) as profiler:
-                trainer.run(profiler=profiler)
+                trainer.run(profiler=profiler, curves=curves)
         else:
-            trainer.run()
+            trainer.run(curves=curves)
     except KeyboardInterrupt as exc:
         stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
         if trainer.step == start:

@@ -22,6 +22,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -39,6 +40,9 @@ from ddpm.util.distributed import Ranks
 from ddpm.util.precision import autocast, check_precision
 from ddpm.util.profiling import NullProfiler, Profiler, phase
 from noise_schedule import NoiseSchedule, ScheduleConfig
+
+if TYPE_CHECKING:
+    from ddpm.training.curves import TrainingLog
 
 MAX_CONSECUTIVE_NONFINITE = 20
 
@@ -167,6 +171,7 @@ class Trainer:
         self.forward = torch.compile(wrapped) if config.compile else wrapped
         self.stop_requested = False  # a rank was asked to stop (Ctrl-C, SIGTERM): every rank stops after this step
         self.step = 0
+        self.grad_norm = math.nan  # the last step's gradient norm, before clipping (for the training curves)
         if resume_state is not None:
             self._restore(resume_state)
 
@@ -301,6 +306,7 @@ class Trainer:
             stop = float(interrupts.pending() or 0) if ranks.distributed else 0.0
             stats = torch.stack([loss.detach().float(), grad_norm.float(), loss.new_tensor(stop, dtype=torch.float32)])
             loss_value, norm_value, stop = distributed.all_reduce_sum(stats, ranks=ranks).div_(ranks.world_size).tolist()
+            self.grad_norm = norm_value
             self.stop_requested = stop > 0
             finite = math.isfinite(loss_value) and math.isfinite(norm_value)
             if finite:
@@ -324,11 +330,14 @@ class Trainer:
             ema_buf.copy_(buf)
 
     def run(
-        self, *, until_step: int | None = None, progress: bool = True, profiler: Profiler | NullProfiler | None = None
+        self, *, until_step: int | None = None, progress: bool = True, profiler: Profiler | NullProfiler | None = None,
+        curves: TrainingLog | None = None,
     ) -> list[float]:
         """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses.
 
         With a ``profiler`` (profiling.py), each step is one profiler step, its phases named ranges in the trace.
+        With ``curves`` (curves.py; rank 0's), every step's loss, LR, gradient norm and time, and every preview grid,
+        are recorded; the caller closes it.
         """
         cfg = self.config
         end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
@@ -345,9 +354,14 @@ class Trainer:
                 while self.step < end:
                     if not self.ranks.distributed:  # ranks stop together, after the step that reports the signal
                         interrupts.raise_if_pending()
+                    lr, started = self.lr, time.perf_counter()  # the rate this step trains with
                     loss = self.train_step()
+                    seconds = time.perf_counter() - started  # the step's real time: train_step ends in its sync
                     profiler.step()
                     losses.append(loss)
+                    if curves is not None and self.ranks.is_main:  # no sync of its own: train_step read loss and norm
+                        images = cfg.batch_size
+                        curves.add_step(self.step, loss=loss, lr=lr, grad_norm=self.grad_norm, images=images, seconds=seconds)
                     if math.isfinite(loss):
                         bad_in_a_row = 0
                         smoothed = loss if smoothed is None else 0.98 * smoothed + 0.02 * loss
@@ -378,7 +392,10 @@ class Trainer:
                         self.save()
                     sample_now = at_end or (cfg.sample_every and self.step % cfg.sample_every == 0)
                     if sample_now and self.ranks.is_main:  # the other ranks wait for rank 0 in the next step
-                        bar.write(f"step {self.step}: samples in {self.write_samples()}")
+                        grid = self.write_samples()
+                        bar.write(f"step {self.step}: samples in {grid}")
+                        if curves is not None:
+                            curves.image(self.step, "samples", grid)
         finally:
             bar.close()
         skipped = sum(not math.isfinite(loss) for loss in losses)

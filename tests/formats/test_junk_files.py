@@ -112,6 +112,24 @@ def test_a_checkpoint_whose_fields_lie_is_refused_at_load(tmp_path, field, value
     assert "\n" not in str(info.value)
 
 
+def test_junk_safetensors_files_and_diffusers_folders_end_in_one_line(tmp_path):
+    from ddpm.formats import model_files, safetensors_io
+    from ddpm.formats.unet_io import artifact_metadata
+
+    model = perturbed_unet(tiny_unet_config(image_size=8, norm_groups=8, attention_resolutions=(4,)))
+    meta = artifact_metadata(model_config=model.config, schedule_config=TINY_SCHEDULE, weights="ema")
+    safetensors_io.write_safetensors(model, tmp_path / "real.safetensors", metadata=meta)
+    fuzz(lambda p: load_artifact(p, device=CPU), tmp_path / "real.safetensors", tmp_path, name="junk.safetensors")
+    model_files.write_diffusers_folder(model, TINY_SCHEDULE, tmp_path / "folder", source="test")
+    for part in ("unet/diffusion_pytorch_model.safetensors", "unet/config.json", "scheduler/scheduler_config.json"):
+        real = tmp_path / "folder" / part
+        kept = real.read_bytes()
+        for what, data in junk_versions(kept, seed=1):
+            real.write_bytes(data)
+            one_line_or_loads(lambda p: load_artifact(p, device=CPU), tmp_path / "folder", f"{part} as {what}")
+        real.write_bytes(kept)
+
+
 def test_junk_autoencoders_end_in_one_line_directly_and_through_a_link(tmp_path):
     write_autoencoder(tmp_path / "ae.pt")
     fuzz(lambda p: load_autoencoder(p, device=CPU), tmp_path / "ae.pt", tmp_path, name="junk_ae.pt")

@@ -359,7 +359,7 @@ def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
     class Trainer:
         step = 6
 
-        def run(self):
+        def run(self, **options):  # (curves=...: the real Trainer.run's keywords)
             self.step += 1
             raise interrupts.Interrupted(signal.SIGINT)
 
@@ -381,7 +381,7 @@ def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
     class Trainer:
         step = 0
 
-        def run(self):
+        def run(self, **options):
             raise interrupts.Interrupted(signal.SIGTERM)  # the mistaken --overwrite run, stopped at once
 
         def save(self):

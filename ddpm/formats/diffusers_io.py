@@ -1,0 +1,392 @@
+"""Hugging Face diffusers folders and safetensors files: other tools' models in, this tool's models out.
+
+    python main.py --mode sample --model_path ~/models/ddpm-cifar10-32          # a folder saved by diffusers
+    python main.py --mode export --format diffusers --model_path checkpoints/mnist.pt   # -> checkpoints/mnist_diffusers/
+    python main.py --mode export --format safetensors --model_path checkpoints/mnist.pt # -> checkpoints/mnist.safetensors
+
+This tool's U-Net is diffusers' ``UNet2DModel`` with ``DownBlock2D``/``AttnDownBlock2D`` levels (the same
+modules in the same order), so a model moves between the two by renaming its weights:
+
+* formats/model_files.py's ``read_diffusers_folder`` reads a pipeline folder (``unet/`` and ``scheduler/``, as
+  ``DDPMPipeline.save_pretrained`` writes) or a ``UNet2DModel`` folder alone (then the schedule is
+  diffusers' DDPMScheduler default: linear betas 1e-4 to 0.02 over 1000 steps) as a checkpoint's state:
+  :func:`unet_config_from_diffusers` and :func:`schedule_config_from_diffusers` map the configs, and
+  refuse in one line, naming the setting, what this U-Net cannot compute (another block type,
+  cross-attention, v-prediction, ...); the weights are renamed and later loaded strictly;
+* its ``write_diffusers_folder`` writes what ``DDPMPipeline.from_pretrained`` loads (EMA weights in
+  safetensors, through formats/safetensors_io.py, which also writes and reads this tool's own
+  ``--format safetensors`` files).
+
+Class-conditional models: diffusers' ``num_class_embeds`` rows are this tool's classes plus its null label
+(the last row, "no class", which classifier-free guidance needs); a diffusers model's last class is read as
+that null label. Nothing here imports diffusers or touches the network: the files are read with
+``safetensors`` (no pickle; a ``.bin`` weights file goes through ``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from basic_diffusion import UNet, UNetConfig
+from ddpm.util.messages import first_line
+from ddpm.util.safe_files import parse_json, read_limited
+from noise_schedule import ScheduleConfig, short_repr
+
+WEIGHTS_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
+SCHEDULER_FILE = "scheduler_config.json"
+# The diffusers release whose format the exports follow (written into the configs; diffusers reads older ones).
+DIFFUSERS_VERSION = "0.42.1"
+
+# UNet2DModel settings this U-Net computes only at one value: key -> that value (None: absent or null).
+_FIXED = {
+    "center_input_sample": False,
+    "time_embedding_type": "positional",
+    "time_embedding_dim": None,
+    "mid_block_scale_factor": 1,
+    "downsample_type": "conv",
+    "upsample_type": "conv",
+    "act_fn": "silu",
+    "add_attention": True,
+    "class_embed_type": None,
+    "mid_block_type": "UNetMidBlock2D",
+    "num_train_timesteps": None,  # only read by the "learned" time embedding
+}
+# Settings mapped onto UNetConfig (see unet_config_from_diffusers), with diffusers' defaults.
+_MAPPED = {
+    "sample_size": None, "in_channels": 3, "out_channels": 3, "freq_shift": 0, "flip_sin_to_cos": True,
+    "down_block_types": ("DownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D"),
+    "up_block_types": ("AttnUpBlock2D", "AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+    "block_out_channels": (224, 448, 672, 896), "layers_per_block": 2, "downsample_padding": 1, "dropout": 0.0,
+    "attention_head_dim": 8, "norm_num_groups": 32, "norm_eps": 1e-5, "resnet_time_scale_shift": "default",
+    "num_class_embeds": None, "attn_norm_num_groups": None,
+}  # fmt: skip
+_DOWN_TYPES = {"DownBlock2D": False, "AttnDownBlock2D": True}  # block type -> has attention
+_UP_TYPES = {"UpBlock2D": False, "AttnUpBlock2D": True}
+_TIME_SCALE_SHIFT = {"default": "add", "scale_shift": "scale_shift"}  # diffusers -> UNetConfig.time_conditioning
+_BETA_SCHEDULES = {"linear": "linear", "squaredcos_cap_v2": "cosine"}  # diffusers -> ScheduleConfig.kind
+DIFFUSERS_COSINE_S = 0.008  # squaredcos_cap_v2's offset, fixed in diffusers
+
+
+# --------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------
+
+
+def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
+    """A ``UNet2DModel`` config.json (parsed) as this tool's UNetConfig; ValueError naming what differs."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a JSON {type(config).__name__} instead of a UNet2DModel config")
+    name = config.get("_class_name", "UNet2DModel")
+    if name != "UNet2DModel":
+        raise ValueError(f"{source} is a {short_repr(name)}; this tool reads diffusers' UNet2DModel only")
+    unknown = [k for k in config if not k.startswith("_") and k not in _FIXED and k not in _MAPPED]
+    if unknown:
+        raise ValueError(f"{source}: setting {short_repr(unknown[0])} is not one of UNet2DModel's that this U-Net computes")
+    for key, value in _FIXED.items():
+        given = config.get(key, value)
+        if given != value:
+            raise ValueError(f"{source}: {key}={short_repr(given)} is not computed by this U-Net (it computes {value!r})")
+    c = {key: config.get(key, default) for key, default in _MAPPED.items()}
+
+    def fail(problem: str) -> ValueError:
+        return ValueError(f"{source}: {problem}")
+
+    widths, down, up = c["block_out_channels"], c["down_block_types"], c["up_block_types"]
+    if not (isinstance(widths, list) and widths and all(type(w) is int and w > 0 for w in widths)):
+        raise fail(f"block_out_channels must be a list of positive integers, got {short_repr(widths)}")
+    if not (isinstance(down, list) and isinstance(up, list) and len(down) == len(up) == len(widths)):
+        raise fail(f"down_block_types and up_block_types need one entry per block_out_channels ({len(widths)})")
+    for kind, types in (("down", _DOWN_TYPES), ("up", _UP_TYPES)):
+        odd = [t for t in (down if kind == "down" else up) if t not in types]
+        if odd:
+            raise fail(f"{kind} block type {short_repr(odd[0])} is not one this U-Net has ({', '.join(types)})")
+    attends = [_DOWN_TYPES[t] for t in down]
+    if attends != [_UP_TYPES[t] for t in reversed(up)]:
+        raise fail("attention differs between the down and up blocks of a level; this U-Net attends at the same levels both ways")
+    base = widths[0]
+    if any(w % base for w in widths):
+        raise fail(f"block_out_channels {widths} are not multiples of the first; this U-Net's levels are model_channels x an integer")
+    size = c["sample_size"]
+    if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
+        size = size[0]
+    if type(size) is not int:
+        raise fail(f"sample_size must be one integer (square images), got {short_repr(size)}")
+    if c["out_channels"] != c["in_channels"]:
+        raise fail(f"out_channels {short_repr(c['out_channels'])} differs from in_channels {short_repr(c['in_channels'])}; "
+                   "this U-Net predicts the noise of its input (a learned variance is not read)")  # fmt: skip
+    if c["resnet_time_scale_shift"] not in _TIME_SCALE_SHIFT:
+        raise fail(f"resnet_time_scale_shift {short_repr(c['resnet_time_scale_shift'])} is not default or scale_shift")
+    # The middle block's attention is normalized in attn_norm_num_groups groups; diffusers leaves that unset to
+    # mean norm_num_groups with the "default" time shift, and no normalization at all with "scale_shift".
+    attn_groups = c["attn_norm_num_groups"]
+    if attn_groups is None and c["resnet_time_scale_shift"] == "scale_shift":
+        raise fail("attn_norm_num_groups is unset, so with scale_shift its middle attention has no GroupNorm (this U-Net's has)")
+    if attn_groups is not None and attn_groups != c["norm_num_groups"]:
+        raise fail(f"attn_norm_num_groups {short_repr(attn_groups)} differs from norm_num_groups {short_repr(c['norm_num_groups'])}")
+    classes = c["num_class_embeds"]
+    if classes is not None and (type(classes) is not int or classes < 2):
+        raise fail(f"num_class_embeds must be 2 or more (the classes and the null label), got {short_repr(classes)}")
+    levels = len(widths)
+    resolutions = [size // 2**level for level in range(levels)]
+    attended = [w for w, a in zip(widths, attends) if a] + [widths[-1]]  # the middle block always attends
+    head_dim = c["attention_head_dim"]
+    if head_dim is None:  # diffusers: one head as wide as the block
+        heads = {1}
+    elif type(head_dim) is int and head_dim > 0 and all(w % head_dim == 0 for w in attended):
+        heads = {w // head_dim for w in attended}
+    else:
+        raise fail(f"attention_head_dim {short_repr(head_dim)} must divide every attention width {sorted(set(attended))}")
+    if len(heads) > 1:
+        raise fail(f"attention_head_dim {head_dim} gives {sorted(heads)} heads at widths {sorted(set(attended))}; "
+                   "this U-Net has one head count for all attention layers")  # fmt: skip
+    for flag in ("flip_sin_to_cos",):
+        if type(c[flag]) is not bool:
+            raise fail(f"{flag} must be true or false, got {short_repr(c[flag])}")
+    try:
+        model_config = UNetConfig(
+            image_size=size, in_channels=c["in_channels"], model_channels=base, channel_mult=tuple(w // base for w in widths),
+            num_res_blocks=c["layers_per_block"], attention_resolutions=tuple(r for r, a in zip(resolutions, attends) if a),
+            num_heads=heads.pop(), dropout=float(c["dropout"]), norm_groups=c["norm_num_groups"],
+            num_classes=0 if classes is None else classes - 1, time_conditioning=_TIME_SCALE_SHIFT[c["resnet_time_scale_shift"]],
+            flip_sin_to_cos=c["flip_sin_to_cos"], freq_shift=int(c["freq_shift"]), norm_eps=float(c["norm_eps"]),
+            downsample_padding=c["downsample_padding"],
+        )  # fmt: skip
+    except (ValueError, TypeError) as exc:
+        raise fail(f"its config does not describe a U-Net this tool runs ({first_line(exc)})") from exc
+    check_same_groups(model_config, source=source)
+    return model_config
+
+
+def check_same_groups(config: UNetConfig, *, source: str) -> None:
+    """diffusers normalizes every layer in ``norm_groups`` groups; this U-Net, where a width does not divide,
+    in gcd(groups, width). Equal only when the groups divide every normalized width."""
+    with torch.device("meta"):
+        model = UNet(config)
+    widths = sorted({m.num_channels for m in model.modules() if isinstance(m, nn.GroupNorm) and m.num_groups != config.norm_groups})
+    if widths:
+        raise ValueError(f"{source}: {config.norm_groups} norm groups do not divide the widths {widths}; diffusers' UNet2DModel needs them to")
+
+
+def diffusers_unet_config(config: UNetConfig, *, source: str) -> dict:
+    """This tool's UNetConfig as a UNet2DModel config.json; ValueError for what diffusers cannot represent."""
+    if config.dims != 2 or config.patch_size != 1:
+        raise ValueError(f"{source}: diffusers' UNet2DModel is for images without patches; this model is a volume or patched one")
+    if config.channel_mult[0] != 1:
+        raise ValueError(f"{source}: channel_mult starts at {config.channel_mult[0]}; UNet2DModel's first level is its base width")
+    check_same_groups(config, source=source)
+    widths = [config.model_channels * m for m in config.channel_mult]
+    attends = [r in config.attention_resolutions for r in config.resolutions]
+    attended = {w for w, a in zip(widths, attends) if a} | {widths[-1]}
+    head_dims = {w // config.num_heads for w in attended}
+    if len(head_dims) > 1:
+        raise ValueError(f"{source}: {config.num_heads} heads over widths {sorted(attended)} differ in head size; "
+                         "UNet2DModel has one attention_head_dim")  # fmt: skip
+    time_shift = {v: k for k, v in _TIME_SCALE_SHIFT.items()}[config.time_conditioning]
+    return {
+        "_class_name": "UNet2DModel", "_diffusers_version": DIFFUSERS_VERSION,
+        "sample_size": config.image_size, "in_channels": config.in_channels, "out_channels": config.in_channels,
+        "center_input_sample": False, "time_embedding_type": "positional", "freq_shift": config.freq_shift,
+        "flip_sin_to_cos": config.flip_sin_to_cos,
+        "down_block_types": ["AttnDownBlock2D" if a else "DownBlock2D" for a in attends],
+        "up_block_types": ["AttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attends)],
+        "block_out_channels": widths, "layers_per_block": config.num_res_blocks, "mid_block_scale_factor": 1,
+        "downsample_padding": config.downsample_padding, "downsample_type": "conv", "upsample_type": "conv",
+        "dropout": config.dropout, "act_fn": "silu", "attention_head_dim": head_dims.pop(),
+        "norm_num_groups": config.norm_groups, "attn_norm_num_groups": config.norm_groups,  # given: see the reader
+        "norm_eps": config.norm_eps, "resnet_time_scale_shift": time_shift,
+        "add_attention": True, "class_embed_type": None,
+        "num_class_embeds": config.num_classes + 1 if config.num_classes else None,  # the last row: the null label
+    }  # fmt: skip
+
+
+def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleConfig:
+    """A scheduler_config.json's forward process (betas) as a ScheduleConfig; ValueError naming what differs.
+
+    Only the training process is read: how a diffusers scheduler samples (clip_sample, variance_type's fixed
+    kinds, timestep_spacing, ...) is chosen per run here by --sampler, --sampling_steps and --no_clip.
+    """
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a JSON {type(config).__name__} instead of a scheduler config")
+    steps = config.get("num_train_timesteps", 1000)
+    kind = config.get("beta_schedule", "linear")
+    checks = (
+        (config.get("prediction_type", "epsilon") == "epsilon", "prediction_type", "epsilon"),
+        (config.get("trained_betas") is None, "trained_betas", "null"),
+        (not config.get("rescale_betas_zero_snr", False), "rescale_betas_zero_snr", "false"),
+        (config.get("variance_type", "fixed_small") in (None, "fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log"),
+         "variance_type", "a fixed variance"),
+        (kind in _BETA_SCHEDULES, "beta_schedule", " or ".join(_BETA_SCHEDULES)),
+        (type(steps) is int, "num_train_timesteps", "an integer"),
+    )  # fmt: skip
+    for ok, key, supported in checks:
+        if not ok:
+            raise ValueError(f"{source}: {key}={short_repr(config.get(key))} is not supported (this tool needs {supported})")
+    try:
+        if _BETA_SCHEDULES[kind] == "cosine":
+            return ScheduleConfig(kind="cosine", num_timesteps=steps, cosine_s=DIFFUSERS_COSINE_S)
+        start, end = config.get("beta_start", 1e-4), config.get("beta_end", 0.02)
+        if not all(type(v) in (int, float) and math.isfinite(v) for v in (start, end)):
+            raise ValueError(f"beta_start and beta_end must be numbers, got {short_repr(start)}, {short_repr(end)}")
+        scale = steps / 1000.0  # this tool's linear endpoints are for T = 1000 and scale by 1000 / T
+        return ScheduleConfig(kind="linear", num_timesteps=steps, beta_start=start * scale, beta_end=end * scale)
+    except ValueError as exc:
+        raise ValueError(f"{source}: its schedule is unusable ({first_line(exc)})") from exc
+
+
+def diffusers_scheduler_config(schedule: ScheduleConfig, *, source: str) -> dict:
+    """A ScheduleConfig as DDPMScheduler's scheduler_config.json (epsilon prediction, fixed-small variance)."""
+    config = {"_class_name": "DDPMScheduler", "_diffusers_version": DIFFUSERS_VERSION, "num_train_timesteps": schedule.num_timesteps}
+    if schedule.kind == "cosine":
+        if schedule.cosine_s != DIFFUSERS_COSINE_S:
+            raise ValueError(f"{source}: a cosine schedule with s={schedule.cosine_s}; diffusers' squaredcos_cap_v2 fixes s=0.008")
+        config.update(beta_schedule="squaredcos_cap_v2", beta_start=0.0001, beta_end=0.02)
+    else:
+        scale = 1000.0 / schedule.num_timesteps
+        config.update(beta_schedule="linear", beta_start=schedule.beta_start * scale, beta_end=schedule.beta_end * scale)
+    config.update(trained_betas=None, variance_type="fixed_small", clip_sample=True, clip_sample_range=1.0,
+                  prediction_type="epsilon", thresholding=False, timestep_spacing="leading", steps_offset=0,
+                  rescale_betas_zero_snr=False)  # fmt: skip
+    return config
+
+
+# --------------------------------------------------------------------------------------------
+# Weights: this tool's names <-> diffusers'
+# --------------------------------------------------------------------------------------------
+
+_RENAMES = (  # (this tool's key prefix, diffusers'), applied in order, first match
+    (r"time_mlp\.0\.", "time_embedding.linear_1."),
+    (r"time_mlp\.2\.", "time_embedding.linear_2."),
+    (r"label_embedding\.", "class_embedding."),
+    (r"(down|up)\.(\d+)\.blocks\.(\d+)\.", r"\1_blocks.\2.resnets.\3."),
+    (r"(down|up)\.(\d+)\.attentions\.(\d+)\.", r"\1_blocks.\2.attentions.\3."),
+    (r"downsample\.(\d+)\.conv\.", r"down_blocks.\1.downsamplers.0.conv."),
+    (r"upsample\.(\d+)\.conv\.", r"up_blocks.\1.upsamplers.0.conv."),
+    (r"mid_block1\.", "mid_block.resnets.0."),
+    (r"mid_block2\.", "mid_block.resnets.1."),
+    (r"mid_attention\.", "mid_block.attentions.0."),
+    (r"norm_out\.", "conv_norm_out."),
+)
+_RESNET_PARTS = {"emb_proj": "time_emb_proj", "skip": "conv_shortcut"}
+_ATTENTION_PARTS = {"norm": "group_norm", "proj": "to_out.0"}
+# diffusers' attention before 0.14 (files saved then, and Ho et al.'s converted DDPMs): old name -> new
+_OLD_ATTENTION = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
+
+
+def _rename(key: str) -> tuple[str, str | None]:
+    """This tool's key -> (diffusers' key, the attention part it is: "qkv", "proj" or None)."""
+    for pattern, replacement in _RENAMES:
+        m = re.match(pattern, key)
+        if m:
+            head, (part, _, leaf) = m.expand(replacement), key[m.end() :].partition(".")
+            if ".attentions." in head or head.startswith("mid_block.attentions"):
+                if part == "qkv":
+                    return head + "to_{}." + leaf, "qkv"
+                return head + _ATTENTION_PARTS.get(part, part) + "." + leaf, part if part == "proj" else None
+            if ".resnets." in head:
+                return head + _RESNET_PARTS.get(part, part) + "." + leaf, None
+            return head + key[m.end() :], None
+    return key, None  # conv_in, conv_out
+
+
+def to_diffusers_weights(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """This tool's U-Net weights as UNet2DModel's (1x1 attention convolutions as linear layers)."""
+    out = {}
+    for key, tensor in state.items():
+        name, part = _rename(key)
+        if part == "qkv":  # (3C, C, 1, 1) -> to_q, to_k, to_v (C, C); biases (3C,) -> three (C,)
+            for letter, chunk in zip("qkv", tensor.chunk(3, dim=0)):
+                out[name.format(letter)] = chunk.reshape(chunk.shape[0], -1).contiguous() if chunk.ndim > 1 else chunk.contiguous()
+        elif part == "proj" and tensor.ndim > 1:
+            out[name] = tensor.reshape(tensor.shape[0], -1).contiguous()
+        else:
+            out[name] = tensor.contiguous()
+    return out
+
+
+def from_diffusers_weights(tensors: Mapping[str, torch.Tensor], config: UNetConfig, *, source: str) -> dict[str, torch.Tensor]:
+    """UNet2DModel's weights as this tool's U-Net's for ``config``; every missing, unexpected or misshapen
+    tensor is one ValueError naming ``source``. Tensors come back float32."""
+    tensors = {_modern_attention_name(k): v for k, v in tensors.items()}
+    with torch.device("meta"):
+        expected = UNet(config).state_dict()
+    out, used = {}, set()
+    for key, like in expected.items():
+        name, part = _rename(key)
+        names = [name.format(letter) for letter in "qkv"] if part == "qkv" else [name]
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise ValueError(f"{source}: its weights lack {missing[0]} (for this config's {key})")
+        pieces = [tensors[n] for n in names]
+        if any(not isinstance(p, torch.Tensor) or not p.is_floating_point() for p in pieces):
+            raise ValueError(f"{source}: {names[0]} is not a floating-point tensor")
+        value = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]
+        if value.numel() != like.numel() or (part is None and tuple(value.shape) != tuple(like.shape)):
+            raise ValueError(f"{source}: {names[0]} has shape {tuple(pieces[0].shape)}, this config needs {key} {tuple(like.shape)}")
+        out[key] = value.reshape(like.shape).to(torch.float32).contiguous()
+        used.update(names)
+    extra = sorted(set(tensors) - used)
+    if extra:
+        raise ValueError(f"{source}: its weights hold {extra[0]}{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, "
+                         "which this config has no place for")  # fmt: skip
+    if any(not torch.isfinite(t).all() for t in out.values()):
+        raise ValueError(f"{source}: its weights hold NaN or inf; it is unusable")
+    return out
+
+
+def _modern_attention_name(key: str) -> str:
+    m = re.match(r"(.*\.attentions\.\d+\.)(query|key|value|proj_attn)\.(weight|bias)$", key)
+    return f"{m[1]}{_OLD_ATTENTION[m[2]]}.{m[3]}" if m else key
+
+
+# --------------------------------------------------------------------------------------------
+# Reading: a folder or a file as a checkpoint's state
+# --------------------------------------------------------------------------------------------
+
+
+def read_json(path: Path, *, what: str) -> object:
+    if not path.is_file():
+        raise ValueError(f"{path.parent}: no {path.name} ({what})")
+    return parse_json(read_limited(path, kind="metadata"), source=path)
+
+
+def unet_folder(folder: Path) -> Path:
+    """The folder holding the UNet2DModel's config.json: ``folder/unet`` (a pipeline) or ``folder`` itself."""
+    for candidate in (folder / "unet", folder):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise ValueError(f"--model_path {folder} is a folder but not a diffusers model (no config.json or unet/config.json)")
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The files :func:`read_diffusers_folder` reads from ``folder`` (for the output check)."""
+    unet = unet_folder(folder)
+    files = [unet / "config.json", *[unet / name for name in WEIGHTS_FILES if (unet / name).is_file()][:1]]
+    scheduler = folder / "scheduler" / SCHEDULER_FILE
+    return files + ([scheduler] if unet != folder and scheduler.is_file() else [])
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+
+def diffusers_folder_files(output: Path) -> dict[str, Path]:
+    """The files :func:`write_diffusers_folder` writes into ``output`` (each an output of the run)."""
+    return {
+        "--output's unet weights": output / "unet" / WEIGHTS_FILES[0],
+        "--output's unet config": output / "unet" / "config.json",
+        "--output's scheduler config": output / "scheduler" / SCHEDULER_FILE,
+        "--output's model_index.json": output / "model_index.json",
+    }
+
+
+def json_bytes(value: dict) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+
