@@ -402,7 +402,8 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     outputs = {"--json": args.json}
     if args.bench == "sampling":
         outputs.update({"--csv": args.csv, "--chart": args.chart})
-    check_outputs(outputs, inputs={"--model_path": args.model_path, "--autoencoder": args.autoencoder})
+    model_input = InputFolder(args.model_path) if args.model_path and Path(args.model_path).is_dir() else args.model_path  # a diffusers folder
+    check_outputs(outputs, inputs={"--model_path": model_input, "--autoencoder": args.autoencoder})
     return BenchmarkRun(
         device=device,
         precision=_precision(args, "sampling", device),

@@ -14,12 +14,13 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import needs_onnx
+from helpers import needs_onnx, perturbed_unet, tiny_unet_config
 from PIL import Image
 
 import main
 from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state
 from ddpm.util.safe_files import atomic_write
+from noise_schedule import ScheduleConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -126,7 +127,15 @@ def input_matrix(files, tmp_path):
         export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(files / "lat.pt"), "--output", str(onnx)]
         assert main.main(export) == 0
     image = files / "data" / "img5.png"
+    folder = files / "diffusers"  # a diffusers model folder: every file in it is an input
+    if not folder.exists():
+        from ddpm.formats.model_files import write_diffusers_folder
+
+        model = perturbed_unet(tiny_unet_config(image_size=8, norm_groups=8, attention_resolutions=(4,)))
+        write_diffusers_folder(model, ScheduleConfig(num_timesteps=20), folder, source="test")
+    folder_files = [folder / "unet" / "config.json", folder / "unet" / "diffusion_pytorch_model.safetensors", folder / "scheduler" / "scheduler_config.json"]
     return [
+        ("diffusers folder", ["--model_path", str(folder)], folder_files, ["sample", "benchmark", "export"]),
         ("latent checkpoint", ["--model_path", str(files / "lat.pt")], [files / "lat.pt", files / "ae.pt"], list(OUTPUTS)),
         ("exported latent model", ["--model_path", str(onnx), "--implementation", "onnxruntime"],
          [onnx, files / "lat.decoder.onnx"], ["sample", "evaluate"]),
@@ -152,7 +161,7 @@ def test_every_output_of_every_mode_is_refused_when_it_is_any_input_of_the_run(f
                     assert victim.read_bytes() == before
                     out.unlink()
                     runs += 1
-    assert runs == 2 * (2 + 2 + 3 + 1) + 2 * (2 + 2) + 2 * 2  # every pair above was tried
+    assert runs == 3 * (2 + 3 + 1) + 2 * (2 + 2 + 3 + 1) + 2 * (2 + 2) + 2 * 2  # every pair above was tried
     # Training writes its checkpoint: never onto the autoencoder it reads or an image of its folder (even with --overwrite).
     trains = [
         (["--mode", "train", "--dataset", "digits", "--autoencoder", str(files / "ae.pt"), *TINY], files / "ae.pt"),

@@ -9,6 +9,7 @@ import json
 import pickle
 import struct
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_user_error, perturbed_unet, run_here, tiny_unet_config
@@ -126,8 +127,6 @@ def test_import_export_import_is_exact(tmp_path, one_thread):
 
 
 def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_images(tmp_path, one_thread):
-    from ddpm.formats.unet_io import artifact_metadata  # noqa: F401  (the metadata the safetensors file carries)
-
     config = tiny_unet_config(norm_groups=8)
     model = perturbed_unet(config)
     state = {"format_version": 1, "model_config": config.to_dict(), "schedule_config": vars(ScheduleConfig(num_timesteps=50)),
@@ -142,11 +141,14 @@ def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_image
     for source in ("m.pt", "m_diffusers", "m.safetensors"):
         result = run_here(*draw, "--model_path", source, "--save_npz", f"{source.replace('.', '_')}.npz", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
-        import numpy as np
-
         with np.load(tmp_path / f"{source.replace('.', '_')}.npz") as f:
             images[source] = f[f.files[0]]
     assert (images["m.pt"] == images["m_diffusers"]).all() and (images["m.pt"] == images["m.safetensors"]).all()
+    # Every implementation takes the folder: onnxruntime (exported in memory) draws the same images to a level.
+    result = run_here(*draw, "--model_path", "m_diffusers", "--implementation", "onnxruntime", "--save_npz", "ort.npz", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "ort.npz") as f:
+        assert np.abs(f[f.files[0]].astype(int) - images["m.pt"].astype(int)).max() <= 1
     # The folder and the file are inputs: nothing may be written over them.
     assert_user_error(
         run_here("--mode", "export", "--format", "diffusers", "--model_path", "m_diffusers", "--output", "m_diffusers", cwd=tmp_path),
