@@ -404,7 +404,8 @@ class UNet(nn.Module):
     def embedding(self, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """The (B, 4ch) embedding every residual block takes: the time MLP's, plus the label's when conditional."""
         c = self.config
-        emb = self.time_mlp(timestep_embedding(t, c.model_channels, flip_sin_to_cos=c.flip_sin_to_cos, freq_shift=c.freq_shift))  # (B, 4ch)
+        sinusoids = timestep_embedding(t, c.model_channels, flip_sin_to_cos=c.flip_sin_to_cos, freq_shift=c.freq_shift)
+        emb = self.time_mlp(sinusoids.to(self.time_mlp[0].weight.dtype))  # (B, 4ch); a float64 reference model runs in float64
         if self.label_embedding is not None:
             if y is None:
                 raise ValueError("this U-Net is class-conditional: pass labels y (B,), or its null label")

@@ -95,6 +95,7 @@ from ddpm.formats.unet_io import (
     weights_sha256,
 )
 from ddpm.util.messages import first_line
+from ddpm.util.precision import QUANTIZED
 from ddpm.util.safe_files import atomic_write, check_file_size, read_limited
 from noise_schedule import SamplingPlan, ScheduleConfig, short_repr
 
@@ -463,6 +464,9 @@ def engine_bytes_for(
                 f"typed; export a {precision} graph (--mode export --format onnx --precision {precision}) or "
                 "build from the checkpoint"
             )
+    elif isinstance(model, UNet) and precision in QUANTIZED:
+        raise ValueError(f"a {precision} engine is built from its Q/DQ graph: export it first (--mode export --format onnx "
+                         f"--precision {precision}), then pass that .onnx file")  # fmt: skip
     elif isinstance(model, UNet):
         cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
         onnx_path = cached_onnx(model, cache_dir=cache_dir, opset=plan.opset, precision=plan.graph_precision, log=log)
@@ -664,6 +668,7 @@ def tensorrt_decoder(
     if isinstance(stage.decoder, TensorRTDecoder):
         return stage.decoder
     options = options or TensorRTOptions()
+    precision = "fp32" if precision in QUANTIZED else precision  # a quantized U-Net's decoder stays fp32 (once per image)
     import_tensorrt()
     require_cuda(device)
     engines: dict[BatchRange, TensorRTDecoder] = {}

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-from ddpm.formats.unet_io import BF16_MIN_OPSET, default_opset
-from ddpm.util.precision import PRECISIONS
+from ddpm.formats.unet_io import BF16_MIN_OPSET, DEFAULT_OPSET, default_opset
+from ddpm.util.precision import PRECISIONS, QUANTIZED
 from ddpm.util.safe_files import atomic_write, parse_json, read_limited
 
-ENGINE_PRECISIONS = PRECISIONS  # an engine is built in any of them
+ENGINE_PRECISIONS = PRECISIONS + QUANTIZED  # an engine is built in any of them (int8/fp8: from a Q/DQ graph only)
 TENSORRT_INSTALL = "pip install tensorrt (NVIDIA's wheels, for a machine with an NVIDIA GPU)"
 MIN_TENSORRT_MAJOR = 10
 OPT_LEVELS = range(6)  # TensorRT's builder_optimization_level: 0 (fast build) .. 5 (most tactics)
@@ -87,6 +87,16 @@ def build_plan(tensorrt_version: str, precision: str, *, opset: int | None = Non
     version = version_tuple(tensorrt_version)
     if version < (MIN_TENSORRT_MAJOR,):
         raise ValueError(f"TensorRT {tensorrt_version} is too old; this code uses the 10.x/11.x API: {TENSORRT_INSTALL}")
+    if precision in QUANTIZED:
+        # Explicit quantization only: the Q/DQ graph of formats/quantization.py (opset 21, GroupNormalization-21), built
+        # strongly typed with no precision flags, as NVIDIA documents for Q/DQ networks. Implicit INT8 (a calibrator on
+        # an fp32 graph, removed in 11) is never requested, on any version.
+        if version < GROUP_NORM_21_FROM:
+            raise ValueError(f"TensorRT {tensorrt_version} cannot parse the {precision} graph's GroupNormalization-21; "
+                             "install TensorRT 10.9 or later")  # fmt: skip
+        if opset is not None and opset != DEFAULT_OPSET:
+            raise ValueError(f"{precision} graphs are written at opset {DEFAULT_OPSET}; drop --opset")
+        return BuildPlan(strongly_typed=True, graph_precision=precision, builder_flags=(), pin_time_embedding=False, opset=DEFAULT_OPSET)
     strongly_typed = version >= STRONG_TYPING_FROM
     graph_precision = precision if strongly_typed else "fp32"
     flags = () if strongly_typed or precision == "fp32" else (precision.upper(), "OBEY_PRECISION_CONSTRAINTS")
@@ -119,6 +129,9 @@ def torch_tensorrt_arguments(version: str, precision: str) -> tuple[bool, dict]:
     """
     if precision not in ENGINE_PRECISIONS:
         raise ValueError(f"unknown engine precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    if precision in QUANTIZED:
+        raise ValueError(f"--trt_backend torch_tensorrt compiles fp32/fp16/bf16 modules here; a {precision} engine is built "
+                         "natively from the Q/DQ ONNX graph (drop --trt_backend)")  # fmt: skip
     v = version_tuple(version)
     if precision == "fp32":
         return False, {"enabled_precisions": {torch.float32}} if v < TORCH_TENSORRT_STRONGLY_TYPED_FROM else {}

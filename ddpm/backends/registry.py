@@ -28,7 +28,7 @@ from torch import nn
 from ddpm.conditioning import Guidance
 from ddpm.formats.kinds import KIND_NAMES
 from ddpm.formats.unet_io import DEFAULT_OPSET
-from ddpm.util.precision import PRECISIONS, backend_policy
+from ddpm.util.precision import PRECISIONS, QUANTIZED, backend_policy
 from ddpm.util.profiling import phase
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class Implementation:
     precisions: tuple[str, ...] = ("fp32",)
     devices: tuple[str, ...] = ("cpu", "cuda")
     in_sample_mode: bool = True  # offered by --implementation (else a benchmark row only)
+    row_precision: str | None = None  # a benchmark row that always runs in this precision (else the run's, where it can)
     conditional: bool = False  # runs class-conditional models (labels and guidance)
     default_row_on: tuple[str, ...] = ("cpu", "cuda")  # benchmark --rows all includes it on these devices
     # A latent model's decoder as this implementation runs it, built once (an export, a trace, an engine):
@@ -93,6 +94,12 @@ class Implementation:
                 f"use --implementation {' or '.join(runs)}, or sample from the checkpoint"
             )
         if precision is not None and precision not in self.precisions:
+            if precision in QUANTIZED:
+                runs = " or ".join(name for name in SAMPLE_IMPLEMENTATIONS if precision in REGISTRY[name].precisions)
+                if not runs:
+                    raise ValueError(f"no implementation here runs --precision {precision} (TensorRT on a Hopper or newer GPU would)")
+                raise ValueError(f"--precision {precision} is a quantized ONNX graph; the {self.name} implementation does not run one: "
+                                 f"use --implementation {runs}")  # fmt: skip
             if self.name == "original":
                 raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
             raise ValueError(f"the {self.name} implementation runs in {' or '.join(self.precisions)}; drop --precision {precision}")
@@ -140,9 +147,28 @@ def _as_onnxruntime(model: nn.Module, options: SamplerOptions) -> nn.Module:
     # original loop draws the noise, so the images match the original's.
     from ddpm.backends import runtimes
 
+    if options.precision == "int8":  # quantized in _onnxruntime_int8, calibrated on the plan it will run
+        return model
     weight = next(model.parameters(), None)  # None: an .onnx file's model, returned as it is
     device = weight.device if weight is not None else torch.device("cpu")
     return runtimes.as_onnxruntime(model, device=device, opset=options.opset or DEFAULT_OPSET)
+
+
+def _onnxruntime_int8(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
+    """--precision int8: a checkpoint's U-Net quantized in memory (formats/quantization.py), calibrated on
+    trajectories of the plan it will run (its own seed, not the run's noise); an INT8 .onnx file as it is."""
+    from ddpm.backends import runtimes
+    from ddpm.formats import quantization
+
+    if options.precision == "int8":
+        if isinstance(network, runtimes.OnnxRuntimeUNet):
+            if network.metadata.get("precision") != "int8":
+                raise ValueError("--precision int8 needs an INT8 .onnx file or a checkpoint; this file's graph is fp32: drop --precision")
+        else:
+            feeds = quantization.calibration_feeds(network, plan, samples=quantization.DEFAULT_CALIBRATION_SAMPLES)
+            device = next(network.parameters()).device
+            network = runtimes.as_onnxruntime(network, device=device, opset=options.opset or DEFAULT_OPSET, calibration=feeds)
+    return _loop(network, plan, shape=shape, options=options)
 
 
 def _torchscript(model: nn.Module, options: SamplerOptions) -> nn.Module:
@@ -235,8 +261,14 @@ REGISTRY: dict[str, Implementation] = {
             prepare=_compiled, in_sample_mode=False, conditional=True, decoder=_compiled_decoder,
         ),
         Implementation(
-            "onnxruntime", "the original loop around the U-Net run by onnxruntime (backends/runtimes.py)", _loop,
-            prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"), conditional=True, decoder=_onnxruntime_decoder,
+            "onnxruntime", "the original loop around the U-Net run by onnxruntime (backends/runtimes.py); int8: quantized",
+            _onnxruntime_int8, prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"), precisions=("fp32", "int8"), conditional=True,
+            decoder=_onnxruntime_decoder,
+        ),
+        Implementation(
+            "onnxruntime_int8", "the onnxruntime implementation at --precision int8, as a row beside fp32 ones",
+            _onnxruntime_int8, prepare=_as_onnxruntime, precisions=("int8",), in_sample_mode=False, conditional=True,
+            default_row_on=(), row_precision="int8", decoder=_onnxruntime_decoder,
         ),
         Implementation(
             "torchscript", "the original loop around the traced U-Net", _loop, prepare=_torchscript,
@@ -244,7 +276,7 @@ REGISTRY: dict[str, Implementation] = {
         ),
         Implementation(
             "tensorrt", "the U-Net as a TensorRT engine (tensorrt_integration.py)", _tensorrt,
-            kinds=("checkpoint", "onnx", "tensorrt"), precisions=PRECISIONS, devices=("cuda",), conditional=True,
+            kinds=("checkpoint", "onnx", "tensorrt"), precisions=PRECISIONS + QUANTIZED, devices=("cuda",), conditional=True,
             decoder=_tensorrt_decoder,
         ),
     )

@@ -51,8 +51,9 @@ ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmar
 # fp32 rows differ only by float reassociation: measured 121-128 dB on the CPU (onnxruntime, compile)
 # and 70.2 dB on the H100 (TorchScript, DDPM 1000 steps; BENCHMARKS.md); 60 dB is an RMS difference of
 # a quarter of a uint8 level, the same images. bf16/fp16 rows differ by the lower precision (49.6 dB
-# for bf16 on the H100).
-PARITY_PSNR_DB = {"fp32": 60.0, "bf16": 20.0, "fp16": 25.0}
+# for bf16 on the H100). int8 rows (onnxruntime's Q/DQ graph) are held to the bf16 bar: their own PSNR is
+# the quality measurement (BENCHMARKS.md), the bar only catches a broken graph.
+PARITY_PSNR_DB = {"fp32": 60.0, "bf16": 20.0, "fp16": 25.0, "int8": 20.0}
 
 
 def time_runs(fn: Callable[[], torch.Tensor], *, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], torch.Tensor]:
@@ -120,7 +121,7 @@ def make_row(
     row at a time, so no row carries another's buffers or memory pools.
     """
     impl = registry.get(name)
-    row_precision = precision if precision in impl.precisions else "fp32"
+    row_precision = impl.row_precision or (precision if precision in impl.precisions else "fp32")
     try:
         impl.check(device=plan.coefficients.device, conditional=guidance is not None, latent=first_stage is not None)
     except ValueError as exc:

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ddpm.formats.kinds import FORMATS
     from ddpm.formats.unet_io import DEFAULT_MAX_BATCH
     from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS
-    from ddpm.util.precision import PRECISIONS
+    from ddpm.util.precision import ALL_PRECISIONS
     from noise_schedule import SAMPLERS, SCHEDULES
     from tensorrt_integration import BACKENDS
 
@@ -102,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=seed, default=0, help="seed for weights, data order, noise and sampling")
     p.add_argument(
         "--precision",
-        choices=("auto", *PRECISIONS),
+        choices=("auto", *ALL_PRECISIONS),
         default="auto",
         help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise "
-        "(sampling: fp32, so every implementation draws the same images)",
+        "(sampling: fp32, so every implementation draws the same images); int8: an ONNX graph with INT8 "
+        "convolutions (--mode export --format onnx, or --implementation onnxruntime), calibrated on the model's "
+        "own sampling trajectories; fp8: the same for TensorRT on Hopper GPUs",
     )
     p.add_argument(
         "--profile",
@@ -273,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="what --mode export writes: onnx, torchscript (.ts), tensorrt (an engine), safetensors (the weights, "
         "no pickle, this tool's configs in the file's metadata) or diffusers (a folder that diffusers' "
         "DDPMPipeline.from_pretrained loads; default <checkpoint stem>_diffusers/)",
+    )  # fmt: skip
+    g.add_argument(
+        "--calibration_samples", type=int, default=None, metavar="N",
+        help="--precision int8: the seeded trajectories of --sampler (default dpm_solver_sde, 20 steps) whose U-Net inputs "
+        "set the activation ranges (default 16)",
     )  # fmt: skip
     g.add_argument(
         "--opset",

@@ -196,6 +196,17 @@ class ExportRequest:
     output: str
     opset: int | None = None
     engine: EngineFlags = EngineFlags()
+    calibration: Calibration | None = None  # --precision int8: the trajectories the ranges are measured on
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """An INT8 export's calibration (formats/quantization.py): ``samples`` trajectories of ``sampler``."""
+
+    sampler: str
+    steps: int | None  # None: the sampler's default
+    samples: int
+    seed: int = 0
 
 
 @dataclass(frozen=True)

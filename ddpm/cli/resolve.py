@@ -24,6 +24,7 @@ from ddpm.cli.checks import check_at_most, check_not_negative, check_positive, c
 from ddpm.cli.parser import parse_args
 from ddpm.cli.requests import (
     BenchmarkRun,
+    Calibration,
     EngineFlags,
     EvaluateRequest,
     ExportRequest,
@@ -57,6 +58,8 @@ def request_for(args: argparse.Namespace) -> object:
     check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
     if args.mode != "train":  # the training curves are --mode train's
         _refuse_ignored(args, ("log_dir", "log_every"), f"applies to --mode train (its training curves), not --mode {args.mode}")
+    if args.mode != "export":
+        _refuse_ignored(args, ("calibration_samples",), f"calibrates an INT8 export (--mode export --precision int8), not --mode {args.mode}")
     # Sizes, counts and step numbers: never 0 or negative (0 is not "the default"; leave a flag out for that).
     check_positive(
         img_size=args.img_size, channels=args.channels, model_channels=args.model_channels,
@@ -363,7 +366,9 @@ def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequ
 
     _single(args)
     source = _source(args)
-    output = args.output or str(default_output(source.path, args.format))
+    precision = _precision(args, "export", device)
+    calibration = _calibration(args, precision)
+    output = args.output or str(default_output(source.path, args.format, precision=precision))
     outputs = {"--output": output}
     if args.format == "tensorrt":
         outputs["--output's metadata"] = metadata_path(output)
@@ -376,13 +381,42 @@ def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequ
     check_outputs(outputs, inputs=source.inputs())
     return ExportRequest(
         device=device,
-        precision=_precision(args, "export", device),
+        precision=precision,
         source=source,
         fmt=args.format,
         output=output,
         opset=args.opset,
         engine=_engine(args),
+        calibration=calibration,
     )
+
+
+def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None:
+    """An INT8 export's calibration: --calibration_samples trajectories of --sampler (when given; else the
+    default few-step sampler) over --sampling_steps; None for the other precisions."""
+    from ddpm.formats import quantization
+
+    if precision == "fp8":
+        problem = quantization.fp8_runtime_problem()
+        if problem:
+            raise ValueError(f"--precision fp8 writes an FP8 Q/DQ graph for TensorRT on Hopper and newer GPUs, and {problem}; nothing was written")
+    if precision not in ("int8", "fp8"):
+        if args.calibration_samples is not None:
+            raise ValueError("--calibration_samples calibrates an INT8 export; add --precision int8, or drop it")
+        return None
+    if args.format != "onnx":
+        raise ValueError(f"--precision {precision} is written into an ONNX graph (--format onnx); a TensorRT engine is then "
+                         "built from that file (--format tensorrt --model_path FILE.onnx)")  # fmt: skip
+    sampling = _single(args)
+    sampler, steps = quantization.DEFAULT_CALIBRATION_SAMPLER
+    if "sampler" in args.given:
+        sampler, steps = sampling.sampler, None
+    if "sampling_steps" in args.given:
+        steps = sampling.steps
+    samples = quantization.DEFAULT_CALIBRATION_SAMPLES if args.calibration_samples is None else args.calibration_samples
+    if not 1 <= samples <= quantization.MAX_CALIBRATION_SAMPLES:
+        raise ValueError(f"--calibration_samples must be between 1 and {quantization.MAX_CALIBRATION_SAMPLES}, got {samples}")
+    return Calibration(sampler=sampler, steps=steps, samples=samples, seed=args.seed)
 
 
 def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:

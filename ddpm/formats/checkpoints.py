@@ -26,7 +26,7 @@ from basic_diffusion import UNet, UNetConfig
 from ddpm.formats.torch_files import load_pt, load_weights
 from ddpm.formats.unet_io import ARTIFACT_FORMAT, UNetIO
 from ddpm.util.messages import first_line
-from ddpm.util.precision import PRECISIONS
+from ddpm.util.precision import ALL_PRECISIONS
 from ddpm.util.safe_files import atomic_write, parse_json, read_limited
 from noise_schedule import ScheduleConfig, short_repr
 
@@ -111,8 +111,8 @@ def parse_artifact_metadata(raw: str | bytes | dict | None, *, source: Path) -> 
         problem = "no noise schedule"
     elif meta.get("weights") not in WEIGHTS:
         problem = f"weights {short_repr(meta.get('weights'))}, expected one of {', '.join(WEIGHTS)}"
-    elif meta.get("precision", "fp32") not in PRECISIONS:
-        problem = f"precision {short_repr(meta.get('precision'))}, expected one of {', '.join(PRECISIONS)}"
+    elif meta.get("precision", "fp32") not in ALL_PRECISIONS:
+        problem = f"precision {short_repr(meta.get('precision'))}, expected one of {', '.join(ALL_PRECISIONS)}"
     else:
         problem = None
     if problem is None:

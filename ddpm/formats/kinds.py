@@ -36,10 +36,13 @@ def artifact_kind(path: str | Path) -> str:
     return kind
 
 
-def default_output(source: str | Path, fmt: str) -> Path:
+def default_output(source: str | Path, fmt: str, *, precision: str = "fp32") -> Path:
     """Where an export goes by default: beside its checkpoint, with the format's suffix (a diffusers
-    folder: ``<stem>_diffusers``)."""
+    folder: ``<stem>_diffusers``; a quantized graph: ``<stem>_int8.onnx``)."""
     source = Path(source)
+    stem = source.stem if source.suffix else source.name
     if fmt == "diffusers":
-        return source.with_name(f"{source.stem if source.suffix else source.name}_diffusers")
+        return source.with_name(f"{stem}_diffusers")
+    if precision in ("int8", "fp8"):
+        return source.with_name(f"{stem}_{precision}{FORMAT_SUFFIXES[fmt][0]}")
     return source.with_suffix(FORMAT_SUFFIXES[fmt][0])

@@ -28,7 +28,7 @@ from ddpm.backends.runtimes import (
     load_torchscript,
     onnxruntime_session,
 )  # fmt: skip
-from ddpm.cli.requests import ExportRequest
+from ddpm.cli.requests import Calibration, ExportRequest
 from ddpm.formats.diffusers_io import diffusers_folder_files
 from ddpm.formats.exporters import (
     _quiet_torchscript,
@@ -43,6 +43,7 @@ from ddpm.formats.kinds import FORMAT_SUFFIXES, FORMATS, artifact_kind
 from ddpm.formats.model_files import load_model_parts, load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
+from ddpm.util.precision import QUANTIZED
 from ddpm.util.safe_files import InputFolder, atomic_write, check_outputs
 from tensorrt_integration import TensorRTOptions
 
@@ -59,6 +60,7 @@ def run_export(request: ExportRequest) -> None:
         opset=request.opset,
         tensorrt_options=TensorRTOptions.for_source(source.path, **asdict(request.engine)) if request.fmt == "tensorrt" else None,
         autoencoder=source.autoencoder,
+        calibration=request.calibration,
     )
     for line in lines:
         print(line)
@@ -165,6 +167,7 @@ def export_checkpoint(
     opset: int | None = None,
     precision: str = "fp32",
     autoencoder: str | None = None,
+    calibration: Calibration | None = None,
 ) -> list[str]:
     """Export a checkpoint's U-Net to ONNX or TorchScript, check it against PyTorch; returns report lines.
     A latent model's decoder is exported beside it (:func:`export_decoder`).
@@ -201,8 +204,9 @@ def export_checkpoint(
         )  # fmt: skip
         inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
         check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
+        decoder_precision = "fp32" if precision in QUANTIZED else precision  # the decoder runs once per image: not quantized
         entry, line, write_decoder = export_decoder(
-            stage, fmt=fmt, inputs=inputs, output=output, device=device, opset=opset, precision=precision
+            stage, fmt=fmt, inputs=inputs, output=output, device=device, opset=opset, precision=decoder_precision
         )
         labels["decoder"] = entry
         report.append(line)
@@ -214,10 +218,17 @@ def export_checkpoint(
         metadata = artifact_metadata(
             model_config=model.config, schedule_config=schedule_config, weights=weights, opset=opset, **labels
         )
-        proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
+        if precision in QUANTIZED:  # the fp32 graph, then Q/DQ pairs calibrated on the model's own trajectories
+            proto = export_onnx_model(model, metadata=metadata, opset=opset)
+            proto, quality = quantize_export(proto, model, schedule_config, calibration=calibration, precision=precision)
+            report.append(quality)
+        else:
+            proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
         data = proto.SerializeToString()
         checked = f"{precision}, opset {opset}, dynamic batch, onnx.checker passed"
-        if precision == "fp32":
+        if precision in QUANTIZED:
+            reference, compared = model, f"onnxruntime {precision} vs PyTorch fp32 ({weights} weights)"
+        elif precision == "fp32":
             reference, compared = model, f"onnxruntime vs PyTorch ({weights} weights)"
         else:
             from ddpm.util.precision import mixed_precision_unet
@@ -251,6 +262,50 @@ def export_checkpoint(
     return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}", *report]
 
 
+def quantize_export(proto, model, schedule_config, *, calibration: Calibration, precision: str) -> tuple[object, str]:
+    """The Q/DQ graph of ``proto`` (formats/quantization.py) with its calibration and measured quality in its
+    metadata: the PSNR of images its onnxruntime session draws against the fp32 model's from the same noise
+    (``calibration``'s sampler and steps, 16 images, a seed the calibration did not use). Returns (graph, report line)."""
+    import json
+
+    import onnx
+
+    from basic_diffusion import sample
+    from ddpm.benchmarks.sampling_bench import psnr_db
+    from ddpm.formats import quantization
+    from ddpm.formats.exporters import METADATA_KEY
+    from noise_schedule import NoiseSchedule
+
+    plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, num_steps=calibration.steps)
+    feeds = quantization.calibration_feeds(model, plan, samples=calibration.samples, seed=calibration.seed)
+    quantized = quantization.quantize_unet(proto, feeds, precision=precision)
+    onnx.checker.check_model(quantized, full_check=True)
+    runtime = OnnxRuntimeUNet(onnxruntime_session(quantized.SerializeToString(), device=torch.device("cpu")), io=UNetIO.from_config(model.config))
+    n, seed = 16, calibration.seed + 1
+    guidance = None
+    if model.config.num_classes:
+        from ddpm.conditioning import Guidance
+
+        guidance = Guidance(labels=torch.arange(n) % model.config.num_classes, null_label=model.config.null_label, scale=1.0)
+    images = [sample(unet, plan, shape=model.config.sample_shape(n), generator=torch.Generator().manual_seed(seed), guidance=guidance)
+              for unet in (model, runtime)]  # fmt: skip
+    psnr = psnr_db(images[1], images[0])
+    nodes = quantization.quantized_nodes(quantized)
+    entry = next(p for p in quantized.metadata_props if p.key == METADATA_KEY)
+    meta = json.loads(entry.value)
+    meta.update(precision=precision, quantization={
+        "quantizer": "onnxruntime.quantization.quantize_static (QDQ)", "weights": "per-channel symmetric", "activations": "per-tensor symmetric",
+        "quantized_ops": list(quantization.QUANTIZED_OPS), "kept_fp32": list(quantization.KEPT_FP32_WEIGHTS),
+        "calibration": {"sampler": calibration.sampler, "steps": plan.num_steps, "trajectories": calibration.samples, "seed": calibration.seed},
+        "quality": {"psnr_db_vs_fp32": round(psnr, 2), "images": n, "sampler": calibration.sampler, "steps": plan.num_steps, "seed": seed},
+    })  # fmt: skip
+    entry.value = json.dumps(meta, sort_keys=True)
+    line = (f"{precision}: {len([n for n in nodes['int8'] if n])} nodes on quantized inputs, calibrated on {calibration.samples} "
+            f"{calibration.sampler} trajectories of {plan.num_steps} steps; its images vs fp32's (same noise, {n} images): "
+            f"PSNR {psnr:.1f} dB")  # fmt: skip
+    return quantized, line
+
+
 def export_artifact(
     source: str | Path,
     *,
@@ -262,13 +317,14 @@ def export_artifact(
     opset: int | None = None,
     tensorrt_options=None,
     autoencoder: str | None = None,
+    calibration: Calibration | None = None,
 ) -> list[str]:
     """``--mode export``: ONNX or TorchScript from a checkpoint (:func:`export_checkpoint`), or a TensorRT
     engine from a checkpoint or ONNX file (tensorrt_integration.export_engine); returns report lines."""
     if fmt != "tensorrt":
         return export_checkpoint(
             source, fmt=fmt, output=output, weights=weights, device=device, opset=opset, precision=precision,
-            autoencoder=autoencoder,
+            autoencoder=autoencoder, calibration=calibration,
         )  # fmt: skip
     import tensorrt_integration
 

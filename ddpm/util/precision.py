@@ -29,6 +29,9 @@ from torch import nn
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Quantized graphs (formats/quantization.py): explicit Q/DQ ONNX files, exported and run, never trained or autocast.
+QUANTIZED = ("int8", "fp8")
+ALL_PRECISIONS = PRECISIONS + QUANTIZED
 
 
 def check_precision(precision: str) -> str:
@@ -40,7 +43,13 @@ def check_precision(precision: str) -> str:
 
 def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
     """The precision ``--precision`` names: "auto" is bf16 for training on a GPU that supports it
-    (fp32 elsewhere), and fp32 for sampling and export, where fp32 draws the original's images."""
+    (fp32 elsewhere), and fp32 for sampling and export, where fp32 draws the original's images.
+    int8 and fp8 are quantized graphs: exported (``purpose`` "export") and sampled, never trained."""
+    if requested in QUANTIZED:
+        if purpose == "training":
+            raise ValueError(f"--precision {requested} is for exported ONNX graphs (--mode export --format onnx); "
+                             "training runs in fp32, bf16 or fp16")  # fmt: skip
+        return requested
     if requested != "auto":
         return check_precision(requested)
     if purpose == "training" and device.type == "cuda" and torch.cuda.is_bf16_supported():

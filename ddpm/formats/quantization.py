@@ -1,0 +1,175 @@
+"""INT8 U-Nets: explicit Q/DQ ONNX graphs calibrated on the model's own sampling trajectories.
+
+    python main.py --mode export --format onnx --precision int8 --model_path checkpoints/digits.pt \\
+        --sampler dpm_solver_sde --calibration_samples 16          # -> checkpoints/digits_int8.onnx
+    python main.py --mode sample --model_path checkpoints/digits_int8.onnx --implementation onnxruntime
+
+The graph is the fp32 export (formats/exporters.py) with QuantizeLinear/DequantizeLinear pairs written
+in by onnxruntime's static quantizer (``quantize_static``, Q/DQ format), the explicit form TensorRT 10/11
+builds strongly typed and onnxruntime runs as QLinearConv on the CPU:
+
+* quantized: every convolution but the first and the last, weights per output channel and activations
+  per tensor, both symmetric signed INT8 (zero points 0, as TensorRT requires);
+* kept in fp32 (measured below, and the mixed-precision graphs' policy): the time embedding and its MLP
+  (Gemm), the label embedding, GroupNorm (its statistics and output), SiLU, the attention matmuls and
+  their softmax, the first and the last convolution; inputs and output stay fp32, so every sampling loop
+  runs the file unchanged.
+
+Calibration needs no dataset: :func:`calibration_feeds` runs the sampler the user names on
+``calibration_samples`` seeded trajectories with the fp32 model and records the U-Net's inputs at every
+step (x_t and t over the sampler's whole range of timesteps, as diffusion PTQ methods do, since the
+activation ranges move with t; a class-conditional model with its labels and the null label, as guidance
+runs it). Activation ranges are the min and max over those inputs (MinMax).
+
+Why onnxruntime's quantizer and not NVIDIA ModelOpt: ModelOpt's ONNX path needs its ``[onnx]`` extra,
+which pins an older onnxruntime-gpu and cupy over this project's onnxruntime; the quantizer onnxruntime
+ships writes the same explicit Q/DQ graph (TensorRT's documented input) with the placement chosen here.
+ModelOpt was not installed or measured (see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ddpm.conditioning import Guidance
+from noise_schedule import SamplingPlan
+
+QUANTIZED_OPS = ("Conv",)  # the op types given Q/DQ pairs
+KEPT_FP32_WEIGHTS = ("conv_in.weight", "conv_out.weight")  # the first and the last convolution stay fp32
+DEFAULT_CALIBRATION_SAMPLES = 16
+DEFAULT_CALIBRATION_SAMPLER = ("dpm_solver_sde", 20)  # without --sampler: the few-step sampler users run
+MAX_CALIBRATION_SAMPLES = 1024
+
+
+class _Recorder(nn.Module):
+    """Runs ``model`` and keeps a copy of every input it was called with."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.calls = model, []
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        self.calls.append((x.detach().cpu().clone(), t.detach().cpu().clone(), None if y is None else y.detach().cpu().clone()))
+        return self.model(x, t) if y is None else self.model(x, t, y)
+
+
+def calibration_feeds(model: nn.Module, plan: SamplingPlan, *, samples: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """The U-Net inputs (onnxruntime feeds: x_t, t[, y]) along ``samples`` trajectories of ``plan``, one feed
+    per step (``samples`` images each; a class-conditional model's doubled with the null label, as guidance
+    at scale != 1 runs it)."""
+    from basic_diffusion import sample
+
+    if not 1 <= samples <= MAX_CALIBRATION_SAMPLES:
+        raise ValueError(f"--calibration_samples must be between 1 and {MAX_CALIBRATION_SAMPLES}, got {samples}")
+    config = model.config
+    guidance = None
+    if config.num_classes:  # every class in turn, and the null label beside them
+        labels = torch.arange(samples) % config.num_classes
+        guidance = Guidance(labels=labels, null_label=config.null_label, scale=2.0)
+    recorder = _Recorder(model)
+    with torch.no_grad():
+        sample(recorder, plan, shape=config.sample_shape(samples), generator=torch.Generator().manual_seed(seed), guidance=guidance)
+    feeds = []
+    for x, t, y in recorder.calls:
+        feed = {"x_t": x.float().numpy(), "t": t.long().numpy()}
+        if y is not None:
+            feed["y"] = y.long().numpy()
+        feeds.append(feed)
+    return feeds
+
+
+def import_quantizer():
+    try:
+        from onnxruntime import quantization
+    except ImportError as exc:
+        raise ImportError("INT8 export needs onnxruntime's quantizer: pip install onnxruntime") from exc
+    return quantization
+
+
+def quantize_unet(
+    proto, feeds: Sequence[dict[str, np.ndarray]], *, precision: str = "int8", keep_fp32: Sequence[str] = KEPT_FP32_WEIGHTS
+):
+    """The Q/DQ version (``precision`` int8, or fp8: E4M3) of the fp32 U-Net graph ``proto`` (see the module
+    docstring), calibrated on ``feeds``; its metadata is ``proto``'s (the caller updates it)."""
+    import onnx
+
+    quantization = import_quantizer()
+    kind = quantization.QuantType.QInt8 if precision == "int8" else quantization.QuantType.QFLOAT8E4M3FN
+    names = {i.name for i in proto.graph.input}
+    feeds = [{k: v for k, v in feed.items() if k in names} for feed in feeds]
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(feeds)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    excluded = [node.name for node in proto.graph.node if node.op_type in QUANTIZED_OPS and set(node.input) & set(keep_fp32)]
+    with tempfile.TemporaryDirectory(prefix="ddpm-int8-") as folder, _quiet_root_logger():
+        source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
+        onnx.save(proto, source)
+        quantization.quantize_static(
+            str(source), str(target), Reader(), quant_format=quantization.QuantFormat.QDQ,
+            op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=excluded, per_channel=True, reduce_range=False,
+            activation_type=kind, weight_type=kind,
+            calibrate_method=quantization.CalibrationMethod.MinMax,
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        )  # fmt: skip
+        quantized = onnx.load(str(target))
+    del quantized.metadata_props[:]
+    quantized.metadata_props.extend(proto.metadata_props)
+    return quantized
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """onnxruntime's quantizer logs advice through the root logger ("consider pre-processing"; pre-processing
+    would decompose GroupNormalization, measured 2x slower): not the user's concern."""
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def quantized_nodes(proto) -> dict[str, list[str]]:
+    """Which op types' nodes take a DequantizeLinear output (run in INT8) and which do not: {"int8": [...], "fp32": [...]},
+    node names; for the structure tests and the export's report."""
+    dequantized = {node.output[0] for node in proto.graph.node if node.op_type == "DequantizeLinear"}
+    out = {"int8": [], "fp32": []}
+    for node in proto.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        out["int8" if any(i in dequantized for i in node.input) else "fp32"].append(node.name)
+    return out
+
+
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # Ada and Hopper: TensorRT's FP8 kernels
+
+
+def fp8_runtime_problem(*, tensorrt_available: bool | None = None, compute_capability: tuple[int, int] | None = None) -> str | None:
+    """Why no runtime here can run an FP8 Q/DQ graph (None: TensorRT and an FP8-capable GPU are both here).
+    onnxruntime has no FP8 convolutions on any provider this project uses, so only TensorRT counts."""
+    import importlib.util
+
+    if tensorrt_available is None:
+        tensorrt_available = importlib.util.find_spec("tensorrt") is not None
+    if compute_capability is None and torch.cuda.is_available():
+        compute_capability = torch.cuda.get_device_capability()
+    if not tensorrt_available:
+        return "TensorRT is not installed here (onnxruntime has no FP8 convolutions), so it could not be run or checked"
+    if compute_capability is None or tuple(compute_capability) < FP8_MIN_COMPUTE_CAPABILITY:
+        have = "no GPU" if compute_capability is None else f"a GPU of compute capability {compute_capability[0]}.{compute_capability[1]}"
+        return f"TensorRT runs FP8 on compute capability 8.9 and newer, and this machine has {have}"
+    return None
