@@ -200,6 +200,10 @@ def onnxruntime_session(
     options = ort.SessionOptions()
     options.log_severity_level = 4  # nothing printed: every error is raised, and reported in one line
     options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch uses
+    # No spin-waiting between runs: PyTorch's threads run the sampler's step between two U-Net calls, and on a
+    # small CPU onnxruntime's spinning threads took their cores (2026-11-24, 2 cores, 64x1x16x16 DDIM-50: fp32
+    # unchanged, int8 1.19x -> 1.86x fp32; the 8x8 demo model's fp32 row 0.65 -> 0.78 s, BENCHMARKS.md).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if memory_cap is not None:
         # A CPU arena of memory_cap bytes, shared with the environment and taken by this session when it
         # is created (a later registration replaces it for later sessions only).

@@ -168,7 +168,8 @@ class DigitJudge:
     def ceiling(self, n: int, *, seed: int) -> Scores:
         """Real digits the classifier never saw, scored like samples, at ``n`` (at most the held-out half)."""
         rng = np.random.default_rng(seed)
-        pick = rng.choice(len(self.held_features), size=min(n, len(self.held_features)), replace=False)
+        n = min(n, len(self.held_features), len(self.train_features))  # both halves are drawn from, without replacement
+        pick = rng.choice(len(self.held_features), size=n, replace=False)
         features = self.held_features[pick]
         confident, labels = self._confident(features)
         # Frechet: real digits from the classifier's half against the held-out half, at the same count.

@@ -46,6 +46,13 @@ def test_real_digits_score_near_the_ceiling_and_noise_at_the_floor(judge):
     assert abs(scores.confident - ceiling.confident) < 0.08 and scores.classes == 10
 
 
+def test_the_ceiling_at_more_samples_than_either_half_holds_uses_all_it_can(judge):
+    """evaluate --n_samples 1024: the ceiling draws from both halves without replacement (it raised numpy's
+    "Cannot take a larger sample than population" after the samples were drawn)."""
+    most = min(len(judge.held_features), len(judge.train_features))
+    assert judge.ceiling(1024, seed=0).n == most < 1024
+
+
 def test_a_copied_training_image_is_flagged_as_memorised_and_a_new_one_is_not(judge):
     copies = judge.real_images[:50]
     assert judge.score(copies, name="copies").memorised == 1.0
