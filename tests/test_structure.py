@@ -210,7 +210,7 @@ def test_which_implementation_runs_which_file(kind, runs):
 def test_precision_and_device_refusals_are_one_line_and_name_the_way_out():
     with pytest.raises(ValueError, match="fp32 baseline; use --implementation cuda"):
         registry.get("original").check(precision="bf16")
-    with pytest.raises(ValueError, match="runs in fp32; drop --precision fp16"):
+    with pytest.raises(ValueError, match="runs in fp32 or int8; drop --precision fp16"):
         registry.get("onnxruntime").check(precision="fp16")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         registry.get("tensorrt").check(device=torch.device("cpu"))
@@ -224,7 +224,10 @@ def test_auto_precision_is_bf16_only_for_training_on_a_bf16_gpu():
     assert resolve_precision("auto", purpose="sampling", device=cpu) == "fp32"
     assert resolve_precision("fp16", purpose="sampling", device=cpu) == "fp16"
     with pytest.raises(ValueError, match="unknown precision"):
-        resolve_precision("fp8", purpose="training", device=cpu)
+        resolve_precision("fp9", purpose="training", device=cpu)
+    with pytest.raises(ValueError, match="training runs in fp32, bf16 or fp16"):  # quantized graphs are exported, not trained
+        resolve_precision("int8", purpose="training", device=cpu)
+    assert resolve_precision("int8", purpose="export", device=cpu) == "int8"
 
 
 def test_every_implementation_draws_the_originals_images_through_the_registry():

@@ -22,9 +22,10 @@ activation ranges move with t; a class-conditional model with its labels and the
 runs it). Activation ranges are the min and max over those inputs (MinMax).
 
 Why onnxruntime's quantizer and not NVIDIA ModelOpt: ModelOpt's ONNX path needs its ``[onnx]`` extra,
-which pins an older onnxruntime-gpu and cupy over this project's onnxruntime; the quantizer onnxruntime
-ships writes the same explicit Q/DQ graph (TensorRT's documented input) with the placement chosen here.
-ModelOpt was not installed or measured (see BENCHMARKS.md).
+which pins an older onnxruntime-gpu, cupy and another torch over this project's; tried in a separate
+venv (modelopt 0.47.0, 2026-11-24), it stops on this tool's exported graph in its MatMul exclusion
+("Shape inference did not find shape"), BENCHMARKS.md. The quantizer onnxruntime ships writes the same
+explicit Q/DQ graph (TensorRT's documented input) with the placement chosen here.
 """
 
 from __future__ import annotations
