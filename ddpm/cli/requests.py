@@ -12,7 +12,6 @@ the libraries take (a UNetConfig, a SamplingPlan, TensorRTOptions).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,10 +34,9 @@ class ModelSource:
     def inputs(self) -> dict[str, object]:
         """The files the flags name for reading (those the file names are Artifact.inputs); a diffusers
         model folder as an InputFolder: every file in it."""
-        from ddpm.util.safe_files import InputFolder
+        from ddpm.util.safe_files import as_input
 
-        path = InputFolder(self.path) if Path(self.path).is_dir() else self.path
-        return {"--model_path": path, "--autoencoder": self.autoencoder}
+        return {"--model_path": as_input(self.path), "--autoencoder": self.autoencoder}
 
 
 @dataclass(frozen=True)

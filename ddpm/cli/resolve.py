@@ -37,7 +37,7 @@ from ddpm.cli.requests import (
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
-from ddpm.util.safe_files import InputFolder, check_outputs  # every output checked before any work
+from ddpm.util.safe_files import as_input, check_outputs  # every output checked before any work
 
 if TYPE_CHECKING:
     import torch
@@ -257,8 +257,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--n_epochs sets a new run's length; a resumed run goes on to --max_steps (drop --n_epochs)")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
-    init_from = args.init_from and (InputFolder(args.init_from) if Path(args.init_from).is_dir() else args.init_from)
-    inputs = {"--autoencoder": args.autoencoder, "--data_dir": _data_input(args), "--init_from": init_from}
+    inputs = {"--autoencoder": args.autoencoder, "--data_dir": _data_input(args), "--init_from": as_input(args.init_from)}
     check_outputs({"--model_path": checkpoint}, inputs=inputs)
     log_dir = args.log_dir or default_log_dir(checkpoint)  # its metrics.csv is checked once the run's inputs are known
     if Path(log_dir).exists() and not Path(log_dir).is_dir():
@@ -375,8 +374,6 @@ def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequ
     if args.format == "diffusers":  # a folder: the files written into it are the outputs
         from ddpm.formats.diffusers_io import diffusers_folder_files
 
-        if Path(output).exists() and not Path(output).is_dir():
-            raise ValueError(f"--output {output} is a file; --format diffusers writes a folder")
         outputs = diffusers_folder_files(Path(output))
     check_outputs(outputs, inputs=source.inputs())
     return ExportRequest(
@@ -395,12 +392,13 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
     """An INT8 export's calibration: --calibration_samples trajectories of --sampler (when given; else the
     default few-step sampler) over --sampling_steps; None for the other precisions."""
     from ddpm.formats import quantization
+    from ddpm.util.precision import QUANTIZED
 
     if precision == "fp8":
         problem = quantization.fp8_runtime_problem()
         if problem:
             raise ValueError(f"--precision fp8 writes an FP8 Q/DQ graph for TensorRT on Hopper and newer GPUs, and {problem}; nothing was written")
-    if precision not in ("int8", "fp8"):
+    if precision not in QUANTIZED:
         if args.calibration_samples is not None:
             raise ValueError("--calibration_samples calibrates an INT8 export; add --precision int8, or drop it")
         return None
@@ -436,8 +434,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     outputs = {"--json": args.json}
     if args.bench == "sampling":
         outputs.update({"--csv": args.csv, "--chart": args.chart})
-    model_input = InputFolder(args.model_path) if args.model_path and Path(args.model_path).is_dir() else args.model_path  # a diffusers folder
-    check_outputs(outputs, inputs={"--model_path": model_input, "--autoencoder": args.autoencoder})
+    check_outputs(outputs, inputs={"--model_path": as_input(args.model_path), "--autoencoder": args.autoencoder})
     return BenchmarkRun(
         device=device,
         precision=_precision(args, "sampling", device),

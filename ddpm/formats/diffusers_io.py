@@ -378,7 +378,10 @@ def folder_files(folder: Path) -> list[Path]:
 
 
 def diffusers_folder_files(output: Path) -> dict[str, Path]:
-    """The files :func:`write_diffusers_folder` writes into ``output`` (each an output of the run)."""
+    """The files model_files.write_diffusers_folder writes into ``output`` (each an output of the run); a
+    ``output`` that is a file is refused."""
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file; --format diffusers writes a folder")
     return {
         "--output's unet weights": output / "unet" / WEIGHTS_FILES[0],
         "--output's unet config": output / "unet" / "config.json",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddpm.util.precision import QUANTIZED
+
 FORMATS = ("onnx", "torchscript", "tensorrt", "safetensors", "diffusers")
 # "diffusers" writes a folder (formats/diffusers_io.py): no suffix.
 FORMAT_SUFFIXES = {"onnx": (".onnx",), "torchscript": (".ts",), "tensorrt": (".engine", ".plan"), "safetensors": (".safetensors",), "diffusers": ("",)}
@@ -43,6 +45,6 @@ def default_output(source: str | Path, fmt: str, *, precision: str = "fp32") -> 
     stem = source.stem if source.suffix else source.name
     if fmt == "diffusers":
         return source.with_name(f"{stem}_diffusers")
-    if precision in ("int8", "fp8"):
+    if precision in QUANTIZED:
         return source.with_name(f"{stem}_{precision}{FORMAT_SUFFIXES[fmt][0]}")
     return source.with_suffix(FORMAT_SUFFIXES[fmt][0])

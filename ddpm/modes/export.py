@@ -44,7 +44,7 @@ from ddpm.formats.model_files import load_model_parts, load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
 from ddpm.util.precision import QUANTIZED
-from ddpm.util.safe_files import InputFolder, atomic_write, check_outputs
+from ddpm.util.safe_files import as_input, atomic_write, check_outputs
 from tensorrt_integration import TensorRTOptions
 
 
@@ -121,10 +121,8 @@ def export_decoder(
 def check_export_paths(source: Path, output: Path, fmt: str) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    inputs = {"--model_path": InputFolder(source) if source.is_dir() else source}
+    inputs = {"--model_path": as_input(source)}
     if fmt == "diffusers":
-        if output.exists() and not output.is_dir():
-            raise ValueError(f"--output {output} is a file; --format diffusers writes a folder")
         check_outputs(diffusers_folder_files(output), inputs=inputs)
         return
     if output.suffix not in FORMAT_SUFFIXES[fmt]:
@@ -146,7 +144,7 @@ def export_weights(model, schedule_config, *, fmt: str, source: Path, output: Pa
         written = f"wrote {output} (safetensors, {weights} weights, this tool's configs in its metadata)"
     else:
         files = model_files.write_diffusers_folder(model, schedule_config, output, source=str(source))
-        state = model_files.read_diffusers_folder(output)
+        state = load_model_state(output)
         written = f"wrote {output}/ ({', '.join(str(f.relative_to(output)) for f in files)}; diffusers' DDPMPipeline loads it)"
         if model.config.num_classes:
             written += f"; num_class_embeds {model.config.num_classes + 1}: classes 0-{model.config.num_classes - 1}, the last the null label"

@@ -29,7 +29,7 @@ from ddpm.training.trainer import TrainConfig, Trainer, resume_config
 from ddpm.util import distributed, interrupts
 from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.profiling import ProfileConfig, make_profiler
-from ddpm.util.safe_files import check_outputs, run_lock
+from ddpm.util.safe_files import as_input, check_outputs, run_lock
 
 
 def run_train(request: TrainRequest) -> None:
@@ -44,8 +44,9 @@ def run_train(request: TrainRequest) -> None:
         if request.log_dir is not None:  # before the data are read: a new run never mixes its curves with another's
             refuse_previous_curves(request.log_dir, resume=request.resume, overwrite=request.overwrite)
         trainer = resumed_trainer(request) if request.resume else new_trainer(request)
-        check_previews(trainer, data_dir=request.model.data_dir)
-        curves = training_log(trainer, request)
+        inputs = run_inputs(trainer, request)
+        check_previews(trainer, inputs=inputs)
+        curves = training_log(trainer, request, inputs=inputs)
         try:
             train(trainer, profile=request.profile, curves=curves)
         finally:
@@ -57,10 +58,20 @@ def run_train(request: TrainRequest) -> None:
 PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")
 
 
-def check_previews(trainer, *, data_dir: str) -> None:
+def run_inputs(trainer, request: TrainRequest) -> dict:
+    """Every file a training run reads, for the output checks of what it writes besides its checkpoint (the
+    previews, the curves): the checkpoint, the autoencoder (given or linked), the data, --init_from's model."""
+    stage = trainer.first_stage
+    return {
+        "--model_path": request.checkpoint, "its autoencoder": stage.link.get("path") if stage is not None else None,
+        "--data_dir": data_input(trainer.config.dataset, request.model.data_dir), "--init_from": as_input(request.init_from),
+    }  # fmt: skip
+
+
+def check_previews(trainer, *, inputs: dict) -> None:
     """The preview grids this run will write (<model_path stem>_samples/step_NNNNNNN.png, every
     --sample_every steps and at the end) are outputs too: checked before the first step against the
-    run's inputs, the autoencoder and the training data, like every other output. Only names that
+    run's ``inputs`` (:func:`run_inputs`), like every other output. Only names that
     already exist can be an input (through a symlink or a hard link); a folder name taken by a file is refused."""
     config = trainer.config
     folder = config.samples_dir
@@ -74,22 +85,16 @@ def check_previews(trainer, *, data_dir: str) -> None:
         return start < step <= end and (step == end or (every > 0 and step % every == 0))
 
     existing = [entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))]
-    if existing:
-        stage = trainer.first_stage
-        inputs = {"its autoencoder": stage.link.get("path") if stage is not None else None,
-                  "--data_dir": data_input(config.dataset, data_dir)}  # fmt: skip
-        for entry in existing:
-            check_outputs({"the training preview": entry}, inputs=inputs)
+    for entry in existing:
+        check_outputs({"the training preview": entry}, inputs=inputs)
 
 
-def training_log(trainer, request: TrainRequest) -> TrainingLog | None:
-    """Rank 0's training curves (training/curves.py) in --log_dir, checked as outputs against the run's inputs
-    (its checkpoint, its autoencoder, its data) before the first step; None on the other ranks."""
+def training_log(trainer, request: TrainRequest, *, inputs: dict) -> TrainingLog | None:
+    """Rank 0's training curves (training/curves.py) in --log_dir, checked as outputs against the run's ``inputs``
+    (:func:`run_inputs`) before the first step; None on the other ranks."""
     if request.log_dir is None or not distributed.current().is_main:
         return None
-    stage, config = trainer.first_stage, trainer.config
-    inputs = {"--model_path": request.checkpoint, "its autoencoder": stage.link.get("path") if stage is not None else None,
-              "--data_dir": data_input(config.dataset, request.model.data_dir)}  # fmt: skip
+    config = trainer.config
     explicit = "log_dir" in request.given  # the tensorboard hint only for a user who asked for curves
     curves = TrainingLog(
         request.log_dir, start_step=trainer.step, every=request.log_every, resume=request.resume,

@@ -108,6 +108,12 @@ class InputFolder:
 Input = PathLike | InputFolder
 
 
+def as_input(path: PathLike | None) -> Input | None:
+    """A path a flag names for reading, as an input of :func:`check_outputs`: a folder (a diffusers model)
+    as an :class:`InputFolder` of every file in it, anything else as it is."""
+    return InputFolder(path) if path and Path(path).is_dir() else path
+
+
 def check_outputs(outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, Input | None] | None = None) -> dict[str, Path]:
     """Check every output before any work (see the module docstring); returns flag -> resolved path.
 

@@ -181,4 +181,4 @@ def test_only_rank_0_keeps_the_curves(monkeypatch):
     monkeypatch.setattr(train.distributed, "current", lambda: Ranks(rank=1, world_size=2))
     request = TrainRequest(device=None, precision="fp32", checkpoint="m.pt", resume=False, overwrite=False, model=None,
                            log_dir="logs")  # fmt: skip
-    assert train.training_log(trainer=None, request=request) is None
+    assert train.training_log(trainer=None, request=request, inputs={}) is None
