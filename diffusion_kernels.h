@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 namespace diffusion_kernels {
@@ -177,18 +178,35 @@ C10_HOST_DEVICE inline float sqrt_rn(float a) {
 #endif
 }
 
+// floor(v) for |v| < 2^31 through an integer conversion (truncate, then step down where that rounded up):
+// the same value as floorf, and a loop of it vectorizes on the CPU (floorf is a libm call below SSE4.1).
+C10_HOST_DEVICE inline float floor_small(float v) {
+  const float truncated = static_cast<float>(static_cast<int32_t>(v));
+  return truncated - static_cast<float>(truncated > v);  // no branch: a select would be duplicated, not vectorized
+}
+
+// 2^e as a float, for a normal exponent e in [-126, 127], built from its bits.
+C10_HOST_DEVICE inline float pow2_normal(int32_t e) {
+  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
 // exp(x) as 2^k * P(r), r = x - k ln 2 in [-ln2/2, ln2/2] (Cody-Waite split of ln 2), P the degree-7
 // Taylor polynomial in Horner form: within 2 ulp of exp in float32, and the same bits on host and device
-// (libm's expf and CUDA's differ in the last bits, which would break the twins' agreement).
+// (libm's expf and CUDA's differ in the last bits, which would break the twins' agreement). Written
+// without branches or calls, so the CPU twin's loops vectorize: k = round(x / ln 2) lies in [-149, 128],
+// and P * 2^k is (P * 2^(k1)) * 2^(k - k1) with k1 = floor(k / 2): the first product is exact (normal),
+// the second rounds once, which is exactly ldexpf(P, k), subnormal results and overflow to inf included.
 C10_HOST_DEVICE inline float exp_rn(float x) {
-  if (!(x < 88.72f)) {
-    return x != x ? x : INFINITY;  // NaN stays NaN; overflow
-  }
-  if (x < -103.0f) {
-    return 0.0f;
-  }
-  const float k = floorf(add_rn(mul_rn(x, 1.44269502f), 0.5f));  // round(x / ln 2)
-  const float r = sub_rn(sub_rn(x, mul_rn(k, 0.693145752f)), mul_rn(k, 1.42860677e-06f));  // ln 2 = hi + lo
+  const float xc = x < -103.0f ? -103.0f : (x < 88.72f ? x : 88.72f);  // NaN -> 88.72 here, restored below
+  const float k = floor_small(add_rn(mul_rn(xc, 1.44269502f), 0.5f));  // round(x / ln 2)
+  const float r = sub_rn(sub_rn(xc, mul_rn(k, 0.693145752f)), mul_rn(k, 1.42860677e-06f));  // ln 2 = hi + lo
   float p = 1.98412701e-04f;  // 1/7!
   p = add_rn(mul_rn(p, r), 1.38888892e-03f);  // 1/6!
   p = add_rn(mul_rn(p, r), 8.33333377e-03f);  // 1/5!
@@ -197,7 +215,11 @@ C10_HOST_DEVICE inline float exp_rn(float x) {
   p = add_rn(mul_rn(p, r), 0.5f);
   p = add_rn(mul_rn(p, r), 1.0f);
   p = add_rn(mul_rn(p, r), 1.0f);
-  return ldexpf(p, static_cast<int>(k));
+  const int32_t ki = static_cast<int32_t>(k);
+  const int32_t k1 = ki >> 1;  // floor(k / 2): arithmetic shift
+  const float y = mul_rn(mul_rn(p, pow2_normal(k1)), pow2_normal(ki - k1));
+  const float big = x != x ? x : INFINITY;  // NaN stays NaN; overflow
+  return x < -103.0f ? 0.0f : (x < 88.72f ? y : big);
 }
 
 // The normalization, scale-shift and SiLU of one element, given its group's mean and 1/std.

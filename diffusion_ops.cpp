@@ -327,45 +327,264 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
   }
 }
 
-// One (sample, group) of group_norm_act, in the fixed order of diffusion_kernels.h: element j = p * cg + cl
-// goes to partial sum j % kGnPartials, walked incrementally (positions outer, the group's channels inner).
+// ----- group_norm_act's CPU twin ----------------------------------------------------------------------
+// Same arithmetic and reduction order as the CUDA kernel (diffusion_kernels.h), laid out for the CPU: each
+// (sample, group) is first gathered into a float buffer in the order j = p * cg + cl, so both sums run over
+// contiguous memory (partial k of kGnPartials takes the elements j = k, k + kGnPartials, ... in increasing j,
+// as the CUDA kernel's thread k does); then the output is written a row at a time along its innermost
+// dimension (channels for channels-last, positions otherwise). The loops over contiguous rows are compiled for
+// AVX-512 and AVX2 as well as the baseline (target_clones: chosen at load time), without FMA contraction
+// (-ffp-contract=off), so every clone rounds exactly like the scalar definition.
+// GCC's jump threading would duplicate exp_rn's selects into branches, which stops the vectorizer: off here.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-thread-jumps")))
+#elif defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DIFFUSION_KERNELS_CLONES
+#endif
+
+// partial[j % kGnPartials] += v[j] for j = 0, 1, ..., n - 1 (square: (v[j] - mean)^2 instead).
+DIFFUSION_KERNELS_CLONES
+void add_to_partials(const float* __restrict__ v, int64_t n, float mean, bool square, float* __restrict__ partial) {
+  for (int64_t j0 = 0; j0 < n; j0 += kGnPartials) {
+    const int64_t m = std::min<int64_t>(kGnPartials, n - j0);
+    const float* __restrict__ row = v + j0;
+    if (square) {
+      for (int64_t k = 0; k < m; ++k) {
+        const float d = sub_rn(row[k], mean);
+        partial[k] = add_rn(partial[k], mul_rn(d, d));
+      }
+    } else {
+      for (int64_t k = 0; k < m; ++k) {
+        partial[k] = add_rn(partial[k], row[k]);
+      }
+    }
+  }
+}
+
+// sums[c] += v[c] (square: (v[c] - mean[c])^2 instead) for c = 0, 1, ..., n - 1.
+DIFFUSION_KERNELS_CLONES
+void add_row(const float* __restrict__ v, int64_t n, const float* __restrict__ mean, bool square, float* __restrict__ sums) {
+  if (square) {
+    for (int64_t c = 0; c < n; ++c) {
+      const float d = sub_rn(v[c], mean[c]);
+      sums[c] = add_rn(sums[c], mul_rn(d, d));
+    }
+  } else {
+    for (int64_t c = 0; c < n; ++c) {
+      sums[c] = add_rn(sums[c], v[c]);
+    }
+  }
+}
+
+// The pairwise tree of diffusion_kernels.h over the kGnPartials partial sums.
+float reduce_partials(float* partial) {
+  for (int half = kGnPartials / 2; half >= 1; half /= 2) {
+    for (int k = 0; k < half; ++k) {
+      partial[k] = add_rn(partial[k], partial[k + half]);
+    }
+  }
+  return partial[0];
+}
+
+// One output row: element i's statistics and parameters at index i of each array (kPerChannel: per-channel
+// arrays along a channels-last row) or index 0 (one channel's scalars along a row of positions). Flags are
+// compile-time, so the loop has no per-element branches and vectorizes.
+template <bool kPerChannel, bool kModulate, bool kSilu>
+inline __attribute__((always_inline)) void normalize_loop(const float* __restrict__ v, int64_t n, const float* __restrict__ mean,
+    const float* __restrict__ rstd, const float* __restrict__ weight, const float* __restrict__ bias,
+    const float* __restrict__ scale, const float* __restrict__ shift, float* __restrict__ y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = kPerChannel ? i : 0;
+    y[i] = group_norm_act_element(v[i], mean[c], rstd[c], weight[c], bias[c], kModulate ? scale[c] : 0.0f,
+        kModulate ? shift[c] : 0.0f, kModulate, kSilu);
+  }
+}
+
+DIFFUSION_KERNELS_CLONES
+void normalize_row(const float* __restrict__ v, int64_t n, bool per_channel, const float* __restrict__ mean,
+    const float* __restrict__ rstd, const float* __restrict__ weight, const float* __restrict__ bias,
+    const float* __restrict__ scale, const float* __restrict__ shift, bool silu, float* __restrict__ y) {
+  const int variant = (per_channel ? 4 : 0) + (scale != nullptr ? 2 : 0) + (silu ? 1 : 0);
+  switch (variant) {
+#define DIFFUSION_KERNELS_ROW(k) \
+  case k: normalize_loop<(k & 4) != 0, (k & 2) != 0, (k & 1) != 0>(v, n, mean, rstd, weight, bias, scale, shift, y); break;
+    DIFFUSION_KERNELS_ROW(0) DIFFUSION_KERNELS_ROW(1) DIFFUSION_KERNELS_ROW(2) DIFFUSION_KERNELS_ROW(3)
+    DIFFUSION_KERNELS_ROW(4) DIFFUSION_KERNELS_ROW(5) DIFFUSION_KERNELS_ROW(6) DIFFUSION_KERNELS_ROW(7)
+#undef DIFFUSION_KERNELS_ROW
+  }
+}
+
+// Input values (x + x_bias, or x2) of sample b for channels [c, c + n) at position p into dst[0, stride, ...).
 template <typename T>
-void group_norm_act_group(const GroupNormAct& a, int64_t b, int64_t g) {
-  const int64_t c0 = g * a.cg;
-  // Calls f(p, c, v) for every element in the order j = p * cg + cl.
-  auto for_each = [&](auto&& f) {
-    for (int64_t p = 0; p < a.positions; ++p) {
-      for (int64_t c = c0; c < c0 + a.cg; ++c) {
-        f(p, c, load_source<T>(a.src, b, c, p));
+void load_channels(const GroupNormSources& s, int64_t b, int64_t c, int64_t n, int64_t p, float* dst, int64_t stride) {
+  const int64_t in_x = std::clamp<int64_t>(s.c1 - c, 0, n);
+  const T* x = static_cast<const T*>(s.x) + b * s.stride_b1 + p * s.stride_p1;
+  for (int64_t i = 0; i < in_x; ++i) {
+    const float v = static_cast<float>(x[(c + i) * s.stride_c1]);
+    dst[i * stride] = s.x_bias != nullptr ? add_rn(v, s.x_bias[c + i]) : v;
+  }
+  if (in_x < n) {
+    const T* x2 = static_cast<const T*>(s.x2) + b * s.stride_b2 + p * s.stride_p2 - s.c1 * s.stride_c2;
+    for (int64_t i = in_x; i < n; ++i) {
+      dst[i * stride] = static_cast<float>(x2[(c + i) * s.stride_c2]);
+    }
+  }
+}
+
+// Channels-last, with a group's channels dividing kGnPartials: no gather. Element j = p * cg + cl of group g
+// goes to partial (j % kGnPartials) = m * cg + cl with m = p % M, M = kGnPartials / cg; so partial m * cg + cl of
+// every group is one (M, C) table's entry [m][g * cg + cl], and position p's whole row of C channels adds into
+// table row p % M, one contiguous (vectorized) add per position, each partial still in increasing j.
+template <typename T>
+bool group_norm_act_channels_last(const GroupNormAct& a) {
+  const int64_t B = a.batch, C = a.channels, P = a.positions, cg = a.cg, G = a.groups;
+  const GroupNormSources& s = a.src;
+  const bool channels_last = s.stride_c1 == 1 && (s.x2 == nullptr || s.stride_c2 == 1) && a.out_stride_c == 1;
+  if (!channels_last || kGnPartials % cg != 0 || C < 2) {
+    return false;
+  }
+  const int64_t M = kGnPartials / cg;
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> table(M * C), v(C), mean(C), rstd(C), y(C);
+    // Row p of sample b's input (x + x_bias, then x2) as float32: x's own row where that is it, else v.
+    auto load_row = [&](int64_t b, int64_t p) -> const float* {
+      const T* x = static_cast<const T*>(s.x) + b * s.stride_b1 + p * s.stride_p1;
+      if constexpr (std::is_same_v<T, float>) {
+        if (s.x_bias == nullptr && s.x2 == nullptr) {
+          return x;
+        }
+      }
+      if (s.x_bias != nullptr) {
+        for (int64_t c = 0; c < s.c1; ++c) {
+          v[c] = add_rn(static_cast<float>(x[c]), s.x_bias[c]);
+        }
+      } else {
+        for (int64_t c = 0; c < s.c1; ++c) {
+          v[c] = static_cast<float>(x[c]);
+        }
+      }
+      if (s.x2 != nullptr) {
+        const T* x2 = static_cast<const T*>(s.x2) + b * s.stride_b2 + p * s.stride_p2;
+        for (int64_t c = s.c1; c < C; ++c) {
+          v[c] = static_cast<float>(x2[c - s.c1]);
+        }
+      }
+      return v.data();
+    };
+    // The tree of diffusion_kernels.h on every group at once (partial k = m * cg + cl is table[m][g * cg + cl]):
+    // the pairs (k, k + half) are whole rows m, m + half / cg while half >= cg, then channels within row 0.
+    // One statistic per group, expanded to its channels.
+    auto reduce_groups = [&](std::vector<float>& per_channel, bool squares) {
+      for (int64_t half = kGnPartials / 2; half >= 1; half /= 2) {
+        if (half >= cg) {
+          const int64_t rows = half / cg;
+          for (int64_t m = 0; m < rows; ++m) {
+            add_row(table.data() + (m + rows) * C, C, nullptr, false, table.data() + m * C);
+          }
+        } else {
+          for (int64_t g = 0; g < G; ++g) {
+            for (int64_t cl = 0; cl < half; ++cl) {
+              table[g * cg + cl] = add_rn(table[g * cg + cl], table[g * cg + cl + half]);
+            }
+          }
+        }
+      }
+      const float count = static_cast<float>(cg * P);
+      for (int64_t g = 0; g < G; ++g) {
+        const float sum = table[g * cg];
+        const float value = squares ? group_rstd(sum, count, a.eps) : div_rn(sum, count);
+        std::fill(per_channel.begin() + g * cg, per_channel.begin() + (g + 1) * cg, value);
+      }
+    };
+    for (int64_t b = begin; b < end; ++b) {
+      for (const bool squares : {false, true}) {
+        std::fill(table.begin(), table.end(), 0.0f);
+        for (int64_t p = 0; p < P; ++p) {
+          add_row(load_row(b, p), C, mean.data(), squares, table.data() + (p % M) * C);
+        }
+        reduce_groups(squares ? rstd : mean, squares);
+      }
+      const float* scale = a.scale != nullptr ? a.scale + b * C : nullptr;
+      const float* shift = a.shift != nullptr ? a.shift + b * C : nullptr;
+      for (int64_t p = 0; p < P; ++p) {
+        const float* row = load_row(b, p);
+        T* out = static_cast<T*>(a.out) + b * a.out_stride_b + p * a.out_stride_p;
+        if constexpr (std::is_same_v<T, float>) {
+          normalize_row(row, C, true, mean.data(), rstd.data(), a.weight, a.bias, scale, shift, a.silu, out);
+        } else {
+          normalize_row(row, C, true, mean.data(), rstd.data(), a.weight, a.bias, scale, shift, a.silu, y.data());
+          for (int64_t c = 0; c < C; ++c) {
+            out[c] = static_cast<T>(y[c]);
+          }
+        }
       }
     }
-  };
-  float partial[kGnPartials];
-  auto reduce = [&]() {
-    for (int half = kGnPartials / 2; half >= 1; half /= 2) {
-      for (int k = 0; k < half; ++k) {
-        partial[k] = add_rn(partial[k], partial[k + half]);
+  });
+  return true;
+}
+
+template <typename T>
+void group_norm_act_cpu_impl(const GroupNormAct& a) {
+  if (group_norm_act_channels_last<T>(a)) {
+    return;
+  }
+  const int64_t B = a.batch, C = a.channels, P = a.positions, cg = a.cg;
+  // 1. Statistics of every (sample, group), each expanded to its channels: (B, C) means and 1/stds.
+  std::vector<float> mean(B * C), rstd(B * C);
+  at::parallel_for(0, B * a.groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> values(cg * P);
+    float partial[kGnPartials];
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / a.groups, c0 = (i % a.groups) * cg;
+      for (int64_t p = 0; p < P; ++p) {
+        load_channels<T>(a.src, b, c0, cg, p, values.data() + p * cg, 1);  // j = p * cg + cl
+      }
+      const float count = static_cast<float>(cg * P);
+      std::fill(partial, partial + kGnPartials, 0.0f);
+      add_to_partials(values.data(), cg * P, 0.0f, false, partial);
+      const float group_mean = div_rn(reduce_partials(partial), count);
+      std::fill(partial, partial + kGnPartials, 0.0f);
+      add_to_partials(values.data(), cg * P, group_mean, true, partial);
+      const float group_rstd_ = group_rstd(reduce_partials(partial), count, a.eps);
+      std::fill(mean.begin() + b * C + c0, mean.begin() + b * C + c0 + cg, group_mean);
+      std::fill(rstd.begin() + b * C + c0, rstd.begin() + b * C + c0 + cg, group_rstd_);
+    }
+  });
+  // 2. The output, a row at a time along its innermost dimension.
+  const bool channel_rows = a.out_stride_c == 1 && C > 1;
+  const int64_t rows = channel_rows ? B * P : B * C, length = channel_rows ? C : P;
+  at::parallel_for(0, rows, std::max<int64_t>(1, kCpuGrain / length), [&](int64_t begin, int64_t end) {
+    std::vector<float> v(length), y(length);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = channel_rows ? r / P : r / C;
+      const float* scale = a.scale != nullptr ? a.scale + b * C : nullptr;
+      const float* shift = a.shift != nullptr ? a.shift + b * C : nullptr;
+      T* out = static_cast<T*>(a.out) + b * a.out_stride_b;
+      if (channel_rows) {  // position p, channels 0..C-1
+        const int64_t p = r % P;
+        load_channels<T>(a.src, b, 0, C, p, v.data(), 1);
+        normalize_row(v.data(), C, true, mean.data() + b * C, rstd.data() + b * C, a.weight, a.bias, scale, shift, a.silu, y.data());
+        out += p * a.out_stride_p;
+        for (int64_t c = 0; c < C; ++c) {
+          out[c] = static_cast<T>(y[c]);
+        }
+      } else {  // channel c, positions 0..P-1
+        const int64_t c = r % C;
+        for (int64_t p = 0; p < P; ++p) {
+          load_channels<T>(a.src, b, c, 1, p, v.data() + p, 1);
+        }
+        const int64_t bc = b * C + c;
+        normalize_row(v.data(), P, false, mean.data() + bc, rstd.data() + bc, a.weight + c, a.bias + c,
+            scale != nullptr ? scale + c : nullptr, shift != nullptr ? shift + c : nullptr, a.silu, y.data());
+        out += c * a.out_stride_c;
+        for (int64_t p = 0; p < P; ++p) {
+          out[p * a.out_stride_p] = static_cast<T>(y[p]);
+        }
       }
     }
-    return partial[0];
-  };
-  std::fill(partial, partial + kGnPartials, 0.0f);
-  int k = 0;
-  for_each([&](int64_t, int64_t, float v) {
-    partial[k] = add_rn(partial[k], v);
-    k = k + 1 == kGnPartials ? 0 : k + 1;
   });
-  const float count = static_cast<float>(a.cg * a.positions);
-  const float mean = div_rn(reduce(), count);
-  std::fill(partial, partial + kGnPartials, 0.0f);
-  k = 0;
-  for_each([&](int64_t, int64_t, float v) {
-    const float d = sub_rn(v, mean);
-    partial[k] = add_rn(partial[k], mul_rn(d, d));
-    k = k + 1 == kGnPartials ? 0 : k + 1;
-  });
-  const float rstd = group_rstd(reduce(), count, a.eps);
-  for_each([&](int64_t p, int64_t c, float v) { store_group_norm_act<T>(a, b, c, p, v, mean, rstd); });
 }
 
 at::Tensor group_norm_act_cpu(
@@ -381,14 +600,7 @@ at::Tensor group_norm_act_cpu(
     bool silu) {
   at::Tensor out;
   const GroupNormAct a = prepare_group_norm_act(x, x2, weight, bias, x_bias, scale, shift, groups, eps, silu, &out);
-  dispatch_step_dtype(x.scalar_type(), "x", [&](auto tag) {
-    using T = decltype(tag);
-    at::parallel_for(0, a.batch * a.groups, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        group_norm_act_group<T>(a, i / a.groups, i % a.groups);
-      }
-    });
-  });
+  dispatch_step_dtype(x.scalar_type(), "x", [&](auto tag) { group_norm_act_cpu_impl<decltype(tag)>(a); });
   return out;
 }
 

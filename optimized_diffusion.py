@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -74,7 +75,8 @@ _ROOT = Path(__file__).resolve().parent
 _CPU_SOURCES = ("diffusion_ops.cpp",)
 _CUDA_SOURCES = ("diffusion_ops.cpp", "diffusion_kernels.cu")
 # The same flags as setup.py (see there why there is no fast math).
-_JIT_CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math"]
+_JIT_OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
+_JIT_CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", *_JIT_OPENMP]
 _JIT_NVCC_FLAGS = ["-O3", "-lineinfo"]
 
 _loaded_from: str | None = None  # "compiled" or "jit" once the ops are registered
@@ -133,6 +135,7 @@ def _jit_compile() -> None:
             name=EXTENSION_NAME,
             sources=sources,
             extra_cflags=_JIT_CXX_FLAGS,
+            extra_ldflags=_JIT_OPENMP,
             extra_cuda_cflags=_JIT_NVCC_FLAGS,
             is_python_module=False,  # load the library into torch.ops; no Python module needed
             verbose=False,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -38,7 +39,9 @@ DEFAULT_CUDA_ARCH_LIST = "8.0;8.6;8.9;9.0"
 # kernel uses round-to-nearest intrinsics for the same reason). -fno-trapping-math changes no
 # result (only whether FP exception flags may be raised), but lets GCC vectorize the clamp's
 # select. -lineinfo lets compute-sanitizer and ncu point at source lines without slowing the kernel.
-CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math"]
+# -fopenmp: at::parallel_for is a header template, so without it the CPU kernels ran on one thread.
+CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math"] + (["-fopenmp"] if sys.platform.startswith("linux") else [])
+LINK_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 NVCC_FLAGS = ["-O3", "-lineinfo"]
 
 
@@ -72,7 +75,7 @@ def _extensions() -> list:
     use_cuda = cuda_home is not None and torch.version.cuda is not None
     if not use_cuda:
         print(f"diffusion_kernels: building the CPU-only extension (CUDA toolkit: {cuda_home}, torch CUDA: {torch.version.cuda})")
-        return [cpp_extension.CppExtension(EXTENSION_NAME, sources, extra_compile_args={"cxx": CXX_FLAGS})]
+        return [cpp_extension.CppExtension(EXTENSION_NAME, sources, extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_FLAGS)]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCH_LIST
     print(
@@ -84,6 +87,7 @@ def _extensions() -> list:
             EXTENSION_NAME,
             sources + ["diffusion_kernels.cu"],
             extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+            extra_link_args=LINK_FLAGS,
         )
     ]
 

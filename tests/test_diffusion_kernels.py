@@ -562,6 +562,27 @@ def test_group_norm_acts_silu_follows_exp_over_the_whole_float_range_cpu():
     assert torch.isnan(od.group_norm_act(torch.full((1, 1, 2, 1), float("nan")), one, one * 0, groups=1)).all()
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(shape=(3, 32, 9, 9), groups=8),  # 4 channels a group, 324 elements: the partial sums wrap around
+        dict(shape=(2, 12, 6, 6), c2=20, groups=16),  # a skip connection, groups of 2 straddling x and x2
+        dict(shape=(2, 16, 3, 4, 5), groups=2, modulate=False),  # 3-D, 8 channels a group
+        dict(shape=(2, 24, 5, 5), groups=8),  # 3 channels a group (does not divide 256: the gathering loop)
+        dict(shape=(2, 32, 7, 7), groups=4, dtype=torch.bfloat16),
+    ],
+)
+def test_group_norm_act_cpu_twin_computes_one_order_whatever_the_layout(case):
+    """Channels-last inputs take the CPU twin's row-wise loop, contiguous ones its gathering loop: both must
+    produce the fixed reduction order of diffusion_kernels.h, so the same values agree bit for bit."""
+    contiguous = group_norm_case(**case)
+    channels_last = group_norm_case(**case, layout="channels_last")
+    a = od.group_norm_act(**contiguous, silu=True)
+    b = od.group_norm_act(**channels_last, silu=True)
+    assert b.is_contiguous(memory_format=torch.channels_last if b.dim() == 4 else torch.channels_last_3d)
+    torch.testing.assert_close(b.contiguous(), a, rtol=0, atol=0)
+
+
 def test_group_norm_act_handles_an_empty_batch_cpu():
     args = group_norm_case((0, 8, 4, 4), groups=2)
     assert od.group_norm_act(**args).shape == (0, 8, 4, 4)
