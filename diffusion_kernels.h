@@ -264,8 +264,9 @@ struct GroupNormAct {
   int64_t out_stride_b, out_stride_c, out_stride_p;
   const float* weight;  // (C,)
   const float* bias;  // (C,)
-  const float* scale;  // (B, C), or nullptr (then shift is too)
+  const float* scale;  // (B, C), or nullptr (then shift is too); rows modulation_stride apart (0: one row for all)
   const float* shift;
+  int64_t modulation_stride;
   int64_t batch, channels, groups, cg, positions;  // cg: channels per group
   float eps;
   bool silu;
@@ -297,8 +298,8 @@ C10_HOST_DEVICE inline void store_group_norm_act(
     const GroupNormAct& a, int64_t b, int64_t c, int64_t p, float v, float mean, float rstd) {
   const bool modulate = a.scale != nullptr;
   const float y = group_norm_act_element(
-      v, mean, rstd, a.weight[c], a.bias[c], modulate ? a.scale[b * a.channels + c] : 0.0f,
-      modulate ? a.shift[b * a.channels + c] : 0.0f, modulate, a.silu);
+      v, mean, rstd, a.weight[c], a.bias[c], modulate ? a.scale[b * a.modulation_stride + c] : 0.0f,
+      modulate ? a.shift[b * a.modulation_stride + c] : 0.0f, modulate, a.silu);
   static_cast<T*>(a.out)[b * a.out_stride_b + c * a.out_stride_c + p * a.out_stride_p] = static_cast<T>(y);
 }
 

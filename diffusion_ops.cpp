@@ -193,9 +193,19 @@ GroupNormAct prepare_group_norm_act(
     s.x_bias = x_bias->const_data_ptr<float>();
   }
   TORCH_CHECK(scale.has_value() == shift.has_value(), "group_norm_act: scale and shift go together");
-  if (scale.has_value()) {
-    check_param(*scale, "scale", {x.size(0), channels});
-    check_param(*shift, "shift", {x.size(0), channels});
+  int64_t modulation_stride = 0;
+  if (scale.has_value()) {  // rows of one wider table (or one row expanded) are fine: channels must be dense
+    for (const auto* m : {&*scale, &*shift}) {
+      const char* name = m == &*scale ? "scale" : "shift";
+      TORCH_CHECK(m->device() == x.device(), "group_norm_act: ", name, " is on ", m->device(), " but x is on ", x.device());
+      TORCH_CHECK(m->scalar_type() == at::kFloat, "group_norm_act: ", name, " must be float32, got ", m->scalar_type());
+      TORCH_CHECK(m->dim() == 2 && m->size(0) == x.size(0) && m->size(1) == channels && m->stride(1) == 1 && m->stride(0) >= 0,
+          "group_norm_act: ", name, " must be a (", x.size(0), ", ", channels, ") tensor with dense rows, got ", m->sizes(),
+          " with strides ", m->strides());
+    }
+    TORCH_CHECK(scale->stride(0) == shift->stride(0), "group_norm_act: scale and shift must have the same row stride, got ",
+        scale->stride(0), " and ", shift->stride(0));
+    modulation_stride = scale->stride(0);
   }
   int64_t positions = 1;
   for (int64_t d = 2; d < x.dim(); ++d) {
@@ -208,6 +218,7 @@ GroupNormAct prepare_group_norm_act(
       s, out->mutable_data_ptr(), out->stride(0), out->stride(1), position_stride(*out, "the output"),
       weight.const_data_ptr<float>(), bias.const_data_ptr<float>(),
       scale.has_value() ? scale->const_data_ptr<float>() : nullptr, shift.has_value() ? shift->const_data_ptr<float>() : nullptr,
+      modulation_stride,
       x.size(0), channels, groups, channels / groups, positions, static_cast<float>(eps), silu};
 }
 
@@ -506,8 +517,8 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
         }
         reduce_groups(squares ? rstd : mean, squares);
       }
-      const float* scale = a.scale != nullptr ? a.scale + b * C : nullptr;
-      const float* shift = a.shift != nullptr ? a.shift + b * C : nullptr;
+      const float* scale = a.scale != nullptr ? a.scale + b * a.modulation_stride : nullptr;
+      const float* shift = a.shift != nullptr ? a.shift + b * a.modulation_stride : nullptr;
       for (int64_t p = 0; p < P; ++p) {
         const float* row = load_row(b, p);
         T* out = static_cast<T*>(a.out) + b * a.out_stride_b + p * a.out_stride_p;
@@ -559,8 +570,8 @@ void group_norm_act_cpu_impl(const GroupNormAct& a) {
     std::vector<float> v(length), y(length);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = channel_rows ? r / P : r / C;
-      const float* scale = a.scale != nullptr ? a.scale + b * C : nullptr;
-      const float* shift = a.shift != nullptr ? a.shift + b * C : nullptr;
+      const float* scale = a.scale != nullptr ? a.scale + b * a.modulation_stride : nullptr;
+      const float* shift = a.shift != nullptr ? a.shift + b * a.modulation_stride : nullptr;
       T* out = static_cast<T*>(a.out) + b * a.out_stride_b;
       if (channel_rows) {  // position p, channels 0..C-1
         const int64_t p = r % P;

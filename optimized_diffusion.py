@@ -231,7 +231,7 @@ def group_norm_act(
     x: (B, C1, *spatial), contiguous or channels-last, float32/float16/bfloat16. x2: (B, C2, *spatial)
     of x's dtype (a skip connection; a group may straddle x and x2), or None. weight, bias: (C,) float32,
     C = C1 + C2. x_bias: (C1,) float32, the bias of the convolution that produced x, or None.
-    scale, shift: (B, C) float32, or None. silu: apply SiLU last. Statistics in float32 in a fixed order
+    scale, shift: (B, C) float32 with dense rows (slices of one wider table, or one row expanded), or None. silu: apply SiLU last. Statistics in float32 in a fixed order
     (diffusion_kernels.h), so the CUDA kernel and this CPU twin agree bit for bit.
     """
     if _loaded_from is None:
@@ -250,10 +250,15 @@ class FusedUNet(nn.Module):
     """eps = runner(x_t, t[, y]): a :class:`basic_diffusion.UNet`'s forward with every GroupNorm (+ the time
     embedding's scale and shift) (+ SiLU) one :func:`group_norm_act`, each convolution's bias folded into
     the norm that consumes its output, activations in ``dtype`` and (``channels_last``) NHWC / NDHWC end to
-    end, and the weights cast and laid out once, here, instead of by autocast on every call. The time and
-    label embeddings and their per-block projections stay in float32. Same math as the U-Net: in fp32 it
-    agrees to float rounding (tests/test_optimized_diffusion.py). Built from the U-Net's modules (it shares
-    nothing it would change: the packed weights are copies, so the U-Net is left as it was).
+    end, and the weights cast and laid out once, here, instead of by autocast on every call.
+
+    Every residual block's projection of the embedding is one row segment of a single (rows, D) float32
+    table, ``projections(t, y)``: one GEMM per step instead of one per block, and for an unconditional model
+    a function of the timestep alone, so a sampler computes it once per plan step (``projections(timesteps)``)
+    and hands the forward a row (``forward(..., projections=row)``; (1, D) rows are expanded, not copied).
+    Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
+    from the U-Net's modules (it shares nothing it would change: the packed weights are copies, so the
+    U-Net is left as it was).
     """
 
     def __init__(self, unet: nn.Module, *, dtype: torch.dtype = torch.float32, channels_last: bool = True) -> None:
@@ -269,26 +274,50 @@ class FusedUNet(nn.Module):
                 weight = module.weight.detach().to(dtype).contiguous(memory_format=self.memory_format)
                 bias = None if module.bias is None else module.bias.detach().to(dtype)
                 self.packed[module] = (weight, bias)
+        # The blocks' embedding projections stacked: block i owns columns offsets[i]:offsets[i] + width. For
+        # "add" conditioning the block's conv1 bias joins its projection's bias (both are added before norm2).
+        blocks = [b for level in unet.down for b in level.blocks] + [unet.mid_block1, unet.mid_block2]
+        blocks += [b for level in unet.up for b in level.blocks]
+        weights, biases, self.offsets = [], [], {}
+        for block in blocks:
+            bias = block.emb_proj.bias.detach().float()
+            if not block.scale_shift:
+                bias = bias + block.conv1.bias.detach().float()
+            self.offsets[block] = sum(w.shape[0] for w in weights)
+            weights.append(block.emb_proj.weight.detach().float())
+            biases.append(bias)
+        self.projection_weight = torch.cat(weights).contiguous()  # (D, 4ch)
+        self.projection_bias = torch.cat(biases).contiguous()  # (D,)
+        self.norms = {  # float32 copies, made once
+            m: (m.weight.detach().float().contiguous(), m.bias.detach().float().contiguous())
+            for m in unet.modules() if isinstance(m, nn.GroupNorm)
+        }  # fmt: skip
+        self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
+
+    @torch.no_grad()
+    def projections(self, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """Every block's embedding projection for timesteps t (rows,) [and labels y]: (rows, D) float32."""
+        emb = self.unet.embedding(t, y).float()  # (rows, 4ch)
+        return torch.addmm(self.projection_bias, torch.nn.functional.silu(emb), self.projection_weight.t())
 
     def _conv(self, conv: nn.Module, x: torch.Tensor, *, with_bias: bool = True) -> torch.Tensor:
         weight, bias = self.packed[conv]
         op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
         return op(x, weight, bias if with_bias else None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
-    @staticmethod
-    def _norm(norm: nn.GroupNorm, x: torch.Tensor, **kwargs) -> torch.Tensor:
-        return group_norm_act(x, norm.weight.detach().float(), norm.bias.detach().float(), groups=norm.num_groups, eps=norm.eps, **kwargs)
+    def _norm(self, norm: nn.GroupNorm, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        weight, bias = self.norms[norm]
+        return group_norm_act(x, weight, bias, groups=norm.num_groups, eps=norm.eps, **kwargs)
 
-    def _res_block(self, block: nn.Module, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    def _res_block(self, block: nn.Module, x: torch.Tensor, projections: torch.Tensor) -> torch.Tensor:
         h = self._conv(block.conv1, self._norm(block.norm1, x), with_bias=False)  # its bias: folded into norm2
-        e = block.emb_proj(torch.nn.functional.silu(emb)).float()  # (B, 2C) or (B, C), float32
-        if block.scale_shift:
-            scale, shift = (part.contiguous() for part in e.chunk(2, dim=1))
-            h = self._norm(block.norm2, h, x_bias=block.conv1.bias.detach().float(), scale=scale, shift=shift)
-        else:  # "add": the embedding is a per-sample bias before the norm
-            spatial = (1,) * self.config.dims
-            h = h + (block.conv1.bias.detach().float() + e).to(h.dtype).view(*e.shape, *spatial)
-            h = self._norm(block.norm2, h)
+        C, start = h.shape[1], self.offsets[block]
+        if block.scale_shift:  # (rows, C) views of the table: no copies
+            scale, shift = projections[:, start : start + C], projections[:, start + C : start + 2 * C]
+            h = self._norm(block.norm2, h, x_bias=self.conv1_biases[block], scale=scale, shift=shift)
+        else:  # "add": the embedding (with conv1's bias) is a per-sample bias before the norm
+            e = projections[:, start : start + C]
+            h = self._norm(block.norm2, h + e.to(h.dtype).reshape(*e.shape, *(1,) * self.config.dims))
         h = self._conv(block.conv2, h)  # dropout: identity when sampling
         skip = x if isinstance(block.skip, nn.Identity) else self._conv(block.skip, x)
         return skip + h
@@ -305,11 +334,15 @@ class FusedUNet(nn.Module):
         h = h.transpose(-1, -2).reshape(B, C, *spatial).contiguous(memory_format=self.memory_format)
         return x + self._conv(block.proj, h)
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, *, projections: torch.Tensor | None = None
+    ) -> torch.Tensor:
         from basic_diffusion import depth_to_space, space_to_depth
 
         unet, config = self.unet, self.config
-        emb = unet.embedding(t, y)  # (B, 4ch) float32
+        if projections is None:
+            projections = self.projections(t, y)  # (B, D) float32
+        emb = projections.expand(x_t.shape[0], -1)  # a (1, D) row of a per-step table serves the whole batch
         p = config.patch_size
         x = space_to_depth(x_t, p) if p > 1 else x_t
         h = self._conv(unet.conv_in, x.to(self.dtype).contiguous(memory_format=self.memory_format))
@@ -410,6 +443,11 @@ class FusedSampler:
             if not fused_step:
                 raise ValueError("the fused U-Net runner needs the diffusion_kernels extension (fused_step=True)")
             model = FusedUNet(model, dtype=torch.float32 if precision == "fp32" else LOW_DTYPES[precision])
+        # An unconditional runner's embedding projections depend on the timestep alone: one (S, D) table for the
+        # plan, computed here, whose row the device-side step counter picks (graph-safe, no per-step MLP).
+        self._projection_table = (
+            model.projections(plan.timesteps.to(self.device, torch.int64)) if fused_unet and guidance is None else None
+        )
         self._channels_last = on_cuda and channels_last and len(shape) == 4 and not fused_unet  # images only
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
@@ -477,7 +515,10 @@ class FusedSampler:
             x_in = torch.cat([x_in, x_in])  # (2B, C, H, W): with the labels, then with the null label
         # Predict the noise: eps_theta(x_t, t[, y]), (B or 2B, C, H, W) in the autocast dtype.
         with phase("unet"), self._autocast():
-            eps = self._model(x_in, self._t) if self._y is None else self._model(x_in, self._t, self._y)
+            if self._projection_table is not None:  # (1, D): this step's row of the plan's table
+                eps = self._model(x_in, self._t, projections=self._projection_table.index_select(0, self._step.view(1)))
+            else:
+                eps = self._model(x_in, self._t) if self._y is None else self._model(x_in, self._t, self._y)
         eps = eps.contiguous()  # x's NCHW layout, as the fused op requires (no copy when it already is)
         noise = None
         if draw_noise:

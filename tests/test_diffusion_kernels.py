@@ -583,6 +583,21 @@ def test_group_norm_act_cpu_twin_computes_one_order_whatever_the_layout(case):
     torch.testing.assert_close(b.contiguous(), a, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_group_norm_act_reads_scale_and_shift_from_a_wider_table_or_one_expanded_row(layout):
+    """The fused U-Net hands each block its columns of one (B, D) projection table, or one (1, D) row of a
+    per-step table expanded over the batch: the same values as contiguous (B, C) tensors, bit for bit."""
+    args = group_norm_case((3, 16, 5, 5), groups=4, layout=layout)
+    table = torch.randn(3, 40)
+    scale, shift = table[:, 4:20], table[:, 20:36]  # (3, 16) views, row stride 40
+    expected = od.group_norm_act(**(args | dict(scale=scale.contiguous(), shift=shift.contiguous())))
+    torch.testing.assert_close(od.group_norm_act(**(args | dict(scale=scale, shift=shift))), expected, rtol=0, atol=0)
+    row = torch.randn(1, 32)
+    scale, shift = row[:, :16].expand(3, -1), row[:, 16:].expand(3, -1)  # row stride 0
+    expected = od.group_norm_act(**(args | dict(scale=scale.contiguous(), shift=shift.contiguous())))
+    torch.testing.assert_close(od.group_norm_act(**(args | dict(scale=scale, shift=shift))), expected, rtol=0, atol=0)
+
+
 def test_group_norm_act_handles_an_empty_batch_cpu():
     args = group_norm_case((0, 8, 4, 4), groups=2)
     assert od.group_norm_act(**args).shape == (0, 8, 4, 4)
@@ -594,6 +609,7 @@ def test_group_norm_act_handles_an_empty_batch_cpu():
         (dict(groups=3), "do not split into 3 groups"),
         (dict(weight=torch.ones(7)), "weight must be a contiguous [8] tensor"),
         (dict(scale=None), "scale and shift go together"),
+        (dict(scale=torch.ones(8, 2).t()), "scale must be a (2, 8) tensor with dense rows"),
         (dict(x_bias=torch.ones(8, dtype=torch.float64)), "x_bias must be float32"),
         (dict(x2=torch.zeros(2, 4, 5, 5)), "x2 must have x's batch and spatial sizes"),
         (dict(x=torch.zeros(2, 8, 4, 4, dtype=torch.int64)), "x must be float32, float16 or bfloat16"),
