@@ -404,7 +404,7 @@ class FusedSampler:
         precision: str = "fp32",
         use_cuda_graph: bool = True,
         channels_last: bool = False,
-        compile_model: bool = False,
+        compile_model: bool | str = False,  # True: torch.compile's default mode; a string: that mode
         warmup_iters: int = 3,
         log: Callable[[str], None] | None = None,  # where the capture-failure notice goes (default print)
         fused_step: bool = True,
@@ -451,7 +451,8 @@ class FusedSampler:
         self._channels_last = on_cuda and channels_last and len(shape) == 4 and not fused_unet  # images only
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
-        self._model = torch.compile(model, dynamic=False) if compile_model else model
+        mode = compile_model if isinstance(compile_model, str) else None
+        self._model = torch.compile(model, dynamic=False, mode=mode) if compile_model else model
 
         # Static buffers (float32 sampler state, whatever the precision).
         B = shape[0]

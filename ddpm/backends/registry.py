@@ -119,7 +119,7 @@ def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOpti
     return run
 
 
-def _fused(compile_model: bool, *, fused_unet: bool = False) -> Callable[..., Sampler]:
+def _fused(compile_model: bool | str, *, fused_unet: bool = False) -> Callable[..., Sampler]:
     def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
         try:
             import optimized_diffusion
@@ -180,6 +180,14 @@ def _torchscript(model: nn.Module, options: SamplerOptions) -> nn.Module:
 def _compiled(model: nn.Module, options: SamplerOptions) -> nn.Module:
     on_gpu = any(p.is_cuda for p in model.parameters())
     return torch.compile(model, mode="max-autotune" if on_gpu else "default")
+
+
+def _as_diffusers(model: nn.Module, options: SamplerOptions) -> nn.Module:
+    """diffusers' UNet2DModel with the model's weights, in the row's precision (a baseline row, not a feature)."""
+    from ddpm.formats.diffusers_io import DiffusersUNet
+    from ddpm.util.precision import LOW_DTYPES
+
+    return DiffusersUNet(model, dtype=LOW_DTYPES.get(options.precision, torch.float32))
 
 
 # ----- decoders (latent models: the autoencoder's decoder after the sampling loop) -------------------
@@ -255,6 +263,20 @@ REGISTRY: dict[str, Implementation] = {
             "cuda_compile", "the cuda implementation with the U-Net through torch.compile inside the graph",
             _fused(True), precisions=PRECISIONS, in_sample_mode=False, default_row_on=("cuda",), conditional=True,
             decoder=_compiled_decoder,
+        ),
+        Implementation(
+            "cuda_compile_max_autotune", "the cuda implementation with the U-Net through torch.compile(mode='max-autotune-no-cudagraphs') "
+            "inside the graph", _fused("max-autotune-no-cudagraphs"), precisions=PRECISIONS, in_sample_mode=False,
+            default_row_on=("cuda",), conditional=True, decoder=_compiled_decoder,
+        ),
+        Implementation(
+            "cuda_fp32", "the cuda implementation in fp32 whatever --precision says (the staircase's graphed eager fp32 step)",
+            _fused(False), in_sample_mode=False, row_precision="fp32", default_row_on=("cuda",), conditional=True,
+            decoder=_autocast_decoder,
+        ),
+        Implementation(
+            "diffusers", "the original loop around diffusers' UNet2DModel holding the same weights (a baseline; needs diffusers)",
+            _loop, prepare=_as_diffusers, precisions=PRECISIONS, in_sample_mode=False, conditional=True,
         ),
         Implementation(
             "compile", "the original loop around torch.compile(U-Net) (max-autotune on a GPU)", _loop,

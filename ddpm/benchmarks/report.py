@@ -44,6 +44,8 @@ class Row:
     psnr_db: float | None = None
     parity: str = ""  # pass | FAIL | reference | ""
     tflops: float | None = None
+    mfu: float | None = None  # tflops / the measured matmul peak in the row's precision (env["matmul_peak_tflops"])
+    build_s: float | None = None  # one-time cost: building the row (export, compile, capture) + its first run's excess
     detail: str = ""  # what ran, where the name does not say (onnxruntime's execution provider)
     loop_s: float | None = None  # a latent model: the sampling loop alone (median s)
     decode_s: float | None = None  # and its decoder alone, on the loop's latents
@@ -82,7 +84,8 @@ def _driver_version() -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ("implementation", "precision", "median s", "min-max s", "ms/step", "img/s", "speedup", "peak MB", "max|diff|", "PSNR dB", "parity")
+    head = ("implementation", "precision", "median s", "min-max s", "ms/step", "img/s", "speedup", "MFU", "build s", "peak MB",
+            "max|diff|", "PSNR dB", "parity")  # fmt: skip
     lines = []
     for r in rows:
         if r.status != "ok":
@@ -90,7 +93,8 @@ def format_table(rows: list[Row]) -> str:
             continue
         lines.append((
             f"{r.name} ({r.detail})" if r.detail else r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
-            f"{r.images_per_s:.1f}", times_text(r.speedup), "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
+            f"{r.images_per_s:.1f}", times_text(r.speedup), "-" if r.mfu is None else f"{100 * r.mfu:.1f}%", _seconds(r.build_s, 1),
+            "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
             "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
         ))  # fmt: skip
     if any(r.decode_s is not None for r in rows):  # a latent model: the two stages' own times
@@ -106,8 +110,8 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def _seconds(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def times_text(speedup: float | None) -> str:

@@ -99,8 +99,10 @@ def unet_flops(
     return counter.get_total_flops()
 
 
-def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int = 8192, repeats: int = 10) -> float:
-    """A large square matmul's achieved TFLOP/s: the practical peak the U-Net is compared with."""
+def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int | None = None, repeats: int = 10) -> float:
+    """A large square matmul's achieved TFLOP/s: the practical peak the U-Net is compared with (MFU).
+    n: 8192 on a GPU, 2048 on a CPU (a second or less there)."""
+    n = n or (8192 if device.type == "cuda" else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     times, _ = time_runs(lambda: a @ b, device=device, warmup=3, repeats=repeats)
@@ -136,8 +138,8 @@ def make_row(
         if first_stage is not None:
             stage = first_stage if name == "original" else replace(first_stage, decoder=copy.deepcopy(first_stage.decoder))
             decode = impl.decoder(stage, options, device=plan.coefficients.device)
-    except ImportError as exc:  # an optional package or the extension is missing: say which
-        raise Unavailable(first_line(exc)) from exc
+    except (ImportError, ValueError) as exc:  # an optional package or the extension is missing, or the row cannot
+        raise Unavailable(first_line(exc)) from exc  # represent this model (diffusers: a volume): say which
     detail = getattr(network, "provider", "")  # onnxruntime's execution provider
     return row_precision, lambda g: sampler(generator=g, guidance=guidance), detail, decode
 
@@ -218,9 +220,12 @@ def time_rows(
         unet_gflops_per_forward=flops / 1e9,
         guidance_scale=None if guidance is None else guidance.scale,
     )
-    if device.type == "cuda":
-        env["matmul_peak_tflops"] = {"bf16": matmul_peak_tflops(torch.bfloat16, device=device),
-                                     "fp32": matmul_peak_tflops(torch.float32, device=device)}  # fmt: skip
+    peak_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32} if device.type == "cuda" else {"fp32": torch.float32}
+    with contextlib.ExitStack() as stack:  # the peak under the fp32 policy every fp32 row runs with (no TF32)
+        from ddpm.util.precision import backend_policy
+
+        stack.enter_context(backend_policy("fp32"))
+        env["matmul_peak_tflops"] = {name: matmul_peak_tflops(dtype, device=device) for name, dtype in peak_dtypes.items()}
     names = ["original"] + [n for n in rows if n != "original"]
     results: list[Row] = []
     reference = None
@@ -233,20 +238,27 @@ def time_rows(
         memory = DeviceMemory(device) if device.type == "cuda" else contextlib.nullcontext()
         try:
             with memory, PeakRSS() as rss:
+                built = time.perf_counter()
                 try:
                     row.precision, loop, row.detail, decode = make_row(
                         name, model=model, plan=plan, shape=shape, precision=precision, guidance=guidance,
                         first_stage=first_stage,
                     )  # fmt: skip
+                    built = time.perf_counter() - built  # export, compile setup, graph capture
                 except Unavailable as exc:
                     row.status, row.reason = "unavailable", str(exc)
                     progress(f"{name}: unavailable ({exc})")
                     continue
                 run = loop if decode is None else (lambda g, loop=loop, decode=decode: decode(loop(g)))
                 progress(f"{row_label(name, device)}: {row_warmup} warm-up + {repeats} timed runs ...")
+                first_run = None
+                if row_warmup:  # the first run on its own: lazy compilation and autotuning happen in it
+                    first_run, _ = time_runs(lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=1)
                 times, images = time_runs(
-                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=row_warmup, repeats=repeats
-                )
+                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=row_warmup - 1 if row_warmup else 0,
+                    repeats=repeats,
+                )  # fmt: skip
+                row.build_s = built + (max(0.0, first_run[0] - statistics.median(times)) if first_run else 0.0)
                 if decode is not None:  # each stage alone: the loop, then the decoder on its latents
                     loop_times, latents = time_runs(
                         lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
@@ -267,6 +279,8 @@ def time_rows(
         row.ms_per_step = 1000.0 * row.median_s / plan.num_steps
         row.images_per_s = shape[0] / row.median_s
         row.tflops = flops * plan.num_steps / row.median_s / 1e12
+        peak = env["matmul_peak_tflops"].get(row.precision)
+        row.mfu = row.tflops / peak if peak else None  # int8 rows: no int8 peak measured
         if device.type == "cuda":
             row.peak_memory_mb, row.memory_kind = memory.mb, "cuda_device_growth"
         else:
@@ -353,7 +367,8 @@ def benchmark_sampling(
         print(f"{'guidance':>18}: class-conditional, scale {guidance.scale:g}: the U-Net runs on twice the batch each step")
     if "matmul_peak_tflops" in env:
         peaks = env["matmul_peak_tflops"]
-        print(f"{'matmul peak':>18}: bf16 {peaks['bf16']:.0f} TFLOP/s, fp32 {peaks['fp32']:.0f} TFLOP/s (measured now)")
+        text = ", ".join(f"{name} {value:.3g} TFLOP/s" for name, value in peaks.items())
+        print(f"{'matmul peak':>18}: {text} (measured now; MFU = a row's U-Net TFLOP/s over its precision's peak)")
     print()
     print(format_table(rows))
     print()

@@ -393,3 +393,25 @@ def diffusers_folder_files(output: Path) -> dict[str, Path]:
 def json_bytes(value: dict) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
 
+
+
+class DiffusersUNet(nn.Module):
+    """eps = unet(x_t, t[, y]) through diffusers' own ``UNet2DModel`` holding this U-Net's weights (the equal
+    network, for the benchmark's diffusers row), in ``dtype``: inputs cast to it, eps returned in float32.
+    ImportError (with the install line) without diffusers; ValueError for what UNet2DModel cannot represent."""
+
+    def __init__(self, model: UNet, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        try:
+            from diffusers import UNet2DModel
+        except ImportError as exc:
+            raise ImportError("diffusers is not installed (pip install diffusers)") from exc
+        config = diffusers_unet_config(model.config, source="this model")
+        weight = next(model.parameters())
+        self.unet = UNet2DModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+        self.unet.load_state_dict(to_diffusers_weights(model.state_dict()), strict=True)
+        self.unet = self.unet.to(device=weight.device, dtype=dtype).eval()
+        self.dtype = dtype
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        return self.unet(x_t.to(self.dtype), t, class_labels=y).sample.float()

@@ -23,7 +23,7 @@ def bench(tmp_path_factory):
         sys.executable, str(ROOT / "main.py"), "--mode", "benchmark", "--device", "cpu", "--img_size", "16",
         "--channels", "1", "--model_channels", "16", "--num_res_blocks", "1", "--timesteps", "50",
         "--n_samples", "4", "--sampler", "ddim", "--sampling_steps", "5", "--repeats", "2",
-        "--rows", "original,cuda,tensorrt", "--json", "b.json", "--csv", "b.csv", "--chart", "b.png",
+        "--rows", "original,cuda,tensorrt,diffusers", "--json", "b.json", "--csv", "b.csv", "--chart", "b.png",
     ]  # fmt: skip
     started = time.perf_counter()
     result = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600)
@@ -35,7 +35,7 @@ def bench(tmp_path_factory):
 def test_benchmark_json_has_one_row_per_implementation(bench):
     _, _, data, wall = bench
     rows = {r["name"]: r for r in data["rows"]}
-    assert list(rows) == ["original", "cuda", "tensorrt"]
+    assert list(rows) == ["original", "cuda", "tensorrt", "diffusers"]
     assert 0 < sum(sum(rows[name]["times_s"]) for name in ("original", "cuda")) < wall  # measured inside the run
     for name in ("original", "cuda"):
         r = rows[name]
@@ -46,6 +46,11 @@ def test_benchmark_json_has_one_row_per_implementation(bench):
     assert rows["original"]["speedup"] == 1.0 and rows["original"]["detail"] == ""
     # A row that cannot run is listed with its reason, never dropped.
     assert rows["tensorrt"]["status"] == "unavailable" and "tensorrt" in rows["tensorrt"]["reason"].lower()
+    # diffusers' UNet2DModel cannot hold this model (16 channels, 32 norm groups): unavailable, saying why.
+    assert rows["diffusers"]["status"] == "unavailable" and "norm groups do not divide" in rows["diffusers"]["reason"]
+    for name in ("original", "cuda"):  # MFU against the fp32 matmul peak measured in the same run; build seconds
+        assert rows[name]["mfu"] == pytest.approx(rows[name]["tflops"] / data["environment"]["matmul_peak_tflops"]["fp32"])
+        assert rows[name]["build_s"] >= 0
     env = data["environment"]
     assert env["steps"] == 5 and env["shape"] == [4, 1, 16, 16] and env["unet_gflops_per_forward"] > 0
 

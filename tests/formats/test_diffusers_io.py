@@ -115,6 +115,23 @@ def test_our_model_exported_as_diffusers_loads_in_ddpm_pipeline_and_predicts_our
     assert torch.allclose(pipe.scheduler.alphas_cumprod, ac, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("conditional", [False, True])
+def test_the_benchmarks_diffusers_row_runs_diffusers_unet_on_our_weights(conditional, one_thread):
+    """benchmark --rows diffusers: diffusers' own UNet2DModel, built in memory with this model's weights, predicts
+    this model's eps (so the row times the equal network); bf16 casts its weights, the eps stays float32."""
+    from ddpm.formats.diffusers_io import DiffusersUNet
+
+    model = perturbed_unet(tiny_unet_config(norm_groups=8, num_classes=3 if conditional else 0))
+    x, t = torch.randn(2, 1, 16, 16), torch.tensor([5, 90])
+    y = torch.tensor([0, 3]) if conditional else None
+    with torch.no_grad():
+        ours, theirs = model(x, t, y), DiffusersUNet(model)(x, t, y)
+        low = DiffusersUNet(model, dtype=torch.bfloat16)
+        assert isinstance(low.unet, diffusers.UNet2DModel) and next(low.unet.parameters()).dtype == torch.bfloat16
+        assert low(x, t, y).dtype == torch.float32
+    assert (ours - theirs).abs().max() <= 1e-5 * ours.abs().max()
+
+
 def test_import_export_import_is_exact(tmp_path, one_thread):
     save_pipeline(diffusers_unet(DDPM_CIFAR10 | dict(block_out_channels=(32, 64, 64, 64))), tmp_path / "a")
     first = model_files.read_diffusers_folder(tmp_path / "a")
