@@ -268,11 +268,23 @@ class FusedUNet(nn.Module):
         self.memory_format = (
             (torch.channels_last if self.config.dims == 2 else torch.channels_last_3d) if channels_last else torch.contiguous_format
         )
+        # Convolutions: 3x3 ones in the activations' layout (cuDNN / oneDNN); 1x1 ones (a block's skip, attention's
+        # qkv and proj) as GEMM operands (Cin, Cout) on the channels-last rows. A block's skip bias joins its conv2
+        # bias (both end in the same sum), so the skip GEMM accumulates onto conv2's output with no bias of its own.
         self.packed: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        from basic_diffusion import ResBlock
+
+        skip_bias = {b.conv2: b.skip.bias for b in unet.modules() if isinstance(b, ResBlock) and not isinstance(b.skip, nn.Identity)}
         for module in unet.modules():
             if isinstance(module, (nn.Conv2d, nn.Conv3d)):
-                weight = module.weight.detach().to(dtype).contiguous(memory_format=self.memory_format)
-                bias = None if module.bias is None else module.bias.detach().to(dtype)
+                bias = None if module.bias is None else module.bias.detach().float()
+                if module in skip_bias:
+                    bias = bias + skip_bias[module].detach().float()
+                bias = None if bias is None else bias.to(dtype)
+                if all(k == 1 for k in module.kernel_size):  # (Cout, Cin, 1, 1) -> (Cin, Cout)
+                    weight = module.weight.detach().to(dtype).flatten(1).t().contiguous()
+                else:
+                    weight = module.weight.detach().to(dtype).contiguous(memory_format=self.memory_format)
                 self.packed[module] = (weight, bias)
         # The blocks' embedding projections stacked: block i owns columns offsets[i]:offsets[i] + width. For
         # "add" conditioning the block's conv1 bias joins its projection's bias (both are added before norm2).
@@ -309,8 +321,25 @@ class FusedUNet(nn.Module):
         weight, bias = self.norms[norm]
         return group_norm_act(x, weight, bias, groups=norm.num_groups, eps=norm.eps, **kwargs)
 
-    def _res_block(self, block: nn.Module, x: torch.Tensor, projections: torch.Tensor) -> torch.Tensor:
-        h = self._conv(block.conv1, self._norm(block.norm1, x), with_bias=False)  # its bias: folded into norm2
+    @staticmethod
+    def _rows(x: torch.Tensor) -> torch.Tensor:
+        """(B, C, *spatial) -> (B * positions, C): a view of a channels-last tensor (a copy otherwise)."""
+        return x.movedim(1, -1).reshape(-1, x.shape[1])
+
+    def _unrows(self, rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """(B * positions, C) -> (B, C, *spatial) of ``like``'s batch and positions, in the runner's layout."""
+        B, _, *spatial = like.shape
+        return rows.view(B, *spatial, rows.shape[1]).movedim(-1, 1).contiguous(memory_format=self.memory_format)
+
+    def _gemm(self, conv: nn.Module, x: torch.Tensor, *, accumulate: torch.Tensor | None = None) -> torch.Tensor:
+        """A 1x1 convolution as rows @ (Cin, Cout): + its bias, or onto ``accumulate``'s rows (beta = 1)."""
+        weight, bias = self.packed[conv]
+        base = accumulate if accumulate is not None else bias
+        return torch.mm(self._rows(x), weight) if base is None else torch.addmm(base, self._rows(x), weight)
+
+    def _res_block(self, block: nn.Module, x: torch.Tensor, projections: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
+        """The block on [x, x2] (x2: the up path's skip connection; never concatenated but for an identity skip)."""
+        h = self._conv(block.conv1, self._norm(block.norm1, x, x2=x2), with_bias=False)  # its bias: folded into norm2
         C, start = h.shape[1], self.offsets[block]
         if block.scale_shift:  # (rows, C) views of the table: no copies
             scale, shift = projections[:, start : start + C], projections[:, start + C : start + 2 * C]
@@ -318,21 +347,28 @@ class FusedUNet(nn.Module):
         else:  # "add": the embedding (with conv1's bias) is a per-sample bias before the norm
             e = projections[:, start : start + C]
             h = self._norm(block.norm2, h + e.to(h.dtype).reshape(*e.shape, *(1,) * self.config.dims))
-        h = self._conv(block.conv2, h)  # dropout: identity when sampling
-        skip = x if isinstance(block.skip, nn.Identity) else self._conv(block.skip, x)
-        return skip + h
+        h = self._conv(block.conv2, h)  # dropout: identity when sampling; bias: conv2's + the skip's
+        if isinstance(block.skip, nn.Identity):
+            return (x if x2 is None else torch.cat([x, x2], dim=1)) + h
+        if x2 is None:  # skip(x) + h: one GEMM accumulating onto h
+            return self._unrows(self._gemm(block.skip, x, accumulate=self._rows(h)), h)
+        weight, _ = self.packed[block.skip]  # [x, x2] @ W = x @ W[:C1] + x2 @ W[C1:]
+        c1 = x.shape[1]
+        rows = torch.addmm(self._rows(h), self._rows(x), weight[:c1])
+        return self._unrows(torch.addmm(rows, self._rows(x2), weight[c1:]), h)
 
     def _attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if isinstance(block, nn.Identity):
             return x
         B, C, *spatial = x.shape
         heads = block.num_heads
-        qkv = self._conv(block.qkv, self._norm(block.norm, x, silu=False))
-        qkv = qkv.reshape(B, 3, heads, C // heads, -1)  # (B, 3, heads, C/heads, positions)
-        q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, positions, C/heads)
+        qkv = self._gemm(block.qkv, self._norm(block.norm, x, silu=False))  # (B * positions, 3C): [3][heads][C/heads]
+        q, k, v = qkv.view(B, -1, 3, heads, C // heads).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, positions, C/heads)
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        h = h.transpose(-1, -2).reshape(B, C, *spatial).contiguous(memory_format=self.memory_format)
-        return x + self._conv(block.proj, h)
+        h = h.transpose(1, 2).reshape(-1, C)  # (B * positions, C)
+        weight, bias = self.packed[block.proj]
+        out = torch.addmm(self._rows(x), h, weight)  # x + proj(h), without its bias
+        return self._unrows(out.add_(bias), x)
 
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, *, projections: torch.Tensor | None = None
@@ -358,7 +394,7 @@ class FusedUNet(nn.Module):
         h = self._res_block(unet.mid_block2, self._attention(unet.mid_attention, h), emb)
         for level, up in zip(unet.up, unet.upsample):
             for block, attention in zip(level.blocks, level.attentions):
-                h = self._attention(attention, self._res_block(block, torch.cat([h, skips.pop()], dim=1), emb))
+                h = self._attention(attention, self._res_block(block, h, emb, x2=skips.pop()))
             if not isinstance(up, nn.Identity):
                 h = self._conv(up.conv, torch.nn.functional.interpolate(h, scale_factor=2.0, mode="nearest"))
         out = self._conv(unet.conv_out, self._norm(unet.norm_out, h))

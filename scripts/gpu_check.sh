@@ -1,40 +1,54 @@
 #!/usr/bin/env bash
-# All the GPU work in one call, for a machine with an NVIDIA GPU, nvcc and compute-sanitizer:
+# All the GPU work, for a machine with an NVIDIA GPU, nvcc and compute-sanitizer:
 #
-#   scripts/gpu_check.sh OUTDIR
+#   scripts/gpu_check.sh OUTDIR            # every stage (about 25 minutes on an H100)
+#   scripts/gpu_check.sh OUTDIR STAGE...   # these stages only (build first when the extension is not built);
+#                                          # each stage fits one call of under 10 minutes
 #
 # Stages (each logged to OUTDIR/<stage>.log; a failed stage does not stop the later ones):
 #   environment  GPU, driver, torch and nvcc versions (OUTDIR/environment.txt); fails without a GPU
 #   build        python setup.py build_ext --inplace (the CUDA extension for the local GPU)
-#   gpu_tests    pytest -m gpu: CUDA kernels vs the reference, graph replay, cuda vs original
-#   memcheck     compute-sanitizer --tool memcheck on the CUDA kernel tests (caching allocator
-#                off, so an out-of-bounds access hits unallocated memory and is reported)
+#   gpu_tests    pytest -m gpu: CUDA kernels vs their CPU twins, graph replay, cuda vs original, fused U-Net
+#   memcheck     compute-sanitizer --tool memcheck on the CUDA kernel tests (the guided and SDE step kernels and
+#                group_norm_act; caching allocator off, so an out-of-bounds access hits unallocated memory)
 #   racecheck    compute-sanitizer --tool racecheck on group_norm_act (its shared-memory reduction)
-#   benchmark    scripts/bench_sampling.py: original vs cuda sampling, fused op bandwidth
-#                (OUTDIR/benchmark.json)
-#   rows         benchmark mode, MNIST size, bf16, batch 64 and 8: original, cuda, cuda_fused_unet
-#                (the fused U-Net runner), cuda_compile (OUTDIR/rows_b64.json, rows_b8.json)
+#   benchmark    scripts/bench_sampling.py: original vs cuda sampling, fused op bandwidth (OUTDIR/benchmark.json)
+#   profile      scripts/gpu_profile.py: per-category GPU time of the fused runner and the autocast eager U-Net,
+#                each convolution's TFLOP/s, each group_norm_act call's GB/s against a measured copy
+#   rows_mnist_b64, rows_mnist_b8, rows_cifar_b64, rows_cifar_b8
+#                benchmark mode, bf16, DDPM (200 of 1000 steps): the staircase original (fp32 eager) ->
+#                cuda_fp32 (graphed eager fp32) -> cuda (graphed eager bf16) -> cuda_compile (compile default)
+#                -> cuda_compile_max_autotune -> cuda_fused_unet, and diffusers' UNet2DModel when installed,
+#                with MFU and build seconds (OUTDIR/rows_<size>_b<batch>.json)
+#   modes        every mode end to end on CUDA (OUTDIR/modes/): bf16 training with --compile (fused AdamW),
+#                every sampler guided and unguided, a 3-D and a latent model, --profile with CUDA activity,
+#                NVTX and the memory snapshot, torchrun with NCCL on one GPU, the training benchmark
 # OUTDIR/summary.txt lists each stage's status and time. Exit status: 0 if every stage passed,
 # 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200).
 set -u
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 OUTDIR" >&2
+if [ $# -lt 1 ]; then
+  echo "usage: $0 OUTDIR [STAGE...]" >&2
   exit 2
 fi
 mkdir -p "$1"
 OUTDIR=$(cd "$1" && pwd)
+shift
+STAGES=" $* "  # empty: every stage
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 SUMMARY="$OUTDIR/summary.txt"
-: >"$SUMMARY"
+touch "$SUMMARY"
 FAILED=()
 
 # run_stage NAME COMMAND...: run COMMAND with its output in OUTDIR/NAME.log; record the outcome.
 run_stage() {
   local name=$1
   shift
+  if [ "$STAGES" != "  " ] && [[ "$STAGES" != *" $name "* ]]; then
+    return 0  # not asked for
+  fi
   local start status
   start=$(date +%s)
   echo "== $name: $*" | tee -a "$SUMMARY"
@@ -55,8 +69,51 @@ environment() {
   "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); assert torch.cuda.is_available(), 'no CUDA GPU visible to torch'; print(torch.cuda.get_device_name())"
 }
 
+# Every mode on CUDA, small and fast: the first run of each on a GPU (the CPU runs them in the test suite).
+# MODES_DEVICE=cpu runs the same commands on a CPU (a dry run of the flags; torchrun then uses gloo).
+modes() {
+  local work="$OUTDIR/modes"
+  rm -rf "$work" && mkdir -p "$work"
+  local main="$PWD/main.py"
+  local device=${MODES_DEVICE:-cuda}
+  (
+    set -ex
+    cd "$work"
+    "$PYTHON" "$main" --mode train --device "$device" --dataset digits --max_steps 60 --batch_size 64 --precision bf16 \
+      --compile --model_path digits.pt --log_every 10
+    "$PYTHON" "$main" --mode train --device "$device" --dataset digits --max_steps 60 --batch_size 64 --precision bf16 \
+      --class_cond --model_path cond.pt
+    for sampler in ddpm ddim dpm_solver dpm_solver_sde; do
+      for impl in original cuda; do
+        "$PYTHON" "$main" --mode sample --device "$device" --model_path digits.pt --implementation "$impl" \
+          --sampler "$sampler" --sampling_steps 20 --n_samples 16 --output "digits_${impl}_${sampler}.png"
+        "$PYTHON" "$main" --mode sample --device "$device" --model_path cond.pt --implementation "$impl" \
+          --sampler "$sampler" --sampling_steps 20 --n_samples 16 --class_label 3 --guidance_scale 3 \
+          --output "guided_${impl}_${sampler}.png"
+      done
+    done
+    "$PYTHON" "$main" --mode sample --device "$device" --model_path digits.pt --implementation cuda --precision bf16 \
+      --sampler dpm_solver_sde --n_samples 16 --profile profile_sample --output profiled.png
+    "$PYTHON" "$main" --mode train --device "$device" --dataset spheres --img_size 16 --max_steps 30 --batch_size 8 \
+      --precision bf16 --model_path spheres.pt
+    "$PYTHON" "$main" --mode sample --device "$device" --model_path spheres.pt --implementation cuda --precision bf16 \
+      --sampler dpm_solver_sde --n_samples 4 --output spheres.png
+    "$PYTHON" "$main" --mode train_autoencoder --device "$device" --dataset digits --img_size 16 --max_steps 60 \
+      --model_path ae.pt
+    "$PYTHON" "$main" --mode train --device "$device" --dataset digits --img_size 16 --autoencoder ae.pt --max_steps 60 \
+      --precision bf16 --model_path latent.pt
+    "$PYTHON" "$main" --mode sample --device "$device" --model_path latent.pt --implementation cuda --precision bf16 \
+      --sampler dpm_solver_sde --n_samples 16 --output latent.png
+    "$PYTHON" "$main" --mode train --device "$device" --dataset digits --max_steps 20 --batch_size 64 --precision bf16 \
+      --model_path profiled_train.pt --profile profile_train
+    torchrun --standalone --nproc_per_node 1 "$main" --mode train --device "$device" --dataset digits --max_steps 30 \
+      --batch_size 64 --model_path ddp.pt
+    "$PYTHON" "$main" --mode benchmark --bench training --device "$device" --dataset digits --batch_size 128 --json training.json
+  )
+}
+
 run_stage environment environment
-cp "$OUTDIR/environment.log" "$OUTDIR/environment.txt"
+[ -f "$OUTDIR/environment.log" ] && cp "$OUTDIR/environment.log" "$OUTDIR/environment.txt"
 run_stage build "$PYTHON" setup.py build_ext --inplace
 run_stage gpu_tests "$PYTHON" -m pytest -m gpu -v -rs tests/
 run_stage memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
@@ -66,11 +123,17 @@ run_stage racecheck timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool racecheck --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py -k group_norm_act
 run_stage benchmark "$PYTHON" scripts/bench_sampling.py --out "$OUTDIR/benchmark.json"
-for batch in 64 8; do
-  run_stage "rows_b$batch" "$PYTHON" main.py --mode benchmark --device cuda --img_size 28 --channels 1 \
-    --n_samples "$batch" --precision bf16 --timesteps 1000 --sampler ddpm --repeats 3 \
-    --rows original,cuda,cuda_fused_unet,cuda_compile --json "$OUTDIR/rows_b$batch.json"
+run_stage profile "$PYTHON" scripts/gpu_profile.py --out "$OUTDIR" --img_size 28 --channels 1 --batch 64 --precision bf16
+for size in mnist cifar; do
+  if [ "$size" = mnist ]; then shape=(--img_size 28 --channels 1); else shape=(--img_size 32 --channels 3); fi
+  for batch in 64 8; do
+    run_stage "rows_${size}_b$batch" "$PYTHON" main.py --mode benchmark --device cuda "${shape[@]}" \
+      --n_samples "$batch" --precision bf16 --timesteps 1000 --sampler ddpm --sampling_steps 200 --repeats 3 \
+      --rows original,cuda_fp32,cuda,cuda_compile,cuda_compile_max_autotune,cuda_fused_unet,diffusers \
+      --json "$OUTDIR/rows_${size}_b$batch.json"
+  done
 done
+run_stage modes modes
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "FAILED stages: ${FAILED[*]} (logs in $OUTDIR)" | tee -a "$SUMMARY"

@@ -199,3 +199,26 @@ def test_all_rows_leave_out_the_compiled_cuda_row_on_a_cpu():
     assert "cuda_compile" in sampling_bench.parse_rows("all", device_type="cuda")
     with pytest.raises(ValueError, match="unknown benchmark rows"):
         sampling_bench.parse_rows("original,warp_drive")
+
+
+def test_the_gpu_profile_stage_splits_a_forward_by_kernel_category(tmp_path):
+    """scripts/gpu_profile.py (gpu_check.sh's profile stage) on the CPU: per-category time of the fused runner and
+    the eager U-Net, per-convolution TFLOP/s from the profiler's FLOP counts, group_norm_act's GB/s."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_profile", ROOT / "scripts" / "gpu_profile.py")
+    gpu_profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_profile)
+    assert [gpu_profile.category(n) for n in ("sm90_xmma_fprop_implicit_gemm_bf16", "ampere_bf16_s16816gemm",
+            "void diffusion_kernels::group_norm_act_kernel<float>", "pytorch_flash::flash_fwd_kernel",
+            "diffusion_kernels::fused_step_kernel", "nchwToNhwcKernel", "vectorized_elementwise_kernel")] == [
+        "convolution", "gemm", "group_norm_act", "attention", "fused_step", "copy/cast/layout", "other"]  # fmt: skip
+    assert gpu_profile.main(["--out", str(tmp_path), "--device", "cpu", "--img_size", "8", "--batch", "2",
+                             "--precision", "fp32", "--repeats", "1"]) == 0  # fmt: skip
+    result = json.loads((tmp_path / "profile.json").read_text())
+    fused, eager = result["runs"]["fused_unet"], result["runs"]["eager_autocast"]
+    assert fused["ms_per_forward"]["convolution"] > 0 and fused["ms_per_forward"]["group_norm_act"] > 0
+    assert "group_norm_act" not in eager["ms_per_forward"]
+    assert fused["convolutions"] and all(c["tflops"] > 0 for c in fused["convolutions"])
+    assert fused["group_norm_act"] and all(n["gbs"] > 0 for n in fused["group_norm_act"])
+    assert (tmp_path / "profile.txt").read_text().count("ms per forward") == 2
