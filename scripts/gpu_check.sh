@@ -106,7 +106,7 @@ modes() {
       --sampler dpm_solver_sde --n_samples 16 --output latent.png
     "$PYTHON" "$main" --mode train --device "$device" --dataset digits --max_steps 20 --batch_size 64 --precision bf16 \
       --model_path profiled_train.pt --profile profile_train
-    torchrun --standalone --nproc_per_node 1 "$main" --mode train --device "$device" --dataset digits --max_steps 30 \
+    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 "$main" --mode train --device "$device" --dataset digits --max_steps 30 \
       --batch_size 64 --model_path ddp.pt
     "$PYTHON" "$main" --mode benchmark --bench training --device "$device" --dataset digits --batch_size 128 --json training.json
   )
