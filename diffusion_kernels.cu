@@ -232,7 +232,7 @@ void gather_timestep_cuda(const at::Tensor& t, const at::Tensor& timesteps, cons
 }
 
 // One block per (sample, group): thread k owns partial sum k of diffusion_kernels.h's fixed order
-// (elements j = k, k + kGnPartials, ...), the partials meet in the same pairwise tree as the CPU
+// (elements j = k, k + period, ...; threads past the period hold 0), the partials meet in the same pairwise tree as the CPU
 // twin's, then each thread normalizes its own elements. Three reads of the group (sum, squared
 // deviations, output; the second and third mostly from L2) and one write.
 template <typename T>
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(const Group
   __shared__ float partial[kGnPartials];
   const int k = threadIdx.x;
   const int64_t b = blockIdx.x / a.groups, g = blockIdx.x % a.groups;
-  const int64_t n = a.cg * a.positions, c0 = g * a.cg;
+  const int64_t n = a.cg * a.positions, c0 = g * a.cg, period = gn_period(a.cg);
   auto reduce = [&](float mine) {
     partial[k] = mine;
     __syncthreads();
@@ -255,13 +255,13 @@ __global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(const Group
     return total;
   };
   float sum = 0.0f;
-  for (int64_t j = k; j < n; j += kGnPartials) {
+  for (int64_t j = k; k < period && j < n; j += period) {
     sum = add_rn(sum, load_source<T>(a.src, b, c0 + j % a.cg, j / a.cg));
   }
   const float count = static_cast<float>(n);
   const float mean = div_rn(reduce(sum), count);
   float squares = 0.0f;
-  for (int64_t j = k; j < n; j += kGnPartials) {
+  for (int64_t j = k; k < period && j < n; j += period) {
     const float d = sub_rn(load_source<T>(a.src, b, c0 + j % a.cg, j / a.cg), mean);
     squares = add_rn(squares, mul_rn(d, d));
   }

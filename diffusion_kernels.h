@@ -155,12 +155,19 @@ C10_HOST_DEVICE inline void step_at(
 //   y = y / (1 + exp(-y))                                    (SiLU, when silu)
 //
 // Every product, sum, quotient and square root is rounded separately (no FMA), exp is the
-// polynomial exp_rn below, and both sums of a group run in one fixed order: kGnPartials partial
-// sums, partial k adding the elements j = k, k + kGnPartials, ... in increasing j (j = p * Cg + cl,
-// position-major like the channels-last layout), then a pairwise tree (k += k + half, halving).
-// The CPU twin and the CUDA kernel (one block of kGnPartials threads per (b, group)) do exactly
-// this, so they agree bit for bit.
+// polynomial exp_rn below, and both sums of a group run in one fixed order: element j = p * cg + cl
+// (position-major, like the channels-last layout) goes to partial sum j % period, period =
+// gn_period(cg) (the largest multiple of cg up to kGnPartials, so partial (p % M) * cg + cl holds
+// channel cl's positions p = m, m + M, ... with M = period / cg), each partial adding its elements in
+// increasing j; then the kGnPartials partials (those past period stay 0) meet in a pairwise tree
+// (k += k + half, halving). The CPU twin and the CUDA kernel (one block of kGnPartials threads per
+// (b, group), thread k owning partial k) do exactly this, so they agree bit for bit.
 constexpr int kGnPartials = 256;
+
+// The partial sums a group of cg channels uses: a whole number of its rows of channels (cg > kGnPartials: all).
+C10_HOST_DEVICE inline int64_t gn_period(int64_t cg) {
+  return cg <= kGnPartials ? (kGnPartials / cg) * cg : kGnPartials;
+}
 
 C10_HOST_DEVICE inline float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)

@@ -341,7 +341,7 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
 // ----- group_norm_act's CPU twin ----------------------------------------------------------------------
 // Same arithmetic and reduction order as the CUDA kernel (diffusion_kernels.h), laid out for the CPU: each
 // (sample, group) is first gathered into a float buffer in the order j = p * cg + cl, so both sums run over
-// contiguous memory (partial k of kGnPartials takes the elements j = k, k + kGnPartials, ... in increasing j,
+// contiguous memory (partial k takes the elements j = k, k + period, ... in increasing j,
 // as the CUDA kernel's thread k does); then the output is written a row at a time along its innermost
 // dimension (channels for channels-last, positions otherwise). The loops over contiguous rows are compiled for
 // AVX-512 and AVX2 as well as the baseline (target_clones: chosen at load time), without FMA contraction
@@ -355,11 +355,11 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
 #define DIFFUSION_KERNELS_CLONES
 #endif
 
-// partial[j % kGnPartials] += v[j] for j = 0, 1, ..., n - 1 (square: (v[j] - mean)^2 instead).
+// partial[j % period] += v[j] for j = 0, 1, ..., n - 1 (square: (v[j] - mean)^2 instead).
 DIFFUSION_KERNELS_CLONES
-void add_to_partials(const float* __restrict__ v, int64_t n, float mean, bool square, float* __restrict__ partial) {
-  for (int64_t j0 = 0; j0 < n; j0 += kGnPartials) {
-    const int64_t m = std::min<int64_t>(kGnPartials, n - j0);
+void add_to_partials(const float* __restrict__ v, int64_t n, int64_t period, float mean, bool square, float* __restrict__ partial) {
+  for (int64_t j0 = 0; j0 < n; j0 += period) {
+    const int64_t m = std::min<int64_t>(period, n - j0);
     const float* __restrict__ row = v + j0;
     if (square) {
       for (int64_t k = 0; k < m; ++k) {
@@ -444,19 +444,19 @@ void load_channels(const GroupNormSources& s, int64_t b, int64_t c, int64_t n, i
   }
 }
 
-// Channels-last, with a group's channels dividing kGnPartials: no gather. Element j = p * cg + cl of group g
-// goes to partial (j % kGnPartials) = m * cg + cl with m = p % M, M = kGnPartials / cg; so partial m * cg + cl of
-// every group is one (M, C) table's entry [m][g * cg + cl], and position p's whole row of C channels adds into
-// table row p % M, one contiguous (vectorized) add per position, each partial still in increasing j.
+// Channels-last (groups of up to kGnPartials channels): no gather. Element j = p * cg + cl of group g goes to
+// partial j % period = m * cg + cl with m = p % M, M = period / cg; so partial m * cg + cl of every group is one
+// (M, C) table's entry [m][g * cg + cl], and position p's whole row of C channels adds into table row p % M,
+// one contiguous (vectorized) add per position, each partial still in increasing j.
 template <typename T>
 bool group_norm_act_channels_last(const GroupNormAct& a) {
   const int64_t B = a.batch, C = a.channels, P = a.positions, cg = a.cg, G = a.groups;
   const GroupNormSources& s = a.src;
   const bool channels_last = s.stride_c1 == 1 && (s.x2 == nullptr || s.stride_c2 == 1) && a.out_stride_c == 1;
-  if (!channels_last || kGnPartials % cg != 0 || C < 2) {
+  if (!channels_last || cg > kGnPartials || C < 2) {
     return false;
   }
-  const int64_t M = kGnPartials / cg;
+  const int64_t M = gn_period(cg) / cg;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> table(M * C), v(C), mean(C), rstd(C), y(C);
     // Row p of sample b's input (x + x_bias, then x2) as float32: x's own row where that is it, else v.
@@ -488,16 +488,29 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
     // the pairs (k, k + half) are whole rows m, m + half / cg while half >= cg, then channels within row 0.
     // One statistic per group, expanded to its channels.
     auto reduce_groups = [&](std::vector<float>& per_channel, bool squares) {
-      for (int64_t half = kGnPartials / 2; half >= 1; half /= 2) {
-        if (half >= cg) {
-          const int64_t rows = half / cg;
-          for (int64_t m = 0; m < rows; ++m) {
-            add_row(table.data() + (m + rows) * C, C, nullptr, false, table.data() + m * C);
+      if (kGnPartials % cg != 0) {  // partials past the period are 0: each group's tree on its own, zero-padded
+        float partial[kGnPartials];
+        for (int64_t g = 0; g < G; ++g) {
+          std::fill(partial, partial + kGnPartials, 0.0f);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t cl = 0; cl < cg; ++cl) {
+              partial[m * cg + cl] = table[m * C + g * cg + cl];
+            }
           }
-        } else {
-          for (int64_t g = 0; g < G; ++g) {
-            for (int64_t cl = 0; cl < half; ++cl) {
-              table[g * cg + cl] = add_rn(table[g * cg + cl], table[g * cg + cl + half]);
+          table[g * cg] = reduce_partials(partial);  // where the row tree leaves it
+        }
+      } else {
+        for (int64_t half = kGnPartials / 2; half >= 1; half /= 2) {
+          if (half >= cg) {
+            const int64_t rows = half / cg;
+            for (int64_t m = 0; m < rows; ++m) {
+              add_row(table.data() + (m + rows) * C, C, nullptr, false, table.data() + m * C);
+            }
+          } else {
+            for (int64_t g = 0; g < G; ++g) {
+              for (int64_t cl = 0; cl < half; ++cl) {
+                table[g * cg + cl] = add_rn(table[g * cg + cl], table[g * cg + cl + half]);
+              }
             }
           }
         }
@@ -554,10 +567,10 @@ void group_norm_act_cpu_impl(const GroupNormAct& a) {
       }
       const float count = static_cast<float>(cg * P);
       std::fill(partial, partial + kGnPartials, 0.0f);
-      add_to_partials(values.data(), cg * P, 0.0f, false, partial);
+      add_to_partials(values.data(), cg * P, gn_period(cg), 0.0f, false, partial);
       const float group_mean = div_rn(reduce_partials(partial), count);
       std::fill(partial, partial + kGnPartials, 0.0f);
-      add_to_partials(values.data(), cg * P, group_mean, true, partial);
+      add_to_partials(values.data(), cg * P, gn_period(cg), group_mean, true, partial);
       const float group_rstd_ = group_rstd(reduce_partials(partial), count, a.eps);
       std::fill(mean.begin() + b * C + c0, mean.begin() + b * C + c0 + cg, group_mean);
       std::fill(rstd.begin() + b * C + c0, rstd.begin() + b * C + c0 + cg, group_rstd_);

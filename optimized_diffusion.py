@@ -331,11 +331,10 @@ class FusedUNet(nn.Module):
         B, _, *spatial = like.shape
         return rows.view(B, *spatial, rows.shape[1]).movedim(-1, 1).contiguous(memory_format=self.memory_format)
 
-    def _gemm(self, conv: nn.Module, x: torch.Tensor, *, accumulate: torch.Tensor | None = None) -> torch.Tensor:
-        """A 1x1 convolution as rows @ (Cin, Cout): + its bias, or onto ``accumulate``'s rows (beta = 1)."""
+    def _gemm(self, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A 1x1 convolution as rows @ (Cin, Cout) + its bias: (B * positions, Cout)."""
         weight, bias = self.packed[conv]
-        base = accumulate if accumulate is not None else bias
-        return torch.mm(self._rows(x), weight) if base is None else torch.addmm(base, self._rows(x), weight)
+        return torch.mm(self._rows(x), weight) if bias is None else torch.addmm(bias, self._rows(x), weight)
 
     def _res_block(self, block: nn.Module, x: torch.Tensor, projections: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
         """The block on [x, x2] (x2: the up path's skip connection; never concatenated but for an identity skip)."""
@@ -350,12 +349,16 @@ class FusedUNet(nn.Module):
         h = self._conv(block.conv2, h)  # dropout: identity when sampling; bias: conv2's + the skip's
         if isinstance(block.skip, nn.Identity):
             return (x if x2 is None else torch.cat([x, x2], dim=1)) + h
-        if x2 is None:  # skip(x) + h: one GEMM accumulating onto h
-            return self._unrows(self._gemm(block.skip, x, accumulate=self._rows(h)), h)
-        weight, _ = self.packed[block.skip]  # [x, x2] @ W = x @ W[:C1] + x2 @ W[C1:]
-        c1 = x.shape[1]
-        rows = torch.addmm(self._rows(h), self._rows(x), weight[:c1])
-        return self._unrows(torch.addmm(rows, self._rows(x2), weight[c1:]), h)
+        # skip([x, x2]) + h: GEMMs accumulating in place onto h's rows (h is this block's own new tensor), x2's
+        # part through the weight's other rows: [x, x2] @ W = x @ W[:C1] + x2 @ W[C1:].
+        weight, _ = self.packed[block.skip]
+        rows, c1 = self._rows(h), x.shape[1]
+        if rows.data_ptr() != h.data_ptr() or not h.is_contiguous(memory_format=self.memory_format):
+            rows = rows.clone()  # not a view of h (an NCHW runner): accumulate into a copy
+        rows.addmm_(self._rows(x), weight[:c1])
+        if x2 is not None:
+            rows.addmm_(self._rows(x2), weight[c1:])
+        return self._unrows(rows, h)
 
     def _attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if isinstance(block, nn.Identity):
@@ -367,8 +370,8 @@ class FusedUNet(nn.Module):
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         h = h.transpose(1, 2).reshape(-1, C)  # (B * positions, C)
         weight, bias = self.packed[block.proj]
-        out = torch.addmm(self._rows(x), h, weight)  # x + proj(h), without its bias
-        return self._unrows(out.add_(bias), x)
+        out = torch.addmm(bias, h, weight).add_(self._rows(x))  # proj(h) + x (x may be a skip still to be read)
+        return self._unrows(out, x)
 
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, *, projections: torch.Tensor | None = None
@@ -382,6 +385,8 @@ class FusedUNet(nn.Module):
         p = config.patch_size
         x = space_to_depth(x_t, p) if p > 1 else x_t
         h = self._conv(unet.conv_in, x.to(self.dtype).contiguous(memory_format=self.memory_format))
+        # One input channel makes channels-last ambiguous, and the convolution may answer in NCHW: put it back.
+        h = h.contiguous(memory_format=self.memory_format)
         skips = [h]
         for level, down in zip(unet.down, unet.downsample):
             for block, attention in zip(level.blocks, level.attentions):

@@ -568,7 +568,7 @@ def test_group_norm_acts_silu_follows_exp_over_the_whole_float_range_cpu():
         dict(shape=(3, 32, 9, 9), groups=8),  # 4 channels a group, 324 elements: the partial sums wrap around
         dict(shape=(2, 12, 6, 6), c2=20, groups=16),  # a skip connection, groups of 2 straddling x and x2
         dict(shape=(2, 16, 3, 4, 5), groups=2, modulate=False),  # 3-D, 8 channels a group
-        dict(shape=(2, 24, 5, 5), groups=8),  # 3 channels a group (does not divide 256: the gathering loop)
+        dict(shape=(2, 24, 12, 12), groups=8),  # 3 channels a group, 432 elements: 255 partials, each group its own zero-padded tree
         dict(shape=(2, 32, 7, 7), groups=4, dtype=torch.bfloat16),
     ],
 )
