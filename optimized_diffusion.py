@@ -262,6 +262,8 @@ class FusedUNet(nn.Module):
     """
 
     def __init__(self, unet: nn.Module, *, dtype: torch.dtype = torch.float32, channels_last: bool = True) -> None:
+        from basic_diffusion import ResBlock
+
         super().__init__()
         self.unet, self.dtype = unet, dtype
         self.config = unet.config
@@ -272,8 +274,6 @@ class FusedUNet(nn.Module):
         # qkv and proj) as GEMM operands (Cin, Cout) on the channels-last rows. A block's skip bias joins its conv2
         # bias (both end in the same sum), so the skip GEMM accumulates onto conv2's output with no bias of its own.
         self.packed: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        from basic_diffusion import ResBlock
-
         skip_bias = {b.conv2: b.skip.bias for b in unet.modules() if isinstance(b, ResBlock) and not isinstance(b.skip, nn.Identity)}
         for module in unet.modules():
             if isinstance(module, (nn.Conv2d, nn.Conv3d)):
@@ -352,9 +352,7 @@ class FusedUNet(nn.Module):
         # skip([x, x2]) + h: GEMMs accumulating in place onto h's rows (h is this block's own new tensor), x2's
         # part through the weight's other rows: [x, x2] @ W = x @ W[:C1] + x2 @ W[C1:].
         weight, _ = self.packed[block.skip]
-        rows, c1 = self._rows(h), x.shape[1]
-        if rows.data_ptr() != h.data_ptr() or not h.is_contiguous(memory_format=self.memory_format):
-            rows = rows.clone()  # not a view of h (an NCHW runner): accumulate into a copy
+        rows, c1 = self._rows(h), x.shape[1]  # a view of h, or (an NCHW runner) a copy: ours to write either way
         rows.addmm_(self._rows(x), weight[:c1])
         if x2 is not None:
             rows.addmm_(self._rows(x2), weight[c1:])
