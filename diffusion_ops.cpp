@@ -427,19 +427,19 @@ void normalize_row(const float* __restrict__ v, int64_t n, bool per_channel, con
   }
 }
 
-// Input values (x + x_bias, or x2) of sample b for channels [c, c + n) at position p into dst[0, stride, ...).
+// Input values (x + x_bias, or x2) of sample b for channels [c, c + n) at position p into dst[0, n).
 template <typename T>
-void load_channels(const GroupNormSources& s, int64_t b, int64_t c, int64_t n, int64_t p, float* dst, int64_t stride) {
+void load_channels(const GroupNormSources& s, int64_t b, int64_t c, int64_t n, int64_t p, float* dst) {
   const int64_t in_x = std::clamp<int64_t>(s.c1 - c, 0, n);
   const T* x = static_cast<const T*>(s.x) + b * s.stride_b1 + p * s.stride_p1;
   for (int64_t i = 0; i < in_x; ++i) {
     const float v = static_cast<float>(x[(c + i) * s.stride_c1]);
-    dst[i * stride] = s.x_bias != nullptr ? add_rn(v, s.x_bias[c + i]) : v;
+    dst[i] = s.x_bias != nullptr ? add_rn(v, s.x_bias[c + i]) : v;
   }
   if (in_x < n) {
     const T* x2 = static_cast<const T*>(s.x2) + b * s.stride_b2 + p * s.stride_p2 - s.c1 * s.stride_c2;
     for (int64_t i = in_x; i < n; ++i) {
-      dst[i * stride] = static_cast<float>(x2[(c + i) * s.stride_c2]);
+      dst[i] = static_cast<float>(x2[(c + i) * s.stride_c2]);
     }
   }
 }
@@ -461,27 +461,12 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
     std::vector<float> table(M * C), v(C), mean(C), rstd(C), y(C);
     // Row p of sample b's input (x + x_bias, then x2) as float32: x's own row where that is it, else v.
     auto load_row = [&](int64_t b, int64_t p) -> const float* {
-      const T* x = static_cast<const T*>(s.x) + b * s.stride_b1 + p * s.stride_p1;
       if constexpr (std::is_same_v<T, float>) {
         if (s.x_bias == nullptr && s.x2 == nullptr) {
-          return x;
+          return static_cast<const float*>(s.x) + b * s.stride_b1 + p * s.stride_p1;
         }
       }
-      if (s.x_bias != nullptr) {
-        for (int64_t c = 0; c < s.c1; ++c) {
-          v[c] = add_rn(static_cast<float>(x[c]), s.x_bias[c]);
-        }
-      } else {
-        for (int64_t c = 0; c < s.c1; ++c) {
-          v[c] = static_cast<float>(x[c]);
-        }
-      }
-      if (s.x2 != nullptr) {
-        const T* x2 = static_cast<const T*>(s.x2) + b * s.stride_b2 + p * s.stride_p2;
-        for (int64_t c = s.c1; c < C; ++c) {
-          v[c] = static_cast<float>(x2[c - s.c1]);
-        }
-      }
+      load_channels<T>(s, b, 0, C, p, v.data());
       return v.data();
     };
     // The tree of diffusion_kernels.h on every group at once (partial k = m * cg + cl is table[m][g * cg + cl]):
@@ -563,7 +548,7 @@ void group_norm_act_cpu_impl(const GroupNormAct& a) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / a.groups, c0 = (i % a.groups) * cg;
       for (int64_t p = 0; p < P; ++p) {
-        load_channels<T>(a.src, b, c0, cg, p, values.data() + p * cg, 1);  // j = p * cg + cl
+        load_channels<T>(a.src, b, c0, cg, p, values.data() + p * cg);  // j = p * cg + cl
       }
       const float count = static_cast<float>(cg * P);
       std::fill(partial, partial + kGnPartials, 0.0f);
@@ -588,7 +573,7 @@ void group_norm_act_cpu_impl(const GroupNormAct& a) {
       T* out = static_cast<T*>(a.out) + b * a.out_stride_b;
       if (channel_rows) {  // position p, channels 0..C-1
         const int64_t p = r % P;
-        load_channels<T>(a.src, b, 0, C, p, v.data(), 1);
+        load_channels<T>(a.src, b, 0, C, p, v.data());
         normalize_row(v.data(), C, true, mean.data() + b * C, rstd.data() + b * C, a.weight, a.bias, scale, shift, a.silu, y.data());
         out += p * a.out_stride_p;
         for (int64_t c = 0; c < C; ++c) {
@@ -597,7 +582,7 @@ void group_norm_act_cpu_impl(const GroupNormAct& a) {
       } else {  // channel c, positions 0..P-1
         const int64_t c = r % C;
         for (int64_t p = 0; p < P; ++p) {
-          load_channels<T>(a.src, b, c, 1, p, v.data() + p, 1);
+          load_channels<T>(a.src, b, c, 1, p, v.data() + p);
         }
         const int64_t bc = b * C + c;
         normalize_row(v.data(), P, false, mean.data() + bc, rstd.data() + bc, a.weight + c, a.bias + c,

@@ -379,7 +379,7 @@ class FusedUNet(nn.Module):
         unet, config = self.unet, self.config
         if projections is None:
             projections = self.projections(t, y)  # (B, D) float32
-        emb = projections.expand(x_t.shape[0], -1)  # a (1, D) row of a per-step table serves the whole batch
+        projections = projections.expand(x_t.shape[0], -1)  # a (1, D) row of a per-step table serves the whole batch
         p = config.patch_size
         x = space_to_depth(x_t, p) if p > 1 else x_t
         h = self._conv(unet.conv_in, x.to(self.dtype).contiguous(memory_format=self.memory_format))
@@ -388,16 +388,16 @@ class FusedUNet(nn.Module):
         skips = [h]
         for level, down in zip(unet.down, unet.downsample):
             for block, attention in zip(level.blocks, level.attentions):
-                h = self._attention(attention, self._res_block(block, h, emb))
+                h = self._attention(attention, self._res_block(block, h, projections))
                 skips.append(h)
             if not isinstance(down, nn.Identity):
                 h = self._conv(down.conv, down.padded(h))
                 skips.append(h)
-        h = self._res_block(unet.mid_block1, h, emb)
-        h = self._res_block(unet.mid_block2, self._attention(unet.mid_attention, h), emb)
+        h = self._res_block(unet.mid_block1, h, projections)
+        h = self._res_block(unet.mid_block2, self._attention(unet.mid_attention, h), projections)
         for level, up in zip(unet.up, unet.upsample):
             for block, attention in zip(level.blocks, level.attentions):
-                h = self._attention(attention, self._res_block(block, h, emb, x2=skips.pop()))
+                h = self._attention(attention, self._res_block(block, h, projections, x2=skips.pop()))
             if not isinstance(up, nn.Identity):
                 h = self._conv(up.conv, torch.nn.functional.interpolate(h, scale_factor=2.0, mode="nearest"))
         out = self._conv(unet.conv_out, self._norm(unet.norm_out, h))

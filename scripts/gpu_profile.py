@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -45,24 +46,12 @@ def category(name: str) -> str:
 
 def copy_bandwidth_gbs(device: torch.device, *, megabytes: int = 256, repeats: int = 20) -> float:
     """A device-to-device copy's GB/s (bytes read + written): the bandwidth the op's GB/s is compared with."""
+    from ddpm.benchmarks.sampling_bench import time_runs
+
     src = torch.randn(megabytes * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()  # sync: read the copy's time
-            times.append(start.elapsed_time(end) / 1000)
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / sorted(times)[len(times) // 2] / 1e9
+    times, _ = time_runs(lambda: dst.copy_(src), device=device, warmup=3, repeats=repeats)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
 def profile_forward(forward, *, device: torch.device, repeats: int) -> dict:

@@ -43,6 +43,7 @@ from ddpm.benchmarks.report import (
 from ddpm.conditioning import Guidance
 from ddpm.latent.first_stage import FirstStage
 from ddpm.util.messages import first_line
+from ddpm.util.precision import backend_policy
 from noise_schedule import SamplingPlan
 
 ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmark-only
@@ -221,10 +222,7 @@ def time_rows(
         guidance_scale=None if guidance is None else guidance.scale,
     )
     peak_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32} if device.type == "cuda" else {"fp32": torch.float32}
-    with contextlib.ExitStack() as stack:  # the peak under the fp32 policy every fp32 row runs with (no TF32)
-        from ddpm.util.precision import backend_policy
-
-        stack.enter_context(backend_policy("fp32"))
+    with backend_policy("fp32"):  # the peak under the fp32 policy every fp32 row runs with (no TF32)
         env["matmul_peak_tflops"] = {name: matmul_peak_tflops(dtype, device=device) for name, dtype in peak_dtypes.items()}
     names = ["original"] + [n for n in rows if n != "original"]
     results: list[Row] = []
@@ -238,27 +236,25 @@ def time_rows(
         memory = DeviceMemory(device) if device.type == "cuda" else contextlib.nullcontext()
         try:
             with memory, PeakRSS() as rss:
-                built = time.perf_counter()
+                started = time.perf_counter()
                 try:
                     row.precision, loop, row.detail, decode = make_row(
                         name, model=model, plan=plan, shape=shape, precision=precision, guidance=guidance,
                         first_stage=first_stage,
                     )  # fmt: skip
-                    built = time.perf_counter() - built  # export, compile setup, graph capture
                 except Unavailable as exc:
                     row.status, row.reason = "unavailable", str(exc)
                     progress(f"{name}: unavailable ({exc})")
                     continue
                 run = loop if decode is None else (lambda g, loop=loop, decode=decode: decode(loop(g)))
                 progress(f"{row_label(name, device)}: {row_warmup} warm-up + {repeats} timed runs ...")
-                first_run = None
-                if row_warmup:  # the first run on its own: lazy compilation and autotuning happen in it
-                    first_run, _ = time_runs(lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=1)
+                built = time.perf_counter() - started  # export, compile setup, graph capture
+                # The warm-up runs are timed too, never counted: lazy compilation and autotuning happen in the first.
+                warmups, _ = time_runs(lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=row_warmup)
                 times, images = time_runs(
-                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=row_warmup - 1 if row_warmup else 0,
-                    repeats=repeats,
-                )  # fmt: skip
-                row.build_s = built + (max(0.0, first_run[0] - statistics.median(times)) if first_run else 0.0)
+                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
+                )
+                row.build_s = built + (max(0.0, warmups[0] - statistics.median(times)) if warmups else 0.0)
                 if decode is not None:  # each stage alone: the loop, then the decoder on its latents
                     loop_times, latents = time_runs(
                         lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
