@@ -64,6 +64,17 @@ C10_HOST_DEVICE inline float sub_rn(float a, float b) {
 #endif
 }
 
+// a * b + c with a single rounding (IEEE fma): the same bits on the host (std::fma: one instruction in
+// the CPU twin's AVX2/AVX-512 clones, libm's exact fmaf in the baseline one) and on the device. Used only
+// where a kernel's definition says so (group_norm_act), never to reproduce PyTorch's separate ops.
+C10_HOST_DEVICE inline float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 // Classifier-free guidance of one element: eps_uncond + w * (eps_cond - eps_uncond), rounded as
 // noise_schedule.guided_eps rounds it.
 C10_HOST_DEVICE inline float guide(float eps_cond, float eps_uncond, float w) {
@@ -150,11 +161,12 @@ C10_HOST_DEVICE inline void step_at(
 //
 //   v = x[b, c, p] (+ x_bias[c], the producing convolution's bias; x's channels only)
 //   mean, var over the (channels of c's group) x (all positions), in float32
-//   y = (v - mean) * (1 / sqrt(var + eps)) * weight[c] + bias[c]
-//   y = y * (1 + scale[b, c]) + shift[b, c]                  (when scale and shift are given)
+//   y = fma((v - mean) * (1 / sqrt(var + eps)), weight[c], bias[c])
+//   y = fma(y, 1 + scale[b, c], shift[b, c])                  (when scale and shift are given)
 //   y = y / (1 + exp(-y))                                    (SiLU, when silu)
 //
-// Every product, sum, quotient and square root is rounded separately (no FMA), exp is the
+// Every product, sum, quotient and square root is rounded separately but for the fma_rn written out
+// below (the affine steps of group_norm_act_element and of exp_rn: one rounding each), exp is the
 // polynomial exp_rn below, and both sums of a group run in one fixed order: element j = p * cg + cl
 // (position-major, like the channels-last layout) goes to partial sum j % period, period =
 // gn_period(cg) (the largest multiple of cg up to kGnPartials, so partial (p % M) * cg + cl holds
@@ -185,11 +197,15 @@ C10_HOST_DEVICE inline float sqrt_rn(float a) {
 #endif
 }
 
-// floor(v) for |v| < 2^31 through an integer conversion (truncate, then step down where that rounded up):
-// the same value as floorf, and a loop of it vectorizes on the CPU (floorf is a libm call below SSE4.1).
-C10_HOST_DEVICE inline float floor_small(float v) {
-  const float truncated = static_cast<float>(static_cast<int32_t>(v));
-  return truncated - static_cast<float>(truncated > v);  // no branch: a select would be duplicated, not vectorized
+// The bits of a float as an integer.
+C10_HOST_DEVICE inline int32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_int(f);
+#else
+  int32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+#endif
 }
 
 // 2^e as a float, for a normal exponent e in [-126, 127], built from its bits.
@@ -205,36 +221,41 @@ C10_HOST_DEVICE inline float pow2_normal(int32_t e) {
 }
 
 // exp(x) as 2^k * P(r), r = x - k ln 2 in [-ln2/2, ln2/2] (Cody-Waite split of ln 2), P the degree-7
-// Taylor polynomial in Horner form: within 2 ulp of exp in float32, and the same bits on host and device
-// (libm's expf and CUDA's differ in the last bits, which would break the twins' agreement). Written
-// without branches or calls, so the CPU twin's loops vectorize: k = round(x / ln 2) lies in [-149, 128],
-// and P * 2^k is (P * 2^(k1)) * 2^(k - k1) with k1 = floor(k / 2): the first product is exact (normal),
-// the second rounds once, which is exactly ldexpf(P, k), subnormal results and overflow to inf included.
+// Taylor polynomial in Horner form, every step one fma_rn: within 2 ulp of exp in float32, and the same
+// bits on host and device (libm's expf and CUDA's differ in the last bits, which would break the twins'
+// agreement). k = round(x / ln 2) (to nearest, ties to even) comes from adding 1.5 * 2^23 in the same fma:
+// the sum's low bits are k, so no float-to-int conversion is needed. Written without branches or calls, so
+// the CPU twin's loops vectorize: k lies in [-149, 128], and P * 2^k is (P * 2^(k1)) * 2^(k - k1) with
+// k1 = floor(k / 2): the first product is exact (normal), the second rounds once, which is exactly
+// ldexpf(P, k), subnormal results and overflow to inf included.
 C10_HOST_DEVICE inline float exp_rn(float x) {
+  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
   const float xc = x < -103.0f ? -103.0f : (x < 88.72f ? x : 88.72f);  // NaN -> 88.72 here, restored below
-  const float k = floor_small(add_rn(mul_rn(xc, 1.44269502f), 0.5f));  // round(x / ln 2)
-  const float r = sub_rn(sub_rn(xc, mul_rn(k, 0.693145752f)), mul_rn(k, 1.42860677e-06f));  // ln 2 = hi + lo
+  const float shifted = fma_rn(xc, 1.44269502f, kShifter);  // 1.5 * 2^23 + k, k = round(x / ln 2)
+  const float k = sub_rn(shifted, kShifter);  // exact
+  const float r = fma_rn(k, -1.42860677e-06f, fma_rn(k, -0.693145752f, xc));  // ln 2 = hi + lo
   float p = 1.98412701e-04f;  // 1/7!
-  p = add_rn(mul_rn(p, r), 1.38888892e-03f);  // 1/6!
-  p = add_rn(mul_rn(p, r), 8.33333377e-03f);  // 1/5!
-  p = add_rn(mul_rn(p, r), 4.16666679e-02f);  // 1/4!
-  p = add_rn(mul_rn(p, r), 1.66666672e-01f);  // 1/3!
-  p = add_rn(mul_rn(p, r), 0.5f);
-  p = add_rn(mul_rn(p, r), 1.0f);
-  p = add_rn(mul_rn(p, r), 1.0f);
-  const int32_t ki = static_cast<int32_t>(k);
+  p = fma_rn(p, r, 1.38888892e-03f);  // 1/6!
+  p = fma_rn(p, r, 8.33333377e-03f);  // 1/5!
+  p = fma_rn(p, r, 4.16666679e-02f);  // 1/4!
+  p = fma_rn(p, r, 1.66666672e-01f);  // 1/3!
+  p = fma_rn(p, r, 0.5f);
+  p = fma_rn(p, r, 1.0f);
+  p = fma_rn(p, r, 1.0f);
+  const int32_t ki = float_bits(shifted) - float_bits(kShifter);  // k as an integer (same binade: exact)
   const int32_t k1 = ki >> 1;  // floor(k / 2): arithmetic shift
   const float y = mul_rn(mul_rn(p, pow2_normal(k1)), pow2_normal(ki - k1));
   const float big = x != x ? x : INFINITY;  // NaN stays NaN; overflow
   return x < -103.0f ? 0.0f : (x < 88.72f ? y : big);
 }
 
-// The normalization, scale-shift and SiLU of one element, given its group's mean and 1/std.
+// The normalization, scale-shift and SiLU of one element, given its group's mean and 1/std; scale1 is
+// add_rn(1, scale) (a kernel may compute it once per (sample, channel): the same value).
 C10_HOST_DEVICE inline float group_norm_act_element(
-    float v, float mean, float rstd, float weight, float bias, float scale, float shift, bool modulate, bool silu) {
-  float y = add_rn(mul_rn(mul_rn(sub_rn(v, mean), rstd), weight), bias);
+    float v, float mean, float rstd, float weight, float bias, float scale1, float shift, bool modulate, bool silu) {
+  float y = fma_rn(mul_rn(sub_rn(v, mean), rstd), weight, bias);
   if (modulate) {
-    y = add_rn(mul_rn(y, add_rn(1.0f, scale)), shift);
+    y = fma_rn(y, scale1, shift);
   }
   if (silu) {
     y = div_rn(y, add_rn(1.0f, exp_rn(-y)));
@@ -305,7 +326,7 @@ C10_HOST_DEVICE inline void store_group_norm_act(
     const GroupNormAct& a, int64_t b, int64_t c, int64_t p, float v, float mean, float rstd) {
   const bool modulate = a.scale != nullptr;
   const float y = group_norm_act_element(
-      v, mean, rstd, a.weight[c], a.bias[c], modulate ? a.scale[b * a.modulation_stride + c] : 0.0f,
+      v, mean, rstd, a.weight[c], a.bias[c], modulate ? add_rn(1.0f, a.scale[b * a.modulation_stride + c]) : 0.0f,
       modulate ? a.shift[b * a.modulation_stride + c] : 0.0f, modulate, a.silu);
   static_cast<T*>(a.out)[b * a.out_stride_b + c * a.out_stride_c + p * a.out_stride_p] = static_cast<T>(y);
 }

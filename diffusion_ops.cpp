@@ -389,12 +389,14 @@ void add_row(const float* __restrict__ v, int64_t n, const float* __restrict__ m
   }
 }
 
-// The pairwise tree of diffusion_kernels.h over the kGnPartials partial sums.
-float reduce_partials(float* partial) {
-  for (int half = kGnPartials / 2; half >= 1; half /= 2) {
-    for (int k = 0; k < half; ++k) {
+// The pairwise tree of diffusion_kernels.h over the kGnPartials partial sums, of which only the first
+// `used` are read: the rest are 0, and adding 0 changes no partial (none is -0: each starts at +0).
+float reduce_partials(float* partial, int64_t used = kGnPartials) {
+  for (int64_t half = kGnPartials / 2; half >= 1; half /= 2) {
+    for (int64_t k = 0; k < half && k + half < used; ++k) {
       partial[k] = add_rn(partial[k], partial[k + half]);
     }
+    used = std::min(used, half);
   }
   return partial[0];
 }
@@ -408,7 +410,7 @@ inline __attribute__((always_inline)) void normalize_loop(const float* __restric
     const float* __restrict__ scale, const float* __restrict__ shift, float* __restrict__ y) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = kPerChannel ? i : 0;
-    y[i] = group_norm_act_element(v[i], mean[c], rstd[c], weight[c], bias[c], kModulate ? scale[c] : 0.0f,
+    y[i] = group_norm_act_element(v[i], mean[c], rstd[c], weight[c], bias[c], kModulate ? add_rn(1.0f, scale[c]) : 0.0f,
         kModulate ? shift[c] : 0.0f, kModulate, kSilu);
   }
 }
@@ -444,10 +446,82 @@ void load_channels(const GroupNormSources& s, int64_t b, int64_t c, int64_t n, i
   }
 }
 
+// The channels-last loop's passes over one sample's rows of n channels (x's share of the row, or x2's):
+// v = src[p * stride + c] (+ x_bias[c]) for positions p < P. Flags are compile-time (no per-element branches).
+//
+// Statistics: table[(p % M) * ld + c] += v (kSquare: (v - mean[c])^2), each partial adding its positions in
+// increasing p, as the fixed order says.
+template <bool kBias, bool kSquare>
+inline __attribute__((always_inline)) void add_rows_loop(const float* __restrict__ src, int64_t stride, int64_t P, int64_t n,
+    const float* __restrict__ x_bias, const float* __restrict__ mean, int64_t M, int64_t ld, float* __restrict__ table) {
+  for (int64_t p = 0, m = 0; p < P; ++p, m = (m + 1 == M ? 0 : m + 1)) {
+    const float* __restrict__ row = src + p * stride;
+    float* __restrict__ sums = table + m * ld;
+    for (int64_t c = 0; c < n; ++c) {
+      const float v = kBias ? add_rn(row[c], x_bias[c]) : row[c];
+      if (kSquare) {
+        const float d = sub_rn(v, mean[c]);
+        sums[c] = add_rn(sums[c], mul_rn(d, d));
+      } else {
+        sums[c] = add_rn(sums[c], v);
+      }
+    }
+  }
+}
+
+DIFFUSION_KERNELS_CLONES
+void add_rows(const float* __restrict__ src, int64_t stride, int64_t P, int64_t n, const float* __restrict__ x_bias,
+    const float* __restrict__ mean, bool square, int64_t M, int64_t ld, float* __restrict__ table) {
+  if (x_bias != nullptr) {
+    square ? add_rows_loop<true, true>(src, stride, P, n, x_bias, mean, M, ld, table)
+           : add_rows_loop<true, false>(src, stride, P, n, x_bias, mean, M, ld, table);
+  } else {
+    square ? add_rows_loop<false, true>(src, stride, P, n, x_bias, mean, M, ld, table)
+           : add_rows_loop<false, false>(src, stride, P, n, x_bias, mean, M, ld, table);
+  }
+}
+
+// Output: out[p * out_stride + c] = group_norm_act_element(v, ...) with per-channel statistics and parameters
+// (scale1 = 1 + scale, computed once per sample).
+template <bool kBias, bool kModulate, bool kSilu>
+inline __attribute__((always_inline)) void normalize_rows_loop(const float* __restrict__ src, int64_t stride, int64_t P,
+    int64_t n, const float* __restrict__ x_bias, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const float* __restrict__ weight, const float* __restrict__ bias, const float* __restrict__ scale1,
+    const float* __restrict__ shift, float* __restrict__ out, int64_t out_stride) {
+  for (int64_t p = 0; p < P; ++p) {
+    const float* __restrict__ row = src + p * stride;
+    float* __restrict__ y = out + p * out_stride;
+    for (int64_t c = 0; c < n; ++c) {
+      const float v = kBias ? add_rn(row[c], x_bias[c]) : row[c];
+      y[c] = group_norm_act_element(v, mean[c], rstd[c], weight[c], bias[c], kModulate ? scale1[c] : 0.0f,
+          kModulate ? shift[c] : 0.0f, kModulate, kSilu);
+    }
+  }
+}
+
+DIFFUSION_KERNELS_CLONES
+void normalize_rows(const float* __restrict__ src, int64_t stride, int64_t P, int64_t n, const float* __restrict__ x_bias,
+    const float* __restrict__ mean, const float* __restrict__ rstd, const float* __restrict__ weight,
+    const float* __restrict__ bias, const float* __restrict__ scale1, const float* __restrict__ shift, bool silu,
+    float* __restrict__ out, int64_t out_stride) {
+  const int variant = (x_bias != nullptr ? 4 : 0) + (scale1 != nullptr ? 2 : 0) + (silu ? 1 : 0);
+  switch (variant) {
+#define DIFFUSION_KERNELS_ROWS(k)                                                                                   \
+  case k:                                                                                                           \
+    normalize_rows_loop<(k & 4) != 0, (k & 2) != 0, (k & 1) != 0>(                                                  \
+        src, stride, P, n, x_bias, mean, rstd, weight, bias, scale1, shift, out, out_stride);                      \
+    break;
+    DIFFUSION_KERNELS_ROWS(0) DIFFUSION_KERNELS_ROWS(1) DIFFUSION_KERNELS_ROWS(2) DIFFUSION_KERNELS_ROWS(3)
+    DIFFUSION_KERNELS_ROWS(4) DIFFUSION_KERNELS_ROWS(5) DIFFUSION_KERNELS_ROWS(6) DIFFUSION_KERNELS_ROWS(7)
+#undef DIFFUSION_KERNELS_ROWS
+  }
+}
+
 // Channels-last (groups of up to kGnPartials channels): no gather. Element j = p * cg + cl of group g goes to
 // partial j % period = m * cg + cl with m = p % M, M = period / cg; so partial m * cg + cl of every group is one
 // (M, C) table's entry [m][g * cg + cl], and position p's whole row of C channels adds into table row p % M,
-// one contiguous (vectorized) add per position, each partial still in increasing j.
+// one contiguous (vectorized) add per position, each partial still in increasing j. Each pass runs over a
+// sample's rows in one call per source (x's channels, then x2's), reading float32 sources where they lie.
 template <typename T>
 bool group_norm_act_channels_last(const GroupNormAct& a) {
   const int64_t B = a.batch, C = a.channels, P = a.positions, cg = a.cg, G = a.groups;
@@ -456,41 +530,43 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
   if (!channels_last || cg > kGnPartials || C < 2) {
     return false;
   }
-  const int64_t M = gn_period(cg) / cg;
+  if (B == 0 || P == 0) {
+    return true;  // nothing to write
+  }
+  const int64_t M = gn_period(cg) / cg, rows_used = std::min(M, P);  // table rows past P stay 0: left out
+  const int64_t c1 = s.x2 == nullptr ? C : s.c1;  // x's channels; x2 has the rest
+  constexpr bool kFloat = std::is_same_v<T, float>;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> table(M * C), v(C), mean(C), rstd(C), y(C);
-    // Row p of sample b's input (x + x_bias, then x2) as float32: x's own row where that is it, else v.
-    auto load_row = [&](int64_t b, int64_t p) -> const float* {
-      if constexpr (std::is_same_v<T, float>) {
-        if (s.x_bias == nullptr && s.x2 == nullptr) {
-          return static_cast<const float*>(s.x) + b * s.stride_b1 + p * s.stride_p1;
-        }
-      }
-      load_channels<T>(s, b, 0, C, p, v.data());
-      return v.data();
+    std::vector<float> table(rows_used * C), mean(C), rstd(C), scale1(C);
+    std::vector<float> converted(kFloat ? 0 : P * C), normalized(kFloat ? 0 : P * C);  // (P, C) float rows
+    struct Segment {
+      const float* src;
+      int64_t stride, c0, n;
+      const float* x_bias;
     };
     // The tree of diffusion_kernels.h on every group at once (partial k = m * cg + cl is table[m][g * cg + cl]):
     // the pairs (k, k + half) are whole rows m, m + half / cg while half >= cg, then channels within row 0.
-    // One statistic per group, expanded to its channels.
+    // Rows past rows_used are 0 and left out (adding 0 changes no partial). One statistic per group, expanded.
     auto reduce_groups = [&](std::vector<float>& per_channel, bool squares) {
-      if (kGnPartials % cg != 0) {  // partials past the period are 0: each group's tree on its own, zero-padded
+      if (kGnPartials % cg != 0) {  // partials past the period are 0: each group's tree on its own
         float partial[kGnPartials];
         for (int64_t g = 0; g < G; ++g) {
-          std::fill(partial, partial + kGnPartials, 0.0f);
-          for (int64_t m = 0; m < M; ++m) {
+          for (int64_t m = 0; m < rows_used; ++m) {
             for (int64_t cl = 0; cl < cg; ++cl) {
               partial[m * cg + cl] = table[m * C + g * cg + cl];
             }
           }
-          table[g * cg] = reduce_partials(partial);  // where the row tree leaves it
+          table[g * cg] = reduce_partials(partial, rows_used * cg);  // where the row tree leaves it
         }
       } else {
+        int64_t used = rows_used;
         for (int64_t half = kGnPartials / 2; half >= 1; half /= 2) {
           if (half >= cg) {
             const int64_t rows = half / cg;
-            for (int64_t m = 0; m < rows; ++m) {
+            for (int64_t m = 0; m + rows < used; ++m) {
               add_row(table.data() + (m + rows) * C, C, nullptr, false, table.data() + m * C);
             }
+            used = std::min(used, rows);
           } else {
             for (int64_t g = 0; g < G; ++g) {
               for (int64_t cl = 0; cl < half; ++cl) {
@@ -508,24 +584,57 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
       }
     };
     for (int64_t b = begin; b < end; ++b) {
+      // The sample's sources as rows of float32: x and x2 themselves, or (half types) one converted (P, C) copy.
+      Segment segments[2];
+      if constexpr (kFloat) {
+        segments[0] = {static_cast<const float*>(s.x) + b * s.stride_b1, s.stride_p1, 0, c1, s.x_bias};
+        if (c1 < C) {
+          segments[1] = {static_cast<const float*>(s.x2) + b * s.stride_b2, s.stride_p2, c1, C - c1, nullptr};
+        }
+      } else {
+        const T* x = static_cast<const T*>(s.x) + b * s.stride_b1;
+        const T* x2 = c1 < C ? static_cast<const T*>(s.x2) + b * s.stride_b2 : nullptr;
+        for (int64_t p = 0; p < P; ++p) {
+          float* row = converted.data() + p * C;
+          for (int64_t c = 0; c < c1; ++c) {
+            row[c] = static_cast<float>(x[p * s.stride_p1 + c]);
+          }
+          for (int64_t c = c1; c < C; ++c) {
+            row[c] = static_cast<float>(x2[p * s.stride_p2 + c - c1]);
+          }
+        }
+        segments[0] = {converted.data(), C, 0, c1, s.x_bias};
+        segments[1] = {converted.data() + c1, C, c1, C - c1, nullptr};
+      }
+      const int n_segments = c1 < C ? 2 : 1;
       for (const bool squares : {false, true}) {
         std::fill(table.begin(), table.end(), 0.0f);
-        for (int64_t p = 0; p < P; ++p) {
-          add_row(load_row(b, p), C, mean.data(), squares, table.data() + (p % M) * C);
+        for (int i = 0; i < n_segments; ++i) {
+          const Segment& g = segments[i];
+          add_rows(g.src, g.stride, P, g.n, g.x_bias, mean.data() + g.c0, squares, M, C, table.data() + g.c0);
         }
         reduce_groups(squares ? rstd : mean, squares);
       }
-      const float* scale = a.scale != nullptr ? a.scale + b * a.modulation_stride : nullptr;
       const float* shift = a.shift != nullptr ? a.shift + b * a.modulation_stride : nullptr;
-      for (int64_t p = 0; p < P; ++p) {
-        const float* row = load_row(b, p);
-        T* out = static_cast<T*>(a.out) + b * a.out_stride_b + p * a.out_stride_p;
-        if constexpr (std::is_same_v<T, float>) {
-          normalize_row(row, C, true, mean.data(), rstd.data(), a.weight, a.bias, scale, shift, a.silu, out);
-        } else {
-          normalize_row(row, C, true, mean.data(), rstd.data(), a.weight, a.bias, scale, shift, a.silu, y.data());
+      if (a.scale != nullptr) {
+        const float* scale = a.scale + b * a.modulation_stride;
+        for (int64_t c = 0; c < C; ++c) {
+          scale1[c] = add_rn(1.0f, scale[c]);
+        }
+      }
+      T* out = static_cast<T*>(a.out) + b * a.out_stride_b;
+      float* y = kFloat ? reinterpret_cast<float*>(out) : normalized.data();
+      const int64_t y_stride = kFloat ? a.out_stride_p : C;
+      for (int i = 0; i < n_segments; ++i) {
+        const Segment& g = segments[i];
+        normalize_rows(g.src, g.stride, P, g.n, g.x_bias, mean.data() + g.c0, rstd.data() + g.c0, a.weight + g.c0,
+            a.bias + g.c0, a.scale != nullptr ? scale1.data() + g.c0 : nullptr, shift != nullptr ? shift + g.c0 : nullptr,
+            a.silu, y + g.c0, y_stride);
+      }
+      if constexpr (!kFloat) {
+        for (int64_t p = 0; p < P; ++p) {
           for (int64_t c = 0; c < C; ++c) {
-            out[c] = static_cast<T>(y[c]);
+            out[p * a.out_stride_p + c] = static_cast<T>(normalized[p * C + c]);
           }
         }
       }
