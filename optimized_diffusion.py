@@ -347,8 +347,11 @@ class FusedUNet(nn.Module):
             e = projections[:, start : start + C]
             h = self._norm(block.norm2, h + e.to(h.dtype).reshape(*e.shape, *(1,) * self.config.dims))
         h = self._conv(block.conv2, h)  # dropout: identity when sampling; bias: conv2's + the skip's
-        if isinstance(block.skip, nn.Identity):
-            return (x if x2 is None else torch.cat([x, x2], dim=1)) + h
+        if isinstance(block.skip, nn.Identity):  # [x, x2] + h, in place: h is this block's own new tensor
+            h[:, : x.shape[1]].add_(x)
+            if x2 is not None:
+                h[:, x.shape[1] :].add_(x2)
+            return h
         # skip([x, x2]) + h: GEMMs accumulating in place onto h's rows (h is this block's own new tensor), x2's
         # part through the weight's other rows: [x, x2] @ W = x @ W[:C1] + x2 @ W[C1:].
         weight, _ = self.packed[block.skip]

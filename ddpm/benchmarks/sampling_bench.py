@@ -42,6 +42,7 @@ from ddpm.benchmarks.report import (
 )
 from ddpm.conditioning import Guidance
 from ddpm.latent.first_stage import FirstStage
+from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.messages import first_line
 from ddpm.util.precision import backend_policy
 from noise_schedule import SamplingPlan
@@ -211,6 +212,8 @@ def time_rows(
     """
     device = plan.coefficients.device
     env = environment(device)
+    if device.type == "cpu":  # before any row: every row runs without the page faults of a trimmed heap
+        env["cpu_allocator"] = "glibc malloc keeps freed memory (cpu_memory.py)" if keep_freed_memory() else "default"
     flops = unet_flops(model, shape=shape, device=device, guidance=guidance)
     env.update(
         parameters=count_parameters(model),
@@ -349,7 +352,7 @@ def benchmark_sampling(
         repeats=args.repeats, profile=args.profile, guidance=guidance, first_stage=first_stage,
     )  # fmt: skip
     print()
-    for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python"):
+    for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python", "cpu_allocator"):
         if key in env:
             print(f"{key:>18}: {env[key]}")
     print(
