@@ -224,13 +224,16 @@ C10_HOST_DEVICE inline float pow2_normal(int32_t e) {
 // Taylor polynomial in Horner form, every step one fma_rn: within 2 ulp of exp in float32, and the same
 // bits on host and device (libm's expf and CUDA's differ in the last bits, which would break the twins'
 // agreement). k = round(x / ln 2) (to nearest, ties to even) comes from adding 1.5 * 2^23 in the same fma:
-// the sum's low bits are k, so no float-to-int conversion is needed. Written without branches or calls, so
-// the CPU twin's loops vectorize: k lies in [-149, 128], and P * 2^k is (P * 2^(k1)) * 2^(k - k1) with
-// k1 = floor(k / 2): the first product is exact (normal), the second rounds once, which is exactly
-// ldexpf(P, k), subnormal results and overflow to inf included.
+// the sum's low bits are k, so no float-to-int conversion is needed. x is clamped to [-104, 100], where
+// k lies in [-150, 145], and P * 2^k is (P * 2^(k1)) * 2^(k - k1) with k1 = floor(k / 2): the first
+// product is exact (normal), the second rounds once, which is exactly ldexpf(P, k): below -104 that is 0
+// (exp(-104) is under half the smallest subnormal), above 100 it overflows to inf, as exp does. A NaN
+// passes the clamp and every step as a NaN. No branch, no select after the polynomial (a select there
+// made GCC compute the SiLU's division twice), so the CPU twin's loops vectorize tightly.
 C10_HOST_DEVICE inline float exp_rn(float x) {
   constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
-  const float xc = x < -103.0f ? -103.0f : (x < 88.72f ? x : 88.72f);  // NaN -> 88.72 here, restored below
+  float xc = x < -104.0f ? -104.0f : x;  // comparisons false for a NaN: it stays
+  xc = xc > 100.0f ? 100.0f : xc;
   const float shifted = fma_rn(xc, 1.44269502f, kShifter);  // 1.5 * 2^23 + k, k = round(x / ln 2)
   const float k = sub_rn(shifted, kShifter);  // exact
   const float r = fma_rn(k, -1.42860677e-06f, fma_rn(k, -0.693145752f, xc));  // ln 2 = hi + lo
@@ -244,9 +247,7 @@ C10_HOST_DEVICE inline float exp_rn(float x) {
   p = fma_rn(p, r, 1.0f);
   const int32_t ki = float_bits(shifted) - float_bits(kShifter);  // k as an integer (same binade: exact)
   const int32_t k1 = ki >> 1;  // floor(k / 2): arithmetic shift
-  const float y = mul_rn(mul_rn(p, pow2_normal(k1)), pow2_normal(ki - k1));
-  const float big = x != x ? x : INFINITY;  // NaN stays NaN; overflow
-  return x < -103.0f ? 0.0f : (x < 88.72f ? y : big);
+  return mul_rn(mul_rn(p, pow2_normal(k1)), pow2_normal(ki - k1));
 }
 
 // The normalization, scale-shift and SiLU of one element, given its group's mean and 1/std; scale1 is

@@ -562,6 +562,26 @@ def test_group_norm_acts_silu_follows_exp_over_the_whole_float_range_cpu():
     assert torch.isnan(od.group_norm_act(torch.full((1, 1, 2, 1), float("nan")), one, one * 0, groups=1)).all()
 
 
+def test_group_norm_acts_silu_is_right_past_exps_clamp_and_at_the_infinities_cpu():
+    """exp_rn clamps its argument to [-104, 100]: SiLU stays within float rounding of float64 beyond that (exp
+    overflowing to inf, underflowing to 0) and around the clamp's edges, an infinite input gives inf (or NaN at -inf, as y * sigmoid(y) does),
+    and a NaN stays a NaN."""
+    values = torch.cat([torch.linspace(-300, 300, 60_001), torch.tensor([-104.5, -103.5, -87.5, 88.7, 88.73, 99.9, 100.1])])
+    specials = torch.tensor([float("inf"), -float("inf"), float("nan")])
+    v = torch.cat([values, specials])
+    n = v.numel()
+    # Each sample: one group of two positions, +1 and -1; with scale = -1 the output before SiLU is shift exactly.
+    x = torch.tensor([1.0, -1.0]).repeat(n).view(n, 1, 2, 1)
+    out = od.group_norm_act(x, torch.ones(1), torch.zeros(1), groups=1, scale=-torch.ones(n, 1), shift=v.view(n, 1))[:, 0, 0, 0]
+    reference = torch.nn.functional.silu(values.double())
+    got = out[: values.numel()].double()
+    # Below y = -88.7, 1 + exp(-y) overflows and y / inf is -0 where SiLU is -2.6e-37 or less: so is PyTorch's.
+    large = reference.abs() > 1e-30
+    torch.testing.assert_close(got[large], reference[large], rtol=1e-6, atol=0)
+    assert (got[~large].abs() <= 1e-30).all()
+    assert out[-3] == float("inf") and torch.isnan(out[-2]) and torch.isnan(out[-1])
+
+
 @pytest.mark.parametrize(
     "case",
     [
