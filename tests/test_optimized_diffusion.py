@@ -292,6 +292,22 @@ def test_the_fused_unet_is_the_unet_to_float_rounding(variant, channels_last):
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the U-Net is left as it was
 
 
+@pytest.mark.parametrize("variant", ["the test U-Net", "3-D"])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_the_runners_upsampling_convolution_is_conv_of_the_upsampled_input_in_float64(variant, channels_last):
+    """The phase kernels (2 taps per dimension on the low-resolution input) are the same linear map as the U-Net's
+    upsample-then-convolve: equal to float64 rounding, so nothing but summation order separates them."""
+    model = perturbed_unet(FUSED_VARIANTS[variant]).double().eval()
+    runner = od.FusedUNet(model, dtype=torch.float64, channels_last=channels_last)
+    ups = [up for up in model.upsample if not isinstance(up, torch.nn.Identity)]
+    assert ups and all(up in runner.upsample_phases for up in ups)
+    for up in ups:
+        x = torch.randn(2, up.conv.in_channels, *(3, 5, 4)[: model.config.dims], dtype=torch.float64)
+        x = x.contiguous(memory_format=runner.memory_format)
+        with torch.no_grad():
+            torch.testing.assert_close(runner._upsample_conv(up, x), up(x), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("case", ["ddim_eta0", "dpm_solver_sde"])
 def test_the_cuda_implementation_with_the_fused_unet_draws_the_originals_images(case):
     expected, actual, g_original, g_cuda = both(small_unet(), make_plan(case), seed=4, fused_unet=True)
