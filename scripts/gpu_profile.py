@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     from ddpm.util.precision import LOW_DTYPES, autocast, backend_policy
 
     device = torch.device(args.device)
+    if device.type == "cpu":
+        from ddpm.util.cpu_memory import keep_freed_memory
+
+        keep_freed_memory()  # as benchmark and sample modes run on the CPU: no page faults in the profile
     torch.manual_seed(0)
     model = UNet(unet_preset("small", image_size=args.img_size, in_channels=args.channels)).to(device).eval()
     dtype = LOW_DTYPES.get(args.precision, torch.float32)
