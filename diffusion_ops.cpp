@@ -343,14 +343,18 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
 // (sample, group) is first gathered into a float buffer in the order j = p * cg + cl, so both sums run over
 // contiguous memory (partial k takes the elements j = k, k + period, ... in increasing j,
 // as the CUDA kernel's thread k does); then the output is written a row at a time along its innermost
-// dimension (channels for channels-last, positions otherwise). The loops over contiguous rows are compiled for
-// AVX-512 and AVX2 as well as the baseline (target_clones: chosen at load time), without FMA contraction
-// (-ffp-contract=off), so every clone rounds exactly like the scalar definition.
-// GCC's jump threading would duplicate exp_rn's selects into branches, which stops the vectorizer: off here.
+// dimension (channels for channels-last, positions otherwise); channels-last tensors skip the gather (see
+// group_norm_act_channels_last). The loops over contiguous rows are compiled for AVX-512 and for x86-64-v3
+// (AVX2 with FMA) as well as the baseline (target_clones: chosen at load time by CPU features), without FMA
+// contraction (-ffp-contract=off): the only fused multiply-adds are the fma_rn the definition writes out
+// (one instruction in both clones; the baseline clone calls libm's exact fmaf), so every clone rounds
+// exactly like the scalar definition. GCC's jump threading would duplicate selects into branches, which
+// stops the vectorizer: off here.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
-#define DIFFUSION_KERNELS_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-thread-jumps")))
+#define DIFFUSION_KERNELS_CLONES \
+  __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"), optimize("no-thread-jumps")))
 #elif defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
-#define DIFFUSION_KERNELS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define DIFFUSION_KERNELS_CLONES __attribute__((target_clones("avx512f", "default")))
 #else
 #define DIFFUSION_KERNELS_CLONES
 #endif
