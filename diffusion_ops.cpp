@@ -378,18 +378,11 @@ void add_to_partials(const float* __restrict__ v, int64_t n, int64_t period, flo
   }
 }
 
-// sums[c] += v[c] (square: (v[c] - mean[c])^2 instead) for c = 0, 1, ..., n - 1.
+// sums[c] += v[c] for c = 0, 1, ..., n - 1 (one level of the channels-last loop's row tree).
 DIFFUSION_KERNELS_CLONES
-void add_row(const float* __restrict__ v, int64_t n, const float* __restrict__ mean, bool square, float* __restrict__ sums) {
-  if (square) {
-    for (int64_t c = 0; c < n; ++c) {
-      const float d = sub_rn(v[c], mean[c]);
-      sums[c] = add_rn(sums[c], mul_rn(d, d));
-    }
-  } else {
-    for (int64_t c = 0; c < n; ++c) {
-      sums[c] = add_rn(sums[c], v[c]);
-    }
+void add_row(const float* __restrict__ v, int64_t n, float* __restrict__ sums) {
+  for (int64_t c = 0; c < n; ++c) {
+    sums[c] = add_rn(sums[c], v[c]);
   }
 }
 
@@ -406,27 +399,34 @@ float reduce_partials(float* partial, int64_t used = kGnPartials) {
 }
 
 // One output row: element i's statistics and parameters at index i of each array (kPerChannel: per-channel
-// arrays along a channels-last row) or index 0 (one channel's scalars along a row of positions). Flags are
-// compile-time, so the loop has no per-element branches and vectorizes.
-template <bool kPerChannel, bool kModulate, bool kSilu>
-inline __attribute__((always_inline)) void normalize_loop(const float* __restrict__ v, int64_t n, const float* __restrict__ mean,
-    const float* __restrict__ rstd, const float* __restrict__ weight, const float* __restrict__ bias,
-    const float* __restrict__ scale, const float* __restrict__ shift, float* __restrict__ y) {
+// arrays along a channels-last row) or index 0 (one channel's scalars along a row of positions); kBias: x_bias
+// added to each value first; scale1 = 1 + scale, computed once per (sample, channel). Flags are compile-time,
+// so the loop has no per-element branches and vectorizes.
+template <bool kPerChannel, bool kBias, bool kModulate, bool kSilu>
+inline __attribute__((always_inline)) void normalize_loop(const float* __restrict__ v, int64_t n,
+    const float* __restrict__ x_bias, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const float* __restrict__ weight, const float* __restrict__ bias, const float* __restrict__ scale1,
+    const float* __restrict__ shift, float* __restrict__ y) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = kPerChannel ? i : 0;
-    y[i] = group_norm_act_element(v[i], mean[c], rstd[c], weight[c], bias[c], kModulate ? add_rn(1.0f, scale[c]) : 0.0f,
+    const float value = kBias ? add_rn(v[i], x_bias[c]) : v[i];
+    y[i] = group_norm_act_element(value, mean[c], rstd[c], weight[c], bias[c], kModulate ? scale1[c] : 0.0f,
         kModulate ? shift[c] : 0.0f, kModulate, kSilu);
   }
 }
 
+// The gathering loop's output row (its values already biased by load_channels).
 DIFFUSION_KERNELS_CLONES
 void normalize_row(const float* __restrict__ v, int64_t n, bool per_channel, const float* __restrict__ mean,
     const float* __restrict__ rstd, const float* __restrict__ weight, const float* __restrict__ bias,
-    const float* __restrict__ scale, const float* __restrict__ shift, bool silu, float* __restrict__ y) {
-  const int variant = (per_channel ? 4 : 0) + (scale != nullptr ? 2 : 0) + (silu ? 1 : 0);
+    const float* __restrict__ scale1, const float* __restrict__ shift, bool silu, float* __restrict__ y) {
+  const int variant = (per_channel ? 4 : 0) + (scale1 != nullptr ? 2 : 0) + (silu ? 1 : 0);
   switch (variant) {
-#define DIFFUSION_KERNELS_ROW(k) \
-  case k: normalize_loop<(k & 4) != 0, (k & 2) != 0, (k & 1) != 0>(v, n, mean, rstd, weight, bias, scale, shift, y); break;
+#define DIFFUSION_KERNELS_ROW(k)                                                                                 \
+  case k:                                                                                                        \
+    normalize_loop<(k & 4) != 0, false, (k & 2) != 0, (k & 1) != 0>(v, n, nullptr, mean, rstd, weight, bias, scale1, \
+        shift, y);                                                                                               \
+    break;
     DIFFUSION_KERNELS_ROW(0) DIFFUSION_KERNELS_ROW(1) DIFFUSION_KERNELS_ROW(2) DIFFUSION_KERNELS_ROW(3)
     DIFFUSION_KERNELS_ROW(4) DIFFUSION_KERNELS_ROW(5) DIFFUSION_KERNELS_ROW(6) DIFFUSION_KERNELS_ROW(7)
 #undef DIFFUSION_KERNELS_ROW
@@ -485,21 +485,15 @@ void add_rows(const float* __restrict__ src, int64_t stride, int64_t P, int64_t 
   }
 }
 
-// Output: out[p * out_stride + c] = group_norm_act_element(v, ...) with per-channel statistics and parameters
-// (scale1 = 1 + scale, computed once per sample).
+// Output: out[p * out_stride, ... + n) = normalize_loop over src's row p, per-channel statistics and parameters.
 template <bool kBias, bool kModulate, bool kSilu>
 inline __attribute__((always_inline)) void normalize_rows_loop(const float* __restrict__ src, int64_t stride, int64_t P,
     int64_t n, const float* __restrict__ x_bias, const float* __restrict__ mean, const float* __restrict__ rstd,
     const float* __restrict__ weight, const float* __restrict__ bias, const float* __restrict__ scale1,
     const float* __restrict__ shift, float* __restrict__ out, int64_t out_stride) {
   for (int64_t p = 0; p < P; ++p) {
-    const float* __restrict__ row = src + p * stride;
-    float* __restrict__ y = out + p * out_stride;
-    for (int64_t c = 0; c < n; ++c) {
-      const float v = kBias ? add_rn(row[c], x_bias[c]) : row[c];
-      y[c] = group_norm_act_element(v, mean[c], rstd[c], weight[c], bias[c], kModulate ? scale1[c] : 0.0f,
-          kModulate ? shift[c] : 0.0f, kModulate, kSilu);
-    }
+    normalize_loop<true, kBias, kModulate, kSilu>(
+        src + p * stride, n, x_bias, mean, rstd, weight, bias, scale1, shift, out + p * out_stride);
   }
 }
 
@@ -568,7 +562,7 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
           if (half >= cg) {
             const int64_t rows = half / cg;
             for (int64_t m = 0; m + rows < used; ++m) {
-              add_row(table.data() + (m + rows) * C, C, nullptr, false, table.data() + m * C);
+              add_row(table.data() + (m + rows) * C, C, table.data() + m * C);
             }
             used = std::min(used, rows);
           } else {
@@ -674,14 +668,20 @@ void group_norm_act_cpu_impl(const GroupNormAct& a) {
       std::fill(rstd.begin() + b * C + c0, rstd.begin() + b * C + c0 + cg, group_rstd_);
     }
   });
-  // 2. The output, a row at a time along its innermost dimension.
+  // 2. The output, a row at a time along its innermost dimension; 1 + scale once per (sample, channel).
+  std::vector<float> scale1(a.scale != nullptr ? B * C : 0);
+  for (int64_t b = 0; b < B && a.scale != nullptr; ++b) {
+    for (int64_t c = 0; c < C; ++c) {
+      scale1[b * C + c] = add_rn(1.0f, a.scale[b * a.modulation_stride + c]);
+    }
+  }
   const bool channel_rows = a.out_stride_c == 1 && C > 1;
   const int64_t rows = channel_rows ? B * P : B * C, length = channel_rows ? C : P;
   at::parallel_for(0, rows, std::max<int64_t>(1, kCpuGrain / length), [&](int64_t begin, int64_t end) {
     std::vector<float> v(length), y(length);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = channel_rows ? r / P : r / C;
-      const float* scale = a.scale != nullptr ? a.scale + b * a.modulation_stride : nullptr;
+      const float* scale = a.scale != nullptr ? scale1.data() + b * C : nullptr;  // 1 + scale
       const float* shift = a.shift != nullptr ? a.shift + b * a.modulation_stride : nullptr;
       T* out = static_cast<T*>(a.out) + b * a.out_stride_b;
       if (channel_rows) {  // position p, channels 0..C-1

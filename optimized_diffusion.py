@@ -335,11 +335,13 @@ class FusedUNet(nn.Module):
             for m in unet.modules() if isinstance(m, nn.GroupNorm)
         }  # fmt: skip
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
-        # Each upsampling's convolution as its phase kernels on the low-resolution input (upsample_phase_weights).
+        # Each upsampling's convolution as its phase kernels on the low-resolution input (upsample_phase_weights),
+        # for a runner on the CPU (where the packed weights live; see _upsample_conv).
+        on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
         self.upsample_phases = {
             up: [(phase, k.to(dtype).contiguous(memory_format=self.memory_format)) for phase, k in upsample_phase_weights(up.conv.weight.detach())]
             for up in unet.upsample
-            if not isinstance(up, nn.Identity) and _is_same_3_tap(up.conv)
+            if on_cpu and not isinstance(up, nn.Identity) and _is_same_3_tap(up.conv)
         }  # fmt: skip
 
     @torch.no_grad()
@@ -363,7 +365,7 @@ class FusedUNet(nn.Module):
         CPU only for now: there the 2.25x fewer multiply-adds (2-D) pay for the extra copies (measured 11.4 against
         21.1 ms at 64x128x8x8, BENCHMARKS.md); on a GPU at batch 8, where kernel count is the cost, it is unmeasured."""
         phases = self.upsample_phases.get(up)
-        if phases is None or x.device.type != "cpu":
+        if phases is None:
             return self._conv(up.conv, torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest"))
         _, bias = self.packed[up.conv]
         B, C, *spatial = x.shape
