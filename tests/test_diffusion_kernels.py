@@ -659,3 +659,60 @@ def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_bit_for_bit(case, dtype)
     args = group_norm_case(**GROUP_NORM_CASES[case], dtype=dtype)
     on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     torch.testing.assert_close(od.group_norm_act(**on_gpu).cpu(), od.group_norm_act(**args), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) (the fused U-Net's)
+# ---------------------------------------------------------------------------------------------
+
+WINOGRAD_CASES = {  # (batch, Cin, Cout, H, W)
+    "even sizes": (2, 16, 16, 6, 6),
+    "odd sizes (tiles past the last row and column)": (1, 32, 48, 5, 7),
+    "one pixel, 80 output channels (64 + a 16-channel tail)": (3, 16, 80, 1, 1),
+    "150 tiles (several blocks and a partial one)": (5, 16, 32, 9, 11),
+    "384 channels in and out (blocks of 18 tiles, to stay in cache)": (2, 256, 128, 7, 9),
+}
+
+
+def winograd_case(batch, cin, cout, h, w, *, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, cin, h, w, generator=g).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(cout, cin, 3, 3, generator=g) / (9 * cin) ** 0.5
+    return x, weight, torch.randn(cout, generator=g)
+
+
+@pytest.mark.parametrize("case", WINOGRAD_CASES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_conv3x3_winograd_is_conv2d_with_padding_1_in_float64_cpu(case, with_bias):
+    x, weight, bias = winograd_case(*WINOGRAD_CASES[case])
+    bias = bias if with_bias else None
+    out = od.conv3x3_winograd(x, od.winograd_weight(weight), bias)
+    expected = torch.nn.functional.conv2d(x.double(), weight.double(), None if bias is None else bias.double(), padding=1)
+    direct = torch.nn.functional.conv2d(x, weight, bias, padding=1)
+    assert out.shape == expected.shape and out.dtype == torch.float32 and out.is_contiguous(memory_format=torch.channels_last)
+    error = (out.double() - expected).abs().max().item() / expected.abs().max().item()
+    assert error < 2e-6, error  # measured 2e-7 to 5e-7: the transforms are additions, the rounding the GEMMs'
+    assert error <= 2 * (direct.double() - expected).abs().max().item() / expected.abs().max().item() + 1e-7
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(x=torch.zeros(2, 16, 4, 4)), "x must be a channels-last float32"),
+        (dict(x=torch.zeros(2, 16, 4, 4, dtype=torch.float64).contiguous(memory_format=torch.channels_last)), "x must be a channels-last float32"),
+        (dict(weight=torch.zeros(9, 16, 16)), "weight must be the contiguous float32 (16, Cin=16, Cout)"),
+        (dict(weight=torch.zeros(16, 16, 24)), "multiples of 16, got Cin=16, Cout=24"),
+        (dict(bias=torch.zeros(8)), "bias must be a contiguous float32 (16,) tensor"),
+    ],
+)
+def test_conv3x3_winograd_rejects_bad_arguments(change, message):
+    args = dict(x=torch.zeros(2, 16, 4, 4).contiguous(memory_format=torch.channels_last), weight=torch.zeros(16, 16, 16),
+                bias=torch.zeros(16)) | change  # fmt: skip
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        od.conv3x3_winograd(**args)
+
+
+def test_conv3x3_winograd_opcheck_cpu():
+    x, weight, bias = winograd_case(*WINOGRAD_CASES["odd sizes (tiles past the last row and column)"])
+    for b in (bias, None):
+        torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd, (x, od.winograd_weight(weight), b))

@@ -347,3 +347,39 @@ def test_the_fused_unet_in_half_precision_is_as_close_to_fp32_as_autocast(precis
 def test_the_fused_unet_runner_takes_only_a_pytorch_unet():
     with pytest.raises(ValueError, match="built from a PyTorch U-Net"):
         od.FusedSampler(TinyEps().eval(), make_plan("ddpm"), shape=SHAPE, fused_unet=True)
+
+
+@pytest.mark.parametrize(
+    "build,expected",
+    [
+        (dict(), "every 3x3 stride-1 convolution"),
+        (dict(channels_last=False), "none"),
+        (dict(dtype=torch.bfloat16), "none"),
+        (dict(winograd=False), "none"),
+    ],
+)
+def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_in_float32_channels_last(build, expected):
+    """Which convolutions go through conv3x3_winograd (the others stay on oneDNN); that they compute the U-Net is
+    test_the_fused_unet_is_the_unet_to_float_rounding's (channels-last float32 runners use it there)."""
+    model = perturbed_unet(SMALL).eval()
+    runner = od.FusedUNet(model, **build)
+    eligible = {m for m in model.modules() if od.winograd_applies(m)}
+    assert len(eligible) > 5 and model.conv_in not in eligible  # 1 input channel: oneDNN's
+    assert set(runner.winograd) == (eligible if expected != "none" else set())
+    assert not od.FusedUNet(perturbed_unet(FUSED_VARIANTS["3-D"]).eval()).winograd
+
+
+@pytest.mark.parametrize(
+    "conv,applies",
+    [
+        (torch.nn.Conv2d(256, 128, 3, padding=1), True),
+        (torch.nn.Conv2d(512, 512, 3, padding=1), False),  # measured slower than oneDNN (BENCHMARKS.md)
+        (torch.nn.Conv2d(64, 64, 3, padding=1, stride=2), False),
+        (torch.nn.Conv2d(64, 64, 3, padding=1, padding_mode="reflect"), False),
+        (torch.nn.Conv2d(64, 24, 3, padding=1), False),
+        (torch.nn.Conv2d(64, 64, 1), False),
+        (torch.nn.Conv3d(64, 64, 3, padding=1), False),
+    ],
+)
+def test_winograd_takes_only_the_convolutions_it_computes_and_measured_faster(conv, applies):
+    assert od.winograd_applies(conv) == applies

@@ -191,6 +191,7 @@ class BenchmarkRequest:
     csv: str | None = None
     chart: str | None = None
     profile: str | None = None  # --profile DIR: one more run of each row, traced, after its timing
+    interleave: bool = False  # --interleave: every row built first, then timed in rounds (sampling_bench.time_rows)
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:

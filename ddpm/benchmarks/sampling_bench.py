@@ -202,10 +202,17 @@ def time_rows(
     profile: str | None = None,
     guidance: Guidance | None = None,
     first_stage: FirstStage | None = None,
+    interleave: bool = False,
 ) -> tuple[dict, list[Row]]:
     """Time every requested row; returns (environment and config, rows). A class-conditional model is
     timed guided (``guidance``: its labels and scale; the U-Net runs on twice the batch). A latent model
     (``first_stage``) is timed whole (the sampling loop, then the row's decoder), and each stage alone.
+
+    Rows run one after another (each built, timed ``repeats`` times and freed before the next), or with
+    ``interleave`` in rounds: every row built and warmed up first, then each round runs every row once in
+    turn, and a row's speedup is the median of the original's time over its own, round by round. A machine
+    whose speed drifts over minutes (a shared VM, a throttling laptop) then slows every row of a round alike;
+    the rows are held together, so their peak memory is not measured.
 
     With ``profile`` (--profile DIR), each row runs once more after its timing, traced into
     DIR/benchmark-<row>/ (profiling.py): the trace never lands in a timed run or the memory figure.
@@ -223,20 +230,27 @@ def time_rows(
         seed=seed,
         unet_gflops_per_forward=flops / 1e9,
         guidance_scale=None if guidance is None else guidance.scale,
+        timing="interleaved rounds" if interleave else "one row after another",
     )
     peak_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32} if device.type == "cuda" else {"fp32": torch.float32}
     with backend_policy("fp32"):  # the peak under the fp32 policy every fp32 row runs with (no TF32)
         env["matmul_peak_tflops"] = {name: matmul_peak_tflops(dtype, device=device) for name, dtype in peak_dtypes.items()}
     names = ["original"] + [n for n in rows if n != "original"]
     results: list[Row] = []
-    reference = None
+    held: dict[str, tuple[Callable, Callable, Callable | None]] = {}  # interleave: row name -> (run, loop, decode)
+    built: dict[str, tuple[float, list[float]]] = {}  # row name -> (build seconds, warm-up run times)
+    reference: list[torch.Tensor] = []  # the first timed row's (the original's) images: parity's reference
+
+    def one_run(run: Callable[[torch.Generator], torch.Tensor]) -> tuple[list[float], torch.Tensor]:
+        return time_runs(lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=1)
+
     for name in names:
-        # Build, time and free one row at a time: no row carries another's buffers or pools.
+        # Build (and, one after another, time and free) one row at a time: no row carries another's buffers or pools.
         row = Row(name=name, precision=precision if name != "original" else "fp32")
         results.append(row)
         # Compiled, graphed and engine rows build lazily in their first run: never time it.
         row_warmup = warmup if name == "original" else max(warmup, 1)
-        memory = DeviceMemory(device) if device.type == "cuda" else contextlib.nullcontext()
+        memory = DeviceMemory(device) if device.type == "cuda" and not interleave else contextlib.nullcontext()
         try:
             with memory, PeakRSS() as rss:
                 started = time.perf_counter()
@@ -250,55 +264,98 @@ def time_rows(
                     progress(f"{name}: unavailable ({exc})")
                     continue
                 run = loop if decode is None else (lambda g, loop=loop, decode=decode: decode(loop(g)))
-                progress(f"{row_label(name, device)}: {row_warmup} warm-up + {repeats} timed runs ...")
-                built = time.perf_counter() - started  # export, compile setup, graph capture
+                progress(f"{row_label(name, device)}: {row_warmup} warm-up" + ("" if interleave else f" + {repeats} timed runs") + " ...")
+                build_s = time.perf_counter() - started  # export, compile setup, graph capture
                 # The warm-up runs are timed too, never counted: lazy compilation and autotuning happen in the first.
                 warmups, _ = time_runs(lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=row_warmup)
-                times, images = time_runs(
+                built[name] = (build_s, warmups)
+                if interleave:
+                    held[name] = (run, loop, decode)
+                    continue
+                row.times_s, images = time_runs(
                     lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
                 )
-                row.build_s = built + (max(0.0, warmups[0] - statistics.median(times)) if warmups else 0.0)
-                if decode is not None:  # each stage alone: the loop, then the decoder on its latents
-                    loop_times, latents = time_runs(
-                        lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
-                    )
-                    decode_times, _ = time_runs(lambda: decode(latents), device=device, warmup=1, repeats=repeats)
-                    row.loop_s, row.decode_s = statistics.median(loop_times), statistics.median(decode_times)
                 if device.type == "cuda":
                     memory.sample()  # everything the row allocated is still held here
-            if profile:
-                trace_run(run, name=f"benchmark-{name}", directory=profile, device=device, seed=seed, log=progress)
+            if device.type == "cuda":
+                row.peak_memory_mb, row.memory_kind = memory.mb, "cuda_device_growth"
+            else:
+                row.peak_memory_mb = None if rss.peak is None else rss.peak / 2**20
+                row.memory_kind = "process_peak_rss"
+            _stages_and_trace(row, loop=loop, decode=decode, run=run, device=device, seed=seed, repeats=repeats, profile=profile, progress=progress)
             del run, loop, decode  # free the row before the next one is built
+            _record(row, images, reference=reference, built=built[name], flops=flops, plan=plan, shape=shape, env=env)
         except Exception as exc:  # a row's failure is reported in its row, the others still run
             row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
             progress(f"{name}: failed ({row.reason})")
-            continue
-        row.times_s = times
-        row.median_s, row.min_s, row.max_s = statistics.median(times), min(times), max(times)
-        row.ms_per_step = 1000.0 * row.median_s / plan.num_steps
-        row.images_per_s = shape[0] / row.median_s
-        row.tflops = flops * plan.num_steps / row.median_s / 1e12
-        peak = env["matmul_peak_tflops"].get(row.precision)
-        row.mfu = row.tflops / peak if peak else None  # int8 rows: no int8 peak measured
-        if device.type == "cuda":
-            row.peak_memory_mb, row.memory_kind = memory.mb, "cuda_device_growth"
-        else:
-            row.peak_memory_mb = None if rss.peak is None else rss.peak / 2**20
-            row.memory_kind = "process_peak_rss"
-        images = images.float().cpu()  # sync: parity is computed off the device, which frees the row
-        if reference is None:
-            reference = images
-            row.parity = "reference"
-        else:
-            row.max_abs_diff = (images - reference).abs().max().item()
-            row.psnr_db = psnr_db(images, reference)
-            row.parity = "pass" if row.psnr_db >= PARITY_PSNR_DB[row.precision] else "FAIL"
-        del images
-    base = results[0].median_s if results[0].status == "ok" else None
+    if interleave:
+        by_name = {row.name: row for row in results}
+        last_images: dict[str, torch.Tensor] = {}
+        for round_ in range(repeats):
+            for name, (run, _, _) in list(held.items()):
+                try:
+                    times, last_images[name] = one_run(run)
+                    by_name[name].times_s.append(times[0])
+                except Exception as exc:  # the row is reported failed and leaves the rounds
+                    by_name[name].status, by_name[name].reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+                    progress(f"{name}: failed ({by_name[name].reason})")
+                    del held[name]
+            progress(f"round {round_ + 1}/{repeats}: " + ", ".join(f"{n} {by_name[n].times_s[-1]:.3f}s" for n in held))
+        for name, (run, loop, decode) in held.items():
+            row = by_name[name]
+            row.memory_kind = "not measured (--interleave holds every row at once)"
+            try:
+                _stages_and_trace(row, loop=loop, decode=decode, run=run, device=device, seed=seed, repeats=repeats, profile=profile, progress=progress)
+                _record(row, last_images.pop(name), reference=reference, built=built[name], flops=flops, plan=plan, shape=shape, env=env)
+            except Exception as exc:
+                row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+                progress(f"{name}: failed ({row.reason})")
+        held.clear()
+    base = results[0]
     for row in results:
-        if row.status == "ok" and base:
-            row.speedup = base / row.median_s
+        if row.status == "ok" and base.status == "ok":
+            if interleave:  # round by round: the drift of the machine between rounds cancels
+                row.speedup = statistics.median(b / r for b, r in zip(base.times_s, row.times_s))
+            else:
+                row.speedup = base.median_s / row.median_s
     return env, results
+
+
+def _stages_and_trace(
+    row: Row, *, loop: Callable, decode: Callable | None, run: Callable, device: torch.device, seed: int, repeats: int,
+    profile: str | None, progress: Callable[[str], None],
+) -> None:
+    """A latent model's two stages timed alone (the loop, then the decoder on its latents); the --profile trace."""
+    if decode is not None:
+        loop_times, latents = time_runs(lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats)
+        decode_times, _ = time_runs(lambda: decode(latents), device=device, warmup=1, repeats=repeats)
+        row.loop_s, row.decode_s = statistics.median(loop_times), statistics.median(decode_times)
+    if profile:
+        trace_run(run, name=f"benchmark-{row.name}", directory=profile, device=device, seed=seed, log=progress)
+
+
+def _record(
+    row: Row, images: torch.Tensor, *, reference: list[torch.Tensor], built: tuple[float, list[float]], flops: float,
+    plan: SamplingPlan, shape: tuple[int, ...], env: dict,
+) -> None:
+    """A timed row's statistics, and its parity against ``reference`` (the first recorded row's images, which the
+    first call appends)."""
+    times, (build_s, warmups) = row.times_s, built
+    row.median_s, row.min_s, row.max_s = statistics.median(times), min(times), max(times)
+    row.build_s = build_s + (max(0.0, warmups[0] - row.median_s) if warmups else 0.0)  # the first run's excess is building
+    row.ms_per_step = 1000.0 * row.median_s / plan.num_steps
+    row.images_per_s = shape[0] / row.median_s
+    row.tflops = flops * plan.num_steps / row.median_s / 1e12
+    peak = env["matmul_peak_tflops"].get(row.precision)
+    row.mfu = row.tflops / peak if peak else None  # int8 rows: no int8 peak measured
+    images = images.float().cpu()  # sync: parity is computed off the device, which frees the row
+    if not reference:
+        reference.append(images)
+        row.parity = "reference"
+    else:
+        row.max_abs_diff = (images - reference[0]).abs().max().item()
+        row.psnr_db = psnr_db(images, reference[0])
+        row.parity = "pass" if row.psnr_db >= PARITY_PSNR_DB[row.precision] else "FAIL"
 
 
 def trace_run(
@@ -349,15 +406,16 @@ def benchmark_sampling(
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = time_rows(
         model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup,
-        repeats=args.repeats, profile=args.profile, guidance=guidance, first_stage=first_stage,
+        repeats=args.repeats, profile=args.profile, guidance=guidance, first_stage=first_stage, interleave=args.interleave,
     )  # fmt: skip
     print()
-    for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python", "cpu_allocator"):
+    for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python", "cpu_allocator", "timing"):
         if key in env:
             print(f"{key:>18}: {env[key]}")
     print(
         f"{'model':>18}: {env['parameters'] / 1e6:.2f}M parameters, {env['unet_gflops_per_forward']:.2f} GFLOP per forward "
         f"at batch {shape[0]}; {plan.sampler}, {plan.num_steps} steps; {args.warmup} warm-up + {args.repeats} timed runs"
+        + (" (rounds; speedup: the median of the original's time over the row's, round by round)" if args.interleave else "")
     )
     if first_stage is not None:
         latents, images = ("x".join(map(str, shape)) for shape in (first_stage.latent_shape, first_stage.image_shape))

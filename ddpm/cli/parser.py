@@ -301,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train_steps", type=int, default=20, help="timed optimizer steps per training row")
     g.add_argument("--repeats", type=int, default=3, help="timed runs per row (median and min-max reported)")
     g.add_argument("--warmup", type=int, default=1, help="untimed runs per row before timing")
+    g.add_argument(
+        "--interleave", action="store_true",
+        help="sampling: build every row first, then time them in rounds (each row once per round, --repeats rounds); "
+        "speedups are the median of per-round ratios, so a machine whose speed drifts over minutes slows every row "
+        "alike (peak memory is not measured: the rows are held together)",
+    )
     g.add_argument("--json", default=None, help="write the results as JSON here (benchmark, evaluate)")
     g.add_argument("--csv", default=None, help="write the result rows as CSV here")
     g.add_argument(

@@ -58,6 +58,8 @@ def request_for(args: argparse.Namespace) -> object:
     check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
     if args.mode != "train":  # the training curves are --mode train's
         _refuse_ignored(args, ("log_dir", "log_every"), f"applies to --mode train (its training curves), not --mode {args.mode}")
+    if args.mode != "benchmark":
+        _refuse_ignored(args, ("interleave",), f"orders benchmark mode's timed runs, not --mode {args.mode}'s")
     if args.mode != "export":
         _refuse_ignored(args, ("calibration_samples",), f"calibrates an INT8 export (--mode export --precision int8), not --mode {args.mode}")
     # Sizes, counts and step numbers: never 0 or negative (0 is not "the default"; leave a flag out for that).
@@ -427,9 +429,12 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         raise ValueError("--autoencoder goes with a latent model's checkpoint (--model_path); a fresh U-Net is a pixel model")
     if args.model_path and artifact_kind(args.model_path) != "checkpoint":
         raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {args.model_path}")
+    if args.bench != "sampling":
+        _refuse_ignored(args, ("interleave",), "times sampling rows (--bench sampling), not training steps")
     request = BenchmarkRequest(
         rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
         batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart, profile=args.profile,
+        interleave=args.interleave,
     )  # fmt: skip
     outputs = {"--json": args.json}
     if args.bench == "sampling":

@@ -195,6 +195,44 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
     assert all(r.memory_kind == "process_peak_rss" for r in rows)
 
 
+def test_interleaved_rows_run_in_rounds_and_their_speedups_cancel_the_machines_drift(monkeypatch):
+    """--interleave: every row built and warmed up first, then one run of each row per round, and the speedup is the
+    median of the per-round ratios. On a machine whose speed moves between and within rounds (a fake clock here:
+    each run's slowdown is drawn from a list) a row twice as fast stays 2x, where the ratio of the two medians
+    would say 1x."""
+    from ddpm.benchmarks import sampling_bench
+    from noise_schedule import NoiseSchedule, ScheduleConfig
+
+    clock, events, work = [0.0], [], {"original": 2.0, "cuda": 1.0}
+    slowdown = iter([1, 1] + [1, 1] + [4, 4] + [2, 6])  # the two warm-ups, then rounds (original, cuda)
+
+    def fake_make_row(name, *, model, plan, shape, precision, guidance=None, first_stage=None):
+        events.append(f"build {name}")
+
+        def run(g):
+            events.append(f"run {name}")
+            clock[0] += work[name] * next(slowdown)
+            return torch.zeros(2, 1, 8, 8)
+
+        return "fp32", run, "", None
+
+    monkeypatch.setattr(sampling_bench, "make_row", fake_make_row)
+    monkeypatch.setattr(sampling_bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(sampling_bench, "matmul_peak_tflops", lambda dtype, *, device: 1.0)  # timed on the real clock
+    config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
+                        attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
+    env, rows = sampling_bench.time_rows(
+        UNet(config).eval(), plan, shape=(2, 1, 8, 8), seed=0, precision="fp32", rows=["cuda"], warmup=1, repeats=3,
+        progress=lambda _: None, interleave=True,
+    )  # fmt: skip
+    assert events == ["build original", "run original", "build cuda", "run cuda"] + ["run original", "run cuda"] * 3
+    assert rows[0].times_s == [2.0, 8.0, 4.0] and rows[1].times_s == [1.0, 4.0, 6.0]  # medians 4 and 4
+    assert rows[1].speedup == 2.0 and rows[0].speedup == 1.0 and env["timing"] == "interleaved rounds"
+    assert [r.parity for r in rows] == ["reference", "pass"]
+    assert all(r.peak_memory_mb is None and "not measured" in r.memory_kind for r in rows)
+
+
 def test_all_rows_leave_out_the_compiled_cuda_row_on_a_cpu():
     from ddpm.benchmarks import sampling_bench
 
