@@ -815,10 +815,26 @@ struct WinogradConv {
   int64_t H, W, cin, cout, tiles_h, tiles_w;
 };
 
+// The same clones as the twins' loops, but with a * b + c contracted into fused multiply-adds (GCC: the optimize
+// attribute; clang: the pragma in the body), which the GEMMs are made of.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_FMA_CLONES \
+  __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
+#elif defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((target_clones("avx512f", "default")))
+#elif defined(__GNUC__) && !defined(__clang__)
+#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((optimize("fp-contract=fast")))
+#else
+#define DIFFUSION_KERNELS_FMA_CLONES
+#endif
+
 // Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..): all three stages.
 // V: (16, n, Cin) and M: (16, n, Cout) scratch.
-__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
+DIFFUSION_KERNELS_FMA_CLONES
 void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#endif
   const int64_t H = a.H, W = a.W, cin = a.cin, cout = a.cout;
   // 1. V[k][t] = B^T d B, 16 channels at a time; positions outside the image are the zero padding.
   for (int64_t t = 0; t < n; ++t) {

@@ -716,3 +716,8 @@ def test_conv3x3_winograd_opcheck_cpu():
     x, weight, bias = winograd_case(*WINOGRAD_CASES["odd sizes (tiles past the last row and column)"])
     for b in (bias, None):
         torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd, (x, od.winograd_weight(weight), b))
+
+
+def test_conv3x3_winograd_handles_an_empty_batch_cpu():
+    x, weight, bias = winograd_case(0, 16, 32, 4, 4)
+    assert od.conv3x3_winograd(x, od.winograd_weight(weight), bias).shape == (0, 32, 4, 4)
