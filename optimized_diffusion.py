@@ -179,8 +179,10 @@ def _register_fakes() -> None:
         return
 
     @torch.library.register_fake("diffusion_kernels::conv3x3_winograd")
-    def _conv3x3_winograd_fake(x, weight, bias):
-        return x.new_empty((x.shape[0], weight.shape[2], *x.shape[2:])).contiguous(memory_format=torch.channels_last)
+    def _conv3x3_winograd_fake(x, weight, bias, *, upsample=False):
+        scale = 2 if upsample else 1
+        shape = (x.shape[0], weight.shape[2], scale * x.shape[2], scale * x.shape[3])
+        return x.new_empty(shape).contiguous(memory_format=torch.channels_last)
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,27 +258,41 @@ def group_norm_act(
     )
 
 
-# Winograd F(2x2, 3x3)'s kernel transform G (Lavin and Gray 2016): U = G g G^T is the 4x4 kernel that multiplies
-# the transformed input tile elementwise (the input and output transforms are in diffusion_ops.cpp).
+# Winograd's kernel transforms G (Lavin and Gray 2016): U = G g G^T is the kernel that multiplies the transformed
+# input tile elementwise (the input and output transforms are in diffusion_ops.cpp). F(2x2, 3x3) for a 3x3
+# kernel; F(2x2, 2x2) for the 2x2 phase kernels of an upsampling's convolution (upsample_phase_weights).
 _WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+_WINOGRAD_G2 = ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0))
 
 
-def winograd_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A 3x3 convolution's weight (Cout, Cin, 3, 3) as :func:`conv3x3_winograd`'s (16, Cin, Cout) float32
-    operand: U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci], computed in float64."""
-    G = torch.tensor(_WINOGRAD_G, dtype=torch.float64, device=weight.device)
-    u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
-    return u.reshape(16, weight.shape[1], weight.shape[0]).float().contiguous()
+def winograd_weight(weight: torch.Tensor, *, upsample: bool = False) -> torch.Tensor:
+    """A 3x3 convolution's weight (Cout, Cin, 3, 3) as :func:`conv3x3_winograd`'s float32 operand, computed in
+    float64: (16, Cin, Cout), U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci]; or, for the
+    convolution of the input upsampled 2x, (36, Cin, Cout): for each output phase p (upsample_phase_weights'
+    order) its 2x2 kernel k's G2 k G2^T at rows 9p .. 9p + 8."""
+    if not upsample:
+        G = torch.tensor(_WINOGRAD_G, dtype=torch.float64, device=weight.device)
+        u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
+        return u.reshape(16, weight.shape[1], weight.shape[0]).float().contiguous()
+    G2 = torch.tensor(_WINOGRAD_G2, dtype=torch.float64, device=weight.device)
+    phases = [torch.einsum("ai,ocij,bj->abco", G2, kernel, G2).reshape(9, weight.shape[1], weight.shape[0])
+              for _, kernel in upsample_phase_weights(weight.detach())]  # fmt: skip
+    return torch.cat(phases).float().contiguous()
 
 
-def conv3x3_winograd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def conv3x3_winograd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, upsample: bool = False
+) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
-    Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; measured 1.5-1.7x faster than
+    Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; measured 1.5-1.8x faster than
     oneDNN's at the U-Net's shapes, BENCHMARKS.md). x: (B, Cin, H, W) float32 channels-last; Cin and Cout
-    multiples of 16. Returns (B, Cout, H, W) channels-last."""
+    multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
+    ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
+    each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
     if _loaded_from is None:
         load_extension()
-    return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias)
+    extra = {"upsample": True} if upsample else {}
+    return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias, **extra)
 
 
 # Measured on the 2-core Zen 4 CPU (BENCHMARKS.md): 1.5-1.8x oneDNN's speed up to 256 channels in and out; 512 -> 512
@@ -398,22 +414,28 @@ class FusedUNet(nn.Module):
             for m in unet.modules() if isinstance(m, nn.GroupNorm)
         }  # fmt: skip
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
-        # Each upsampling's convolution as its phase kernels on the low-resolution input (upsample_phase_weights),
-        # for a runner on the CPU (where the packed weights live; see _upsample_conv).
-        on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
-        self.upsample_phases = {
-            up: [(phase, k.to(dtype).contiguous(memory_format=self.memory_format)) for phase, k in upsample_phase_weights(up.conv.weight.detach())]
-            for up in unet.upsample
-            if on_cpu and not isinstance(up, nn.Identity) and _is_same_3_tap(up.conv)
-        }  # fmt: skip
         # On the CPU in float32 channels-last, the 3x3 stride-1 convolutions in Winograd's F(2x2, 3x3)
-        # (conv3x3_winograd: 2.25x fewer multiply-adds, measured 1.5-1.7x faster than oneDNN's direct ones);
-        # elsewhere (GPUs: cuDNN chooses its own algorithm) the packed weights above.
+        # (conv3x3_winograd: 2.25x fewer multiply-adds, measured 1.5-1.8x faster than oneDNN's direct ones), and
+        # an upsampling's convolution with it, in F(2x2, 2x2) per output phase (no upsampled tensor); elsewhere
+        # (GPUs: cuDNN chooses its own algorithm) the packed weights above.
+        on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
         use_winograd = winograd and on_cpu and dtype == torch.float32 and channels_last and self.config.dims == 2
         self.winograd = {
             conv: winograd_weight(conv.weight)
             for conv in unet.modules()
             if use_winograd and winograd_applies(conv) and _has_op("conv3x3_winograd")
+        }  # fmt: skip
+        self.winograd_upsample = {
+            up: winograd_weight(up.conv.weight, upsample=True)
+            for up in unet.upsample
+            if not isinstance(up, nn.Identity) and up.conv in self.winograd
+        }  # fmt: skip
+        # Any other upsampling's convolution on the CPU as its phase kernels on the low-resolution input
+        # (upsample_phase_weights; where the packed weights live; see _upsample_conv).
+        self.upsample_phases = {
+            up: [(phase, k.to(dtype).contiguous(memory_format=self.memory_format)) for phase, k in upsample_phase_weights(up.conv.weight.detach())]
+            for up in unet.upsample
+            if on_cpu and not isinstance(up, nn.Identity) and _is_same_3_tap(up.conv) and up not in self.winograd_upsample
         }  # fmt: skip
 
     @torch.no_grad()
@@ -437,7 +459,12 @@ class FusedUNet(nn.Module):
         """up.conv(nearest-2x-upsample(x)) without the upsampled tensor: each output phase (position 2i + a per
         dimension) is a convolution of x, zero-padded by one, with its phase kernel; the phases interleave. On the
         CPU only for now: there the 2.25x fewer multiply-adds (2-D) pay for the extra copies (measured 11.4 against
-        21.1 ms at 64x128x8x8, BENCHMARKS.md); on a GPU at batch 8, where kernel count is the cost, it is unmeasured."""
+        21.1 ms at 64x128x8x8, BENCHMARKS.md); on a GPU at batch 8, where kernel count is the cost, it is unmeasured.
+        Where the runner uses Winograd, the phases are conv3x3_winograd's upsample mode instead (F(2x2, 2x2) per phase,
+        written in place: 6.7 ms at 64x128x8x8)."""
+        if up in self.winograd_upsample:
+            _, bias = self.packed[up.conv]
+            return conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd_upsample[up], bias, upsample=True)
         phases = self.upsample_phases.get(up)
         if phases is None:
             return self._conv(up.conv, torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest"))

@@ -86,11 +86,13 @@ def profile_forward(forward, *, device: torch.device, repeats: int) -> dict:
         if avg.key == conv_key:
             convolutions.append({"input_shapes": str(avg.input_shapes[:2]), "calls_per_forward": avg.count / repeats, "ms": ms,
                                  "tflops": avg.flops / avg.count / (ms / 1000) / 1e12})  # fmt: skip
-        elif avg.key == "diffusion_kernels::conv3x3_winograd":  # the CPU runner's 3x3 convolutions (x, U (16, Cin, Cout))
-            (batch, cin, *spatial), cout = avg.input_shapes[0], avg.input_shapes[1][2]
-            flops = 2 * batch * torch.Size(spatial).numel() * cin * cout * 9  # a direct convolution's: "effective" TFLOP/s
-            convolutions.append({"input_shapes": f"winograd {avg.input_shapes[0]} -> {cout}", "calls_per_forward": avg.count / repeats,
-                                 "ms": ms, "tflops": flops / (ms / 1000) / 1e12})  # fmt: skip
+        elif avg.key == "diffusion_kernels::conv3x3_winograd":  # the CPU runner's 3x3 convolutions (x, U (16 or 36, Cin, Cout))
+            (batch, cin, *spatial), (products, _, cout) = avg.input_shapes[0], avg.input_shapes[1]
+            outputs = torch.Size(spatial).numel() * (4 if products == 36 else 1)  # 36 products: the upsampling mode (2x2 up)
+            flops = 2 * batch * outputs * cin * cout * 9  # a direct convolution's (of the upsampled input): "effective" TFLOP/s
+            label = f"winograd{' upsample' if products == 36 else ''} {avg.input_shapes[0]} -> {cout}"
+            convolutions.append({"input_shapes": label, "calls_per_forward": avg.count / repeats, "ms": ms,
+                                 "tflops": flops / (ms / 1000) / 1e12})  # fmt: skip
         elif avg.key == "diffusion_kernels::group_norm_act":
             shapes = [s for s in avg.input_shapes[:2] if s]  # x, x2
             elements = sum(torch.Size(s).numel() for s in shapes)
