@@ -362,8 +362,8 @@ class FusedUNet(nn.Module):
     a function of the timestep alone, so a sampler computes it once per plan step (``projections(timesteps)``)
     and hands the forward a row (``forward(..., projections=row)``; (1, D) rows are expanded, not copied).
     On the CPU in float32 channels-last, the 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3)
-    (:func:`conv3x3_winograd`; ``winograd=False`` keeps them on oneDNN) and each upsampling's convolution in
-    phases (:meth:`_upsample_conv`). Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
+    (:func:`conv3x3_winograd`; ``winograd=False`` keeps them on oneDNN), an upsampling's convolution included (its
+    output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with oneDNN (:meth:`_upsample_conv`). Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
     from the U-Net's modules (it shares nothing it would change: the packed weights are copies, so the
     U-Net is left as it was).
     """
@@ -419,23 +419,25 @@ class FusedUNet(nn.Module):
         # an upsampling's convolution with it, in F(2x2, 2x2) per output phase (no upsampled tensor); elsewhere
         # (GPUs: cuDNN chooses its own algorithm) the packed weights above.
         on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
-        use_winograd = winograd and on_cpu and dtype == torch.float32 and channels_last and self.config.dims == 2
+        use_winograd = (
+            winograd and on_cpu and dtype == torch.float32 and channels_last and self.config.dims == 2 and _has_op("conv3x3_winograd")
+        )
+        ups = [up for up in unet.upsample if not isinstance(up, nn.Identity)]
+        self.winograd_upsample = {
+            up: winograd_weight(up.conv.weight, upsample=True) for up in ups if use_winograd and winograd_applies(up.conv)
+        }  # fmt: skip
+        upsampling_convs = {up.conv for up in self.winograd_upsample}  # computed upsampling and all, above
         self.winograd = {
             conv: winograd_weight(conv.weight)
             for conv in unet.modules()
-            if use_winograd and winograd_applies(conv) and _has_op("conv3x3_winograd")
-        }  # fmt: skip
-        self.winograd_upsample = {
-            up: winograd_weight(up.conv.weight, upsample=True)
-            for up in unet.upsample
-            if not isinstance(up, nn.Identity) and up.conv in self.winograd
+            if use_winograd and winograd_applies(conv) and conv not in upsampling_convs
         }  # fmt: skip
         # Any other upsampling's convolution on the CPU as its phase kernels on the low-resolution input
         # (upsample_phase_weights; where the packed weights live; see _upsample_conv).
         self.upsample_phases = {
             up: [(phase, k.to(dtype).contiguous(memory_format=self.memory_format)) for phase, k in upsample_phase_weights(up.conv.weight.detach())]
-            for up in unet.upsample
-            if on_cpu and not isinstance(up, nn.Identity) and _is_same_3_tap(up.conv) and up not in self.winograd_upsample
+            for up in ups
+            if on_cpu and _is_same_3_tap(up.conv) and up not in self.winograd_upsample
         }  # fmt: skip
 
     @torch.no_grad()
