@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-slow lint format clean
 
 install: $(STAMP)
 
@@ -27,6 +27,17 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+test-slow: install  # the tests marked slow (minutes each on 2 cores)
+	$(BIN)/python -m pytest -q -m slow
+
+lint: install  # what CI checks: formatting and the linter's rules (pyproject.toml)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf build *.egg-info _diffusion_kernels*.so

@@ -8,7 +8,8 @@ implementation is checked against: no graphs, no fusion, no tricks.
     model = UNet(unet_preset("small", image_size=28, in_channels=1))
     images = sample(model, schedule.make_plan("ddim"), shape=(16, 1, 28, 28), generator=g)
 
-One file: the design's home of the PyTorch U-Net DDPM (U-Net, loss, original loop), which every other implementation is checked against.
+One file: the design's home of the PyTorch U-Net DDPM (U-Net, loss, original loop), which every other implementation is
+checked against.
 """
 
 from __future__ import annotations
@@ -65,9 +66,15 @@ class UNetConfig:
 
     # Fields that checkpoints written before them lack, and the value that reproduces those models.
     ADDED_LATER = {
-        "num_classes": 0, "time_conditioning": "add", "dims": 2, "patch_size": 1,
-        "flip_sin_to_cos": True, "freq_shift": 0, "norm_eps": 1e-5, "downsample_padding": 1,
-    }  # fmt: skip
+        "num_classes": 0,
+        "time_conditioning": "add",
+        "dims": 2,
+        "patch_size": 1,
+        "flip_sin_to_cos": True,
+        "freq_shift": 0,
+        "norm_eps": 1e-5,
+        "downsample_padding": 1,
+    }
 
     image_size: int = 28
     in_channels: int = 1
@@ -107,9 +114,12 @@ class UNetConfig:
         # Tuples may arrive as lists from a checkpoint; normalize so equality and hashing work.
         object.__setattr__(self, "channel_mult", tuple(int(m) for m in self.channel_mult))
         object.__setattr__(self, "attention_resolutions", tuple(int(r) for r in self.attention_resolutions))
-        if not (self.in_channels in (1, 3) or 1 <= self.in_channels <= MAX_LATENT_CHANNELS):  # latents: see latent/first_stage.py
+        if not (
+            self.in_channels in (1, 3) or 1 <= self.in_channels <= MAX_LATENT_CHANNELS
+        ):  # latents: see latent/first_stage.py
             raise ValueError(
-                f"channels must be 1 (grayscale), 3 (RGB) or a latent's 1 to {MAX_LATENT_CHANNELS}, got {short_repr(self.in_channels)}"
+                f"channels must be 1 (grayscale), 3 (RGB) or a latent's 1 to {MAX_LATENT_CHANNELS}, got "
+                f"{short_repr(self.in_channels)}"
             )
         levels = len(self.channel_mult)
         if not 1 <= levels <= MAX_LEVELS or not all(1 <= m <= MAX_CHANNEL_MULT for m in self.channel_mult):
@@ -122,7 +132,8 @@ class UNetConfig:
             unit = "voxel" if self.dims == 3 else "pixel"
             patches = f" after {self.patch_size}-{unit} patches" if self.patch_size > 1 else ""
             raise ValueError(
-                f"image size {self.image_size} cannot be downsampled {len(self.channel_mult) - 1} times{patches} by this U-Net: "
+                f"image size {self.image_size} cannot be downsampled {len(self.channel_mult) - 1} times{patches} by "
+                "this U-Net: "
                 f"use a multiple of {factor} (for example {max(factor, self.image_size // factor * factor)})"
             )
         for name, (low, high) in UNET_BOUNDS.items():
@@ -141,22 +152,35 @@ class UNetConfig:
         if not 1e-12 <= self.norm_eps <= 1e-1:  # also False for NaN
             raise ValueError(f"norm_eps must be between 1e-12 and 0.1, got {short_repr(self.norm_eps)}")
         if self.downsample_padding not in (0, 1):
-            raise ValueError(f"downsample_padding must be 0 (after the image only) or 1, got {short_repr(self.downsample_padding)}")
+            raise ValueError(
+                f"downsample_padding must be 0 (after the image only) or 1, got {short_repr(self.downsample_padding)}"
+            )
         if not 0.0 <= self.dropout < 1.0:  # also False for NaN
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         widths = [self.model_channels * m for m in self.channel_mult]
         if self.dims not in (2, 3):
             raise ValueError(f"dims must be 2 (images) or 3 (volumes), got {short_repr(self.dims)}")
         if self.time_conditioning not in TIME_CONDITIONING:
-            raise ValueError(f"time_conditioning must be one of {', '.join(TIME_CONDITIONING)}, got {short_repr(self.time_conditioning)}")
-        if self.num_classes and self.time_conditioning == "add" and all(math.gcd(self.norm_groups, w) == w for w in widths):
+            raise ValueError(
+                f"time_conditioning must be one of {', '.join(TIME_CONDITIONING)}, got "
+                f"{short_repr(self.time_conditioning)}"
+            )
+        if (
+            self.num_classes
+            and self.time_conditioning == "add"
+            and all(math.gcd(self.norm_groups, w) == w for w in widths)
+        ):
             # Each residual block adds the (time + label) embedding per channel and then normalizes groups of
             # one channel: the shift cancels, so the label could not reach the output.
             raise ValueError(
                 f"a class-conditional U-Net needs a level with more channels than norm groups ({self.norm_groups}); "
                 f"its widths are {widths}: use --model_channels 32 or more"
             )
-        attended = [self.model_channels * m for m, r in zip(self.channel_mult, self.resolutions) if r in self.attention_resolutions]
+        attended = [
+            self.model_channels * m
+            for m, r in zip(self.channel_mult, self.resolutions)
+            if r in self.attention_resolutions
+        ]
         attended.append(self.model_channels * self.channel_mult[-1])  # the middle block always attends
         if any(c % self.num_heads for c in attended):
             raise ValueError(
@@ -244,7 +268,15 @@ class ResBlock(nn.Module):
     """
 
     def __init__(
-        self, in_ch: int, out_ch: int, *, emb_dim: int, dropout: float, groups: int, scale_shift: bool = True, dims: int = 2,
+        self,
+        in_ch: int,
+        out_ch: int,
+        *,
+        emb_dim: int,
+        dropout: float,
+        groups: int,
+        scale_shift: bool = True,
+        dims: int = 2,
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
@@ -356,8 +388,16 @@ class UNet(nn.Module):
         self.grad_checkpoint = False
 
         def block(i: int, o: int) -> ResBlock:
-            return ResBlock(i, o, emb_dim=emb_dim, dropout=config.dropout, groups=groups,
-                            scale_shift=config.time_conditioning == "scale_shift", dims=dims, eps=config.norm_eps)  # fmt: skip
+            return ResBlock(
+                i,
+                o,
+                emb_dim=emb_dim,
+                dropout=config.dropout,
+                groups=groups,
+                scale_shift=config.time_conditioning == "scale_shift",
+                dims=dims,
+                eps=config.norm_eps,
+            )
 
         def attention(c: int, resolution: int) -> nn.Module:
             if resolution in config.attention_resolutions:
@@ -381,7 +421,9 @@ class UNet(nn.Module):
                 skip_channels.append(cur)
 
         self.mid_block1 = block(cur, cur)
-        self.mid_attention = AttentionBlock(cur, num_heads=config.num_heads, groups=groups, dims=dims, eps=config.norm_eps)
+        self.mid_attention = AttentionBlock(
+            cur, num_heads=config.num_heads, groups=groups, dims=dims, eps=config.norm_eps
+        )
         self.mid_block2 = block(cur, cur)
 
         # Up path: one more block per level than the down path, each eating one skip.
@@ -405,7 +447,9 @@ class UNet(nn.Module):
         """The (B, 4ch) embedding every residual block takes: the time MLP's, plus the label's when conditional."""
         c = self.config
         sinusoids = timestep_embedding(t, c.model_channels, flip_sin_to_cos=c.flip_sin_to_cos, freq_shift=c.freq_shift)
-        emb = self.time_mlp(sinusoids.to(self.time_mlp[0].weight.dtype))  # (B, 4ch); a float64 reference model runs in float64
+        emb = self.time_mlp(
+            sinusoids.to(self.time_mlp[0].weight.dtype)
+        )  # (B, 4ch); a float64 reference model runs in float64
         if self.label_embedding is not None:
             if y is None:
                 raise ValueError("this U-Net is class-conditional: pass labels y (B,), or its null label")

@@ -78,9 +78,13 @@ def _main(argv: list[str] | None) -> int:
         from ddpm.util.memory_budget import is_out_of_memory
 
         modes = {
-            "train": run_train, "sample": run_sample, "evaluate": run_evaluate, "export": run_export,
-            "benchmark": run_benchmark, "train_autoencoder": run_train_autoencoder,
-        }  # fmt: skip
+            "train": run_train,
+            "sample": run_sample,
+            "evaluate": run_evaluate,
+            "export": run_export,
+            "benchmark": run_benchmark,
+            "train_autoencoder": run_train_autoencoder,
+        }
 
         ranks = distributed.current()  # replaced by torchrun's place once the environment is read
         try:

@@ -41,7 +41,8 @@ form ``a * x_t - (a * s) * eps`` was 66x less accurate at that step (max error 6
 * DPM-Solver++(2M): ``prev_xstart`` is the previous step's ``pred_xstart``; the first step, the
   final jump to clean data and (for ``S < 15``) the step into ``t = 0`` are first order.
 
-One file: the one schedule module every implementation shares (schedules, derived quantities, every sampler's update rule).
+One file: the one schedule module every implementation shares (schedules, derived quantities, every sampler's update
+rule).
 """
 
 from __future__ import annotations
@@ -210,7 +211,9 @@ def sampling_timesteps(
     DPM-Solver authors' choice for low-resolution images; needs ``alphas_cumprod``).
     """
     if not 1 <= num_steps <= num_timesteps:
-        raise ValueError(f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {num_steps}")
+        raise ValueError(
+            f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {num_steps}"
+        )
     if spacing == "uniform":
         points = torch.linspace(num_timesteps - 1, 0, num_steps, dtype=torch.float64)
         return torch.floor(points + 0.5).long()  # round half up: distinct points for spacing >= 1
@@ -290,13 +293,18 @@ class NoiseSchedule(nn.Module):
     def q_sample(self, x_start: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Draw x_t ~ q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I) given the noise."""
         n = x_start.ndim
-        return extract(self.sqrt_alphas_cumprod, t, n) * x_start + extract(self.sqrt_one_minus_alphas_cumprod, t, n) * noise
+        return (
+            extract(self.sqrt_alphas_cumprod, t, n) * x_start
+            + extract(self.sqrt_one_minus_alphas_cumprod, t, n) * noise
+        )
 
     def predict_xstart_from_eps(self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
         """x_0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
         n = x_t.ndim
         # The difference first: well conditioned where abar is tiny (see p_step).
-        return extract(self.sqrt_recip_alphas_cumprod, t, n) * (x_t - extract(self.sqrt_one_minus_alphas_cumprod, t, n) * eps)
+        return extract(self.sqrt_recip_alphas_cumprod, t, n) * (
+            x_t - extract(self.sqrt_one_minus_alphas_cumprod, t, n) * eps
+        )
 
     def predict_eps_from_xstart(self, x_t: torch.Tensor, t: torch.Tensor, pred_xstart: torch.Tensor) -> torch.Tensor:
         """eps = (x_t - sqrt(abar_t) x_0) / sqrt(1 - abar_t)."""
@@ -340,7 +348,11 @@ class NoiseSchedule(nn.Module):
         alphas_cumprod = torch.cumprod(1.0 - make_betas(self.config), dim=0)  # float64
         if sampler.startswith("dpm_solver"):
             timesteps = sampling_timesteps(
-                self.num_timesteps, num_steps, spacing="logsnr", alphas_cumprod=alphas_cumprod, lambda_min=DPM_SOLVER_LAMBDA_MIN
+                self.num_timesteps,
+                num_steps,
+                spacing="logsnr",
+                alphas_cumprod=alphas_cumprod,
+                lambda_min=DPM_SOLVER_LAMBDA_MIN,
             )
         else:
             timesteps = sampling_timesteps(self.num_timesteps, num_steps)
@@ -372,7 +384,9 @@ def _xstart_from_eps(ac_t: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"a": (1.0 / ac_t).sqrt(), "s": (1.0 - ac_t).sqrt()}
 
 
-def _ddpm_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, variance_type: str) -> dict[str, torch.Tensor]:
+def _ddpm_coefficients(
+    alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, variance_type: str
+) -> dict[str, torch.Tensor]:
     # The respaced chain has its own betas: beta_i = 1 - abar_t / abar_prev (the originals when S = T).
     ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
     betas = 1.0 - ac_t / ac_prev
@@ -406,7 +420,9 @@ def _ddim_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, et
     }
 
 
-def _dpm_solver_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, *, stochastic: bool = False) -> dict[str, torch.Tensor]:
+def _dpm_solver_coefficients(
+    alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, *, stochastic: bool = False
+) -> dict[str, torch.Tensor]:
     # Lu et al. 2022, DPM-Solver++(2M) in data prediction, with lambda = log(alpha / sigma), h = lambda_s - lambda_t:
     #   first order (ODE): x_s = (sigma_s / sigma_t) x_t - alpha_s expm1(-h) x0_t
     #   first order (SDE): x_s = (sigma_s / sigma_t) e^-h x_t - alpha_s expm1(-2h) x0_t + sigma_s sqrt(-expm1(-2h)) z

@@ -125,7 +125,6 @@ def has_cuda_kernels() -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key("diffusion_kernels::fused_step_", "CUDA")
 
 
-
 def _jit_compile() -> None:
     from torch.utils import cpp_extension
 
@@ -248,7 +247,8 @@ def group_norm_act(
     x: (B, C1, *spatial), contiguous or channels-last, float32/float16/bfloat16. x2: (B, C2, *spatial)
     of x's dtype (a skip connection; a group may straddle x and x2), or None. weight, bias: (C,) float32,
     C = C1 + C2. x_bias: (C1,) float32, the bias of the convolution that produced x, or None.
-    scale, shift: (B, C) float32 with dense rows (slices of one wider table, or one row expanded), or None. silu: apply SiLU last. Statistics in float32 in a fixed order
+    scale, shift: (B, C) float32 with dense rows (slices of one wider table, or one row expanded), or None. silu: apply
+    SiLU last. Statistics in float32 in a fixed order
     (diffusion_kernels.h), so the CUDA kernel and this CPU twin agree bit for bit.
     """
     if _loaded_from is None:
@@ -275,8 +275,10 @@ def winograd_weight(weight: torch.Tensor, *, upsample: bool = False) -> torch.Te
         u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
         return u.reshape(16, weight.shape[1], weight.shape[0]).float().contiguous()
     G2 = torch.tensor(_WINOGRAD_G2, dtype=torch.float64, device=weight.device)
-    phases = [torch.einsum("ai,ocij,bj->abco", G2, kernel, G2).reshape(9, weight.shape[1], weight.shape[0])
-              for _, kernel in upsample_phase_weights(weight.detach())]  # fmt: skip
+    phases = [
+        torch.einsum("ai,ocij,bj->abco", G2, kernel, G2).reshape(9, weight.shape[1], weight.shape[0])
+        for _, kernel in upsample_phase_weights(weight.detach())
+    ]
     return torch.cat(phases).float().contiguous()
 
 
@@ -335,12 +337,12 @@ def upsample_phase_weights(weight: torch.Tensor) -> list[tuple[tuple[int, ...], 
     per upsampled position: 4 instead of 9 multiply-adds per output in 2-D, 8 instead of 27 in 3-D)."""
     dims = weight.dim() - 2
     phases = []
-    for phase in itertools.product((0, 1), repeat=dims):
+    for offsets in itertools.product((0, 1), repeat=dims):
         kernel = torch.zeros((*weight.shape[:2], *(2,) * dims), dtype=torch.float64, device=weight.device)
         for taps in itertools.product(range(3), repeat=dims):
-            lands = tuple(_PHASE_TAPS[a][k] for a, k in zip(phase, taps))
+            lands = tuple(_PHASE_TAPS[a][k] for a, k in zip(offsets, taps))
             kernel[(slice(None), slice(None), *lands)] += weight[(slice(None), slice(None), *taps)].double()
-        phases.append((phase, kernel))
+        phases.append((offsets, kernel))
     return phases
 
 
@@ -363,7 +365,8 @@ class FusedUNet(nn.Module):
     and hands the forward a row (``forward(..., projections=row)``; (1, D) rows are expanded, not copied).
     On the CPU in float32 channels-last, the 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3)
     (:func:`conv3x3_winograd`; ``winograd=False`` keeps them on oneDNN), an upsampling's convolution included (its
-    output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with oneDNN (:meth:`_upsample_conv`). Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
+    output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with oneDNN (:meth:`_upsample_conv`).
+    Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
     from the U-Net's modules (it shares nothing it would change: the packed weights are copies, so the
     U-Net is left as it was).
     """
@@ -377,13 +380,19 @@ class FusedUNet(nn.Module):
         self.unet, self.dtype = unet, dtype
         self.config = unet.config
         self.memory_format = (
-            (torch.channels_last if self.config.dims == 2 else torch.channels_last_3d) if channels_last else torch.contiguous_format
+            (torch.channels_last if self.config.dims == 2 else torch.channels_last_3d)
+            if channels_last
+            else torch.contiguous_format
         )
         # Convolutions: 3x3 ones in the activations' layout (cuDNN / oneDNN); 1x1 ones (a block's skip, attention's
         # qkv and proj) as GEMM operands (Cin, Cout) on the channels-last rows. A block's skip bias joins its conv2
         # bias (both end in the same sum), so the skip GEMM accumulates onto conv2's output with no bias of its own.
         self.packed: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        skip_bias = {b.conv2: b.skip.bias for b in unet.modules() if isinstance(b, ResBlock) and not isinstance(b.skip, nn.Identity)}
+        skip_bias = {
+            b.conv2: b.skip.bias
+            for b in unet.modules()
+            if isinstance(b, ResBlock) and not isinstance(b.skip, nn.Identity)
+        }
         for module in unet.modules():
             if isinstance(module, (nn.Conv2d, nn.Conv3d)):
                 bias = None if module.bias is None else module.bias.detach().float()
@@ -411,8 +420,9 @@ class FusedUNet(nn.Module):
         self.projection_bias = torch.cat(biases).contiguous()  # (D,)
         self.norms = {  # float32 copies, made once
             m: (m.weight.detach().float().contiguous(), m.bias.detach().float().contiguous())
-            for m in unet.modules() if isinstance(m, nn.GroupNorm)
-        }  # fmt: skip
+            for m in unet.modules()
+            if isinstance(m, nn.GroupNorm)
+        }
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
         # On the CPU in float32 channels-last, the 3x3 stride-1 convolutions in Winograd's F(2x2, 3x3)
         # (conv3x3_winograd: 2.25x fewer multiply-adds, measured 1.5-1.8x faster than oneDNN's direct ones), and
@@ -420,25 +430,35 @@ class FusedUNet(nn.Module):
         # (GPUs: cuDNN chooses its own algorithm) the packed weights above.
         on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
         use_winograd = (
-            winograd and on_cpu and dtype == torch.float32 and channels_last and self.config.dims == 2 and _has_op("conv3x3_winograd")
+            winograd
+            and on_cpu
+            and dtype == torch.float32
+            and channels_last
+            and self.config.dims == 2
+            and _has_op("conv3x3_winograd")
         )
         ups = [up for up in unet.upsample if not isinstance(up, nn.Identity)]
         self.winograd_upsample = {
-            up: winograd_weight(up.conv.weight, upsample=True) for up in ups if use_winograd and winograd_applies(up.conv)
-        }  # fmt: skip
+            up: winograd_weight(up.conv.weight, upsample=True)
+            for up in ups
+            if use_winograd and winograd_applies(up.conv)
+        }
         upsampling_convs = {up.conv for up in self.winograd_upsample}  # computed upsampling and all, above
         self.winograd = {
             conv: winograd_weight(conv.weight)
             for conv in unet.modules()
             if use_winograd and winograd_applies(conv) and conv not in upsampling_convs
-        }  # fmt: skip
+        }
         # Any other upsampling's convolution on the CPU as its phase kernels on the low-resolution input
         # (upsample_phase_weights; where the packed weights live; see _upsample_conv).
         self.upsample_phases = {
-            up: [(phase, k.to(dtype).contiguous(memory_format=self.memory_format)) for phase, k in upsample_phase_weights(up.conv.weight.detach())]
+            up: [
+                (phase, k.to(dtype).contiguous(memory_format=self.memory_format))
+                for phase, k in upsample_phase_weights(up.conv.weight.detach())
+            ]
             for up in ups
             if on_cpu and _is_same_3_tap(up.conv) and up not in self.winograd_upsample
-        }  # fmt: skip
+        }
 
     @torch.no_grad()
     def projections(self, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -449,7 +469,9 @@ class FusedUNet(nn.Module):
     def _conv(self, conv: nn.Module, x: torch.Tensor, *, with_bias: bool = True) -> torch.Tensor:
         weight, bias = self.packed[conv]
         if conv in self.winograd:
-            return conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias if with_bias else None)
+            return conv3x3_winograd(
+                x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias if with_bias else None
+            )
         op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
         return op(x, weight, bias if with_bias else None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
@@ -466,7 +488,9 @@ class FusedUNet(nn.Module):
         written in place: 6.7 ms at 64x128x8x8)."""
         if up in self.winograd_upsample:
             _, bias = self.packed[up.conv]
-            return conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd_upsample[up], bias, upsample=True)
+            return conv3x3_winograd(
+                x.contiguous(memory_format=torch.channels_last), self.winograd_upsample[up], bias, upsample=True
+            )
         phases = self.upsample_phases.get(up)
         if phases is None:
             return self._conv(up.conv, torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest"))
@@ -476,9 +500,9 @@ class FusedUNet(nn.Module):
         padded[(slice(None), slice(None), *(slice(1, n + 1) for n in spatial))] = x
         out = self._empty(B, bias.shape[0], [2 * n for n in spatial], like=x)
         op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
-        for phase, kernel in phases:  # phase a reads padded positions a + i, a + i + 1 (input i - 1 + a, i + a)
-            window = padded[(slice(None), slice(None), *(slice(a, a + n + 1) for a, n in zip(phase, spatial)))]
-            out[(slice(None), slice(None), *(slice(a, None, 2) for a in phase))] = op(window, kernel, bias)
+        for offsets, kernel in phases:  # offset a reads padded positions a + i, a + i + 1 (input i - 1 + a, i + a)
+            window = padded[(slice(None), slice(None), *(slice(a, a + n + 1) for a, n in zip(offsets, spatial)))]
+            out[(slice(None), slice(None), *(slice(a, None, 2) for a in offsets))] = op(window, kernel, bias)
         return out
 
     def _empty(self, batch: int, channels: int, spatial: list[int], *, like: torch.Tensor) -> torch.Tensor:
@@ -502,7 +526,9 @@ class FusedUNet(nn.Module):
         weight, bias = self.packed[conv]
         return torch.mm(self._rows(x), weight) if bias is None else torch.addmm(bias, self._rows(x), weight)
 
-    def _res_block(self, block: nn.Module, x: torch.Tensor, projections: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
+    def _res_block(
+        self, block: nn.Module, x: torch.Tensor, projections: torch.Tensor, x2: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The block on [x, x2] (x2: the up path's skip connection; never concatenated but for an identity skip)."""
         h = self._conv(block.conv1, self._norm(block.norm1, x, x2=x2), with_bias=False)  # its bias: folded into norm2
         C, start = h.shape[1], self.offsets[block]
@@ -533,7 +559,9 @@ class FusedUNet(nn.Module):
         B, C, *spatial = x.shape
         heads = block.num_heads
         qkv = self._gemm(block.qkv, self._norm(block.norm, x, silu=False))  # (B * positions, 3C): [3][heads][C/heads]
-        q, k, v = qkv.view(B, -1, 3, heads, C // heads).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, positions, C/heads)
+        q, k, v = (
+            qkv.view(B, -1, 3, heads, C // heads).permute(2, 0, 3, 1, 4).unbind(0)
+        )  # each (B, heads, positions, C/heads)
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         h = h.transpose(1, 2).reshape(-1, C)  # (B * positions, C)
         weight, bias = self.packed[block.proj]
@@ -541,7 +569,12 @@ class FusedUNet(nn.Module):
         return self._unrows(out, x)
 
     def forward(
-        self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, *, projections: torch.Tensor | None = None
+        self,
+        x_t: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor | None = None,
+        *,
+        projections: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from basic_diffusion import depth_to_space, space_to_depth
 
@@ -647,7 +680,9 @@ class FusedSampler:
             from basic_diffusion import UNet
 
             if not isinstance(model, UNet):
-                raise ValueError("the fused U-Net runner is built from a PyTorch U-Net (a checkpoint), not from this model")
+                raise ValueError(
+                    "the fused U-Net runner is built from a PyTorch U-Net (a checkpoint), not from this model"
+                )
             if not fused_step:
                 raise ValueError("the fused U-Net runner needs the diffusion_kernels extension (fused_step=True)")
             model = FusedUNet(model, dtype=torch.float32 if precision == "fp32" else LOW_DTYPES[precision])
@@ -783,8 +818,11 @@ class FusedSampler:
         if generator is not None and generator.device.type != self.device.type:
             raise ValueError(f"the generator is on {generator.device} but the plan samples on {self.device}")
         if (guidance is None) != (self._guidance is None):
-            raise ValueError("this sampler was built for a class-conditional model: pass the labels" if guidance is None
-                             else "this sampler was built for an unconditional model: it takes no labels")  # fmt: skip
+            raise ValueError(
+                "this sampler was built for a class-conditional model: pass the labels"
+                if guidance is None
+                else "this sampler was built for an unconditional model: it takes no labels"
+            )
         if guidance is not None:
             if (guidance.scale, guidance.null_label) != (self._guidance.scale, self._guidance.null_label):
                 raise ValueError("the guidance scale and null label are fixed when the sampler is built")

@@ -40,13 +40,17 @@ DEFAULT_CUDA_ARCH_LIST = "8.0;8.6;8.9;9.0"
 # result (only whether FP exception flags may be raised), but lets GCC vectorize the clamp's
 # select. -lineinfo lets compute-sanitizer and ncu point at source lines without slowing the kernel.
 # -fopenmp: at::parallel_for is a header template, so without it the CPU kernels ran on one thread.
-CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math"] + (["-fopenmp"] if sys.platform.startswith("linux") else [])
+CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math"] + (
+    ["-fopenmp"] if sys.platform.startswith("linux") else []
+)
 LINK_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 NVCC_FLAGS = ["-O3", "-lineinfo"]
 
 
 def _is_cuda_toolkit(path: str | None) -> bool:
-    return bool(path) and (Path(path) / "bin" / "nvcc").is_file() and (Path(path) / "include" / "cuda_runtime.h").is_file()
+    return (
+        bool(path) and (Path(path) / "bin" / "nvcc").is_file() and (Path(path) / "include" / "cuda_runtime.h").is_file()
+    )
 
 
 def _find_cuda_toolkit() -> str | None:
@@ -74,8 +78,15 @@ def _extensions() -> list:
     sources = ["diffusion_ops.cpp"]  # relative paths: setuptools refuses absolute ones
     use_cuda = cuda_home is not None and torch.version.cuda is not None
     if not use_cuda:
-        print(f"diffusion_kernels: building the CPU-only extension (CUDA toolkit: {cuda_home}, torch CUDA: {torch.version.cuda})")
-        return [cpp_extension.CppExtension(EXTENSION_NAME, sources, extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_FLAGS)]
+        print(
+            f"diffusion_kernels: building the CPU-only extension (CUDA toolkit: {cuda_home}, torch CUDA: "
+            f"{torch.version.cuda})"
+        )
+        return [
+            cpp_extension.CppExtension(
+                EXTENSION_NAME, sources, extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_FLAGS
+            )
+        ]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCH_LIST
     print(

@@ -1,4 +1,5 @@
-"""TensorRT for the U-Net (and a latent model's decoder): the engine (build from ONNX, cache, load, infer) and the "tensorrt" implementation.
+"""TensorRT for the U-Net (and a latent model's decoder): the engine (build from ONNX, cache, load, infer) and the
+"tensorrt" implementation.
 
     python main.py --mode sample --model_path checkpoints/mnist.pt --implementation tensorrt --precision fp16
     python main.py --mode export --format tensorrt --model_path checkpoints/mnist.pt     # -> mnist.engine (+ .json)
@@ -40,9 +41,11 @@ instead (no ONNX, no engine cache).
 What was run where: no machine this was written on has TensorRT, so none of its calls has run.
 The cache rules, the I/O checks and the sampling loop (with a PyTorch U-Net in the engine's place)
 are tested on the CPU (tests/backends/test_runtimes.py; the decoder's spec, cache and build inputs in
-tests/latent/test_latent_diffusion.py); the ONNX files engines are built from are checked against PyTorch with onnxruntime.
+tests/latent/test_latent_diffusion.py); the ONNX files engines are built from are checked against PyTorch with
+onnxruntime.
 
-One file: the design keeps the TensorRT engine (build, cache, load, infer) and the tensorrt implementation together, so that what TensorRT needs lives in one place.
+One file: the design keeps the TensorRT engine (build, cache, load, infer) and the tensorrt implementation together, so
+that what TensorRT needs lives in one place.
 """
 
 from __future__ import annotations
@@ -128,14 +131,22 @@ class TensorRTOptions:
 
     @classmethod
     def for_source(
-        cls, source: str | Path, *, backend: str = "native", max_batch: int | None = None,
-        optimization_level: int | None = None, opset: int | None = None,
+        cls,
+        source: str | Path,
+        *,
+        backend: str = "native",
+        max_batch: int | None = None,
+        optimization_level: int | None = None,
+        opset: int | None = None,
     ) -> TensorRTOptions:
         """Options for engines made from the file ``source``: their cache goes in a folder beside it
         (engine_cache.cache_dir_for); None keeps a default."""
         given = {"max_batch": max_batch, "optimization_level": optimization_level}
         return cls(
-            backend=backend, opset=opset, cache_dir=cache_dir_for(source), **{k: v for k, v in given.items() if v is not None}
+            backend=backend,
+            opset=opset,
+            cache_dir=cache_dir_for(source),
+            **{k: v for k, v in given.items() if v is not None},
         )
 
 
@@ -369,7 +380,9 @@ class Engine:
             self.allocate_buffers(batch_size)
         stream = torch.cuda.current_stream(self.device)  # PyTorch's stream: ordered with the ops around it
         for spec in self.io.inputs:
-            self.buffers[spec.name].copy_(feed[spec.name])  # x_t (B, C, H, W), t (B,) or latents: device copies on `stream`
+            self.buffers[spec.name].copy_(
+                feed[spec.name]
+            )  # x_t (B, C, H, W), t (B,) or latents: device copies on `stream`
         # execute_async_v3 (TensorRT >= 8.5; 10.0 removed the binding-array execute_v2/enqueue APIs)
         # reads the addresses bound by set_tensor_address.
         if not self.context.execute_async_v3(stream.cuda_stream):
@@ -409,24 +422,46 @@ def cached_onnx(model: UNet, *, cache_dir: Path, opset: int, precision: str = "f
     # An intermediate file, not an artifact to sample from: no schedule, weights known by hash only.
     metadata = artifact_metadata(model_config=model.config, schedule_config=None, weights=None)
     return _cached_graph(
-        cache_dir / f"unet_{precision}.onnx", model=model, io=io, opset=opset, precision=precision, log=log, what="the U-Net",
+        cache_dir / f"unet_{precision}.onnx",
+        model=model,
+        io=io,
+        opset=opset,
+        precision=precision,
+        log=log,
+        what="the U-Net",
         export=lambda cpu_model: export_onnx_model(cpu_model, metadata=metadata, opset=opset, precision=precision),
-    )  # fmt: skip
+    )
 
 
-def cached_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, cache_dir: Path, opset: int, precision: str = "fp32", log: Log) -> Path:
+def cached_decoder_onnx(
+    decoder: torch.nn.Module, *, io: DecoderIO, cache_dir: Path, opset: int, precision: str = "fp32", log: Log
+) -> Path:
     """A latent model's decoder (autoencoder.LatentDecoder) as an ONNX file in ``cache_dir``, like
     :func:`cached_onnx`; its latent scale is part of the key (it is not a weight)."""
     return _cached_graph(
-        cache_dir / f"decoder_{precision}.onnx", model=decoder, io=io, opset=opset, precision=precision, log=log,
-        what="the decoder", extra={"latent_scale": float(decoder.latent_scale)},
+        cache_dir / f"decoder_{precision}.onnx",
+        model=decoder,
+        io=io,
+        opset=opset,
+        precision=precision,
+        log=log,
+        what="the decoder",
+        extra={"latent_scale": float(decoder.latent_scale)},
         export=lambda cpu_model: export_decoder_onnx(cpu_model, io=io, opset=opset, precision=precision),
-    )  # fmt: skip
+    )
 
 
 def _cached_graph(
-    onnx_path: Path, *, model: torch.nn.Module, io: IOSpec, opset: int, precision: str, log: Log, what: str,
-    export: Callable[[torch.nn.Module], object], extra: Mapping | None = None,
+    onnx_path: Path,
+    *,
+    model: torch.nn.Module,
+    io: IOSpec,
+    opset: int,
+    precision: str,
+    log: Log,
+    what: str,
+    export: Callable[[torch.nn.Module], object],
+    extra: Mapping | None = None,
 ) -> Path:
     """``onnx_path``, exported again (``export(cpu copy of model)`` -> an onnx.ModelProto) unless its
     metadata file says it holds these weights, settings and I/O spec and its sha256 matches."""
@@ -465,8 +500,10 @@ def engine_bytes_for(
                 "build from the checkpoint"
             )
     elif isinstance(model, UNet) and precision in QUANTIZED:
-        raise ValueError(f"a {precision} engine is built from its Q/DQ graph: export it first (--mode export --format onnx "
-                         f"--precision {precision}), then pass that .onnx file")  # fmt: skip
+        raise ValueError(
+            f"a {precision} engine is built from its Q/DQ graph: export it first (--mode export --format onnx "
+            f"--precision {precision}), then pass that .onnx file"
+        )
     elif isinstance(model, UNet):
         cache_dir = options.cache_dir or DEFAULT_CACHE_DIR
         onnx_path = cached_onnx(model, cache_dir=cache_dir, opset=plan.opset, precision=plan.graph_precision, log=log)
@@ -474,9 +511,17 @@ def engine_bytes_for(
     else:
         raise ValueError("TensorRT engines are built from checkpoints and .onnx files; this model is neither")
     data, key = _engine_from_onnx(
-        onnx_path, io=io, name="unet", trt=trt, plan=plan, device=device, precision=precision, batch=batch,
-        options=options, log=log,
-    )  # fmt: skip
+        onnx_path,
+        io=io,
+        name="unet",
+        trt=trt,
+        plan=plan,
+        device=device,
+        precision=precision,
+        batch=batch,
+        options=options,
+        log=log,
+    )
     return data, key, io
 
 
@@ -498,14 +543,31 @@ def decoder_engine_bytes(
     else:
         raise ValueError("TensorRT decoder engines are built from checkpoints and .onnx files; this decoder is neither")
     return _engine_from_onnx(
-        onnx_path, io=stage.io, name="decoder", trt=trt, plan=plan, device=device, precision=precision, batch=batch,
-        options=options, log=log,
-    )  # fmt: skip
+        onnx_path,
+        io=stage.io,
+        name="decoder",
+        trt=trt,
+        plan=plan,
+        device=device,
+        precision=precision,
+        batch=batch,
+        options=options,
+        log=log,
+    )
 
 
 def _engine_from_onnx(
-    onnx_path: Path, *, io: IOSpec, name: str, trt, plan: BuildPlan, device: torch.device, precision: str,
-    batch: BatchRange, options: TensorRTOptions, log: Log,
+    onnx_path: Path,
+    *,
+    io: IOSpec,
+    name: str,
+    trt,
+    plan: BuildPlan,
+    device: torch.device,
+    precision: str,
+    batch: BatchRange,
+    options: TensorRTOptions,
+    log: Log,
 ) -> tuple[bytes, dict]:
     """The engine of ``onnx_path`` (spec ``io``) as ``plan`` says, cached as ``<name>_<precision>_max<B>.engine``
     in the cache folder under a key of everything it depends on; with that key."""
@@ -613,7 +675,8 @@ def export_engine(
 ) -> list[str]:
     """``--mode export --format tensorrt``: an engine for the U-Net of a checkpoint or ONNX file
     ``source`` (loaded by ``artifacts.export_artifact``, which checks the paths first), plus its
-    metadata file (with a class-conditional U-Net's ``class_names`` and the training ``dataset``). A latent model's decoder
+    metadata file (with a class-conditional U-Net's ``class_names`` and the training ``dataset``). A latent model's
+    decoder
     (``first_stage``) gets its own engine at ``decoder_output``, same precision and batch range, named
     and hashed in the U-Net's metadata as the ONNX and TorchScript exports name theirs."""
     output = Path(output)
@@ -625,9 +688,7 @@ def export_engine(
         raise ValueError("a latent model's engine export needs the decoder engine's path (decoder_output)")
     batch = BatchRange.covering(1, max_batch=options.max_batch)
     options = replace(options, cache_dir=options.cache_dir or cache_dir_for(source))
-    data, key, io = engine_bytes_for(
-        model, device=device, precision=precision, batch=batch, options=options, log=log
-    )
+    data, key, io = engine_bytes_for(model, device=device, precision=precision, batch=batch, options=options, log=log)
     Engine.load(data, io=io, batch=batch, device=device)  # deserializes, and checks its I/O against the spec
     labels = {"class_names": list(class_names)} if class_names else {}
     if dataset is not None:  # the training data, for evaluate
@@ -638,8 +699,12 @@ def export_engine(
             first_stage, device=device, precision=precision, batch=batch, options=options, log=log
         )
         Engine.load(decoder_data, io=first_stage.io, batch=batch, device=device)
-        labels["decoder"] = {"file": decoder_output.name, "sha256": hashlib.sha256(decoder_data).hexdigest(),
-                             "latent_shape": list(first_stage.latent_shape), "image_shape": list(first_stage.image_shape)}  # fmt: skip
+        labels["decoder"] = {
+            "file": decoder_output.name,
+            "sha256": hashlib.sha256(decoder_data).hexdigest(),
+            "latent_shape": list(first_stage.latent_shape),
+            "image_shape": list(first_stage.image_shape),
+        }
         atomic_write(decoder_output, lambda f: f.write(decoder_data))  # before the U-Net's files, which name it
         report.append(f"wrote {decoder_output} (the decoder's engine)")
     metadata = artifact_metadata(model_config=model_config, schedule_config=schedule_config, weights=weights, **labels)
@@ -657,7 +722,11 @@ def export_engine(
 
 
 def tensorrt_decoder(
-    stage: FirstStage, *, device: torch.device, precision: str = "fp32", options: TensorRTOptions | None = None,
+    stage: FirstStage,
+    *,
+    device: torch.device,
+    precision: str = "fp32",
+    options: TensorRTOptions | None = None,
     log: Log = print,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The tensorrt implementation's decoder for a latent model: images = decode(latents) through a decoder
@@ -668,7 +737,9 @@ def tensorrt_decoder(
     if isinstance(stage.decoder, TensorRTDecoder):
         return stage.decoder
     options = options or TensorRTOptions()
-    precision = "fp32" if precision in QUANTIZED else precision  # a quantized U-Net's decoder stays fp32 (once per image)
+    precision = (
+        "fp32" if precision in QUANTIZED else precision
+    )  # a quantized U-Net's decoder stays fp32 (once per image)
     import_tensorrt()
     require_cuda(device)
     engines: dict[BatchRange, TensorRTDecoder] = {}
@@ -676,7 +747,9 @@ def tensorrt_decoder(
     def engine_for(batch_size: int) -> TensorRTDecoder:
         batch = BatchRange.covering(batch_size, max_batch=options.max_batch)
         if batch not in engines:
-            data, _ = decoder_engine_bytes(stage, device=device, precision=precision, batch=batch, options=options, log=log)
+            data, _ = decoder_engine_bytes(
+                stage, device=device, precision=precision, batch=batch, options=options, log=log
+            )
             engines[batch] = TensorRTDecoder(Engine.load(data, io=stage.io, batch=batch, device=device))
         return engines[batch]
 
@@ -700,7 +773,11 @@ def fused_step_available(device: torch.device) -> bool:
 
 
 def make_sampler(
-    unet: nn.Module, plan: SamplingPlan, *, shape: tuple[int, int, int, int], use_cuda_graph: bool = True,
+    unet: nn.Module,
+    plan: SamplingPlan,
+    *,
+    shape: tuple[int, int, int, int],
+    use_cuda_graph: bool = True,
     guidance: Guidance | None = None,
 ) -> FusedSampler:
     """optimized_diffusion's graphed sampler around ``unet``: with the fused step when the extension

@@ -62,7 +62,12 @@ def unet_batch(batch_size: int, guidance: Guidance | None) -> int:
 
 
 def guidance_for(
-    model_config, class_names: tuple[str, ...], *, class_label: str | None, scale: float | None, n_samples: int,
+    model_config,
+    class_names: tuple[str, ...],
+    *,
+    class_label: str | None,
+    scale: float | None,
+    n_samples: int,
     source: object,
 ) -> tuple[Guidance | None, int | None]:
     """What ``--class_label`` and ``--guidance_scale`` ask of the model of ``model_config`` (a UNetConfig)
@@ -84,7 +89,9 @@ def guidance_for(
 def class_labels(text: str | None, *, class_names: tuple[str, ...]) -> list[int]:
     """The classes ``--class_label`` asks for: ``all`` (or None), an index, a name, or a comma list of them."""
     if not class_names:
-        raise ValueError("--class_label needs a class-conditional model (trained with --class_cond); this one has no classes")
+        raise ValueError(
+            "--class_label needs a class-conditional model (trained with --class_cond); this one has no classes"
+        )
     if text is None or text.strip().lower() == "all":
         return list(range(len(class_names)))
     labels = []
@@ -94,7 +101,9 @@ def class_labels(text: str | None, *, class_names: tuple[str, ...]) -> list[int]
         elif item.lstrip("-").isdigit():
             index = int(item)
             if not 0 <= index < len(class_names):
-                raise ValueError(f"--class_label {item} is out of range: this model has classes 0 to {len(class_names) - 1}")
+                raise ValueError(
+                    f"--class_label {item} is out of range: this model has classes 0 to {len(class_names) - 1}"
+                )
             labels.append(index)
         else:
             shown = ", ".join(class_names[:12]) + (", ..." if len(class_names) > 12 else "")

@@ -58,7 +58,11 @@ def random_unet(*, image_size: int, channels: int) -> UNet:
 def bench_sampling(args: argparse.Namespace) -> dict:
     device = DEVICE
     model = random_unet(image_size=args.image_size, channels=args.channels)
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=1000)).to(device).make_plan("ddpm", num_steps=args.steps, device=device)
+    plan = (
+        NoiseSchedule(ScheduleConfig(num_timesteps=1000))
+        .to(device)
+        .make_plan("ddpm", num_steps=args.steps, device=device)
+    )
     shape = (args.batch, args.channels, args.image_size, args.image_size)
 
     def original():
@@ -96,7 +100,8 @@ def bench_sampling(args: argparse.Namespace) -> dict:
     )
     base = results["original_fp32"]["median_ms"]
     results["speedup_vs_original"] = {
-        name: base / results[name]["median_ms"] for name in ("cuda_fp32", "cuda_bf16", "cuda_fp32_one_shot_with_capture")
+        name: base / results[name]["median_ms"]
+        for name in ("cuda_fp32", "cuda_bf16", "cuda_fp32_one_shot_with_capture")
     }
     results["per_step_ms"] = {
         name: results[name]["median_ms"] / args.steps for name in ("original_fp32", "cuda_fp32", "cuda_bf16")
@@ -118,7 +123,16 @@ def bench_fused_step(args: argparse.Namespace) -> dict:
     min_bytes = 4 * 4 * numel
 
     def fused():
-        od.fused_step_(x, eps, noise=noise, xstart=None, coefficients=plan.coefficients, step=step, clip_denoised=True, use_prev=False)
+        od.fused_step_(
+            x,
+            eps,
+            noise=noise,
+            xstart=None,
+            coefficients=plan.coefficients,
+            step=step,
+            clip_denoised=True,
+            use_prev=False,
+        )
 
     def reference():
         p_step(plan, 10, x, eps, noise=noise)
@@ -128,7 +142,6 @@ def bench_fused_step(args: argparse.Namespace) -> dict:
     src, dst = torch.randn(2 * numel, device=device), torch.empty(2 * numel, device=device)
     copy_ms = statistics.median(cuda_time_ms(lambda: dst.copy_(src), repeats=50))
     out["copy_GBps"] = 2 * 4 * 2 * numel / (copy_ms * 1e-3) / 1e9
-    del src, dst
     for name, fn in (("fused_step", fused), ("p_step_reference", reference)):
         times = cuda_time_ms(fn, repeats=50)
         med = statistics.median(times)

@@ -84,7 +84,10 @@ def main() -> int:
     p.add_argument("--channels", type=int, default=1)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--variants", default="fp32:cl,fp32:nchw,bf16:cl,bf16:nchw,fp16:cl,bf16:cl:compile,bf16:nchw:compile,fp32:cl:compile")
+    p.add_argument(
+        "--variants",
+        default="fp32:cl,fp32:nchw,bf16:cl,bf16:nchw,fp16:cl,bf16:cl:compile,bf16:nchw:compile,fp32:cl:compile",
+    )
     p.add_argument("--skip-profile", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
@@ -92,23 +95,39 @@ def main() -> int:
     od.load_extension()
     model = random_unet(image_size=args.image_size, channels=args.channels)
     shape = (args.batch, args.channels, args.image_size, args.image_size)
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=1000)).to("cuda").make_plan("ddpm", num_steps=args.steps, device="cuda")
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": shape, "steps": args.steps, "rows": []}
+    plan = (
+        NoiseSchedule(ScheduleConfig(num_timesteps=1000))
+        .to("cuda")
+        .make_plan("ddpm", num_steps=args.steps, device="cuda")
+    )
+    results = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": shape,
+        "steps": args.steps,
+        "rows": [],
+    }
     for spec in args.variants.split(","):
         parts = spec.split(":")
         precision, cl, comp = parts[0], parts[1] == "cl", "compile" in parts
         row = {"variant": spec}
         try:
             t0 = time.perf_counter()
-            sampler = od.FusedSampler(copy.deepcopy(model), plan, shape=shape, precision=precision, channels_last=cl, compile_model=comp)
+            sampler = od.FusedSampler(
+                copy.deepcopy(model), plan, shape=shape, precision=precision, channels_last=cl, compile_model=comp
+            )
             torch.cuda.synchronize()
             row["build_s"] = time.perf_counter() - t0
-            times = cuda_time_ms(lambda: sampler(generator=torch.Generator("cuda").manual_seed(0)), repeats=args.repeats)
+            times = cuda_time_ms(
+                lambda: sampler(generator=torch.Generator("cuda").manual_seed(0)), repeats=args.repeats
+            )
             row["ms_per_step"] = statistics.median(times) / args.steps
             if not comp:
-                row["forward_graphed_ms"] = graphed_forward_ms(model, shape=shape, precision=precision, channels_last=cl)
+                row["forward_graphed_ms"] = graphed_forward_ms(
+                    model, shape=shape, precision=precision, channels_last=cl
+                )
                 row["loop_over_forward"] = row["ms_per_step"] / row["forward_graphed_ms"]
-            del sampler
+            sampler = None  # free the graphs before the next row
         except Exception as exc:  # report and go on
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         torch.cuda.empty_cache()
@@ -117,7 +136,13 @@ def main() -> int:
     if not args.skip_profile:
         for compiled in (False, True):
             try:
-                profile_table(model, shape=shape, precision="bf16", compiled=compiled, path=out / f"profile_{'compiled' if compiled else 'eager'}.txt")
+                profile_table(
+                    model,
+                    shape=shape,
+                    precision="bf16",
+                    compiled=compiled,
+                    path=out / f"profile_{'compiled' if compiled else 'eager'}.txt",
+                )
             except Exception as exc:
                 print(f"profile failed: {type(exc).__name__}: {exc}")
     (out / "explore.json").write_text(json.dumps(results, indent=2))

@@ -29,9 +29,15 @@ CATEGORIES = (
     ("group_norm_act", ("group_norm_act",)),
     ("fused_step", ("fused_step", "gather_timestep")),
     ("attention", ("flash", "fmha", "attention", "softmax")),
-    ("convolution", ("conv", "cudnn", "implicit_gemm", "xmma_fprop", "sm90_xmma", "winograd", "fprop", "mkldnn_convolution")),
+    (
+        "convolution",
+        ("conv", "cudnn", "implicit_gemm", "xmma_fprop", "sm90_xmma", "winograd", "fprop", "mkldnn_convolution"),
+    ),
     ("gemm", ("gemm", "cutlass", "addmm", "matmul", "aten::mm", "bmm", "linear")),
-    ("copy/cast/layout", ("copy", "cast", "to_copy", "nchwtonhwc", "nhwctonchw", "transpose", "cat", "contiguous", "clone")),
+    (
+        "copy/cast/layout",
+        ("copy", "cast", "to_copy", "nchwtonhwc", "nhwctonchw", "transpose", "cat", "contiguous", "clone"),
+    ),
 )
 
 
@@ -76,7 +82,9 @@ def profile_forward(forward, *, device: torch.device, repeats: int) -> dict:
             per_category[category(event.name)] += event.device_time / 1000 / repeats  # us -> ms per forward
             kernels[event.name] += event.device_time / 1000 / repeats
         elif not on_gpu and event.device_type == torch.autograd.DeviceType.CPU:
-            per_category[category(event.name)] += event.self_cpu_time_total / 1000 / repeats  # self time: no double count
+            per_category[category(event.name)] += (
+                event.self_cpu_time_total / 1000 / repeats
+            )  # self time: no double count
     convolutions, norms = [], []
     averages = prof.key_averages(group_by_input_shape=True)
     with_flops = {avg.key for avg in averages if avg.flops and "conv" in avg.key}  # the outermost op that counts them
@@ -84,26 +92,55 @@ def profile_forward(forward, *, device: torch.device, repeats: int) -> dict:
     for avg in averages:
         ms = (avg.device_time_total if on_gpu else avg.cpu_time_total) / 1000 / avg.count
         if avg.key == conv_key:
-            convolutions.append({"input_shapes": str(avg.input_shapes[:2]), "calls_per_forward": avg.count / repeats, "ms": ms,
-                                 "tflops": avg.flops / avg.count / (ms / 1000) / 1e12})  # fmt: skip
-        elif avg.key == "diffusion_kernels::conv3x3_winograd":  # the CPU runner's 3x3 convolutions (x, U (16 or 36, Cin, Cout))
+            convolutions.append(
+                {
+                    "input_shapes": str(avg.input_shapes[:2]),
+                    "calls_per_forward": avg.count / repeats,
+                    "ms": ms,
+                    "tflops": avg.flops / avg.count / (ms / 1000) / 1e12,
+                }
+            )
+        elif (
+            avg.key == "diffusion_kernels::conv3x3_winograd"
+        ):  # the CPU runner's 3x3 convolutions (x, U (16 or 36, Cin, Cout))
             (batch, cin, *spatial), (products, _, cout) = avg.input_shapes[0], avg.input_shapes[1]
-            outputs = torch.Size(spatial).numel() * (4 if products == 36 else 1)  # 36 products: the upsampling mode (2x2 up)
-            flops = 2 * batch * outputs * cin * cout * 9  # a direct convolution's (of the upsampled input): "effective" TFLOP/s
+            outputs = torch.Size(spatial).numel() * (
+                4 if products == 36 else 1
+            )  # 36 products: the upsampling mode (2x2 up)
+            flops = (
+                2 * batch * outputs * cin * cout * 9
+            )  # a direct convolution's (of the upsampled input): "effective" TFLOP/s
             label = f"winograd{' upsample' if products == 36 else ''} {avg.input_shapes[0]} -> {cout}"
-            convolutions.append({"input_shapes": label, "calls_per_forward": avg.count / repeats, "ms": ms,
-                                 "tflops": flops / (ms / 1000) / 1e12})  # fmt: skip
+            convolutions.append(
+                {
+                    "input_shapes": label,
+                    "calls_per_forward": avg.count / repeats,
+                    "ms": ms,
+                    "tflops": flops / (ms / 1000) / 1e12,
+                }
+            )
         elif avg.key == "diffusion_kernels::group_norm_act":
             shapes = [s for s in avg.input_shapes[:2] if s]  # x, x2
             elements = sum(torch.Size(s).numel() for s in shapes)
             out_channels = avg.input_shapes[2][0]  # weight: (C,)
             out_elements = shapes[0][0] * out_channels * torch.Size(shapes[0][2:]).numel()
-            norms.append({"input_shapes": str(shapes), "calls_per_forward": avg.count / repeats, "ms": ms,
-                          "elements": elements, "out_elements": out_elements})  # fmt: skip
+            norms.append(
+                {
+                    "input_shapes": str(shapes),
+                    "calls_per_forward": avg.count / repeats,
+                    "ms": ms,
+                    "elements": elements,
+                    "out_elements": out_elements,
+                }
+            )
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {"ms_per_forward": dict(sorted(per_category.items(), key=lambda kv: -kv[1])),
-            "total_ms": sum(per_category.values()), "convolutions": convolutions, "group_norm_act": norms,
-            "top_kernels": [{"name": n, "ms": v} for n, v in top]}  # fmt: skip
+    return {
+        "ms_per_forward": dict(sorted(per_category.items(), key=lambda kv: -kv[1])),
+        "total_ms": sum(per_category.values()),
+        "convolutions": convolutions,
+        "group_norm_act": norms,
+        "top_kernels": [{"name": n, "ms": v} for n, v in top],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,9 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         with autocast(device.type, args.precision, cache_enabled=False):
             return model(x, t)
 
-    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "shape": list(x.shape), "precision": args.precision,
-               "copy_gbs": copy_gbs, "runs": {}}  # fmt: skip
+    results = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "shape": list(x.shape),
+        "precision": args.precision,
+        "copy_gbs": copy_gbs,
+        "runs": {},
+    }
     with torch.no_grad(), backend_policy(args.precision):
         for name, forward in (("fused_unet", lambda: runner(x, t)), ("eager_autocast", eager)):
             run = profile_forward(forward, device=device, repeats=args.repeats)
@@ -150,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                 norm["of_copy"] = norm["gbs"] / copy_gbs
             results["runs"][name] = run
 
-    lines = [f"{results['device']}, torch {results['torch']}, {results['date']}: U-Net forward {tuple(x.shape)} {args.precision}",
-             f"device copy: {copy_gbs:.0f} GB/s (read + write)"]  # fmt: skip
+    lines = [
+        f"{results['device']}, torch {results['torch']}, {results['date']}: U-Net forward {tuple(x.shape)} "
+        f"{args.precision}",
+        f"device copy: {copy_gbs:.0f} GB/s (read + write)",
+    ]
     for name, run in results["runs"].items():
         lines.append(f"\n{name}: {run['total_ms']:.3f} ms per forward")
         lines += [f"  {label:<18} {ms:8.3f} ms" for label, ms in run["ms_per_forward"].items()]
@@ -159,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"    {c['input_shapes']:<60} {c['ms']:.4f}  {c['tflops']:.3g}" for c in run["convolutions"]]
         if run["group_norm_act"]:
             lines.append("  group_norm_act (per shape): ms per call, GB/s, share of the copy's")
-            lines += [f"    {n['input_shapes']:<60} {n['ms']:.4f}  {n['gbs']:.0f}  {100 * n['of_copy']:.0f}%" for n in run["group_norm_act"]]
+            lines += [
+                f"    {n['input_shapes']:<60} {n['ms']:.4f}  {n['gbs']:.0f}  {100 * n['of_copy']:.0f}%"
+                for n in run["group_norm_act"]
+            ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(results, indent=2))

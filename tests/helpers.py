@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ----- tiny models -----------------------------------------------------------------------------------
 # The U-Net most tests use: two levels, one residual block each, attention at 8x8, 16 channels wide.
-TINY_UNET = dict(model_channels=16, channel_mult=(1, 2), num_res_blocks=1, attention_resolutions=(8,), num_heads=2, dropout=0.0)
+TINY_UNET = dict(
+    model_channels=16, channel_mult=(1, 2), num_res_blocks=1, attention_resolutions=(8,), num_heads=2, dropout=0.0
+)
 TINY_SCHEDULE = ScheduleConfig(num_timesteps=50)
 
 
@@ -69,7 +71,9 @@ def make_trainer(tmp_path, *, total_steps=6, state=None, **overrides):
         **overrides,
     )
     model_config = tiny_unet_config(dropout=0.1)
-    return Trainer(config, model_config, ScheduleConfig(num_timesteps=100), images=images, device="cpu", resume_state=state)
+    return Trainer(
+        config, model_config, ScheduleConfig(num_timesteps=100), images=images, device="cpu", resume_state=state
+    )
 
 
 HAVE_ONNX = all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript", "onnxruntime"))
@@ -77,9 +81,25 @@ needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason=f"needs onnx, onnxscript a
 
 # ----- the command line ------------------------------------------------------------------------------
 TINY_TRAIN = [
-    "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
-    "--timesteps", "50", "--max_steps", "3", "--batch_size", "8", "--sample_every", "0",
-]  # fmt: skip
+    "--mode",
+    "train",
+    "--dataset",
+    "digits",
+    "--img_size",
+    "16",
+    "--model_channels",
+    "16",
+    "--num_res_blocks",
+    "1",
+    "--timesteps",
+    "50",
+    "--max_steps",
+    "3",
+    "--batch_size",
+    "8",
+    "--sample_every",
+    "0",
+]
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -33,7 +33,10 @@ def test_ddpm_cifar10_preset_has_the_papers_size():
 def test_attention_is_placed_at_the_requested_resolution():
     model = UNet(UNetConfig(image_size=16, in_channels=1, **TINY))
     attn_levels = [
-        res for level, res in zip(model.down, model.config.resolutions) for a in level.attentions if not isinstance(a, torch.nn.Identity)
+        res
+        for level, res in zip(model.down, model.config.resolutions)
+        for a in level.attentions
+        if not isinstance(a, torch.nn.Identity)
     ]
     assert attn_levels == [8]
 
@@ -89,7 +92,10 @@ def test_batches_are_a_function_of_seed_and_step():
     assert not torch.equal(a, images.batch(58, batch_size=32, seed=3))
     # One epoch visits every image once.
     epoch = torch.cat([images.batch(k, batch_size=599, seed=0) for k in range(3)])
-    assert epoch.shape[0] == 1797 and torch.unique(epoch, dim=0).shape[0] == torch.unique(images.images.float(), dim=0).shape[0]
+    assert (
+        epoch.shape[0] == 1797
+        and torch.unique(epoch, dim=0).shape[0] == torch.unique(images.images.float(), dim=0).shape[0]
+    )
 
 
 def test_folder_dataset_reads_images_and_rejects_bad_ones(tmp_path):
@@ -117,7 +123,9 @@ def test_torchvision_files_placed_in_data_dir_are_used_offline(tmp_path, dataset
     raw.mkdir(parents=True)
     pixels = torch.arange(5 * 28 * 28, dtype=torch.int64).remainder(256).to(torch.uint8)
     for split, n in (("train", 5), ("t10k", 2)):
-        (raw / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + pixels[: n * 784].numpy().tobytes())
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(
+            struct.pack(">IIII", 2051, n, 28, 28) + pixels[: n * 784].numpy().tobytes()
+        )
         (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + bytes(n))
     images = load_images(dataset, data_dir=tmp_path, image_size=28)
     assert images.images.shape == (5, 1, 28, 28)
@@ -257,7 +265,10 @@ class FailsToPickle:
 
 def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "ck.pt"
-    configs = {"model_config": UNetConfig().to_dict(), "schedule_config": ScheduleConfig().__dict__}  # load validates them
+    configs = {
+        "model_config": UNetConfig().to_dict(),
+        "schedule_config": ScheduleConfig().__dict__,
+    }  # load validates them
     good = {"format_version": 1, **configs, "model": {}, "ema": {}, "step": 1}
     save_checkpoint(path, good)
     with pytest.raises(RuntimeError, match="disk full"):

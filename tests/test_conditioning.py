@@ -25,9 +25,17 @@ from noise_schedule import NoiseSchedule, ScheduleConfig
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SCHEDULE = NoiseSchedule(ScheduleConfig(num_timesteps=100))
 CONFIG = UNetConfig(
-    image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1, attention_resolutions=(),
-    num_heads=2, dropout=0.0, norm_groups=8, num_classes=10,
-)  # fmt: skip (norm groups of 2 and 4 channels: the label reaches the output)
+    image_size=8,
+    in_channels=1,
+    model_channels=16,
+    channel_mult=(1, 2),
+    num_res_blocks=1,
+    attention_resolutions=(),
+    num_heads=2,
+    dropout=0.0,
+    norm_groups=8,
+    num_classes=10,
+)  # norm groups of 2 and 4 channels: the label reaches the output
 SHAPE = (4, 1, 8, 8)
 LABELS = torch.tensor([3, 7, 0, 9])
 SAMPLERS = {"ddpm": dict(sampler="ddpm"), "ddim": dict(sampler="ddim"), "dpm_solver": dict(sampler="dpm_solver")}
@@ -51,7 +59,9 @@ def test_guidance_scale_1_is_the_conditional_model_and_0_its_unconditional_eps(m
     conditional = draw(model, "ddim", Guidance(LABELS, null_label=null, scale=1.0))
     unconditional = draw(model, "ddim", Guidance(torch.full_like(LABELS, null), null_label=null, scale=1.0))
     # Scale 0 runs the doubled batch and combines: eps_u + 0 * (eps_c - eps_u) is eps_u exactly.
-    torch.testing.assert_close(draw(model, "ddim", Guidance(LABELS, null_label=null, scale=0.0)), unconditional, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        draw(model, "ddim", Guidance(LABELS, null_label=null, scale=0.0)), unconditional, rtol=1e-5, atol=1e-5
+    )
     guided = draw(model, "ddim", Guidance(LABELS, null_label=null, scale=4.0))
     assert not torch.allclose(conditional, unconditional) and not torch.allclose(guided, conditional)
     # The labels matter per image: swapping two labels swaps those images' conditional eps.
@@ -85,8 +95,10 @@ def test_the_guided_cuda_graph_draws_the_originals_images_cuda(case):
     other = Guidance(LABELS.flip(0), null_label=CONFIG.null_label, scale=3.0)
     torch.testing.assert_close(
         sampler(generator=torch.Generator("cuda").manual_seed(5), guidance=other),
-        draw(gpu_model, case, other, device="cuda"), rtol=1e-4, atol=1e-4,
-    )  # fmt: skip
+        draw(gpu_model, case, other, device="cuda"),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_a_conditional_sampler_refuses_a_call_without_labels(model):
@@ -148,9 +160,24 @@ def test_class_labels_take_indices_names_lists_and_all():
 
 # 32 channels: with 16, every level normalizes groups of one channel, which cancels the label (refused).
 TRAIN_CONDITIONAL = [
-    "--mode", "train", "--dataset", "digits", "--model_channels", "32", "--num_res_blocks", "1", "--lr", "2e-3",
-    "--batch_size", "32", "--sample_every", "0", "--class_cond", "--model_path", "c.pt",
-]  # fmt: skip
+    "--mode",
+    "train",
+    "--dataset",
+    "digits",
+    "--model_channels",
+    "32",
+    "--num_res_blocks",
+    "1",
+    "--lr",
+    "2e-3",
+    "--batch_size",
+    "32",
+    "--sample_every",
+    "0",
+    "--class_cond",
+    "--model_path",
+    "c.pt",
+]
 
 
 @pytest.fixture(scope="module")
@@ -176,12 +203,30 @@ def test_a_briefly_trained_conditional_model_draws_the_requested_digits(conditio
     from ddpm.evaluation.quality import DigitJudge
 
     result = run(
-        "--mode", "sample", "--model_path", "c.pt", "--class_label", "all", "--n_samples", "200", "--sampler", "ddpm",
-        "--sampling_steps", "50", "--guidance_scale", "3", "--save_npz", "all.npz", "--output", "all.png",
+        "--mode",
+        "sample",
+        "--model_path",
+        "c.pt",
+        "--class_label",
+        "all",
+        "--n_samples",
+        "200",
+        "--sampler",
+        "ddpm",
+        "--sampling_steps",
+        "50",
+        "--guidance_scale",
+        "3",
+        "--save_npz",
+        "all.npz",
+        "--output",
+        "all.png",
         cwd=conditional_run,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    images = torch.from_numpy(np.load(conditional_run / "all.npz")["images"]).permute(0, 3, 1, 2)  # (200, 1, 8, 8) uint8
+    images = torch.from_numpy(np.load(conditional_run / "all.npz")["images"]).permute(
+        0, 3, 1, 2
+    )  # (200, 1, 8, 8) uint8
     predicted = DigitJudge(image_size=8).classify(images.float() / 127.5 - 1)
     asked = labels_for(list(range(10)), n=200)
     accuracy = (torch.as_tensor(predicted) == asked).double().mean().item()
@@ -197,7 +242,10 @@ def test_a_briefly_trained_conditional_model_draws_the_requested_digits(conditio
         (["--mode", "sample", "--model_path", "c.pt", "--class_label", "10"], "out of range"),
         (["--mode", "sample", "--model_path", "c.pt", "--guidance_scale", "-1"], "--guidance_scale must be between"),
         (["--mode", "train", "--resume", "--model_path", "c.pt", "--class_cond"], "--class_cond makes a new model"),
-        (["--mode", "train", "--dataset", "digits", "--class_cond", "--cond_drop", "1.5", "--model_path", "n.pt"], "--cond_drop"),
+        (
+            ["--mode", "train", "--dataset", "digits", "--class_cond", "--cond_drop", "1.5", "--model_path", "n.pt"],
+            "--cond_drop",
+        ),
     ],
 )
 def test_conditional_user_errors_end_in_one_line(tiny_conditional, args, match):
@@ -206,22 +254,56 @@ def test_conditional_user_errors_end_in_one_line(tiny_conditional, args, match):
 
 def test_labels_for_an_unconditional_model_are_refused(tmp_path):
     result = run(
-        "--mode", "train", "--dataset", "digits", "--model_channels", "16", "--num_res_blocks", "1", "--timesteps", "20",
-        "--max_steps", "1", "--batch_size", "8", "--sample_every", "0", "--model_path", "u.pt", cwd=tmp_path,
-    )  # fmt: skip
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--model_channels",
+        "16",
+        "--num_res_blocks",
+        "1",
+        "--timesteps",
+        "20",
+        "--max_steps",
+        "1",
+        "--batch_size",
+        "8",
+        "--sample_every",
+        "0",
+        "--model_path",
+        "u.pt",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert_user_error(run_here("--mode", "sample", "--model_path", "u.pt", "--class_label", "3", cwd=tmp_path), "is unconditional")
+    assert_user_error(
+        run_here("--mode", "sample", "--model_path", "u.pt", "--class_label", "3", cwd=tmp_path), "is unconditional"
+    )
     folder = tmp_path / "flat"
     folder.mkdir()
     Image.new("L", (8, 8), 0).save(folder / "a.png")
-    args = ["--mode", "train", "--dataset", "folder", "--data_dir", str(folder), "--img_size", "8", "--channels", "1",
-            "--class_cond", "--model_path", "f.pt"]  # fmt: skip
+    args = [
+        "--mode",
+        "train",
+        "--dataset",
+        "folder",
+        "--data_dir",
+        str(folder),
+        "--img_size",
+        "8",
+        "--channels",
+        "1",
+        "--class_cond",
+        "--model_path",
+        "f.pt",
+    ]
     assert_user_error(run_here(*args, cwd=tmp_path), "--class_cond needs labels")
 
 
 def test_a_conditional_unet_whose_norm_groups_would_cancel_the_label_is_refused():
     # The older "add" conditioning, with groups of one channel everywhere, would cancel the label.
-    narrow = dict(image_size=8, model_channels=16, channel_mult=(1, 2), num_classes=10, attention_resolutions=(), norm_groups=32)
+    narrow = dict(
+        image_size=8, model_channels=16, channel_mult=(1, 2), num_classes=10, attention_resolutions=(), norm_groups=32
+    )
     with pytest.raises(ValueError, match="model_channels 32 or more"):
         UNetConfig(**narrow, time_conditioning="add")
     # Scale-shift conditioning (the default) reaches the output through such groups: accepted, and the label counts.
@@ -239,14 +321,38 @@ def test_image_set_without_labels_cannot_train_a_conditional_model():
 
     images = ImageSet("random", torch.zeros(8, 1, 8, 8, dtype=torch.uint8))
     with pytest.raises(ValueError, match="no classes"):
-        Trainer(TrainConfig(dataset="random", batch_size=4), CONFIG, ScheduleConfig(num_timesteps=10), images=images, device="cpu")
+        Trainer(
+            TrainConfig(dataset="random", batch_size=4),
+            CONFIG,
+            ScheduleConfig(num_timesteps=10),
+            images=images,
+            device="cpu",
+        )
 
 
 def test_the_benchmark_times_guided_sampling_on_the_rows_that_run_conditional_models(tiny_conditional):
     import json
 
-    args = ["--mode", "benchmark", "--model_path", "c.pt", "--rows", "original,cuda,onnxruntime", "--n_samples", "4",
-            "--sampler", "ddim", "--sampling_steps", "3", "--repeats", "1", "--guidance_scale", "3", "--json", "b.json"]  # fmt: skip
+    args = [
+        "--mode",
+        "benchmark",
+        "--model_path",
+        "c.pt",
+        "--rows",
+        "original,cuda,onnxruntime",
+        "--n_samples",
+        "4",
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "3",
+        "--repeats",
+        "1",
+        "--guidance_scale",
+        "3",
+        "--json",
+        "b.json",
+    ]
     result = run_here(*args, cwd=tiny_conditional)
     assert result.returncode == 0, result.stderr
     report = json.loads((tiny_conditional / "b.json").read_text())
@@ -272,7 +378,18 @@ def test_exported_conditional_unets_take_labels_and_draw_the_originals_images(co
     }
     images = {}
     for labels in ("3,7", "1,0"):
-        draw_args = ["--mode", "sample", "--class_label", labels, "--n_samples", "4", "--sampler", "ddim", "--sampling_steps", "4"]
+        draw_args = [
+            "--mode",
+            "sample",
+            "--class_label",
+            labels,
+            "--n_samples",
+            "4",
+            "--sampler",
+            "ddim",
+            "--sampling_steps",
+            "4",
+        ]
         for name, args in runs.items():
             result = run_here(*draw_args, *args, "--save_npz", f"{name}.npz", "--output", f"{name}.png", cwd=work)
             assert result.returncode == 0, result.stderr
@@ -281,7 +398,9 @@ def test_exported_conditional_unets_take_labels_and_draw_the_originals_images(co
         assert np.abs(images["torchscript", labels] - images["original", labels]).max() <= 1
     # Same noise, other labels: the trained model's images differ far beyond rounding.
     assert np.abs(images["original", "3,7"] - images["original", "1,0"]).mean() > 10
-    result = run_here(*draw_args, "--model_path", "c.onnx", "--implementation", "onnxruntime", "--class_label", "11", cwd=work)
+    result = run_here(
+        *draw_args, "--model_path", "c.onnx", "--implementation", "onnxruntime", "--class_label", "11", cwd=work
+    )
     assert_user_error(result, "out of range")  # the class names came along with the file
 
 
@@ -289,6 +408,14 @@ def test_class_names_a_checkpoint_could_not_hold_are_refused_before_training():
     from ddpm.training.trainer import TrainConfig, Trainer
 
     names = tuple("x" * 101 if i == 3 else str(i) for i in range(10))  # a folder's 101-character sub-folder name
-    images = ImageSet("folder", torch.zeros(8, 1, 8, 8, dtype=torch.uint8), labels=torch.arange(8) % 10, class_names=names)
+    images = ImageSet(
+        "folder", torch.zeros(8, 1, 8, 8, dtype=torch.uint8), labels=torch.arange(8) % 10, class_names=names
+    )
     with pytest.raises(ValueError, match="class names must be 1 to 100 characters"):
-        Trainer(TrainConfig(dataset="folder", batch_size=4), CONFIG, ScheduleConfig(num_timesteps=10), images=images, device="cpu")
+        Trainer(
+            TrainConfig(dataset="folder", batch_size=4),
+            CONFIG,
+            ScheduleConfig(num_timesteps=10),
+            images=images,
+            device="cpu",
+        )

@@ -105,28 +105,43 @@ def check_step_matches_reference(plan: SamplingPlan, i: int, x, eps, noise, xsta
         use_prev=use_prev,
     )
     torch.testing.assert_close(x, ref_x.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"x_prev at step {i}: {m}")
-    torch.testing.assert_close(xstart, ref_pred.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"pred_xstart at step {i}: {m}")
+    torch.testing.assert_close(
+        xstart, ref_pred.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"pred_xstart at step {i}: {m}"
+    )
     assert int(step) == i  # the op reads the counter, it does not advance it
 
 
-def check_guided_step_matches_reference(plan: SamplingPlan, i: int, x, eps_pair, noise, xstart, *, scale: float) -> None:
+def check_guided_step_matches_reference(
+    plan: SamplingPlan, i: int, x, eps_pair, noise, xstart, *, scale: float
+) -> None:
     """The guided fused step (eps_pair: conditional rows, then unconditional) against guided_eps + p_step."""
     use_prev = plan.uses_prev_xstart
     noise = noise if plan.noise_steps[i] else None
     eps = guided_eps(eps_pair, scale)
     ref_x, ref_pred = p_step(plan, i, x, eps, noise=noise, prev_xstart=xstart if use_prev else None)
     od.fused_step_(
-        x, eps_pair, noise=noise, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(i, device=x.device),
-        clip_denoised=plan.clip_denoised, use_prev=use_prev, guidance=scale,
-    )  # fmt: skip
+        x,
+        eps_pair,
+        noise=noise,
+        xstart=xstart,
+        coefficients=plan.coefficients,
+        step=torch.tensor(i, device=x.device),
+        clip_denoised=plan.clip_denoised,
+        use_prev=use_prev,
+        guidance=scale,
+    )
     torch.testing.assert_close(x, ref_x.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"guided x_prev at step {i}: {m}")
     torch.testing.assert_close(xstart, ref_pred.to(x.dtype), rtol=0, atol=0, msg=lambda m: f"guided pred_xstart: {m}")
 
 
 def guided_inputs(shape, *, dtype, eps_dtype=None, device="cpu", layout="contiguous", seed=0):
     """x_t, eps_pair (2B, ...) in x's layout, noise, previous pred_xstart."""
-    x, eps_cond, noise, xstart = make_inputs(shape, dtype=dtype, eps_dtype=eps_dtype, device=device, layout=layout, seed=seed)
-    _, eps_uncond, _, _ = make_inputs(shape, dtype=dtype, eps_dtype=eps_dtype, device=device, layout=layout, seed=seed + 100)
+    x, eps_cond, noise, xstart = make_inputs(
+        shape, dtype=dtype, eps_dtype=eps_dtype, device=device, layout=layout, seed=seed
+    )
+    _, eps_uncond, _, _ = make_inputs(
+        shape, dtype=dtype, eps_dtype=eps_dtype, device=device, layout=layout, seed=seed + 100
+    )
     memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     eps_pair = torch.cat([eps_cond, eps_uncond]).contiguous(memory_format=memory_format)
     return x, eps_pair, noise, xstart
@@ -179,8 +194,15 @@ def test_guided_fused_step_takes_half_precision_eps_with_float32_state():
 def test_guided_fused_step_refuses_an_eps_that_is_not_two_halves():
     plan = make_plan("ddim_eta0")
     x, eps_pair, _, xstart = guided_inputs((2, 1, 4, 4), dtype=torch.float32)
-    args = dict(noise=None, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(0), clip_denoised=True,
-                use_prev=False, guidance=2.0)  # fmt: skip
+    args = dict(
+        noise=None,
+        xstart=xstart,
+        coefficients=plan.coefficients,
+        step=torch.tensor(0),
+        clip_denoised=True,
+        use_prev=False,
+        guidance=2.0,
+    )
     with pytest.raises(RuntimeError, match="2B rows"):
         od.fused_step_(x, eps_pair[:3], **args)
     every_other_row = torch.cat([eps_pair, eps_pair], dim=1)[:, :1]  # (4, 1, 4, 4), rows 32 elements apart
@@ -193,7 +215,14 @@ def test_fused_step_without_xstart_updates_only_x():
     x, eps, noise, _ = make_inputs((2, 3, 8, 8), dtype=torch.float32)
     ref_x, _ = p_step(plan, 3, x, eps, noise=noise)
     od.fused_step_(
-        x, eps, noise=noise, xstart=None, coefficients=plan.coefficients, step=torch.tensor(3), clip_denoised=True, use_prev=False
+        x,
+        eps,
+        noise=noise,
+        xstart=None,
+        coefficients=plan.coefficients,
+        step=torch.tensor(3),
+        clip_denoised=True,
+        use_prev=False,
     )
     torch.testing.assert_close(x, ref_x, rtol=0, atol=0)
 
@@ -203,7 +232,16 @@ def test_fused_step_propagates_nan_like_the_reference():
     x, eps, _, xstart = make_inputs((4, 4), dtype=torch.float32)
     eps[1, 2] = float("nan")
     ref_x, ref_pred = p_step(plan, 0, x, eps)
-    od.fused_step_(x, eps, noise=None, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(0), clip_denoised=True, use_prev=False)
+    od.fused_step_(
+        x,
+        eps,
+        noise=None,
+        xstart=xstart,
+        coefficients=plan.coefficients,
+        step=torch.tensor(0),
+        clip_denoised=True,
+        use_prev=False,
+    )
     assert torch.isnan(ref_x[1, 2]) and torch.isnan(ref_pred[1, 2])  # the clamp keeps NaN
     torch.testing.assert_close(x, ref_x, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(xstart, ref_pred, rtol=0, atol=0, equal_nan=True)
@@ -213,8 +251,16 @@ def test_fused_step_handles_empty_tensors():
     """A zero-sample batch is a no-op (no launch over an empty grid); the op still steps a real batch after it."""
     plan = make_plan("ddpm")
     x, xstart = torch.empty(0, 3, 4, 4), torch.empty(0, 3, 4, 4)
-    od.fused_step_(x, x.clone(), noise=torch.empty(0, 3, 4, 4), xstart=xstart, coefficients=plan.coefficients,
-                   step=torch.tensor(0), clip_denoised=plan.clip_denoised, use_prev=False)  # fmt: skip
+    od.fused_step_(
+        x,
+        x.clone(),
+        noise=torch.empty(0, 3, 4, 4),
+        xstart=xstart,
+        coefficients=plan.coefficients,
+        step=torch.tensor(0),
+        clip_denoised=plan.clip_denoised,
+        use_prev=False,
+    )
     assert x.shape == xstart.shape == (0, 3, 4, 4)
     check_step_matches_reference(plan, 0, *make_inputs((1, 3, 4, 4), dtype=torch.float32))
 
@@ -245,7 +291,16 @@ def test_gather_timestep_fills_the_batch_with_the_steps_timestep_cpu():
 def _fused_args(**overrides):
     plan = make_plan("dpm_solver")
     x, eps, noise, xstart = make_inputs((2, 3, 4, 4), dtype=torch.float32)
-    args = dict(x=x, eps=eps, noise=noise, xstart=xstart, coefficients=plan.coefficients, step=torch.tensor(1), clip_denoised=True, use_prev=True)
+    args = dict(
+        x=x,
+        eps=eps,
+        noise=noise,
+        xstart=xstart,
+        coefficients=plan.coefficients,
+        step=torch.tensor(1),
+        clip_denoised=True,
+        use_prev=True,
+    )
     args.update({k: (v(args) if callable(v) else v) for k, v in overrides.items()})
     return args
 
@@ -311,7 +366,14 @@ def opcheck_samples(device: str):
         x, eps, noise, xstart = make_inputs((2, 3, 5, 5), dtype=dtype, device=device)
         yield (
             torch.ops.diffusion_kernels.fused_step_,
-            (x, eps, noise if with_noise else None, xstart if with_xstart else None, plan.coefficients, torch.tensor(2, device=device)),
+            (
+                x,
+                eps,
+                noise if with_noise else None,
+                xstart if with_xstart else None,
+                plan.coefficients,
+                torch.tensor(2, device=device),
+            ),
             dict(clip_denoised=True, use_prev=with_xstart),
         )
     x, eps_pair, noise, xstart = guided_inputs((2, 3, 5, 5), dtype=torch.float32, device=device)
@@ -335,7 +397,16 @@ def test_ops_trace_under_torch_compile():
     def two_steps(x, eps, xstart, t, step):
         for _ in range(2):
             od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
-            od.fused_step_(x, eps, noise=None, xstart=xstart, coefficients=plan.coefficients, step=step, clip_denoised=True, use_prev=True)
+            od.fused_step_(
+                x,
+                eps,
+                noise=None,
+                xstart=xstart,
+                coefficients=plan.coefficients,
+                step=step,
+                clip_denoised=True,
+                use_prev=True,
+            )
             step.add_(1)
         return x + 0, t + 0
 
@@ -414,7 +485,16 @@ def test_tensors_on_another_device_are_rejected_cuda(on_cpu):
     args = dict(eps=eps, coefficients=plan.coefficients, step=torch.tensor(0, device="cuda"))
     args[on_cpu] = args[on_cpu].cpu()
     with pytest.raises(RuntimeError, match="on cpu but"):
-        od.fused_step_(x, args["eps"], noise=noise, xstart=None, coefficients=args["coefficients"], step=args["step"], clip_denoised=True, use_prev=False)
+        od.fused_step_(
+            x,
+            args["eps"],
+            noise=noise,
+            xstart=None,
+            coefficients=args["coefficients"],
+            step=args["step"],
+            clip_denoised=True,
+            use_prev=False,
+        )
 
 
 @pytest.mark.gpu
@@ -447,7 +527,16 @@ def test_captured_graph_replays_every_step_like_the_reference_cuda(case):
 
     def one_step():
         od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
-        od.fused_step_(x, eps, noise=noise, xstart=xstart, coefficients=plan.coefficients, step=step, clip_denoised=True, use_prev=plan.uses_prev_xstart)
+        od.fused_step_(
+            x,
+            eps,
+            noise=noise,
+            xstart=xstart,
+            coefficients=plan.coefficients,
+            step=step,
+            clip_denoised=True,
+            use_prev=plan.uses_prev_xstart,
+        )
         step.add_(1)
 
     side = torch.cuda.Stream()
@@ -477,7 +566,9 @@ def test_captured_graph_replays_every_step_like_the_reference_cuda(case):
 # ---------------------------------------------------------------------------------------------
 
 
-def reference_group_norm_act(x, weight, bias, *, groups, eps=1e-5, x2=None, x_bias=None, scale=None, shift=None, silu=True):
+def reference_group_norm_act(
+    x, weight, bias, *, groups, eps=1e-5, x2=None, x_bias=None, scale=None, shift=None, silu=True
+):
     """The op in float64 PyTorch: concatenate, add the convolution bias, F.group_norm, modulate, SiLU."""
     spatial = (1,) * (x.dim() - 2)
     v = x.double() + (x_bias.double().view(1, -1, *spatial) if x_bias is not None else 0)
@@ -489,8 +580,19 @@ def reference_group_norm_act(x, weight, bias, *, groups, eps=1e-5, x2=None, x_bi
     return torch.nn.functional.silu(y) if silu else y
 
 
-def group_norm_case(shape, *, c2=0, groups, dtype=torch.float32, layout="contiguous", offset=0.0, modulate=True,
-                    x_bias=True, device="cpu", seed=0):  # fmt: skip
+def group_norm_case(
+    shape,
+    *,
+    c2=0,
+    groups,
+    dtype=torch.float32,
+    layout="contiguous",
+    offset=0.0,
+    modulate=True,
+    x_bias=True,
+    device="cpu",
+    seed=0,
+):
     """Inputs of group_norm_act: x (and x2 with c2 channels) of ``shape``, parameters for C = C1 + c2."""
     g = torch.Generator().manual_seed(seed)
     b, c1, *spatial = shape
@@ -506,9 +608,13 @@ def group_norm_case(shape, *, c2=0, groups, dtype=torch.float32, layout="contigu
         return t
 
     args = dict(
-        x=laid_out(tensor(*shape) * 2 + offset), weight=1 + tensor(c, scale=0.3), bias=tensor(c, scale=0.3), groups=groups,
-        x2=laid_out(tensor(b, c2, *spatial) - offset) if c2 else None, x_bias=tensor(c1) if x_bias else None,
-    )  # fmt: skip
+        x=laid_out(tensor(*shape) * 2 + offset),
+        weight=1 + tensor(c, scale=0.3),
+        bias=tensor(c, scale=0.3),
+        groups=groups,
+        x2=laid_out(tensor(b, c2, *spatial) - offset) if c2 else None,
+        x_bias=tensor(c1) if x_bias else None,
+    )
     if modulate:
         args.update(scale=tensor(b, c, scale=0.5), shift=tensor(b, c, scale=0.5))
     return args
@@ -564,15 +670,20 @@ def test_group_norm_acts_silu_follows_exp_over_the_whole_float_range_cpu():
 
 def test_group_norm_acts_silu_is_right_past_exps_clamp_and_at_the_infinities_cpu():
     """exp_rn clamps its argument to [-104, 100]: SiLU stays within float rounding of float64 beyond that (exp
-    overflowing to inf, underflowing to 0) and around the clamp's edges, an infinite input gives inf (or NaN at -inf, as y * sigmoid(y) does),
+    overflowing to inf, underflowing to 0) and around the clamp's edges, an infinite input gives inf (or NaN at -inf, as
+    y * sigmoid(y) does),
     and a NaN stays a NaN."""
-    values = torch.cat([torch.linspace(-300, 300, 60_001), torch.tensor([-104.5, -103.5, -87.5, 88.7, 88.73, 99.9, 100.1])])
+    values = torch.cat(
+        [torch.linspace(-300, 300, 60_001), torch.tensor([-104.5, -103.5, -87.5, 88.7, 88.73, 99.9, 100.1])]
+    )
     specials = torch.tensor([float("inf"), -float("inf"), float("nan")])
     v = torch.cat([values, specials])
     n = v.numel()
     # Each sample: one group of two positions, +1 and -1; with scale = -1 the output before SiLU is shift exactly.
     x = torch.tensor([1.0, -1.0]).repeat(n).view(n, 1, 2, 1)
-    out = od.group_norm_act(x, torch.ones(1), torch.zeros(1), groups=1, scale=-torch.ones(n, 1), shift=v.view(n, 1))[:, 0, 0, 0]
+    out = od.group_norm_act(x, torch.ones(1), torch.zeros(1), groups=1, scale=-torch.ones(n, 1), shift=v.view(n, 1))[
+        :, 0, 0, 0
+    ]
     reference = torch.nn.functional.silu(values.double())
     got = out[: values.numel()].double()
     # Below y = -88.7, 1 + exp(-y) overflows and y / inf is -0 where SiLU is -2.6e-37 or less: so is PyTorch's.
@@ -588,7 +699,9 @@ def test_group_norm_acts_silu_is_right_past_exps_clamp_and_at_the_infinities_cpu
         dict(shape=(3, 32, 9, 9), groups=8),  # 4 channels a group, 324 elements: the partial sums wrap around
         dict(shape=(2, 12, 6, 6), c2=20, groups=16),  # a skip connection, groups of 2 straddling x and x2
         dict(shape=(2, 16, 3, 4, 5), groups=2, modulate=False),  # 3-D, 8 channels a group
-        dict(shape=(2, 24, 12, 12), groups=8),  # 3 channels a group, 432 elements: 255 partials, each group its own zero-padded tree
+        dict(
+            shape=(2, 24, 12, 12), groups=8
+        ),  # 3 channels a group, 432 elements: 255 partials, each group its own zero-padded tree
         dict(shape=(2, 32, 7, 7), groups=4, dtype=torch.bfloat16),
     ],
 )
@@ -647,7 +760,9 @@ def test_group_norm_act_opcheck_cpu():
         args = group_norm_case(**GROUP_NORM_CASES[case])
         x, weight, bias, groups = args.pop("x"), args.pop("weight"), args.pop("bias"), args.pop("groups")
         positional = (x, args.get("x2"), weight, bias, args.get("x_bias"), args.get("scale"), args.get("shift"))
-        torch.library.opcheck(torch.ops.diffusion_kernels.group_norm_act, positional, dict(groups=groups, eps=1e-5, silu=True))
+        torch.library.opcheck(
+            torch.ops.diffusion_kernels.group_norm_act, positional, dict(groups=groups, eps=1e-5, silu=True)
+        )
 
 
 @pytest.mark.gpu
@@ -687,9 +802,15 @@ def test_conv3x3_winograd_is_conv2d_with_padding_1_in_float64_cpu(case, with_bia
     x, weight, bias = winograd_case(*WINOGRAD_CASES[case])
     bias = bias if with_bias else None
     out = od.conv3x3_winograd(x, od.winograd_weight(weight), bias)
-    expected = torch.nn.functional.conv2d(x.double(), weight.double(), None if bias is None else bias.double(), padding=1)
+    expected = torch.nn.functional.conv2d(
+        x.double(), weight.double(), None if bias is None else bias.double(), padding=1
+    )
     direct = torch.nn.functional.conv2d(x, weight, bias, padding=1)
-    assert out.shape == expected.shape and out.dtype == torch.float32 and out.is_contiguous(memory_format=torch.channels_last)
+    assert (
+        out.shape == expected.shape
+        and out.dtype == torch.float32
+        and out.is_contiguous(memory_format=torch.channels_last)
+    )
     error = (out.double() - expected).abs().max().item() / expected.abs().max().item()
     assert error < 2e-6, error  # measured 2e-7 to 5e-7: the transforms are additions, the rounding the GEMMs'
     assert error <= 2 * (direct.double() - expected).abs().max().item() / expected.abs().max().item() + 1e-7
@@ -711,16 +832,28 @@ def test_conv3x3_winograd_upsampling_is_conv2d_of_the_nearest_2x_upsampled_input
     "change,message",
     [
         (dict(x=torch.zeros(2, 16, 4, 4)), "x must be a channels-last float32"),
-        (dict(x=torch.zeros(2, 16, 4, 4, dtype=torch.float64).contiguous(memory_format=torch.channels_last)), "x must be a channels-last float32"),
+        (
+            dict(x=torch.zeros(2, 16, 4, 4, dtype=torch.float64).contiguous(memory_format=torch.channels_last)),
+            "x must be a channels-last float32",
+        ),
         (dict(weight=torch.zeros(9, 16, 16)), "weight must be the contiguous float32 (16, Cin=16, Cout)"),
-        (dict(upsample=True), "weight must be the contiguous float32 (36, Cin=16, Cout) transform of winograd_weight(..., upsample=True)"),
+        (
+            dict(upsample=True),
+            "weight must be the contiguous float32 (36, Cin=16, Cout) transform of winograd_weight(..., upsample=True)",
+        ),
         (dict(weight=torch.zeros(16, 16, 24)), "multiples of 16, got Cin=16, Cout=24"),
         (dict(bias=torch.zeros(8)), "bias must be a contiguous float32 (16,) tensor"),
     ],
 )
 def test_conv3x3_winograd_rejects_bad_arguments(change, message):
-    args = dict(x=torch.zeros(2, 16, 4, 4).contiguous(memory_format=torch.channels_last), weight=torch.zeros(16, 16, 16),
-                bias=torch.zeros(16)) | change  # fmt: skip
+    args = (
+        dict(
+            x=torch.zeros(2, 16, 4, 4).contiguous(memory_format=torch.channels_last),
+            weight=torch.zeros(16, 16, 16),
+            bias=torch.zeros(16),
+        )
+        | change
+    )
     with pytest.raises(RuntimeError, match=re.escape(message)):
         od.conv3x3_winograd(**args)
 

@@ -58,7 +58,9 @@ def test_q_sample_is_the_closed_form_gaussian(schedule):
     for t_val in (0, 250, 999):
         t = torch.full((200_000,), t_val)
         # Exact: the noise enters linearly.
-        assert torch.allclose(schedule.q_sample(x_start, t, torch.zeros_like(x_start)), schedule.sqrt_alphas_cumprod[t] * 0.7)
+        assert torch.allclose(
+            schedule.q_sample(x_start, t, torch.zeros_like(x_start)), schedule.sqrt_alphas_cumprod[t] * 0.7
+        )
         # Statistical: mean sqrt(abar) x0, variance 1 - abar.
         x_t = schedule.q_sample(x_start, t, torch.randn(x_start.shape, generator=gen))
         abar = schedule.alphas_cumprod[t_val].item()
@@ -78,7 +80,8 @@ def test_posterior_variance_is_gaussian_conditioning(schedule):
 
 
 def test_posterior_mean_identity(schedule):
-    # With x_0 predicted from eps, the posterior mean is DDPM's eq. 11: (x_t - beta_t / sqrt(1 - abar_t) eps) / sqrt(alpha_t).
+    # With x_0 predicted from eps, the posterior mean is DDPM's eq. 11: (x_t - beta_t / sqrt(1 - abar_t) eps) /
+    # sqrt(alpha_t).
     gen = torch.Generator().manual_seed(1)
     x_t, eps = torch.randn(8, 1, 4, 4, generator=gen), torch.randn(8, 1, 4, 4, generator=gen)
     t = torch.tensor([1, 5, 50, 200, 500, 800, 990, 999])
@@ -229,9 +232,9 @@ def test_samplers_recover_a_point_mass(schedule, sampler, num_steps):
 
     def perfect_model(x, t):
         n = x.ndim
-        return (x - schedule.sqrt_alphas_cumprod[t].view(-1, *[1] * (n - 1)) * x_star) / schedule.sqrt_one_minus_alphas_cumprod[
-            t
-        ].view(-1, *[1] * (n - 1))
+        return (
+            x - schedule.sqrt_alphas_cumprod[t].view(-1, *[1] * (n - 1)) * x_star
+        ) / schedule.sqrt_one_minus_alphas_cumprod[t].view(-1, *[1] * (n - 1))
 
     plan = schedule.make_plan(sampler, num_steps=num_steps, clip_denoised=False)
     out = sample(perfect_model, plan, shape=(4, 1, 8, 8), generator=torch.Generator().manual_seed(0))
@@ -242,8 +245,16 @@ def test_samplers_recover_a_point_mass(schedule, sampler, num_steps):
 # shrinking with more steps); a wrong coefficient anywhere moves the std by far more.
 @pytest.mark.parametrize(
     "sampler,num_steps,std_tol",
-    [("ddpm", 1000, 0.03), ("ddpm", 250, 0.08), ("ddim", 200, 0.04), ("ddim", 1000, 0.01), ("dpm_solver", 10, 0.03), ("dpm_solver", 20, 0.03),
-     ("dpm_solver_sde", 20, 0.03), ("dpm_solver_sde", 50, 0.01)],
+    [
+        ("ddpm", 1000, 0.03),
+        ("ddpm", 250, 0.08),
+        ("ddim", 200, 0.04),
+        ("ddim", 1000, 0.01),
+        ("dpm_solver", 10, 0.03),
+        ("dpm_solver", 20, 0.03),
+        ("dpm_solver_sde", 20, 0.03),
+        ("dpm_solver_sde", 50, 0.01),
+    ],
 )
 def test_samplers_draw_the_right_gaussian(sampler, num_steps, std_tol):
     # Data N(mu, s^2) per pixel has the analytic optimal denoiser; the samples must have mean mu and std s.
@@ -339,8 +350,13 @@ def gaussian_flow_error(kind: str, num_steps: int, *, lambda_min) -> float:
     # The same coefficient builder make_plan uses, on this grid.
     columns = noise_schedule._dpm_solver_coefficients(ac, timesteps)
     coefficients = torch.stack([columns[name] for name in COEFFICIENT_NAMES], dim=1).float()
-    plan = type(plan)(sampler=plan.sampler, timesteps=timesteps, coefficients=coefficients, clip_denoised=False,
-                      noise_steps=(False,) * num_steps)  # fmt: skip
+    plan = type(plan)(
+        sampler=plan.sampler,
+        timesteps=timesteps,
+        coefficients=coefficients,
+        clip_denoised=False,
+        noise_steps=(False,) * num_steps,
+    )
 
     def optimal_model(x, t):
         abar = schedule.alphas_cumprod[t].view(-1, 1, 1, 1)
@@ -363,7 +379,9 @@ def test_clipping_the_log_snr_grid_cuts_dpm_solvers_error_on_the_cosine_schedule
     assert clipped * gain < unclipped, (clipped, unclipped)  # measured: 0.005 vs 0.099, 0.012 vs 0.022
     plan = NoiseSchedule(ScheduleConfig(kind="cosine")).make_plan("dpm_solver", num_steps=num_steps)
     ac = alphas_cumprod64(NoiseSchedule(ScheduleConfig(kind="cosine")))
-    expected = sampling_timesteps(1000, num_steps, spacing="logsnr", alphas_cumprod=ac, lambda_min=DPM_SOLVER_LAMBDA_MIN)
+    expected = sampling_timesteps(
+        1000, num_steps, spacing="logsnr", alphas_cumprod=ac, lambda_min=DPM_SOLVER_LAMBDA_MIN
+    )
     assert torch.equal(plan.timesteps, expected)  # make_plan uses the clipped grid
 
 

@@ -181,7 +181,9 @@ def test_cuda_graph_matches_the_original_cuda(case):
     plan = make_plan(case, num_steps=20, device="cuda")
     expected, actual, g_original, g_cuda = both(small_unet("cuda"), plan, seed=11, device="cuda")
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)  # cuDNN may pick other algorithms
-    assert torch.equal(torch.randn(4, generator=g_original, device="cuda"), torch.randn(4, generator=g_cuda, device="cuda"))
+    assert torch.equal(
+        torch.randn(4, generator=g_original, device="cuda"), torch.randn(4, generator=g_cuda, device="cuda")
+    )
 
 
 @pytest.mark.gpu
@@ -322,7 +324,9 @@ def test_a_guided_fused_unet_sampler_draws_the_originals_images():
     guidance = Guidance(torch.tensor([2, 0]), null_label=3, scale=3.0)
     plan = make_plan("ddim_eta0")
     expected = original_sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(1), guidance=guidance)
-    actual = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(1), guidance=guidance, fused_unet=True)
+    actual = od.sample(
+        model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(1), guidance=guidance, fused_unet=True
+    )
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -335,8 +339,14 @@ def test_the_fused_unet_in_half_precision_is_as_close_to_fp32_as_autocast(precis
     reference = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(0))
 
     def psnr(fused_unet: bool) -> float:
-        images = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(0), precision=precision,
-                           fused_unet=fused_unet)  # fmt: skip
+        images = od.sample(
+            model,
+            plan,
+            shape=SHAPE,
+            generator=torch.Generator().manual_seed(0),
+            precision=precision,
+            fused_unet=fused_unet,
+        )
         mse = (images.double() - reference.double()).pow(2).mean().item()
         return 10 * torch.log10(torch.tensor(4.0 / mse)).item()  # data range 2
 

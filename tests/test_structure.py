@@ -21,8 +21,17 @@ CORE = ("main", "noise_schedule", "basic_diffusion", "optimized_diffusion", "ten
 # tensorrt_integration -> the formats -> basic_diffusion -> noise_schedule: the floors.
 MAX_FLOORS = 8
 # Folders below the modes and the command line: none of them imports ddpm.modes or ddpm.cli.
-LOWER = ("ddpm.util", "ddpm.formats", "ddpm.data", "ddpm.latent", "ddpm.evaluation", "ddpm.training", "ddpm.backends",
-         "ddpm.benchmarks", "ddpm.conditioning")  # fmt: skip
+LOWER = (
+    "ddpm.util",
+    "ddpm.formats",
+    "ddpm.data",
+    "ddpm.latent",
+    "ddpm.evaluation",
+    "ddpm.training",
+    "ddpm.backends",
+    "ddpm.benchmarks",
+    "ddpm.conditioning",
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -68,7 +77,9 @@ def module_imports() -> dict[str, set[str]]:
         deps = set()
         for imported in runtime_imports(ast.parse(files[name].read_text()), package=package):
             parts = imported.split(".")
-            longest = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None)
+            longest = next(
+                (".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None
+            )
             if longest:
                 deps.add(longest)
         graph[name] = deps - {name}
@@ -83,7 +94,7 @@ def test_module_imports_form_no_circle():
         path.append(name)
         for dep in sorted(graph[name]):
             if state.get(dep) == "open":
-                pytest.fail("import circle: " + " -> ".join(path[path.index(dep):] + [dep]))
+                pytest.fail("import circle: " + " -> ".join(path[path.index(dep) :] + [dep]))
             if dep not in state:
                 visit(dep)
         path.pop()
@@ -114,7 +125,9 @@ def test_imports_stand_at_most_max_floors_tall():
 def test_nothing_below_the_modes_imports_the_modes_or_the_command_line():
     graph = module_imports()
     low = [name for name in graph if name.startswith(LOWER) or name in CORE[1:]]
-    offenders = sorted(f"{name} -> {dep}" for name in low for dep in graph[name] if dep.startswith(("ddpm.modes", "ddpm.cli")))
+    offenders = sorted(
+        f"{name} -> {dep}" for name in low for dep in graph[name] if dep.startswith(("ddpm.modes", "ddpm.cli"))
+    )
     assert offenders == []
 
 
@@ -129,21 +142,43 @@ def test_the_core_modules_stay_at_the_root_and_are_no_shims():
 
 def test_modules_over_450_lines_say_why_in_their_docstring():
     long = {name: path for name, path in module_files().items() if len(path.read_text().splitlines()) > 450}
-    unexplained = sorted(name for name, path in long.items() if "One file" not in (ast.get_docstring(ast.parse(path.read_text())) or ""))
+    unexplained = sorted(
+        name for name, path in long.items() if "One file" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    )
     assert unexplained == []
 
 
 def test_only_the_cli_reads_an_argparse_namespace():
     """Flags are resolved once, in ddpm/cli/, into typed requests: no other module takes a Namespace."""
-    readers = sorted(name for name, path in module_files().items() if not name.startswith("ddpm.cli") and "Namespace" in path.read_text())
+    readers = sorted(
+        name
+        for name, path in module_files().items()
+        if not name.startswith("ddpm.cli") and "Namespace" in path.read_text()
+    )
     assert readers == []
 
 
 def test_flags_resolve_once_into_a_typed_request():
     mode, request = resolve.parse(
-        ["--mode", "sample", "--device", "cpu", "--dataset", "digits", "--sampler", "ddim", "--sampling_steps", "10",
-         "--no_ema", "--compile", "--implementation", "cuda", "--save_npz", "out.npz"]
-    )  # fmt: skip
+        [
+            "--mode",
+            "sample",
+            "--device",
+            "cpu",
+            "--dataset",
+            "digits",
+            "--sampler",
+            "ddim",
+            "--sampling_steps",
+            "10",
+            "--no_ema",
+            "--compile",
+            "--implementation",
+            "cuda",
+            "--save_npz",
+            "out.npz",
+        ]
+    )
     assert mode == "sample" and isinstance(request, SampleRequest)
     assert request.device == torch.device("cpu") and request.precision == "fp32"  # auto, resolved for sampling
     assert request.source == ModelSource(path="checkpoints/digits.pt", weights="model")
@@ -225,7 +260,9 @@ def test_auto_precision_is_bf16_only_for_training_on_a_bf16_gpu():
     assert resolve_precision("fp16", purpose="sampling", device=cpu) == "fp16"
     with pytest.raises(ValueError, match="unknown precision"):
         resolve_precision("fp9", purpose="training", device=cpu)
-    with pytest.raises(ValueError, match="training runs in fp32, bf16 or fp16"):  # quantized graphs are exported, not trained
+    with pytest.raises(
+        ValueError, match="training runs in fp32, bf16 or fp16"
+    ):  # quantized graphs are exported, not trained
         resolve_precision("int8", purpose="training", device=cpu)
     assert resolve_precision("int8", purpose="export", device=cpu) == "int8"
 
@@ -236,8 +273,18 @@ def test_every_implementation_draws_the_originals_images_through_the_registry():
     from basic_diffusion import UNetConfig
     from noise_schedule import NoiseSchedule, ScheduleConfig
 
-    model = perturbed_unet(UNetConfig(image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2),
-                                      num_res_blocks=1, attention_resolutions=(), num_heads=1, dropout=0.0))  # fmt: skip
+    model = perturbed_unet(
+        UNetConfig(
+            image_size=8,
+            in_channels=1,
+            model_channels=16,
+            channel_mult=(1, 2),
+            num_res_blocks=1,
+            attention_resolutions=(),
+            num_heads=1,
+            dropout=0.0,
+        )
+    )
     plan = NoiseSchedule(ScheduleConfig(num_timesteps=20)).make_plan("ddpm", num_steps=4, device=torch.device("cpu"))
     options = registry.SamplerOptions()
     images = {}
@@ -254,7 +301,10 @@ def test_the_tests_mirror_the_layout():
     tests = ROOT / "tests"
     folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
     assert folders <= {p.name for p in (ROOT / "ddpm").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    modules = set(module_files()) | {"diffusion_kernels", "structure"}  # the kernels are C++; this file tests the layout
+    modules = set(module_files()) | {
+        "diffusion_kernels",
+        "structure",
+    }  # the kernels are C++; this file tests the layout
     top = {p.stem.removeprefix("test_") for p in tests.glob("test_*.py")}
     assert sorted(name for name in top if name not in modules and f"ddpm.{name}" not in modules) == []
     assert {f"test_{name}.py" for name in CORE[1:]} <= {p.name for p in tests.glob("test_*.py")}

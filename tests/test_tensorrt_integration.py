@@ -117,7 +117,9 @@ def fake_tensorrt(monkeypatch):
 def fake_engine_unet(unet, *, batch: BatchRange = BatchRange()) -> trt_integration.TensorRTUNet:
     io = UNetIO.from_config(unet.config)
     fake = FakeCudaEngine(unet, io)
-    engine = trt_integration.Engine(fake, trt=FakeTensorRT, runtime=None, io=io, batch=batch, device=torch.device("cpu"))
+    engine = trt_integration.Engine(
+        fake, trt=FakeTensorRT, runtime=None, io=io, batch=batch, device=torch.device("cpu")
+    )
     fake.owner = engine
     return trt_integration.TensorRTUNet(engine)
 
@@ -142,7 +144,9 @@ def test_the_tensorrt_implementation_draws_the_originals_images_through_its_engi
     unet = perturbed_unet(CONFIG)
     engine_unet = fake_engine_unet(unet)
     plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=5)
-    ours = trt_integration.tensorrt_sampler(engine_unet, plan, shape=(2, 1, 16, 16))(generator=torch.Generator().manual_seed(4))
+    ours = trt_integration.tensorrt_sampler(engine_unet, plan, shape=(2, 1, 16, 16))(
+        generator=torch.Generator().manual_seed(4)
+    )
     reference = original_sample(unet, plan, shape=(2, 1, 16, 16), generator=torch.Generator().manual_seed(4))
     assert engine_unet.engine.engine.runs == 5  # one engine run per step
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
@@ -156,7 +160,9 @@ def test_a_guided_tensorrt_sampler_runs_its_engine_on_the_doubled_batch(fake_ten
     guidance = Guidance(torch.tensor([0, 2]), null_label=config.null_label, scale=3.0)
     sampler = trt_integration.tensorrt_sampler(engine_unet, plan, shape=(2, 1, 16, 16), guidance=guidance)
     ours = sampler(generator=torch.Generator().manual_seed(6), guidance=guidance)
-    reference = original_sample(unet, plan, shape=(2, 1, 16, 16), generator=torch.Generator().manual_seed(6), guidance=guidance)
+    reference = original_sample(
+        unet, plan, shape=(2, 1, 16, 16), generator=torch.Generator().manual_seed(6), guidance=guidance
+    )
     assert engine_unet.engine.batch_size == 4  # conditional and null-label copies in one run
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
 
@@ -203,7 +209,11 @@ def test_importing_the_project_never_imports_tensorrt(tmp_path):
         "from ddpm.modes import benchmark, evaluate, export, sample, train, train_autoencoder; parser.build_parser()"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr

@@ -1,6 +1,8 @@
-"""How benchmarks/cpu-2026-11-25-fused-unet/paired_interleaved_16x16_b64_ddim50.json was measured (kept beside the data).
+"""How benchmarks/cpu-2026-11-25-fused-unet/paired_interleaved_16x16_b64_ddim50.json was measured (kept beside the
+data).
 
-    OMP_NUM_THREADS=2 python benchmarks/cpu-2026-11-25-fused-unet/paired_rows.py cuda_fused_unet,diffusers,compile,torchscript,original 5 OUT.json
+    OMP_NUM_THREADS=2 python benchmarks/cpu-2026-11-25-fused-unet/paired_rows.py
+    cuda_fused_unet,diffusers,compile,torchscript,original 5 OUT.json
 
 Benchmark mode times its rows one after another, so a machine whose speed drifts over minutes (this
 shared 2-core VM: the same row moved by 15% between runs) favours whichever row ran in a fast spell.
@@ -36,7 +38,9 @@ def main() -> None:
     runs, times = {}, {name: [] for name in rows}
     with torch.no_grad():
         for name in rows:
-            _, run, _, _ = sampling_bench.make_row(name, model=model, plan=plan, shape=(64, 1, 16, 16), precision="fp32")
+            _, run, _, _ = sampling_bench.make_row(
+                name, model=model, plan=plan, shape=(64, 1, 16, 16), precision="fp32"
+            )
             run(torch.Generator().manual_seed(0))  # warm-up: builds, compiles
             runs[name] = run
         for r in range(rounds):
@@ -51,8 +55,10 @@ def main() -> None:
     for name in rows:
         ratios = [b / a for a, b in zip(times[base], times[name])]
         print(
-            f"{name:18s} median {statistics.median(times[name]):.3f} s  min {min(times[name]):.3f} max {max(times[name]):.3f}  "
-            f"time / {base}'s, pair by pair: median {statistics.median(ratios):.3f} min {min(ratios):.3f} max {max(ratios):.3f}"
+            f"{name:18s} median {statistics.median(times[name]):.3f} s  min {min(times[name]):.3f} max "
+            f"{max(times[name]):.3f}  "
+            f"time / {base}'s, pair by pair: median {statistics.median(ratios):.3f} min {min(ratios):.3f} max "
+            f"{max(ratios):.3f}"
         )
     Path(out).write_text(json.dumps({"rows": rows, "times_s": times, "date": date}, indent=1))
 

@@ -76,8 +76,13 @@ class Artifact:
 
 
 def load_artifact(
-    path: str | Path, *, device: torch.device, weights: str = "ema", trust_torchscript: bool = False,
-    autoencoder: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+    path: str | Path,
+    *,
+    device: torch.device,
+    weights: str = "ema",
+    trust_torchscript: bool = False,
+    autoencoder: str | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> Artifact:
     """Load a checkpoint or an exported U-Net by its suffix, with the configs stored in or beside it.
 
@@ -90,7 +95,11 @@ def load_artifact(
     if kind == "checkpoint":
         model, schedule_config, class_names, link, dataset = load_model_parts(path, weights=weights, device=device)
         stage, _ = linked_first_stage(
-            link, model_config=model.config, source=f"checkpoint {path}", device=device, override=autoencoder,
+            link,
+            model_config=model.config,
+            source=f"checkpoint {path}",
+            device=device,
+            override=autoencoder,
             folder=path.parent,
         )
         read = (("its autoencoder", Path(stage.link["path"])),) if stage is not None else ()
@@ -114,7 +123,12 @@ def load_artifact(
     stage = None
     if "decoder" in meta:  # a latent model: its decoder file beside it, checked against the hash it names
         stage = load_exported_decoder(
-            meta["decoder"], path=path, kind=kind, model_config=model_config, device=device, batch_range=meta.get("batch_range"),
+            meta["decoder"],
+            path=path,
+            kind=kind,
+            model_config=model_config,
+            device=device,
+            batch_range=meta.get("batch_range"),
             max_batch=max_batch,
         )
     else:
@@ -139,19 +153,36 @@ def decoder_path(unet_path: Path) -> Path:
 
 
 def load_exported_decoder(
-    entry: object, *, path: Path, kind: str, model_config: UNetConfig, device: torch.device, batch_range: list | None = None,
+    entry: object,
+    *,
+    path: Path,
+    kind: str,
+    model_config: UNetConfig,
+    device: torch.device,
+    batch_range: list | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
 ) -> FirstStage:
     """The decoder an exported latent U-Net names in its metadata, read only if its sha256 is the one named
     (an engine's is deserialized for its U-Net engine's ``batch_range``, validated with that engine's metadata)."""
+
     def shape_ok(v: object, channels: range) -> bool:  # (C, S, S): a 2-D image's or latent's
-        return isinstance(v, list) and len(v) == 3 and all(type(n) is int for n in v) and v[0] in channels and v[1] == v[2] and 1 <= v[1] <= 1024
+        return (
+            isinstance(v, list)
+            and len(v) == 3
+            and all(type(n) is int for n in v)
+            and v[0] in channels
+            and v[1] == v[2]
+            and 1 <= v[1] <= 1024
+        )
 
     if not (
-        isinstance(entry, dict) and set(entry) == {"file", "sha256", "latent_shape", "image_shape"}
-        and entry["file"] == decoder_path(path).name and isinstance(entry["sha256"], str)
-        and shape_ok(entry["latent_shape"], range(1, 65)) and shape_ok(entry["image_shape"], range(1, 4, 2))
-    ):  # fmt: skip
+        isinstance(entry, dict)
+        and set(entry) == {"file", "sha256", "latent_shape", "image_shape"}
+        and entry["file"] == decoder_path(path).name
+        and isinstance(entry["sha256"], str)
+        and shape_ok(entry["latent_shape"], range(1, 65))
+        and shape_ok(entry["image_shape"], range(1, 4, 2))
+    ):
         raise ValueError(f"{path} has unusable decoder metadata ({short_repr(entry)}); export it again")
     stage = FirstStage(None, tuple(entry["latent_shape"]), tuple(entry["image_shape"]), link={})
     check_latent_unet(model_config, stage, source=str(path))

@@ -48,6 +48,8 @@ def cache_dir_for(source: str | Path) -> Path:
     """The engine cache of a checkpoint or ONNX file: a folder beside it."""
     source = Path(source)
     return source.with_name(f"{source.stem}_tensorrt")
+
+
 STRONG_TYPING_FROM = (10, 12)  # NetworkDefinitionCreationFlag.STRONGLY_TYPED; always on (flag ignored) in 11
 GROUP_NORM_21_FROM = (10, 9)  # the ONNX parser's GroupNormalization-21 (per-channel scale and bias)
 LEGACY_OPSET = 18  # before 10.9: GroupNormalization exported as InstanceNormalization + affine
@@ -86,17 +88,27 @@ def build_plan(tensorrt_version: str, precision: str, *, opset: int | None = Non
         raise ValueError(f"unknown engine precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
     version = version_tuple(tensorrt_version)
     if version < (MIN_TENSORRT_MAJOR,):
-        raise ValueError(f"TensorRT {tensorrt_version} is too old; this code uses the 10.x/11.x API: {TENSORRT_INSTALL}")
+        raise ValueError(
+            f"TensorRT {tensorrt_version} is too old; this code uses the 10.x/11.x API: {TENSORRT_INSTALL}"
+        )
     if precision in QUANTIZED:
         # Explicit quantization only: the Q/DQ graph of formats/quantization.py (opset 21, GroupNormalization-21), built
         # strongly typed with no precision flags, as NVIDIA documents for Q/DQ networks. Implicit INT8 (a calibrator on
         # an fp32 graph, removed in 11) is never requested, on any version.
         if version < GROUP_NORM_21_FROM:
-            raise ValueError(f"TensorRT {tensorrt_version} cannot parse the {precision} graph's GroupNormalization-21; "
-                             "install TensorRT 10.9 or later")  # fmt: skip
+            raise ValueError(
+                f"TensorRT {tensorrt_version} cannot parse the {precision} graph's GroupNormalization-21; "
+                "install TensorRT 10.9 or later"
+            )
         if opset is not None and opset != DEFAULT_OPSET:
             raise ValueError(f"{precision} graphs are written at opset {DEFAULT_OPSET}; drop --opset")
-        return BuildPlan(strongly_typed=True, graph_precision=precision, builder_flags=(), pin_time_embedding=False, opset=DEFAULT_OPSET)
+        return BuildPlan(
+            strongly_typed=True,
+            graph_precision=precision,
+            builder_flags=(),
+            pin_time_embedding=False,
+            opset=DEFAULT_OPSET,
+        )
     strongly_typed = version >= STRONG_TYPING_FROM
     graph_precision = precision if strongly_typed else "fp32"
     flags = () if strongly_typed or precision == "fp32" else (precision.upper(), "OBEY_PRECISION_CONSTRAINTS")
@@ -130,8 +142,10 @@ def torch_tensorrt_arguments(version: str, precision: str) -> tuple[bool, dict]:
     if precision not in ENGINE_PRECISIONS:
         raise ValueError(f"unknown engine precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
     if precision in QUANTIZED:
-        raise ValueError(f"--trt_backend torch_tensorrt compiles fp32/fp16/bf16 modules here; a {precision} engine is built "
-                         "natively from the Q/DQ ONNX graph (drop --trt_backend)")  # fmt: skip
+        raise ValueError(
+            f"--trt_backend torch_tensorrt compiles fp32/fp16/bf16 modules here; a {precision} engine is built "
+            "natively from the Q/DQ ONNX graph (drop --trt_backend)"
+        )
     v = version_tuple(version)
     if precision == "fp32":
         return False, {"enabled_precisions": {torch.float32}} if v < TORCH_TENSORRT_STRONGLY_TYPED_FROM else {}
@@ -197,7 +211,8 @@ def metadata_path(path: str | Path) -> Path:
 
 def read_metadata(path: Path) -> dict | None:
     """A cache metadata file's contents, or None when it is missing, too large, too deep or not JSON
-    (which means: rebuild). Exported engines' metadata is read strictly, by tensorrt_integration.read_engine_metadata."""
+    (which means: rebuild). Exported engines' metadata is read strictly, by
+    tensorrt_integration.read_engine_metadata."""
     try:
         meta = parse_json(read_limited(path, kind="metadata"), source=path)
     except ValueError:

@@ -66,7 +66,9 @@ class Implementation:
     precisions: tuple[str, ...] = ("fp32",)
     devices: tuple[str, ...] = ("cpu", "cuda")
     in_sample_mode: bool = True  # offered by --implementation (else a benchmark row only)
-    row_precision: str | None = None  # a benchmark row that always runs in this precision (else the run's, where it can)
+    row_precision: str | None = (
+        None  # a benchmark row that always runs in this precision (else the run's, where it can)
+    )
     conditional: bool = False  # runs class-conditional models (labels and guidance)
     default_row_on: tuple[str, ...] = ("cpu", "cuda")  # benchmark --rows all includes it on these devices
     # A latent model's decoder as this implementation runs it, built once (an export, a trace, an engine):
@@ -74,14 +76,21 @@ class Implementation:
     decoder: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
 
     def check(
-        self, *, kind: str | None = None, precision: str | None = None, device: torch.device | None = None,
-        conditional: bool = False, latent: bool = False,
+        self,
+        *,
+        kind: str | None = None,
+        precision: str | None = None,
+        device: torch.device | None = None,
+        conditional: bool = False,
+        latent: bool = False,
     ) -> None:
         """One-line ValueError if this implementation cannot run ``kind`` files, ``precision``, ``device``,
         (``conditional``) a class-conditional model or (``latent``) a latent model."""
         if latent and self.decoder is None:
             runs = " or ".join(name for name in SAMPLE_IMPLEMENTATIONS if REGISTRY[name].decoder is not None)
-            raise ValueError(f"the {self.name} implementation does not run latent models yet; use --implementation {runs}")
+            raise ValueError(
+                f"the {self.name} implementation does not run latent models yet; use --implementation {runs}"
+            )
         if conditional and not self.conditional:
             runs = " or ".join(name for name in SAMPLE_IMPLEMENTATIONS if REGISTRY[name].conditional)
             raise ValueError(
@@ -97,14 +106,25 @@ class Implementation:
             if precision in QUANTIZED:
                 runs = " or ".join(name for name in SAMPLE_IMPLEMENTATIONS if precision in REGISTRY[name].precisions)
                 if not runs:
-                    raise ValueError(f"no implementation here runs --precision {precision} (TensorRT on a Hopper or newer GPU would)")
-                raise ValueError(f"--precision {precision} is a quantized ONNX graph; the {self.name} implementation does not run one: "
-                                 f"use --implementation {runs}")  # fmt: skip
+                    raise ValueError(
+                        f"no implementation here runs --precision {precision} (TensorRT on a Hopper or newer GPU would)"
+                    )
+                raise ValueError(
+                    f"--precision {precision} is a quantized ONNX graph; the {self.name} implementation does not run "
+                    "one: "
+                    f"use --implementation {runs}"
+                )
             if self.name == "original":
-                raise ValueError("the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16")
-            raise ValueError(f"the {self.name} implementation runs in {' or '.join(self.precisions)}; drop --precision {precision}")
+                raise ValueError(
+                    "the original implementation is the fp32 baseline; use --implementation cuda for bf16/fp16"
+                )
+            raise ValueError(
+                f"the {self.name} implementation runs in {' or '.join(self.precisions)}; drop --precision {precision}"
+            )
         if device is not None and device.type not in self.devices:
-            raise ValueError(f"the {self.name} implementation needs a {' or '.join(d.upper() for d in self.devices)} device")
+            raise ValueError(
+                f"the {self.name} implementation needs a {' or '.join(d.upper() for d in self.devices)} device"
+            )
 
 
 # ----- builders ------------------------------------------------------------------------------------
@@ -126,9 +146,15 @@ def _fused(compile_model: bool | str, *, fused_unet: bool = False) -> Callable[.
         except ImportError as exc:  # the extension neither built nor buildable here
             raise ImportError(f"the cuda implementation's extension is not built: {exc}") from exc
         return optimized_diffusion.FusedSampler(
-            network, plan, shape=shape, precision=options.precision, compile_model=compile_model, log=options.log,
-            guidance=options.guidance, fused_unet=fused_unet,
-        )  # fmt: skip
+            network,
+            plan,
+            shape=shape,
+            precision=options.precision,
+            compile_model=compile_model,
+            log=options.log,
+            guidance=options.guidance,
+            fused_unet=fused_unet,
+        )
 
     return build
 
@@ -137,9 +163,14 @@ def _tensorrt(network: nn.Module, plan: SamplingPlan, *, shape, options: Sampler
     import tensorrt_integration
 
     return tensorrt_integration.tensorrt_sampler(
-        network, plan, shape=shape, precision=options.precision, options=options.tensorrt, log=options.log,
+        network,
+        plan,
+        shape=shape,
+        precision=options.precision,
+        options=options.tensorrt,
+        log=options.log,
         guidance=options.guidance,
-    )  # fmt: skip
+    )
 
 
 def _as_onnxruntime(model: nn.Module, options: SamplerOptions) -> nn.Module:
@@ -163,11 +194,16 @@ def _onnxruntime_int8(network: nn.Module, plan: SamplingPlan, *, shape, options:
     if options.precision == "int8":
         if isinstance(network, runtimes.OnnxRuntimeUNet):
             if network.metadata.get("precision") != "int8":
-                raise ValueError("--precision int8 needs an INT8 .onnx file or a checkpoint; this file's graph is fp32: drop --precision")
+                raise ValueError(
+                    "--precision int8 needs an INT8 .onnx file or a checkpoint; this file's graph is fp32: drop "
+                    "--precision"
+                )
         else:
             feeds = quantization.calibration_feeds(network, plan, samples=quantization.DEFAULT_CALIBRATION_SAMPLES)
             device = next(network.parameters()).device
-            network = runtimes.as_onnxruntime(network, device=device, opset=options.opset or DEFAULT_OPSET, calibration=feeds)
+            network = runtimes.as_onnxruntime(
+                network, device=device, opset=options.opset or DEFAULT_OPSET, calibration=feeds
+            )
     return _loop(network, plan, shape=shape, options=options)
 
 
@@ -191,7 +227,9 @@ def _as_diffusers(model: nn.Module, options: SamplerOptions) -> nn.Module:
 
 
 # ----- decoders (latent models: the autoencoder's decoder after the sampling loop) -------------------
-def _eager_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+def _eager_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder in plain PyTorch, true fp32 (the original's)."""
 
     def decode(z: torch.Tensor) -> torch.Tensor:
@@ -201,7 +239,9 @@ def _eager_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.
     return decode
 
 
-def _autocast_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+def _autocast_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The cuda implementation's: the decoder in its precision (autocast for bf16/fp16), images in fp32."""
     from ddpm.util.precision import autocast
 
@@ -212,11 +252,15 @@ def _autocast_decoder(stage: FirstStage, options: SamplerOptions, *, device: tor
     return decode
 
 
-def _compiled_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+def _compiled_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
     return _eager_decoder(replace(stage, decoder=_compiled(stage.decoder, options)), options, device=device)
 
 
-def _traced_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+def _traced_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder traced to TorchScript (an exported model's .decoder.ts as it is)."""
     from ddpm.formats import exporters
 
@@ -225,17 +269,25 @@ def _traced_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch
     return _eager_decoder(stage, options, device=device)
 
 
-def _onnxruntime_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+def _onnxruntime_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder exported to ONNX in memory and run by onnxruntime, like the U-Net."""
     from ddpm.backends import runtimes
 
     if isinstance(stage.decoder, runtimes.OnnxRuntimeDecoder):  # an exported model's .decoder.onnx
         return stage.decoder
-    return runtimes.OnnxRuntimeDecoder.exported(stage.decoder, io=stage.io, device=device, opset=options.opset or DEFAULT_OPSET)
+    return runtimes.OnnxRuntimeDecoder.exported(
+        stage.decoder, io=stage.io, device=device, opset=options.opset or DEFAULT_OPSET
+    )
 
 
-def _tensorrt_decoder(stage: FirstStage, options: SamplerOptions, *, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The decoder as a TensorRT engine in the implementation's precision (an exported model's .decoder.engine as it is)."""
+def _tensorrt_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The decoder as a TensorRT engine in the implementation's precision.
+
+    An exported model's .decoder.engine is used as it is."""
     import tensorrt_integration
 
     return tensorrt_integration.tensorrt_decoder(
@@ -247,58 +299,119 @@ REGISTRY: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
         Implementation(
-            "original", "the plain PyTorch loop (basic_diffusion.py): the fp32 baseline and the reference", _loop,
-            kinds=ALL_KINDS, conditional=True, decoder=_eager_decoder,
+            "original",
+            "the plain PyTorch loop (basic_diffusion.py): the fp32 baseline and the reference",
+            _loop,
+            kinds=ALL_KINDS,
+            conditional=True,
+            decoder=_eager_decoder,
         ),
         Implementation(
-            "cuda", "fused step ops, static buffers and one CUDA graph per step (optimized_diffusion.py)", _fused(False),
-            kinds=("checkpoint", "torchscript"), precisions=PRECISIONS, conditional=True, decoder=_autocast_decoder,
-        ),
-        Implementation(
-            "cuda_fused_unet", "the cuda implementation with the fused U-Net runner (group_norm_act, NHWC, weights cast once)",
-            _fused(False, fused_unet=True), precisions=PRECISIONS, in_sample_mode=False, conditional=True,
+            "cuda",
+            "fused step ops, static buffers and one CUDA graph per step (optimized_diffusion.py)",
+            _fused(False),
+            kinds=("checkpoint", "torchscript"),
+            precisions=PRECISIONS,
+            conditional=True,
             decoder=_autocast_decoder,
         ),
         Implementation(
-            "cuda_compile", "the cuda implementation with the U-Net through torch.compile inside the graph",
-            _fused(True), precisions=PRECISIONS, in_sample_mode=False, default_row_on=("cuda",), conditional=True,
+            "cuda_fused_unet",
+            "the cuda implementation with the fused U-Net runner (group_norm_act, NHWC, weights cast once)",
+            _fused(False, fused_unet=True),
+            precisions=PRECISIONS,
+            in_sample_mode=False,
+            conditional=True,
+            decoder=_autocast_decoder,
+        ),
+        Implementation(
+            "cuda_compile",
+            "the cuda implementation with the U-Net through torch.compile inside the graph",
+            _fused(True),
+            precisions=PRECISIONS,
+            in_sample_mode=False,
+            default_row_on=("cuda",),
+            conditional=True,
             decoder=_compiled_decoder,
         ),
         Implementation(
-            "cuda_compile_max_autotune", "the cuda implementation with the U-Net through torch.compile(mode='max-autotune-no-cudagraphs') "
-            "inside the graph", _fused("max-autotune-no-cudagraphs"), precisions=PRECISIONS, in_sample_mode=False,
-            default_row_on=("cuda",), conditional=True, decoder=_compiled_decoder,
+            "cuda_compile_max_autotune",
+            "the cuda implementation with the U-Net through torch.compile(mode='max-autotune-no-cudagraphs') "
+            "inside the graph",
+            _fused("max-autotune-no-cudagraphs"),
+            precisions=PRECISIONS,
+            in_sample_mode=False,
+            default_row_on=("cuda",),
+            conditional=True,
+            decoder=_compiled_decoder,
         ),
         Implementation(
-            "cuda_fp32", "the cuda implementation in fp32 whatever --precision says (the staircase's graphed eager fp32 step)",
-            _fused(False), in_sample_mode=False, row_precision="fp32", default_row_on=("cuda",), conditional=True,
+            "cuda_fp32",
+            "the cuda implementation in fp32 whatever --precision says (the staircase's graphed eager fp32 step)",
+            _fused(False),
+            in_sample_mode=False,
+            row_precision="fp32",
+            default_row_on=("cuda",),
+            conditional=True,
             decoder=_autocast_decoder,
         ),
         Implementation(
-            "diffusers", "the original loop around diffusers' UNet2DModel holding the same weights (a baseline; needs diffusers)",
-            _loop, prepare=_as_diffusers, precisions=PRECISIONS, in_sample_mode=False, conditional=True,
+            "diffusers",
+            "the original loop around diffusers' UNet2DModel holding the same weights (a baseline; needs diffusers)",
+            _loop,
+            prepare=_as_diffusers,
+            precisions=PRECISIONS,
+            in_sample_mode=False,
+            conditional=True,
         ),
         Implementation(
-            "compile", "the original loop around torch.compile(U-Net) (max-autotune on a GPU)", _loop,
-            prepare=_compiled, in_sample_mode=False, conditional=True, decoder=_compiled_decoder,
+            "compile",
+            "the original loop around torch.compile(U-Net) (max-autotune on a GPU)",
+            _loop,
+            prepare=_compiled,
+            in_sample_mode=False,
+            conditional=True,
+            decoder=_compiled_decoder,
         ),
         Implementation(
-            "onnxruntime", "the original loop around the U-Net run by onnxruntime (backends/runtimes.py); int8: quantized",
-            _onnxruntime_int8, prepare=_as_onnxruntime, kinds=("checkpoint", "onnx"), precisions=("fp32", "int8"), conditional=True,
+            "onnxruntime",
+            "the original loop around the U-Net run by onnxruntime (backends/runtimes.py); int8: quantized",
+            _onnxruntime_int8,
+            prepare=_as_onnxruntime,
+            kinds=("checkpoint", "onnx"),
+            precisions=("fp32", "int8"),
+            conditional=True,
             decoder=_onnxruntime_decoder,
         ),
         Implementation(
-            "onnxruntime_int8", "the onnxruntime implementation at --precision int8, as a row beside fp32 ones",
-            _onnxruntime_int8, prepare=_as_onnxruntime, precisions=("int8",), in_sample_mode=False, conditional=True,
-            default_row_on=(), row_precision="int8", decoder=_onnxruntime_decoder,
+            "onnxruntime_int8",
+            "the onnxruntime implementation at --precision int8, as a row beside fp32 ones",
+            _onnxruntime_int8,
+            prepare=_as_onnxruntime,
+            precisions=("int8",),
+            in_sample_mode=False,
+            conditional=True,
+            default_row_on=(),
+            row_precision="int8",
+            decoder=_onnxruntime_decoder,
         ),
         Implementation(
-            "torchscript", "the original loop around the traced U-Net", _loop, prepare=_torchscript,
-            in_sample_mode=False, conditional=True, decoder=_traced_decoder,
+            "torchscript",
+            "the original loop around the traced U-Net",
+            _loop,
+            prepare=_torchscript,
+            in_sample_mode=False,
+            conditional=True,
+            decoder=_traced_decoder,
         ),
         Implementation(
-            "tensorrt", "the U-Net as a TensorRT engine (tensorrt_integration.py)", _tensorrt,
-            kinds=("checkpoint", "onnx", "tensorrt"), precisions=PRECISIONS + QUANTIZED, devices=("cuda",), conditional=True,
+            "tensorrt",
+            "the U-Net as a TensorRT engine (tensorrt_integration.py)",
+            _tensorrt,
+            kinds=("checkpoint", "onnx", "tensorrt"),
+            precisions=PRECISIONS + QUANTIZED,
+            devices=("cuda",),
+            conditional=True,
             decoder=_tensorrt_decoder,
         ),
     )

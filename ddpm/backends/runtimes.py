@@ -109,7 +109,9 @@ class OnnxRuntimeUNet(nn.Module):
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         if (y is None) != (self.io.num_classes == 0):
-            raise ValueError("this U-Net is class-conditional: pass labels y" if y is None else "this U-Net takes no labels")
+            raise ValueError(
+                "this U-Net is class-conditional: pass labels y" if y is None else "this U-Net takes no labels"
+            )
         caller = x_t.device  # eps goes back there
         on_gpu = self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and x_t.is_cuda
         device = caller if on_gpu else torch.device("cpu")
@@ -117,14 +119,21 @@ class OnnxRuntimeUNet(nn.Module):
         t = t.detach().to(device, torch.int64).contiguous()  # (B,)
         inputs = (x_t, t) if y is None else (x_t, t, y.detach().to(device, torch.int64).contiguous())  # y: (B,)
         eps = torch.empty(self.io.shapes(x_t.shape[0])[self.io.output_names[0]], dtype=torch.float32, device=device)
-        run_bound(self.session, dict(zip(self.io.input_names, inputs, strict=True)), {self.io.output_names[0]: eps}, path=self.onnx_path)
+        run_bound(
+            self.session,
+            dict(zip(self.io.input_names, inputs, strict=True)),
+            {self.io.output_names[0]: eps},
+            path=self.onnx_path,
+        )
         return eps.to(caller)  # (B, C, H, W) float32
 
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.int64: np.int64}
 
 
-def run_bound(session, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *, path: Path | None = None) -> None:
+def run_bound(
+    session, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *, path: Path | None = None
+) -> None:
     """Run ``session`` reading ``inputs`` and writing ``outputs`` in place (contiguous tensors, all on the
     CPU or all on one GPU): onnxruntime's I/O binding, no copies through NumPy."""
     device = next(iter(outputs.values())).device
@@ -142,9 +151,7 @@ def run_bound(session, inputs: dict[str, torch.Tensor], outputs: dict[str, torch
         if path is None:
             raise  # an in-memory export failing is a bug, not a user's error
         if "Available memory of" in str(exc) or "Failed to allocate memory" in str(exc):  # the arena's cap
-            raise ValueError(
-                f"{path} tried to allocate far more memory than its model needs; it is not run"
-            ) from exc
+            raise ValueError(f"{path} tried to allocate far more memory than its model needs; it is not run") from exc
         raise ValueError(f"{path} failed when run ({first_line(exc)})") from exc
 
 
@@ -188,7 +195,11 @@ DISABLED_ORT_OPTIMIZERS = ["QDQPropagationTransformer"]
 
 
 def onnxruntime_session(
-    model: bytes | Path, *, device: torch.device, trt_cache_dir: Path | None = None, source: Path | None = None,
+    model: bytes | Path,
+    *,
+    device: torch.device,
+    trt_cache_dir: Path | None = None,
+    source: Path | None = None,
     memory_cap: int | None = None,
 ):
     """An onnxruntime session for an ONNX file or serialized model; ValueError if it is not valid ONNX.
@@ -217,7 +228,9 @@ def onnxruntime_session(
     )
     try:
         return ort.InferenceSession(
-            model if isinstance(model, bytes) else str(model), sess_options=options, providers=providers,
+            model if isinstance(model, bytes) else str(model),
+            sess_options=options,
+            providers=providers,
             disabled_optimizers=DISABLED_ORT_OPTIMIZERS,
         )
     except Exception as exc:  # onnxruntime raises its own classes (InvalidProtobuf, InvalidGraph, Fail, ...)
@@ -335,11 +348,36 @@ def check_onnx_graph(proto, *, io: IOSpec, source: Path) -> None:
 # graphs, 2-D and 3-D, conditional, patched and "add" U-Nets, latent decoders; collected 2026-11-24 and
 # kept by tests/backends/test_artifacts.py). None sizes its output from data: ConstantOfShape, Expand,
 # Tile, Range, Pad, loops and the like are not among them, so an imported graph cannot allocate through them.
-EXPORTED_OPS = frozenset({
-    "Add", "Attention", "Cast", "Clip", "Concat", "Conv", "Cos", "DequantizeLinear", "Gather", "Gemm", "GroupNormalization",
-    "InstanceNormalization", "MatMul", "Mul", "QuantizeLinear", "Reshape", "Resize", "Shape", "Sigmoid", "Sin", "Slice",
-    "Softmax", "Split", "Squeeze", "Transpose", "Unsqueeze",
-})  # fmt: skip
+EXPORTED_OPS = frozenset(
+    {
+        "Add",
+        "Attention",
+        "Cast",
+        "Clip",
+        "Concat",
+        "Conv",
+        "Cos",
+        "DequantizeLinear",
+        "Gather",
+        "Gemm",
+        "GroupNormalization",
+        "InstanceNormalization",
+        "MatMul",
+        "Mul",
+        "QuantizeLinear",
+        "Reshape",
+        "Resize",
+        "Shape",
+        "Sigmoid",
+        "Sin",
+        "Slice",
+        "Softmax",
+        "Split",
+        "Squeeze",
+        "Transpose",
+        "Unsqueeze",
+    }
+)
 MAX_ELEMENTS_PER_SAMPLE = 1 << 24  # any tensor of known shape, per sample (64 MiB of fp32; ours: well under 1 MiB)
 
 
@@ -353,20 +391,35 @@ def check_bounded_work(proto, *, source: Path) -> None:
     graph = proto.graph
     foreign = sorted({node.op_type for node in graph.node} - EXPORTED_OPS)
     if foreign:
-        raise ValueError(f"{source} uses the ONNX op {short_repr(foreign[0])}, which this tool's exports never contain; it is not run")
+        raise ValueError(
+            f"{source} uses the ONNX op {short_repr(foreign[0])}, which this tool's exports never contain; it is not "
+            "run"
+        )
     constants = {tensor.name: tensor for tensor in graph.initializer}
     for node in graph.node:
         if node.op_type == "Resize":
             scales = node.input[2] if len(node.input) > 2 else ""
             sizes = node.input[3] if len(node.input) > 3 else ""
-            if sizes or scales not in constants or not all(0 < s <= 2 for s in numpy_helper.to_array(constants[scales]).ravel()):
-                raise ValueError(f"{source} resizes {short_repr(node.name)} by computed or more than 2x scales; this tool's exports upsample 2x")
+            if (
+                sizes
+                or scales not in constants
+                or not all(0 < s <= 2 for s in numpy_helper.to_array(constants[scales]).ravel())
+            ):
+                raise ValueError(
+                    f"{source} resizes {short_repr(node.name)} by computed or more than 2x scales; this tool's "
+                    "exports upsample 2x"
+                )
         elif node.op_type == "Conv":
             attributes = {a.name: list(a.ints) for a in node.attribute if a.name in ("pads", "strides", "dilations")}
-            if any(p > 3 for p in attributes.get("pads", [])) or any(s > 2 for s in attributes.get("strides", [])) or any(
-                d != 1 for d in attributes.get("dilations", [])
+            if (
+                any(p > 3 for p in attributes.get("pads", []))
+                or any(s > 2 for s in attributes.get("strides", []))
+                or any(d != 1 for d in attributes.get("dilations", []))
             ):
-                raise ValueError(f"{source} has a convolution ({short_repr(node.name)}) with pads, strides or dilations this tool's exports never use")
+                raise ValueError(
+                    f"{source} has a convolution ({short_repr(node.name)}) with pads, strides or dilations this "
+                    "tool's exports never use"
+                )
     try:
         inferred = shape_inference.infer_shapes(proto).graph
     except Exception as exc:  # noqa: BLE001 -- onnx.checker passed; inference still raises on odd graphs
@@ -376,7 +429,8 @@ def check_bounded_work(proto, *, source: Path) -> None:
         elements = math.prod(d.dim_value for d in shape.dim if d.HasField("dim_value"))
         if elements > MAX_ELEMENTS_PER_SAMPLE:
             raise ValueError(
-                f"{source} makes a tensor ({short_repr(value.name)}) of {elements:,} elements per sample; this tool's exports "
+                f"{source} makes a tensor ({short_repr(value.name)}) of {elements:,} elements per sample; this tool's "
+                "exports "
                 f"stay under {MAX_ELEMENTS_PER_SAMPLE:,}, so it is not run"
             )
 

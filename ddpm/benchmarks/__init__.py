@@ -1,2 +1,1 @@
-"""Timing: the sampling implementations side by side, training steps per variant, and their reports.
-"""
+"""Timing: the sampling implementations side by side, training steps per variant, and their reports."""

@@ -54,7 +54,9 @@ class Row:
 def environment(device: torch.device) -> dict:
     info = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "none",
         "python": platform.python_version(),
@@ -76,7 +78,10 @@ def _driver_version() -> str:
         import subprocess
 
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -84,19 +89,43 @@ def _driver_version() -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ("implementation", "precision", "median s", "min-max s", "ms/step", "img/s", "speedup", "MFU", "build s", "peak MB",
-            "max|diff|", "PSNR dB", "parity")  # fmt: skip
+    head = (
+        "implementation",
+        "precision",
+        "median s",
+        "min-max s",
+        "ms/step",
+        "img/s",
+        "speedup",
+        "MFU",
+        "build s",
+        "peak MB",
+        "max|diff|",
+        "PSNR dB",
+        "parity",
+    )
     lines = []
     for r in rows:
         if r.status != "ok":
             lines.append((r.name, r.precision, f"{r.status}: {r.reason}"))
             continue
-        lines.append((
-            f"{r.name} ({r.detail})" if r.detail else r.name, r.precision, f"{r.median_s:.3f}", f"{r.min_s:.3f}-{r.max_s:.3f}", f"{r.ms_per_step:.2f}",
-            f"{r.images_per_s:.1f}", times_text(r.speedup), "-" if r.mfu is None else f"{100 * r.mfu:.1f}%", _seconds(r.build_s, 1),
-            "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
-            "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}", "-" if r.psnr_db is None else f"{r.psnr_db:.1f}", r.parity,
-        ))  # fmt: skip
+        lines.append(
+            (
+                f"{r.name} ({r.detail})" if r.detail else r.name,
+                r.precision,
+                f"{r.median_s:.3f}",
+                f"{r.min_s:.3f}-{r.max_s:.3f}",
+                f"{r.ms_per_step:.2f}",
+                f"{r.images_per_s:.1f}",
+                times_text(r.speedup),
+                "-" if r.mfu is None else f"{100 * r.mfu:.1f}%",
+                _seconds(r.build_s, 1),
+                "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
+                "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}",
+                "-" if r.psnr_db is None else f"{r.psnr_db:.1f}",
+                r.parity,
+            )
+        )
     if any(r.decode_s is not None for r in rows):  # a latent model: the two stages' own times
         head = (*head[:3], "loop s", "decoder s", *head[3:])
         lines = [
@@ -118,9 +147,14 @@ def times_text(speedup: float | None) -> str:
     return "-" if speedup is None else f"{speedup:.2f}x"
 
 
-SUMMARY_NAMES = {"original": "Original PyTorch implementation", "cuda": "CUDA-optimized implementation",
-                 "tensorrt": "TensorRT implementation", "compile": "torch.compile implementation",
-                 "onnxruntime": "onnxruntime implementation", "torchscript": "TorchScript implementation"}  # fmt: skip
+SUMMARY_NAMES = {
+    "original": "Original PyTorch implementation",
+    "cuda": "CUDA-optimized implementation",
+    "tensorrt": "TensorRT implementation",
+    "compile": "torch.compile implementation",
+    "onnxruntime": "onnxruntime implementation",
+    "torchscript": "TorchScript implementation",
+}
 
 
 def format_summary(rows: list[Row]) -> str:
@@ -150,7 +184,9 @@ def write_chart(rows: list[Row], path: str | Path, *, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
     bars = ax.bar([f"{r.name}\n{r.precision}" for r in ok], [r.median_s for r in ok], color="#4c72b0")
     for bar, r in zip(bars, ok):
-        ax.annotate(times_text(r.speedup), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+        ax.annotate(
+            times_text(r.speedup), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom"
+        )
     ax.set_ylabel("median seconds per sampling run")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
@@ -160,7 +196,9 @@ def write_chart(rows: list[Row], path: str | Path, *, title: str) -> None:
     atomic_write(path, lambda f: f.write(buf.getvalue()))
 
 
-def write_outputs(env: dict, rows: list[Row], *, json_path: str | None, csv_path: str | None, chart_path: str | None) -> None:
+def write_outputs(
+    env: dict, rows: list[Row], *, json_path: str | None, csv_path: str | None, chart_path: str | None
+) -> None:
     if json_path:
         payload = json.dumps({"environment": env, "rows": [asdict(r) for r in rows]}, indent=2, default=str)
         atomic_write(json_path, lambda f: f.write(payload.encode()))
@@ -173,7 +211,8 @@ def write_outputs(env: dict, rows: list[Row], *, json_path: str | None, csv_path
             writer.writerow(asdict(r))
         atomic_write(csv_path, lambda f: f.write(buf.getvalue().encode()))
     if chart_path:
-        title = f"{env['device']} · {env['sampler']} {env['steps']} steps · batch {env['shape'][0]} · {'x'.join(map(str, env['shape'][1:]))}"
+        size = "x".join(map(str, env["shape"][1:]))
+        title = f"{env['device']} · {env['sampler']} {env['steps']} steps · batch {env['shape'][0]} · {size}"
         write_chart(rows, chart_path, title=title)
 
 

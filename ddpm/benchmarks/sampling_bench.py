@@ -58,7 +58,9 @@ ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmar
 PARITY_PSNR_DB = {"fp32": 60.0, "bf16": 20.0, "fp16": 25.0, "int8": 20.0}
 
 
-def time_runs(fn: Callable[[], torch.Tensor], *, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], torch.Tensor]:
+def time_runs(
+    fn: Callable[[], torch.Tensor], *, device: torch.device, warmup: int, repeats: int
+) -> tuple[list[float], torch.Tensor]:
     """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; returns (seconds, last output)."""
     out = None
     for _ in range(warmup):
@@ -113,8 +115,14 @@ def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int | Non
 
 # ----- rows ----------------------------------------------------------------------------------------
 def make_row(
-    name: str, *, model: torch.nn.Module, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str,
-    guidance: Guidance | None = None, first_stage: FirstStage | None = None,
+    name: str,
+    *,
+    model: torch.nn.Module,
+    plan: SamplingPlan,
+    shape: tuple[int, int, int, int],
+    precision: str,
+    guidance: Guidance | None = None,
+    first_stage: FirstStage | None = None,
 ) -> tuple[str, Callable[[torch.Generator], torch.Tensor], str, Callable[[torch.Tensor], torch.Tensor] | None]:
     """(precision, run(generator), detail, decode) for one row, built through the implementation registry;
     raises Unavailable when the row cannot run here. The fp32-only rows run in fp32 whatever
@@ -138,7 +146,9 @@ def make_row(
         sampler = impl.build(network, plan, shape=shape, options=options)
         decode = None
         if first_stage is not None:
-            stage = first_stage if name == "original" else replace(first_stage, decoder=copy.deepcopy(first_stage.decoder))
+            stage = (
+                first_stage if name == "original" else replace(first_stage, decoder=copy.deepcopy(first_stage.decoder))
+            )
             decode = impl.decoder(stage, options, device=plan.coefficients.device)
     except (ImportError, ValueError) as exc:  # an optional package or the extension is missing, or the row cannot
         raise Unavailable(first_line(exc)) from exc  # represent this model (diffusers: a volume): say which
@@ -149,8 +159,10 @@ def make_row(
 def row_label(name: str, device: torch.device) -> str:
     """What a row's name includes, where the name alone does not say (shown in the table)."""
     if device.type == "cuda":
-        return {"compile": "compile (max-autotune: Inductor kernels + CUDA graphs)",
-                "cuda_compile": "cuda_compile (fused step + CUDA graph, U-Net through torch.compile)"}.get(name, name)  # fmt: skip
+        return {
+            "compile": "compile (max-autotune: Inductor kernels + CUDA graphs)",
+            "cuda_compile": "cuda_compile (fused step + CUDA graph, U-Net through torch.compile)",
+        }.get(name, name)
     return name
 
 
@@ -232,9 +244,15 @@ def time_rows(
         guidance_scale=None if guidance is None else guidance.scale,
         timing="interleaved rounds" if interleave else "one row after another",
     )
-    peak_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32} if device.type == "cuda" else {"fp32": torch.float32}
+    peak_dtypes = (
+        {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        if device.type == "cuda"
+        else {"fp32": torch.float32}
+    )
     with backend_policy("fp32"):  # the peak under the fp32 policy every fp32 row runs with (no TF32)
-        env["matmul_peak_tflops"] = {name: matmul_peak_tflops(dtype, device=device) for name, dtype in peak_dtypes.items()}
+        env["matmul_peak_tflops"] = {
+            name: matmul_peak_tflops(dtype, device=device) for name, dtype in peak_dtypes.items()
+        }
     names = ["original"] + [n for n in rows if n != "original"]
     results: list[Row] = []
     held: dict[str, tuple[Callable, Callable, Callable | None]] = {}  # interleave: row name -> (run, loop, decode)
@@ -256,18 +274,29 @@ def time_rows(
                 started = time.perf_counter()
                 try:
                     row.precision, loop, row.detail, decode = make_row(
-                        name, model=model, plan=plan, shape=shape, precision=precision, guidance=guidance,
+                        name,
+                        model=model,
+                        plan=plan,
+                        shape=shape,
+                        precision=precision,
+                        guidance=guidance,
                         first_stage=first_stage,
-                    )  # fmt: skip
+                    )
                 except Unavailable as exc:
                     row.status, row.reason = "unavailable", str(exc)
                     progress(f"{name}: unavailable ({exc})")
                     continue
                 run = loop if decode is None else (lambda g, loop=loop, decode=decode: decode(loop(g)))
-                progress(f"{row_label(name, device)}: {row_warmup} warm-up" + ("" if interleave else f" + {repeats} timed runs") + " ...")
+                progress(
+                    f"{row_label(name, device)}: {row_warmup} warm-up"
+                    + ("" if interleave else f" + {repeats} timed runs")
+                    + " ..."
+                )
                 build_s = time.perf_counter() - started  # export, compile setup, graph capture
                 # The warm-up runs are timed too, never counted: lazy compilation and autotuning happen in the first.
-                warmups, _ = time_runs(lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=row_warmup)
+                warmups, _ = time_runs(
+                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=row_warmup
+                )
                 built[name] = (build_s, warmups)
                 if interleave:
                     held[name] = (run, loop, decode)
@@ -282,7 +311,17 @@ def time_rows(
             else:
                 row.peak_memory_mb = None if rss.peak is None else rss.peak / 2**20
                 row.memory_kind = "process_peak_rss"
-            _stages_and_trace(row, loop=loop, decode=decode, run=run, device=device, seed=seed, repeats=repeats, profile=profile, progress=progress)
+            _stages_and_trace(
+                row,
+                loop=loop,
+                decode=decode,
+                run=run,
+                device=device,
+                seed=seed,
+                repeats=repeats,
+                profile=profile,
+                progress=progress,
+            )
             del run, loop, decode  # free the row before the next one is built
             _record(row, images, reference=reference, built=built[name], flops=flops, plan=plan, shape=shape, env=env)
         except Exception as exc:  # a row's failure is reported in its row, the others still run
@@ -305,8 +344,27 @@ def time_rows(
             row = by_name[name]
             row.memory_kind = "not measured (--interleave holds every row at once)"
             try:
-                _stages_and_trace(row, loop=loop, decode=decode, run=run, device=device, seed=seed, repeats=repeats, profile=profile, progress=progress)
-                _record(row, last_images.pop(name), reference=reference, built=built[name], flops=flops, plan=plan, shape=shape, env=env)
+                _stages_and_trace(
+                    row,
+                    loop=loop,
+                    decode=decode,
+                    run=run,
+                    device=device,
+                    seed=seed,
+                    repeats=repeats,
+                    profile=profile,
+                    progress=progress,
+                )
+                _record(
+                    row,
+                    last_images.pop(name),
+                    reference=reference,
+                    built=built[name],
+                    flops=flops,
+                    plan=plan,
+                    shape=shape,
+                    env=env,
+                )
             except Exception as exc:
                 row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
                 progress(f"{name}: failed ({row.reason})")
@@ -322,12 +380,22 @@ def time_rows(
 
 
 def _stages_and_trace(
-    row: Row, *, loop: Callable, decode: Callable | None, run: Callable, device: torch.device, seed: int, repeats: int,
-    profile: str | None, progress: Callable[[str], None],
+    row: Row,
+    *,
+    loop: Callable,
+    decode: Callable | None,
+    run: Callable,
+    device: torch.device,
+    seed: int,
+    repeats: int,
+    profile: str | None,
+    progress: Callable[[str], None],
 ) -> None:
     """A latent model's two stages timed alone (the loop, then the decoder on its latents); the --profile trace."""
     if decode is not None:
-        loop_times, latents = time_runs(lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats)
+        loop_times, latents = time_runs(
+            lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
+        )
         decode_times, _ = time_runs(lambda: decode(latents), device=device, warmup=1, repeats=repeats)
         row.loop_s, row.decode_s = statistics.median(loop_times), statistics.median(decode_times)
     if profile:
@@ -335,14 +403,23 @@ def _stages_and_trace(
 
 
 def _record(
-    row: Row, images: torch.Tensor, *, reference: list[torch.Tensor], built: tuple[float, list[float]], flops: float,
-    plan: SamplingPlan, shape: tuple[int, ...], env: dict,
+    row: Row,
+    images: torch.Tensor,
+    *,
+    reference: list[torch.Tensor],
+    built: tuple[float, list[float]],
+    flops: float,
+    plan: SamplingPlan,
+    shape: tuple[int, ...],
+    env: dict,
 ) -> None:
     """A timed row's statistics, and its parity against ``reference`` (the first recorded row's images, which the
     first call appends)."""
     times, (build_s, warmups) = row.times_s, built
     row.median_s, row.min_s, row.max_s = statistics.median(times), min(times), max(times)
-    row.build_s = build_s + (max(0.0, warmups[0] - row.median_s) if warmups else 0.0)  # the first run's excess is building
+    row.build_s = build_s + (
+        max(0.0, warmups[0] - row.median_s) if warmups else 0.0
+    )  # the first run's excess is building
     row.ms_per_step = 1000.0 * row.median_s / plan.num_steps
     row.images_per_s = shape[0] / row.median_s
     row.tflops = flops * plan.num_steps / row.median_s / 1e12
@@ -359,7 +436,12 @@ def _record(
 
 
 def trace_run(
-    run: Callable[[torch.Generator], torch.Tensor], *, name: str, directory: str, device: torch.device, seed: int,
+    run: Callable[[torch.Generator], torch.Tensor],
+    *,
+    name: str,
+    directory: str,
+    device: torch.device,
+    seed: int,
     log: Callable[[str], None],
 ) -> None:
     """One untimed run under torch.profiler (one profiler step), written to ``directory/name``."""
@@ -397,31 +479,72 @@ def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
 
 
 def benchmark_sampling(
-    args: BenchmarkRequest, *, model: UNet, plan: SamplingPlan, shape: tuple[int, int, int, int], precision: str,
-    guidance: Guidance | None = None, first_stage: FirstStage | None = None,
+    args: BenchmarkRequest,
+    *,
+    model: UNet,
+    plan: SamplingPlan,
+    shape: tuple[int, int, int, int],
+    precision: str,
+    guidance: Guidance | None = None,
+    first_stage: FirstStage | None = None,
 ) -> list[Row]:
     """Run, print (header, table, summary) and write the requested outputs."""
-    names = parse_rows(args.rows, device_type=plan.coefficients.device.type)  # the output paths were checked by main.py before any work
+    names = parse_rows(
+        args.rows, device_type=plan.coefficients.device.type
+    )  # the output paths were checked by main.py before any work
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
     env, rows = time_rows(
-        model, plan, shape=shape, seed=args.seed, precision=precision, rows=names, warmup=args.warmup,
-        repeats=args.repeats, profile=args.profile, guidance=guidance, first_stage=first_stage, interleave=args.interleave,
-    )  # fmt: skip
+        model,
+        plan,
+        shape=shape,
+        seed=args.seed,
+        precision=precision,
+        rows=names,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        profile=args.profile,
+        guidance=guidance,
+        first_stage=first_stage,
+        interleave=args.interleave,
+    )
     print()
-    for key in ("date", "device", "driver", "compute_capability", "torch", "cuda", "tensorrt", "python", "cpu_allocator", "timing"):
+    for key in (
+        "date",
+        "device",
+        "driver",
+        "compute_capability",
+        "torch",
+        "cuda",
+        "tensorrt",
+        "python",
+        "cpu_allocator",
+        "timing",
+    ):
         if key in env:
             print(f"{key:>18}: {env[key]}")
     print(
-        f"{'model':>18}: {env['parameters'] / 1e6:.2f}M parameters, {env['unet_gflops_per_forward']:.2f} GFLOP per forward "
-        f"at batch {shape[0]}; {plan.sampler}, {plan.num_steps} steps; {args.warmup} warm-up + {args.repeats} timed runs"
-        + (" (rounds; speedup: the median of the original's time over the row's, round by round)" if args.interleave else "")
+        f"{'model':>18}: {env['parameters'] / 1e6:.2f}M parameters, {env['unet_gflops_per_forward']:.2f} GFLOP per "
+        "forward "
+        f"at batch {shape[0]}; {plan.sampler}, {plan.num_steps} steps; {args.warmup} warm-up + {args.repeats} timed "
+        "runs"
+        + (
+            " (rounds; speedup: the median of the original's time over the row's, round by round)"
+            if args.interleave
+            else ""
+        )
     )
     if first_stage is not None:
         latents, images = ("x".join(map(str, shape)) for shape in (first_stage.latent_shape, first_stage.image_shape))
-        print(f"{'latent model':>18}: {latents} latents decoded to {images} images; loop s and decoder s: each stage alone")
+        print(
+            f"{'latent model':>18}: {latents} latents decoded to {images} images; loop s and decoder s: each stage "
+            "alone"
+        )
     if guidance is not None:
-        print(f"{'guidance':>18}: class-conditional, scale {guidance.scale:g}: the U-Net runs on twice the batch each step")
+        print(
+            f"{'guidance':>18}: class-conditional, scale {guidance.scale:g}: the U-Net runs on twice the batch each "
+            "step"
+        )
     if "matmul_peak_tflops" in env:
         peaks = env["matmul_peak_tflops"]
         text = ", ".join(f"{name} {value:.3g} TFLOP/s" for name, value in peaks.items())
@@ -437,5 +560,3 @@ def benchmark_sampling(
     for path in filter(None, (args.json, args.csv, args.chart)):
         print(f"wrote {path}")
     return rows
-
-

@@ -39,7 +39,10 @@ def training_variants(device: torch.device) -> list[tuple[str, str, dict]]:
         ("amp_compile", f"{amp}{fast} compile", dict(mixed, compile=True)),
         ("fp32_checkpoint", "fp32 eager, grad checkpoint", dict(eager, grad_checkpoint=True)),
         ("amp_checkpoint", f"{amp}{fast} eager, grad checkpoint", dict(mixed, grad_checkpoint=True)),
-        *((f"t_{name}", f"fp32 eager, t: {name}", dict(eager, timestep_sampling=name)) for name in TIMESTEP_SAMPLERS[1:]),
+        *(
+            (f"t_{name}", f"fp32 eager, t: {name}", dict(eager, timestep_sampling=name))
+            for name in TIMESTEP_SAMPLERS[1:]
+        ),
     ]
 
 
@@ -72,8 +75,18 @@ def warm_timestep_sampler(sampler: TimestepSampler) -> None:
 
 
 def time_variants(
-    model_config, schedule_config, *, device: torch.device, batch_size: int, steps: int, warmup: int, seed: int,
-    progress: Callable[[str], None] = print, profile: str | None = None, rows: str | None = None, latent: bool = False,
+    model_config,
+    schedule_config,
+    *,
+    device: torch.device,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    seed: int,
+    progress: Callable[[str], None] = print,
+    profile: str | None = None,
+    rows: str | None = None,
+    latent: bool = False,
 ) -> list[dict]:
     """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant.
     A latent model's U-Net (``latent``) trains on random unit-variance latents, as its encoded data are.
@@ -97,8 +110,15 @@ def time_variants(
     if model_config.num_classes:  # a class-conditional model trains on random labels too
         images.labels = torch.randint(0, model_config.num_classes, (shape[0],), generator=gen)
         images.class_names = tuple(str(i) for i in range(model_config.num_classes))
-    timed = dict(model_config=model_config, schedule_config=schedule_config, images=images, device=device,
-                 steps=steps, warmup=warmup, seed=seed)  # fmt: skip
+    timed = dict(
+        model_config=model_config,
+        schedule_config=schedule_config,
+        images=images,
+        device=device,
+        steps=steps,
+        warmup=warmup,
+        seed=seed,
+    )
     results = []
     for key, name, fields in select_variants(rows, device):
         gc.collect()  # the previous variant's trainer (model, EMA, optimizer state) is gone before this one
@@ -110,7 +130,9 @@ def time_variants(
         failure = None
         if ranks.distributed and ranks.is_main:  # the baseline: one rank alone, one rank's share of the batch
             try:
-                alone, _, _ = time_variant(fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed)
+                alone, _, _ = time_variant(
+                    fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed
+                )
                 row["single_rank_images_per_s"] = steps * (batch_size // ranks.world_size) / alone
             except Exception as exc:  # the other ranks learn of it in the next all-reduce
                 failure = exc
@@ -121,7 +143,11 @@ def time_variants(
                 elapsed, peak_mb, trainer = time_variant(fields, batch_size=batch_size, ranks=ranks, **timed)
                 if profile:
                     suffix = f"-rank{ranks.rank}" if ranks.distributed else ""
-                    trace_steps(trainer, name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}", directory=profile)
+                    trace_steps(
+                        trainer,
+                        name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}",
+                        directory=profile,
+                    )
                 del trainer  # freed before the next variant is built: its memory is measured alone
             except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
                 if distributed.is_collective_failure(exc, ranks=ranks):
@@ -159,14 +185,31 @@ def any_failed(failed: bool, *, ranks: distributed.Ranks, device: torch.device) 
 
 
 def time_variant(
-    fields: dict, *, model_config, schedule_config, images, device: torch.device, batch_size: int, steps: int,
-    warmup: int, seed: int, ranks: distributed.Ranks,
+    fields: dict,
+    *,
+    model_config,
+    schedule_config,
+    images,
+    device: torch.device,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    seed: int,
+    ranks: distributed.Ranks,
 ) -> tuple[float, float | None, object]:
     """(seconds for ``steps`` timed steps, peak memory in MB or None, the trainer) of one variant."""
     from ddpm.training.trainer import TrainConfig, Trainer
 
-    config = TrainConfig(dataset="random", total_steps=warmup + steps + PROFILED_STEPS, batch_size=batch_size, seed=seed,
-                         warmup_steps=0, save_every=0, sample_every=0, **fields)  # fmt: skip
+    config = TrainConfig(
+        dataset="random",
+        total_steps=warmup + steps + PROFILED_STEPS,
+        batch_size=batch_size,
+        seed=seed,
+        warmup_steps=0,
+        save_every=0,
+        sample_every=0,
+        **fields,
+    )
     trainer = Trainer(config, model_config, schedule_config, images=images, device=device, ranks=ranks)
     warm_timestep_sampler(trainer.timesteps)
     for _ in range(warmup):
@@ -205,9 +248,18 @@ def benchmark_training(
     warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
     ranks = distributed.current()
     rows = time_variants(
-        model_config, schedule_config, device=device, batch_size=args.batch_size, steps=args.train_steps,
-        warmup=warmup, seed=args.seed, profile=args.profile, progress=distributed.say, rows=args.rows, latent=latent,
-    )  # fmt: skip
+        model_config,
+        schedule_config,
+        device=device,
+        batch_size=args.batch_size,
+        steps=args.train_steps,
+        warmup=warmup,
+        seed=args.seed,
+        profile=args.profile,
+        progress=distributed.say,
+        rows=args.rows,
+        latent=latent,
+    )
     if not ranks.is_main:
         return rows
     env = environment(device)
@@ -215,12 +267,18 @@ def benchmark_training(
     for key in ("date", "device", "torch", "cuda"):
         print(f"{key:>10}: {env[key]}")
     shape = "x".join(map(str, model_config.sample_shape(1)[1:]))
-    print(f"{'model':>10}: {model_config.model_channels} base channels, {shape}{' latents' if latent else ''}, batch {args.batch_size}, "
-          f"{warmup} warm-up + {args.train_steps} timed steps")  # fmt: skip
+    print(
+        f"{'model':>10}: {model_config.model_channels} base channels, {shape}{' latents' if latent else ''}, batch "
+        f"{args.batch_size}, "
+        f"{warmup} warm-up + {args.train_steps} timed steps"
+    )
     if ranks.distributed:
         env["ranks"] = ranks.world_size
-        print(f"{'ranks':>10}: {ranks.world_size} ({distributed.backend()}), {args.batch_size // ranks.world_size} images each; "
-              "scaling = img/s per rank over one rank alone with the same per-rank batch")  # fmt: skip
+        print(
+            f"{'ranks':>10}: {ranks.world_size} ({distributed.backend()}), {args.batch_size // ranks.world_size} "
+            "images each; "
+            "scaling = img/s per rank over one rank alone with the same per-rank batch"
+        )
     print()
     extra = f"{'img/s/rank':>11}{'scaling':>9}" if ranks.distributed else ""
     print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}{extra}")
@@ -229,7 +287,8 @@ def benchmark_training(
             print(f"{r['name']:<40}{r['status']}: {r['reason']}")
             continue
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        line = f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{times_text(r.get('speedup')):>9}{mem:>9}"
+        speedup = times_text(r.get("speedup"))
+        line = f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{speedup:>9}{mem:>9}"
         if ranks.distributed:
             scaling = f"{100 * r['scaling_efficiency']:.0f}%" if r.get("scaling_efficiency") else "n/a"
             line += f"{r['images_per_s_per_rank']:>11.1f}{scaling:>9}"

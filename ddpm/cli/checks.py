@@ -50,7 +50,9 @@ def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Se
     except ValueError:
         raise ValueError(f"{flag} takes a comma-separated list, got {text!r}") from None
     if choices is not None and any(v not in choices for v in values):
-        raise ValueError(f"{flag}: {', '.join(str(v) for v in values if v not in choices)} not one of {', '.join(choices)}")
+        raise ValueError(
+            f"{flag}: {', '.join(str(v) for v in values if v not in choices)} not one of {', '.join(choices)}"
+        )
     return values
 
 

@@ -112,8 +112,12 @@ class TrainRequest:
     resume: bool
     overwrite: bool
     model: NewModel
-    autoencoder: str | None = None  # a latent model: the autoencoder whose latents the U-Net learns (latent/first_stage.py)
-    init_from: str | None = None  # fine-tuning: a new run starting from these weights (checkpoint, safetensors, diffusers folder)
+    autoencoder: str | None = (
+        None  # a latent model: the autoencoder whose latents the U-Net learns (latent/first_stage.py)
+    )
+    init_from: str | None = (
+        None  # fine-tuning: a new run starting from these weights (checkpoint, safetensors, diffusers folder)
+    )
     seed: int = 0
     n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
     max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap
@@ -133,7 +137,9 @@ class TrainRequest:
     profile: str | None = None  # --profile DIR
     log_dir: str | None = None  # the training curves' folder (metrics.csv, TensorBoard events); None: none written
     log_every: int = 10  # a row of the curves every N steps
-    given: frozenset[str] = frozenset()  # the flags written on the command line: --resume checks them against the checkpoint
+    given: frozenset[str] = (
+        frozenset()
+    )  # the flags written on the command line: --resume checks them against the checkpoint
 
 
 @dataclass(frozen=True, kw_only=True)

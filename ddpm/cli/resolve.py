@@ -20,7 +20,14 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpm.cli.checks import check_at_most, check_not_negative, check_positive, check_profile_dir, check_suffix, parse_list
+from ddpm.cli.checks import (
+    check_at_most,
+    check_not_negative,
+    check_positive,
+    check_profile_dir,
+    check_suffix,
+    parse_list,
+)
 from ddpm.cli.parser import parse_args
 from ddpm.cli.requests import (
     BenchmarkRun,
@@ -33,7 +40,7 @@ from ddpm.cli.requests import (
     SampleRequest,
     SamplingChoice,
     TrainRequest,
-)  # fmt: skip
+)
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
@@ -57,26 +64,47 @@ def request_for(args: argparse.Namespace) -> object:
         check_opset(args.opset)
     check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
     if args.mode != "train":  # the training curves are --mode train's
-        _refuse_ignored(args, ("log_dir", "log_every"), f"applies to --mode train (its training curves), not --mode {args.mode}")
+        _refuse_ignored(
+            args, ("log_dir", "log_every"), f"applies to --mode train (its training curves), not --mode {args.mode}"
+        )
     if args.mode != "benchmark":
         _refuse_ignored(args, ("interleave",), f"orders benchmark mode's timed runs, not --mode {args.mode}'s")
     if args.mode != "export":
-        _refuse_ignored(args, ("calibration_samples",), f"calibrates an INT8 export (--mode export --precision int8), not --mode {args.mode}")
+        _refuse_ignored(
+            args,
+            ("calibration_samples",),
+            f"calibrates an INT8 export (--mode export --precision int8), not --mode {args.mode}",
+        )
     # Sizes, counts and step numbers: never 0 or negative (0 is not "the default"; leave a flag out for that).
     check_positive(
-        img_size=args.img_size, channels=args.channels, model_channels=args.model_channels,
-        num_res_blocks=args.num_res_blocks, patch_size=args.patch_size, timesteps=args.timesteps,
-        latent_channels=args.latent_channels, ae_channels=args.ae_channels, max_batch=args.max_batch,
-        train_steps=args.train_steps, repeats=args.repeats, grid_scale=args.grid_scale,
-    )  # fmt: skip
+        img_size=args.img_size,
+        channels=args.channels,
+        model_channels=args.model_channels,
+        num_res_blocks=args.num_res_blocks,
+        patch_size=args.patch_size,
+        timesteps=args.timesteps,
+        latent_channels=args.latent_channels,
+        ae_channels=args.ae_channels,
+        max_batch=args.max_batch,
+        train_steps=args.train_steps,
+        repeats=args.repeats,
+        grid_scale=args.grid_scale,
+    )
     check_not_negative(
         warmup_steps=args.warmup_steps, save_every=args.save_every, sample_every=args.sample_every, warmup=args.warmup
     )
-    check_at_most(MAX_STEP, "a billion optimizer steps, the most a checkpoint records", max_steps=args.max_steps,
-                  n_epochs=args.n_epochs, train_steps=args.train_steps)  # fmt: skip
+    check_at_most(
+        MAX_STEP,
+        "a billion optimizer steps, the most a checkpoint records",
+        max_steps=args.max_steps,
+        n_epochs=args.n_epochs,
+        train_steps=args.train_steps,
+    )
     check_at_most(1000, "timings settle within a few repeats", repeats=args.repeats, warmup=args.warmup)
     if not 0.0 <= args.eta <= 1.0:
-        raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {args.eta:g}")
+        raise ValueError(
+            f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {args.eta:g}"
+        )
     args.dataset = args.dataset or "mnist"
     if args.batch_size is None:
         args.batch_size = training_defaults(args.dataset)["batch_size"] if args.mode == "train" else 64
@@ -117,7 +145,9 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
     """Outside --mode evaluate, --sampler and --sampling_steps name one value."""
     for flag, value in (("--sampler", args.sampler), ("--sampling_steps", args.sampling_steps)):
         if value is not None and "," in value:
-            raise ValueError(f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}")
+            raise ValueError(
+                f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}"
+            )
     steps = int(args.sampling_steps) if args.sampling_steps is not None else None
     return SamplingChoice(sampler=args.sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
 
@@ -129,9 +159,22 @@ def _model_path(args: argparse.Namespace) -> str:
 # Flags that describe a new model (its shape, network, schedule, conditioning, autoencoder): a run from a
 # model file takes all of that from the file, so giving one would be silently ignored.
 NEW_MODEL_FLAGS = (
-    "img_size", "channels", "model_preset", "model_channels", "num_res_blocks", "dropout", "time_conditioning",
-    "patch_size", "beta_schedule", "timesteps", "class_cond", "latent_channels", "downsample", "ae_channels", "kl_weight",
-)  # fmt: skip
+    "img_size",
+    "channels",
+    "model_preset",
+    "model_channels",
+    "num_res_blocks",
+    "dropout",
+    "time_conditioning",
+    "patch_size",
+    "beta_schedule",
+    "timesteps",
+    "class_cond",
+    "latent_channels",
+    "downsample",
+    "ae_channels",
+    "kl_weight",
+)
 # Flags of sampling and of autoencoder training that a U-Net's training run would ignore.
 NOT_TRAINING_FLAGS = ("class_label", "guidance_scale", "latent_channels", "downsample", "ae_channels", "kl_weight")
 
@@ -144,11 +187,15 @@ def _refuse_ignored(args: argparse.Namespace, flags: tuple[str, ...], why: str) 
 
 def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
     path = path or _model_path(args)
-    _refuse_ignored(args, NEW_MODEL_FLAGS, f"describes a new model, and --mode {args.mode} takes the whole model from {path}")
+    _refuse_ignored(
+        args, NEW_MODEL_FLAGS, f"describes a new model, and --mode {args.mode} takes the whole model from {path}"
+    )
     return ModelSource(
-        path=path, weights="model" if args.no_ema else "ema", trust_torchscript=args.trust_torchscript,
+        path=path,
+        weights="model" if args.no_ema else "ema",
+        trust_torchscript=args.trust_torchscript,
         autoencoder=args.autoencoder,
-    )  # fmt: skip
+    )
 
 
 def _new_model(args: argparse.Namespace) -> NewModel:
@@ -156,7 +203,9 @@ def _new_model(args: argparse.Namespace) -> NewModel:
 
     size, channels = default_shape(args.dataset)
     if getattr(args, "autoencoder", None):
-        size = channels = 0  # a latent model's: its autoencoder's, unless the flags name others (refused if they differ)
+        size = channels = (
+            0  # a latent model's: its autoencoder's, unless the flags name others (refused if they differ)
+        )
     return NewModel(
         dataset=args.dataset,
         data_dir=args.data_dir,
@@ -233,25 +282,41 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     from ddpm.training.curves import default_log_dir
 
     _single(args)
-    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every)
+    check_positive(
+        n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every
+    )
     checkpoint = _model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
-        raise ValueError(f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}")
+        raise ValueError(
+            f"--model_path must name a .pt checkpoint file (sampling and export expect one), got {checkpoint}"
+        )
     if args.autoencoder and args.dataset in VOLUME_DATASETS:
         raise ValueError("--autoencoder: latent models are for images; volumes train in voxel space")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the checkpoint and --overwrite replaces it; choose one")
     if args.init_from:  # fine-tuning: the whole model comes from the file, the data and the recipe from the flags
         if args.resume:
-            raise ValueError(f"--resume continues {checkpoint}'s own run and --init_from starts a new one from {args.init_from}; choose one")
-        _refuse_ignored(args, NEW_MODEL_FLAGS, f"describes a new model, and --init_from takes the whole model from {args.init_from}")
+            raise ValueError(
+                f"--resume continues {checkpoint}'s own run and --init_from starts a new one from {args.init_from}; "
+                "choose one"
+            )
+        _refuse_ignored(
+            args, NEW_MODEL_FLAGS, f"describes a new model, and --init_from takes the whole model from {args.init_from}"
+        )
         if args.autoencoder:
             raise ValueError("--init_from starts from a pixel model's weights; a latent model continues with --resume")
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
-    _refuse_ignored(args, NOT_TRAINING_FLAGS, "is not read by --mode train (it is a flag of sampling or of --mode train_autoencoder)")
+    _refuse_ignored(
+        args,
+        NOT_TRAINING_FLAGS,
+        "is not read by --mode train (it is a flag of sampling or of --mode train_autoencoder)",
+    )
     if "cond_drop" in args.given and not args.class_cond and not args.resume:
-        raise ValueError("--cond_drop is the share of labels dropped when training a class-conditional model; add --class_cond or drop it")
+        raise ValueError(
+            "--cond_drop is the share of labels dropped when training a class-conditional model; add --class_cond or "
+            "drop it"
+        )
     if args.resume:
         resumed_keeps = "makes a new model; a resumed run keeps the one in its checkpoint"
         _refuse_ignored(args, ("time_conditioning", "patch_size", "model_preset"), resumed_keeps)
@@ -259,7 +324,11 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError("--n_epochs sets a new run's length; a resumed run goes on to --max_steps (drop --n_epochs)")
     if not 0.0 <= args.cond_drop <= 1.0:
         raise ValueError(f"--cond_drop must be between 0 and 1, got {args.cond_drop}")
-    inputs = {"--autoencoder": args.autoencoder, "--data_dir": _data_input(args), "--init_from": as_input(args.init_from)}
+    inputs = {
+        "--autoencoder": args.autoencoder,
+        "--data_dir": _data_input(args),
+        "--init_from": as_input(args.init_from),
+    }
     check_outputs({"--model_path": checkpoint}, inputs=inputs)
     log_dir = args.log_dir or default_log_dir(checkpoint)  # its metrics.csv is checked once the run's inputs are known
     if Path(log_dir).exists() and not Path(log_dir).is_dir():
@@ -315,9 +384,13 @@ def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequ
     check_suffix("--output (the PNG grid)", grid, ".png")
     check_suffix("--save_npz", args.save_npz, ".npz")
     return SampleRequest(
-        **_draw_fields(args, device, source), sampling=sampling, grid=grid, npz=args.save_npz,
-        grid_scale=args.grid_scale, profile=args.profile,
-    )  # fmt: skip
+        **_draw_fields(args, device, source),
+        sampling=sampling,
+        grid=grid,
+        npz=args.save_npz,
+        grid_scale=args.grid_scale,
+        profile=args.profile,
+    )
 
 
 MAX_EVALUATE_SAMPLES = 50_000
@@ -329,7 +402,9 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
     if args.n_samples < 2:
         raise ValueError("--mode evaluate needs --n_samples 2 or more (a Frechet distance needs a covariance)")
-    _refuse_ignored(args, ("output", "save_npz", "no_grid", "grid_scale"), "is sample mode's; evaluate writes --json and --chart")
+    _refuse_ignored(
+        args, ("output", "save_npz", "no_grid", "grid_scale"), "is sample mode's; evaluate writes --json and --chart"
+    )
     if args.n_samples > MAX_EVALUATE_SAMPLES:  # time: every row draws them all, a U-Net pass per sample and step
         raise ValueError(
             f"--mode evaluate draws at most {MAX_EVALUATE_SAMPLES:,} samples per row (the count FID is reported at; "
@@ -399,14 +474,19 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
     if precision == "fp8":
         problem = quantization.fp8_runtime_problem()
         if problem:
-            raise ValueError(f"--precision fp8 writes an FP8 Q/DQ graph for TensorRT on Hopper and newer GPUs, and {problem}; nothing was written")
+            raise ValueError(
+                f"--precision fp8 writes an FP8 Q/DQ graph for TensorRT on Hopper and newer GPUs, and {problem}; "
+                "nothing was written"
+            )
     if precision not in QUANTIZED:
         if args.calibration_samples is not None:
             raise ValueError("--calibration_samples calibrates an INT8 export; add --precision int8, or drop it")
         return None
     if args.format != "onnx":
-        raise ValueError(f"--precision {precision} is written into an ONNX graph (--format onnx); a TensorRT engine is then "
-                         "built from that file (--format tensorrt --model_path FILE.onnx)")  # fmt: skip
+        raise ValueError(
+            f"--precision {precision} is written into an ONNX graph (--format onnx); a TensorRT engine is then "
+            "built from that file (--format tensorrt --model_path FILE.onnx)"
+        )
     sampling = _single(args)
     sampler, steps = quantization.DEFAULT_CALIBRATION_SAMPLER
     if "sampler" in args.given:
@@ -415,7 +495,9 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
         steps = sampling.steps
     samples = quantization.DEFAULT_CALIBRATION_SAMPLES if args.calibration_samples is None else args.calibration_samples
     if not 1 <= samples <= quantization.MAX_CALIBRATION_SAMPLES:
-        raise ValueError(f"--calibration_samples must be between 1 and {quantization.MAX_CALIBRATION_SAMPLES}, got {samples}")
+        raise ValueError(
+            f"--calibration_samples must be between 1 and {quantization.MAX_CALIBRATION_SAMPLES}, got {samples}"
+        )
     return Calibration(sampler=sampler, steps=steps, samples=samples, seed=args.seed)
 
 
@@ -426,16 +508,26 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     sampling = _single(args)
     check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
     if args.autoencoder and not args.model_path:
-        raise ValueError("--autoencoder goes with a latent model's checkpoint (--model_path); a fresh U-Net is a pixel model")
+        raise ValueError(
+            "--autoencoder goes with a latent model's checkpoint (--model_path); a fresh U-Net is a pixel model"
+        )
     if args.model_path and artifact_kind(args.model_path) != "checkpoint":
         raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {args.model_path}")
     if args.bench != "sampling":
         _refuse_ignored(args, ("interleave",), "times sampling rows (--bench sampling), not training steps")
     request = BenchmarkRequest(
-        rows=args.rows, repeats=args.repeats, warmup=args.warmup, seed=args.seed, train_steps=args.train_steps,
-        batch_size=args.batch_size, json=args.json, csv=args.csv, chart=args.chart, profile=args.profile,
+        rows=args.rows,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        seed=args.seed,
+        train_steps=args.train_steps,
+        batch_size=args.batch_size,
+        json=args.json,
+        csv=args.csv,
+        chart=args.chart,
+        profile=args.profile,
         interleave=args.interleave,
-    )  # fmt: skip
+    )
     outputs = {"--json": args.json}
     if args.bench == "sampling":
         outputs.update({"--csv": args.csv, "--chart": args.chart})
@@ -460,9 +552,13 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
     if args.dataset in VOLUME_DATASETS:
         raise ValueError(f"--mode train_autoencoder is for images; {args.dataset} holds 3-D volumes")
     if args.autoencoder:
-        raise ValueError("--autoencoder names a latent model's first stage; --mode train_autoencoder makes one (drop it)")
+        raise ValueError(
+            "--autoencoder names a latent model's first stage; --mode train_autoencoder makes one (drop it)"
+        )
     if args.resume:
-        raise ValueError("--mode train_autoencoder has no --resume (a run is a few minutes); start over with --overwrite")
+        raise ValueError(
+            "--mode train_autoencoder has no --resume (a run is a few minutes); start over with --overwrite"
+        )
     if args.precision not in ("auto", "fp32"):
         raise ValueError(f"--mode train_autoencoder trains in fp32; drop --precision {args.precision}")
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
@@ -470,19 +566,34 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
     png = reconstructions_path(checkpoint)
-    check_outputs({"--model_path": checkpoint, "the reconstructions PNG": png}, inputs={"--data_dir": _data_input(args)})
+    check_outputs(
+        {"--model_path": checkpoint, "the reconstructions PNG": png}, inputs={"--data_dir": _data_input(args)}
+    )
     size, channels = default_shape(args.dataset)[0], dataset_channels(args)
     request = AutoencoderTrainRequest(
-        device=device, checkpoint=checkpoint, reconstructions=png, overwrite=args.overwrite, dataset=args.dataset,
-        data_dir=args.data_dir, image_size=size if args.img_size is None else args.img_size, channels=channels, seed=args.seed,
-        n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=1e-3 if args.lr is None else args.lr,
-        latent_channels=args.latent_channels, downsample=args.downsample, base_channels=args.ae_channels,
+        device=device,
+        checkpoint=checkpoint,
+        reconstructions=png,
+        overwrite=args.overwrite,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        image_size=size if args.img_size is None else args.img_size,
+        channels=channels,
+        seed=args.seed,
+        n_epochs=args.n_epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        lr=1e-3 if args.lr is None else args.lr,
+        latent_channels=args.latent_channels,
+        downsample=args.downsample,
+        base_channels=args.ae_channels,
         kl_weight=args.kl_weight,
-    )  # fmt: skip
+    )
     side = request.config().latent_side  # the image size, channels and shape flags checked before any data is read
     if side >= 8 and side % 4:
         raise ValueError(
-            f"a {side}x{side} latent cannot be halved twice by the latent U-Net; pick --downsample so the latent side is "
+            f"a {side}x{side} latent cannot be halved twice by the latent U-Net; pick --downsample so the latent side "
+            "is "
             "a multiple of 4 (or at most 4)"
         )
     return request

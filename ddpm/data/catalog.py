@@ -18,9 +18,14 @@ TEST_SPLITS = ("mnist", "fashion_mnist", "cifar10", "spheres")  # the others: ev
 # at 8x8 a training step costs a third of one at an upscaled 16x16, and evaluate's DPM-Solver++
 # 20-step samples of a model trained 3x longer at 8x8 beat the 16x16 model's; BENCHMARKS.md).
 DEFAULT_SHAPE = {
-    "mnist": (28, 1), "fashion_mnist": (28, 1), "cifar10": (32, 3), "digits": (8, 1), "folder": (32, 3),
-    "spheres": (32, 1), "voxels": (32, 1),
-}  # fmt: skip
+    "mnist": (28, 1),
+    "fashion_mnist": (28, 1),
+    "cifar10": (32, 3),
+    "digits": (8, 1),
+    "folder": (32, 3),
+    "spheres": (32, 1),
+    "voxels": (32, 1),
+}
 
 
 def default_shape(dataset: str) -> tuple[int, int]:

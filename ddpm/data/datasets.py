@@ -34,7 +34,8 @@ FLIP = {"cifar10": True}
 
 @dataclass
 class ImageSet:
-    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W) (or float32 latents, latent/first_stage.py); ``labels`` int64 (N,) indexes
+    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W) (or float32 latents, latent/first_stage.py);
+    ``labels`` int64 (N,) indexes
     ``class_names`` (None for a dataset without classes: a folder without sub-folders, random data)."""
 
     name: str
@@ -108,7 +109,12 @@ def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def load_images(
-    dataset: str, *, data_dir: str | Path, image_size: int, channels: int | None = None, download: bool = True,
+    dataset: str,
+    *,
+    data_dir: str | Path,
+    image_size: int,
+    channels: int | None = None,
+    download: bool = True,
     train: bool = True,
 ) -> ImageSet:
     """Load ``dataset`` at ``image_size`` (and ``channels`` for a folder). ``train=False``: the test split
@@ -133,9 +139,12 @@ def load_images(
         if dataset != "folder":
             raise ValueError(f"{dataset} images have {native_channels} channel(s); --channels {channels} does not fit")
     return ImageSet(
-        name=dataset, images=resize_uint8(images, image_size), hflip=FLIP.get(dataset, False), labels=labels,
+        name=dataset,
+        images=resize_uint8(images, image_size),
+        hflip=FLIP.get(dataset, False),
+        labels=labels,
         class_names=class_names,
-    )  # fmt: skip
+    )
 
 
 def data_input(dataset: str, data_dir: str | Path) -> InputFolder | None:
@@ -151,9 +160,10 @@ def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, datas
 
     shape = "x".join([str(channels)] + [str(image_size)] * dims)
     check_held_in_host_memory(
-        n_images * channels * image_size**dims, what=f"{n_images} {dataset} images at {shape}",
+        n_images * channels * image_size**dims,
+        what=f"{n_images} {dataset} images at {shape}",
         advice=lambda _: "use a smaller --img_size",
-    )  # fmt: skip
+    )
 
 
 Loaded = tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]  # uint8 (N, C, H, W), labels (N,), class names
@@ -185,8 +195,6 @@ def _load_digits() -> Loaded:
     pixels = torch.from_numpy(digits.images)  # (1797, 8, 8) float64 in [0, 16]
     images = (pixels * (255.0 / 16.0)).round().to(torch.uint8)[:, None]  # (N, 1, 8, 8)
     return images, torch.from_numpy(digits.target).long(), tuple(str(d) for d in range(10))
-
-
 
 
 def _load_torchvision(dataset: str, root: Path, *, download: bool, train: bool = True) -> Loaded:
@@ -235,7 +243,11 @@ def _load_folder(root: Path, *, image_size: int, channels: int) -> Loaded:
                     img = img.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BICUBIC)
                     pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
         except Exception as exc:  # noqa: BLE001 -- PIL raises anything on junk (OSError, SyntaxError, struct.error, ...)
-            reason = first_line(exc) if isinstance(exc, (OSError, ValueError, Image.DecompressionBombWarning)) else type(exc).__name__
+            reason = (
+                first_line(exc)
+                if isinstance(exc, (OSError, ValueError, Image.DecompressionBombWarning))
+                else type(exc).__name__
+            )
             raise ValueError(f"cannot read image {path}: {reason}") from exc
         out[i] = pixels.view(image_size, image_size, channels).permute(2, 0, 1)
     folders = [path.relative_to(root).parts[0] if len(path.relative_to(root).parts) > 1 else None for path in paths]

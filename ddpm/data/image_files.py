@@ -121,10 +121,12 @@ class SampleOutputs:
     def check(self) -> None:
         """Refuse, before any sampling, outputs that cannot be written: a grid too large (at ``grid_scale``,
         or unscaled when that is left to the default), an .npz beyond free disk."""
-        n, (c, *spatial) = self.n_samples, self.image_shape
+        n, (_, *spatial) = self.n_samples, self.image_shape
         h, w = spatial[-2:]
         if self.grid is not None and len(spatial) == 3 and self.grid_scale is not None:
-            raise ValueError("--grid_scale enlarges image grids; a volume PNG (slices and projections) has its own size")
+            raise ValueError(
+                "--grid_scale enlarges image grids; a volume PNG (slices and projections) has its own size"
+            )
         if self.grid is not None and len(spatial) == 2:  # a volume PNG shows VOLUMES_SHOWN volumes whatever n is
             scale = self.grid_scale or 1
             pixels = grid_pixels(n, height=h, width=w, columns=self.grid_columns) * scale**2
@@ -143,7 +145,8 @@ class SampleOutputs:
             if need > free:
                 raise ValueError(
                     f"--save_npz {self.npz} may need {need / 2**30:.2f} GiB and {folder} has {free / 2**30:.2f} GiB "
-                    f"free; at most about {max(0, free - (1 << 20)) // each} samples of {'x'.join(map(str, self.image_shape))} fit"
+                    f"free; at most about {max(0, free - (1 << 20)) // each} samples of "
+                    f"{'x'.join(map(str, self.image_shape))} fit"
                 )
 
 
@@ -176,8 +179,11 @@ class SampleWriter:
             f = self._stack.enter_context(atomic_open(self.npz))
             archive = self._stack.enter_context(zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED))
             self._array = self._stack.enter_context(archive.open("images.npy", "w", force_zip64=True))
-            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
-                      "shape": (n_samples, *spatial, c)}  # fmt: skip
+            header = {
+                "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
+                "fortran_order": False,
+                "shape": (n_samples, *spatial, c),
+            }
             np.lib.format.write_array_header_1_0(self._array, header)
 
     def add(self, images: torch.Tensor) -> None:

@@ -1,2 +1,1 @@
-"""Sample quality: who judges which data, the digits judge and the sweep, FID/KID.
-"""
+"""Sample quality: who judges which data, the digits judge and the sweep, FID/KID."""

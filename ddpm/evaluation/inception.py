@@ -97,7 +97,9 @@ def weights_file(path: str | Path | None = None, *, download: bool = True) -> Pa
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable or unsafe file gets the same one line
-        raise ValueError(f"{path} is not a readable weights file ({type(exc).__name__}); fetch it again from {url}") from exc
+        raise ValueError(
+            f"{path} is not a readable weights file ({type(exc).__name__}); fetch it again from {url}"
+        ) from exc
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path} is not a state dict of tensors; fetch it again from {url}")
     return path
@@ -111,7 +113,9 @@ def inception_extractor(weights: Path, *, device: torch.device) -> Extractor:
             "inception-v3-compat", [FEATURE], feature_extractor_weights_path=str(weights)
         )
     except RuntimeError as exc:  # a state dict of other keys or shapes
-        raise ValueError(f"{weights} does not hold torch-fidelity's InceptionV3 weights ({str(exc).splitlines()[0]})") from exc
+        raise ValueError(
+            f"{weights} does not hold torch-fidelity's InceptionV3 weights ({str(exc).splitlines()[0]})"
+        ) from exc
     net = net.to(device)
 
     @torch.no_grad()
@@ -145,7 +149,9 @@ def fid_kid(features_a: torch.Tensor, features_b: torch.Tensor) -> tuple[float, 
     return float(fid), float(kid["kernel_inception_distance_mean"]), float(kid["kernel_inception_distance_std"])
 
 
-def real_splits(train: torch.Tensor, held_out: torch.Tensor | None, *, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def real_splits(
+    train: torch.Tensor, held_out: torch.Tensor | None, *, n: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(reference, ceiling) uint8 images: ``n`` of the training images, and ``n`` real images not among
     them (from ``held_out``, or else the rest of ``train``). Refuses counts the data cannot give."""
     g = torch.Generator().manual_seed(seed)
@@ -158,7 +164,9 @@ def real_splits(train: torch.Tensor, held_out: torch.Tensor | None, *, n: int, s
         order = torch.randperm(len(train), generator=g)
         return train[order[:n]], train[order[n : 2 * n]]
     if n > min(len(train), len(held_out)):
-        raise ValueError(f"--n_samples {n} is more than the data hold ({len(train)} training, {len(held_out)} test images)")
+        raise ValueError(
+            f"--n_samples {n} is more than the data hold ({len(train)} training, {len(held_out)} test images)"
+        )
     return train[torch.randperm(len(train), generator=g)[:n]], held_out[torch.randperm(len(held_out), generator=g)[:n]]
 
 

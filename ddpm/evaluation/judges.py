@@ -18,7 +18,14 @@ from ddpm.evaluation.quality import DigitJudge
 
 
 def judge_for(
-    dataset: str, *, data_dir: str, image_size: int, channels: int, n: int, seed: int, device: torch.device,
+    dataset: str,
+    *,
+    data_dir: str,
+    image_size: int,
+    channels: int,
+    n: int,
+    seed: int,
+    device: torch.device,
     inception_weights: str | None = None,
 ):
     """The judge of ``dataset``'s samples at ``image_size`` (``n`` of them are scored at a time)."""
@@ -28,19 +35,36 @@ def judge_for(
     if dataset in VOLUME_DATASETS:
         return voxel_judge(dataset, data_dir=data_dir, size=image_size, n=n, seed=seed)
     return inception_judge(
-        dataset, data_dir=data_dir, image_size=image_size, channels=channels, n=n, weights=inception_weights, seed=seed,
+        dataset,
+        data_dir=data_dir,
+        image_size=image_size,
+        channels=channels,
+        n=n,
+        weights=inception_weights,
+        seed=seed,
         device=device,
-    )  # fmt: skip
+    )
 
 
-def inception_judge(dataset: str, *, data_dir: str, image_size: int, channels: int, n: int, weights: str | None, seed: int, device: torch.device):
+def inception_judge(
+    dataset: str,
+    *,
+    data_dir: str,
+    image_size: int,
+    channels: int,
+    n: int,
+    weights: str | None,
+    seed: int,
+    device: torch.device,
+):
     """FID/KID against the model's training images; the ceiling from its test split (or the folder's other half)."""
     weights = inception.weights_file(weights)  # before the data: fail fast offline
     train = load_images(dataset, data_dir=data_dir, image_size=image_size, channels=channels).images
     held = (
         load_images(dataset, data_dir=data_dir, image_size=image_size, channels=channels, train=False).images
-        if dataset in TEST_SPLITS else None
-    )  # fmt: skip
+        if dataset in TEST_SPLITS
+        else None
+    )
     reference, ceiling = inception.real_splits(train, held, n=n, seed=seed)
     print(f"Inception features of {n} real {dataset} images (the reference) ...")
     extractor = inception.inception_extractor(weights, device=device)

@@ -19,7 +19,8 @@ needs no download:
   their nearest other real digit's half that distance (a copy of a training image, not a new one).
 
 Real digits and samples go through the same path: the real digits resized to the model's image
-size as in training, then both brought to [0, 1] and area-averaged to the classifier's 8x8. Each table carries its ceiling (real digits the classifier never saw,
+size as in training, then both brought to [0, 1] and area-averaged to the classifier's 8x8. Each table carries its
+ceiling (real digits the classifier never saw,
 scored the same way, at the same count) and its floor (uniform noise).
 
 Models of MNIST, Fashion-MNIST, CIFAR-10 and image folders are scored by FID and KID
@@ -105,7 +106,9 @@ class DigitJudge:
         )
         self.train_features, self.held_features = features[idx_train], features[idx_held]
         # An RBF SVM with Platt-scaled (sigmoid-calibrated) probabilities.
-        self.classifier = CalibratedClassifierCV(SVC(gamma="scale", random_state=seed), method="sigmoid", ensemble=False)
+        self.classifier = CalibratedClassifierCV(
+            SVC(gamma="scale", random_state=seed), method="sigmoid", ensemble=False
+        )
         self.classifier.fit(self.train_features, labels[idx_train])
         self.pca = PCA(n_components=PCA_COMPONENTS, random_state=seed).fit(features)
         self.all_features = features
@@ -129,7 +132,9 @@ class DigitJudge:
 
     def _distance_to_train_half(self, features: np.ndarray) -> np.ndarray:
         squared = (
-            (features**2).sum(1)[:, None] + (self.train_features**2).sum(1)[None, :] - 2 * features @ self.train_features.T
+            (features**2).sum(1)[:, None]
+            + (self.train_features**2).sum(1)[None, :]
+            - 2 * features @ self.train_features.T
         )
         return np.sqrt(np.clip(squared.min(1), 0.0, None))
 
@@ -175,8 +180,14 @@ class DigitJudge:
         # Frechet: real digits from the classifier's half against the held-out half, at the same count.
         other = self.train_features[rng.choice(len(self.train_features), size=len(features), replace=False)]
         frechet = frechet_distance(self.pca.transform(other), self.pca.transform(self.held_features))
-        return Scores(name="real digits (ceiling)", n=len(features), confident=float(confident.mean()),
-                      classes=len(set(labels[confident].tolist())), frechet=frechet, memorised=float("nan"))  # fmt: skip
+        return Scores(
+            name="real digits (ceiling)",
+            n=len(features),
+            confident=float(confident.mean()),
+            classes=len(set(labels[confident].tolist())),
+            frechet=frechet,
+            memorised=float("nan"),
+        )
 
     def floor(self, n: int, *, seed: int, image_size: int) -> Scores:
         g = torch.Generator().manual_seed(seed)
@@ -233,8 +244,10 @@ def format_table(result: dict) -> str:
     def line(label: str, steps: str, s: dict) -> str:
         memorised = "-" if math.isnan(s["memorised"]) else f"{100 * s['memorised']:.1f}%"
         seconds = "-" if s.get("seconds") is None else f"{s['seconds']:.1f}"
-        return (f"{label:<16}{steps:>6}{100 * s['confident']:>10.1f}%{s['classes']:>9}{s['frechet']:>10.3f}"
-                f"{memorised:>11}{seconds:>9}")  # fmt: skip
+        return (
+            f"{label:<16}{steps:>6}{100 * s['confident']:>10.1f}%{s['classes']:>9}{s['frechet']:>10.3f}"
+            f"{memorised:>11}{seconds:>9}"
+        )
 
     for row in result["rows"]:
         lines.append(line(row["sampler"], str(row["steps"]), row))
@@ -242,8 +255,11 @@ def format_table(result: dict) -> str:
     lines.append(line("noise", "-", result["floor"]) + "   (floor: uniform noise)")
     conditional = [row for row in result["rows"] if row.get("on_label") is not None]
     if conditional:
-        lines += ["", f"drawn as the requested digit (guidance {result.get('guidance_scale')}):",
-                  f"{'sampler':<16}{'steps':>6}{'all':>7}" + "".join(f"{d:>6}" for d in range(10))]  # fmt: skip
+        lines += [
+            "",
+            f"drawn as the requested digit (guidance {result.get('guidance_scale')}):",
+            f"{'sampler':<16}{'steps':>6}{'all':>7}" + "".join(f"{d:>6}" for d in range(10)),
+        ]
         for row in conditional:
             cells = "".join("     -" if v is None else f"{100 * v:>5.0f}%" for v in row["per_label"])
             lines.append(f"{row['sampler']:<16}{row['steps']:>6}{100 * row['on_label']:>6.1f}%{cells}")
@@ -268,7 +284,10 @@ def _inception_table(result: dict) -> str:
 CHART_PANELS = {
     "digits": [("confident", "confident samples (%)", 100, False), ("frechet", "Fréchet distance (PCA-20)", 1, True)],
     "inception": [("fid", "FID (Inception)", 1, True), ("kid", "KID × 1000", 1000, False)],
-    "voxels": [("iou", "best-fit sphere IoU (median)", 1, False), ("ssim", "SSIM to the nearest real volume (median)", 1, False)],
+    "voxels": [
+        ("iou", "best-fit sphere IoU (median)", 1, False),
+        ("ssim", "SSIM to the nearest real volume (median)", 1, False),
+    ],
 }
 
 

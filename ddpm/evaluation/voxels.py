@@ -59,7 +59,9 @@ def fit_sphere(volume) -> SphereFit:
     radius = (3 * count / (4 * math.pi)) ** (1 / 3)
     z, y, x = (np.arange(n, dtype=np.float64) for n in v.shape)
     dist2 = (
-        ((z - centre[0]) ** 2)[:, None, None] + ((y - centre[1]) ** 2)[None, :, None] + ((x - centre[2]) ** 2)[None, None, :]
+        ((z - centre[0]) ** 2)[:, None, None]
+        + ((y - centre[1]) ** 2)[None, :, None]
+        + ((x - centre[2]) ** 2)[None, None, :]
     )  # (D, H, W)
     ball = dist2 <= radius**2  # (D, H, W)
     union = int((occupied | ball).sum())
@@ -171,9 +173,7 @@ class VoxelJudge:
         nearest = self.nearest(unit)  # (N,)
         volumes = unit[:, 0].double().numpy()  # (N, S, S, S)
         fits = [fit_sphere(v) for v in volumes]
-        pairs = [
-            psnr_ssim(v, self.reference[int(j), 0].double().numpy() / 255) for v, j in zip(volumes, nearest)
-        ]
+        pairs = [psnr_ssim(v, self.reference[int(j), 0].double().numpy() / 255) for v, j in zip(volumes, nearest)]
         iou = np.array([f.iou for f in fits])
         radii = np.array([f.radius for f in fits])
         centres = np.array([f.centre for f in fits])  # (N, 3), NaN for empty volumes

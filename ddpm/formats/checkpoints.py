@@ -35,7 +35,9 @@ REQUIRED_KEYS = ("format_version", "model_config", "schedule_config", "model", "
 MAX_STEP = 10**9  # the most optimizer steps a run may take (--max_steps) and a checkpoint may record
 
 WEIGHTS = ("ema", "model")  # the checkpoint entry an artifact was exported from
-LINK_KEY = "autoencoder"  # a latent model's entry naming its autoencoder (latent/first_stage.py): {"path": str, "sha256": hex}
+LINK_KEY = (
+    "autoencoder"  # a latent model's entry naming its autoencoder (latent/first_stage.py): {"path": str, "sha256": hex}
+)
 MAX_PATH_CHARS = 4096
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -60,9 +62,11 @@ def load_checkpoint(path: str | Path) -> dict:
     if not path.is_file():
         raise ValueError(f"checkpoint {path} is not a file")
     state = load_pt(
-        read_limited(path, kind="checkpoint"), source=f"checkpoint {path}", kind="a checkpoint",
+        read_limited(path, kind="checkpoint"),
+        source=f"checkpoint {path}",
+        kind="a checkpoint",
         program_hint="; if it comes from a source you trust, name it .ts and pass --trust_torchscript",
-    )  # fmt: skip
+    )
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         raise ValueError(f"{path} is not a checkpoint written by this tool (missing model, EMA or config)")
     version = state["format_version"]
@@ -77,7 +81,9 @@ def load_checkpoint(path: str | Path) -> dict:
     for weights in ("model", "ema"):
         tensors = state[weights].values() if isinstance(state[weights], dict) else ()
         if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all() for t in tensors):
-            raise ValueError(f"checkpoint {path}: its {'EMA ' if weights == 'ema' else ''}weights hold NaN or inf; it is unusable")
+            raise ValueError(
+                f"checkpoint {path}: its {'EMA ' if weights == 'ema' else ''}weights hold NaN or inf; it is unusable"
+            )
     return state
 
 
@@ -130,9 +136,13 @@ def read_link(state: Mapping, *, source: str) -> dict | None:
     if link is None:
         return None
     if not (
-        isinstance(link, dict) and set(link) == {"path", "sha256"} and isinstance(link["path"], str)
-        and 0 < len(link["path"]) <= MAX_PATH_CHARS and isinstance(link["sha256"], str) and _SHA256.fullmatch(link["sha256"])
-    ):  # fmt: skip
+        isinstance(link, dict)
+        and set(link) == {"path", "sha256"}
+        and isinstance(link["path"], str)
+        and 0 < len(link["path"]) <= MAX_PATH_CHARS
+        and isinstance(link["sha256"], str)
+        and _SHA256.fullmatch(link["sha256"])
+    ):
         raise ValueError(f"{source}: its autoencoder entry is unusable ({short_repr(link)})")
     return link
 
@@ -188,13 +198,23 @@ def model_parts(
     source = f"checkpoint {path}" if "source_format" not in state else str(path)
     held = state.get("weights_kind", "ema")  # a checkpoint holds both; a safetensors export or diffusers folder one set
     if "source_format" in state and weights != held:
-        what = "one set of weights" if state["source_format"] == "diffusers" else f"the {'EMA' if held == 'ema' else 'raw'} weights only"
-        raise ValueError(f"{path} holds {what}; drop --no_ema" if weights == "model" else f"{path} holds {what}; sample it with --no_ema")
+        what = (
+            "one set of weights"
+            if state["source_format"] == "diffusers"
+            else f"the {'EMA' if held == 'ema' else 'raw'} weights only"
+        )
+        raise ValueError(
+            f"{path} holds {what}; drop --no_ema"
+            if weights == "model"
+            else f"{path} holds {what}; sample it with --no_ema"
+        )
     model_config, schedule_config = read_configs(state, source=source)
     link = read_link(state, source=source)
     if link is None:
         check_pixel_unet(model_config, source=source)
-    class_names = read_class_names(state, num_classes=model_config.num_classes, source=source) if model_config.num_classes else ()
+    class_names = (
+        read_class_names(state, num_classes=model_config.num_classes, source=source) if model_config.num_classes else ()
+    )
     with torch.device("meta"):
         model = UNet(model_config)
     load_weights(model, state[weights], source=source, assign=True)

@@ -1,8 +1,10 @@
 """Hugging Face diffusers folders and safetensors files: other tools' models in, this tool's models out.
 
     python main.py --mode sample --model_path ~/models/ddpm-cifar10-32          # a folder saved by diffusers
-    python main.py --mode export --format diffusers --model_path checkpoints/mnist.pt   # -> checkpoints/mnist_diffusers/
-    python main.py --mode export --format safetensors --model_path checkpoints/mnist.pt # -> checkpoints/mnist.safetensors
+    python main.py --mode export --format diffusers --model_path checkpoints/mnist.pt   # ->
+    checkpoints/mnist_diffusers/
+    python main.py --mode export --format safetensors --model_path checkpoints/mnist.pt # ->
+    checkpoints/mnist.safetensors
 
 This tool's U-Net is diffusers' ``UNet2DModel`` with ``DownBlock2D``/``AttnDownBlock2D`` levels (the same
 modules in the same order), so a model moves between the two by renaming its weights:
@@ -60,13 +62,24 @@ _FIXED = {
 }
 # Settings mapped onto UNetConfig (see unet_config_from_diffusers), with diffusers' defaults.
 _MAPPED = {
-    "sample_size": None, "in_channels": 3, "out_channels": 3, "freq_shift": 0, "flip_sin_to_cos": True,
+    "sample_size": None,
+    "in_channels": 3,
+    "out_channels": 3,
+    "freq_shift": 0,
+    "flip_sin_to_cos": True,
     "down_block_types": ("DownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D"),
     "up_block_types": ("AttnUpBlock2D", "AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
-    "block_out_channels": (224, 448, 672, 896), "layers_per_block": 2, "downsample_padding": 1, "dropout": 0.0,
-    "attention_head_dim": 8, "norm_num_groups": 32, "norm_eps": 1e-5, "resnet_time_scale_shift": "default",
-    "num_class_embeds": None, "attn_norm_num_groups": None,
-}  # fmt: skip
+    "block_out_channels": (224, 448, 672, 896),
+    "layers_per_block": 2,
+    "downsample_padding": 1,
+    "dropout": 0.0,
+    "attention_head_dim": 8,
+    "norm_num_groups": 32,
+    "norm_eps": 1e-5,
+    "resnet_time_scale_shift": "default",
+    "num_class_embeds": None,
+    "attn_norm_num_groups": None,
+}
 _DOWN_TYPES = {"DownBlock2D": False, "AttnDownBlock2D": True}  # block type -> has attention
 _UP_TYPES = {"UpBlock2D": False, "AttnUpBlock2D": True}
 _TIME_SCALE_SHIFT = {"default": "add", "scale_shift": "scale_shift"}  # diffusers -> UNetConfig.time_conditioning
@@ -88,11 +101,15 @@ def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
         raise ValueError(f"{source} is a {short_repr(name)}; this tool reads diffusers' UNet2DModel only")
     unknown = [k for k in config if not k.startswith("_") and k not in _FIXED and k not in _MAPPED]
     if unknown:
-        raise ValueError(f"{source}: setting {short_repr(unknown[0])} is not one of UNet2DModel's that this U-Net computes")
+        raise ValueError(
+            f"{source}: setting {short_repr(unknown[0])} is not one of UNet2DModel's that this U-Net computes"
+        )
     for key, value in _FIXED.items():
         given = config.get(key, value)
         if given != value:
-            raise ValueError(f"{source}: {key}={short_repr(given)} is not computed by this U-Net (it computes {value!r})")
+            raise ValueError(
+                f"{source}: {key}={short_repr(given)} is not computed by this U-Net (it computes {value!r})"
+            )
     c = {key: config.get(key, default) for key, default in _MAPPED.items()}
 
     def fail(problem: str) -> ValueError:
@@ -109,27 +126,41 @@ def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
             raise fail(f"{kind} block type {short_repr(odd[0])} is not one this U-Net has ({', '.join(types)})")
     attends = [_DOWN_TYPES[t] for t in down]
     if attends != [_UP_TYPES[t] for t in reversed(up)]:
-        raise fail("attention differs between the down and up blocks of a level; this U-Net attends at the same levels both ways")
+        raise fail(
+            "attention differs between the down and up blocks of a level; this U-Net attends at the same levels both "
+            "ways"
+        )
     base = widths[0]
     if any(w % base for w in widths):
-        raise fail(f"block_out_channels {widths} are not multiples of the first; this U-Net's levels are model_channels x an integer")
+        raise fail(
+            f"block_out_channels {widths} are not multiples of the first; this U-Net's levels are model_channels x an "
+            "integer"
+        )
     size = c["sample_size"]
     if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
         size = size[0]
     if type(size) is not int:
         raise fail(f"sample_size must be one integer (square images), got {short_repr(size)}")
     if c["out_channels"] != c["in_channels"]:
-        raise fail(f"out_channels {short_repr(c['out_channels'])} differs from in_channels {short_repr(c['in_channels'])}; "
-                   "this U-Net predicts the noise of its input (a learned variance is not read)")  # fmt: skip
+        raise fail(
+            f"out_channels {short_repr(c['out_channels'])} differs from in_channels {short_repr(c['in_channels'])}; "
+            "this U-Net predicts the noise of its input (a learned variance is not read)"
+        )
     if c["resnet_time_scale_shift"] not in _TIME_SCALE_SHIFT:
         raise fail(f"resnet_time_scale_shift {short_repr(c['resnet_time_scale_shift'])} is not default or scale_shift")
     # The middle block's attention is normalized in attn_norm_num_groups groups; diffusers leaves that unset to
     # mean norm_num_groups with the "default" time shift, and no normalization at all with "scale_shift".
     attn_groups = c["attn_norm_num_groups"]
     if attn_groups is None and c["resnet_time_scale_shift"] == "scale_shift":
-        raise fail("attn_norm_num_groups is unset, so with scale_shift its middle attention has no GroupNorm (this U-Net's has)")
+        raise fail(
+            "attn_norm_num_groups is unset, so with scale_shift its middle attention has no GroupNorm (this U-Net's "
+            "has)"
+        )
     if attn_groups is not None and attn_groups != c["norm_num_groups"]:
-        raise fail(f"attn_norm_num_groups {short_repr(attn_groups)} differs from norm_num_groups {short_repr(c['norm_num_groups'])}")
+        raise fail(
+            f"attn_norm_num_groups {short_repr(attn_groups)} differs from norm_num_groups "
+            f"{short_repr(c['norm_num_groups'])}"
+        )
     classes = c["num_class_embeds"]
     if classes is not None and (type(classes) is not int or classes < 2):
         raise fail(f"num_class_embeds must be 2 or more (the classes and the null label), got {short_repr(classes)}")
@@ -142,22 +173,35 @@ def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
     elif type(head_dim) is int and head_dim > 0 and all(w % head_dim == 0 for w in attended):
         heads = {w // head_dim for w in attended}
     else:
-        raise fail(f"attention_head_dim {short_repr(head_dim)} must divide every attention width {sorted(set(attended))}")
+        raise fail(
+            f"attention_head_dim {short_repr(head_dim)} must divide every attention width {sorted(set(attended))}"
+        )
     if len(heads) > 1:
-        raise fail(f"attention_head_dim {head_dim} gives {sorted(heads)} heads at widths {sorted(set(attended))}; "
-                   "this U-Net has one head count for all attention layers")  # fmt: skip
+        raise fail(
+            f"attention_head_dim {head_dim} gives {sorted(heads)} heads at widths {sorted(set(attended))}; "
+            "this U-Net has one head count for all attention layers"
+        )
     for flag in ("flip_sin_to_cos",):
         if type(c[flag]) is not bool:
             raise fail(f"{flag} must be true or false, got {short_repr(c[flag])}")
     try:
         model_config = UNetConfig(
-            image_size=size, in_channels=c["in_channels"], model_channels=base, channel_mult=tuple(w // base for w in widths),
-            num_res_blocks=c["layers_per_block"], attention_resolutions=tuple(r for r, a in zip(resolutions, attends) if a),
-            num_heads=heads.pop(), dropout=float(c["dropout"]), norm_groups=c["norm_num_groups"],
-            num_classes=0 if classes is None else classes - 1, time_conditioning=_TIME_SCALE_SHIFT[c["resnet_time_scale_shift"]],
-            flip_sin_to_cos=c["flip_sin_to_cos"], freq_shift=int(c["freq_shift"]), norm_eps=float(c["norm_eps"]),
+            image_size=size,
+            in_channels=c["in_channels"],
+            model_channels=base,
+            channel_mult=tuple(w // base for w in widths),
+            num_res_blocks=c["layers_per_block"],
+            attention_resolutions=tuple(r for r, a in zip(resolutions, attends) if a),
+            num_heads=heads.pop(),
+            dropout=float(c["dropout"]),
+            norm_groups=c["norm_num_groups"],
+            num_classes=0 if classes is None else classes - 1,
+            time_conditioning=_TIME_SCALE_SHIFT[c["resnet_time_scale_shift"]],
+            flip_sin_to_cos=c["flip_sin_to_cos"],
+            freq_shift=int(c["freq_shift"]),
+            norm_eps=float(c["norm_eps"]),
             downsample_padding=c["downsample_padding"],
-        )  # fmt: skip
+        )
     except (ValueError, TypeError) as exc:
         raise fail(f"its config does not describe a U-Net this tool runs ({first_line(exc)})") from exc
     check_same_groups(model_config, source=source)
@@ -169,41 +213,66 @@ def check_same_groups(config: UNetConfig, *, source: str) -> None:
     in gcd(groups, width). Equal only when the groups divide every normalized width."""
     with torch.device("meta"):
         model = UNet(config)
-    widths = sorted({m.num_channels for m in model.modules() if isinstance(m, nn.GroupNorm) and m.num_groups != config.norm_groups})
+    widths = sorted(
+        {m.num_channels for m in model.modules() if isinstance(m, nn.GroupNorm) and m.num_groups != config.norm_groups}
+    )
     if widths:
-        raise ValueError(f"{source}: {config.norm_groups} norm groups do not divide the widths {widths}; diffusers' UNet2DModel needs them to")
+        raise ValueError(
+            f"{source}: {config.norm_groups} norm groups do not divide the widths {widths}; diffusers' UNet2DModel "
+            "needs them to"
+        )
 
 
 def diffusers_unet_config(config: UNetConfig, *, source: str) -> dict:
     """This tool's UNetConfig as a UNet2DModel config.json; ValueError for what diffusers cannot represent."""
     if config.dims != 2 or config.patch_size != 1:
-        raise ValueError(f"{source}: diffusers' UNet2DModel is for images without patches; this model is a volume or patched one")
+        raise ValueError(
+            f"{source}: diffusers' UNet2DModel is for images without patches; this model is a volume or patched one"
+        )
     if config.channel_mult[0] != 1:
-        raise ValueError(f"{source}: channel_mult starts at {config.channel_mult[0]}; UNet2DModel's first level is its base width")
+        raise ValueError(
+            f"{source}: channel_mult starts at {config.channel_mult[0]}; UNet2DModel's first level is its base width"
+        )
     check_same_groups(config, source=source)
     widths = [config.model_channels * m for m in config.channel_mult]
     attends = [r in config.attention_resolutions for r in config.resolutions]
     attended = {w for w, a in zip(widths, attends) if a} | {widths[-1]}
     head_dims = {w // config.num_heads for w in attended}
     if len(head_dims) > 1:
-        raise ValueError(f"{source}: {config.num_heads} heads over widths {sorted(attended)} differ in head size; "
-                         "UNet2DModel has one attention_head_dim")  # fmt: skip
+        raise ValueError(
+            f"{source}: {config.num_heads} heads over widths {sorted(attended)} differ in head size; "
+            "UNet2DModel has one attention_head_dim"
+        )
     time_shift = {v: k for k, v in _TIME_SCALE_SHIFT.items()}[config.time_conditioning]
     return {
-        "_class_name": "UNet2DModel", "_diffusers_version": DIFFUSERS_VERSION,
-        "sample_size": config.image_size, "in_channels": config.in_channels, "out_channels": config.in_channels,
-        "center_input_sample": False, "time_embedding_type": "positional", "freq_shift": config.freq_shift,
+        "_class_name": "UNet2DModel",
+        "_diffusers_version": DIFFUSERS_VERSION,
+        "sample_size": config.image_size,
+        "in_channels": config.in_channels,
+        "out_channels": config.in_channels,
+        "center_input_sample": False,
+        "time_embedding_type": "positional",
+        "freq_shift": config.freq_shift,
         "flip_sin_to_cos": config.flip_sin_to_cos,
         "down_block_types": ["AttnDownBlock2D" if a else "DownBlock2D" for a in attends],
         "up_block_types": ["AttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attends)],
-        "block_out_channels": widths, "layers_per_block": config.num_res_blocks, "mid_block_scale_factor": 1,
-        "downsample_padding": config.downsample_padding, "downsample_type": "conv", "upsample_type": "conv",
-        "dropout": config.dropout, "act_fn": "silu", "attention_head_dim": head_dims.pop(),
-        "norm_num_groups": config.norm_groups, "attn_norm_num_groups": config.norm_groups,  # given: see the reader
-        "norm_eps": config.norm_eps, "resnet_time_scale_shift": time_shift,
-        "add_attention": True, "class_embed_type": None,
+        "block_out_channels": widths,
+        "layers_per_block": config.num_res_blocks,
+        "mid_block_scale_factor": 1,
+        "downsample_padding": config.downsample_padding,
+        "downsample_type": "conv",
+        "upsample_type": "conv",
+        "dropout": config.dropout,
+        "act_fn": "silu",
+        "attention_head_dim": head_dims.pop(),
+        "norm_num_groups": config.norm_groups,
+        "attn_norm_num_groups": config.norm_groups,  # given: see the reader
+        "norm_eps": config.norm_eps,
+        "resnet_time_scale_shift": time_shift,
+        "add_attention": True,
+        "class_embed_type": None,
         "num_class_embeds": config.num_classes + 1 if config.num_classes else None,  # the last row: the null label
-    }  # fmt: skip
+    }
 
 
 def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleConfig:
@@ -220,14 +289,20 @@ def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleCo
         (config.get("prediction_type", "epsilon") == "epsilon", "prediction_type", "epsilon"),
         (config.get("trained_betas") is None, "trained_betas", "null"),
         (not config.get("rescale_betas_zero_snr", False), "rescale_betas_zero_snr", "false"),
-        (config.get("variance_type", "fixed_small") in (None, "fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log"),
-         "variance_type", "a fixed variance"),
+        (
+            config.get("variance_type", "fixed_small")
+            in (None, "fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log"),
+            "variance_type",
+            "a fixed variance",
+        ),
         (kind in _BETA_SCHEDULES, "beta_schedule", " or ".join(_BETA_SCHEDULES)),
         (type(steps) is int, "num_train_timesteps", "an integer"),
-    )  # fmt: skip
+    )
     for ok, key, supported in checks:
         if not ok:
-            raise ValueError(f"{source}: {key}={short_repr(config.get(key))} is not supported (this tool needs {supported})")
+            raise ValueError(
+                f"{source}: {key}={short_repr(config.get(key))} is not supported (this tool needs {supported})"
+            )
     try:
         if _BETA_SCHEDULES[kind] == "cosine":
             return ScheduleConfig(kind="cosine", num_timesteps=steps, cosine_s=DIFFUSERS_COSINE_S)
@@ -242,17 +317,33 @@ def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleCo
 
 def diffusers_scheduler_config(schedule: ScheduleConfig, *, source: str) -> dict:
     """A ScheduleConfig as DDPMScheduler's scheduler_config.json (epsilon prediction, fixed-small variance)."""
-    config = {"_class_name": "DDPMScheduler", "_diffusers_version": DIFFUSERS_VERSION, "num_train_timesteps": schedule.num_timesteps}
+    config = {
+        "_class_name": "DDPMScheduler",
+        "_diffusers_version": DIFFUSERS_VERSION,
+        "num_train_timesteps": schedule.num_timesteps,
+    }
     if schedule.kind == "cosine":
         if schedule.cosine_s != DIFFUSERS_COSINE_S:
-            raise ValueError(f"{source}: a cosine schedule with s={schedule.cosine_s}; diffusers' squaredcos_cap_v2 fixes s=0.008")
+            raise ValueError(
+                f"{source}: a cosine schedule with s={schedule.cosine_s}; diffusers' squaredcos_cap_v2 fixes s=0.008"
+            )
         config.update(beta_schedule="squaredcos_cap_v2", beta_start=0.0001, beta_end=0.02)
     else:
         scale = 1000.0 / schedule.num_timesteps
-        config.update(beta_schedule="linear", beta_start=schedule.beta_start * scale, beta_end=schedule.beta_end * scale)
-    config.update(trained_betas=None, variance_type="fixed_small", clip_sample=True, clip_sample_range=1.0,
-                  prediction_type="epsilon", thresholding=False, timestep_spacing="leading", steps_offset=0,
-                  rescale_betas_zero_snr=False)  # fmt: skip
+        config.update(
+            beta_schedule="linear", beta_start=schedule.beta_start * scale, beta_end=schedule.beta_end * scale
+        )
+    config.update(
+        trained_betas=None,
+        variance_type="fixed_small",
+        clip_sample=True,
+        clip_sample_range=1.0,
+        prediction_type="epsilon",
+        thresholding=False,
+        timestep_spacing="leading",
+        steps_offset=0,
+        rescale_betas_zero_snr=False,
+    )
     return config
 
 
@@ -302,7 +393,9 @@ def to_diffusers_weights(state: Mapping[str, torch.Tensor]) -> dict[str, torch.T
         name, part = _rename(key)
         if part == "qkv":  # (3C, C, 1, 1) -> to_q, to_k, to_v (C, C); biases (3C,) -> three (C,)
             for letter, chunk in zip("qkv", tensor.chunk(3, dim=0)):
-                out[name.format(letter)] = chunk.reshape(chunk.shape[0], -1).contiguous() if chunk.ndim > 1 else chunk.contiguous()
+                out[name.format(letter)] = (
+                    chunk.reshape(chunk.shape[0], -1).contiguous() if chunk.ndim > 1 else chunk.contiguous()
+                )
         elif part == "proj" and tensor.ndim > 1:
             out[name] = tensor.reshape(tensor.shape[0], -1).contiguous()
         else:
@@ -310,7 +403,9 @@ def to_diffusers_weights(state: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return out
 
 
-def from_diffusers_weights(tensors: Mapping[str, torch.Tensor], config: UNetConfig, *, source: str) -> dict[str, torch.Tensor]:
+def from_diffusers_weights(
+    tensors: Mapping[str, torch.Tensor], config: UNetConfig, *, source: str
+) -> dict[str, torch.Tensor]:
     """UNet2DModel's weights as this tool's U-Net's for ``config``; every missing, unexpected or misshapen
     tensor is one ValueError naming ``source``. Tensors come back float32."""
     tensors = {_modern_attention_name(k): v for k, v in tensors.items()}
@@ -328,13 +423,17 @@ def from_diffusers_weights(tensors: Mapping[str, torch.Tensor], config: UNetConf
             raise ValueError(f"{source}: {names[0]} is not a floating-point tensor")
         value = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]
         if value.numel() != like.numel() or (part is None and tuple(value.shape) != tuple(like.shape)):
-            raise ValueError(f"{source}: {names[0]} has shape {tuple(pieces[0].shape)}, this config needs {key} {tuple(like.shape)}")
+            raise ValueError(
+                f"{source}: {names[0]} has shape {tuple(pieces[0].shape)}, this config needs {key} {tuple(like.shape)}"
+            )
         out[key] = value.reshape(like.shape).to(torch.float32).contiguous()
         used.update(names)
     extra = sorted(set(tensors) - used)
     if extra:
-        raise ValueError(f"{source}: its weights hold {extra[0]}{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, "
-                         "which this config has no place for")  # fmt: skip
+        raise ValueError(
+            f"{source}: its weights hold {extra[0]}{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, "
+            "which this config has no place for"
+        )
     if any(not torch.isfinite(t).all() for t in out.values()):
         raise ValueError(f"{source}: its weights hold NaN or inf; it is unusable")
     return out
@@ -361,7 +460,9 @@ def unet_folder(folder: Path) -> Path:
     for candidate in (folder / "unet", folder):
         if (candidate / "config.json").is_file():
             return candidate
-    raise ValueError(f"--model_path {folder} is a folder but not a diffusers model (no config.json or unet/config.json)")
+    raise ValueError(
+        f"--model_path {folder} is a folder but not a diffusers model (no config.json or unet/config.json)"
+    )
 
 
 def folder_files(folder: Path) -> list[Path]:
@@ -392,7 +493,6 @@ def diffusers_folder_files(output: Path) -> dict[str, Path]:
 
 def json_bytes(value: dict) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
-
 
 
 class DiffusersUNet(nn.Module):

@@ -86,7 +86,9 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
     return proto
 
 
-def export_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, opset: int = DEFAULT_OPSET, precision: str = "fp32"):
+def export_decoder_onnx(
+    decoder: torch.nn.Module, *, io: DecoderIO, opset: int = DEFAULT_OPSET, precision: str = "fp32"
+):
     """A latent model's decoder (latent/first_stage.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
     (B, c, h, w) in, "images" (B, C, H, W) out, with a dynamic batch. ``precision`` fp16/bf16 writes the
     mixed-precision decoder (precision.mixed_precision_decoder), float32 in and out, as for the U-Net."""
@@ -99,9 +101,16 @@ def export_decoder_onnx(decoder: torch.nn.Module, *, io: DecoderIO, opset: int =
     device = next(decoder.parameters()).device
     example = (torch.randn(2, *io.latent_shape, device=device),)  # B = 2: torch.export specializes sizes 0 and 1
     program = torch.onnx.export(
-        decoder.eval(), example, input_names=io.input_names, output_names=io.output_names, opset_version=opset,
-        dynamo=True, dynamic_shapes=io.torch_dynamic_shapes(), optimize=True, verbose=False,
-    )  # fmt: skip
+        decoder.eval(),
+        example,
+        input_names=io.input_names,
+        output_names=io.output_names,
+        opset_version=opset,
+        dynamo=True,
+        dynamic_shapes=io.torch_dynamic_shapes(),
+        optimize=True,
+        verbose=False,
+    )
     proto = program.model_proto
     problems = onnx_io_mismatches(proto, io)
     if problems:  # the exporter's doing, not the user's

@@ -15,7 +15,13 @@ from ddpm.util.precision import QUANTIZED
 
 FORMATS = ("onnx", "torchscript", "tensorrt", "safetensors", "diffusers")
 # "diffusers" writes a folder (formats/diffusers_io.py): no suffix.
-FORMAT_SUFFIXES = {"onnx": (".onnx",), "torchscript": (".ts",), "tensorrt": (".engine", ".plan"), "safetensors": (".safetensors",), "diffusers": ("",)}
+FORMAT_SUFFIXES = {
+    "onnx": (".onnx",),
+    "torchscript": (".ts",),
+    "tensorrt": (".engine", ".plan"),
+    "safetensors": (".safetensors",),
+    "diffusers": ("",),
+}
 # Weights a PyTorch U-Net is rebuilt from are all "checkpoint"s to the implementations: a .pt checkpoint, a
 # safetensors export, and a diffusers model folder (any folder; formats/diffusers_io.py says if it is not one).
 ARTIFACT_KINDS = {
@@ -34,7 +40,9 @@ def artifact_kind(path: str | Path) -> str:
         return "checkpoint"  # a diffusers model folder
     kind = ARTIFACT_KINDS.get(Path(path).suffix)
     if kind is None:
-        raise ValueError(f"--model_path {path}: expected a diffusers model folder or a file ending in {', '.join(ARTIFACT_KINDS)}")
+        raise ValueError(
+            f"--model_path {path}: expected a diffusers model folder or a file ending in {', '.join(ARTIFACT_KINDS)}"
+        )
     return kind
 
 

@@ -64,7 +64,10 @@ def read_safetensors_export(path: Path) -> dict:
     checkpoints.parse_artifact_metadata, its tensors exactly its config's."""
     tensors, metadata = read_safetensors(path, source=str(path))
     if METADATA_KEY not in metadata:
-        raise ValueError(f"{path} carries no model metadata; a diffusers model's safetensors file is read from its folder (--model_path FOLDER)")
+        raise ValueError(
+            f"{path} carries no model metadata; a diffusers model's safetensors file is read from its folder "
+            "(--model_path FOLDER)"
+        )
     model_config, schedule_config, meta = parse_artifact_metadata(metadata[METADATA_KEY], source=path)
     with torch.device("meta"):
         expected = UNet(model_config).state_dict()
@@ -72,9 +75,15 @@ def read_safetensors_export(path: Path) -> dict:
     if problems:
         raise ValueError(f"{path}: its weights do not match its model config ({'; '.join(problems)})")
     state = {
-        "format_version": FORMAT_VERSION, "model_config": model_config.to_dict(), "schedule_config": asdict(schedule_config),
-        "model": tensors, "ema": tensors, "step": 0, "source_format": "safetensors", "weights_kind": meta["weights"],
-    }  # fmt: skip
+        "format_version": FORMAT_VERSION,
+        "model_config": model_config.to_dict(),
+        "schedule_config": asdict(schedule_config),
+        "model": tensors,
+        "ema": tensors,
+        "step": 0,
+        "source_format": "safetensors",
+        "weights_kind": meta["weights"],
+    }
     if "class_names" in meta:
         state["class_names"] = meta["class_names"]
     if "dataset" in meta:
@@ -87,15 +96,23 @@ def read_diffusers_folder(folder: str | Path) -> dict:
     the same weights as model and EMA); ValueError naming the file for anything unusable."""
     folder = Path(folder)
     unet = unet_folder(folder)
-    model_config = unet_config_from_diffusers(read_json(unet / "config.json", what="the U-Net's config"), source=str(unet / "config.json"))
+    model_config = unet_config_from_diffusers(
+        read_json(unet / "config.json", what="the U-Net's config"), source=str(unet / "config.json")
+    )
     scheduler = folder / "scheduler" / SCHEDULER_FILE
     if unet != folder and not scheduler.is_file():
         raise ValueError(f"{folder}: a pipeline folder without scheduler/{SCHEDULER_FILE}")
     if unet != folder:
-        schedule_config = schedule_config_from_diffusers(read_json(scheduler, what="the scheduler's config"), source=str(scheduler))
+        schedule_config = schedule_config_from_diffusers(
+            read_json(scheduler, what="the scheduler's config"), source=str(scheduler)
+        )
     else:
-        schedule_config = ScheduleConfig()  # a UNet2DModel alone: DDPMScheduler's defaults (linear, 1e-4 to 0.02, T = 1000)
-    if (unet / "diffusion_pytorch_model.safetensors.index.json").exists() or (unet / "diffusion_pytorch_model.bin.index.json").exists():
+        schedule_config = (
+            ScheduleConfig()
+        )  # a UNet2DModel alone: DDPMScheduler's defaults (linear, 1e-4 to 0.02, T = 1000)
+    if (unet / "diffusion_pytorch_model.safetensors.index.json").exists() or (
+        unet / "diffusion_pytorch_model.bin.index.json"
+    ).exists():
         raise ValueError(f"{unet}: sharded weights are not read; save the model with a larger max_shard_size")
     weights_file = next((unet / name for name in WEIGHTS_FILES if (unet / name).is_file()), None)
     if weights_file is None:
@@ -103,15 +120,21 @@ def read_diffusers_folder(folder: str | Path) -> dict:
     if weights_file.suffix == ".safetensors":
         tensors, _ = read_safetensors(weights_file, source=str(weights_file))
     else:
-        tensors = load_pt(read_limited(weights_file, kind="checkpoint"), source=str(weights_file), kind="a weights file")
+        tensors = load_pt(
+            read_limited(weights_file, kind="checkpoint"), source=str(weights_file), kind="a weights file"
+        )
         if not isinstance(tensors, dict) or not all(isinstance(k, str) for k in tensors):
             raise ValueError(f"{weights_file} is not a state dict of named tensors")
     weights = from_diffusers_weights(tensors, model_config, source=str(weights_file))
     return {
-        "format_version": FORMAT_VERSION, "model_config": model_config.to_dict(), "schedule_config": asdict(schedule_config),
-        "model": weights, "ema": weights, "step": 0, "source_format": "diffusers",
-    }  # fmt: skip
-
+        "format_version": FORMAT_VERSION,
+        "model_config": model_config.to_dict(),
+        "schedule_config": asdict(schedule_config),
+        "model": weights,
+        "ema": weights,
+        "step": 0,
+        "source_format": "diffusers",
+    }
 
 
 def write_diffusers_folder(model: UNet, schedule: ScheduleConfig, output: Path, *, source: str) -> list[Path]:
@@ -120,8 +143,12 @@ def write_diffusers_folder(model: UNet, schedule: ScheduleConfig, output: Path, 
     unet_config = diffusers_unet_config(model.config, source=source)
     scheduler_config = diffusers_scheduler_config(schedule, source=source)
     weights = to_diffusers_weights(model.state_dict())
-    index = {"_class_name": "DDPMPipeline", "_diffusers_version": DIFFUSERS_VERSION,
-             "scheduler": ["diffusers", "DDPMScheduler"], "unet": ["diffusers", "UNet2DModel"]}  # fmt: skip
+    index = {
+        "_class_name": "DDPMPipeline",
+        "_diffusers_version": DIFFUSERS_VERSION,
+        "scheduler": ["diffusers", "DDPMScheduler"],
+        "unet": ["diffusers", "UNet2DModel"],
+    }
     files = diffusers_folder_files(output)
     contents: list[tuple[Path, Callable[[], bytes]]] = [
         (files["--output's unet weights"], lambda: safetensors_bytes(weights, {"format": "pt"})),

@@ -58,11 +58,15 @@ class _Recorder(nn.Module):
         self.model, self.calls = model, []
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        self.calls.append((x.detach().cpu().clone(), t.detach().cpu().clone(), None if y is None else y.detach().cpu().clone()))
+        self.calls.append(
+            (x.detach().cpu().clone(), t.detach().cpu().clone(), None if y is None else y.detach().cpu().clone())
+        )
         return self.model(x, t) if y is None else self.model(x, t, y)
 
 
-def calibration_feeds(model: nn.Module, plan: SamplingPlan, *, samples: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def calibration_feeds(
+    model: nn.Module, plan: SamplingPlan, *, samples: int, seed: int = 0
+) -> list[dict[str, np.ndarray]]:
     """The U-Net inputs (onnxruntime feeds: x_t, t[, y]) along ``samples`` trajectories of ``plan``, one feed
     per step (``samples`` images each; a class-conditional model's doubled with the null label, as guidance
     at scale != 1 runs it)."""
@@ -77,7 +81,13 @@ def calibration_feeds(model: nn.Module, plan: SamplingPlan, *, samples: int, see
         guidance = Guidance(labels=labels, null_label=config.null_label, scale=2.0)
     recorder = _Recorder(model)
     with torch.no_grad():
-        sample(recorder, plan, shape=config.sample_shape(samples), generator=torch.Generator().manual_seed(seed), guidance=guidance)
+        sample(
+            recorder,
+            plan,
+            shape=config.sample_shape(samples),
+            generator=torch.Generator().manual_seed(seed),
+            guidance=guidance,
+        )
     feeds = []
     for x, t, y in recorder.calls:
         feed = {"x_t": x.float().numpy(), "t": t.long().numpy()}
@@ -96,7 +106,11 @@ def import_quantizer():
 
 
 def quantize_unet(
-    proto, feeds: Sequence[dict[str, np.ndarray]], *, precision: str = "int8", keep_fp32: Sequence[str] = KEPT_FP32_WEIGHTS
+    proto,
+    feeds: Sequence[dict[str, np.ndarray]],
+    *,
+    precision: str = "int8",
+    keep_fp32: Sequence[str] = KEPT_FP32_WEIGHTS,
 ):
     """The Q/DQ version (``precision`` int8, or fp8: E4M3) of the fp32 U-Net graph ``proto`` (see the module
     docstring), calibrated on ``feeds``; its metadata is ``proto``'s (the caller updates it)."""
@@ -114,17 +128,26 @@ def quantize_unet(
         def get_next(self):
             return next(self.items, None)
 
-    excluded = [node.name for node in proto.graph.node if node.op_type in QUANTIZED_OPS and set(node.input) & set(keep_fp32)]
+    excluded = [
+        node.name for node in proto.graph.node if node.op_type in QUANTIZED_OPS and set(node.input) & set(keep_fp32)
+    ]
     with tempfile.TemporaryDirectory(prefix="ddpm-int8-") as folder, _quiet_root_logger():
         source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
         onnx.save(proto, source)
         quantization.quantize_static(
-            str(source), str(target), Reader(), quant_format=quantization.QuantFormat.QDQ,
-            op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=excluded, per_channel=True, reduce_range=False,
-            activation_type=kind, weight_type=kind,
+            str(source),
+            str(target),
+            Reader(),
+            quant_format=quantization.QuantFormat.QDQ,
+            op_types_to_quantize=list(QUANTIZED_OPS),
+            nodes_to_exclude=excluded,
+            per_channel=True,
+            reduce_range=False,
+            activation_type=kind,
+            weight_type=kind,
             calibrate_method=quantization.CalibrationMethod.MinMax,
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
-        )  # fmt: skip
+        )
         quantized = onnx.load(str(target))
     del quantized.metadata_props[:]
     quantized.metadata_props.extend(proto.metadata_props)
@@ -145,7 +168,8 @@ def _quiet_root_logger():
 
 
 def quantized_nodes(proto) -> dict[str, list[str]]:
-    """Which op types' nodes take a DequantizeLinear output (run in INT8) and which do not: {"int8": [...], "fp32": [...]},
+    """Which op types' nodes take a DequantizeLinear output (run in INT8) and which do not: {"int8": [...], "fp32":
+    [...]},
     node names; for the structure tests and the export's report."""
     dequantized = {node.output[0] for node in proto.graph.node if node.op_type == "DequantizeLinear"}
     out = {"int8": [], "fp32": []}
@@ -159,7 +183,9 @@ def quantized_nodes(proto) -> dict[str, list[str]]:
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # Ada and Hopper: TensorRT's FP8 kernels
 
 
-def fp8_runtime_problem(*, tensorrt_available: bool | None = None, compute_capability: tuple[int, int] | None = None) -> str | None:
+def fp8_runtime_problem(
+    *, tensorrt_available: bool | None = None, compute_capability: tuple[int, int] | None = None
+) -> str | None:
     """Why no runtime here can run an FP8 Q/DQ graph (None: TensorRT and an FP8-capable GPU are both here).
     onnxruntime has no FP8 convolutions on any provider this project uses, so only TensorRT counts."""
     import importlib.util
@@ -171,6 +197,10 @@ def fp8_runtime_problem(*, tensorrt_available: bool | None = None, compute_capab
     if not tensorrt_available:
         return "TensorRT is not installed here (onnxruntime has no FP8 convolutions), so it could not be run or checked"
     if compute_capability is None or tuple(compute_capability) < FP8_MIN_COMPUTE_CAPABILITY:
-        have = "no GPU" if compute_capability is None else f"a GPU of compute capability {compute_capability[0]}.{compute_capability[1]}"
+        have = (
+            "no GPU"
+            if compute_capability is None
+            else f"a GPU of compute capability {compute_capability[0]}.{compute_capability[1]}"
+        )
         return f"TensorRT runs FP8 on compute capability 8.9 and newer, and this machine has {have}"
     return None

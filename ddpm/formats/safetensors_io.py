@@ -1,6 +1,7 @@
 """safetensors files: weights without pickle, read within limits (formats/diffusers_io.py's folders use it too).
 
-    python main.py --mode export --format safetensors --model_path checkpoints/digits.pt   # -> checkpoints/digits.safetensors
+    python main.py --mode export --format safetensors --model_path checkpoints/digits.pt   # ->
+    checkpoints/digits.safetensors
     python main.py --mode sample --model_path checkpoints/digits.safetensors
 
 A ``--format safetensors`` export holds the U-Net's weights under this tool's names and, in the file's
@@ -42,9 +43,13 @@ def read_safetensors(path: Path, *, source: str) -> tuple[dict[str, torch.Tensor
     data = read_limited(path, kind="checkpoint")
     if len(data) < 8:
         raise ValueError(f"{source} is not a safetensors file (too short)")
-    (header_len,) = struct.unpack("<Q", data[:8])  # the format: a little-endian u64 header size, the JSON header, the data
+    (header_len,) = struct.unpack(
+        "<Q", data[:8]
+    )  # the format: a little-endian u64 header size, the JSON header, the data
     if header_len > min(MAX_HEADER_BYTES, len(data) - 8):
-        raise ValueError(f"{source} is not a safetensors file (its header claims {header_len:,} bytes of {len(data) - 8:,})")
+        raise ValueError(
+            f"{source} is not a safetensors file (its header claims {header_len:,} bytes of {len(data) - 8:,})"
+        )
     header = parse_json(data[8 : 8 + header_len], source=source, max_bytes=MAX_HEADER_BYTES)
     if not isinstance(header, dict):
         raise ValueError(f"{source} is not a safetensors file (its header is not a JSON object)")

@@ -56,7 +56,9 @@ def load_pt(data: bytes, *, source: str, kind: str, program_hint: str = "") -> o
             ) from exc
         # torch's own advice on weights-only failures (retry without weights_only) is the one thing not to do.
         # KeyError('x'), struct.error and the like say nothing a user can act on: only the readers' own words are kept.
-        readable = isinstance(exc, (RuntimeError, ValueError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile))
+        readable = isinstance(
+            exc, (RuntimeError, ValueError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile)
+        )
         reason = f" ({first_line(exc)[:200]})" if readable and text and "weights_only" not in text else ""
         raise ValueError(f"{source} is corrupt or not a PyTorch file{reason}") from exc
 

@@ -63,7 +63,9 @@ def check_opset(opset: int, *, precision: str = "fp32") -> None:
             f"and onnxruntime support here), got {repr(opset)[:40]}"
         )
     if precision == "bf16" and opset < BF16_MIN_OPSET:
-        raise ValueError(f"a bf16 ONNX graph needs --opset {BF16_MIN_OPSET} or later (bfloat16 convolutions), got {opset}")
+        raise ValueError(
+            f"a bf16 ONNX graph needs --opset {BF16_MIN_OPSET} or later (bfloat16 convolutions), got {opset}"
+        )
 
 
 def default_opset(precision: str = "fp32") -> int:
@@ -169,7 +171,10 @@ class UNetIO(IOSpec):
     @classmethod
     def from_config(cls, config: UNetConfig) -> UNetIO:
         return cls(
-            in_channels=config.in_channels, image_size=config.image_size, num_classes=config.num_classes, dims=config.dims
+            in_channels=config.in_channels,
+            image_size=config.image_size,
+            num_classes=config.num_classes,
+            dims=config.dims,
         )
 
     @property

@@ -1,2 +1,1 @@
-"""Latent diffusion: the autoencoder (the first stage) and the link between a latent U-Net and it.
-"""
+"""Latent diffusion: the autoencoder (the first stage) and the link between a latent U-Net and it."""

@@ -67,7 +67,9 @@ class AutoencoderConfig:
         for name, low, high in (("image_size", 4, 1024), ("latent_channels", 1, 64), ("base_channels", 4, 256)):
             value = getattr(self, name)
             if type(value) is not int or not low <= value <= high:
-                raise ValueError(f"autoencoder {name} must be an integer between {low} and {high}, got {short_repr(value)}")
+                raise ValueError(
+                    f"autoencoder {name} must be an integer between {low} and {high}, got {short_repr(value)}"
+                )
         if self.in_channels not in (1, 3) or type(self.in_channels) is not int:
             raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {short_repr(self.in_channels)}")
         if self.downsample == 0:
@@ -216,9 +218,7 @@ class LatentDecoder(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
-def checkpoint_state(
-    model: Autoencoder, *, latent_scale: float, dataset: str, metrics: dict, step: int
-) -> dict:
+def checkpoint_state(model: Autoencoder, *, latent_scale: float, dataset: str, metrics: dict, step: int) -> dict:
     """The dict an autoencoder checkpoint holds (written with safe_files.atomic_write)."""
     return {
         "kind": KIND,
@@ -276,9 +276,13 @@ def check_state(state: object, *, name: str) -> tuple[AutoencoderConfig, float]:
         # A file's content is the user's mistake (exit 2): a ValueError, not a TypeError.
         raise ValueError(f"{name} holds a {type(state).__name__}, not an autoencoder checkpoint")  # noqa: TRY004
     if "kind" not in state and "model_config" in state:
-        raise ValueError(f"{name} is a DDPM checkpoint (a U-Net), not an autoencoder; train one with --mode train_autoencoder")
+        raise ValueError(
+            f"{name} is a DDPM checkpoint (a U-Net), not an autoencoder; train one with --mode train_autoencoder"
+        )
     if type(state.get("kind")) is not str or state["kind"] != KIND:
-        raise ValueError(f"{name} is not an autoencoder checkpoint written by this tool (kind {short_repr(state.get('kind'))})")
+        raise ValueError(
+            f"{name} is not an autoencoder checkpoint written by this tool (kind {short_repr(state.get('kind'))})"
+        )
     missing = [key for key in REQUIRED_KEYS if key not in state]
     unknown = [key for key in state if key not in REQUIRED_KEYS and key not in OPTIONAL_KEYS]
     if missing or unknown:

@@ -48,7 +48,12 @@ def load_first_stage(path: str | Path, *, device: torch.device) -> tuple[FirstSt
 
 
 def linked_first_stage(
-    link: dict | None, *, model_config, source: str, device: torch.device, override: str | None = None,
+    link: dict | None,
+    *,
+    model_config,
+    source: str,
+    device: torch.device,
+    override: str | None = None,
     folder: str | Path | None = None,
 ) -> tuple[FirstStage | None, object]:
     """(the first stage, the LoadedAutoencoder) a latent model was trained with, at its stored path or at
@@ -66,12 +71,14 @@ def linked_first_stage(
     path = override or link["path"]
     if not override and folder is not None and not Path(path).resolve().is_relative_to(Path(folder).resolve()):
         raise ValueError(
-            f"{source} names its autoencoder at {path}, outside the checkpoint's folder (a file's links are followed only inside its folder); "
+            f"{source} names its autoencoder at {path}, outside the checkpoint's folder (a file's links are followed "
+            "only inside its folder); "
             f"pass --autoencoder {path} if it is the one"
         )
     if not Path(path).is_file():
         raise ValueError(
-            f"{source} is a latent model whose autoencoder {path} is missing; pass --autoencoder PATH to where it is now"
+            f"{source} is a latent model whose autoencoder {path} is missing; pass --autoencoder PATH to where it is "
+            "now"
         )
     stage, loaded = load_first_stage(path, device=device)
     if stage.link["sha256"] != link["sha256"]:

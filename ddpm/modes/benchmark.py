@@ -33,16 +33,26 @@ def run_benchmark(run: BenchmarkRun) -> None:
     request, device, training = run.request, run.device, run.bench == "training"
     stage = None  # a latent model's first stage
     if distributed.current().distributed and not training:
-        raise ValueError("under torchrun, benchmark mode measures training (--bench training); time sampling in one process")
+        raise ValueError(
+            "under torchrun, benchmark mode measures training (--bench training); time sampling in one process"
+        )
     if run.source:
         model, schedule_config, class_names, link, _ = load_model_parts(run.source.path, weights=run.source.weights)
         if link is not None and training and run.source.autoencoder:
-            raise ValueError("--autoencoder: --bench training times the U-Net on random latents; it reads no autoencoder")
-        if not training or link is None:  # a latent model is timed whole (loop, then decoder); a pixel model refuses --autoencoder
+            raise ValueError(
+                "--autoencoder: --bench training times the U-Net on random latents; it reads no autoencoder"
+            )
+        if (
+            not training or link is None
+        ):  # a latent model is timed whole (loop, then decoder); a pixel model refuses --autoencoder
             stage, _ = linked_first_stage(
-                link, model_config=model.config, source=f"checkpoint {run.source.path}", device=device,
-                override=run.source.autoencoder, folder=Path(run.source.path).parent,
-            )  # fmt: skip
+                link,
+                model_config=model.config,
+                source=f"checkpoint {run.source.path}",
+                device=device,
+                override=run.source.autoencoder,
+                folder=Path(run.source.path).parent,
+            )
         if stage is not None:  # the autoencoder the checkpoint named is an input too
             outputs = {"--json": request.json, "--csv": request.csv, "--chart": request.chart}
             check_outputs(outputs, inputs={"--model_path": run.source.path, "its autoencoder": stage.link["path"]})
@@ -56,7 +66,12 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if not training:  # a conditional model is timed guided, every class in turn
         source = run.source.path if run.source else "a fresh U-Net"
         guidance, _ = guidance_for(
-            model.config, class_names, class_label=None, scale=run.guidance_scale, n_samples=run.n_samples, source=source
+            model.config,
+            class_names,
+            class_label=None,
+            scale=run.guidance_scale,
+            n_samples=run.n_samples,
+            source=source,
         )
     batch, flag = (request.batch_size, "--batch_size") if training else (run.n_samples, "--n_samples")
     if training:
@@ -71,6 +86,11 @@ def run_benchmark(run: BenchmarkRun) -> None:
         )
         return
     sampling_bench.benchmark_sampling(
-        request, model=model, plan=plan, shape=model.config.sample_shape(run.n_samples), precision=run.precision,
-        guidance=guidance, first_stage=stage,
-    )  # fmt: skip
+        request,
+        model=model,
+        plan=plan,
+        shape=model.config.sample_shape(run.n_samples),
+        precision=run.precision,
+        guidance=guidance,
+        first_stage=stage,
+    )

@@ -52,32 +52,49 @@ class Opened:
     def options(self) -> registry.SamplerOptions:
         """What the implementation needs besides the model and plan: the same for every plan drawn."""
         return registry.SamplerOptions(
-            precision=self.request.precision, opset=self.request.opset,
-            tensorrt=TensorRTOptions.for_source(self.artifact.path, **asdict(self.request.engine)), guidance=self.guidance,
-        )  # fmt: skip
+            precision=self.request.precision,
+            opset=self.request.opset,
+            tensorrt=TensorRTOptions.for_source(self.artifact.path, **asdict(self.request.engine)),
+            guidance=self.guidance,
+        )
 
     def drawer(self, plan: SamplingPlan):
         """``draw(shape, generator, progress, labels) -> images`` of the request's implementation for ``plan``."""
         return registry.make_drawer(
-            self.request.implementation, self.artifact.model, plan, options=self.options, first_stage=self.artifact.first_stage
+            self.request.implementation,
+            self.artifact.model,
+            plan,
+            options=self.options,
+            first_stage=self.artifact.first_stage,
         )
 
 
 def open_for_drawing(request: DrawRequest) -> Opened:
-    """Load the file, check the implementation runs a conditional model, resolve labels and guidance, check one batch fits."""
+    """Load the file, check the implementation runs a conditional model, resolve labels and guidance, and check that
+    one batch fits."""
     source = request.source  # its kind and the precision were checked against the implementation (cli/resolve.py)
     artifact = load_artifact(
-        source.path, device=request.device, weights=source.weights, trust_torchscript=source.trust_torchscript,
-        autoencoder=source.autoencoder, max_batch=2 * min(request.batch_size, request.n_samples),  # guided: twice the images
-    )  # fmt: skip
+        source.path,
+        device=request.device,
+        weights=source.weights,
+        trust_torchscript=source.trust_torchscript,
+        autoencoder=source.autoencoder,
+        max_batch=2 * min(request.batch_size, request.n_samples),  # guided: twice the images
+    )
     # The files the model named (a latent model's autoencoder, an exported decoder) are inputs too.
     check_outputs(request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})
     if artifact.model_config.num_classes:
         registry.get(request.implementation).check(conditional=True)
     guidance, columns = guidance_for(
-        artifact.model_config, artifact.class_names, class_label=request.class_label, scale=request.guidance_scale,
-        n_samples=request.n_samples, source=artifact.path,
-    )  # fmt: skip
+        artifact.model_config,
+        artifact.class_names,
+        class_label=request.class_label,
+        scale=request.guidance_scale,
+        n_samples=request.n_samples,
+        source=artifact.path,
+    )
     batch_size = min(request.batch_size, request.n_samples)
-    check_batch_fits(artifact.model_config, batch_size=unet_batch(batch_size, guidance), device=request.device, training=False)
+    check_batch_fits(
+        artifact.model_config, batch_size=unet_batch(batch_size, guidance), device=request.device, training=False
+    )
     return Opened(request, artifact, guidance, columns, batch_size)

@@ -30,9 +30,10 @@ def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
     saying how many do (half the available memory; the judge's features and the next row need the rest)."""
     each = 4 * math.prod(shape)
     check_held_in_host_memory(
-        n * each, what=f"--n_samples {n}: the samples of one row ({'x'.join(map(str, shape))} float32 each)",
+        n * each,
+        what=f"--n_samples {n}: the samples of one row ({'x'.join(map(str, shape))} float32 each)",
         advice=lambda free: f"at most {free // (2 * each)} fit",
-    )  # fmt: skip
+    )
 
 
 def run_evaluate(request: EvaluateRequest) -> None:
@@ -43,14 +44,18 @@ def run_evaluate(request: EvaluateRequest) -> None:
     # older exported files, and may not contradict a recorded one. The real images for FID/KID are read from --data_dir.
     if request.dataset and artifact.dataset and request.dataset != artifact.dataset:
         raise ValueError(
-            f"--dataset {request.dataset} contradicts {source.path}, which was trained on {artifact.dataset}; drop --dataset"
+            f"--dataset {request.dataset} contradicts {source.path}, which was trained on {artifact.dataset}; drop "
+            "--dataset"
         )
     dataset = artifact.dataset or request.dataset or "mnist"
     model_config = artifact.model_config
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
     if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly
         kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
-        raise ValueError(f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset")
+        raise ValueError(
+            f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with "
+            "--dataset"
+        )
     check_samples_fit(n, artifact.output_shape)
     schedule = opened.schedule()
     for sampler in request.samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
@@ -59,29 +64,50 @@ def run_evaluate(request: EvaluateRequest) -> None:
     # The real data it is judged against is an input too.
     check_outputs(request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(
-        dataset, data_dir=request.data_dir, image_size=s, channels=c, n=n, seed=request.seed, device=device,
+        dataset,
+        data_dir=request.data_dir,
+        image_size=s,
+        channels=c,
+        n=n,
+        seed=request.seed,
+        device=device,
         inception_weights=request.inception_weights,
-    )  # fmt: skip
+    )
     sizes, batch_size = opened.batch_sizes, opened.batch_size
 
     def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
         plan = schedule.make_plan(
-            sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0,
-            clip_denoised=opened.clips_x0(request.clip_denoised), device=device,
-        )  # fmt: skip
+            sampler,
+            num_steps=num_steps,
+            eta=request.eta if sampler == "ddim" else 0.0,
+            clip_denoised=opened.clips_x0(request.clip_denoised),
+            device=device,
+        )
         drawer = opened.drawer(plan)
         generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
         batches = [
-            drawer(model_config.sample_shape(size), generator, False, guidance.rows(i * batch_size, i * batch_size + size) if guidance else None)
-            .float().cpu()  # sync: the batch leaves the device
+            drawer(
+                model_config.sample_shape(size),
+                generator,
+                False,
+                guidance.rows(i * batch_size, i * batch_size + size) if guidance else None,
+            )
+            .float()
+            .cpu()  # sync: the batch leaves the device
             for i, size in enumerate(tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False))
-        ]  # fmt: skip
+        ]
         return torch.cat(batches), plan.num_steps
 
     result = quality.run_sweep(
-        draw, judge, samplers=request.samplers, steps=request.steps, n_samples=n, seed=request.seed, image_size=s,
+        draw,
+        judge,
+        samplers=request.samplers,
+        steps=request.steps,
+        n_samples=n,
+        seed=request.seed,
+        image_size=s,
         requested=None if guidance is None else guidance.labels,
-    )  # fmt: skip
+    )
     result.update(model_path=str(source.path), implementation=request.implementation, precision=request.precision)
     if guidance is not None:
         result.update(guidance_scale=guidance.scale, class_names=list(artifact.class_names))

@@ -27,7 +27,7 @@ from ddpm.backends.runtimes import (
     import_onnxruntime,
     load_torchscript,
     onnxruntime_session,
-)  # fmt: skip
+)
 from ddpm.cli.requests import Calibration, ExportRequest
 from ddpm.formats.diffusers_io import diffusers_folder_files
 from ddpm.formats.exporters import (
@@ -38,7 +38,7 @@ from ddpm.formats.exporters import (
     save_torchscript,
     trace_decoder,
     trace_torchscript,
-)  # fmt: skip
+)
 from ddpm.formats.kinds import FORMAT_SUFFIXES, FORMATS, artifact_kind
 from ddpm.formats.model_files import load_model_parts, load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
@@ -58,13 +58,14 @@ def run_export(request: ExportRequest) -> None:
         device=request.device,
         precision=request.precision,
         opset=request.opset,
-        tensorrt_options=TensorRTOptions.for_source(source.path, **asdict(request.engine)) if request.fmt == "tensorrt" else None,
+        tensorrt_options=TensorRTOptions.for_source(source.path, **asdict(request.engine))
+        if request.fmt == "tensorrt"
+        else None,
         autoencoder=source.autoencoder,
         calibration=request.calibration,
     )
     for line in lines:
         print(line)
-
 
 
 def checked_decoder_target(output: Path, *, inputs: Mapping[str, Path | str | None]) -> Path:
@@ -76,7 +77,14 @@ def checked_decoder_target(output: Path, *, inputs: Mapping[str, Path | str | No
 
 
 def export_decoder(
-    stage: FirstStage, *, fmt: str, inputs: Mapping, output: Path, device: torch.device, opset: int, precision: str = "fp32"
+    stage: FirstStage,
+    *,
+    fmt: str,
+    inputs: Mapping,
+    output: Path,
+    device: torch.device,
+    opset: int,
+    precision: str = "fp32",
 ) -> tuple[dict, str, Callable[[], None]]:
     """A latent model's decoder exported for beside its U-Net (ONNX in ``precision`` too) and checked
     against PyTorch; returns (the metadata entry naming it, a report line, write(): the file written,
@@ -97,7 +105,9 @@ def export_decoder(
                 raise
             # as for the U-Net: onnxruntime's CPU provider lacks some low-precision kernels
             runner, reference = reference, decoder
-            compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); PyTorch's {precision} decoder against fp32"
+            compared = (
+                f"onnxruntime here cannot run it ({_ort_reason(exc)}); PyTorch's {precision} decoder against fp32"
+            )
     else:
         buffer = io.BytesIO()
         traced = trace_decoder(decoder, latent_shape=stage.latent_shape)
@@ -107,8 +117,12 @@ def export_decoder(
     z = torch.randn(3, *stage.latent_shape, generator=torch.Generator().manual_seed(1)).to(device)  # another batch size
     with torch.no_grad():
         diff = (runner(z) - reference(z)).abs().max().item()
-    entry = {"file": file.name, "sha256": hashlib.sha256(data).hexdigest(),
-             "latent_shape": list(stage.latent_shape), "image_shape": list(stage.image_shape)}  # fmt: skip
+    entry = {
+        "file": file.name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "latent_shape": list(stage.latent_shape),
+        "image_shape": list(stage.image_shape),
+    }
     line = f"wrote {file} (the decoder; {compared}: max abs diff {diff:.3e})"
     return entry, line, lambda: atomic_write(file, lambda f: f.write(data))
 
@@ -132,22 +146,28 @@ def check_export_paths(source: Path, output: Path, fmt: str) -> None:
     check_outputs({"--output": output}, inputs=inputs)
 
 
-def export_weights(model, schedule_config, *, fmt: str, source: Path, output: Path, weights: str, labels: dict) -> list[str]:
+def export_weights(
+    model, schedule_config, *, fmt: str, source: Path, output: Path, weights: str, labels: dict
+) -> list[str]:
     """``--format safetensors`` (the weights and this tool's metadata) or ``diffusers`` (a DDPMPipeline
     folder); each read back and compared with the model it came from before the report says so."""
     from ddpm.formats import model_files, safetensors_io
 
     if fmt == "safetensors":
-        metadata = artifact_metadata(model_config=model.config, schedule_config=schedule_config, weights=weights, **labels)
+        metadata = artifact_metadata(
+            model_config=model.config, schedule_config=schedule_config, weights=weights, **labels
+        )
         safetensors_io.write_safetensors(model, output, metadata=metadata)
         state = load_model_state(output)
         written = f"wrote {output} (safetensors, {weights} weights, this tool's configs in its metadata)"
     else:
         files = model_files.write_diffusers_folder(model, schedule_config, output, source=str(source))
         state = load_model_state(output)
-        written = f"wrote {output}/ ({', '.join(str(f.relative_to(output)) for f in files)}; diffusers' DDPMPipeline loads it)"
+        names = ", ".join(str(f.relative_to(output)) for f in files)
+        written = f"wrote {output}/ ({names}; diffusers' DDPMPipeline loads it)"
         if model.config.num_classes:
-            written += f"; num_class_embeds {model.config.num_classes + 1}: classes 0-{model.config.num_classes - 1}, the last the null label"
+            classes = model.config.num_classes
+            written += f"; num_class_embeds {classes + 1}: classes 0-{classes - 1}, the last the null label"
     reference = model.state_dict()
     same = all(torch.equal(state["ema"][k], reference[k].float()) for k in reference)
     if not same:  # a programming error in the renaming; never expected
@@ -174,14 +194,18 @@ def export_checkpoint(
     the same mixed-precision U-Net in PyTorch, and the fp32 U-Net's difference is reported too.
     """
     if fmt != "onnx" and precision != "fp32":
-        raise ValueError(f"{fmt} exports hold fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt")
+        raise ValueError(
+            f"{fmt} exports hold fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt"
+        )
     opset = default_opset(precision) if opset is None else opset
     source, output = Path(source), Path(output)
     check_export_paths(source, output, fmt)
     if fmt == "tensorrt":
         raise ValueError("build TensorRT engines with tensorrt_integration.export_engine")
     if fmt in ("safetensors", "diffusers") and precision != "fp32":
-        raise ValueError(f"--format {fmt} holds fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt")
+        raise ValueError(
+            f"--format {fmt} holds fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt"
+        )
     if fmt == "onnx":
         import_onnx()  # fail before any work if a package is missing
         import_onnxruntime()
@@ -192,17 +216,28 @@ def export_checkpoint(
         labels["dataset"] = dataset
     if fmt in ("safetensors", "diffusers"):
         if link is not None:
-            raise ValueError(f"--format {fmt} holds a U-Net alone; a latent model needs its autoencoder too: export it as onnx or torchscript")
-        return export_weights(model, schedule_config, fmt=fmt, source=source, output=output, weights=weights, labels=labels)
+            raise ValueError(
+                f"--format {fmt} holds a U-Net alone; a latent model needs its autoencoder too: export it as onnx or "
+                "torchscript"
+            )
+        return export_weights(
+            model, schedule_config, fmt=fmt, source=source, output=output, weights=weights, labels=labels
+        )
     report = []
     if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
         stage, _ = linked_first_stage(
-            link, model_config=model.config, source=f"checkpoint {source}", device=device, override=autoencoder,
+            link,
+            model_config=model.config,
+            source=f"checkpoint {source}",
+            device=device,
+            override=autoencoder,
             folder=Path(source).parent,
-        )  # fmt: skip
+        )
         inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
         check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
-        decoder_precision = "fp32" if precision in QUANTIZED else precision  # the decoder runs once per image: not quantized
+        decoder_precision = (
+            "fp32" if precision in QUANTIZED else precision
+        )  # the decoder runs once per image: not quantized
         entry, line, write_decoder = export_decoder(
             stage, fmt=fmt, inputs=inputs, output=output, device=device, opset=opset, precision=decoder_precision
         )
@@ -218,7 +253,9 @@ def export_checkpoint(
         )
         if precision in QUANTIZED:  # the fp32 graph, then Q/DQ pairs calibrated on the model's own trajectories
             proto = export_onnx_model(model, metadata=metadata, opset=opset)
-            proto, quality = quantize_export(proto, model, schedule_config, calibration=calibration, precision=precision)
+            proto, quality = quantize_export(
+                proto, model, schedule_config, calibration=calibration, precision=precision
+            )
             report.append(quality)
         else:
             proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
@@ -241,7 +278,9 @@ def export_checkpoint(
             # onnxruntime's CPU provider lacks some low-precision kernels (bf16 convolutions): say so,
             # and compare the mixed-precision U-Net in PyTorch with the fp32 one instead.
             runtime, reference = reference, model
-            compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); instead PyTorch's {precision} U-Net vs fp32"
+            compared = (
+                f"onnxruntime here cannot run it ({_ort_reason(exc)}); instead PyTorch's {precision} U-Net vs fp32"
+            )
         write_decoder()
         atomic_write(output, lambda f: f.write(data))
         diff = max_abs_diff(runtime, reference, io=io, batch_sizes=batch_sizes)
@@ -263,7 +302,8 @@ def export_checkpoint(
 def quantize_export(proto, model, schedule_config, *, calibration: Calibration, precision: str) -> tuple[object, str]:
     """The Q/DQ graph of ``proto`` (formats/quantization.py) with its calibration and measured quality in its
     metadata: the PSNR of images its onnxruntime session draws against the fp32 model's from the same noise
-    (``calibration``'s sampler and steps, 16 images, a seed the calibration did not use). Returns (graph, report line)."""
+    (``calibration``'s sampler and steps, 16 images, a seed the calibration did not use). Returns (graph, report
+    line)."""
     import json
 
     import onnx
@@ -278,29 +318,62 @@ def quantize_export(proto, model, schedule_config, *, calibration: Calibration, 
     feeds = quantization.calibration_feeds(model, plan, samples=calibration.samples, seed=calibration.seed)
     quantized = quantization.quantize_unet(proto, feeds, precision=precision)
     onnx.checker.check_model(quantized, full_check=True)
-    runtime = OnnxRuntimeUNet(onnxruntime_session(quantized.SerializeToString(), device=torch.device("cpu")), io=UNetIO.from_config(model.config))
+    runtime = OnnxRuntimeUNet(
+        onnxruntime_session(quantized.SerializeToString(), device=torch.device("cpu")),
+        io=UNetIO.from_config(model.config),
+    )
     n, seed = 16, calibration.seed + 1
     guidance = None
     if model.config.num_classes:
         from ddpm.conditioning import Guidance
 
-        guidance = Guidance(labels=torch.arange(n) % model.config.num_classes, null_label=model.config.null_label, scale=1.0)
-    images = [sample(unet, plan, shape=model.config.sample_shape(n), generator=torch.Generator().manual_seed(seed), guidance=guidance)
-              for unet in (model, runtime)]  # fmt: skip
+        guidance = Guidance(
+            labels=torch.arange(n) % model.config.num_classes, null_label=model.config.null_label, scale=1.0
+        )
+    images = [
+        sample(
+            unet,
+            plan,
+            shape=model.config.sample_shape(n),
+            generator=torch.Generator().manual_seed(seed),
+            guidance=guidance,
+        )
+        for unet in (model, runtime)
+    ]
     psnr = psnr_db(images[1], images[0])
     nodes = quantization.quantized_nodes(quantized)
     entry = next(p for p in quantized.metadata_props if p.key == METADATA_KEY)
     meta = json.loads(entry.value)
-    meta.update(precision=precision, quantization={
-        "quantizer": "onnxruntime.quantization.quantize_static (QDQ)", "weights": "per-channel symmetric", "activations": "per-tensor symmetric",
-        "quantized_ops": list(quantization.QUANTIZED_OPS), "kept_fp32": list(quantization.KEPT_FP32_WEIGHTS),
-        "calibration": {"sampler": calibration.sampler, "steps": plan.num_steps, "trajectories": calibration.samples, "seed": calibration.seed},
-        "quality": {"psnr_db_vs_fp32": round(psnr, 2), "images": n, "sampler": calibration.sampler, "steps": plan.num_steps, "seed": seed},
-    })  # fmt: skip
+    meta.update(
+        precision=precision,
+        quantization={
+            "quantizer": "onnxruntime.quantization.quantize_static (QDQ)",
+            "weights": "per-channel symmetric",
+            "activations": "per-tensor symmetric",
+            "quantized_ops": list(quantization.QUANTIZED_OPS),
+            "kept_fp32": list(quantization.KEPT_FP32_WEIGHTS),
+            "calibration": {
+                "sampler": calibration.sampler,
+                "steps": plan.num_steps,
+                "trajectories": calibration.samples,
+                "seed": calibration.seed,
+            },
+            "quality": {
+                "psnr_db_vs_fp32": round(psnr, 2),
+                "images": n,
+                "sampler": calibration.sampler,
+                "steps": plan.num_steps,
+                "seed": seed,
+            },
+        },
+    )
     entry.value = json.dumps(meta, sort_keys=True)
-    line = (f"{precision}: {len([n for n in nodes['int8'] if n])} nodes on quantized inputs, calibrated on {calibration.samples} "
-            f"{calibration.sampler} trajectories of {plan.num_steps} steps; its images vs fp32's (same noise, {n} images): "
-            f"PSNR {psnr:.1f} dB")  # fmt: skip
+    line = (
+        f"{precision}: {len([n for n in nodes['int8'] if n])} nodes on quantized inputs, calibrated on "
+        f"{calibration.samples} "
+        f"{calibration.sampler} trajectories of {plan.num_steps} steps; its images vs fp32's (same noise, {n} images): "
+        f"PSNR {psnr:.1f} dB"
+    )
     return quantized, line
 
 
@@ -321,9 +394,16 @@ def export_artifact(
     engine from a checkpoint or ONNX file (tensorrt_integration.export_engine); returns report lines."""
     if fmt != "tensorrt":
         return export_checkpoint(
-            source, fmt=fmt, output=output, weights=weights, device=device, opset=opset, precision=precision,
-            autoencoder=autoencoder, calibration=calibration,
-        )  # fmt: skip
+            source,
+            fmt=fmt,
+            output=output,
+            weights=weights,
+            device=device,
+            opset=opset,
+            precision=precision,
+            autoencoder=autoencoder,
+            calibration=calibration,
+        )
     import tensorrt_integration
 
     source, output = Path(source), Path(output)
@@ -345,7 +425,13 @@ def export_artifact(
         model_config=artifact.model_config,
         schedule_config=artifact.schedule_config,
         source=source,
-        output=output, weights=weights, device=device, precision=precision, options=options,
-        class_names=artifact.class_names, first_stage=artifact.first_stage, decoder_output=decoder_output,
+        output=output,
+        weights=weights,
+        device=device,
+        precision=precision,
+        options=options,
+        class_names=artifact.class_names,
+        first_stage=artifact.first_stage,
+        decoder_output=decoder_output,
         dataset=artifact.dataset,
     )

@@ -32,9 +32,13 @@ def run_sample(request: SampleRequest) -> None:
     opened = open_for_drawing(request)
     artifact, guidance = opened.artifact, opened.guidance
     outputs = SampleOutputs(
-        n, artifact.output_shape, grid=request.grid, npz=request.npz, grid_scale=request.grid_scale,
+        n,
+        artifact.output_shape,
+        grid=request.grid,
+        npz=request.npz,
+        grid_scale=request.grid_scale,
         grid_columns=opened.grid_columns,
-    )  # fmt: skip
+    )
     outputs.check()
     sampling = replace(request.sampling, clip_denoised=opened.clips_x0(request.sampling.clip_denoised))
     plan = sampling.plan(opened.schedule(), device=device)
@@ -42,14 +46,22 @@ def run_sample(request: SampleRequest) -> None:
     sizes, batch_size = opened.batch_sizes, opened.batch_size
     rounds = range(0, len(sizes), ranks.world_size)
     if ranks.distributed:
-        idle = f"; {ranks.world_size - len(sizes)} rank(s) have no batch: lower --batch_size" if len(sizes) < ranks.world_size else ""
-        distributed.say(f"{n} samples in {len(sizes)} batch(es) of up to {batch_size}, dealt over {ranks.world_size} ranks{idle}")
+        idle = (
+            f"; {ranks.world_size - len(sizes)} rank(s) have no batch: lower --batch_size"
+            if len(sizes) < ranks.world_size
+            else ""
+        )
+        distributed.say(
+            f"{n} samples in {len(sizes)} batch(es) of up to {batch_size}, dealt over {ranks.world_size} ranks{idle}"
+        )
     run_name = f"sample-{request.implementation}" + (f"-rank{ranks.rank}" if ranks.distributed else "")
     profile = request.profile and ProfileConfig(request.profile, run_name=run_name, total_steps=len(rounds))
     # (each round of batches is one profiler step: a one-batch run is traced whole)
     writer = SampleWriter(outputs) if ranks.is_main else contextlib.nullcontext()
     with writer as out, make_profiler(profile or None, device=device, log=tqdm.write) as profiler:
-        bar = tqdm(rounds, desc="batches", unit="batch", disable=len(rounds) == 1 or not ranks.is_main, dynamic_ncols=True)
+        bar = tqdm(
+            rounds, desc="batches", unit="batch", disable=len(rounds) == 1 or not ranks.is_main, dynamic_ncols=True
+        )
         for first in bar:
             index = first + ranks.rank
             images = None
@@ -64,4 +76,6 @@ def run_sample(request: SampleRequest) -> None:
             profiler.step()
         written = out.close() if ranks.is_main else []
     guided = f", classes {request.class_label or 'all'} at guidance {guidance.scale:g}" if guidance is not None else ""
-    distributed.say(f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps{guided})")
+    distributed.say(
+        f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps{guided})"
+    )

@@ -63,9 +63,11 @@ def run_inputs(trainer, request: TrainRequest) -> dict:
     previews, the curves): the checkpoint, the autoencoder (given or linked), the data, --init_from's model."""
     stage = trainer.first_stage
     return {
-        "--model_path": request.checkpoint, "its autoencoder": stage.link.get("path") if stage is not None else None,
-        "--data_dir": data_input(trainer.config.dataset, request.model.data_dir), "--init_from": as_input(request.init_from),
-    }  # fmt: skip
+        "--model_path": request.checkpoint,
+        "its autoencoder": stage.link.get("path") if stage is not None else None,
+        "--data_dir": data_input(trainer.config.dataset, request.model.data_dir),
+        "--init_from": as_input(request.init_from),
+    }
 
 
 def check_previews(trainer, *, inputs: dict) -> None:
@@ -84,7 +86,9 @@ def check_previews(trainer, *, inputs: dict) -> None:
     def planned(step: int) -> bool:
         return start < step <= end and (step == end or (every > 0 and step % every == 0))
 
-    existing = [entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))]
+    existing = [
+        entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))
+    ]
     for entry in existing:
         check_outputs({"the training preview": entry}, inputs=inputs)
 
@@ -97,9 +101,14 @@ def training_log(trainer, request: TrainRequest, *, inputs: dict) -> TrainingLog
     config = trainer.config
     explicit = "log_dir" in request.given  # the tensorboard hint only for a user who asked for curves
     curves = TrainingLog(
-        request.log_dir, start_step=trainer.step, every=request.log_every, resume=request.resume,
-        overwrite=request.overwrite, inputs=inputs, say=distributed.say if explicit else None,
-    )  # fmt: skip
+        request.log_dir,
+        start_step=trainer.step,
+        every=request.log_every,
+        resume=request.resume,
+        overwrite=request.overwrite,
+        inputs=inputs,
+        say=distributed.say if explicit else None,
+    )
     model, schedule = trainer.model_config.to_dict(), asdict(trainer.schedule_config)
     curves.hparams({"train": asdict(config), "model": model, "schedule": schedule})
     return curves
@@ -111,12 +120,19 @@ def resumed_trainer(request: TrainRequest):
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
     # Any number of ranks continues a run: the checkpoint holds no rank's own state. How the run goes on
     # (its end, precision, compile, checkpoint and preview cadence) may change; what it learns may not.
-    honoured = {flag: getattr(request, flag) for flag in ("precision", "compile", "save_every", "sample_every") if flag in request.given}
+    honoured = {
+        flag: getattr(request, flag)
+        for flag in ("precision", "compile", "save_every", "sample_every")
+        if flag in request.given
+    }
     config = resume_config(
-        state, total_steps=request.max_steps, checkpoint=checkpoint, world_size=ranks.world_size,
+        state,
+        total_steps=request.max_steps,
+        checkpoint=checkpoint,
+        world_size=ranks.world_size,
         grad_checkpoint=request.grad_checkpoint or None,  # memory, not math: a resumed run may turn it on
         **honoured,
-    )  # fmt: skip
+    )
     contradicted = resume_contradictions(request, config, model_config, schedule_config)
     if contradicted:
         raise ValueError(
@@ -130,26 +146,41 @@ def resumed_trainer(request: TrainRequest):
         )
     if config.total_steps <= state["step"]:  # nothing to do: say so rather than exit 0 having done nothing
         raise ValueError(
-            f"{checkpoint} is at step {state['step']} of {config.total_steps}; to train on, pass --max_steps above {state['step']}"
+            f"{checkpoint} is at step {state['step']} of {config.total_steps}; to train on, pass --max_steps above "
+            f"{state['step']}"
         )
     check_batch_fits(
-        model_config, batch_size=config.per_rank_batch(), device=device, training=True, grad_checkpoint=config.grad_checkpoint
-    )  # fmt: skip
+        model_config,
+        batch_size=config.per_rank_batch(),
+        device=device,
+        training=True,
+        grad_checkpoint=config.grad_checkpoint,
+    )
     # A latent model: its autoencoder, checked against the one it trained with, encodes the data again
     # (the checkpoints this run writes name the autoencoder where it is now).
     stage, autoencoder = linked_first_stage(
-        read_link(state, source=f"checkpoint {checkpoint}"), model_config=model_config, source=f"checkpoint {checkpoint}",
-        device=device, override=request.autoencoder, folder=Path(checkpoint).parent,
-    )  # fmt: skip
+        read_link(state, source=f"checkpoint {checkpoint}"),
+        model_config=model_config,
+        source=f"checkpoint {checkpoint}",
+        device=device,
+        override=request.autoencoder,
+        folder=Path(checkpoint).parent,
+    )
     if stage is None:
         images = training_images(
-            config.dataset, data_dir=request.model.data_dir, image_size=model_config.image_size, channels=model_config.in_channels
+            config.dataset,
+            data_dir=request.model.data_dir,
+            image_size=model_config.image_size,
+            channels=model_config.in_channels,
         )
     else:
         images = latent_images(replace(request.model, dataset=config.dataset), autoencoder)
-    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage)
+    trainer = Trainer(
+        config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage
+    )
     distributed.say(f"resuming {checkpoint} at step {trainer.step} of {config.total_steps}{on_ranks(config)}")
     return trainer
+
 
 def resume_contradictions(request: TrainRequest, config, model_config, schedule_config) -> list[str]:
     """The flags given with --resume whose values differ from the checkpoint's ("--lr 0.001 (the
@@ -173,7 +204,11 @@ def resume_contradictions(request: TrainRequest, config, model_config, schedule_
         "cond_drop": (request.cond_drop, config.cond_drop),
         "seed": (request.seed, config.seed),
     }
-    return [f"--{flag} {ours} (the checkpoint's {theirs})" for flag, (ours, theirs) in kept.items() if flag in request.given and ours != theirs]
+    return [
+        f"--{flag} {ours} (the checkpoint's {theirs})"
+        for flag, (ours, theirs) in kept.items()
+        if flag in request.given and ours != theirs
+    ]
 
 
 def training_images(dataset: str, **kwargs):
@@ -187,13 +222,17 @@ def training_images(dataset: str, **kwargs):
     distributed.barrier()
     return load_images(dataset, download=False, **kwargs)
 
+
 def latent_images(model: NewModel, autoencoder):
     """The training images at the autoencoder's size, encoded once into its scaled latents (latent/first_stage.py)."""
 
     config = autoencoder.config
-    images = training_images(model.dataset, data_dir=model.data_dir, image_size=config.image_size, channels=config.in_channels)
+    images = training_images(
+        model.dataset, data_dir=model.data_dir, image_size=config.image_size, channels=config.in_channels
+    )
     distributed.say(f"encoding {len(images)} {model.dataset} images with {autoencoder.path} ...")
     return encode_dataset(images, autoencoder, source=autoencoder.path)
+
 
 def on_ranks(config) -> str:
     """``" on 4 ranks (gloo), 32 images each"`` for a distributed run, ``""`` for one process."""
@@ -202,38 +241,50 @@ def on_ranks(config) -> str:
         return ""
     return f" on {config.world_size} ranks ({distributed.backend()}), {config.per_rank_batch()} images each"
 
+
 def new_trainer(request: TrainRequest):
     spec, device, ranks = request.model, request.device, distributed.current()
     stage = None
     if request.autoencoder:  # a latent model: the U-Net's data are the autoencoder's latents
-
         stage, autoencoder = load_first_stage(request.autoencoder, device=device)
         channels, size = autoencoder.config.in_channels, autoencoder.config.image_size
         if spec.image_size not in (0, size) or spec.channels not in (0, channels):
             raise ValueError(
-                f"--autoencoder {request.autoencoder} encodes {channels}x{size}x{size} images; drop --img_size and --channels "
+                f"--autoencoder {request.autoencoder} encodes {channels}x{size}x{size} images; drop --img_size and "
+                "--channels "
                 "(a latent model trains at its autoencoder's size), or train an autoencoder at the size you want"
             )
         latent_channels, latent_side = stage.latent_shape[0], stage.latent_shape[-1]
         spec = replace(spec, image_size=latent_side, channels=latent_channels)
     start = None
-    if request.init_from:  # fine-tuning: the U-Net, its weights and its schedule from the file; data and recipe from the flags
+    if (
+        request.init_from
+    ):  # fine-tuning: the U-Net, its weights and its schedule from the file; data and recipe from the flags
         start, schedule_config, _, link, _ = load_model_parts(request.init_from, device="cpu")
         if link is not None:
-            raise ValueError(f"--init_from {request.init_from} is a latent model; continue its own run with --resume instead")
+            raise ValueError(
+                f"--init_from {request.init_from} is a latent model; continue its own run with --resume instead"
+            )
         model_config = start.config
         spec = replace(spec, image_size=model_config.image_size, channels=model_config.in_channels)
     else:
         model_config, schedule_config = spec.model_config(), spec.schedule_config()  # validated before any download
     if stage is None:
-        check_pixel_unet(model_config, source="--init_from" if start is not None else "--channels")  # images have 1 or 3
+        check_pixel_unet(
+            model_config, source="--init_from" if start is not None else "--channels"
+        )  # images have 1 or 3
     distributed.check_global_batch(request.batch_size, world_size=ranks.world_size)
     check_batch_fits(
-        model_config, batch_size=request.batch_size // ranks.world_size, device=device, training=True,
+        model_config,
+        batch_size=request.batch_size // ranks.world_size,
+        device=device,
+        training=True,
         grad_checkpoint=request.grad_checkpoint,
-    )  # fmt: skip
+    )
     if stage is None:
-        images = training_images(spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels)
+        images = training_images(
+            spec.dataset, data_dir=spec.data_dir, image_size=spec.image_size, channels=spec.channels
+        )
     else:
         images = latent_images(request.model, autoencoder)
     if request.class_cond:  # one label embedding per class, and the null label
@@ -280,9 +331,14 @@ def new_trainer(request: TrainRequest):
         f"for {total} steps on {device.type}, {request.precision}"
         f"{on_ranks(config)}"
         + (f", starting from {request.init_from}" if start is not None else "")
-        + (f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)" if model_config.num_classes else "")
+        + (
+            f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)"
+            if model_config.num_classes
+            else ""
+        )
     )
     return trainer
+
 
 def train(trainer, *, profile: str | None = None, curves: TrainingLog | None = None) -> None:
     """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143.
@@ -310,5 +366,7 @@ def train(trainer, *, profile: str | None = None, curves: TrainingLog | None = N
         with interrupts.deferred(reraise=False):  # a second signal does not cut this save
             path = trainer.save()  # rank 0 writes; every rank stopped after the same step
         if ranks.is_main:
-            print(f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr)
+            print(
+                f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr
+            )
         raise SystemExit(stop.exit_code) from None

@@ -1,7 +1,7 @@
 """--mode train_autoencoder: the first stage of a latent model (training/autoencoder_trainer.py).
 
-    python main.py --mode train_autoencoder --dataset digits
-    python main.py --mode train --dataset digits --autoencoder checkpoints/digits_autoencoder.pt
+python main.py --mode train_autoencoder --dataset digits
+python main.py --mode train --dataset digits --autoencoder checkpoints/digits_autoencoder.pt
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
     with run_lock(request.checkpoint):  # a second run on this path is refused until this one ends
         if Path(request.checkpoint).exists() and not request.overwrite:
             raise ValueError(
-                f"--model_path {request.checkpoint} already holds a checkpoint; pass --overwrite to start over and replace it"
+                f"--model_path {request.checkpoint} already holds a checkpoint; pass --overwrite to start over and "
+                "replace it"
             )
         try:
             train_autoencoder(request)

@@ -1,2 +1,1 @@
-"""Training: the DDPM trainer, the autoencoder's trainer, and the timestep samplers.
-"""
+"""Training: the DDPM trainer, the autoencoder's trainer, and the timestep samplers."""

@@ -74,8 +74,12 @@ class AutoencoderTrainRequest:
 
     def config(self) -> AutoencoderConfig:
         """The autoencoder's config (validated)."""
-        given = dict(latent_channels=self.latent_channels, downsample=self.downsample, base_channels=self.base_channels,
-                     kl_weight=self.kl_weight)  # fmt: skip
+        given = dict(
+            latent_channels=self.latent_channels,
+            downsample=self.downsample,
+            base_channels=self.base_channels,
+            kl_weight=self.kl_weight,
+        )
         return AutoencoderConfig(
             image_size=self.image_size, in_channels=self.channels, **{k: v for k, v in given.items() if v is not None}
         )
@@ -99,11 +103,15 @@ def split_heldout(images: ImageSet, *, data_dir: str | Path) -> tuple[ImageSet, 
     """(training images, held-out uint8 images, how they were held out): the dataset's test split, or a
     fixed share of the images (the same whatever --seed) removed from the training set."""
     if images.name in TEST_SPLITS:
-        held = load_images(images.name, data_dir=data_dir, image_size=images.image_size, channels=images.channels, train=False)
+        held = load_images(
+            images.name, data_dir=data_dir, image_size=images.image_size, channels=images.channels, train=False
+        )
         return images, held.images, "its test split"
     n = len(images)
     if n < 2:
-        raise ValueError(f"the autoencoder needs at least 2 {images.name} images: one to train on, one held out to score")
+        raise ValueError(
+            f"the autoencoder needs at least 2 {images.name} images: one to train on, one held out to score"
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(HOLDOUT_SEED))
     k = max(1, round(HOLDOUT_SHARE * n))
     held, kept = order[:k].sort().values, order[k:].sort().values
@@ -132,7 +140,9 @@ def psnr_ssim(images: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
 def reconstruct(model: Autoencoder, images: torch.Tensor, *, batch_size: int = 256) -> torch.Tensor:
     """uint8 (N, C, H, W) -> uint8 reconstructions from the posterior means (as latent diffusion decodes)."""
     device = next(model.parameters()).device
-    out = [to_uint8(model.decode(model.encode(to_unit_range(chunk.to(device)))[0])) for chunk in images.split(batch_size)]
+    out = [
+        to_uint8(model.decode(model.encode(to_unit_range(chunk.to(device)))[0])) for chunk in images.split(batch_size)
+    ]
     return torch.cat(out)
 
 
@@ -158,11 +168,15 @@ def score_reconstructions(model: Autoencoder, heldout: torch.Tensor) -> tuple[di
 
 def format_scores(metrics: dict) -> str:
     c, s = metrics["image_shape"][0], metrics["image_shape"][1]
-    lines = [f"held-out reconstructions ({metrics['heldout_images']} images, {metrics['heldout']}):",
-             f"{'':<34}{'numbers':>8}{'PSNR dB':>9}{'SSIM':>7}"]  # fmt: skip
+    lines = [
+        f"held-out reconstructions ({metrics['heldout_images']} images, {metrics['heldout']}):",
+        f"{'':<34}{'numbers':>8}{'PSNR dB':>9}{'SSIM':>7}",
+    ]
     labels = {"autoencoder": "autoencoder (posterior mean)"}
     for name, row in metrics["scores"].items():
-        label = labels.get(name) or f"bilinear via {row['side']}x{row['side']}" + (" (identity)" if row["side"] == s else "")
+        label = labels.get(name) or f"bilinear via {row['side']}x{row['side']}" + (
+            " (identity)" if row["side"] == s else ""
+        )
         lines.append(f"{label:<34}{row['numbers']:>8}{row['psnr']:>9.2f}{row['ssim']:>7.3f}")
     lines.append(f"(images {c}x{s}x{s}: {c * s * s} numbers)")
     return "\n".join(lines)
@@ -173,7 +187,9 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     """Train, scale, score, and write the PNG and the checkpoint; returns the metrics stored in it."""
     config = request.config()  # validated before any data is read
     skimage_metrics("the autoencoder's PSNR and SSIM")  # a missing package is reported now, not after training
-    images = load_images(request.dataset, data_dir=request.data_dir, image_size=config.image_size, channels=config.in_channels)
+    images = load_images(
+        request.dataset, data_dir=request.data_dir, image_size=config.image_size, channels=config.in_channels
+    )
     train, heldout, held_how = split_heldout(images, data_dir=request.data_dir)
     per_epoch = train.steps_per_epoch(request.batch_size)
     total = total_steps(n_epochs=request.n_epochs, max_steps=request.max_steps, steps_per_epoch=per_epoch)
@@ -185,12 +201,17 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     warmup = min(100, total // 20)
     n_params = sum(p.numel() for p in model.parameters())
     shape, latent = ("x".join(map(str, s)) for s in (config.image_shape, config.latent_shape))
-    print(f"training a {n_params / 1e3:.0f}k-parameter autoencoder on {len(train)} {request.dataset} images "
-          f"({shape} -> latent {latent}, kl_weight {config.kl_weight:g}) for {total} steps on {device.type}")  # fmt: skip
+    print(
+        f"training a {n_params / 1e3:.0f}k-parameter autoencoder on {len(train)} {request.dataset} images "
+        f"({shape} -> latent {latent}, kl_weight {config.kl_weight:g}) for {total} steps on {device.type}"
+    )
     start = window = time.perf_counter()
     stop, done = None, 0  # Ctrl-C / SIGTERM take effect between steps; the model so far is then saved
     try:
-        with interrupts.deferred(), tqdm(total=total, desc="training", unit="step", disable=not progress, dynamic_ncols=True) as bar:
+        with (
+            interrupts.deferred(),
+            tqdm(total=total, desc="training", unit="step", disable=not progress, dynamic_ncols=True) as bar,
+        ):
             for step in range(total):
                 interrupts.raise_if_pending()
                 lr = request.lr * lr_factor(step, warmup_steps=warmup, total_steps=total)
@@ -219,8 +240,16 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
         print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
         raise stop
     with interrupts.deferred(reraise=False):  # a signal now does not cut the save of what was trained
-        metrics = _finish(model, request, config=config, train=train, heldout=heldout, held_how=held_how,
-                          steps=done, seconds=time.perf_counter() - start)  # fmt: skip
+        metrics = _finish(
+            model,
+            request,
+            config=config,
+            train=train,
+            heldout=heldout,
+            held_how=held_how,
+            steps=done,
+            seconds=time.perf_counter() - start,
+        )
     if stop is not None:
         print(f"\n{stop.name}: stopped at step {done} of {total}; saved {request.checkpoint}", file=sys.stderr)
         raise stop
@@ -228,7 +257,15 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
 
 
 def _finish(
-    model: Autoencoder, request: AutoencoderTrainRequest, *, config, train, heldout, held_how: str, steps: int, seconds: float
+    model: Autoencoder,
+    request: AutoencoderTrainRequest,
+    *,
+    config,
+    train,
+    heldout,
+    held_how: str,
+    steps: int,
+    seconds: float,
 ) -> dict:
     """The latent scale, the held-out scores, the PNG and the checkpoint of a model trained ``steps`` steps."""
     model.eval()
@@ -241,13 +278,25 @@ def _finish(
     heldout = heldout[:MAX_SCORED]
     scores, recon = score_reconstructions(model, heldout)
     metrics = {
-        "scores": scores, "heldout": held_how, "heldout_images": len(heldout), "train_images": len(train),
-        "image_shape": list(config.image_shape), "latent_shape": list(config.latent_shape),
-        "latent_mean": float(means.mean()), "latent_std": std, "train_seconds": seconds, "device": request.device.type,
-        "batch_size": request.batch_size, "lr": request.lr, "seed": request.seed,
-    }  # fmt: skip
+        "scores": scores,
+        "heldout": held_how,
+        "heldout_images": len(heldout),
+        "train_images": len(train),
+        "image_shape": list(config.image_shape),
+        "latent_shape": list(config.latent_shape),
+        "latent_mean": float(means.mean()),
+        "latent_std": std,
+        "train_seconds": seconds,
+        "device": request.device.type,
+        "batch_size": request.batch_size,
+        "lr": request.lr,
+        "seed": request.seed,
+    }
     mean = metrics["latent_mean"]
-    print(f"latent scale {1 / std:.4f} (posterior means over {len(train)} training images: mean {mean:.3f}, std {std:.4f})")
+    print(
+        f"latent scale {1 / std:.4f} (posterior means over {len(train)} training images: mean {mean:.3f}, std "
+        f"{std:.4f})"
+    )
     print(format_scores(metrics))
 
     # The PNG, then the checkpoint: held-out originals above their reconstructions.

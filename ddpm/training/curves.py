@@ -54,7 +54,9 @@ def previous_curves(directory: str | Path) -> list[Path]:
     folder = Path(directory)
     if not folder.is_dir():
         return []
-    return [path for path in (folder / CSV_NAME, *sorted(folder.glob(EVENTS_GLOB))) if path.exists() or path.is_symlink()]
+    return [
+        path for path in (folder / CSV_NAME, *sorted(folder.glob(EVENTS_GLOB))) if path.exists() or path.is_symlink()
+    ]
 
 
 def refuse_previous_curves(directory: str | Path, *, resume: bool, overwrite: bool) -> None:
@@ -64,7 +66,8 @@ def refuse_previous_curves(directory: str | Path, *, resume: bool, overwrite: bo
     found = previous_curves(directory)
     if found:
         raise ValueError(
-            f"--log_dir {directory} already holds the training curves of another run ({found[0].name}); pass --overwrite "
+            f"--log_dir {directory} already holds the training curves of another run ({found[0].name}); pass "
+            "--overwrite "
             "to replace them, or choose another --log_dir"
         )
 
@@ -106,11 +109,15 @@ class TrainingLog:
         except ImportError:  # optional: the CSV is the record; say so once, if the user asked for curves
             SummaryWriter = None
             if say is not None:
-                say(f"tensorboard is not installed: {self.csv} is written, TensorBoard event files are not "
-                    f"({TENSORBOARD_INSTALL})")  # fmt: skip
+                say(
+                    f"tensorboard is not installed: {self.csv} is written, TensorBoard event files are not "
+                    f"({TENSORBOARD_INSTALL})"
+                )
         self._writer_class, self._writer, self._file = SummaryWriter, None, None
         self._pending_text: list[tuple[str, str]] = []
-        self._window: list[tuple[float, float, int, float]] = []  # (loss, grad norm, images, seconds) since the last row
+        self._window: list[
+            tuple[float, float, int, float]
+        ] = []  # (loss, grad norm, images, seconds) since the last row
         self._last_step, self._last_lr, self._last_time = start_step, math.nan, 0.0
 
     # ----- what the trainer calls -----------------------------------------------------------------
@@ -156,7 +163,9 @@ class TrainingLog:
                 flat.update({f"{key}.{inner}": item for inner, item in value.items()})
             else:
                 flat[key] = value
-        table = "\n".join(["| name | value |", "| --- | --- |", *(f"| {key} | {value} |" for key, value in flat.items())])
+        table = "\n".join(
+            ["| name | value |", "| --- | --- |", *(f"| {key} | {value} |" for key, value in flat.items())]
+        )
         if self._writer is not None:
             self._writer.add_text("config", table, global_step=self.start_step)
         else:  # written with the first row: no file before the first step
@@ -203,7 +212,8 @@ class TrainingLog:
         lines = text.split("\n")
         if lines[0].rstrip("\r") != HEADER:
             raise ValueError(
-                f"{self.csv} is not this tool's training curves (its first line is not {HEADER}); move it, or choose another --log_dir"
+                f"{self.csv} is not this tool's training curves (its first line is not {HEADER}); move it, or choose "
+                "another --log_dir"
             )
         rows = lines[1:-1]  # the last item is "" after a final newline, or a line a killed run cut short
         kept = [row for row in rows if _step_of(row) is not None and _step_of(row) <= self.start_step]
@@ -216,7 +226,8 @@ class TrainingLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.resume:
             # --overwrite: the replaced run's event files go too, or TensorBoard would draw its curve over this
-            # one's at the same steps. Only SummaryWriter's own file names, only in this folder: nothing else is touched.
+            # one's at the same steps. Only SummaryWriter's own file names, only in this folder: nothing else is
+            # touched.
             for events in self.directory.glob(EVENTS_GLOB):
                 if not events.is_dir():
                     events.unlink()

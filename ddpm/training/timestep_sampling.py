@@ -37,7 +37,9 @@ def _check_int(name: str, value: object, *, low: int = 1, high: int | None = Non
     return value
 
 
-def _check_number(name: str, value: object, *, low: float, high: float, open_low: bool = False, open_high: bool = False) -> float:
+def _check_number(
+    name: str, value: object, *, low: float, high: float, open_low: bool = False, open_high: bool = False
+) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > low if open_low else value >= low) and (value < high if open_high else value <= high)
     if not ok:
@@ -118,7 +120,9 @@ class TimestepSampler:
         """The weight w_t (T,), float64, that a draw of t gets now."""
         return self._table(torch.device("cpu"))[1].clone()
 
-    def sample(self, batch_size: int, *, generator: torch.Generator, device: torch.device | str) -> tuple[Tensor, Tensor]:
+    def sample(
+        self, batch_size: int, *, generator: torch.Generator, device: torch.device | str
+    ) -> tuple[Tensor, Tensor]:
         """(t, w): t (B,) int64 and w (B,) float32 on ``device``; p is built on the generator's device."""
         B, device = _check_int("batch_size", batch_size), torch.device(device)
         if not self.ready():  # the very draw diffusion_loss makes, so warm-up (and uniform) runs stay bit-identical
@@ -141,7 +145,9 @@ class TimestepSampler:
         finite = both[1].isfinite()
         t_cpu, values = both[0, finite].long(), both[1, finite]
         if t_cpu.numel() and not (0 <= int(t_cpu.min()) and int(t_cpu.max()) < self.num_timesteps):
-            raise ValueError(f"timesteps must lie in [0, {self.num_timesteps}), got {int(t_cpu.min())}..{int(t_cpu.max())}")
+            raise ValueError(
+                f"timesteps must lie in [0, {self.num_timesteps}), got {int(t_cpu.min())}..{int(t_cpu.max())}"
+            )
         self._record(t_cpu, values)
         self._tables.clear()
 
@@ -157,13 +163,20 @@ class TimestepSampler:
         state = state if isinstance(state, dict) else {}
         theirs, ours = (state.get("name"), state.get("num_timesteps")), (self.name, self.num_timesteps)
         if theirs != ours:
-            raise ValueError(f"this state is of the {theirs[0]!r} timestep sampler over {theirs[1]} timesteps, not {ours[0]!r} over {ours[1]}")
+            raise ValueError(
+                f"this state is of the {theirs[0]!r} timestep sampler over {theirs[1]} timesteps, not {ours[0]!r} "
+                f"over {ours[1]}"
+            )
         if state.get("options") != self._options():
-            raise ValueError(f"this {self.name} sampler state has options {state.get('options')}, this run {self._options()}")
+            raise ValueError(
+                f"this {self.name} sampler state has options {state.get('options')}, this run {self._options()}"
+            )
         for key in self.BUFFERS:
             buffer, value = getattr(self, key), state.get(key)
             if not isinstance(value, Tensor) or value.shape != buffer.shape:
-                raise ValueError(f"this {self.name} sampler state's {key!r} is missing or not of shape {tuple(buffer.shape)}")
+                raise ValueError(
+                    f"this {self.name} sampler state's {key!r} is missing or not of shape {tuple(buffer.shape)}"
+                )
             buffer.copy_(value)
         self._tables.clear()
 
@@ -222,7 +235,13 @@ class TopKSampler(TimestepSampler):
     OPTIONS, BUFFERS = ("k", "uniform_prob", "warmup", "decay"), ("signal", "counts")
 
     def __init__(
-        self, *, num_timesteps: int, k: int | None = None, uniform_prob: float = 0.1, warmup: int = 10, decay: float = 0.9
+        self,
+        *,
+        num_timesteps: int,
+        k: int | None = None,
+        uniform_prob: float = 0.1,
+        warmup: int = 10,
+        decay: float = 0.9,
     ) -> None:
         super().__init__(num_timesteps=num_timesteps)
         self.k = _check_int("k", max(1, num_timesteps // 4) if k is None else k, high=num_timesteps)
@@ -270,8 +289,14 @@ class SpeedSampler(TimestepSampler):
     Z = 2.0  # a change within Z standard deviations of the fast EMA's noise is no change
 
     def __init__(
-        self, *, num_timesteps: int, suppress: float = 0.2, threshold: float = 0.1, change_weight: float = 0.5,
-        bins: int | None = None, horizon: int = 1000,
+        self,
+        *,
+        num_timesteps: int,
+        suppress: float = 0.2,
+        threshold: float = 0.1,
+        change_weight: float = 0.5,
+        bins: int | None = None,
+        horizon: int = 1000,
     ) -> None:
         super().__init__(num_timesteps=num_timesteps)
         self.suppress = _check_number("suppress", suppress, low=0, high=1, open_low=True)
@@ -336,5 +361,7 @@ def make_timestep_sampler(name: str, *, num_timesteps: int, **options: float) ->
     takes = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_timesteps")]
     unknown = sorted(set(options) - set(takes))
     if unknown:
-        raise ValueError(f"the {name} timestep sampler has no option {unknown[0]!r} (it takes: {', '.join(takes) or 'none'})")
+        raise ValueError(
+            f"the {name} timestep sampler has no option {unknown[0]!r} (it takes: {', '.join(takes) or 'none'})"
+        )
     return cls(num_timesteps=num_timesteps, **options)

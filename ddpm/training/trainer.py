@@ -83,7 +83,11 @@ class TrainConfig:
         return self.batch_size // self.world_size
 
     def __post_init__(self) -> None:
-        positive = {"total steps": self.total_steps, "batch size": self.batch_size, "preview samples": self.preview_samples}
+        positive = {
+            "total steps": self.total_steps,
+            "batch size": self.batch_size,
+            "preview samples": self.preview_samples,
+        }
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -99,7 +103,9 @@ class TrainConfig:
             raise ValueError(f"--min_snr_gamma must be positive, got {self.min_snr_gamma}")
         check_precision(self.precision)
         if self.timestep_sampling not in TIMESTEP_SAMPLERS:
-            raise ValueError(f"unknown timestep sampling {self.timestep_sampling!r}; choose one of {', '.join(TIMESTEP_SAMPLERS)}")
+            raise ValueError(
+                f"unknown timestep sampling {self.timestep_sampling!r}; choose one of {', '.join(TIMESTEP_SAMPLERS)}"
+            )
         if not 0.0 <= self.cond_drop <= 1.0:  # also refuses NaN
             raise ValueError(f"--cond_drop must be in [0, 1], got {self.cond_drop}")
         if self.world_size < 1:
@@ -136,7 +142,9 @@ class Trainer:
         first_stage: FirstStage | None = None,
     ) -> None:
         self.ranks = ranks or distributed.current()  # (rank, world size): distributed.SINGLE for one process
-        config = replace(config, world_size=self.ranks.world_size)  # validates the batch split; the checkpoint records it
+        config = replace(
+            config, world_size=self.ranks.world_size
+        )  # validates the batch split; the checkpoint records it
         self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
         self.images, self.device = images, torch.device(device)
         self.first_stage = first_stage  # a latent model: ``images`` are latents, previews are decoded
@@ -147,7 +155,9 @@ class Trainer:
             )
         if model_config.num_classes and (images.labels is None or len(images.class_names) != model_config.num_classes):
             found = f"{len(images.class_names)} classes" if images.labels is not None else "no classes"
-            raise ValueError(f"a model of {model_config.num_classes} classes cannot train on {images.name} data with {found}")
+            raise ValueError(
+                f"a model of {model_config.num_classes} classes cannot train on {images.name} data with {found}"
+            )
         if model_config.num_classes and not valid_class_names(images.class_names, num_classes=model_config.num_classes):
             raise ValueError(f"class names must be 1 to {MAX_CLASS_NAME} characters long (the checkpoint stores them)")
         torch.manual_seed(config.seed)  # weight init and dropout
@@ -167,7 +177,9 @@ class Trainer:
         if self.ranks.distributed:  # gradients averaged over the ranks during backward
             from torch.nn.parallel import DistributedDataParallel
 
-            wrapped = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            wrapped = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
         self.forward = torch.compile(wrapped) if config.compile else wrapped
         self.stop_requested = False  # a rank was asked to stop (Ctrl-C, SIGTERM): every rank stops after this step
         self.step = 0
@@ -201,7 +213,9 @@ class Trainer:
     def _restore(self, state: dict) -> None:
         saved_on = state.get("rng", {}).get("device", self.device.type)
         if saved_on != self.device.type:
-            raise ValueError(f"this run was trained on {saved_on}; resume it there (--device {saved_on}) to continue it exactly")
+            raise ValueError(
+                f"this run was trained on {saved_on}; resume it there (--device {saved_on}) to continue it exactly"
+            )
         try:
             self.model.load_state_dict(state["model"])
             self.ema.load_state_dict(state["ema"])
@@ -231,9 +245,10 @@ class Trainer:
     def write_samples(self) -> Path:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
         plan = self.schedule.make_plan(
-            "ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
+            "ddpm",
+            num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
             clip_denoised=clips_x0(True, self.first_stage),
-        )  # fmt: skip
+        )
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         n, guidance, columns = self.config.preview_samples, None, None
         if self.model_config.num_classes:  # one row per class, guided as sampling is by default
@@ -276,7 +291,9 @@ class Trainer:
                 t = torch.randint(0, self.schedule.num_timesteps, (B,), device=self.device, generator=self.generator)
             else:  # t from the sampler; each draw weighted so the objective keeps its expectation
                 t, weights = self.timesteps.sample(B, generator=self.generator, device=self.device)
-            noise = torch.randn((B, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype)
+            noise = torch.randn(
+                (B, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype
+            )
             y = None
             if self.model_config.num_classes:  # classifier-free guidance: some labels become the null label
                 drop = torch.rand(B, device=self.device, generator=self.generator) < cfg.cond_drop
@@ -286,11 +303,23 @@ class Trainer:
         with phase("forward"), autocast(self.device.type, cfg.precision):
             if self.timesteps.name == "uniform":
                 loss = diffusion_loss(
-                    self.forward, self.schedule, x_start, t=t[mine], noise=noise[mine], y=y, min_snr_gamma=cfg.min_snr_gamma
+                    self.forward,
+                    self.schedule,
+                    x_start,
+                    t=t[mine],
+                    noise=noise[mine],
+                    y=y,
+                    min_snr_gamma=cfg.min_snr_gamma,
                 )
             else:
                 losses = per_sample_losses(
-                    self.forward, self.schedule, x_start, t[mine], noise=noise[mine], y=y, min_snr_gamma=cfg.min_snr_gamma
+                    self.forward,
+                    self.schedule,
+                    x_start,
+                    t[mine],
+                    noise=noise[mine],
+                    y=y,
+                    min_snr_gamma=cfg.min_snr_gamma,
                 )  # (B / ranks,)
                 loss = (weights[mine] * losses).mean()
         with phase("backward"):
@@ -305,7 +334,9 @@ class Trainer:
             # ranks take the same decisions (the gradients, and so their norm, are the same on every rank).
             stop = float(interrupts.pending() or 0) if ranks.distributed else 0.0
             stats = torch.stack([loss.detach().float(), grad_norm.float(), loss.new_tensor(stop, dtype=torch.float32)])
-            loss_value, norm_value, stop = distributed.all_reduce_sum(stats, ranks=ranks).div_(ranks.world_size).tolist()
+            loss_value, norm_value, stop = (
+                distributed.all_reduce_sum(stats, ranks=ranks).div_(ranks.world_size).tolist()
+            )
             self.grad_norm = norm_value
             self.stop_requested = stop > 0
             finite = math.isfinite(loss_value) and math.isfinite(norm_value)
@@ -330,7 +361,11 @@ class Trainer:
             ema_buf.copy_(buf)
 
     def run(
-        self, *, until_step: int | None = None, progress: bool = True, profiler: Profiler | NullProfiler | None = None,
+        self,
+        *,
+        until_step: int | None = None,
+        progress: bool = True,
+        profiler: Profiler | NullProfiler | None = None,
         curves: TrainingLog | None = None,
     ) -> list[float]:
         """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses.
@@ -343,9 +378,13 @@ class Trainer:
         end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
         losses, bad_in_a_row, smoothed = [], 0, None
         bar = tqdm(
-            total=end, initial=self.step, desc="training", unit="step", disable=not (progress and self.ranks.is_main),
+            total=end,
+            initial=self.step,
+            desc="training",
+            unit="step",
+            disable=not (progress and self.ranks.is_main),
             dynamic_ncols=True,
-        )  # fmt: skip
+        )
         profiler = profiler or NullProfiler()
         window_start, window_steps = time.perf_counter(), 0
         # Ctrl-C and SIGTERM take effect between steps, so a checkpoint saved on interrupt is a whole step's state.
@@ -361,7 +400,9 @@ class Trainer:
                     losses.append(loss)
                     if curves is not None and self.ranks.is_main:  # no sync of its own: train_step read loss and norm
                         images = cfg.batch_size
-                        curves.add_step(self.step, loss=loss, lr=lr, grad_norm=self.grad_norm, images=images, seconds=seconds)
+                        curves.add_step(
+                            self.step, loss=loss, lr=lr, grad_norm=self.grad_norm, images=images, seconds=seconds
+                        )
                     if math.isfinite(loss):
                         bad_in_a_row = 0
                         smoothed = loss if smoothed is None else 0.98 * smoothed + 0.02 * loss

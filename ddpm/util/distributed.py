@@ -39,7 +39,9 @@ class Ranks:
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size or self.local_rank < 0:
-            raise ValueError(f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}) is not a valid place")
+            raise ValueError(
+                f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}) is not a valid place"
+            )
 
     @property
     def is_main(self) -> bool:
@@ -140,13 +142,18 @@ def session(ranks: Ranks, device: torch.device) -> Iterator[torch.device]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         dist.init_process_group(
-            backend, rank=ranks.rank, world_size=ranks.world_size, timeout=TIMEOUT,
+            backend,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            timeout=TIMEOUT,
             device_id=device if device.type == "cuda" else None,
-        )  # fmt: skip
+        )
     except (RuntimeError, ValueError) as exc:  # e.g. no MASTER_ADDR: not started by torchrun
         from ddpm.util.messages import first_line
 
-        raise ValueError(f"cannot join the other {ranks.world_size - 1} rank(s) ({first_line(exc)}); start with torchrun") from exc
+        raise ValueError(
+            f"cannot join the other {ranks.world_size - 1} rank(s) ({first_line(exc)}); start with torchrun"
+        ) from exc
     _current = ranks
     try:
         yield device

@@ -183,7 +183,9 @@ def _trace_step(model: UNet, *, training: bool, dtype: torch.dtype) -> list[tupl
 def _peak_lines(
     model_config: UNetConfig, training: bool, dtype: torch.dtype, grad_checkpoint: bool = False
 ) -> tuple[tuple[int, int], ...]:
-    """(per-sample bytes, fixed bytes) of each moment of the step that can be the peak: peak(B) = max(fixed + B * per_sample)."""
+    """(per-sample bytes, fixed bytes) of each moment of the step that can be the peak.
+
+    peak(B) = max(fixed + B * per_sample)."""
     with torch.device("meta"):
         model = UNet(model_config)
     model = model.to(dtype).train(training).requires_grad_(training)
@@ -203,7 +205,11 @@ def _peak_lines(
 
 
 def estimate_peak_bytes(
-    model_config: UNetConfig, *, batch_size: int, training: bool, dtype: torch.dtype = torch.float32,
+    model_config: UNetConfig,
+    *,
+    batch_size: int,
+    training: bool,
+    dtype: torch.dtype = torch.float32,
     grad_checkpoint: bool = False,
 ) -> int:
     """Peak bytes of one U-Net step on a batch: weights, inputs and activations; training adds autograd's
@@ -306,7 +312,10 @@ def _cgroup_headroom() -> int | None:
             limit, usage = _read_int(directory / "memory.max"), _read_int(directory / "memory.current")
             reclaimable = _stat_value(directory / "memory.stat", "inactive_file")
         else:
-            limit, usage = _read_int(directory / "memory.limit_in_bytes"), _read_int(directory / "memory.usage_in_bytes")
+            limit, usage = (
+                _read_int(directory / "memory.limit_in_bytes"),
+                _read_int(directory / "memory.usage_in_bytes"),
+            )
             reclaimable = _stat_value(directory / "memory.stat", "total_inactive_file")
         if limit is None or usage is None or limit >= 1 << 60:  # v1 writes a huge number for no limit
             continue
@@ -349,7 +358,9 @@ def check_held_in_host_memory(need: int, *, what: str, advice: Callable[[int], s
     available (the work on it needs the rest); ``advice(available bytes)`` says what to change."""
     free = available_bytes(torch.device("cpu"))
     if need > 0.5 * free:
-        raise ValueError(f"{what} need {format_bytes(need)} in memory and {format_bytes(free)} is available; {advice(free)}")
+        raise ValueError(
+            f"{what} need {format_bytes(need)} in memory and {format_bytes(free)} is available; {advice(free)}"
+        )
 
 
 # ----- the check -----------------------------------------------------------------------------------
@@ -389,7 +400,11 @@ def check_batch_fits(
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if needed(mid) <= budget else (lo, mid)
     shape = "x".join(map(str, model_config.sample_shape(1)[1:]))
-    advice = f"the largest {flag} that fits is {lo}" if lo else "not even a batch of 1 fits: use a smaller --img_size or model"
+    advice = (
+        f"the largest {flag} that fits is {lo}"
+        if lo
+        else "not even a batch of 1 fits: use a smaller --img_size or model"
+    )
     raise ValueError(
         f"one {'training' if training else 'sampling'} batch of {batch_size} at {shape} needs about "
         f"{format_bytes(needed(batch_size))} of memory and {format_bytes(available)} is available on "
@@ -403,7 +418,13 @@ def check_batch_fits(
 # allocate memory: you tried to allocate N bytes. Error code 12 (Cannot allocate memory)"), C++'s
 # std::bad_alloc passed through as its what(), "... not enough memory" (NNPACK, oneMKL), and CUDA
 # libraries' "out of memory" / CUBLAS_STATUS_ALLOC_FAILED / CUDNN_STATUS_ALLOC_FAILED.
-_OOM_FRAGMENTS = ("can't allocate memory", "std::bad_alloc", "not enough memory", "out of memory", "status_alloc_failed")
+_OOM_FRAGMENTS = (
+    "can't allocate memory",
+    "std::bad_alloc",
+    "not enough memory",
+    "out of memory",
+    "status_alloc_failed",
+)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -1,4 +1,5 @@
-"""Precision names, how "auto" resolves, the TF32/cuDNN policy, and a U-Net with autocast's mixed-precision policy written into the model itself.
+"""Precision names, how "auto" resolves, the TF32/cuDNN policy, and a U-Net with autocast's mixed-precision policy
+written into the model itself.
 
 Strongly typed runtimes (TensorRT 11, TensorRT 10.12+ with ``STRONGLY_TYPED``, Torch-TensorRT 2.10+)
 run every layer in the dtype of its inputs and weights: there is no flag that turns fp16 on. So
@@ -47,8 +48,10 @@ def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
     int8 and fp8 are quantized graphs: exported (``purpose`` "export") and sampled, never trained."""
     if requested in QUANTIZED:
         if purpose == "training":
-            raise ValueError(f"--precision {requested} is for exported ONNX graphs (--mode export --format onnx); "
-                             "training runs in fp32, bf16 or fp16")  # fmt: skip
+            raise ValueError(
+                f"--precision {requested} is for exported ONNX graphs (--mode export --format onnx); "
+                "training runs in fp32, bf16 or fp16"
+            )
         return requested
     if requested != "auto":
         return check_precision(requested)

@@ -90,7 +90,9 @@ class ProfileConfig:
 class Profiler:
     """Context manager around ``torch.profiler.profile``; see the module docstring for what it writes."""
 
-    def __init__(self, config: ProfileConfig, *, device: torch.device | str, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, config: ProfileConfig, *, device: torch.device | str, log: Callable[[str], None] = print
+    ) -> None:
         root = config.sessions_root
         for path in (root, *root.parents):  # refused before any work starts
             if path.exists() and not path.is_dir():
@@ -150,7 +152,9 @@ class Profiler:
         with record_function(name), nvtx:
             yield
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         global _active
         _active = None
         self._keep = exc_type is None or issubclass(exc_type, Exception)
@@ -197,7 +201,9 @@ class Profiler:
             self.summary_path.write_text(table + "\n", encoding="utf-8")
             self._log(table)
         if self.written:  # on CUDA the memory snapshot is written even without a trace
-            self._log(f"profile: wrote {', '.join(map(str, self.written))}; view: {tensorboard_hint(self.config.directory)}")
+            self._log(
+                f"profile: wrote {', '.join(map(str, self.written))}; view: {tensorboard_hint(self.config.directory)}"
+            )
 
 
 _active: Profiler | None = None  # the profiler whose with-block is running, if any

@@ -114,7 +114,9 @@ def as_input(path: PathLike | None) -> Input | None:
     return InputFolder(path) if path and Path(path).is_dir() else path
 
 
-def check_outputs(outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, Input | None] | None = None) -> dict[str, Path]:
+def check_outputs(
+    outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, Input | None] | None = None
+) -> dict[str, Path]:
     """Check every output before any work (see the module docstring); returns flag -> resolved path.
 
     ``outputs`` and ``inputs`` map a flag (``"--output"``) or a description (``"its autoencoder"``) to
@@ -123,7 +125,9 @@ def check_outputs(outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str
     """
     inputs = {flag: path for flag, path in (inputs or {}).items() if path is not None}
     folders = {flag: folder for flag, folder in inputs.items() if isinstance(folder, InputFolder)}
-    input_ids = {flag: (resolved(path), _identity(resolved(path))) for flag, path in inputs.items() if flag not in folders}
+    input_ids = {
+        flag: (resolved(path), _identity(resolved(path))) for flag, path in inputs.items() if flag not in folders
+    }
     checked: dict[str, Path] = {}
     for flag, path in outputs.items():
         if path is None:
@@ -132,10 +136,14 @@ def check_outputs(outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str
         target_id = _identity(target)
         for in_flag, (in_path, in_id) in input_ids.items():
             if target == in_path or (target_id is not None and target_id == in_id):
-                raise ValueError(f"{flag} {path} is the same file as {in_flag}; it would be destroyed, choose another path")
+                raise ValueError(
+                    f"{flag} {path} is the same file as {in_flag}; it would be destroyed, choose another path"
+                )
         for in_flag, folder in folders.items():
             if folder.holds(target):
-                raise ValueError(f"{flag} {path} is one of the files {in_flag} reads; it would be destroyed, choose another path")
+                raise ValueError(
+                    f"{flag} {path} is one of the files {in_flag} reads; it would be destroyed, choose another path"
+                )
         for out_flag, out_path in checked.items():
             if target == out_path:
                 raise ValueError(f"{flag} and {out_flag} both name {path}; one would overwrite the other")

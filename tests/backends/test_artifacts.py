@@ -285,7 +285,13 @@ def test_a_graph_sized_at_run_time_fails_at_its_memory_cap_not_the_machines(tmp_
 @needs_onnx
 @pytest.mark.parametrize(
     "variant,opset,precision",
-    [("plain", 18, "fp32"), ("conditional", 21, "fp16"), ("3-D", 22, "bf16"), ("patched", 25, "fp32"), ("decoder", 21, "fp32")],
+    [
+        ("plain", 18, "fp32"),
+        ("conditional", 21, "fp16"),
+        ("3-D", 22, "bf16"),
+        ("patched", 25, "fp32"),
+        ("decoder", 21, "fp32"),
+    ],
 )
 def test_every_graph_the_exporter_writes_passes_the_bounded_work_check(variant, opset, precision):
     """EXPORTED_OPS and the Resize/Conv limits hold the exporter's own graphs, whatever their opset and precision."""
@@ -293,14 +299,21 @@ def test_every_graph_the_exporter_writes_passes_the_bounded_work_check(variant, 
 
     if variant == "decoder":
         torch.manual_seed(0)
-        ae = Autoencoder(AutoencoderConfig(image_size=16, in_channels=1, latent_channels=2, downsample=4, base_channels=8))
+        ae = Autoencoder(
+            AutoencoderConfig(image_size=16, in_channels=1, latent_channels=2, downsample=4, base_channels=8)
+        )
         io = unet_io.DecoderIO(latent_shape=ae.config.latent_shape, image_shape=ae.config.image_shape)
         proto = exporters.export_decoder_onnx(LatentDecoder(ae, 1.5).eval(), io=io, opset=opset, precision=precision)
     else:
-        overrides = {"conditional": {"num_classes": 3}, "3-D": {"dims": 3, "image_size": 8, "attention_resolutions": (4,)},
-                     "patched": {"patch_size": 2}}.get(variant, {})  # fmt: skip
+        overrides = {
+            "conditional": {"num_classes": 3},
+            "3-D": {"dims": 3, "image_size": 8, "attention_resolutions": (4,)},
+            "patched": {"patch_size": 2},
+        }.get(variant, {})
         config = tiny_unet_config(**overrides)
-        proto = exporters.export_onnx_model(perturbed_unet(config), metadata=metadata(config), opset=opset, precision=precision)
+        proto = exporters.export_onnx_model(
+            perturbed_unet(config), metadata=metadata(config), opset=opset, precision=precision
+        )
     runtimes.check_bounded_work(proto, source=variant)
 
 
@@ -383,7 +396,9 @@ def test_weights_that_do_not_match_their_config_are_named_in_one_line(tmp_path):
     assert f"1 missing, e.g. {first!r}; 1 unexpected, e.g. 'extra.weight'; " in message
     assert f"shape of {conv!r} is [3, 3] but the config makes {list(weights[conv].shape)}" in message
     # The helper training reuses, on a real (not meta) model:
-    refused(lambda: load_weights(perturbed_unet(CONFIG), bad_weights, source="resume"), "resume: its weights do not match")
+    refused(
+        lambda: load_weights(perturbed_unet(CONFIG), bad_weights, source="resume"), "resume: its weights do not match"
+    )
 
 
 # ----- metadata JSON is size- and depth-limited ---------------------------------------------------

@@ -22,8 +22,13 @@ IO = UNetIO.from_config(tiny_unet_config())
 
 def key(**changes) -> dict:
     environment = {"tensorrt_version": "10.9.0", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
-    fields = dict(environment=environment, onnx_sha256="ab" * 32, precision="fp16", profile=IO.profile(BatchRange()),
-                  optimization_level=3)  # fmt: skip
+    fields = dict(
+        environment=environment,
+        onnx_sha256="ab" * 32,
+        precision="fp16",
+        profile=IO.profile(BatchRange()),
+        optimization_level=3,
+    )
     environment.update({k: v for k, v in changes.items() if k in environment})
     fields.update({k: v for k, v in changes.items() if k not in environment})
     return engine_cache.engine_key(**fields)
@@ -43,8 +48,15 @@ class FakeBuilder:
 def test_engine_key_records_everything_an_engine_depends_on_as_json():
     stored = json.loads(json.dumps(key()))  # what a metadata file gives back
     assert engine_cache.key_mismatches(stored, key()) == []
-    for field in ("tensorrt_version", "gpu_name", "compute_capability", "onnx_sha256", "precision",
-                  "builder_optimization_level", "shapes"):  # fmt: skip
+    for field in (
+        "tensorrt_version",
+        "gpu_name",
+        "compute_capability",
+        "onnx_sha256",
+        "precision",
+        "builder_optimization_level",
+        "shapes",
+    ):
         assert field in stored
     assert stored["shapes"]["x_t"] == {"min": [1, 1, 16, 16], "opt": [16, 1, 16, 16], "max": [64, 1, 16, 16]}
 
@@ -119,7 +131,7 @@ def test_a_crash_while_storing_leaves_a_rebuild_not_a_refusal(tmp_path, monkeypa
         ("11.4.1", "fp16", True, "fp16", (), False, 21),
         ("11.4.1", "bf16", True, "bf16", (), False, 22),
     ],
-)  # fmt: skip
+)
 def test_the_engine_build_follows_the_tensorrt_version(version, precision, strongly_typed, graph, flags, pin, opset):
     plan = engine_cache.build_plan(version, precision)
     assert (plan.strongly_typed, plan.graph_precision, plan.builder_flags) == (strongly_typed, graph, flags)
@@ -149,7 +161,7 @@ def test_opsets_a_tensorrt_version_cannot_parse_are_refused_in_one_line():
         ("2.13.0", "bf16", True, {}),  # ... and is silently ignored on 2.13+
         ("2.14.1+cu130", "fp32", False, {}),
     ],
-)  # fmt: skip
+)
 def test_torch_tensorrt_gets_the_arguments_its_version_honours(version, precision, mixed, arguments):
     assert engine_cache.torch_tensorrt_arguments(version, precision) == (mixed, arguments)
 
@@ -158,4 +170,3 @@ def test_an_old_torch_tensorrt_is_refused_for_reduced_precision_not_built_in_fp3
     with pytest.raises(ValueError, match="upgrade"):
         engine_cache.torch_tensorrt_arguments("2.5.1", "fp16")
     assert engine_cache.torch_tensorrt_arguments("2.5.1", "fp32") == (False, {"enabled_precisions": {torch.float32}})
-

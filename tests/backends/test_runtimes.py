@@ -50,8 +50,17 @@ def workdir(tmp_path_factory) -> Path:
     """A checkpoint trained for a few steps (high LR, so the weights leave their init), and its exports."""
     work = tmp_path_factory.mktemp("export")
     images = load_images("digits", data_dir=work, image_size=CONFIG.image_size)
-    config = TrainConfig(dataset="digits", total_steps=6, batch_size=8, lr=3e-3, warmup_steps=0, ema_decay=0.5,
-                         checkpoint=str(work / "ck.pt"), save_every=0, sample_every=0)  # fmt: skip
+    config = TrainConfig(
+        dataset="digits",
+        total_steps=6,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=0,
+        ema_decay=0.5,
+        checkpoint=str(work / "ck.pt"),
+        save_every=0,
+        sample_every=0,
+    )
     trainer = Trainer(config, CONFIG, SCHEDULE, images=images, device="cpu")
     for _ in range(config.total_steps):
         trainer.train_step()
@@ -188,10 +197,27 @@ def test_sampling_from_every_artifact_gives_the_checkpoints_images(workdir, expo
         npz = workdir / f"{name}.npz"
         trust = ["--trust_torchscript"] if artifact.endswith(".ts") else []
         rc, _, err = run_cli(
-            capsys, "--mode", "sample", "--model_path", str(workdir / artifact), "--implementation", implementation,
-            "--sampler", "ddpm", "--sampling_steps", "5", "--n_samples", "3", "--seed", "7",
-            "--output", str(workdir / f"{name}.png"), "--save_npz", str(npz), *trust,
-        )  # fmt: skip
+            capsys,
+            "--mode",
+            "sample",
+            "--model_path",
+            str(workdir / artifact),
+            "--implementation",
+            implementation,
+            "--sampler",
+            "ddpm",
+            "--sampling_steps",
+            "5",
+            "--n_samples",
+            "3",
+            "--seed",
+            "7",
+            "--output",
+            str(workdir / f"{name}.png"),
+            "--save_npz",
+            str(npz),
+            *trust,
+        )
         assert rc == 0, err
         images[name] = np.load(npz)["images"].astype(np.int16)
     assert images["checkpoint"].std() > 10  # real images, not a constant
@@ -260,4 +286,3 @@ def test_an_implementation_that_cannot_run_an_artifact_is_a_one_line_error(workd
         capsys, "--mode", "sample", "--model_path", str(workdir / "x.onnx"), "--implementation", "cuda"
     )
     assert_one_line_error(rc, err, "cannot run ONNX files")
-

@@ -21,11 +21,39 @@ from ddpm.benchmarks.sampling_bench import Row, format_summary, format_table, ps
 def bench(tmp_path_factory):
     work = tmp_path_factory.mktemp("bench")
     cmd = [
-        sys.executable, str(ROOT / "main.py"), "--mode", "benchmark", "--device", "cpu", "--img_size", "16",
-        "--channels", "1", "--model_channels", "16", "--num_res_blocks", "1", "--timesteps", "50",
-        "--n_samples", "4", "--sampler", "ddim", "--sampling_steps", "5", "--repeats", "2",
-        "--rows", "original,cuda,tensorrt,diffusers", "--json", "b.json", "--csv", "b.csv", "--chart", "b.png",
-    ]  # fmt: skip
+        sys.executable,
+        str(ROOT / "main.py"),
+        "--mode",
+        "benchmark",
+        "--device",
+        "cpu",
+        "--img_size",
+        "16",
+        "--channels",
+        "1",
+        "--model_channels",
+        "16",
+        "--num_res_blocks",
+        "1",
+        "--timesteps",
+        "50",
+        "--n_samples",
+        "4",
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "5",
+        "--repeats",
+        "2",
+        "--rows",
+        "original,cuda,tensorrt,diffusers",
+        "--json",
+        "b.json",
+        "--csv",
+        "b.csv",
+        "--chart",
+        "b.png",
+    ]
     started = time.perf_counter()
     result = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - started  # the process's whole life: an outer bound on anything it timed
@@ -41,7 +69,11 @@ def test_benchmark_json_has_one_row_per_implementation(bench):
     for name in ("original", "cuda"):
         r = rows[name]
         assert r["status"] == "ok" and len(r["times_s"]) == 2
-        assert (r["min_s"], r["median_s"], r["max_s"]) == (min(r["times_s"]), statistics.median(r["times_s"]), max(r["times_s"]))
+        assert (r["min_s"], r["median_s"], r["max_s"]) == (
+            min(r["times_s"]),
+            statistics.median(r["times_s"]),
+            max(r["times_s"]),
+        )
         assert r["images_per_s"] == pytest.approx(4 / r["median_s"])
         assert r["ms_per_step"] == pytest.approx(1000 * r["median_s"] / 5)
     assert rows["original"]["speedup"] == 1.0 and rows["original"]["detail"] == ""
@@ -50,7 +82,9 @@ def test_benchmark_json_has_one_row_per_implementation(bench):
     # diffusers' UNet2DModel cannot hold this model (16 channels, 32 norm groups): unavailable, saying why.
     assert rows["diffusers"]["status"] == "unavailable" and "norm groups do not divide" in rows["diffusers"]["reason"]
     for name in ("original", "cuda"):  # MFU against the fp32 matmul peak measured in the same run; build seconds
-        assert rows[name]["mfu"] == pytest.approx(rows[name]["tflops"] / data["environment"]["matmul_peak_tflops"]["fp32"])
+        assert rows[name]["mfu"] == pytest.approx(
+            rows[name]["tflops"] / data["environment"]["matmul_peak_tflops"]["fp32"]
+        )
         assert rows[name]["build_s"] >= 0
     env = data["environment"]
     assert env["steps"] == 5 and env["shape"] == [4, 1, 16, 16] and env["unet_gflops_per_forward"] > 0
@@ -78,8 +112,17 @@ def test_psnr_of_known_error():
 
 def test_flop_count_of_the_unet_matches_its_convolutions():
     # A U-Net with one level and no attention: count the 3x3 and 1x1 convolutions and linears by hand.
-    config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
-                        attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    config = UNetConfig(
+        image_size=8,
+        in_channels=1,
+        model_channels=8,
+        channel_mult=(1,),
+        num_res_blocks=1,
+        attention_resolutions=(),
+        num_heads=1,
+        dropout=0.0,
+        norm_groups=8,
+    )
     model = UNet(config).eval()
     hw, expected = 64, 0
     for m in model.modules():
@@ -94,9 +137,19 @@ def test_flop_count_of_the_unet_matches_its_convolutions():
 
 def test_table_and_summary_show_unavailable_rows():
     rows = [
-        Row(name="original", precision="fp32", median_s=2.0, min_s=1.9, max_s=2.1, ms_per_step=2.0, images_per_s=4.0, speedup=1.0, parity="reference"),
+        Row(
+            name="original",
+            precision="fp32",
+            median_s=2.0,
+            min_s=1.9,
+            max_s=2.1,
+            ms_per_step=2.0,
+            images_per_s=4.0,
+            speedup=1.0,
+            parity="reference",
+        ),
         Row(name="tensorrt", precision="fp32", status="unavailable", reason="TensorRT not installed"),
-    ]  # fmt: skip
+    ]
     assert "unavailable: TensorRT not installed" in format_table(rows)
     assert "TensorRT implementation: unavailable (TensorRT not installed)" in format_summary(rows)
 
@@ -116,19 +169,45 @@ def test_peak_rss_sees_an_allocation():
 
 def test_training_benchmark_reports_every_variant(tmp_path):
     cmd = [
-        sys.executable, str(ROOT / "main.py"), "--mode", "benchmark", "--bench", "training", "--device", "cpu",
-        "--img_size", "16", "--channels", "1", "--model_channels", "16", "--num_res_blocks", "1", "--batch_size", "8",
-        "--train_steps", "2", "--json", "t.json",
-    ]  # fmt: skip
+        sys.executable,
+        str(ROOT / "main.py"),
+        "--mode",
+        "benchmark",
+        "--bench",
+        "training",
+        "--device",
+        "cpu",
+        "--img_size",
+        "16",
+        "--channels",
+        "1",
+        "--model_channels",
+        "16",
+        "--num_res_blocks",
+        "1",
+        "--batch_size",
+        "8",
+        "--train_steps",
+        "2",
+        "--json",
+        "t.json",
+    ]
     started = time.perf_counter()
     result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - started
     assert result.returncode == 0, result.stderr
     rows = json.loads((tmp_path / "t.json").read_text())["training_rows"]
     assert [r["name"] for r in rows] == [
-        "fp32 eager", "fp32 compile", "bf16 eager", "bf16 compile", "fp32 eager, grad checkpoint",
-        "bf16 eager, grad checkpoint", "fp32 eager, t: importance", "fp32 eager, t: topk", "fp32 eager, t: speed",
-    ]  # fmt: skip
+        "fp32 eager",
+        "fp32 compile",
+        "bf16 eager",
+        "bf16 compile",
+        "fp32 eager, grad checkpoint",
+        "bf16 eager, grad checkpoint",
+        "fp32 eager, t: importance",
+        "fp32 eager, t: topk",
+        "fp32 eager, t: speed",
+    ]
     for r in rows:
         assert r["status"] == "ok", r["reason"]
         assert r["images_per_s"] == pytest.approx(8 * 1000 / r["ms_per_step"])
@@ -140,8 +219,15 @@ def test_training_rows_are_chosen_by_key_with_the_fp32_baseline_first():
     from ddpm.benchmarks.training_bench import select_variants
 
     cpu = torch.device("cpu")
-    assert [key for key, _, _ in select_variants("amp_checkpoint,fp32_checkpoint", cpu)] == ["fp32", "fp32_checkpoint", "amp_checkpoint"]
-    assert [fields.get("grad_checkpoint", False) for _, _, fields in select_variants("fp32_checkpoint", cpu)] == [False, True]
+    assert [key for key, _, _ in select_variants("amp_checkpoint,fp32_checkpoint", cpu)] == [
+        "fp32",
+        "fp32_checkpoint",
+        "amp_checkpoint",
+    ]
+    assert [fields.get("grad_checkpoint", False) for _, _, fields in select_variants("fp32_checkpoint", cpu)] == [
+        False,
+        True,
+    ]
     assert len(select_variants("all", cpu)) == len(select_variants(None, cpu)) == 9
     with pytest.raises(ValueError, match="not a training row"):
         select_variants("fp32,onnxruntime", cpu)
@@ -177,19 +263,43 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
         return "fp32", runner, "", None  # a pixel model: no decoder
 
     monkeypatch.setattr(sampling_bench, "make_row", fake_make_row)
-    config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
-                        attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    config = UNetConfig(
+        image_size=8,
+        in_channels=1,
+        model_channels=8,
+        channel_mult=(1,),
+        num_res_blocks=1,
+        attention_resolutions=(),
+        num_heads=1,
+        dropout=0.0,
+        norm_groups=8,
+    )
     plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
     _, rows = sampling_bench.time_rows(
-        UNet(config).eval(), plan, shape=(2, 1, 8, 8), seed=0, precision="fp32", rows=["cuda", "torchscript"],
-        warmup=0, repeats=2, progress=lambda _: None,
-    )  # fmt: skip
+        UNet(config).eval(),
+        plan,
+        shape=(2, 1, 8, 8),
+        seed=0,
+        precision="fp32",
+        rows=["cuda", "torchscript"],
+        warmup=0,
+        repeats=2,
+        progress=lambda _: None,
+    )
     assert events == [
-        "build original (earlier rows alive: 0)", "run original", "run original",
+        "build original (earlier rows alive: 0)",
+        "run original",
+        "run original",
         # rows other than the reference get at least one warm-up run, even with --warmup 0
-        "build cuda (earlier rows alive: 0)", "run cuda", "run cuda", "run cuda",
-        "build torchscript (earlier rows alive: 0)", "run torchscript", "run torchscript", "run torchscript",
-    ]  # fmt: skip
+        "build cuda (earlier rows alive: 0)",
+        "run cuda",
+        "run cuda",
+        "run cuda",
+        "build torchscript (earlier rows alive: 0)",
+        "run torchscript",
+        "run torchscript",
+        "run torchscript",
+    ]
     assert [r.parity for r in rows] == ["reference", "pass", "FAIL"]  # judged on the images, not the seed
     assert 30 < rows[2].psnr_db < 60 and 0 < rows[1].max_abs_diff < 1e-5 < 1e-2 < rows[2].max_abs_diff
     assert all(r.memory_kind == "process_peak_rss" for r in rows)
@@ -219,13 +329,30 @@ def test_interleaved_rows_run_in_rounds_and_their_speedups_cancel_the_machines_d
     monkeypatch.setattr(sampling_bench, "make_row", fake_make_row)
     monkeypatch.setattr(sampling_bench.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(sampling_bench, "matmul_peak_tflops", lambda dtype, *, device: 1.0)  # timed on the real clock
-    config = UNetConfig(image_size=8, in_channels=1, model_channels=8, channel_mult=(1,), num_res_blocks=1,
-                        attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    config = UNetConfig(
+        image_size=8,
+        in_channels=1,
+        model_channels=8,
+        channel_mult=(1,),
+        num_res_blocks=1,
+        attention_resolutions=(),
+        num_heads=1,
+        dropout=0.0,
+        norm_groups=8,
+    )
     plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
     env, rows = sampling_bench.time_rows(
-        UNet(config).eval(), plan, shape=(2, 1, 8, 8), seed=0, precision="fp32", rows=["cuda"], warmup=1, repeats=3,
-        progress=lambda _: None, interleave=True,
-    )  # fmt: skip
+        UNet(config).eval(),
+        plan,
+        shape=(2, 1, 8, 8),
+        seed=0,
+        precision="fp32",
+        rows=["cuda"],
+        warmup=1,
+        repeats=3,
+        progress=lambda _: None,
+        interleave=True,
+    )
     assert events == ["build original", "run original", "build cuda", "run cuda"] + ["run original", "run cuda"] * 3
     assert rows[0].times_s == [2.0, 8.0, 4.0] and rows[1].times_s == [1.0, 4.0, 6.0]  # medians 4 and 4
     assert rows[1].speedup == 2.0 and rows[0].speedup == 1.0 and env["timing"] == "interleaved rounds"
@@ -250,12 +377,37 @@ def test_the_gpu_profile_stage_splits_a_forward_by_kernel_category(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_profile", ROOT / "scripts" / "gpu_profile.py")
     gpu_profile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_profile)
-    assert [gpu_profile.category(n) for n in ("sm90_xmma_fprop_implicit_gemm_bf16", "ampere_bf16_s16816gemm",
-            "void diffusion_kernels::group_norm_act_kernel<float>", "pytorch_flash::flash_fwd_kernel",
-            "diffusion_kernels::fused_step_kernel", "nchwToNhwcKernel", "vectorized_elementwise_kernel")] == [
-        "convolution", "gemm", "group_norm_act", "attention", "fused_step", "copy/cast/layout", "other"]  # fmt: skip
-    assert gpu_profile.main(["--out", str(tmp_path), "--device", "cpu", "--img_size", "8", "--batch", "2",
-                             "--precision", "fp32", "--repeats", "1"]) == 0  # fmt: skip
+    assert [
+        gpu_profile.category(n)
+        for n in (
+            "sm90_xmma_fprop_implicit_gemm_bf16",
+            "ampere_bf16_s16816gemm",
+            "void diffusion_kernels::group_norm_act_kernel<float>",
+            "pytorch_flash::flash_fwd_kernel",
+            "diffusion_kernels::fused_step_kernel",
+            "nchwToNhwcKernel",
+            "vectorized_elementwise_kernel",
+        )
+    ] == ["convolution", "gemm", "group_norm_act", "attention", "fused_step", "copy/cast/layout", "other"]
+    assert (
+        gpu_profile.main(
+            [
+                "--out",
+                str(tmp_path),
+                "--device",
+                "cpu",
+                "--img_size",
+                "8",
+                "--batch",
+                "2",
+                "--precision",
+                "fp32",
+                "--repeats",
+                "1",
+            ]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "profile.json").read_text())
     fused, eager = result["runs"]["fused_unet"], result["runs"]["eager_autocast"]
     assert fused["ms_per_forward"]["convolution"] > 0 and fused["ms_per_forward"]["group_norm_act"] > 0

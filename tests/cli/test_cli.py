@@ -24,9 +24,22 @@ def trained(tmp_path_factory) -> Path:
 def test_train_then_sample_writes_a_grid_of_the_right_size(trained, sampler):
     out = f"grid_{sampler}.png"
     result = run(
-        "--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "9", "--sampler", sampler,
-        "--sampling_steps", "5", "--output", out, "--save_npz", f"{sampler}.npz", cwd=trained,
-    )  # fmt: skip
+        "--mode",
+        "sample",
+        "--model_path",
+        "ck/digits.pt",
+        "--n_samples",
+        "9",
+        "--sampler",
+        sampler,
+        "--sampling_steps",
+        "5",
+        "--output",
+        out,
+        "--save_npz",
+        f"{sampler}.npz",
+        cwd=trained,
+    )
     assert result.returncode == 0, result.stderr
     with Image.open(trained / out) as img:
         # torchvision's grid: 3 x 3 tiles of 16 px with 2 px padding, enlarged x4 (tiles of 64 px).
@@ -52,10 +65,24 @@ def test_cuda_implementation_draws_the_original_images(trained, sampler):
     arrays = {}
     for implementation in ("original", "cuda"):
         result = run_here(
-            "--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "4", "--sampler", sampler,
-            "--sampling_steps", "8", "--implementation", implementation, "--output", f"{implementation}.png",
-            "--save_npz", f"{implementation}.npz", cwd=trained,
-        )  # fmt: skip
+            "--mode",
+            "sample",
+            "--model_path",
+            "ck/digits.pt",
+            "--n_samples",
+            "4",
+            "--sampler",
+            sampler,
+            "--sampling_steps",
+            "8",
+            "--implementation",
+            implementation,
+            "--output",
+            f"{implementation}.png",
+            "--save_npz",
+            f"{implementation}.npz",
+            cwd=trained,
+        )
         assert result.returncode == 0, result.stderr
         arrays[implementation] = np.load(trained / f"{implementation}.npz")["images"]
     assert np.array_equal(arrays["original"], arrays["cuda"])
@@ -91,30 +118,77 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "train", "--dataset", "digits", "--profile", "corrupt.pt"], "is a file"),
         (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--profile", "prof"], "--profile applies to"),
         (["--mode", "train", "--dataset", "digits", "--timestep_sampling", "best"], "invalid choice"),
-        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--timestep_sampling", "topk"],
-         "trains with --timestep_sampling uniform, and a resumed run keeps it"),
+        (
+            ["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--timestep_sampling", "topk"],
+            "trains with --timestep_sampling uniform, and a resumed run keeps it",
+        ),
         (["--mode", "train", "--dataset", "digits", "--profile", "/proc/prof"], "cannot write into /proc"),
         # --resume keeps what the run learns with; a flag that contradicts the checkpoint names both values.
-        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--model_channels", "32"],
-         "--model_channels 32 (the checkpoint's 16)"),
-        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--img_size", "8"], "--img_size 8 (the checkpoint's 16)"),
+        (
+            ["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--model_channels", "32"],
+            "--model_channels 32 (the checkpoint's 16)",
+        ),
+        (
+            ["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--img_size", "8"],
+            "--img_size 8 (the checkpoint's 16)",
+        ),
         (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--lr", "0.5"], "--lr 0.5 (the checkpoint's"),
-        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--dataset", "mnist"], "--dataset mnist (the checkpoint's digits)"),
-        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--model_preset", "small"], "--model_preset makes a new model"),
+        (
+            ["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--dataset", "mnist"],
+            "--dataset mnist (the checkpoint's digits)",
+        ),
+        (
+            ["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--model_preset", "small"],
+            "--model_preset makes a new model",
+        ),
         (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--n_epochs", "2"], "--n_epochs"),
         (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--n_samples", "1"], "--n_samples 2 or more"),
         # A flag the run would ignore is refused, not ignored (the adversarial pass of 2026-11-24 found them accepted).
-        (["--mode", "sample", "--model_path", "ck/digits.pt", "--timesteps", "10"], "--timesteps describes a new model"),
-        (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--img_size", "12"], "--img_size describes a new model"),
+        (
+            ["--mode", "sample", "--model_path", "ck/digits.pt", "--timesteps", "10"],
+            "--timesteps describes a new model",
+        ),
+        (
+            ["--mode", "evaluate", "--model_path", "ck/digits.pt", "--img_size", "12"],
+            "--img_size describes a new model",
+        ),
         (["--mode", "export", "--model_path", "ck/digits.pt", "--class_cond"], "--class_cond describes a new model"),
         (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--output", "e.png"], "--output is sample mode's"),
-        (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--sampler", "ddim", "--sampling_steps", "2,500",
-          "--n_samples", "4"], "sampling steps must be between 1 and 50"),  # before the first row is drawn
-        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--class_label", "3"], "--class_label is not read by --mode train"),
-        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--kl_weight", "0.1"], "--kl_weight is not read by --mode train"),
-        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--cond_drop", "0.2"], "add --class_cond or drop it"),
-        (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--max_steps", "2"], "of 2; to train on, pass --max_steps above"),
-        (["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--max_steps", str(10**10)], "at most 1,000,000,000"),
+        (
+            [
+                "--mode",
+                "evaluate",
+                "--model_path",
+                "ck/digits.pt",
+                "--sampler",
+                "ddim",
+                "--sampling_steps",
+                "2,500",
+                "--n_samples",
+                "4",
+            ],
+            "sampling steps must be between 1 and 50",
+        ),  # before the first row is drawn
+        (
+            ["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--class_label", "3"],
+            "--class_label is not read by --mode train",
+        ),
+        (
+            ["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--kl_weight", "0.1"],
+            "--kl_weight is not read by --mode train",
+        ),
+        (
+            ["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--cond_drop", "0.2"],
+            "add --class_cond or drop it",
+        ),
+        (
+            ["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--max_steps", "2"],
+            "of 2; to train on, pass --max_steps above",
+        ),
+        (
+            ["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--max_steps", str(10**10)],
+            "at most 1,000,000,000",
+        ),
         (["--mode", "benchmark", "--repeats", "5000"], "--repeats must be at most 1,000"),
     ],
 )
@@ -132,8 +206,20 @@ def test_a_user_error_from_the_real_entry_point_is_one_line(trained):
 def test_help_lists_the_seed_flags(tmp_path):
     result = run_here("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for flag in ("--mode", "--dataset", "--n_epochs", "--img_size", "--channels", "--implementation", "--n_samples",
-                 "--model_path", "--batch_size", "--sampler", "--resume", "--precision"):  # fmt: skip
+    for flag in (
+        "--mode",
+        "--dataset",
+        "--n_epochs",
+        "--img_size",
+        "--channels",
+        "--implementation",
+        "--n_samples",
+        "--model_path",
+        "--batch_size",
+        "--sampler",
+        "--resume",
+        "--precision",
+    ):
         assert flag in result.stdout
 
 
@@ -146,11 +232,30 @@ def test_profile_writes_a_trace_where_tensorboard_looks(trained):
     traces = list((trained / "prof" / "train" / "plugins" / "profile").glob("*/*.pt.trace.json"))
     assert len(traces) == 1
     names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
-    assert {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"} <= names and "ProfilerStep#1" not in names  # wait, warm-up
+    assert {
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+        "ProfilerStep#4",
+    } <= names and "ProfilerStep#1" not in names  # wait, warm-up
     assert {"data", "forward", "backward", "optimizer"} <= names  # the phases of a training step
     assert "aten::convolution" in (traces[0].parent / "summary.txt").read_text()
-    sampled = run_here("--mode", "sample", "--model_path", "prof.pt", "--n_samples", "2", "--sampler", "ddim",
-                       "--sampling_steps", "3", "--profile", "prof", "--output", "p.png", cwd=trained)  # fmt: skip
+    sampled = run_here(
+        "--mode",
+        "sample",
+        "--model_path",
+        "prof.pt",
+        "--n_samples",
+        "2",
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "3",
+        "--profile",
+        "prof",
+        "--output",
+        "p.png",
+        cwd=trained,
+    )
     assert sampled.returncode == 0, sampled.stderr
     trace = next((trained / "prof" / "sample-original" / "plugins" / "profile").glob("*/*.pt.trace.json"))
     events = [event.get("name") for event in json.loads(trace.read_text())["traceEvents"]]
@@ -162,11 +267,37 @@ def test_the_largest_seed_works_in_training_sampling_and_evaluation(tmp_path):
     seed = str(2**63 - 1)
     steps = [
         [*TINY_TRAIN, "--model_path", "m.pt", "--seed", seed],
-        ["--mode", "sample", "--model_path", "m.pt", "--n_samples", "4", "--batch_size", "2", "--sampling_steps", "2",
-         "--sampler", "dpm_solver_sde", "--seed", seed],
-        ["--mode", "evaluate", "--model_path", "m.pt", "--n_samples", "4", "--sampling_steps", "2", "--sampler", "ddim",
-         "--seed", seed],
-    ]  # fmt: skip
+        [
+            "--mode",
+            "sample",
+            "--model_path",
+            "m.pt",
+            "--n_samples",
+            "4",
+            "--batch_size",
+            "2",
+            "--sampling_steps",
+            "2",
+            "--sampler",
+            "dpm_solver_sde",
+            "--seed",
+            seed,
+        ],
+        [
+            "--mode",
+            "evaluate",
+            "--model_path",
+            "m.pt",
+            "--n_samples",
+            "4",
+            "--sampling_steps",
+            "2",
+            "--sampler",
+            "ddim",
+            "--seed",
+            seed,
+        ],
+    ]
     for args in steps:
         result = run_here(*args, "--device", "cpu", cwd=tmp_path)
         assert result.returncode == 0, result.stderr

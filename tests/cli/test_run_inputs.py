@@ -24,8 +24,22 @@ from noise_schedule import ScheduleConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-TINY = ["--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8", "--timesteps", "20",
-        "--save_every", "0", "--sample_every", "0"]  # fmt: skip
+TINY = [
+    "--model_channels",
+    "8",
+    "--num_res_blocks",
+    "1",
+    "--max_steps",
+    "2",
+    "--batch_size",
+    "8",
+    "--timesteps",
+    "20",
+    "--save_every",
+    "0",
+    "--sample_every",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +50,42 @@ def files(tmp_path_factory):
     ae = Autoencoder(AutoencoderConfig(image_size=8, in_channels=1, latent_channels=2, downsample=2, base_channels=8))
     state = checkpoint_state(ae, latent_scale=1.5, dataset="digits", metrics={}, step=0)
     atomic_write(folder / "ae.pt", lambda f: torch.save(state, f))
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(folder / "ae.pt"), *TINY,
-             "--model_path", str(folder / "lat.pt")]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--autoencoder",
+        str(folder / "ae.pt"),
+        *TINY,
+        "--model_path",
+        str(folder / "lat.pt"),
+    ]
     assert main.main(train) == 0
     data = folder / "data"
     data.mkdir()
     rng = np.random.default_rng(0)
     for i in range(8):
         Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(data / f"img{i}.png")
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "folder", "--data_dir", str(data), "--img_size", "8",
-             "--channels", "1", *TINY, "--model_path", str(folder / "pix.pt")]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "folder",
+        "--data_dir",
+        str(data),
+        "--img_size",
+        "8",
+        "--channels",
+        "1",
+        *TINY,
+        "--model_path",
+        str(folder / "pix.pt"),
+    ]
     assert main.main(train) == 0
     return folder
 
@@ -71,14 +111,54 @@ def test_no_output_of_any_mode_may_be_the_autoencoder_a_checkpoint_links(files, 
     sample = ["--mode", "sample", "--model_path", lat, "--n_samples", "2", "--sampling_steps", "2", "--sampler", "ddim"]
     runs = {
         "--output": [*sample, "--output", str(alias(kind, ae, tmp_path / "grid.png"))],
-        "--save_npz": [*sample, "--output", str(tmp_path / "g.png"), "--save_npz", str(alias(kind, ae, tmp_path / "s.npz"))],
-        "--json": ["--mode", "benchmark", "--model_path", lat, "--n_samples", "2", "--sampling_steps", "2", "--rows", "original",
-                   "--repeats", "1", "--warmup", "0", "--json", str(alias(kind, ae, tmp_path / "b.json"))],
-        "--chart": ["--mode", "evaluate", "--model_path", lat, "--n_samples", "2", "--sampling_steps", "2",
-                    "--chart", str(alias(kind, ae, tmp_path / "c.png"))],
-        "--output's decoder": ["--mode", "export", "--format", "torchscript", "--model_path", lat,
-                               "--output", str(tmp_path / "x.ts")],
-    }  # fmt: skip
+        "--save_npz": [
+            *sample,
+            "--output",
+            str(tmp_path / "g.png"),
+            "--save_npz",
+            str(alias(kind, ae, tmp_path / "s.npz")),
+        ],
+        "--json": [
+            "--mode",
+            "benchmark",
+            "--model_path",
+            lat,
+            "--n_samples",
+            "2",
+            "--sampling_steps",
+            "2",
+            "--rows",
+            "original",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(alias(kind, ae, tmp_path / "b.json")),
+        ],
+        "--chart": [
+            "--mode",
+            "evaluate",
+            "--model_path",
+            lat,
+            "--n_samples",
+            "2",
+            "--sampling_steps",
+            "2",
+            "--chart",
+            str(alias(kind, ae, tmp_path / "c.png")),
+        ],
+        "--output's decoder": [
+            "--mode",
+            "export",
+            "--format",
+            "torchscript",
+            "--model_path",
+            lat,
+            "--output",
+            str(tmp_path / "x.ts"),
+        ],
+    }
     alias(kind, ae, tmp_path / "x.decoder.ts")
     for flag, args in runs.items():
         refused(args, ae, capsys, f"{flag} ")
@@ -86,26 +166,75 @@ def test_no_output_of_any_mode_may_be_the_autoencoder_a_checkpoint_links(files, 
 
 def test_an_output_that_names_the_linked_autoencoder_says_so(files, tmp_path, capsys):
     link = alias("symlink", files / "ae.pt", tmp_path / "grid.png")
-    args = ["--mode", "sample", "--model_path", str(files / "lat.pt"), "--n_samples", "2", "--sampling_steps", "2",
-            "--sampler", "ddim", "--output", str(link)]  # fmt: skip
+    args = [
+        "--mode",
+        "sample",
+        "--model_path",
+        str(files / "lat.pt"),
+        "--n_samples",
+        "2",
+        "--sampling_steps",
+        "2",
+        "--sampler",
+        "ddim",
+        "--output",
+        str(link),
+    ]
     refused(args, files / "ae.pt", capsys, "is the same file as its autoencoder")
 
 
 @needs_onnx
 def test_sampling_an_exported_latent_model_never_writes_over_its_decoder(files, tmp_path, capsys):
     onnx = tmp_path / "lat.onnx"
-    export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(files / "lat.pt"), "--output", str(onnx)]
+    export = [
+        "--device",
+        "cpu",
+        "--mode",
+        "export",
+        "--format",
+        "onnx",
+        "--model_path",
+        str(files / "lat.pt"),
+        "--output",
+        str(onnx),
+    ]
     assert main.main(export) == 0
     decoder = tmp_path / "lat.decoder.onnx"
-    args = ["--mode", "sample", "--model_path", str(onnx), "--implementation", "onnxruntime", "--n_samples", "2",
-            "--sampling_steps", "2", "--sampler", "ddim", "--output", str(alias("symlink", decoder, tmp_path / "g.png"))]  # fmt: skip
+    args = [
+        "--mode",
+        "sample",
+        "--model_path",
+        str(onnx),
+        "--implementation",
+        "onnxruntime",
+        "--n_samples",
+        "2",
+        "--sampling_steps",
+        "2",
+        "--sampler",
+        "ddim",
+        "--output",
+        str(alias("symlink", decoder, tmp_path / "g.png")),
+    ]
     refused(args, decoder, capsys, "is the same file as its decoder")
 
 
 def test_evaluate_never_writes_over_the_images_it_judges_against(files, capsys):
     image = files / "data" / "img3.png"
-    args = ["--mode", "evaluate", "--model_path", str(files / "pix.pt"), "--data_dir", str(files / "data"),
-            "--n_samples", "2", "--sampling_steps", "2", "--chart", str(image)]  # fmt: skip
+    args = [
+        "--mode",
+        "evaluate",
+        "--model_path",
+        str(files / "pix.pt"),
+        "--data_dir",
+        str(files / "data"),
+        "--n_samples",
+        "2",
+        "--sampling_steps",
+        "2",
+        "--chart",
+        str(image),
+    ]
     refused(args, image, capsys, "is one of the files --data_dir reads")
 
 
@@ -114,17 +243,30 @@ DRAW = ["--n_samples", "2", "--sampling_steps", "2", "--sampler", "ddim"]
 OUTPUTS = {  # mode: (its arguments, {output flag: a file name with the suffix it takes})
     "sample": (["--mode", "sample", *DRAW], {"--output": "g.png", "--save_npz": "s.npz"}),
     "evaluate": (["--mode", "evaluate", *DRAW], {"--json": "e.json", "--chart": "e.png"}),
-    "benchmark": (["--mode", "benchmark", *DRAW, "--rows", "original", "--repeats", "1", "--warmup", "0"],
-                  {"--json": "b.json", "--csv": "b.csv", "--chart": "b.png"}),
+    "benchmark": (
+        ["--mode", "benchmark", *DRAW, "--rows", "original", "--repeats", "1", "--warmup", "0"],
+        {"--json": "b.json", "--csv": "b.csv", "--chart": "b.png"},
+    ),
     "export": (["--mode", "export", "--format", "torchscript"], {"--output": "x.ts"}),
-}  # fmt: skip
+}
 
 
 def input_matrix(files, tmp_path):
     """(name, arguments naming the model, the files it reads, the modes that take it) for each kind of model."""
     onnx = files / "lat.onnx"
     if not onnx.exists():
-        export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(files / "lat.pt"), "--output", str(onnx)]
+        export = [
+            "--device",
+            "cpu",
+            "--mode",
+            "export",
+            "--format",
+            "onnx",
+            "--model_path",
+            str(files / "lat.pt"),
+            "--output",
+            str(onnx),
+        ]
         assert main.main(export) == 0
     image = files / "data" / "img5.png"
     folder = files / "diffusers"  # a diffusers model folder: every file in it is an input
@@ -133,15 +275,32 @@ def input_matrix(files, tmp_path):
 
         model = perturbed_unet(tiny_unet_config(image_size=8, norm_groups=8, attention_resolutions=(4,)))
         write_diffusers_folder(model, ScheduleConfig(num_timesteps=20), folder, source="test")
-    folder_files = [folder / "unet" / "config.json", folder / "unet" / "diffusion_pytorch_model.safetensors", folder / "scheduler" / "scheduler_config.json"]
+    folder_files = [
+        folder / "unet" / "config.json",
+        folder / "unet" / "diffusion_pytorch_model.safetensors",
+        folder / "scheduler" / "scheduler_config.json",
+    ]
     return [
         ("diffusers folder", ["--model_path", str(folder)], folder_files, ["sample", "benchmark", "export"]),
-        ("latent checkpoint", ["--model_path", str(files / "lat.pt")], [files / "lat.pt", files / "ae.pt"], list(OUTPUTS)),
-        ("exported latent model", ["--model_path", str(onnx), "--implementation", "onnxruntime"],
-         [onnx, files / "lat.decoder.onnx"], ["sample", "evaluate"]),
-        ("pixel checkpoint of a folder", ["--model_path", str(files / "pix.pt"), "--data_dir", str(files / "data")],
-         [files / "pix.pt", image], ["evaluate"]),
-    ]  # fmt: skip
+        (
+            "latent checkpoint",
+            ["--model_path", str(files / "lat.pt")],
+            [files / "lat.pt", files / "ae.pt"],
+            list(OUTPUTS),
+        ),
+        (
+            "exported latent model",
+            ["--model_path", str(onnx), "--implementation", "onnxruntime"],
+            [onnx, files / "lat.decoder.onnx"],
+            ["sample", "evaluate"],
+        ),
+        (
+            "pixel checkpoint of a folder",
+            ["--model_path", str(files / "pix.pt"), "--data_dir", str(files / "data")],
+            [files / "pix.pt", image],
+            ["evaluate"],
+        ),
+    ]
 
 
 @needs_onnx
@@ -155,21 +314,56 @@ def test_every_output_of_every_mode_is_refused_when_it_is_any_input_of_the_run(f
                 for victim in inputs:
                     out = alias(kind, victim, tmp_path / file_name)
                     before = victim.read_bytes()
-                    assert main.main(["--device", "cpu", *args, *model, flag, str(out)]) == 2, (name, mode, flag, victim)
+                    assert main.main(["--device", "cpu", *args, *model, flag, str(out)]) == 2, (
+                        name,
+                        mode,
+                        flag,
+                        victim,
+                    )
                     err = capsys.readouterr().err.strip()
                     assert len(err.splitlines()) == 1 and flag in err, (name, mode, flag, victim, err)
                     assert victim.read_bytes() == before
                     out.unlink()
                     runs += 1
     assert runs == 3 * (2 + 3 + 1) + 2 * (2 + 2 + 3 + 1) + 2 * (2 + 2) + 2 * 2  # every pair above was tried
-    # Training writes its checkpoint: never onto the autoencoder it reads or an image of its folder (even with --overwrite).
+    # Training writes its checkpoint: never onto the autoencoder it reads or an image of its folder (even with
+    # --overwrite).
     trains = [
         (["--mode", "train", "--dataset", "digits", "--autoencoder", str(files / "ae.pt"), *TINY], files / "ae.pt"),
-        (["--mode", "train", "--dataset", "folder", "--data_dir", str(files / "data"), "--img_size", "8", "--channels", "1", *TINY],
-         files / "data" / "img5.png"),
-        (["--mode", "train_autoencoder", "--dataset", "folder", "--data_dir", str(files / "data"), "--img_size", "8",
-          "--channels", "1", "--max_steps", "2"], files / "data" / "img5.png"),
-    ]  # fmt: skip
+        (
+            [
+                "--mode",
+                "train",
+                "--dataset",
+                "folder",
+                "--data_dir",
+                str(files / "data"),
+                "--img_size",
+                "8",
+                "--channels",
+                "1",
+                *TINY,
+            ],
+            files / "data" / "img5.png",
+        ),
+        (
+            [
+                "--mode",
+                "train_autoencoder",
+                "--dataset",
+                "folder",
+                "--data_dir",
+                str(files / "data"),
+                "--img_size",
+                "8",
+                "--channels",
+                "1",
+                "--max_steps",
+                "2",
+            ],
+            files / "data" / "img5.png",
+        ),
+    ]
     for args, victim in trains:
         out = alias(kind, victim, tmp_path / "m.pt")
         refused([*args, "--overwrite", "--model_path", str(out)], victim, capsys, "--model_path")
@@ -182,9 +376,23 @@ def test_the_training_previews_are_outputs_never_written_over_an_input(files, tm
     data image (before the fix the preview went through the link and replaced them, exit 0)."""
     runs = [
         (["--mode", "train", "--dataset", "digits", "--autoencoder", str(files / "ae.pt"), *TINY], files / "ae.pt"),
-        (["--mode", "train", "--dataset", "folder", "--data_dir", str(files / "data"), "--img_size", "8", "--channels", "1",
-          *TINY], files / "data" / "img2.png"),
-    ]  # fmt: skip
+        (
+            [
+                "--mode",
+                "train",
+                "--dataset",
+                "folder",
+                "--data_dir",
+                str(files / "data"),
+                "--img_size",
+                "8",
+                "--channels",
+                "1",
+                *TINY,
+            ],
+            files / "data" / "img2.png",
+        ),
+    ]
     for args, victim in runs:
         (tmp_path / "m_samples").mkdir(exist_ok=True)
         preview = alias(kind, victim, tmp_path / "m_samples" / "step_0000002.png")  # TINY: --max_steps 2
@@ -193,7 +401,12 @@ def test_the_training_previews_are_outputs_never_written_over_an_input(files, tm
         preview.unlink()
     (tmp_path / "m_samples").rmdir()
     (tmp_path / "m_samples").write_bytes(b"a file where the previews' folder goes")
-    refused([*runs[0][0], "--model_path", str(tmp_path / "m.pt")], tmp_path / "m_samples", capsys, "the training previews go into a folder")
+    refused(
+        [*runs[0][0], "--model_path", str(tmp_path / "m.pt")],
+        tmp_path / "m_samples",
+        capsys,
+        "the training previews go into a folder",
+    )
 
 
 def test_a_checkpoint_cannot_make_the_tool_read_a_file_outside_its_folder(files, tmp_path, capsys):
@@ -201,13 +414,26 @@ def test_a_checkpoint_cannot_make_the_tool_read_a_file_outside_its_folder(files,
     link (/etc/passwd, /proc/kmsg, which hung sampling) is refused before anything is opened, without saying
     whether the file exists; --autoencoder, the user's word, still names any file."""
     state = torch.load(files / "lat.pt", weights_only=True)
-    sample = ["--mode", "sample", "--n_samples", "2", "--sampling_steps", "2", "--sampler", "ddim", "--no_grid",
-              "--save_npz", str(tmp_path / "s.npz")]  # fmt: skip
+    sample = [
+        "--mode",
+        "sample",
+        "--n_samples",
+        "2",
+        "--sampling_steps",
+        "2",
+        "--sampler",
+        "ddim",
+        "--no_grid",
+        "--save_npz",
+        str(tmp_path / "s.npz"),
+    ]
     for target in ("/etc/passwd", "/nonexistent/ae.pt", str(files / "ae.pt"), "/proc/kmsg"):
         state["autoencoder"]["path"] = target
         atomic_write(tmp_path / "lat.pt", lambda f: torch.save(state, f))
         assert main.main(["--device", "cpu", *sample, "--model_path", str(tmp_path / "lat.pt")]) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "outside the checkpoint's folder" in err and f"--autoencoder {target}" in err, err
+        assert (
+            len(err.splitlines()) == 1 and "outside the checkpoint's folder" in err and f"--autoencoder {target}" in err
+        ), err
     args = ["--device", "cpu", *sample, "--model_path", str(tmp_path / "lat.pt"), "--autoencoder", str(files / "ae.pt")]
     assert main.main(args) == 0, capsys.readouterr().err

@@ -21,8 +21,18 @@ from noise_schedule import NoiseSchedule, ScheduleConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-TINY_3D = dict(image_size=8, in_channels=1, model_channels=8, channel_mult=(1, 2), num_res_blocks=1,
-               attention_resolutions=(4,), num_heads=2, dropout=0.0, norm_groups=4, dims=3)  # fmt: skip
+TINY_3D = dict(
+    image_size=8,
+    in_channels=1,
+    model_channels=8,
+    channel_mult=(1, 2),
+    num_res_blocks=1,
+    attention_resolutions=(4,),
+    num_heads=2,
+    dropout=0.0,
+    norm_groups=4,
+    dims=3,
+)
 
 
 @pytest.mark.parametrize("size", [16, 32])
@@ -97,7 +107,9 @@ def test_an_exported_3d_unet_gives_pytorchs_eps_through_onnxruntime(patch_size):
     from ddpm.backends.runtimes import as_onnxruntime
 
     torch.manual_seed(0)
-    model = UNet(UNetConfig(**{**TINY_3D, "patch_size": patch_size, "attention_resolutions": (4 // patch_size,)})).eval()
+    model = UNet(
+        UNetConfig(**{**TINY_3D, "patch_size": patch_size, "attention_resolutions": (4 // patch_size,)})
+    ).eval()
     for p in model.parameters():
         p.data.add_(0.05 * torch.randn_like(p))
     runner = as_onnxruntime(model, device=torch.device("cpu"))  # export to ONNX (checked), then a session
@@ -109,14 +121,53 @@ def test_an_exported_3d_unet_gives_pytorchs_eps_through_onnxruntime(patch_size):
 def test_spheres_train_sample_and_evaluate_from_the_command_line(tmp_path, capsys):
     pytest.importorskip("skimage")
     ckpt = tmp_path / "spheres.pt"
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "spheres", "--img_size", "8", "--model_channels", "8",
-             "--max_steps", "2", "--batch_size", "4", "--timesteps", "20", "--save_every", "0", "--sample_every", "0",
-             "--model_path", str(ckpt)]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "spheres",
+        "--img_size",
+        "8",
+        "--model_channels",
+        "8",
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "4",
+        "--timesteps",
+        "20",
+        "--save_every",
+        "0",
+        "--sample_every",
+        "0",
+        "--model_path",
+        str(ckpt),
+    ]
     assert main.main(train) == 0, capsys.readouterr().err
     assert "spheres volumes (1x8x8x8)" in capsys.readouterr().out
     grid, npz = tmp_path / "v.png", tmp_path / "v.npz"
-    args = ["--device", "cpu", "--mode", "sample", "--model_path", str(ckpt), "--n_samples", "3", "--batch_size", "2",
-            "--sampler", "dpm_solver_sde", "--sampling_steps", "4", "--output", str(grid), "--save_npz", str(npz)]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "sample",
+        "--model_path",
+        str(ckpt),
+        "--n_samples",
+        "3",
+        "--batch_size",
+        "2",
+        "--sampler",
+        "dpm_solver_sde",
+        "--sampling_steps",
+        "4",
+        "--output",
+        str(grid),
+        "--save_npz",
+        str(npz),
+    ]
     for implementation in ("original", "cuda"):
         assert main.main([*args, "--implementation", implementation]) == 0, capsys.readouterr().err
         with np.load(npz) as data:
@@ -132,8 +183,22 @@ def test_spheres_train_sample_and_evaluate_from_the_command_line(tmp_path, capsy
     assert main.main([*train, "--resume", "--patch_size", "2"]) == 2
     assert "--patch_size makes a new model" in capsys.readouterr().err
     out_json = tmp_path / "e.json"
-    evaluate = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(ckpt), "--sampler", "ddpm,dpm_solver_sde",
-                "--sampling_steps", "4", "--n_samples", "6", "--json", str(out_json)]  # fmt: skip
+    evaluate = [
+        "--device",
+        "cpu",
+        "--mode",
+        "evaluate",
+        "--model_path",
+        str(ckpt),
+        "--sampler",
+        "ddpm,dpm_solver_sde",
+        "--sampling_steps",
+        "4",
+        "--n_samples",
+        "6",
+        "--json",
+        str(out_json),
+    ]
     assert main.main(evaluate) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "(ceiling: held-out real volumes)" in out and "(floor: uniform noise)" in out

@@ -58,9 +58,13 @@ def test_the_same_seed_draws_the_same_spheres():
 
 @pytest.mark.parametrize(
     ("n", "size", "message"),
-    [(4, 7, "8 to 128, got 7"), (4, 129, "8 to 128, got 129"), (0, 16, "number of spheres must be at least 1"),
-     (2, 16.0, "must be an integer")],
-)  # fmt: skip
+    [
+        (4, 7, "8 to 128, got 7"),
+        (4, 129, "8 to 128, got 129"),
+        (0, 16, "number of spheres must be at least 1"),
+        (2, 16.0, "must be an integer"),
+    ],
+)
 def test_sphere_sizes_and_counts_out_of_range_are_refused(n, size, message):
     with pytest.raises(ValueError, match=message):
         sphere_volumes(n, size=size, seed=0)
@@ -178,7 +182,10 @@ def _object_array(path):
     [
         (lambda p: np.save(p, np.zeros((8, 8, 6))), r"v\.npy holds a non-cubic volume \(8x8x6\)"),
         (lambda p: np.save(p, np.full((8, 8, 8), np.nan)), r"v\.npy holds NaN or infinite values"),
-        (lambda p: np.save(p, np.full((8, 8, 8), 2.0)), r"v\.npy holds float values in \[2, 2\]; float volumes must lie in"),
+        (
+            lambda p: np.save(p, np.full((8, 8, 8), 2.0)),
+            r"v\.npy holds float values in \[2, 2\]; float volumes must lie in",
+        ),
         (lambda p: np.save(p, np.full((8, 8, 8), 300, dtype=np.int16)), r"v\.npy holds int16 values in \[300, 300\]"),
         (_object_array, r"v\.npy holds a pickled object array"),
         (lambda p: p.write_bytes(b"hello"), r"v\.npy is not a NumPy \.npy array"),

@@ -68,24 +68,63 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     from noise_schedule import ScheduleConfig
 
     ckpt = tmp_path / "digits.pt"
-    config = TrainConfig(dataset="digits", total_steps=2, batch_size=8, lr=1e-3, warmup_steps=0, save_every=0,
-                         sample_every=0, checkpoint=str(ckpt))  # fmt: skip
-    model_config = UNetConfig(image_size=16, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
-                              attention_resolutions=(), num_heads=1, dropout=0.0, norm_groups=8)  # fmt: skip
+    config = TrainConfig(
+        dataset="digits",
+        total_steps=2,
+        batch_size=8,
+        lr=1e-3,
+        warmup_steps=0,
+        save_every=0,
+        sample_every=0,
+        checkpoint=str(ckpt),
+    )
+    model_config = UNetConfig(
+        image_size=16,
+        in_channels=1,
+        model_channels=16,
+        channel_mult=(1, 2),
+        num_res_blocks=1,
+        attention_resolutions=(),
+        num_heads=1,
+        dropout=0.0,
+        norm_groups=8,
+    )
     images = load_images("digits", data_dir=tmp_path, image_size=16)
     trainer = Trainer(config, model_config, ScheduleConfig(num_timesteps=20), images=images, device="cpu")
     for _ in range(config.total_steps):
         trainer.train_step()
     trainer.save()
     out_json, out_png = tmp_path / "e.json", tmp_path / "e.png"
-    args = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(ckpt), "--sampler", "ddim,dpm_solver",
-            "--sampling_steps", "2,4", "--n_samples", "12", "--batch_size", "8", "--json", str(out_json),
-            "--chart", str(out_png)]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "evaluate",
+        "--model_path",
+        str(ckpt),
+        "--sampler",
+        "ddim,dpm_solver",
+        "--sampling_steps",
+        "2,4",
+        "--n_samples",
+        "12",
+        "--batch_size",
+        "8",
+        "--json",
+        str(out_json),
+        "--chart",
+        str(out_png),
+    ]
     assert main.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "(ceiling: held-out real digits)" in out and "(floor: uniform noise)" in out
     result = json.loads(out_json.read_text())
-    assert [(r["sampler"], r["steps"]) for r in result["rows"]] == [("ddim", 2), ("ddim", 4), ("dpm_solver", 2), ("dpm_solver", 4)]
+    assert [(r["sampler"], r["steps"]) for r in result["rows"]] == [
+        ("ddim", 2),
+        ("ddim", 4),
+        ("dpm_solver", 2),
+        ("dpm_solver", 4),
+    ]
     for row in result["rows"]:
         assert row["n"] == 12 and 0.0 <= row["confident"] <= 1.0 and row["frechet"] >= 0 and row["seconds"] > 0
     assert result["ceiling"]["memorised"] is None and result["floor"]["confident"] == 0.0
@@ -107,9 +146,41 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     # An export records its training data, so evaluate judges it as the checkpoint without --dataset.
     pytest.importorskip("onnxruntime")
     onnx = tmp_path / "digits.onnx"
-    assert main.main(["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(ckpt), "--output", str(onnx)]) == 0
-    exported = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(onnx), "--implementation", "onnxruntime",
-                "--sampler", "ddim", "--sampling_steps", "2", "--n_samples", "12", "--batch_size", "8"]  # fmt: skip
+    assert (
+        main.main(
+            [
+                "--device",
+                "cpu",
+                "--mode",
+                "export",
+                "--format",
+                "onnx",
+                "--model_path",
+                str(ckpt),
+                "--output",
+                str(onnx),
+            ]
+        )
+        == 0
+    )
+    exported = [
+        "--device",
+        "cpu",
+        "--mode",
+        "evaluate",
+        "--model_path",
+        str(onnx),
+        "--implementation",
+        "onnxruntime",
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "2",
+        "--n_samples",
+        "12",
+        "--batch_size",
+        "8",
+    ]
     capsys.readouterr()
     assert main.main(exported) == 0, capsys.readouterr().err
     assert "fitting the digit classifier" in capsys.readouterr().out

@@ -120,7 +120,9 @@ def test_missing_or_broken_weights_and_a_failed_download_are_one_line_errors(tmp
 
 
 def test_the_inception_extractor_gives_2048_features_for_grey_and_rgb(random_inception_weights):
-    extract = inception.inception_extractor(inception.weights_file(random_inception_weights), device=torch.device("cpu"))
+    extract = inception.inception_extractor(
+        inception.weights_file(random_inception_weights), device=torch.device("cpu")
+    )
     grey = torch.randint(0, 256, (2, 1, 8, 8), dtype=torch.uint8)
     assert extract(grey).shape == (2, 2048)
     # A grey image is the RGB image with three equal channels.
@@ -137,20 +139,68 @@ def test_evaluate_sweeps_a_folder_model_by_fid_and_kid(tmp_path, capsys, random_
     for i in range(16):  # 16 small RGB images: 8 reference, 8 held out
         Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     ckpt = tmp_path / "folder.pt"
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "folder", "--data_dir", str(folder), "--img_size", "8",
-             "--channels", "3", "--model_channels", "16", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "4",
-             "--sample_every", "0", "--save_every", "0", "--model_path", str(ckpt), "--timesteps", "20"]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "folder",
+        "--data_dir",
+        str(folder),
+        "--img_size",
+        "8",
+        "--channels",
+        "3",
+        "--model_channels",
+        "16",
+        "--num_res_blocks",
+        "1",
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "4",
+        "--sample_every",
+        "0",
+        "--save_every",
+        "0",
+        "--model_path",
+        str(ckpt),
+        "--timesteps",
+        "20",
+    ]
     assert main.main(train) == 0, capsys.readouterr().err
     out_json = tmp_path / "fid.json"
-    args = ["--device", "cpu", "--mode", "evaluate", "--model_path", str(ckpt), "--data_dir", str(folder), "--sampler", "ddim",
-            "--sampling_steps", "2,3", "--n_samples", "8", "--inception_weights", random_inception_weights,
-            "--json", str(out_json), "--chart", str(tmp_path / "fid.png")]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "evaluate",
+        "--model_path",
+        str(ckpt),
+        "--data_dir",
+        str(folder),
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "2,3",
+        "--n_samples",
+        "8",
+        "--inception_weights",
+        random_inception_weights,
+        "--json",
+        str(out_json),
+        "--chart",
+        str(tmp_path / "fid.png"),
+    ]
     assert main.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "FID" in out and "(ceiling: held-out real images)" in out
     result = json.loads(out_json.read_text())
     assert result["metric"] == "inception" and [r["steps"] for r in result["rows"]] == [2, 3]
-    assert all(r["n"] == 8 and r["fid"] >= 0 and "kid" in r for r in result["rows"] + [result["ceiling"], result["floor"]])
+    assert all(
+        r["n"] == 8 and r["fid"] >= 0 and "kid" in r for r in result["rows"] + [result["ceiling"], result["floor"]]
+    )
     assert (tmp_path / "fid.png").read_bytes()[:4] == b"\x89PNG"
     # More samples than the folder can give both sets of: refused in one line before any sampling.
     assert main.main(with_flag(args, "--n_samples", "9")) == 2

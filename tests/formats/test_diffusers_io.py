@@ -1,4 +1,5 @@
-"""diffusers folders and safetensors files in and out (ddpm/formats/diffusers_io.py, model_files.py), against diffusers itself.
+"""diffusers folders and safetensors files in and out (ddpm/formats/diffusers_io.py, model_files.py), against diffusers
+itself.
 
 diffusers is a test dependency only (the tool never imports it); these tests skip without it.
 """
@@ -24,21 +25,44 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is the reference 
 
 # UNet2DModel configs equal to this tool's presets and to the published DDPMs' (widths cut where noted).
 SMALL = dict(  # the "small" preset at 16x16: 64-128-128, attention at the lowest level, scale-shift
-    sample_size=16, in_channels=1, out_channels=1, block_out_channels=(64, 128, 128), layers_per_block=2,
-    down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D", "UpBlock2D"),
-    attention_head_dim=32, resnet_time_scale_shift="scale_shift", attn_norm_num_groups=32, dropout=0.1,
-)  # fmt: skip
+    sample_size=16,
+    in_channels=1,
+    out_channels=1,
+    block_out_channels=(64, 128, 128),
+    layers_per_block=2,
+    down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D"),
+    up_block_types=("AttnUpBlock2D", "UpBlock2D", "UpBlock2D"),
+    attention_head_dim=32,
+    resnet_time_scale_shift="scale_shift",
+    attn_norm_num_groups=32,
+    dropout=0.1,
+)
 DDPM_CIFAR10 = dict(  # google/ddpm-cifar10-32's config.json (Ho et al. 2020 converted): its TensorFlow details included
-    sample_size=32, in_channels=3, out_channels=3, block_out_channels=(128, 256, 256, 256), layers_per_block=2,
+    sample_size=32,
+    in_channels=3,
+    out_channels=3,
+    block_out_channels=(128, 256, 256, 256),
+    layers_per_block=2,
     down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
     up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
-    attention_head_dim=None, flip_sin_to_cos=False, freq_shift=1, norm_eps=1e-6, downsample_padding=0,
-)  # fmt: skip
+    attention_head_dim=None,
+    flip_sin_to_cos=False,
+    freq_shift=1,
+    norm_eps=1e-6,
+    downsample_padding=0,
+)
 CONDITIONAL = dict(  # 10 classes and the null label
-    sample_size=8, in_channels=1, out_channels=1, block_out_channels=(32, 64), layers_per_block=1,
-    down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-    attention_head_dim=16, norm_num_groups=8, num_class_embeds=11,
-)  # fmt: skip
+    sample_size=8,
+    in_channels=1,
+    out_channels=1,
+    block_out_channels=(32, 64),
+    layers_per_block=1,
+    down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+    up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=16,
+    norm_num_groups=8,
+    num_class_embeds=11,
+)
 
 
 def diffusers_unet(config: dict, *, seed: int = 0):
@@ -52,7 +76,9 @@ def diffusers_unet(config: dict, *, seed: int = 0):
 
 
 def save_pipeline(unet, folder, *, num_train_timesteps: int = 1000):
-    diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=num_train_timesteps)).save_pretrained(folder)
+    diffusers.DDPMPipeline(
+        unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=num_train_timesteps)
+    ).save_pretrained(folder)
     return folder
 
 
@@ -84,7 +110,9 @@ def test_imported_model_samples_as_diffusers_ddpm_and_ddim_loops_do(tmp_path, im
     shape = (2, 1, 8, 8)
     draw = basic_diffusion.sample if implementation == "original" else optimized_diffusion.sample
     for sampler, scheduler in (("ddpm", diffusers.DDPMScheduler), ("ddim", diffusers.DDIMScheduler)):
-        ours = draw(model, schedule.make_plan(sampler, num_steps=50), shape=shape, generator=torch.Generator().manual_seed(3))
+        ours = draw(
+            model, schedule.make_plan(sampler, num_steps=50), shape=shape, generator=torch.Generator().manual_seed(3)
+        )
         scheduler = scheduler.from_pretrained(tmp_path / "m" / "scheduler")  # DDIM takes DDPM's config
         scheduler.set_timesteps(50)
         generator = torch.Generator().manual_seed(3)
@@ -146,14 +174,32 @@ def test_import_export_import_is_exact(tmp_path, one_thread):
 def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_images(tmp_path, one_thread):
     config = tiny_unet_config(norm_groups=8)
     model = perturbed_unet(config)
-    state = {"format_version": 1, "model_config": config.to_dict(), "schedule_config": vars(ScheduleConfig(num_timesteps=50)),
-             "model": model.state_dict(), "ema": model.state_dict(), "step": 5}  # fmt: skip
+    state = {
+        "format_version": 1,
+        "model_config": config.to_dict(),
+        "schedule_config": vars(ScheduleConfig(num_timesteps=50)),
+        "model": model.state_dict(),
+        "ema": model.state_dict(),
+        "step": 5,
+    }
     save_checkpoint(tmp_path / "m.pt", state)
     for fmt in ("diffusers", "safetensors"):
         result = run_here("--mode", "export", "--format", fmt, "--model_path", "m.pt", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert "the same weights, bit for bit" in result.stdout
-    draw = ["--mode", "sample", "--sampler", "ddim", "--sampling_steps", "4", "--n_samples", "3", "--seed", "7", "--no_grid"]
+    draw = [
+        "--mode",
+        "sample",
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "4",
+        "--n_samples",
+        "3",
+        "--seed",
+        "7",
+        "--no_grid",
+    ]
     images = {}
     for source in ("m.pt", "m_diffusers", "m.safetensors"):
         result = run_here(*draw, "--model_path", source, "--save_npz", f"{source.replace('.', '_')}.npz", cwd=tmp_path)
@@ -162,22 +208,40 @@ def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_image
             images[source] = f[f.files[0]]
     assert (images["m.pt"] == images["m_diffusers"]).all() and (images["m.pt"] == images["m.safetensors"]).all()
     # Every implementation takes the folder: onnxruntime (exported in memory) draws the same images to a level.
-    result = run_here(*draw, "--model_path", "m_diffusers", "--implementation", "onnxruntime", "--save_npz", "ort.npz", cwd=tmp_path)
+    result = run_here(
+        *draw, "--model_path", "m_diffusers", "--implementation", "onnxruntime", "--save_npz", "ort.npz", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     with np.load(tmp_path / "ort.npz") as f:
         assert np.abs(f[f.files[0]].astype(int) - images["m.pt"].astype(int)).max() <= 1
     # The folder and the file are inputs: nothing may be written over them.
     assert_user_error(
-        run_here("--mode", "export", "--format", "diffusers", "--model_path", "m_diffusers", "--output", "m_diffusers", cwd=tmp_path),
+        run_here(
+            "--mode",
+            "export",
+            "--format",
+            "diffusers",
+            "--model_path",
+            "m_diffusers",
+            "--output",
+            "m_diffusers",
+            cwd=tmp_path,
+        ),
         "is one of the files --model_path reads",
     )
-    assert_user_error(run_here(*draw, "--model_path", "m.safetensors", "--no_ema", "--save_npz", "x.npz", cwd=tmp_path), "drop --no_ema")
+    assert_user_error(
+        run_here(*draw, "--model_path", "m.safetensors", "--no_ema", "--save_npz", "x.npz", cwd=tmp_path),
+        "drop --no_ema",
+    )
 
 
 def test_models_diffusers_cannot_represent_are_refused_in_one_line(tmp_path):
     state = {"format_version": 1, "schedule_config": vars(ScheduleConfig(num_timesteps=50)), "step": 0}
     model = UNet(tiny_unet_config())  # 32 groups over 16 channels: this U-Net uses 16, diffusers would fail
-    save_checkpoint(tmp_path / "m.pt", state | {"model_config": model.config.to_dict(), "model": model.state_dict(), "ema": model.state_dict()})
+    save_checkpoint(
+        tmp_path / "m.pt",
+        state | {"model_config": model.config.to_dict(), "model": model.state_dict(), "ema": model.state_dict()},
+    )
     result = run_here("--mode", "export", "--format", "diffusers", "--model_path", "m.pt", cwd=tmp_path)
     assert_user_error(result, "norm groups do not divide the widths")
     assert not (tmp_path / "m_diffusers").exists()
@@ -185,7 +249,10 @@ def test_models_diffusers_cannot_represent_are_refused_in_one_line(tmp_path):
 
 def _pipeline_with(tmp_path, *, unet_changes: dict | None = None, scheduler_changes: dict | None = None):
     folder = save_pipeline(diffusers_unet(CONDITIONAL), tmp_path / "m")
-    for path, changes in ((folder / "unet" / "config.json", unet_changes), (folder / "scheduler" / "scheduler_config.json", scheduler_changes)):
+    for path, changes in (
+        (folder / "unet" / "config.json", unet_changes),
+        (folder / "scheduler" / "scheduler_config.json", scheduler_changes),
+    ):
         if changes:
             path.write_text(json.dumps(json.loads(path.read_text()) | changes))
     return folder
@@ -204,9 +271,13 @@ def _pipeline_with(tmp_path, *, unet_changes: dict | None = None, scheduler_chan
         (None, {"beta_schedule": "scaled_linear"}, "beta_schedule='scaled_linear'"),
     ],
 )
-def test_configs_this_unet_cannot_compute_are_refused_naming_the_setting(tmp_path, unet_changes, scheduler_changes, named):
+def test_configs_this_unet_cannot_compute_are_refused_naming_the_setting(
+    tmp_path, unet_changes, scheduler_changes, named
+):
     folder = _pipeline_with(tmp_path, unet_changes=unet_changes, scheduler_changes=scheduler_changes)
-    result = run_here("--mode", "sample", "--model_path", str(folder), "--n_samples", "1", "--output", "s.png", cwd=tmp_path)
+    result = run_here(
+        "--mode", "sample", "--model_path", str(folder), "--n_samples", "1", "--output", "s.png", cwd=tmp_path
+    )
     assert_user_error(result, named)
     assert not (tmp_path / "s.png").exists()
 
@@ -232,7 +303,7 @@ def test_hostile_and_corrupt_weight_files_are_refused_in_one_line(tmp_path, one_
         "header past the end": struct.pack("<Q", 10**12) + good[8:],
         "text": b"this is not a safetensors file",
     }
-    for what, data in cases.items():
+    for data in cases.values():
         weights.write_bytes(data)
         result = run_here(*draw, cwd=tmp_path)
         assert_user_error(result, str(weights))
@@ -249,14 +320,34 @@ def test_fine_tuning_starts_from_a_diffusers_folders_weights_and_schedule(tmp_pa
     unet = diffusers_unet(CONDITIONAL | dict(num_class_embeds=None))
     save_pipeline(unet, tmp_path / "m", num_train_timesteps=50)
     imported = model_files.read_diffusers_folder(tmp_path / "m")
-    result = run_here("--mode", "train", "--dataset", "digits", "--init_from", "m", "--max_steps", "1", "--lr", "1e-12",
-                      "--batch_size", "4", "--sample_every", "0", "--model_path", "ft.pt", cwd=tmp_path)  # fmt: skip
+    result = run_here(
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--init_from",
+        "m",
+        "--max_steps",
+        "1",
+        "--lr",
+        "1e-12",
+        "--batch_size",
+        "4",
+        "--sample_every",
+        "0",
+        "--model_path",
+        "ft.pt",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     state = torch.load(tmp_path / "ft.pt", weights_only=True)
     assert state["model_config"] == imported["model_config"] and state["schedule_config"] == imported["schedule_config"]
     for weights in ("model", "ema"):
         assert all(torch.allclose(state[weights][k], imported["ema"][k], atol=1e-7) for k in imported["ema"])
     # The file's model is the whole model: flags describing another are refused, as is --resume with it.
-    for extra, named in ((["--model_channels", "64"], "--model_channels describes a new model"), (["--resume"], "choose one")):
+    for extra, named in (
+        (["--model_channels", "64"], "--model_channels describes a new model"),
+        (["--resume"], "choose one"),
+    ):
         args = ["--mode", "train", "--dataset", "digits", "--init_from", "m", "--model_path", "ft2.pt", *extra]
         assert_user_error(run_here(*args, cwd=tmp_path), named)

@@ -43,10 +43,16 @@ def junk_versions(real: bytes, *, seed: int) -> list[tuple[str, bytes]]:
         archive.writestr("archive/data.pkl", b"\x80\x02junk")
         archive.writestr("archive/version", b"3\n")
         archive.writestr("archive/data/0", bytes(rng.randrange(256) for _ in range(64)))
-    versions = [("empty", b""), ("text", b"hello, not a model\n"), ("empty zip", empty_zip.getvalue()),
-                ("junk zip", junk_zip.getvalue()), ("random bytes", bytes(rng.randrange(256) for _ in range(4096))),
-                ("first half", real[: len(real) // 2]), ("first 100 bytes", real[:100]),
-                ("last byte cut", real[:-1])]  # fmt: skip
+    versions = [
+        ("empty", b""),
+        ("text", b"hello, not a model\n"),
+        ("empty zip", empty_zip.getvalue()),
+        ("junk zip", junk_zip.getvalue()),
+        ("random bytes", bytes(rng.randrange(256) for _ in range(4096))),
+        ("first half", real[: len(real) // 2]),
+        ("first 100 bytes", real[:100]),
+        ("last byte cut", real[:-1]),
+    ]
     for i in range(6):  # a few bytes flipped, anywhere in the file
         flipped = bytearray(real)
         for _ in range(8):
@@ -74,9 +80,18 @@ def fuzz(load, real_path, tmp_path, *, seed: int = 0, name: str | None = None) -
 
 def write_checkpoint(path, **extra) -> None:
     state = perturbed_unet(CONFIG).state_dict()
-    save_checkpoint(path, {"format_version": FORMAT_VERSION, "model_config": dataclasses.asdict(CONFIG),
-                           "schedule_config": dataclasses.asdict(TINY_SCHEDULE), "model": state, "ema": state, "step": 0,
-                           **extra})  # fmt: skip
+    save_checkpoint(
+        path,
+        {
+            "format_version": FORMAT_VERSION,
+            "model_config": dataclasses.asdict(CONFIG),
+            "schedule_config": dataclasses.asdict(TINY_SCHEDULE),
+            "model": state,
+            "ema": state,
+            "step": 0,
+            **extra,
+        },
+    )
 
 
 def write_autoencoder(path) -> None:
@@ -93,15 +108,26 @@ def test_junk_checkpoints_end_in_one_line(tmp_path):
 
 @pytest.mark.parametrize(
     "field,value,match",
-    [("step", -1, "records step -1"), ("step", 10**30, "a checkpoint's step is 0 to"), ("step", 1.5, "records step 1.5"),
-     ("ema", "inf", "its EMA weights hold NaN or inf"), ("model", "nan", "its weights hold NaN or inf")],
-)  # fmt: skip
+    [
+        ("step", -1, "records step -1"),
+        ("step", 10**30, "a checkpoint's step is 0 to"),
+        ("step", 1.5, "records step 1.5"),
+        ("ema", "inf", "its EMA weights hold NaN or inf"),
+        ("model", "nan", "its weights hold NaN or inf"),
+    ],
+)
 def test_a_checkpoint_whose_fields_lie_is_refused_at_load(tmp_path, field, value, match):
     """A hand-edited checkpoint (step -1 ended in a ZeroDivisionError traceback on --resume; inf weights
     trained two steps, then failed with exit 1): refused when read, in one line."""
     state = perturbed_unet(CONFIG).state_dict()
-    checkpoint = {"format_version": FORMAT_VERSION, "model_config": dataclasses.asdict(CONFIG),
-                  "schedule_config": dataclasses.asdict(TINY_SCHEDULE), "model": state, "ema": dict(state), "step": 0}  # fmt: skip
+    checkpoint = {
+        "format_version": FORMAT_VERSION,
+        "model_config": dataclasses.asdict(CONFIG),
+        "schedule_config": dataclasses.asdict(TINY_SCHEDULE),
+        "model": state,
+        "ema": dict(state),
+        "step": 0,
+    }
     if field == "step":
         checkpoint["step"] = value
     else:
@@ -135,7 +161,13 @@ def test_junk_autoencoders_end_in_one_line_directly_and_through_a_link(tmp_path)
     fuzz(lambda p: load_autoencoder(p, device=CPU), tmp_path / "ae.pt", tmp_path, name="junk_ae.pt")
     # A checkpoint whose link names an arbitrary file: refused in one line, whatever that file holds.
     write_checkpoint(tmp_path / "linked.pt", autoencoder={"path": str(tmp_path / "junk_ae.pt"), "sha256": "0" * 64})
-    fuzz(lambda p: load_artifact(tmp_path / "linked.pt", device=CPU), tmp_path / "ae.pt", tmp_path, name="junk_ae.pt", seed=1)
+    fuzz(
+        lambda p: load_artifact(tmp_path / "linked.pt", device=CPU),
+        tmp_path / "ae.pt",
+        tmp_path,
+        name="junk_ae.pt",
+        seed=1,
+    )
 
 
 @needs_onnx
@@ -143,12 +175,45 @@ def test_junk_onnx_files_and_decoders_end_in_one_line(tmp_path):
     import main
 
     write_autoencoder(tmp_path / "ae.pt")
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(tmp_path / "ae.pt"),
-             "--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "1", "--batch_size", "4", "--timesteps", "20",
-             "--save_every", "0", "--sample_every", "0", "--model_path", str(tmp_path / "lat.pt")]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--autoencoder",
+        str(tmp_path / "ae.pt"),
+        "--model_channels",
+        "8",
+        "--num_res_blocks",
+        "1",
+        "--max_steps",
+        "1",
+        "--batch_size",
+        "4",
+        "--timesteps",
+        "20",
+        "--save_every",
+        "0",
+        "--sample_every",
+        "0",
+        "--model_path",
+        str(tmp_path / "lat.pt"),
+    ]
     assert main.main(train) == 0
-    export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(tmp_path / "lat.pt"),
-              "--output", str(tmp_path / "lat.onnx")]  # fmt: skip
+    export = [
+        "--device",
+        "cpu",
+        "--mode",
+        "export",
+        "--format",
+        "onnx",
+        "--model_path",
+        str(tmp_path / "lat.pt"),
+        "--output",
+        str(tmp_path / "lat.onnx"),
+    ]
     assert main.main(export) == 0
     real_unet, real_decoder = (tmp_path / "lat.onnx").read_bytes(), (tmp_path / "lat.decoder.onnx").read_bytes()
     (tmp_path / "real.onnx").write_bytes(real_unet)
@@ -156,8 +221,12 @@ def test_junk_onnx_files_and_decoders_end_in_one_line(tmp_path):
     # The decoder is hashed in the U-Net's metadata: junk in its place is refused by its hash. A decoder graph
     # that matches the hash still passes the U-Net graph's checks (tests/backends/test_artifacts.py).
     (tmp_path / "real.decoder.onnx").write_bytes(real_decoder)
-    fuzz(lambda p: load_artifact(tmp_path / "lat.onnx", device=CPU), tmp_path / "real.decoder.onnx", tmp_path,
-         name="lat.decoder.onnx")  # fmt: skip
+    fuzz(
+        lambda p: load_artifact(tmp_path / "lat.onnx", device=CPU),
+        tmp_path / "real.decoder.onnx",
+        tmp_path,
+        name="lat.decoder.onnx",
+    )
 
 
 def test_junk_trusted_torchscript_and_engine_metadata_end_in_one_line(tmp_path):
@@ -165,12 +234,23 @@ def test_junk_trusted_torchscript_and_engine_metadata_end_in_one_line(tmp_path):
     traced.save(str(tmp_path / "real.ts"))
     fuzz(lambda p: load_artifact(p, device=CPU, trust_torchscript=True), tmp_path / "real.ts", tmp_path, name="junk.ts")
     (tmp_path / "x.engine").write_bytes(b"engine")
-    meta = {"metadata_version": 1, "sha256": "ab" * 32, "batch_range": [1, 8, 64], "tensorrt_version": "10.9.0",
-            "gpu_name": "H100", "compute_capability": "9.0", "model_config": dataclasses.asdict(CONFIG),
-            "schedule_config": dataclasses.asdict(TINY_SCHEDULE)}  # fmt: skip
+    meta = {
+        "metadata_version": 1,
+        "sha256": "ab" * 32,
+        "batch_range": [1, 8, 64],
+        "tensorrt_version": "10.9.0",
+        "gpu_name": "H100",
+        "compute_capability": "9.0",
+        "model_config": dataclasses.asdict(CONFIG),
+        "schedule_config": dataclasses.asdict(TINY_SCHEDULE),
+    }
     (tmp_path / "real.json").write_text(json.dumps(meta))
-    fuzz(lambda p: tensorrt_integration.read_engine_metadata(tmp_path / "x.engine"), tmp_path / "real.json", tmp_path,
-         name="x.engine.json")  # fmt: skip
+    fuzz(
+        lambda p: tensorrt_integration.read_engine_metadata(tmp_path / "x.engine"),
+        tmp_path / "real.json",
+        tmp_path,
+        name="x.engine.json",
+    )
 
 
 def test_junk_images_and_volumes_end_in_one_line(tmp_path):
@@ -193,7 +273,9 @@ def test_junk_images_and_volumes_end_in_one_line(tmp_path):
 
 def test_an_image_over_pils_pixel_limit_is_refused_in_one_line_without_a_warning(tmp_path, monkeypatch, recwarn):
     Image.fromarray(np.zeros((64, 64), dtype=np.uint8)).save(tmp_path / "big.png")
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 64 - 1)  # over the warning limit, under twice it (no error in PIL)
+    monkeypatch.setattr(
+        Image, "MAX_IMAGE_PIXELS", 64 * 64 - 1
+    )  # over the warning limit, under twice it (no error in PIL)
     with pytest.raises(ValueError, match="cannot read image .*big.png"):
         load_images("folder", data_dir=tmp_path, image_size=8, channels=1)
     assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]

@@ -33,8 +33,17 @@ def trained(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("int8")
     images = load_images("digits", data_dir=work, image_size=8)
-    config = TrainConfig(dataset="digits", total_steps=150, batch_size=32, lr=3e-3, warmup_steps=10, ema_decay=0.9,
-                         checkpoint=str(work / "ck.pt"), save_every=0, sample_every=0)  # fmt: skip
+    config = TrainConfig(
+        dataset="digits",
+        total_steps=150,
+        batch_size=32,
+        lr=3e-3,
+        warmup_steps=10,
+        ema_decay=0.9,
+        checkpoint=str(work / "ck.pt"),
+        save_every=0,
+        sample_every=0,
+    )
     torch.set_num_threads(1)
     trainer = Trainer(config, CONFIG, SCHEDULE, images=images, device="cpu")
     for _ in range(config.total_steps):
@@ -99,13 +108,19 @@ def test_calibration_sees_the_samplers_own_inputs_and_sets_ranges_from_them(trai
     # The first quantized convolution's input: SiLU(GroupNorm(conv_in(x_t))), in float64 over every feed.
     seen = []
     reference = copy.deepcopy(model).double()
-    hook = reference.down[0].blocks[0].conv1.register_forward_pre_hook(lambda m, args: seen.append(args[0].abs().max().item()))
+    hook = (
+        reference.down[0]
+        .blocks[0]
+        .conv1.register_forward_pre_hook(lambda m, args: seen.append(args[0].abs().max().item()))
+    )
     with torch.no_grad():
         for f in feeds:
             reference(torch.from_numpy(f["x_t"]).double(), torch.from_numpy(f["t"]))
     hook.remove()
     absmax = max(seen)
-    conv = next(n for n in q.graph.node if n.op_type == "Conv" and n.input[1].startswith("down.0.blocks.0.conv1.weight"))
+    conv = next(
+        n for n in q.graph.node if n.op_type == "Conv" and n.input[1].startswith("down.0.blocks.0.conv1.weight")
+    )
     dq = next(n for n in q.graph.node if n.output[0] == conv.input[0])
     from onnx import numpy_helper
 
@@ -116,9 +131,14 @@ def test_calibration_sees_the_samplers_own_inputs_and_sets_ranges_from_them(trai
 def test_onnxruntime_int8_draws_nearly_the_fp32_models_images(trained, one_thread):
     _, model, proto = trained
     q, _ = quantized(model, proto, sampler="dpm_solver", steps=10, samples=16)
-    runtime = OnnxRuntimeUNet(onnxruntime_session(q.SerializeToString(), device=torch.device("cpu")), io=unet_io.UNetIO.from_config(CONFIG))
+    runtime = OnnxRuntimeUNet(
+        onnxruntime_session(q.SerializeToString(), device=torch.device("cpu")), io=unet_io.UNetIO.from_config(CONFIG)
+    )
     plan = NoiseSchedule(SCHEDULE).make_plan("dpm_solver", num_steps=10)
-    images = [sample(unet, plan, shape=CONFIG.sample_shape(16), generator=torch.Generator().manual_seed(3)) for unet in (model, runtime)]
+    images = [
+        sample(unet, plan, shape=CONFIG.sample_shape(16), generator=torch.Generator().manual_seed(3))
+        for unet in (model, runtime)
+    ]
     psnr = psnr_db(images[1], images[0])
     # Measured 2026-11-24 on this model (onnxruntime 1.31.1, CPU): 44.7 dB; calibrated on inputs scaled by 0.02
     # (activation ranges far too narrow: clipped) 27.6 dB; an fp32 export gives over 100 dB.
@@ -127,20 +147,38 @@ def test_onnxruntime_int8_draws_nearly_the_fp32_models_images(trained, one_threa
 
 def test_the_export_writes_a_quantized_file_with_its_calibration_and_quality_that_samples(trained, one_thread):
     work, _, _ = trained
-    args = ["--mode", "export", "--format", "onnx", "--precision", "int8", "--model_path", "ck.pt", "--sampler", "ddim",
-            "--sampling_steps", "8", "--calibration_samples", "4"]  # fmt: skip
+    args = [
+        "--mode",
+        "export",
+        "--format",
+        "onnx",
+        "--precision",
+        "int8",
+        "--model_path",
+        "ck.pt",
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "8",
+        "--calibration_samples",
+        "4",
+    ]
     result = run_here(*args, cwd=work)
     assert result.returncode == 0, result.stderr
     assert "PSNR" in result.stdout and (work / "ck_int8.onnx").is_file()
     import onnx
 
-    meta = json.loads(next(p.value for p in onnx.load(work / "ck_int8.onnx").metadata_props if p.key == unet_io.METADATA_KEY))
+    meta = json.loads(
+        next(p.value for p in onnx.load(work / "ck_int8.onnx").metadata_props if p.key == unet_io.METADATA_KEY)
+    )
     assert meta["precision"] == "int8"
     q = meta["quantization"]
     assert q["calibration"] == {"sampler": "ddim", "steps": 8, "trajectories": 4, "seed": 0}
     assert q["quality"]["psnr_db_vs_fp32"] > 20
     draw = ["--mode", "sample", "--n_samples", "2", "--sampler", "ddim", "--sampling_steps", "4", "--no_grid"]
-    result = run_here(*draw, "--model_path", "ck_int8.onnx", "--implementation", "onnxruntime", "--save_npz", "q.npz", cwd=work)
+    result = run_here(
+        *draw, "--model_path", "ck_int8.onnx", "--implementation", "onnxruntime", "--save_npz", "q.npz", cwd=work
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -149,7 +187,10 @@ def test_the_export_writes_a_quantized_file_with_its_calibration_and_quality_tha
     [
         (["--mode", "export", "--precision", "fp8"], "TensorRT is not installed here"),
         (["--mode", "export", "--format", "torchscript", "--precision", "int8"], "is written into an ONNX graph"),
-        (["--mode", "export", "--precision", "int8", "--calibration_samples", "0"], "--calibration_samples must be between 1"),
+        (
+            ["--mode", "export", "--precision", "int8", "--calibration_samples", "0"],
+            "--calibration_samples must be between 1",
+        ),
         (["--mode", "export", "--calibration_samples", "4"], "add --precision int8"),
         (["--mode", "sample", "--precision", "int8", "--implementation", "cuda"], "use --implementation onnxruntime"),
         (["--mode", "sample", "--calibration_samples", "4"], "calibrates an INT8 export"),
@@ -161,8 +202,17 @@ def test_what_cannot_run_or_means_nothing_is_refused_in_one_line(tmp_path, args,
     from basic_diffusion import UNet
 
     state = UNet(model).state_dict()
-    save_checkpoint(tmp_path / "ck.pt", {"format_version": 1, "model_config": model.to_dict(), "schedule_config": vars(SCHEDULE),
-                                         "model": state, "ema": state, "step": 0})  # fmt: skip
+    save_checkpoint(
+        tmp_path / "ck.pt",
+        {
+            "format_version": 1,
+            "model_config": model.to_dict(),
+            "schedule_config": vars(SCHEDULE),
+            "model": state,
+            "ema": state,
+            "step": 0,
+        },
+    )
     assert_user_error(run_here(*args, "--model_path", "ck.pt", cwd=tmp_path), named)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
 

@@ -34,8 +34,17 @@ from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest, psnr_ssim
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 TINY_AUTOENCODER = [
-    "--mode", "train_autoencoder", "--dataset", "digits", "--max_steps", "5", "--batch_size", "16", "--device", "cpu",
-]  # fmt: skip
+    "--mode",
+    "train_autoencoder",
+    "--dataset",
+    "digits",
+    "--max_steps",
+    "5",
+    "--batch_size",
+    "16",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.mark.parametrize(
@@ -104,10 +113,19 @@ def test_psnr_and_ssim_match_their_definitions():
 def trained(tmp_path_factory):
     work = tmp_path_factory.mktemp("autoencoder")
     request = AutoencoderTrainRequest(
-        device=torch.device("cpu"), checkpoint=str(work / "ae.pt"), reconstructions=str(work / "ae_reconstructions.png"),
-        overwrite=False, dataset="digits", data_dir=str(work), image_size=8, channels=1, max_steps=200, batch_size=32,
-        lr=2e-3, base_channels=16,
-    )  # fmt: skip
+        device=torch.device("cpu"),
+        checkpoint=str(work / "ae.pt"),
+        reconstructions=str(work / "ae_reconstructions.png"),
+        overwrite=False,
+        dataset="digits",
+        data_dir=str(work),
+        image_size=8,
+        channels=1,
+        max_steps=200,
+        batch_size=32,
+        lr=2e-3,
+        base_channels=16,
+    )
     metrics = train_autoencoder(request, progress=False)
     return request, metrics
 
@@ -124,7 +142,9 @@ def test_reconstructions_beat_the_bilinear_baseline_on_held_out_digits(trained):
 def test_the_checkpoint_recomputes_its_reported_psnr(trained):
     request, metrics = trained
     loaded = load_autoencoder(request.checkpoint, device="cpu")
-    _, heldout, _ = split_heldout(load_images("digits", data_dir=request.data_dir, image_size=8), data_dir=request.data_dir)
+    _, heldout, _ = split_heldout(
+        load_images("digits", data_dir=request.data_dir, image_size=8), data_dir=request.data_dir
+    )
     with torch.no_grad():
         images = loaded.decoder()(encode_images(loaded, heldout))
     recon = ((images + 1) / 2 * 255 + 0.5).clamp(0, 255).to(torch.uint8)
@@ -134,7 +154,9 @@ def test_the_checkpoint_recomputes_its_reported_psnr(trained):
 def test_the_latent_scale_gives_unit_variance_on_the_training_set(trained):
     request, _ = trained
     loaded = load_autoencoder(request.checkpoint, device="cpu")
-    train, _, _ = split_heldout(load_images("digits", data_dir=request.data_dir, image_size=8), data_dir=request.data_dir)
+    train, _, _ = split_heldout(
+        load_images("digits", data_dir=request.data_dir, image_size=8), data_dir=request.data_dir
+    )
     latents = encode_images(loaded, train.images, batch_size=100)
     assert latents.shape == (1617, 4, 4, 4) and latents.dtype == torch.float32
     assert abs(float(latents.std()) - 1.0) < 0.05
@@ -213,9 +235,15 @@ def test_flag_mistakes_are_refused_before_any_work(flags, message):
 def test_the_cli_trains_and_refuses_to_replace_a_checkpoint_without_overwrite(tmp_path):
     _, request = resolve.parse(["--mode", "train_autoencoder", "--dataset", "digits", "--device", "cpu"])
     assert (request.checkpoint, request.reconstructions) == (
-        "checkpoints/digits_autoencoder.pt", "checkpoints/digits_autoencoder_reconstructions.png"
-    )  # fmt: skip
-    assert (request.batch_size, request.lr, request.image_size, request.config().latent_shape) == (64, 1e-3, 8, (4, 4, 4))
+        "checkpoints/digits_autoencoder.pt",
+        "checkpoints/digits_autoencoder_reconstructions.png",
+    )
+    assert (request.batch_size, request.lr, request.image_size, request.config().latent_shape) == (
+        64,
+        1e-3,
+        8,
+        (4, 4, 4),
+    )
     result = run_here(*TINY_AUTOENCODER, "--model_path", "ae/d.pt", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     checkpoint = tmp_path / "ae" / "d.pt"
@@ -224,7 +252,10 @@ def test_the_cli_trains_and_refuses_to_replace_a_checkpoint_without_overwrite(tm
     before = checkpoint.read_bytes()
     assert_user_error(run_here(*TINY_AUTOENCODER, "--model_path", "ae/d.pt", cwd=tmp_path), "--overwrite")
     assert checkpoint.read_bytes() == before
-    assert run_here(*TINY_AUTOENCODER, "--model_path", "ae/d.pt", "--overwrite", "--seed", "1", cwd=tmp_path).returncode == 0
+    assert (
+        run_here(*TINY_AUTOENCODER, "--model_path", "ae/d.pt", "--overwrite", "--seed", "1", cwd=tmp_path).returncode
+        == 0
+    )
     assert checkpoint.read_bytes() != before
 
 
@@ -235,9 +266,15 @@ def test_the_latent_decoder_exports_to_onnx_and_matches_pytorch():
     torch.manual_seed(0)
     decoder = LatentDecoder(Autoencoder(AutoencoderConfig(image_size=28, in_channels=1)), latent_scale=0.7).eval()
     program = torch.onnx.export(
-        decoder, (torch.zeros(2, 4, 8, 8),), input_names=["z"], output_names=["images"], opset_version=21, dynamo=True,
-        dynamic_shapes={"z": {0: torch.export.Dim("batch", min=1, max=64)}}, verbose=False,
-    )  # fmt: skip
+        decoder,
+        (torch.zeros(2, 4, 8, 8),),
+        input_names=["z"],
+        output_names=["images"],
+        opset_version=21,
+        dynamo=True,
+        dynamic_shapes={"z": {0: torch.export.Dim("batch", min=1, max=64)}},
+        verbose=False,
+    )
     session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     z = torch.randn(3, 4, 8, 8)
     with torch.no_grad():

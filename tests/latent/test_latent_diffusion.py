@@ -39,17 +39,56 @@ def latent_model(tmp_path_factory):
     """An autoencoder file and a latent DDPM trained two steps on its latents of the offline digits."""
     folder = tmp_path_factory.mktemp("latent")
     write_autoencoder(folder / "ae.pt")
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(folder / "ae.pt"),
-             "--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8",
-             "--timesteps", "20", "--save_every", "0", "--sample_every", "0", "--model_path", str(folder / "lat.pt")]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--autoencoder",
+        str(folder / "ae.pt"),
+        "--model_channels",
+        "8",
+        "--num_res_blocks",
+        "1",
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "8",
+        "--timesteps",
+        "20",
+        "--save_every",
+        "0",
+        "--sample_every",
+        "0",
+        "--model_path",
+        str(folder / "lat.pt"),
+    ]
     assert main.main(train) == 0
     return folder
 
 
 def sample_args(folder, *extra: str) -> list[str]:
-    return ["--device", "cpu", "--mode", "sample", "--model_path", str(folder / "lat.pt"), "--n_samples", "3",
-            "--sampler", "dpm_solver_sde", "--sampling_steps", "3", "--output", str(folder / "s.png"),
-            "--save_npz", str(folder / "s.npz"), *extra]  # fmt: skip
+    return [
+        "--device",
+        "cpu",
+        "--mode",
+        "sample",
+        "--model_path",
+        str(folder / "lat.pt"),
+        "--n_samples",
+        "3",
+        "--sampler",
+        "dpm_solver_sde",
+        "--sampling_steps",
+        "3",
+        "--output",
+        str(folder / "s.png"),
+        "--save_npz",
+        str(folder / "s.npz"),
+        *extra,
+    ]
 
 
 def test_a_latent_model_draws_decoded_images_alike_in_every_implementation(latent_model, capsys):
@@ -80,13 +119,41 @@ def test_the_autoencoder_is_an_input_a_training_run_cannot_overwrite(latent_mode
     autoencoder = tmp_path / "ae.pt"
     shutil.copy(latent_model / "ae.pt", autoencoder)
     before = autoencoder.read_bytes()
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(autoencoder),
-             "--model_path", str(autoencoder), "--overwrite", "--max_steps", "1"]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--autoencoder",
+        str(autoencoder),
+        "--model_path",
+        str(autoencoder),
+        "--overwrite",
+        "--max_steps",
+        "1",
+    ]
     assert main.main(train) == 2
     assert "--autoencoder" in capsys.readouterr().err and autoencoder.read_bytes() == before
     # An autoencoder whose latents the U-Net preset cannot halve twice is refused before any data is read.
-    assert main.main(["--mode", "train_autoencoder", "--dataset", "mnist", "--downsample", "2",
-                      "--model_path", str(tmp_path / "m.pt"), "--data_dir", str(tmp_path / "none")]) == 2  # fmt: skip
+    assert (
+        main.main(
+            [
+                "--mode",
+                "train_autoencoder",
+                "--dataset",
+                "mnist",
+                "--downsample",
+                "2",
+                "--model_path",
+                str(tmp_path / "m.pt"),
+                "--data_dir",
+                str(tmp_path / "none"),
+            ]
+        )
+        == 2
+    )
     assert "14x14 latent" in capsys.readouterr().err
 
 
@@ -98,7 +165,9 @@ def test_the_decoder_run_by_onnxruntime_matches_pytorch(tmp_path):
     write_autoencoder(tmp_path / "ae.pt")
     stage, _ = load_first_stage(tmp_path / "ae.pt", device=torch.device("cpu"))
     runner = OnnxRuntimeDecoder.exported(stage.decoder, io=stage.io, device=torch.device("cpu"), opset=21)
-    z = torch.randn(5, *stage.latent_shape, generator=torch.Generator().manual_seed(0))  # another batch than the export's
+    z = torch.randn(
+        5, *stage.latent_shape, generator=torch.Generator().manual_seed(0)
+    )  # another batch than the export's
     with torch.no_grad():
         torch.testing.assert_close(runner(z), stage.decoder(z), rtol=1e-4, atol=1e-5)
 
@@ -109,8 +178,22 @@ def test_another_or_a_missing_autoencoder_is_refused_in_one_line(latent_model, t
     shutil.copy(model, moved)
     shutil.copy(latent_model / "ae.pt", tmp_path / "right.pt")
     write_autoencoder(tmp_path / "other.pt", seed=1)  # the same shapes, other weights
-    args = ["--device", "cpu", "--mode", "sample", "--model_path", str(moved), "--n_samples", "2", "--sampling_steps", "2",
-            "--sampler", "ddim", "--output", str(tmp_path / "x.png")]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "sample",
+        "--model_path",
+        str(moved),
+        "--n_samples",
+        "2",
+        "--sampling_steps",
+        "2",
+        "--sampler",
+        "ddim",
+        "--output",
+        str(tmp_path / "x.png"),
+    ]
     assert main.main([*args, "--autoencoder", str(tmp_path / "other.pt")]) == 2
     err = capsys.readouterr().err.strip()
     assert "another autoencoder" in err and "\n" not in err
@@ -127,7 +210,16 @@ def test_a_latent_unet_without_an_autoencoder_is_refused(latent_model, tmp_path,
     state = load_checkpoint(latent_model / "lat.pt")
     del state[LINK_KEY]
     save_checkpoint(tmp_path / "orphan.pt", state)
-    args = ["--device", "cpu", "--mode", "sample", "--model_path", str(tmp_path / "orphan.pt"), "--output", str(tmp_path / "x.png")]
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "sample",
+        "--model_path",
+        str(tmp_path / "orphan.pt"),
+        "--output",
+        str(tmp_path / "x.png"),
+    ]
     assert main.main(args) == 2
     assert "no autoencoder" in capsys.readouterr().err
 
@@ -148,20 +240,50 @@ def test_latents_train_as_stored_without_flips_and_the_sizes_must_match(latent_m
         encode_dataset(load_images("digits", data_dir="unused", image_size=16), loaded, source="ae.pt")
 
 
-@pytest.mark.parametrize("fmt, suffix, extra", [("onnx", ".onnx", ("--implementation", "onnxruntime")),
-                                               ("torchscript", ".ts", ("--trust_torchscript",))])  # fmt: skip
-def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_images(latent_model, tmp_path, capsys, fmt, suffix, extra):
+@pytest.mark.parametrize(
+    "fmt, suffix, extra",
+    [("onnx", ".onnx", ("--implementation", "onnxruntime")), ("torchscript", ".ts", ("--trust_torchscript",))],
+)
+def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_images(
+    latent_model, tmp_path, capsys, fmt, suffix, extra
+):
     pytest.importorskip("onnxruntime")
     unet = tmp_path / f"lat{suffix}"
-    export = ["--device", "cpu", "--mode", "export", "--format", fmt, "--model_path", str(latent_model / "lat.pt"),
-              "--output", str(unet)]  # fmt: skip
+    export = [
+        "--device",
+        "cpu",
+        "--mode",
+        "export",
+        "--format",
+        fmt,
+        "--model_path",
+        str(latent_model / "lat.pt"),
+        "--output",
+        str(unet),
+    ]
     assert main.main(export) == 0, capsys.readouterr().err
     decoder = tmp_path / f"lat.decoder{suffix}"
     assert decoder.is_file() and "the decoder" in capsys.readouterr().out
     drawn = {}
     for name, path, flags in (("checkpoint", latent_model / "lat.pt", ()), ("exported", unet, extra)):
-        args = ["--device", "cpu", "--mode", "sample", "--model_path", str(path), "--n_samples", "3", "--sampler", "ddim",
-                "--sampling_steps", "3", "--no_grid", "--save_npz", str(tmp_path / f"{name}.npz"), *flags]  # fmt: skip
+        args = [
+            "--device",
+            "cpu",
+            "--mode",
+            "sample",
+            "--model_path",
+            str(path),
+            "--n_samples",
+            "3",
+            "--sampler",
+            "ddim",
+            "--sampling_steps",
+            "3",
+            "--no_grid",
+            "--save_npz",
+            str(tmp_path / f"{name}.npz"),
+            *flags,
+        ]
         assert main.main(args) == 0, capsys.readouterr().err
         with np.load(tmp_path / f"{name}.npz") as data:
             drawn[name] = data["images"].astype(int)
@@ -169,8 +291,20 @@ def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_
     assert np.abs(drawn["exported"] - drawn["checkpoint"]).max() <= 1
     # The decoder is the one the U-Net names: another file in its place, or none, is refused in one line.
     decoder.write_bytes(decoder.read_bytes()[:-1] + b"x")
-    args = ["--device", "cpu", "--mode", "sample", "--model_path", str(unet), "--n_samples", "2", "--no_grid",
-            "--save_npz", str(tmp_path / "x.npz"), *extra]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "sample",
+        "--model_path",
+        str(unet),
+        "--n_samples",
+        "2",
+        "--no_grid",
+        "--save_npz",
+        str(tmp_path / "x.npz"),
+        *extra,
+    ]
     assert main.main(args) == 2
     assert "not the decoder" in capsys.readouterr().err
     decoder.unlink()
@@ -220,29 +354,84 @@ def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_li
 def test_an_fp16_onnx_export_of_a_latent_model_draws_the_checkpoints_images(latent_model, tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     import onnx
+
     # A U-Net trained 2 steps predicts eps ~ 0, so its unclipped x0 = x_t / sqrt(alpha_bar) is huge on the
     # fixture's 20-step schedule; on a 1000-step schedule it stays within fp16's range.
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(latent_model / "ae.pt"),
-             "--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8", "--save_every", "0",
-             "--sample_every", "0", "--model_path", str(tmp_path / "lat.pt")]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--autoencoder",
+        str(latent_model / "ae.pt"),
+        "--model_channels",
+        "8",
+        "--num_res_blocks",
+        "1",
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "8",
+        "--save_every",
+        "0",
+        "--sample_every",
+        "0",
+        "--model_path",
+        str(tmp_path / "lat.pt"),
+    ]
     assert main.main(train) == 0
     drawn = {}
     for name, source in (("fp16", tmp_path / "lat.pt"), ("overflows", latent_model / "lat.pt")):
-        export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--precision", "fp16",
-                  "--model_path", str(source), "--output", str(tmp_path / f"{name}.onnx"),
-                  "--autoencoder", str(latent_model / "ae.pt")]  # fmt: skip (outside lat.pt's folder: named by the user)
+        export = [
+            "--device",
+            "cpu",
+            "--mode",
+            "export",
+            "--format",
+            "onnx",
+            "--precision",
+            "fp16",
+            "--model_path",
+            str(source),
+            "--output",
+            str(tmp_path / f"{name}.onnx"),
+            "--autoencoder",  # outside lat.pt's folder: named by the user
+            str(latent_model / "ae.pt"),
+        ]
         assert main.main(export) == 0, capsys.readouterr().err
         out = capsys.readouterr().out
-        assert "against PyTorch's fp16 decoder: max abs diff" in out and "cannot run it" not in out  # onnxruntime ran it
+        assert (
+            "against PyTorch's fp16 decoder: max abs diff" in out and "cannot run it" not in out
+        )  # onnxruntime ran it
         for graph in (f"{name}.onnx", f"{name}.decoder.onnx"):  # both graphs hold fp16 weights: not an fp32 export
             proto = onnx.load(str(tmp_path / graph))
             assert any(w.data_type == onnx.TensorProto.FLOAT16 for w in proto.graph.initializer), graph
-    runs = (("checkpoint", tmp_path / "lat.pt", ("--autoencoder", str(latent_model / "ae.pt"))),
-            ("fp16", tmp_path / "fp16.onnx", ("--implementation", "onnxruntime")),
-            ("overflows", tmp_path / "overflows.onnx", ("--implementation", "onnxruntime")))  # fmt: skip
+    runs = (
+        ("checkpoint", tmp_path / "lat.pt", ("--autoencoder", str(latent_model / "ae.pt"))),
+        ("fp16", tmp_path / "fp16.onnx", ("--implementation", "onnxruntime")),
+        ("overflows", tmp_path / "overflows.onnx", ("--implementation", "onnxruntime")),
+    )
     for name, path, flags in runs:
-        args = ["--device", "cpu", "--mode", "sample", "--model_path", str(path), "--n_samples", "3", "--sampler", "ddim",
-                "--sampling_steps", "3", "--no_grid", "--save_npz", str(tmp_path / f"{name}.npz"), *flags]  # fmt: skip
+        args = [
+            "--device",
+            "cpu",
+            "--mode",
+            "sample",
+            "--model_path",
+            str(path),
+            "--n_samples",
+            "3",
+            "--sampler",
+            "ddim",
+            "--sampling_steps",
+            "3",
+            "--no_grid",
+            "--save_npz",
+            str(tmp_path / f"{name}.npz"),
+            *flags,
+        ]
         if name == "overflows":  # NaN is refused in one line, never written as black images
             assert main.main(args) == 2
             err = capsys.readouterr().err.strip()
@@ -322,8 +511,15 @@ def stand_in_tensorrt(monkeypatch):
 
     monkeypatch.setattr(trt_integration, "import_tensorrt", lambda: SimpleNamespace(__version__="11.4.1"))
     monkeypatch.setattr(trt_integration, "require_cuda", lambda device: None)
-    monkeypatch.setattr(trt_integration, "runtime_environment", lambda trt, device: {
-        "tensorrt_version": "11.4.1", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"})  # fmt: skip
+    monkeypatch.setattr(
+        trt_integration,
+        "runtime_environment",
+        lambda trt, device: {
+            "tensorrt_version": "11.4.1",
+            "gpu_name": "NVIDIA H100 80GB HBM3",
+            "compute_capability": "9.0",
+        },
+    )
     monkeypatch.setattr(trt_integration.Engine, "build", staticmethod(build))
     monkeypatch.setattr(trt_integration.Engine, "load", classmethod(load))
     return builds
@@ -342,7 +538,9 @@ def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_
     arguments = dict(device=torch.device("cpu"), precision="fp16", batch=BatchRange(), options=options, log=logs.append)
     data, key = trt_integration.decoder_engine_bytes(stage, **arguments)
     assert data == b"engine #1" and builds[0].onnx_path == cache / "decoder_fp16.onnx" and builds[0].io == stage.io
-    assert builds[0].plan.strongly_typed and builds[0].plan.graph_precision == "fp16"  # TensorRT 11: the precision is in the graph
+    assert (
+        builds[0].plan.strongly_typed and builds[0].plan.graph_precision == "fp16"
+    )  # TensorRT 11: the precision is in the graph
     assert key["onnx_sha256"] == sha256_file(builds[0].onnx_path) and set(key["shapes"]) == {"latents"}
     assert (cache / "decoder_fp16_max64.engine").read_bytes() == b"engine #1"
     assert trt_integration.decoder_engine_bytes(stage, **arguments)[0] == b"engine #1" and len(builds) == 1  # cached
@@ -358,7 +556,9 @@ def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_
     assert len(builds) == 4 and builds[-1].batch.max == 100 and (cache / "decoder_fp32_max100.engine").is_file()
 
 
-def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked(latent_model, tmp_path, stand_in_tensorrt):
+def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked(
+    latent_model, tmp_path, stand_in_tensorrt
+):
     from ddpm.backends.artifacts import load_artifact
     from ddpm.backends.engine_cache import metadata_path, read_metadata
     from ddpm.formats.unet_io import BatchRange, DecoderIO, UNetIO
@@ -367,12 +567,22 @@ def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked
 
     builds, cpu = stand_in_tensorrt, torch.device("cpu")
     options = TensorRTOptions(cache_dir=tmp_path / "cache")
-    lines = export_artifact(latent_model / "lat.pt", fmt="tensorrt", output=tmp_path / "lat.engine", weights="ema",
-                            device=cpu, tensorrt_options=options)  # fmt: skip
+    lines = export_artifact(
+        latent_model / "lat.pt",
+        fmt="tensorrt",
+        output=tmp_path / "lat.engine",
+        weights="ema",
+        device=cpu,
+        tensorrt_options=options,
+    )
     assert [type(b.io) for b in builds] == [UNetIO, DecoderIO] and "the decoder's engine" in lines[-1]
     assert (tmp_path / "lat.decoder.engine").read_bytes() == b"engine #2"
     entry = read_metadata(metadata_path(tmp_path / "lat.engine"))["decoder"]
-    assert entry["file"] == "lat.decoder.engine" and entry["latent_shape"] == [2, 4, 4] and entry["image_shape"] == [1, 8, 8]
+    assert (
+        entry["file"] == "lat.decoder.engine"
+        and entry["latent_shape"] == [2, 4, 4]
+        and entry["image_shape"] == [1, 8, 8]
+    )
     artifact = load_artifact(tmp_path / "lat.engine", device=cpu)
     decoder = artifact.first_stage.decoder
     assert isinstance(decoder, TensorRTDecoder) and decoder.engine.data == b"engine #2"
@@ -382,8 +592,14 @@ def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked
     assert len(builds) == 2
     # From an exported ONNX model, the decoder's engine is built from its .decoder.onnx file.
     export_checkpoint(latent_model / "lat.pt", fmt="onnx", output=tmp_path / "lat.onnx", device=cpu)
-    export_artifact(tmp_path / "lat.onnx", fmt="tensorrt", output=tmp_path / "from_onnx.engine", weights="ema",
-                    device=cpu, tensorrt_options=TensorRTOptions(cache_dir=tmp_path / "cache2"))  # fmt: skip
+    export_artifact(
+        tmp_path / "lat.onnx",
+        fmt="tensorrt",
+        output=tmp_path / "from_onnx.engine",
+        weights="ema",
+        device=cpu,
+        tensorrt_options=TensorRTOptions(cache_dir=tmp_path / "cache2"),
+    )
     assert [b.onnx_path for b in builds[2:]] == [tmp_path / "lat.onnx", tmp_path / "lat.decoder.onnx"]
     # Another decoder engine in its place is refused before it is deserialized.
     (tmp_path / "lat.decoder.engine").write_bytes(b"engine #9")
@@ -391,15 +607,19 @@ def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked
         load_artifact(tmp_path / "lat.engine", device=cpu)
 
 
-def test_the_tensorrt_implementation_takes_latent_models_and_says_what_to_install(latent_model, tmp_path, capsys, monkeypatch):
+def test_the_tensorrt_implementation_takes_latent_models_and_says_what_to_install(
+    latent_model, tmp_path, capsys, monkeypatch
+):
     import sys
 
     from ddpm.backends import registry
 
     registry.get("tensorrt").check(latent=True)  # no longer refused
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # TensorRT absent, even where it is installed
-    for args in (["--mode", "sample", "--implementation", "tensorrt", "--output", str(tmp_path / "x.png")],
-                 ["--mode", "export", "--format", "tensorrt", "--output", str(tmp_path / "lat.engine")]):  # fmt: skip
+    for args in (
+        ["--mode", "sample", "--implementation", "tensorrt", "--output", str(tmp_path / "x.png")],
+        ["--mode", "export", "--format", "tensorrt", "--output", str(tmp_path / "lat.engine")],
+    ):
         assert main.main(["--device", "cpu", "--model_path", str(latent_model / "lat.pt"), *args]) == 2
         err = capsys.readouterr().err.strip()
         assert "pip install tensorrt" in err and "\n" not in err
@@ -409,8 +629,24 @@ def test_the_tensorrt_implementation_takes_latent_models_and_says_what_to_instal
 def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp_path, capsys, monkeypatch):
     import json
 
-    args = ["--device", "cpu", "--mode", "benchmark", "--bench", "training", "--model_path", str(latent_model / "lat.pt"),
-            "--batch_size", "4", "--train_steps", "1", "--rows", "fp32", "--json", str(tmp_path / "t.json")]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "benchmark",
+        "--bench",
+        "training",
+        "--model_path",
+        str(latent_model / "lat.pt"),
+        "--batch_size",
+        "4",
+        "--train_steps",
+        "1",
+        "--rows",
+        "fp32",
+        "--json",
+        str(tmp_path / "t.json"),
+    ]
     from ddpm.benchmarks import training_bench
 
     fed, time_variant = [], training_bench.time_variant
@@ -430,22 +666,67 @@ def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp
     assert "reads no autoencoder" in capsys.readouterr().err
 
 
-def test_a_conditional_latent_model_draws_the_requested_labels_alike_in_every_implementation(latent_model, tmp_path, capsys):
+def test_a_conditional_latent_model_draws_the_requested_labels_alike_in_every_implementation(
+    latent_model, tmp_path, capsys
+):
     # The labels and guidance travel with the latents: the original, cuda and onnxruntime implementations
     # draw the same guided, decoded images for the same labels, and other labels draw other images.
     pytest.importorskip("onnxruntime")
     shutil.copy(latent_model / "ae.pt", tmp_path / "ae.pt")  # beside the checkpoint: its link is followed there
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(tmp_path / "ae.pt"),
-             "--class_cond", "--model_channels", "32", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8",
-             "--lr", "3e-3", "--ema_decay", "0.5", "--save_every", "0", "--sample_every", "0",
-             "--model_path", str(tmp_path / "cond.pt")]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--autoencoder",
+        str(tmp_path / "ae.pt"),
+        "--class_cond",
+        "--model_channels",
+        "32",
+        "--num_res_blocks",
+        "1",
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "8",
+        "--lr",
+        "3e-3",
+        "--ema_decay",
+        "0.5",
+        "--save_every",
+        "0",
+        "--sample_every",
+        "0",
+        "--model_path",
+        str(tmp_path / "cond.pt"),
+    ]
     assert main.main(train) == 0, capsys.readouterr().err
     assert "conditioned on 10 classes" in capsys.readouterr().out
     drawn = {}
     for impl, labels in (("original", "3,7"), ("cuda", "3,7"), ("onnxruntime", "3,7"), ("original", "1,2")):
-        args = ["--device", "cpu", "--mode", "sample", "--model_path", str(tmp_path / "cond.pt"), "--class_label", labels,
-                "--n_samples", "2", "--sampler", "ddim", "--sampling_steps", "3", "--implementation", impl, "--no_grid",
-                "--save_npz", str(tmp_path / f"{impl}{labels}.npz")]  # fmt: skip
+        args = [
+            "--device",
+            "cpu",
+            "--mode",
+            "sample",
+            "--model_path",
+            str(tmp_path / "cond.pt"),
+            "--class_label",
+            labels,
+            "--n_samples",
+            "2",
+            "--sampler",
+            "ddim",
+            "--sampling_steps",
+            "3",
+            "--implementation",
+            impl,
+            "--no_grid",
+            "--save_npz",
+            str(tmp_path / f"{impl}{labels}.npz"),
+        ]
         assert main.main(args) == 0, capsys.readouterr().err
         with np.load(tmp_path / f"{impl}{labels}.npz") as data:
             drawn[impl, labels] = data["images"].astype(int)
@@ -455,19 +736,44 @@ def test_a_conditional_latent_model_draws_the_requested_labels_alike_in_every_im
     assert not np.array_equal(drawn["original", "1,2"], drawn["original", "3,7"])  # the labels reach the U-Net
 
 
-def test_an_autoencoder_given_for_a_pixel_model_is_refused_in_one_line_wherever_it_would_be_ignored(latent_model, tmp_path, capsys):
+def test_an_autoencoder_given_for_a_pixel_model_is_refused_in_one_line_wherever_it_would_be_ignored(
+    latent_model, tmp_path, capsys
+):
     pixel = tmp_path / "pixel.pt"
-    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--img_size", "8", "--model_channels", "8",
-             "--num_res_blocks", "1", "--max_steps", "1", "--batch_size", "4", "--save_every", "0", "--sample_every", "0",
-             "--model_path", str(pixel)]  # fmt: skip
+    train = [
+        "--device",
+        "cpu",
+        "--mode",
+        "train",
+        "--dataset",
+        "digits",
+        "--img_size",
+        "8",
+        "--model_channels",
+        "8",
+        "--num_res_blocks",
+        "1",
+        "--max_steps",
+        "1",
+        "--batch_size",
+        "4",
+        "--save_every",
+        "0",
+        "--sample_every",
+        "0",
+        "--model_path",
+        str(pixel),
+    ]
     assert main.main(train) == 0, capsys.readouterr().err
     capsys.readouterr()
     before = pixel.read_bytes()
     given = ["--autoencoder", str(latent_model / "ae.pt")]
-    for args in ([*train[:-2], "--model_path", str(pixel), "--resume", "--max_steps", "2"],
-                 ["--device", "cpu", "--mode", "sample", "--model_path", str(pixel), "--output", str(tmp_path / "x.png")],
-                 ["--device", "cpu", "--mode", "benchmark", "--model_path", str(pixel), "--rows", "original"],
-                 ["--device", "cpu", "--mode", "benchmark", "--bench", "training", "--model_path", str(pixel)]):  # fmt: skip
+    for args in (
+        [*train[:-2], "--model_path", str(pixel), "--resume", "--max_steps", "2"],
+        ["--device", "cpu", "--mode", "sample", "--model_path", str(pixel), "--output", str(tmp_path / "x.png")],
+        ["--device", "cpu", "--mode", "benchmark", "--model_path", str(pixel), "--rows", "original"],
+        ["--device", "cpu", "--mode", "benchmark", "--bench", "training", "--model_path", str(pixel)],
+    ):
         assert main.main([*args, *given]) == 2
         err = capsys.readouterr().err.strip()
         assert "is a pixel model; it has no autoencoder to replace" in err and "\n" not in err, err

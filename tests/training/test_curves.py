@@ -75,8 +75,20 @@ def test_resume_appends_from_the_checkpoints_step_and_drops_what_a_killed_run_wr
     with SummaryWriter(str(log_dir)) as killed:
         for step in (4, 5):
             killed.add_scalar("train/loss", 99.0, global_step=step)
-    resumed = run_here("--mode", "train", "--resume", "--model_path", "m.pt", "--max_steps", "5", "--log_every", "1",
-                       "--device", "cpu", cwd=tmp_path)  # fmt: skip
+    resumed = run_here(
+        "--mode",
+        "train",
+        "--resume",
+        "--model_path",
+        "m.pt",
+        "--max_steps",
+        "5",
+        "--log_every",
+        "1",
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr
     text = (log_dir / "metrics.csv").read_text()
     assert text.count("step,loss") == 1 and text.endswith("\n")  # one header; whole lines only
@@ -119,8 +131,19 @@ def test_a_new_run_refuses_another_runs_curves_and_overwrite_replaces_them(tmp_p
     refused = run_here(*TRAIN, "--model_path", "m.pt", "--log_dir", "logs", cwd=tmp_path)
     assert_user_error(refused, "--log_dir logs already holds the training curves of another run")
     assert not (tmp_path / "m.pt").exists()
-    again = run_here(*TRAIN, "--model_path", "m.pt", "--log_dir", "logs", "--overwrite", "--max_steps", "2",
-                     "--log_every", "1", cwd=tmp_path)  # fmt: skip
+    again = run_here(
+        *TRAIN,
+        "--model_path",
+        "m.pt",
+        "--log_dir",
+        "logs",
+        "--overwrite",
+        "--max_steps",
+        "2",
+        "--log_every",
+        "1",
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr
     assert [int(row["step"]) for row in rows(tmp_path / "logs" / "metrics.csv")] == [1, 2]  # a fresh CSV
     new_events = sorted((tmp_path / "logs").glob("events.out.tfevents.*"))
@@ -136,7 +159,8 @@ def test_without_tensorboard_the_csv_is_written_and_an_explicit_log_dir_gets_one
     assert not list((tmp_path / "curves").glob("events.out.tfevents.*"))
     hints = [line for line in asked.stdout.splitlines() if "pip install tensorboard" in line]
     assert hints == [
-        "tensorboard is not installed: curves/metrics.csv is written, TensorBoard event files are not (pip install tensorboard)"
+        "tensorboard is not installed: curves/metrics.csv is written, TensorBoard event files are not (pip install "
+        "tensorboard)"
     ]
     default = run_here(*TRAIN, "--model_path", "b.pt", cwd=tmp_path)
     assert default.returncode == 0, default.stderr
@@ -179,6 +203,7 @@ def test_only_rank_0_keeps_the_curves(monkeypatch):
     from ddpm.util.distributed import Ranks
 
     monkeypatch.setattr(train.distributed, "current", lambda: Ranks(rank=1, world_size=2))
-    request = TrainRequest(device=None, precision="fp32", checkpoint="m.pt", resume=False, overwrite=False, model=None,
-                           log_dir="logs")  # fmt: skip
+    request = TrainRequest(
+        device=None, precision="fp32", checkpoint="m.pt", resume=False, overwrite=False, model=None, log_dir="logs"
+    )
     assert train.training_log(trainer=None, request=request, inputs={}) is None

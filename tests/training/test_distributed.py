@@ -20,9 +20,27 @@ from ddpm.util.distributed import Ranks
 
 # No dropout: each rank draws its own dropout masks, so only without it are the weights one process's.
 TRAIN = [
-    "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
-    "--dropout", "0", "--timesteps", "50", "--max_steps", "4", "--batch_size", "8", "--sample_every", "0",
-]  # fmt: skip
+    "--mode",
+    "train",
+    "--dataset",
+    "digits",
+    "--img_size",
+    "16",
+    "--model_channels",
+    "16",
+    "--num_res_blocks",
+    "1",
+    "--dropout",
+    "0",
+    "--timesteps",
+    "50",
+    "--max_steps",
+    "4",
+    "--batch_size",
+    "8",
+    "--sample_every",
+    "0",
+]
 SAMPLE = ["--mode", "sample", "--n_samples", "5", "--batch_size", "2", "--sampler", "ddim", "--sampling_steps", "4"]
 
 
@@ -49,7 +67,9 @@ def runs(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("ranks")
     for sampling in ("uniform", "importance"):
         for ranks in (1, 2):
-            result = launch(*TRAIN, "--timestep_sampling", sampling, "--model_path", f"{sampling}{ranks}.pt", cwd=work, ranks=ranks)
+            result = launch(
+                *TRAIN, "--timestep_sampling", sampling, "--model_path", f"{sampling}{ranks}.pt", cwd=work, ranks=ranks
+            )
             assert result.returncode == 0, result.stderr[-3000:]
             (work / f"{sampling}{ranks}.out").write_text(result.stdout)
     return work
@@ -85,8 +105,17 @@ def test_a_two_rank_checkpoint_resumes_in_one_process_on_the_same_curve(runs, tm
 
 def test_sampling_on_two_ranks_writes_the_one_process_npz_and_grid(runs):
     for ranks in (1, 2):
-        result = launch(*SAMPLE, "--model_path", "uniform1.pt", "--save_npz", f"s{ranks}.npz", "--output", f"s{ranks}.png",
-                        cwd=runs, ranks=ranks)  # fmt: skip
+        result = launch(
+            *SAMPLE,
+            "--model_path",
+            "uniform1.pt",
+            "--save_npz",
+            f"s{ranks}.npz",
+            "--output",
+            f"s{ranks}.png",
+            cwd=runs,
+            ranks=ranks,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     one, two = np.load(runs / "s1.npz")["images"], np.load(runs / "s2.npz")["images"]
     assert one.shape == (5, 16, 16, 1)
@@ -99,15 +128,31 @@ def test_a_global_batch_that_does_not_split_is_refused_on_every_rank(tmp_path):
     assert result.returncode != 0
     refusal = "--batch_size 7 is the global batch and must divide by the 2 ranks training together"
     ours = [line for line in result.stderr.splitlines() if line.startswith("main.py: error:")]  # whole lines
-    assert sorted(ours) == [f"main.py: error: rank {r}/2: {refusal} (each rank takes an equal share); try --batch_size 6, or a number of ranks that divides it"
-                           for r in (0, 1)]
+    assert sorted(ours) == [
+        f"main.py: error: rank {r}/2: {refusal} (each rank takes an equal share); try --batch_size 6, or a number of "
+        "ranks that divides it"
+        for r in (0, 1)
+    ]
     assert not (tmp_path / "bad.pt").exists()
 
 
 @pytest.mark.slow  # about 4 minutes on 2 cores: every training variant, alone and on two ranks
 def test_the_training_benchmark_reports_per_rank_throughput_and_scaling_under_torchrun(tmp_path):
-    args = ["--mode", "benchmark", "--bench", "training", *TRAIN[2:12], "--batch_size", "8", "--train_steps", "2",
-            "--warmup", "1", "--json", "t.json"]  # fmt: skip
+    args = [
+        "--mode",
+        "benchmark",
+        "--bench",
+        "training",
+        *TRAIN[2:12],
+        "--batch_size",
+        "8",
+        "--train_steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+        "t.json",
+    ]
     started = time.perf_counter()
     result = launch(*args, cwd=tmp_path, ranks=2)
     wall = time.perf_counter() - started  # an outer bound on every timed step
@@ -118,7 +163,9 @@ def test_the_training_benchmark_reports_per_rank_throughput_and_scaling_under_to
         assert row["status"] == "ok", row
         assert 2 * 8 / wall < row["images_per_s"] and 2 * 4 / wall < row["single_rank_images_per_s"]  # 2 timed steps
         assert row["images_per_s_per_rank"] == pytest.approx(row["images_per_s"] / 2)
-        assert row["scaling_efficiency"] == pytest.approx(row["images_per_s_per_rank"] / row["single_rank_images_per_s"])
+        assert row["scaling_efficiency"] == pytest.approx(
+            row["images_per_s_per_rank"] / row["single_rank_images_per_s"]
+        )
     assert result.stdout.count("img/s/rank") == 1  # one table, from rank 0
 
 

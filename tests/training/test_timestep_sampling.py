@@ -69,7 +69,7 @@ def test_importance_weighted_loss_is_unbiased_exactly_and_by_monte_carlo():
     for _ in range(4):
         t = torch.arange(T)
         sampler.update(t, noisy(t))
-    mean_loss = (torch.arange(T, dtype=torch.float64) + 1)  # E[L_t]
+    mean_loss = torch.arange(T, dtype=torch.float64) + 1  # E[L_t]
     p, w = sampler.probabilities(), sampler.timestep_weights()
     assert sampler.ready() and sampler.unbiased
     assert abs(float((p * w * mean_loss).sum()) - float(mean_loss.mean())) < 1e-12
@@ -167,7 +167,12 @@ def test_speed_on_a_flat_loss_is_uniform():
 @pytest.mark.parametrize("name", TIMESTEP_SAMPLERS)
 def test_a_restored_sampler_continues_the_draws_exactly(name):
     T = 16
-    options = {"uniform": {}, "importance": {"history": 2}, "topk": {"k": 3, "warmup": 2}, "speed": {"bins": 4, "horizon": 10}}
+    options = {
+        "uniform": {},
+        "importance": {"history": 2},
+        "topk": {"k": 3, "warmup": 2},
+        "speed": {"bins": 4, "horizon": 10},
+    }
     sampler = make_timestep_sampler(name, num_timesteps=T, **options[name])
     g = torch.Generator().manual_seed(5)
 

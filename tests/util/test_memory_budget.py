@@ -10,14 +10,26 @@ from torch.profiler import ProfilerActivity, profile
 
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, unet_preset
 from ddpm.util import memory_budget
-from ddpm.util.memory_budget import available_bytes, check_batch_fits, estimate_peak_bytes, is_out_of_memory, upper_bound_bytes
+from ddpm.util.memory_budget import (
+    available_bytes,
+    check_batch_fits,
+    estimate_peak_bytes,
+    is_out_of_memory,
+    upper_bound_bytes,
+)
 from ddpm.util.messages import format_bytes
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 GiB = 1 << 30
 TINY = UNetConfig(
-    image_size=16, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
-    attention_resolutions=(8,), num_heads=2, dropout=0.1,
+    image_size=16,
+    in_channels=1,
+    model_channels=16,
+    channel_mult=(1, 2),
+    num_res_blocks=1,
+    attention_resolutions=(8,),
+    num_heads=2,
+    dropout=0.1,
 )
 DEMO = unet_preset("small", image_size=16, in_channels=1, model_channels=32)  # make demo's model (digits)
 
@@ -150,8 +162,11 @@ def test_check_batch_fits_refuses_with_the_largest_batch_that_fits(monkeypatch):
 def test_check_batch_fits_refuses_a_1024_pixel_training_batch_outright(monkeypatch):
     monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 8 * GiB)
     config = unet_preset("small", image_size=1024, in_channels=3)
-    with pytest.raises(ValueError, match=r"^one training batch of 64 at 3x1024x1024 needs about .* TiB .*"
-                       r"not even a batch of 1 fits: use a smaller --img_size or model$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^one training batch of 64 at 3x1024x1024 needs about .* TiB .*"
+        r"not even a batch of 1 fits: use a smaller --img_size or model$",
+    ):
         check_batch_fits(config, batch_size=64, device=torch.device("cpu"), training=True)
 
 
@@ -159,8 +174,14 @@ def test_check_batch_fits_names_the_flag_and_counts_extra_bytes(monkeypatch):
     monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 1 * GiB)
     check_batch_fits(DEMO, batch_size=64, device=torch.device("cpu"), training=False)
     with pytest.raises(ValueError, match=r"^one sampling batch of 64 .* the largest --n_samples that fits is \d+$"):
-        check_batch_fits(DEMO, batch_size=64, device=torch.device("cpu"), training=False, flag="--n_samples",
-                         extra_bytes=int(0.89 * GiB))
+        check_batch_fits(
+            DEMO,
+            batch_size=64,
+            device=torch.device("cpu"),
+            training=False,
+            flag="--n_samples",
+            extra_bytes=int(0.89 * GiB),
+        )
 
 
 def test_check_batch_fits_refuses_an_empty_batch_naming_the_flag():
@@ -174,7 +195,9 @@ def test_legitimate_runs_fit_a_24_gib_machine(monkeypatch):
     check_batch_fits(DEMO, batch_size=64, device=cpu, training=True)  # make demo
     check_batch_fits(DEMO, batch_size=64, device=cpu, training=False)
     check_batch_fits(unet_preset("small", image_size=28, in_channels=1), batch_size=64, device=cpu, training=True)
-    check_batch_fits(unet_preset("ddpm_cifar10", image_size=32, in_channels=3), batch_size=128, device=cpu, training=False)
+    check_batch_fits(
+        unet_preset("ddpm_cifar10", image_size=32, in_channels=3), batch_size=128, device=cpu, training=False
+    )
 
 
 def test_available_bytes_on_this_cpu_is_at_most_memavailable():

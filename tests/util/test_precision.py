@@ -22,9 +22,16 @@ from ddpm.formats import exporters, unet_io
 from ddpm.util.precision import CastInput, Float32, mixed_precision_unet
 
 CONFIG = UNetConfig(
-    image_size=8, in_channels=1, model_channels=16, channel_mult=(1, 2), num_res_blocks=1,
-    attention_resolutions=(4,), num_heads=2, dropout=0.0, norm_groups=8,
-)  # fmt: skip
+    image_size=8,
+    in_channels=1,
+    model_channels=16,
+    channel_mult=(1, 2),
+    num_res_blocks=1,
+    attention_resolutions=(4,),
+    num_heads=2,
+    dropout=0.0,
+    norm_groups=8,
+)
 LOW = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -70,7 +77,9 @@ def graphs() -> dict:
     model = random_unet()
     metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=None, weights=None)
     return {
-        precision: exporters.export_onnx_model(model, metadata=metadata, opset=unet_io.default_opset(precision), precision=precision)
+        precision: exporters.export_onnx_model(
+            model, metadata=metadata, opset=unet_io.default_opset(precision), precision=precision
+        )
         for precision in ("fp16", "bf16")
     }
 
@@ -131,25 +140,81 @@ def test_the_cli_exports_an_fp16_graph_that_onnxruntime_samples_from(tmp_path, c
     from noise_schedule import ScheduleConfig
 
     ckpt = tmp_path / "m.pt"  # a checkpoint trained a few steps at a high rate, so eps is not zero
-    config = TrainConfig(dataset="random", total_steps=3, batch_size=4, lr=3e-3, warmup_steps=0, ema_decay=0.5,
-                         save_every=0, sample_every=0, checkpoint=str(ckpt))  # fmt: skip
-    images = ImageSet("random", torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
+    config = TrainConfig(
+        dataset="random",
+        total_steps=3,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=0,
+        ema_decay=0.5,
+        save_every=0,
+        sample_every=0,
+        checkpoint=str(ckpt),
+    )
+    images = ImageSet(
+        "random", torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    )
     trainer = Trainer(config, CONFIG, ScheduleConfig(num_timesteps=20), images=images, device="cpu")
     for _ in range(config.total_steps):
         trainer.train_step()
     trainer.save()
     onnx_path = tmp_path / "m16.onnx"
-    rc = main.main(["--device", "cpu", "--mode", "export", "--format", "onnx", "--precision", "fp16",
-                    "--model_path", str(ckpt), "--output", str(onnx_path)])  # fmt: skip
+    rc = main.main(
+        [
+            "--device",
+            "cpu",
+            "--mode",
+            "export",
+            "--format",
+            "onnx",
+            "--precision",
+            "fp16",
+            "--model_path",
+            str(ckpt),
+            "--output",
+            str(onnx_path),
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "fp16, opset 21" in out and "mixed-precision" in out
-    rc = main.main(["--device", "cpu", "--mode", "sample", "--model_path", str(onnx_path), "--implementation",
-                    "onnxruntime", "--sampler", "ddim", "--sampling_steps", "3", "--n_samples", "2",
-                    "--output", str(tmp_path / "g.png")])  # fmt: skip
+    rc = main.main(
+        [
+            "--device",
+            "cpu",
+            "--mode",
+            "sample",
+            "--model_path",
+            str(onnx_path),
+            "--implementation",
+            "onnxruntime",
+            "--sampler",
+            "ddim",
+            "--sampling_steps",
+            "3",
+            "--n_samples",
+            "2",
+            "--output",
+            str(tmp_path / "g.png"),
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
-    rc = main.main(["--device", "cpu", "--mode", "export", "--format", "torchscript", "--precision", "fp16",
-                    "--model_path", str(ckpt), "--output", str(tmp_path / "m.ts")])  # fmt: skip
+    rc = main.main(
+        [
+            "--device",
+            "cpu",
+            "--mode",
+            "export",
+            "--format",
+            "torchscript",
+            "--precision",
+            "fp16",
+            "--model_path",
+            str(ckpt),
+            "--output",
+            str(tmp_path / "m.ts"),
+        ]
+    )
     assert rc == 2 and "fp32 weights" in capsys.readouterr().err

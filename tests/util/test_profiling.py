@@ -77,7 +77,9 @@ def test_two_runs_into_one_directory_keep_both_traces(tmp_path: Path) -> None:
     first, second = run_steps(config, 2), run_steps(config, 2)
 
     assert first.folder != second.folder
-    assert sorted(tmp_path.glob("train/plugins/profile/*/*.pt.trace.json")) == sorted([first.trace_path, second.trace_path])
+    assert sorted(tmp_path.glob("train/plugins/profile/*/*.pt.trace.json")) == sorted(
+        [first.trace_path, second.trace_path]
+    )
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,25 @@ from ddpm.util import interrupts, safe_files
 from ddpm.util.safe_files import check_outputs, remove_stale_temporaries
 
 TINY_TRAIN = [
-    "--mode", "train", "--dataset", "digits", "--img_size", "16", "--model_channels", "16", "--num_res_blocks", "1",
-    "--timesteps", "50", "--batch_size", "8", "--sample_every", "0", "--save_every", "0",
-]  # fmt: skip
+    "--mode",
+    "train",
+    "--dataset",
+    "digits",
+    "--img_size",
+    "16",
+    "--model_channels",
+    "16",
+    "--num_res_blocks",
+    "1",
+    "--timesteps",
+    "50",
+    "--batch_size",
+    "8",
+    "--sample_every",
+    "0",
+    "--save_every",
+    "0",
+]
 SAMPLE = ["--mode", "sample", "--sampling_steps", "2", "--n_samples", "4"]
 
 
@@ -116,8 +132,10 @@ def test_npz_onto_the_model_and_colliding_outputs_are_refused(cli, work):
     (work / "m.npz").unlink()
     (work / "g.npz").write_bytes(b"keep")
     with unchanged(work / "g.npz"):
-        refused(cli(*SAMPLE, "--model_path", "m.pt", "--output", "g.npz", "--save_npz", "g.npz", cwd=work),
-                "--save_npz and --output both name g.npz")  # fmt: skip
+        refused(
+            cli(*SAMPLE, "--model_path", "m.pt", "--output", "g.npz", "--save_npz", "g.npz", cwd=work),
+            "--save_npz and --output both name g.npz",
+        )
 
 
 def test_benchmark_outputs_onto_the_model_or_each_other_are_refused(cli, work):
@@ -133,7 +151,9 @@ def test_export_onto_its_source_is_refused(cli, work):
     (work / "m.onnx").unlink(missing_ok=True)
     (work / "m.onnx").symlink_to(work / "m.pt")
     with unchanged(work / "m.pt"):
-        refused(cli("--mode", "export", "--model_path", "m.pt", "--output", "m.onnx", cwd=work), "same file as --model_path")
+        refused(
+            cli("--mode", "export", "--model_path", "m.pt", "--output", "m.onnx", cwd=work), "same file as --model_path"
+        )
     (work / "m.onnx").unlink()
 
 
@@ -168,8 +188,10 @@ def test_training_onto_an_existing_checkpoint_needs_resume_or_overwrite(cli, wor
     with unchanged(work / "m.pt"):
         refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--resume")
         refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--overwrite")
-        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", "--resume", "--overwrite", cwd=work),
-                "choose one")  # fmt: skip
+        refused(
+            cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", "--resume", "--overwrite", cwd=work),
+            "choose one",
+        )
     copy = work / "copy.pt"
     copy.write_bytes((work / "m.pt").read_bytes())
     code, err = cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "copy.pt", "--overwrite", cwd=work)
@@ -201,8 +223,19 @@ def test_no_training_run_leaves_its_lock_file_behind(cli, work):
     assert code == 0, err
     (work / "junk.pt").write_text("not a checkpoint")
     refused(cli(*TINY_TRAIN, "--max_steps", "3", "--model_path", "junk.pt", "--resume", cwd=work), "corrupt")
-    code, err = cli("--mode", "train_autoencoder", "--dataset", "digits", "--max_steps", "1", "--batch_size", "4",
-                    "--model_path", "ae.pt", cwd=work)  # fmt: skip
+    code, err = cli(
+        "--mode",
+        "train_autoencoder",
+        "--dataset",
+        "digits",
+        "--max_steps",
+        "1",
+        "--batch_size",
+        "4",
+        "--model_path",
+        "ae.pt",
+        cwd=work,
+    )
     assert code == 0, err
     assert [name for name in ("fresh.pt.lock", "junk.pt.lock", "ae.pt.lock") if (work / name).exists()] == []
 
@@ -259,19 +292,45 @@ def test_bad_numbers_and_choices_end_in_one_line(args, match, capsys):
 
 def test_a_seed_out_of_range_ends_in_one_line_from_the_shell(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "main.py"), "--seed", str(2**63)], cwd=tmp_path, capture_output=True, text=True,
+        [sys.executable, str(ROOT / "main.py"), "--seed", str(2**63)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     refused((result.returncode, result.stderr), "--seed: must be between 0 and 2**63 - 1")
 
 
 # ----- bounded memory ------------------------------------------------------------------------------------
 def test_sampling_streams_batches_and_the_first_batch_matches_a_single_batch_run(cli, work):
-    code, err = cli(*SAMPLE, "--model_path", "m.pt", "--n_samples", "10", "--batch_size", "4", "--no_grid",
-                    "--save_npz", "many.npz", cwd=work)  # fmt: skip
+    code, err = cli(
+        *SAMPLE,
+        "--model_path",
+        "m.pt",
+        "--n_samples",
+        "10",
+        "--batch_size",
+        "4",
+        "--no_grid",
+        "--save_npz",
+        "many.npz",
+        cwd=work,
+    )
     assert code == 0, err
-    code, err = cli(*SAMPLE, "--model_path", "m.pt", "--n_samples", "4", "--batch_size", "4", "--save_npz", "one.npz",
-                    "--output", "one.png", cwd=work)  # fmt: skip
+    code, err = cli(
+        *SAMPLE,
+        "--model_path",
+        "m.pt",
+        "--n_samples",
+        "4",
+        "--batch_size",
+        "4",
+        "--save_npz",
+        "one.npz",
+        "--output",
+        "one.png",
+        cwd=work,
+    )
     assert code == 0, err
     many, one = np.load(work / "many.npz")["images"], np.load(work / "one.npz")["images"]
     assert many.shape == (10, 16, 16, 1) and many.dtype == np.uint8
@@ -298,7 +357,9 @@ def test_a_failed_sampling_run_leaves_no_partial_files(work):
     from ddpm.data import image_files
 
     with pytest.raises(RuntimeError, match="boom"):
-        with image_files.SampleWriter(image_files.SampleOutputs(8, (1, 4, 4), grid=work / "p.png", npz=work / "p.npz")) as out:
+        with image_files.SampleWriter(
+            image_files.SampleOutputs(8, (1, 4, 4), grid=work / "p.png", npz=work / "p.npz")
+        ) as out:
             out.add(torch.zeros(4, 1, 4, 4))
             raise RuntimeError("boom")
     assert not (work / "p.png").exists() and not (work / "p.npz").exists()
@@ -308,9 +369,13 @@ def test_a_failed_sampling_run_leaves_no_partial_files(work):
 # ----- signals -------------------------------------------------------------------------------------------
 def start(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+        [sys.executable, str(ROOT / "main.py"), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )
 
 
 @pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
@@ -328,8 +393,21 @@ def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(t
 
 @pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
 def test_a_signal_in_autoencoder_training_saves_what_was_trained(tmp_path, sig, code, name):
-    proc = start(["--mode", "train_autoencoder", "--dataset", "digits", "--max_steps", "100000", "--batch_size", "8",
-                  "--model_path", "ae.pt"], tmp_path)  # fmt: skip
+    proc = start(
+        [
+            "--mode",
+            "train_autoencoder",
+            "--dataset",
+            "digits",
+            "--max_steps",
+            "100000",
+            "--batch_size",
+            "8",
+            "--model_path",
+            "ae.pt",
+        ],
+        tmp_path,
+    )
     assert proc.stdout.readline().startswith("training")  # printed just before the loop starts
     time.sleep(2.0)  # some steps in
     proc.send_signal(sig)
@@ -345,8 +423,24 @@ def test_a_signal_in_autoencoder_training_saves_what_was_trained(tmp_path, sig, 
 
 
 def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
-    proc = start([*SAMPLE, "--model_path", str(work / "m.pt"), "--sampling_steps", "50", "--n_samples", "512",
-                  "--batch_size", "8", "--save_npz", "s.npz", "--output", "s.png"], tmp_path)  # fmt: skip
+    proc = start(
+        [
+            *SAMPLE,
+            "--model_path",
+            str(work / "m.pt"),
+            "--sampling_steps",
+            "50",
+            "--n_samples",
+            "512",
+            "--batch_size",
+            "8",
+            "--save_npz",
+            "s.npz",
+            "--output",
+            "s.png",
+        ],
+        tmp_path,
+    )
     time.sleep(6.0)  # past the imports, into the batches (64 of them: about 30 s on 2 cores)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
@@ -409,9 +503,12 @@ for step in range(1, 10**6):
 def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
     path = tmp_path / "k.pt"
     rng = np.random.default_rng(0)
-    for trial in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVER.format(root=str(ROOT), path=str(path))],
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLED_SAVER.format(root=str(ROOT), path=str(path))],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.3 + rng.uniform(0, 0.7))
         proc.kill()
@@ -458,8 +555,10 @@ def test_check_outputs_refuses_hard_links_to_inputs(tmp_path):
 def test_save_checkpoint_names_the_path_on_os_errors(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(ValueError, match="is not a folder"):
-        save_checkpoint(tmp_path / "file" / "x.pt", {"format_version": 1, "model_config": {}, "schedule_config": {},
-                                                     "model": {}, "ema": {}, "step": 0})  # fmt: skip
+        save_checkpoint(
+            tmp_path / "file" / "x.pt",
+            {"format_version": 1, "model_config": {}, "schedule_config": {}, "model": {}, "ema": {}, "step": 0},
+        )
 
 
 def test_cpu_out_of_memory_ends_in_one_line(cli, work, monkeypatch):
