@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -61,6 +60,7 @@ import torch
 from torch import nn
 
 from ddpm.conditioning import Guidance, unet_batch
+from ddpm.util import build_flags
 from ddpm.util.messages import first_line
 from ddpm.util.precision import LOW_DTYPES, autocast, backend_policy, check_precision
 from ddpm.util.profiling import phase
@@ -75,10 +75,6 @@ BUILD_COMMAND = "pip install -e . --no-build-isolation (or: python setup.py buil
 _ROOT = Path(__file__).resolve().parent
 _CPU_SOURCES = ("diffusion_ops.cpp",)
 _CUDA_SOURCES = ("diffusion_ops.cpp", "diffusion_kernels.cu")
-# The same flags as setup.py (see there why there is no fast math).
-_JIT_OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
-_JIT_CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", *_JIT_OPENMP]
-_JIT_NVCC_FLAGS = ["-O3", "-lineinfo"]
 
 _loaded_from: str | None = None  # "compiled" or "jit" once the ops are registered
 
@@ -141,9 +137,9 @@ def _jit_compile() -> None:
         cpp_extension.load(
             name=EXTENSION_NAME,
             sources=sources,
-            extra_cflags=_JIT_CXX_FLAGS,
-            extra_ldflags=_JIT_OPENMP,
-            extra_cuda_cflags=_JIT_NVCC_FLAGS,
+            extra_cflags=list(build_flags.CXX_FLAGS),  # setup.py's flags (no fast math: bit-exact steps)
+            extra_ldflags=list(build_flags.LINK_FLAGS),
+            extra_cuda_cflags=list(build_flags.NVCC_FLAGS),
             is_python_module=False,  # load the library into torch.ops; no Python module needed
             verbose=False,
         )

@@ -5,7 +5,7 @@
 
 The result is the module ``_diffusion_kernels``; importing it registers
 ``torch.ops.diffusion_kernels.*`` (see optimized_diffusion.py, which also JIT-compiles the same
-sources when no build is found).
+sources when no build is found). Both builds take their compiler flags from ddpm/util/build_flags.py.
 
 CUDA or not
 -----------
@@ -34,17 +34,10 @@ ROOT = Path(__file__).resolve().parent
 EXTENSION_NAME = "_diffusion_kernels"
 DEFAULT_CUDA_ARCH_LIST = "8.0;8.6;8.9;9.0"
 
-# -O3 everywhere. No --use_fast_math: the step kernel must match noise_schedule.p_step exactly,
-# and -ffp-contract=off keeps the host compiler from fusing a * b + c into an FMA (the CUDA
-# kernel uses round-to-nearest intrinsics for the same reason). -fno-trapping-math changes no
-# result (only whether FP exception flags may be raised), but lets GCC vectorize the clamp's
-# select. -lineinfo lets compute-sanitizer and ncu point at source lines without slowing the kernel.
-# -fopenmp: at::parallel_for is a header template, so without it the CPU kernels ran on one thread.
-CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math"] + (
-    ["-fopenmp"] if sys.platform.startswith("linux") else []
-)
-LINK_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
-NVCC_FLAGS = ["-O3", "-lineinfo"]
+# The compiler flags live in ddpm/util/build_flags.py, shared with optimized_diffusion.py's JIT build
+# (bit-exactness depends on them: no fast math, no FP contraction). That module imports no torch.
+sys.path.insert(0, str(ROOT))
+from ddpm.util.build_flags import CXX_FLAGS, LINK_FLAGS, NVCC_FLAGS  # noqa: E402
 
 
 def _is_cuda_toolkit(path: str | None) -> bool:
@@ -84,7 +77,7 @@ def _extensions() -> list:
         )
         return [
             cpp_extension.CppExtension(
-                EXTENSION_NAME, sources, extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_FLAGS
+                EXTENSION_NAME, sources, extra_compile_args={"cxx": list(CXX_FLAGS)}, extra_link_args=list(LINK_FLAGS)
             )
         ]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
@@ -97,8 +90,8 @@ def _extensions() -> list:
         cpp_extension.CUDAExtension(
             EXTENSION_NAME,
             sources + ["diffusion_kernels.cu"],
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
-            extra_link_args=LINK_FLAGS,
+            extra_compile_args={"cxx": list(CXX_FLAGS), "nvcc": list(NVCC_FLAGS)},
+            extra_link_args=list(LINK_FLAGS),
         )
     ]
 
@@ -109,11 +102,11 @@ EXT_MODULES = _extensions()  # first: it sets CUDA_HOME before torch.utils.cpp_e
 from torch.utils.cpp_extension import BuildExtension  # noqa: E402
 
 setup(
-    name="ddpm-toolkit",
+    name="ddpm-fast",
     version="0.1.0",
-    description="DDPM training and sampling with fused CUDA sampling kernels",
+    description="ddpm-fast's fused sampling kernels (the _diffusion_kernels extension)",
     python_requires=">=3.10",
-    # Only the extension is installed: the project's modules (main, data, export, ...) run from the
+    # Only the extension is installed: main.py, the core modules and the ddpm package run from the
     # checkout (python main.py), so no generic top-level names land in site-packages.
     py_modules=[],
     packages=[],
