@@ -21,8 +21,9 @@ modules in the same order), so a model moves between the two by renaming its wei
 
 Class-conditional models: diffusers' ``num_class_embeds`` rows are this tool's classes plus its null label
 (the last row, "no class", which classifier-free guidance needs); a diffusers model's last class is read as
-that null label. Nothing here imports diffusers or touches the network: the files are read with
-``safetensors`` (no pickle; a ``.bin`` weights file goes through ``torch.load(weights_only=True)``).
+that null label. Reading and writing need no diffusers: the files are read with ``safetensors`` (no
+pickle; a ``.bin`` weights file goes through ``torch.load(weights_only=True)``). Only
+:class:`DiffusersUNet`, the benchmark's diffusers row, imports diffusers (when it is built).
 """
 
 from __future__ import annotations
