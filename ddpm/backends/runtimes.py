@@ -190,7 +190,8 @@ def _ort_reason(exc: Exception) -> str:
 # onnxruntime 1.31's QDQPropagationTransformer, moving a DequantizeLinear past a Reshape in the INT8 graphs
 # (formats/quantization.py: symmetric int8 activations, as TensorRT needs), writes a QuantizeLinear whose
 # output_dtype is INT8 with a UINT8 zero point, and the session fails to load ("TypeInferenceError"). The pass
-# only moves Q/DQ pairs; without it the QLinearConv fusions are the same (measured: 2.0x fp32 at batch 16).
+# only moves Q/DQ pairs; without it the QLinearConv fusions are the same (BENCHMARKS.md's int8 speed-ups,
+# "INT8 Q/DQ U-Nets run by onnxruntime", are with the pass off).
 DISABLED_ORT_OPTIMIZERS = ["QDQPropagationTransformer"]
 
 
@@ -214,8 +215,8 @@ def onnxruntime_session(
     options.log_severity_level = 4  # nothing printed: every error is raised, and reported in one line
     options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch uses
     # No spin-waiting between runs: PyTorch's threads run the sampler's step between two U-Net calls, and on a
-    # small CPU onnxruntime's spinning threads took their cores (2026-11-24, 2 cores, 64x1x16x16 DDIM-50: fp32
-    # unchanged, int8 1.19x -> 1.86x fp32; the 8x8 demo model's fp32 row 0.65 -> 0.78 s, BENCHMARKS.md).
+    # small CPU onnxruntime's spinning threads took their cores: int8 gains, fp32 on the tiny demo model loses a
+    # little (see BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime").
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if memory_cap is not None:
         # A CPU arena of memory_cap bytes, shared with the environment and taken by this session when it
@@ -260,9 +261,8 @@ def as_onnxruntime(
 def unet_memory_cap(model_config: UNetConfig, *, max_batch: int, file_bytes: int) -> int:
     """Bytes an ONNX U-Net file's session may allocate for batches up to ``max_batch``: its weights twice
     (the initializers and a packed copy) and memory_budget's generous bound on one sampling step of the
-    tool's own U-Net of that config. Far beyond one batch is refused; the exporter's graphs need 6-35x less
-    (2026-11-24, onnxruntime 1.31.1, CPU: small 28x28 at batch 64 needs 244 MiB of a 1.5 GiB cap,
-    ddpm_cifar10 32x32x3 at batch 16 167 MiB of 2.3 GiB)."""
+    tool's own U-Net of that config. Far beyond one batch is refused; the exporter's graphs need several times
+    less (see BENCHMARKS.md, "The memory cap of imported ONNX files")."""
     from ddpm.util.memory_budget import upper_bound_bytes
 
     return 2 * file_bytes + upper_bound_bytes(model_config, batch_size=max_batch, training=False)
@@ -273,7 +273,7 @@ DECODER_BYTES_PER_PIXEL = 32 << 10  # per image position: 8 fp32 maps of 1,024 c
 
 def decoder_memory_cap(image_shape: Sequence[int], *, max_batch: int, file_bytes: int) -> int:
     """Bytes an exported decoder's session may allocate for batches up to ``max_batch`` (see :func:`unet_memory_cap`).
-    The exporter's decoders need 4-16x less (2026-11-24, CPU; the least margin: base_channels 256 on 28x28 images)."""
+    The exporter's decoders need several times less (BENCHMARKS.md, "The memory cap of imported ONNX files")."""
     return 2 * file_bytes + max_batch * math.prod(image_shape[1:]) * DECODER_BYTES_PER_PIXEL
 
 
@@ -345,8 +345,8 @@ def check_onnx_graph(proto, *, io: IOSpec, source: Path) -> None:
 
 
 # The op types this tool's exporter writes (torch 2.14.1's dynamo exporter, opsets 18-25, fp32/fp16/bf16
-# graphs, 2-D and 3-D, conditional, patched and "add" U-Nets, latent decoders; collected 2026-11-24 and
-# kept by tests/backends/test_artifacts.py). None sizes its output from data: ConstantOfShape, Expand,
+# graphs, 2-D and 3-D, conditional, patched and "add" U-Nets, latent decoders; kept by
+# tests/backends/test_artifacts.py). None sizes its output from data: ConstantOfShape, Expand,
 # Tile, Range, Pad, loops and the like are not among them, so an imported graph cannot allocate through them.
 EXPORTED_OPS = frozenset(
     {
