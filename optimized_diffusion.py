@@ -27,9 +27,8 @@ What it changes, step by step:
 * **Precision and layout.** ``precision`` is "fp32", "bf16" or "fp16"; bf16/fp16 run the U-Net
   under autocast and feed its half-precision eps straight to the fused op (the sampler state
   stays float32). On CUDA cuDNN autotunes the convolutions. The U-Net runs NCHW by default:
-  measured on an H100 (2026-11-23, torch 2.11, batch 64, 1x28x28, scripts/gpu_explore.py),
-  channels-last made a graphed step slower (fp32 7.93 ms against 5.69 ms NCHW; bf16 4.27 ms
-  against 3.94 ms), because PyTorch's GroupNorm copies channels-last inputs back to NCHW.
+  channels-last made a graphed step slower on an H100, because PyTorch's GroupNorm copies
+  channels-last inputs back to NCHW (BENCHMARKS.md, "GPU: NVIDIA H100 80GB HBM3").
   ``compile_model=True`` (``--compile``) runs the U-Net through torch.compile inside the graph,
   which fuses GroupNorm + SiLU: 1.75 ms per bf16 step there, after a ~30 s compile.
 * **Robust capture, own stream.** Sampling runs on a dedicated CUDA stream (not the legacy
@@ -282,9 +281,9 @@ def conv3x3_winograd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, upsample: bool = False
 ) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
-    Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; measured 1.5-1.8x faster than
-    oneDNN's at the U-Net's shapes, BENCHMARKS.md). x: (B, Cin, H, W) float32 channels-last; Cin and Cout
-    multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
+    Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; faster than oneDNN's at the
+    U-Net's shapes: BENCHMARKS.md, "Winograd convolutions"). x: (B, Cin, H, W) float32 channels-last; Cin and
+    Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
     ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
     each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
     if _loaded_from is None:
@@ -293,8 +292,8 @@ def conv3x3_winograd(
     return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias, **extra)
 
 
-# Measured on the 2-core Zen 4 CPU (BENCHMARKS.md): 1.5-1.8x oneDNN's speed up to 256 channels in and out; 512 -> 512
-# at 4x4 was slower (0.96x), the 16 (Cin, Cout) kernels no longer fitting the cache. Wider layers stay on oneDNN.
+# Faster than oneDNN up to 256 channels in and out; wider, the 16 (Cin, Cout) kernels no longer fit the cache and
+# 512 -> 512 was slower (BENCHMARKS.md, "Winograd convolutions"). Wider layers stay on oneDNN.
 WINOGRAD_MAX_CHANNELS = 256
 
 
@@ -421,7 +420,7 @@ class FusedUNet(nn.Module):
         }
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
         # On the CPU in float32 channels-last, the 3x3 stride-1 convolutions in Winograd's F(2x2, 3x3)
-        # (conv3x3_winograd: 2.25x fewer multiply-adds, measured 1.5-1.8x faster than oneDNN's direct ones), and
+        # (conv3x3_winograd: 2.25x fewer multiply-adds, faster than oneDNN's direct ones up to 256 channels), and
         # an upsampling's convolution with it, in F(2x2, 2x2) per output phase (no upsampled tensor); elsewhere
         # (GPUs: cuDNN chooses its own algorithm) the packed weights above.
         on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
@@ -478,10 +477,10 @@ class FusedUNet(nn.Module):
     def _upsample_conv(self, up: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """up.conv(nearest-2x-upsample(x)) without the upsampled tensor: each output phase (position 2i + a per
         dimension) is a convolution of x, zero-padded by one, with its phase kernel; the phases interleave. On the
-        CPU only for now: there the 2.25x fewer multiply-adds (2-D) pay for the extra copies (measured 11.4 against
-        21.1 ms at 64x128x8x8, BENCHMARKS.md); on a GPU at batch 8, where kernel count is the cost, it is unmeasured.
-        Where the runner uses Winograd, the phases are conv3x3_winograd's upsample mode instead (F(2x2, 2x2) per phase,
-        written in place: 6.7 ms at 64x128x8x8)."""
+        CPU only for now: there the 2.25x fewer multiply-adds (2-D) pay for the extra copies; on a GPU at batch 8,
+        where kernel count is the cost, it is unmeasured. Where the runner uses Winograd, the phases are
+        conv3x3_winograd's upsample mode instead (F(2x2, 2x2) per phase, written in place, faster still). Both:
+        BENCHMARKS.md, "Winograd convolutions"."""
         if up in self.winograd_upsample:
             _, bias = self.packed[up.conv]
             return conv3x3_winograd(
