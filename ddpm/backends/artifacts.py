@@ -138,7 +138,7 @@ def load_artifact(
         from ddpm.conditioning import read_class_names
 
         class_names = read_class_names(meta, num_classes=model_config.num_classes, source=str(path))
-    dataset = meta.get("dataset")  # recorded by exports since 2026-11-24; absent from older files
+    dataset = meta.get("dataset")  # absent from files exported before exports recorded it
     if dataset is not None and dataset not in DATASETS:
         raise ValueError(f"{path} names an unknown training dataset {short_repr(dataset)}; export it again")
     read = [("its metadata", metadata_path(path))] if kind == "tensorrt" else []

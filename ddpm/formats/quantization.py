@@ -23,9 +23,9 @@ runs it). Activation ranges are the min and max over those inputs (MinMax).
 
 Why onnxruntime's quantizer and not NVIDIA ModelOpt: ModelOpt's ONNX path needs its ``[onnx]`` extra,
 which pins an older onnxruntime-gpu, cupy and another torch over this project's; tried in a separate
-venv (modelopt 0.47.0, 2026-11-24), it stops on this tool's exported graph in its MatMul exclusion
-("Shape inference did not find shape"), BENCHMARKS.md. The quantizer onnxruntime ships writes the same
-explicit Q/DQ graph (TensorRT's documented input) with the placement chosen here.
+venv, it stops on this tool's exported graph in its MatMul exclusion ("Shape inference did not find
+shape"): BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime", Quantizer. The quantizer onnxruntime
+ships writes the same explicit Q/DQ graph (TensorRT's documented input) with the placement chosen here.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def quantize_unet(
 @contextlib.contextmanager
 def _quiet_root_logger():
     """onnxruntime's quantizer logs advice through the root logger ("consider pre-processing"; pre-processing
-    would decompose GroupNormalization, measured 2x slower): not the user's concern."""
+    would decompose GroupNormalization, and that graph is no faster than fp32: BENCHMARKS.md's int8 section): not
+    the user's concern."""
     logger = logging.getLogger()
     level = logger.level
     logger.setLevel(logging.ERROR)

@@ -40,8 +40,8 @@ def run_evaluate(request: EvaluateRequest) -> None:
     source, device, n = request.source, request.device, request.n_samples
     opened = open_for_drawing(request)
     artifact, guidance = opened.artifact, opened.guidance
-    # The training data: recorded in a checkpoint, and in exports since 2026-11-24; --dataset names it for
-    # older exported files, and may not contradict a recorded one. The real images for FID/KID are read from --data_dir.
+    # The training data: recorded in a checkpoint and in an export; --dataset names it for exported files
+    # too old to record it, and may not contradict a recorded one. The real images for FID/KID are read from --data_dir.
     if request.dataset and artifact.dataset and request.dataset != artifact.dataset:
         raise ValueError(
             f"--dataset {request.dataset} contradicts {source.path}, which was trained on {artifact.dataset}; drop "
