@@ -34,9 +34,9 @@ from ddpm.util.messages import format_bytes
 
 SAFETY_FRACTION = 0.9  # plan for at most this share of the available memory
 # The estimate counts the bytes of live tensors, as the allocator hands them out. The process holds
-# more: on a CPU, glibc keeps freed blocks under its mmap threshold (up to 32 MiB) in the heap, and
-# the peak RSS measured 1.1-1.4x the estimate (1.0x with MALLOC_MMAP_THRESHOLD_ fixed); CUDA's
-# caching allocator rounds and fragments its blocks too (not measured here).
+# more: on a CPU, glibc keeps freed blocks under its mmap threshold (up to 32 MiB) in the heap, so the
+# peak RSS runs above the estimate (not with MALLOC_MMAP_THRESHOLD_ fixed); CUDA's caching allocator
+# rounds and fragments its blocks too. The factor covers what the CPU's RSS exceeded the estimate by.
 ALLOCATOR_OVERHEAD = 1.25
 # The step is traced at one of these prime batch sizes (free on meta): the first that divides no
 # dimension of the model, so a storage's size divides by it exactly when it holds per-sample data.
