@@ -10,7 +10,7 @@ needs no download:
 * **confident**: the share of samples that a classifier trained on real digits (an RBF SVM on
   half of them, with Platt-scaled probabilities) labels with probability >= 0.9, and that lie
   as close to those real digits as 99% of the other half does (a classifier is confident far
-  from its data too: without this, uniform noise scored 64%);
+  from its data too: without this, most uniform-noise images scored as confident digits);
 * **classes**: how many of the ten digits appear among the confident samples;
 * **Frechet distance**: between samples and the held-out half of the real digits, in the
   space of the first 20 principal components of the real digits' pixels (a Frechet distance
@@ -117,7 +117,7 @@ class DigitJudge:
         nearest = self._nearest_distance(features, exclude_self=True)
         self.memorised_below = 0.5 * float(np.quantile(nearest, 0.10))
         # Typicality: a classifier is confident far from its data too (uniform noise, averaged to a
-        # grey blob, got a class at p >= 0.9 for 64% of images), so "confident" also needs a sample
+        # grey blob, got a class at p >= 0.9 for most images), so "confident" also needs a sample
         # to lie as close to the classifier's real digits as 99% of held-out real digits do.
         self.typical_below = float(np.quantile(self._distance_to_train_half(self.held_features), 0.99))
 

@@ -63,7 +63,7 @@ class _StorageTracker(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # Never traced by torch.compile; not wrapping __torch_dispatch__ in dynamo.disable spares
-        # importing torch._dynamo (about 2 s, once) and a wrapper call per op.
+        # importing torch._dynamo (seconds, once) and a wrapper call per op.
         return False
 
     def _release(self, fixed: int, per_sample: int) -> None:
@@ -218,8 +218,8 @@ def estimate_peak_bytes(
     Sampling is one forward under ``no_grad`` (the sampler's few image-sized tensors are included as
     the input and output). ``dtype`` is the dtype of weights and activations; mixed-precision runs
     keep fp32 weights and some fp32 activations, so float32 is their safe bound. Cached per
-    (config, training, dtype): a new config takes 0.1-0.5 s, and the first in a process about 2 s
-    more, while torch's meta kernels import what they use (sympy, torch._dynamo).
+    (config, training, dtype): a new config takes a fraction of a second, and the first in a process
+    seconds more, while torch's meta kernels import what they use (sympy, torch._dynamo).
     """
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
@@ -239,7 +239,7 @@ def upper_bound_bytes(
 ) -> int:
     """A generous bound on :func:`estimate_peak_bytes`, from the config alone, in microseconds.
 
-    When even this fits, the trace is skipped: its first run in a process costs about 2 s of imports.
+    When even this fits, the trace is skipped: its first run in a process costs seconds of imports.
     Per sample: 64 * (2 * num_res_blocks + 2) tensors of the widest feature map at full resolution
     when training (a U-Net level holds 2 * num_res_blocks + 1 blocks of about a dozen saved tensors,
     and each lower level has a quarter of the pixels), 8 * (2 * num_res_blocks + 2) when sampling
