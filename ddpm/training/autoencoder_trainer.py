@@ -41,7 +41,7 @@ from ddpm.training.trainer import TrainingDiverged, lr_factor
 from ddpm.util import interrupts
 from ddpm.util.safe_files import atomic_write
 
-DEFAULT_STEPS = 2000  # the run's length without --max_steps or --n_epochs (see BENCHMARKS.md)
+DEFAULT_STEPS = 2000  # the run's length without --max_steps or --n_epochs (BENCHMARKS.md, "Latent diffusion")
 GRAD_CLIP = 1.0
 HOLDOUT_SHARE, HOLDOUT_SEED = 0.1, 0  # digits and folders: this share, drawn from this seed, is never trained on
 MAX_SCORED = 1000  # held-out images scored (the first ones: a test split's order is fixed)
