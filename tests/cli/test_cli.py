@@ -143,7 +143,7 @@ def test_resume_continues_to_a_longer_run(trained):
         ),
         (["--mode", "train", "--resume", "--model_path", "ck/digits.pt", "--n_epochs", "2"], "--n_epochs"),
         (["--mode", "evaluate", "--model_path", "ck/digits.pt", "--n_samples", "1"], "--n_samples 2 or more"),
-        # A flag the run would ignore is refused, not ignored (the adversarial pass of 2026-11-24 found them accepted).
+        # A flag the run would ignore is refused, not ignored (an adversarial review found them accepted).
         (
             ["--mode", "sample", "--model_path", "ck/digits.pt", "--timesteps", "10"],
             "--timesteps describes a new model",

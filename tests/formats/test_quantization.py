@@ -140,7 +140,7 @@ def test_onnxruntime_int8_draws_nearly_the_fp32_models_images(trained, one_threa
         for unet in (model, runtime)
     ]
     psnr = psnr_db(images[1], images[0])
-    # Measured 2026-11-24 on this model (onnxruntime 1.31.1, CPU): 44.7 dB; calibrated on inputs scaled by 0.02
+    # On this model (onnxruntime 1.31.1, CPU): 44.7 dB; calibrated on inputs scaled by 0.02
     # (activation ranges far too narrow: clipped) 27.6 dB; an fp32 export gives over 100 dB.
     assert psnr >= 35.0, psnr
 
