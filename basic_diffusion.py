@@ -7,9 +7,6 @@ implementation is checked against: no graphs, no fusion, no tricks.
 
     model = UNet(unet_preset("small", image_size=28, in_channels=1))
     images = sample(model, schedule.make_plan("ddim"), shape=(16, 1, 28, 28), generator=g)
-
-One file: the design's home of the PyTorch U-Net DDPM (U-Net, loss, original loop), which every other implementation is
-checked against.
 """
 
 from __future__ import annotations

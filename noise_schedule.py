@@ -8,8 +8,8 @@ they cannot drift apart.
 
 Schedules are computed in float64 and kept as float32 buffers that move with ``.to(device)``.
 
-Its length (over the project's ~450-line guide) is the price of one reference: every sampler's
-math in one file, read top to bottom, is what every faster implementation is tested against.
+Its length is the price of one reference: every sampler's math in one file, read top to bottom, is
+what every faster implementation is tested against.
 
 Sampling plans
 --------------
@@ -40,9 +40,6 @@ form ``a * x_t - (a * s) * eps`` was 66x less accurate at that step (max error 6
 * DDIM: the eps re-derived from the (clipped) ``pred_xstart`` is folded into ``c_x0``, ``c_xt``.
 * DPM-Solver++(2M): ``prev_xstart`` is the previous step's ``pred_xstart``; the first step, the
   final jump to clean data and (for ``S < 15``) the step into ``t = 0`` are first order.
-
-One file: the one schedule module every implementation shares (schedules, derived quantities, every sampler's update
-rule).
 """
 
 from __future__ import annotations

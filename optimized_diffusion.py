@@ -42,8 +42,6 @@ TF32 is on for the few float32 convolutions and matmuls autocast leaves. The pre
 are restored when sampling returns; nothing global is left changed.
 
 CPU: the same code path with the CPU kernels and no graph (for tests and machines without a GPU).
-
-One file: the design's home of the cuda implementation (extension ops, static buffers, CUDA-graph capture).
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ are tested on the CPU (tests/backends/test_runtimes.py; the decoder's spec, cach
 tests/latent/test_latent_diffusion.py); the ONNX files engines are built from are checked against PyTorch with
 onnxruntime.
 
-One file: the design keeps the TensorRT engine (build, cache, load, infer) and the tensorrt implementation together, so
-that what TensorRT needs lives in one place.
+The TensorRT engine (build, cache, load, infer) and the tensorrt implementation live together, so that what
+TensorRT needs is in one place.
 """
 
 from __future__ import annotations

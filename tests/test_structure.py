@@ -4,6 +4,7 @@ importing the modes or the command line), one registry of implementations, one p
 flags resolved once into typed requests."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -140,12 +141,56 @@ def test_the_core_modules_stay_at_the_root_and_are_no_shims():
     assert len((ROOT / "main.py").read_text().splitlines()) <= 150  # the entry point only
 
 
-def test_modules_over_450_lines_say_why_in_their_docstring():
-    long = {name: path for name, path in module_files().items() if len(path.read_text().splitlines()) > 450}
-    unexplained = sorted(
-        name for name, path in long.items() if "One file" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+# Module length, a rule a reviewer can act on: a module over MAX_MODULE_LINES is split by concern, unless it is
+# one of the design's core modules, the homes whose parts belong together (noise_schedule: every sampler's
+# math, the reference; optimized_diffusion and tensorrt_integration: an implementation each), which stay
+# under MAX_CORE_LINES.
+MAX_MODULE_LINES = 650
+MAX_CORE_LINES = 1000
+
+
+def test_only_the_core_modules_may_grow_past_650_lines():
+    lengths = {name: len(path.read_text().splitlines()) for name, path in module_files().items()}
+    too_long = sorted(
+        f"{name}: {lines} lines"
+        for name, lines in lengths.items()
+        if lines > (MAX_CORE_LINES if name in CORE else MAX_MODULE_LINES)
     )
-    assert unexplained == []
+    assert too_long == []
+
+
+def code_files() -> list[Path]:
+    """The project's code: its modules, the kernels, setup.py, the scripts and the tests."""
+    return sorted(
+        {*module_files().values(), ROOT / "setup.py", *ROOT.glob("diffusion_*.*"), *ROOT.glob("scripts/*.py")}
+        | set((ROOT / "tests").rglob("*.py"))
+    )
+
+
+def test_code_comments_say_why_not_when():
+    """No dates in code or comments (measured figures live in BENCHMARKS.md with their dates). A date inside a
+    name (a benchmark folder, a weights file) is part of the name."""
+    dated = sorted(
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in code_files()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"(?<![-\w])20\d\d-\d\d-\d\d(?![-\w])", line)
+    )
+    assert dated == []
+
+
+def test_comments_cite_sections_benchmarks_md_has():
+    """A comment that cites a figure's section (BENCHMARKS.md, then the quoted title) names part of a heading there."""
+    headings = [
+        line.lstrip("#").strip() for line in (ROOT / "BENCHMARKS.md").read_text().splitlines() if line.startswith("#")
+    ]
+    cited = {
+        (path.relative_to(ROOT).as_posix(), " ".join(title.split()))
+        for path in code_files()
+        for title in re.findall(r'BENCHMARKS\.md,\s*(?:#|//)?\s*"([^"]+)"', path.read_text())
+    }
+    assert cited  # the pattern still finds the citations
+    assert sorted(f"{path}: {title}" for path, title in cited if not any(title in h for h in headings)) == []
 
 
 def test_only_the_cli_reads_an_argparse_namespace():

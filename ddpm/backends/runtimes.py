@@ -13,8 +13,8 @@ from its code is reported in one line. An ONNX file is checked before onnxruntim
 ``MIN_OPSET..MAX_OPSET``, its metadata, its graph's inputs and outputs against the metadata's I/O
 spec, ``onnx.checker``; the session is then made from the same bytes.
 
-onnxruntime is optional; it is imported when used. One file (over 450 lines) for both runtimes of exported
-files: their loaders share the checks of size, metadata and I/O spec, and the onnxruntime session settings
+onnxruntime is optional; it is imported when used. Both runtimes of exported files live here: their loaders
+share the checks of size, metadata and I/O spec, and the onnxruntime session settings
 (memory cap, threads, disabled passes) serve the U-Net, the decoder and the INT8 graphs alike.
 """
 

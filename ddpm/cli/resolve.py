@@ -10,8 +10,8 @@ size or a step number below 1, an opset out of range, a guidance scale out of ra
 contradict each other or the mode, an implementation that cannot run the file's kind or the
 precision, and every output that would destroy an input (util/safe_files.check_outputs).
 
-One file for every mode's flags (over 450 lines): the refusals of one mode's flags in another, and the
-flags modes share, are read in one place rather than kept in step across six.
+Every mode's flags are resolved here: the refusals of one mode's flags in another, and the flags modes
+share, are read in one place rather than kept in step across six.
 """
 
 from __future__ import annotations
