@@ -142,6 +142,9 @@ def read_class_names(state: dict, *, num_classes: int, source: str) -> tuple[str
     names = state.get("class_names") or [str(i) for i in range(num_classes)]
     if not isinstance(names, list) or not valid_class_names(names, num_classes=num_classes):
         raise ValueError(f"{source}: its class names are not {num_classes} short strings")
+    repeated = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if repeated is not None:  # --class_label NAME would pick one of them silently
+        raise ValueError(f"{source}: its class names hold {repeated!r} twice; each class needs its own name")
     return tuple(names)
 
 

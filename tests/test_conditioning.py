@@ -419,3 +419,11 @@ def test_class_names_a_checkpoint_could_not_hold_are_refused_before_training():
             images=images,
             device="cpu",
         )
+
+
+def test_class_names_a_model_file_repeats_are_refused():
+    from ddpm.conditioning import read_class_names
+
+    assert read_class_names({"class_names": ["cat", "dog"]}, num_classes=2, source="m.pt") == ("cat", "dog")
+    with pytest.raises(ValueError, match="m.pt: its class names hold 'cat' twice"):
+        read_class_names({"class_names": ["cat", "dog", "cat"]}, num_classes=3, source="m.pt")

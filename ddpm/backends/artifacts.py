@@ -189,7 +189,7 @@ def load_exported_decoder(
     file = decoder_path(path)
     if not file.is_file():
         raise ValueError(f"{path} is a latent model whose decoder {file} is missing; export it again")
-    data = read_limited(file, kind=kind)
+    data = read_limited(file, kind=kind, inside=path.parent)  # a side file: never followed elsewhere
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ValueError(f"{file} is not the decoder {path} was exported with (its sha256 differs); export it again")
     if kind == "onnx":  # through the U-Net graph's checks: the same parser, domains, opsets, I/O spec, checker

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from basic_diffusion import UNet, UNetConfig
-from ddpm.formats.torch_files import load_pt, load_weights
+from ddpm.choices import ALL_PRECISIONS
+from ddpm.formats.torch_files import check_dense, load_pt, load_weights
 from ddpm.formats.unet_io import ARTIFACT_FORMAT, UNetIO
 from ddpm.util.messages import first_line
-from ddpm.util.precision import ALL_PRECISIONS
 from ddpm.util.safe_files import atomic_write, parse_json, read_limited
 from noise_schedule import ScheduleConfig, short_repr
 
@@ -79,6 +79,7 @@ def load_checkpoint(path: str | Path) -> dict:
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         raise ValueError(f"checkpoint {path} records step {short_repr(step)}; a checkpoint's step is 0 to {MAX_STEP:,}")
     for weights in ("model", "ema"):
+        check_dense(state[weights], source=f"checkpoint {path}")
         tensors = state[weights].values() if isinstance(state[weights], dict) else ()
         if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all() for t in tensors):
             raise ValueError(

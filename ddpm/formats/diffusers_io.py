@@ -29,18 +29,19 @@ pickle; a ``.bin`` weights file goes through ``torch.load(weights_only=True)``).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from basic_diffusion import UNet, UNetConfig
+from ddpm.formats.torch_files import check_dense
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import parse_json, read_limited
-from noise_schedule import ScheduleConfig, short_repr
+from noise_schedule import MAX_LIST_ITEMS, MAX_TIMESTEPS, ScheduleConfig, config_fields, short_repr
 
 WEIGHTS_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
 SCHEDULER_FILE = "scheduler_config.json"
@@ -93,6 +94,59 @@ DIFFUSERS_COSINE_S = 0.008  # squaredcos_cap_v2's offset, fixed in diffusers
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _UNetSettings:
+    """The types of the UNet2DModel settings mapped onto UNetConfig, checked by noise_schedule.config_fields as
+    this tool's own files are (exact types, finite numbers, short lists); block types are lists of names."""
+
+    sample_size: int
+    in_channels: int
+    out_channels: int
+    freq_shift: int
+    flip_sin_to_cos: bool
+    block_out_channels: tuple[int, ...]
+    layers_per_block: int
+    downsample_padding: int
+    dropout: float
+    attention_head_dim: int
+    norm_num_groups: int
+    norm_eps: float
+    resnet_time_scale_shift: str
+    num_class_embeds: int
+    attn_norm_num_groups: int
+
+
+_OPTIONAL = ("attention_head_dim", "num_class_embeds", "attn_norm_num_groups")  # null means "unset" in diffusers
+_BLOCK_TYPES = ("down_block_types", "up_block_types")
+
+
+def _typed_settings(config: dict, *, source: str) -> dict:
+    """The mapped settings of a UNet2DModel config (diffusers' defaults where absent), their types checked
+    before any arithmetic; ValueError naming ``source`` and the setting."""
+    if "block_out_channels" not in config:
+        raise ValueError(
+            f"{source}: no block_out_channels; a UNet2DModel config names its widths (diffusers' save_pretrained "
+            "writes them)"
+        )
+    raw = {key: config.get(key, default) for key, default in _MAPPED.items() if key not in _BLOCK_TYPES}
+    size = raw["sample_size"]
+    if isinstance(size, list) and len(size) == 2 and type(size[0]) is int and size[0] == size[1]:
+        raw["sample_size"] = size[0]  # square images
+    unset = {key for key in _OPTIONAL if raw[key] is None}
+    try:
+        typed = config_fields(_UNetSettings, {**raw, **dict.fromkeys(unset, 0)})
+    except ValueError as exc:
+        raise ValueError(f"{source}: {first_line(exc)}") from exc
+    for key in _BLOCK_TYPES:
+        names = config.get(key, _MAPPED[key])
+        if not (
+            isinstance(names, (list, tuple)) and len(names) <= MAX_LIST_ITEMS and all(type(n) is str for n in names)
+        ):
+            raise ValueError(f"{source}: {key} must be a list of block names, got {short_repr(names)}")
+        typed[key] = tuple(names)
+    return {**typed, **dict.fromkeys(unset)}
+
+
 def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
     """A ``UNet2DModel`` config.json (parsed) as this tool's UNetConfig; ValueError naming what differs."""
     if not isinstance(config, dict):
@@ -111,15 +165,23 @@ def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
             raise ValueError(
                 f"{source}: {key}={short_repr(given)} is not computed by this U-Net (it computes {value!r})"
             )
-    c = {key: config.get(key, default) for key, default in _MAPPED.items()}
+    c = _typed_settings(config, source=source)
+    fields = _unet_fields(c, fail=lambda problem: ValueError(f"{source}: {problem}"))
+    try:
+        model_config = UNetConfig.from_dict(fields)
+    except ValueError as exc:
+        raise ValueError(f"{source}: its config does not describe a U-Net this tool runs ({first_line(exc)})") from exc
+    check_same_groups(model_config, source=source)
+    return model_config
 
-    def fail(problem: str) -> ValueError:
-        return ValueError(f"{source}: {problem}")
 
+def _unet_fields(c: dict, *, fail) -> dict:
+    """UNetConfig's fields (a dict for UNetConfig.from_dict) from the typed settings ``c``; ``fail(problem)`` makes
+    the ValueError for what this U-Net cannot compute."""
     widths, down, up = c["block_out_channels"], c["down_block_types"], c["up_block_types"]
-    if not (isinstance(widths, list) and widths and all(type(w) is int and w > 0 for w in widths)):
-        raise fail(f"block_out_channels must be a list of positive integers, got {short_repr(widths)}")
-    if not (isinstance(down, list) and isinstance(up, list) and len(down) == len(up) == len(widths)):
+    if not (widths and all(w > 0 for w in widths)):
+        raise fail(f"block_out_channels must be a list of positive integers, got {short_repr(list(widths))}")
+    if not len(down) == len(up) == len(widths):
         raise fail(f"down_block_types and up_block_types need one entry per block_out_channels ({len(widths)})")
     for kind, types in (("down", _DOWN_TYPES), ("up", _UP_TYPES)):
         odd = [t for t in (down if kind == "down" else up) if t not in types]
@@ -134,17 +196,12 @@ def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
     base = widths[0]
     if any(w % base for w in widths):
         raise fail(
-            f"block_out_channels {widths} are not multiples of the first; this U-Net's levels are model_channels x an "
-            "integer"
+            f"block_out_channels {list(widths)} are not multiples of the first; this U-Net's levels are "
+            "model_channels x an integer"
         )
-    size = c["sample_size"]
-    if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
-        size = size[0]
-    if type(size) is not int:
-        raise fail(f"sample_size must be one integer (square images), got {short_repr(size)}")
     if c["out_channels"] != c["in_channels"]:
         raise fail(
-            f"out_channels {short_repr(c['out_channels'])} differs from in_channels {short_repr(c['in_channels'])}; "
+            f"out_channels {c['out_channels']} differs from in_channels {c['in_channels']}; "
             "this U-Net predicts the noise of its input (a learned variance is not read)"
         )
     if c["resnet_time_scale_shift"] not in _TIME_SCALE_SHIFT:
@@ -158,55 +215,47 @@ def unet_config_from_diffusers(config: object, *, source: str) -> UNetConfig:
             "has)"
         )
     if attn_groups is not None and attn_groups != c["norm_num_groups"]:
-        raise fail(
-            f"attn_norm_num_groups {short_repr(attn_groups)} differs from norm_num_groups "
-            f"{short_repr(c['norm_num_groups'])}"
-        )
+        raise fail(f"attn_norm_num_groups {attn_groups} differs from norm_num_groups {c['norm_num_groups']}")
     classes = c["num_class_embeds"]
-    if classes is not None and (type(classes) is not int or classes < 2):
-        raise fail(f"num_class_embeds must be 2 or more (the classes and the null label), got {short_repr(classes)}")
-    levels = len(widths)
-    resolutions = [size // 2**level for level in range(levels)]
+    if classes is not None and classes < 2:
+        raise fail(f"num_class_embeds must be 2 or more (the classes and the null label), got {classes}")
+    size = c["sample_size"]
+    resolutions = [size // 2**level for level in range(len(widths))]
+    return {
+        "image_size": size,
+        "in_channels": c["in_channels"],
+        "model_channels": base,
+        "channel_mult": tuple(w // base for w in widths),
+        "num_res_blocks": c["layers_per_block"],
+        "attention_resolutions": tuple(r for r, a in zip(resolutions, attends) if a),
+        "num_heads": _heads(c["attention_head_dim"], widths=widths, attends=attends, fail=fail),
+        "dropout": c["dropout"],
+        "norm_groups": c["norm_num_groups"],
+        "num_classes": 0 if classes is None else classes - 1,
+        "time_conditioning": _TIME_SCALE_SHIFT[c["resnet_time_scale_shift"]],
+        "dims": 2,
+        "patch_size": 1,
+        "flip_sin_to_cos": c["flip_sin_to_cos"],
+        "freq_shift": c["freq_shift"],
+        "norm_eps": c["norm_eps"],
+        "downsample_padding": c["downsample_padding"],
+    }
+
+
+def _heads(head_dim: int | None, *, widths, attends, fail) -> int:
+    """This U-Net's one head count from diffusers' attention_head_dim (None: one head as wide as the block)."""
     attended = [w for w, a in zip(widths, attends) if a] + [widths[-1]]  # the middle block always attends
-    head_dim = c["attention_head_dim"]
-    if head_dim is None:  # diffusers: one head as wide as the block
-        heads = {1}
-    elif type(head_dim) is int and head_dim > 0 and all(w % head_dim == 0 for w in attended):
-        heads = {w // head_dim for w in attended}
-    else:
-        raise fail(
-            f"attention_head_dim {short_repr(head_dim)} must divide every attention width {sorted(set(attended))}"
-        )
+    if head_dim is None:
+        return 1
+    if not (head_dim > 0 and all(w % head_dim == 0 for w in attended)):
+        raise fail(f"attention_head_dim {head_dim} must divide every attention width {sorted(set(attended))}")
+    heads = {w // head_dim for w in attended}
     if len(heads) > 1:
         raise fail(
             f"attention_head_dim {head_dim} gives {sorted(heads)} heads at widths {sorted(set(attended))}; "
             "this U-Net has one head count for all attention layers"
         )
-    for flag in ("flip_sin_to_cos",):
-        if type(c[flag]) is not bool:
-            raise fail(f"{flag} must be true or false, got {short_repr(c[flag])}")
-    try:
-        model_config = UNetConfig(
-            image_size=size,
-            in_channels=c["in_channels"],
-            model_channels=base,
-            channel_mult=tuple(w // base for w in widths),
-            num_res_blocks=c["layers_per_block"],
-            attention_resolutions=tuple(r for r, a in zip(resolutions, attends) if a),
-            num_heads=heads.pop(),
-            dropout=float(c["dropout"]),
-            norm_groups=c["norm_num_groups"],
-            num_classes=0 if classes is None else classes - 1,
-            time_conditioning=_TIME_SCALE_SHIFT[c["resnet_time_scale_shift"]],
-            flip_sin_to_cos=c["flip_sin_to_cos"],
-            freq_shift=int(c["freq_shift"]),
-            norm_eps=float(c["norm_eps"]),
-            downsample_padding=c["downsample_padding"],
-        )
-    except (ValueError, TypeError) as exc:
-        raise fail(f"its config does not describe a U-Net this tool runs ({first_line(exc)})") from exc
-    check_same_groups(model_config, source=source)
-    return model_config
+    return heads.pop()
 
 
 def check_same_groups(config: UNetConfig, *, source: str) -> None:
@@ -276,6 +325,29 @@ def diffusers_unet_config(config: UNetConfig, *, source: str) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class _SchedulerSettings:
+    """The types of the scheduler_config.json settings read (noise_schedule.config_fields checks them)."""
+
+    num_train_timesteps: int
+    beta_schedule: str
+    beta_start: float
+    beta_end: float
+    prediction_type: str
+    rescale_betas_zero_snr: bool
+
+
+_SCHEDULER_DEFAULTS = {  # DDPMScheduler's
+    "num_train_timesteps": 1000,
+    "beta_schedule": "linear",
+    "beta_start": 1e-4,
+    "beta_end": 0.02,
+    "prediction_type": "epsilon",
+    "rescale_betas_zero_snr": False,
+}
+_FIXED_VARIANCES = (None, "fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log")
+
+
 def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleConfig:
     """A scheduler_config.json's forward process (betas) as a ScheduleConfig; ValueError naming what differs.
 
@@ -284,34 +356,35 @@ def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleCo
     """
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a JSON {type(config).__name__} instead of a scheduler config")
-    steps = config.get("num_train_timesteps", 1000)
-    kind = config.get("beta_schedule", "linear")
+    try:
+        c = config_fields(_SchedulerSettings, {key: config.get(key, v) for key, v in _SCHEDULER_DEFAULTS.items()})
+    except ValueError as exc:
+        raise ValueError(f"{source}: {first_line(exc)}") from exc
     checks = (
-        (config.get("prediction_type", "epsilon") == "epsilon", "prediction_type", "epsilon"),
+        (c["prediction_type"] == "epsilon", "prediction_type", "epsilon"),
         (config.get("trained_betas") is None, "trained_betas", "null"),
-        (not config.get("rescale_betas_zero_snr", False), "rescale_betas_zero_snr", "false"),
-        (
-            config.get("variance_type", "fixed_small")
-            in (None, "fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log"),
-            "variance_type",
-            "a fixed variance",
-        ),
-        (kind in _BETA_SCHEDULES, "beta_schedule", " or ".join(_BETA_SCHEDULES)),
-        (type(steps) is int, "num_train_timesteps", "an integer"),
+        (not c["rescale_betas_zero_snr"], "rescale_betas_zero_snr", "false"),
+        (config.get("variance_type", "fixed_small") in _FIXED_VARIANCES, "variance_type", "a fixed variance"),
+        (c["beta_schedule"] in _BETA_SCHEDULES, "beta_schedule", " or ".join(_BETA_SCHEDULES)),
     )
     for ok, key, supported in checks:
         if not ok:
             raise ValueError(
                 f"{source}: {key}={short_repr(config.get(key))} is not supported (this tool needs {supported})"
             )
-    try:
-        if _BETA_SCHEDULES[kind] == "cosine":
-            return ScheduleConfig(kind="cosine", num_timesteps=steps, cosine_s=DIFFUSERS_COSINE_S)
-        start, end = config.get("beta_start", 1e-4), config.get("beta_end", 0.02)
-        if not all(type(v) in (int, float) and math.isfinite(v) for v in (start, end)):
-            raise ValueError(f"beta_start and beta_end must be numbers, got {short_repr(start)}, {short_repr(end)}")
+    steps = c["num_train_timesteps"]
+    if not 2 <= steps <= MAX_TIMESTEPS:
+        raise ValueError(
+            f"{source}: num_train_timesteps must be between 2 and {MAX_TIMESTEPS}, got {short_repr(steps)}"
+        )
+    fields = {"kind": _BETA_SCHEDULES[c["beta_schedule"]], "num_timesteps": steps, "cosine_s": DIFFUSERS_COSINE_S}
+    if fields["kind"] == "cosine":
+        fields.update(beta_start=1e-4, beta_end=0.02)  # unused by the cosine schedule
+    else:
         scale = steps / 1000.0  # this tool's linear endpoints are for T = 1000 and scale by 1000 / T
-        return ScheduleConfig(kind="linear", num_timesteps=steps, beta_start=start * scale, beta_end=end * scale)
+        fields.update(beta_start=c["beta_start"] * scale, beta_end=c["beta_end"] * scale)
+    try:
+        return ScheduleConfig.from_dict(fields)
     except ValueError as exc:
         raise ValueError(f"{source}: its schedule is unusable ({first_line(exc)})") from exc
 
@@ -409,6 +482,7 @@ def from_diffusers_weights(
 ) -> dict[str, torch.Tensor]:
     """UNet2DModel's weights as this tool's U-Net's for ``config``; every missing, unexpected or misshapen
     tensor is one ValueError naming ``source``. Tensors come back float32."""
+    check_dense(tensors, source=source)
     tensors = {_modern_attention_name(k): v for k, v in tensors.items()}
     with torch.device("meta"):
         expected = UNet(config).state_dict()
@@ -450,16 +524,22 @@ def _modern_attention_name(key: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def read_json(path: Path, *, what: str) -> object:
-    if not path.is_file():
+def read_json(path: Path, *, what: str, folder: Path) -> object:
+    """A config file of the model folder ``folder``, read only from inside it (safe_files.check_inside)."""
+    if not present(path):
         raise ValueError(f"{path.parent}: no {path.name} ({what})")
-    return parse_json(read_limited(path, kind="metadata"), source=path)
+    return parse_json(read_limited(path, kind="metadata", inside=folder), source=path)
+
+
+def present(path: Path) -> bool:
+    """Whether a name exists in a model folder, whatever it is: a FIFO or a dangling link is refused when read."""
+    return path.exists() or path.is_symlink()
 
 
 def unet_folder(folder: Path) -> Path:
     """The folder holding the UNet2DModel's config.json: ``folder/unet`` (a pipeline) or ``folder`` itself."""
     for candidate in (folder / "unet", folder):
-        if (candidate / "config.json").is_file():
+        if present(candidate / "config.json"):
             return candidate
     raise ValueError(
         f"--model_path {folder} is a folder but not a diffusers model (no config.json or unet/config.json)"

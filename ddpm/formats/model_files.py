@@ -29,6 +29,7 @@ from ddpm.formats.diffusers_io import (
     diffusers_unet_config,
     from_diffusers_weights,
     json_bytes,
+    present,
     read_json,
     schedule_config_from_diffusers,
     to_diffusers_weights,
@@ -93,48 +94,56 @@ def read_safetensors_export(path: Path) -> dict:
 
 def read_diffusers_folder(folder: str | Path) -> dict:
     """A diffusers model folder as a checkpoint's state (formats/checkpoints.py's REQUIRED_KEYS, step 0,
-    the same weights as model and EMA); ValueError naming the file for anything unusable."""
+    the same weights as model and EMA); ValueError naming the file for anything unusable. Every file is read
+    only from inside ``folder`` (safe_files.check_inside): a symlink out of it, a FIFO or a device is refused."""
     folder = Path(folder)
     unet = unet_folder(folder)
+    config_file = unet / "config.json"
     model_config = unet_config_from_diffusers(
-        read_json(unet / "config.json", what="the U-Net's config"), source=str(unet / "config.json")
+        read_json(config_file, what="the U-Net's config", folder=folder), source=str(config_file)
     )
-    scheduler = folder / "scheduler" / SCHEDULER_FILE
-    if unet != folder and not scheduler.is_file():
-        raise ValueError(f"{folder}: a pipeline folder without scheduler/{SCHEDULER_FILE}")
-    if unet != folder:
-        schedule_config = schedule_config_from_diffusers(
-            read_json(scheduler, what="the scheduler's config"), source=str(scheduler)
-        )
-    else:
-        schedule_config = (
-            ScheduleConfig()
-        )  # a UNet2DModel alone: DDPMScheduler's defaults (linear, 1e-4 to 0.02, T = 1000)
-    if (unet / "diffusion_pytorch_model.safetensors.index.json").exists() or (
-        unet / "diffusion_pytorch_model.bin.index.json"
-    ).exists():
-        raise ValueError(f"{unet}: sharded weights are not read; save the model with a larger max_shard_size")
-    weights_file = next((unet / name for name in WEIGHTS_FILES if (unet / name).is_file()), None)
-    if weights_file is None:
-        raise ValueError(f"{unet}: no {' or '.join(WEIGHTS_FILES)}")
-    if weights_file.suffix == ".safetensors":
-        tensors, _ = read_safetensors(weights_file, source=str(weights_file))
-    else:
-        tensors = load_pt(
-            read_limited(weights_file, kind="checkpoint"), source=str(weights_file), kind="a weights file"
-        )
-        if not isinstance(tensors, dict) or not all(isinstance(k, str) for k in tensors):
-            raise ValueError(f"{weights_file} is not a state dict of named tensors")
-    weights = from_diffusers_weights(tensors, model_config, source=str(weights_file))
+    tensors, source = _folder_weights(folder, unet)
+    weights = from_diffusers_weights(tensors, model_config, source=source)
     return {
         "format_version": FORMAT_VERSION,
         "model_config": model_config.to_dict(),
-        "schedule_config": asdict(schedule_config),
+        "schedule_config": asdict(_folder_schedule(folder, unet)),
         "model": weights,
         "ema": weights,
         "step": 0,
         "source_format": "diffusers",
     }
+
+
+def _folder_schedule(folder: Path, unet: Path) -> ScheduleConfig:
+    """A pipeline's scheduler config, or for a UNet2DModel alone DDPMScheduler's defaults (linear, 1e-4 to
+    0.02, T = 1000)."""
+    if unet == folder:
+        return ScheduleConfig()
+    scheduler = folder / "scheduler" / SCHEDULER_FILE
+    if not present(scheduler):
+        raise ValueError(f"{folder}: a pipeline folder without scheduler/{SCHEDULER_FILE}")
+    return schedule_config_from_diffusers(
+        read_json(scheduler, what="the scheduler's config", folder=folder), source=str(scheduler)
+    )
+
+
+def _folder_weights(folder: Path, unet: Path) -> tuple[dict, str]:
+    """The U-Net's tensors of a diffusers folder and the file they came from (for messages)."""
+    if any(present(unet / f"{name}.index.json") for name in WEIGHTS_FILES):
+        raise ValueError(f"{unet}: sharded weights are not read; save the model with a larger max_shard_size")
+    weights_file = next((unet / name for name in WEIGHTS_FILES if present(unet / name)), None)
+    if weights_file is None:
+        raise ValueError(f"{unet}: no {' or '.join(WEIGHTS_FILES)}")
+    source = str(weights_file)
+    if weights_file.suffix == ".safetensors":
+        tensors, _ = read_safetensors(weights_file, source=source, inside=folder)
+        return tensors, source
+    data = read_limited(weights_file, kind="checkpoint", inside=folder)
+    tensors = load_pt(data, source=source, kind="a weights file")
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) for k in tensors):
+        raise ValueError(f"{weights_file} is not a state dict of named tensors")
+    return tensors, source
 
 
 def write_diffusers_folder(model: UNet, schedule: ScheduleConfig, output: Path, *, source: str) -> list[Path]:

@@ -36,20 +36,21 @@ def import_safetensors():
     return safetensors.torch
 
 
-def read_safetensors(path: Path, *, source: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors and the string metadata of a safetensors file, read within the checkpoint size limit;
-    a truncated, lying or hostile file is one ValueError naming ``source``."""
+def read_safetensors(
+    path: Path, *, source: str, inside: Path | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and the string metadata of a safetensors file, read within the checkpoint size limit (and,
+    for a model folder's file, only from ``inside`` it); a truncated, lying or hostile file is one ValueError
+    naming ``source``, never quoting its bytes."""
     st = import_safetensors()
-    data = read_limited(path, kind="checkpoint")
+    data = read_limited(path, kind="checkpoint", inside=inside)
     if len(data) < 8:
         raise ValueError(f"{source} is not a safetensors file (too short)")
     (header_len,) = struct.unpack(
         "<Q", data[:8]
     )  # the format: a little-endian u64 header size, the JSON header, the data
     if header_len > min(MAX_HEADER_BYTES, len(data) - 8):
-        raise ValueError(
-            f"{source} is not a safetensors file (its header claims {header_len:,} bytes of {len(data) - 8:,})"
-        )
+        raise ValueError(f"{source} is not a safetensors file (its header's length does not fit the file)")
     header = parse_json(data[8 : 8 + header_len], source=source, max_bytes=MAX_HEADER_BYTES)
     if not isinstance(header, dict):
         raise ValueError(f"{source} is not a safetensors file (its header is not a JSON object)")

@@ -63,6 +63,17 @@ def load_pt(data: bytes, *, source: str, kind: str, program_hint: str = "") -> o
         raise ValueError(f"{source} is corrupt or not a PyTorch file{reason}") from exc
 
 
+def check_dense(tensors: object, *, source: str) -> None:
+    """Refuse in one line naming ``source`` a tensor of ``tensors`` (a dict read from a file) that is not dense,
+    strided and on the CPU: a sparse, meta or nested tensor cannot be checked for NaN or loaded into a U-Net."""
+    for name, tensor in tensors.items() if isinstance(tensors, Mapping) else ():
+        if isinstance(tensor, torch.Tensor) and (tensor.layout != torch.strided or tensor.device.type != "cpu"):
+            raise ValueError(
+                f"{source}: {short_repr(name)} is a {str(tensor.layout).removeprefix('torch.')} tensor on "
+                f"{tensor.device.type}; only dense CPU tensors are read"
+            )
+
+
 def load_weights(model: nn.Module, state_dict: object, *, source: str, assign: bool = False) -> None:
     """Load ``state_dict`` into ``model`` strictly; any mismatch is one ValueError naming ``source``.
 

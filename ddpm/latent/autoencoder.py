@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from basic_diffusion import Downsample, Upsample, _norm
-from ddpm.formats.torch_files import load_pt, load_weights
+from ddpm.formats.torch_files import check_dense, load_pt, load_weights
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import read_limited
 from noise_schedule import config_fields, short_repr
@@ -263,6 +263,7 @@ def load_autoencoder(path: str | Path, *, device: torch.device | str) -> LoadedA
     config, latent_scale = check_state(state, name=name)
     with torch.device("meta"):  # nothing allocated until the weights are known to fit the config
         model = Autoencoder(config)
+    check_dense(state["state_dict"], source=name)
     load_weights(model, state["state_dict"], source=name, assign=True)
     if not all(bool(t.isfinite().all()) for t in model.state_dict().values()):
         raise ValueError(f"{name}: its weights hold NaN or inf")

@@ -76,9 +76,17 @@ def linked_first_stage(
             f"pass --autoencoder {path} if it is the one"
         )
     if not Path(path).is_file():
+        given = "--autoencoder" if override else "its autoencoder"
+        problem = (
+            "is missing"
+            if not Path(path).exists()
+            else "is a folder, not a checkpoint file"
+            if Path(path).is_dir()
+            else "is not a regular file"
+        )
         raise ValueError(
-            f"{source} is a latent model whose autoencoder {path} is missing; pass --autoencoder PATH to where it is "
-            "now"
+            f"{source} is a latent model, and {given} {path} {problem}; pass --autoencoder with the autoencoder's "
+            ".pt file"
         )
     stage, loaded = load_first_stage(path, device=device)
     if stage.link["sha256"] != link["sha256"]:

@@ -5,7 +5,8 @@
 
 Errors a user can cause end in one line on stderr (main.py); library code quotes the first line of
 an exception it wraps, and sizes in binary units. Warnings, ours or a library's, print as one line
-each, once (:func:`one_line_warnings`).
+each, once (:func:`one_line_warnings`). Every line these helpers give is :func:`printable`: text a model
+file holds (class names, config values) may be quoted in a message, never acted on by the terminal.
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ import warnings
 from collections.abc import Iterator
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (control characters such as ESC, BEL or CR,
+    and other unprintable ones) written as its Python escape (``\\x1b``): what a file says reaches the
+    terminal as data, never as colours, a window title or a rewritten line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _lines(exc: BaseException) -> list[str]:
-    return [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return [printable(line.strip()) for line in str(exc).splitlines() if line.strip()]
 
 
 def first_line(exc: BaseException) -> str:

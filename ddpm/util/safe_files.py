@@ -4,6 +4,8 @@ Four rules, applied by every mode before any work starts:
 
 * :func:`read_limited` reads a file only if it is a regular file within :data:`MAX_FILE_BYTES` for its
   kind (checked with ``os.stat`` first), and :func:`parse_json` reads metadata size- and depth-limited.
+  A file a model folder holds (or a side file an export names) is read only if :func:`check_inside` finds
+  its real path inside that folder: nothing is followed outside it.
 
 * :func:`check_outputs` resolves every output path (following symlinks) and refuses, with the flag
   and the path in one line, an output that is the same file as an input or as another output, an
@@ -333,18 +335,49 @@ def check_file_size(path: str | Path, *, kind: str) -> int:
     return info.st_size
 
 
-def read_limited(path: str | Path, *, kind: str) -> bytes:
-    """The bytes of ``path`` after :func:`check_file_size`; never more than the limit (if it grows meanwhile)."""
+def read_limited(path: str | Path, *, kind: str, inside: PathLike | None = None) -> bytes:
+    """The bytes of ``path`` after :func:`check_file_size`; never more than the limit (if it grows meanwhile).
+
+    With ``inside`` (the model folder ``path`` belongs to) the file must also pass :func:`check_inside`.
+    The file opened is the one checked: a name swapped for a FIFO or a symlink meanwhile is refused.
+    """
+    if inside is not None:
+        path = check_inside(inside, path)
     check_file_size(path, kind=kind)
     limit = MAX_FILE_BYTES[kind]
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (getattr(os, "O_NOFOLLOW", 0) if inside is not None else 0)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, flags)  # non-blocking: a FIFO put in its place would otherwise wait for a writer
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError(f"{path} is not a regular file")
             data = f.read(limit + 1)
     except OSError as exc:
         raise ValueError(f"{path} cannot be read ({first_line(exc)})") from exc
     if len(data) > limit:
         raise ValueError(f"{path} grew beyond the {format_bytes(limit)} limit for a {kind} file while being read")
     return data
+
+
+def check_inside(folder: PathLike, path: PathLike) -> Path:
+    """``path`` (a file a model folder holds, or a side file beside an exported model) with every symlink
+    followed, refused in one line naming ``path`` (never what it holds) when its real path leaves ``folder``'s
+    real path, or when it is missing, a folder, a FIFO, a device or a socket. The one check for every loader
+    that opens a file named relative to another: what a model folder holds stays inside it."""
+    root, target = resolved(folder), resolved(path)
+    if not target.is_relative_to(root):
+        raise ValueError(
+            f"{path} leads outside {folder} (through a symlink); a model's files are read only from its own folder"
+        )
+    try:
+        mode = os.stat(target).st_mode
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({first_line(exc)})") from exc
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{path} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path} is not a regular file (a FIFO, device or socket); refusing to read it")
+    return target
 
 
 def parse_json(

@@ -1,0 +1,247 @@
+"""A model folder is a boundary, and its configs go through the same typed door as this tool's own files.
+
+Diffusers folders are written here by this tool's own exporter (no diffusers needed): tiny U-Nets whose
+norm groups divide every width, so UNet2DModel can represent them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+
+import pytest
+import torch
+from helpers import TINY_SCHEDULE, assert_user_error, perturbed_unet, run_here, tiny_unet_config
+
+from ddpm.formats import model_files
+from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
+from ddpm.formats.diffusers_io import (
+    diffusers_scheduler_config,
+    diffusers_unet_config,
+    schedule_config_from_diffusers,
+    unet_config_from_diffusers,
+)
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+SECRET = b"SECRET!!"  # the first eight bytes of a file outside the folder: read as a header length, a number
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A pipeline folder (unet/, scheduler/) of a tiny U-Net; tests copy it before changing it."""
+    folder = tmp_path_factory.mktemp("models") / "pipeline"
+    model = perturbed_unet(tiny_unet_config(norm_groups=8))
+    model_files.write_diffusers_folder(model, TINY_SCHEDULE, folder, source="test")
+    return folder
+
+
+@pytest.fixture
+def folder(model_folder, tmp_path):
+    return shutil.copytree(model_folder, tmp_path / "model")
+
+
+def _outside(tmp_path, data: bytes):
+    path = tmp_path / "elsewhere" / "secret.bin"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _refused(folder, match: str) -> str:
+    with pytest.raises(ValueError, match=match) as info:
+        model_files.load_model_state(folder)
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(int.from_bytes(SECRET, "little")) not in message.replace(",", "")
+    assert "SECRET" not in message
+    return message
+
+
+def test_the_exported_folder_reads_back(folder):
+    state = model_files.load_model_state(folder)
+    assert state["model_config"]["norm_groups"] == 8
+
+
+@pytest.mark.parametrize("name", [f"unet/{WEIGHTS}", "unet/config.json", "scheduler/scheduler_config.json"])
+def test_a_file_symlinked_outside_its_folder_is_refused_even_when_it_is_a_valid_model_file(folder, tmp_path, name):
+    inside = folder / name
+    target = _outside(tmp_path, inside.read_bytes())  # the same, valid bytes: only where they live differs
+    inside.unlink()
+    inside.symlink_to(target)
+    _refused(folder, "leads outside")
+
+
+def test_a_symlinked_non_safetensors_file_leaks_none_of_its_bytes(folder, tmp_path):
+    weights = folder / "unet" / WEIGHTS
+    weights.unlink()
+    weights.symlink_to(_outside(tmp_path, SECRET + b"the rest of a private file"))
+    _refused(folder, "leads outside")
+    weights.unlink()
+    weights.write_bytes(SECRET + b"the rest of a private file")  # inside, but junk: named, not quoted
+    _refused(folder, "is not a safetensors file")
+
+
+def test_a_symlink_that_stays_inside_the_folder_is_followed(folder):
+    weights = folder / "unet" / WEIGHTS
+    weights.rename(folder / "weights.safetensors")
+    weights.symlink_to("../weights.safetensors")
+    assert model_files.load_model_state(folder)["step"] == 0
+
+
+@pytest.mark.parametrize("name", [f"unet/{WEIGHTS}", "unet/config.json", "scheduler/scheduler_config.json"])
+def test_fifos_and_folders_in_place_of_a_models_files_are_refused_without_blocking(folder, name):
+    path = folder / name
+    path.unlink()
+    os.mkfifo(path)  # opened blocking, a FIFO would wait for a writer forever
+    _refused(folder, "not a regular file")
+    path.unlink()
+    path.mkdir()
+    _refused(folder, "is a folder")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+def test_a_device_in_place_of_the_weights_is_refused(folder):
+    weights = folder / "unet" / WEIGHTS
+    weights.unlink()
+    os.mknod(weights, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's numbers: endless bytes
+    _refused(folder, "not a regular file")
+
+
+def test_init_from_a_folder_with_an_outside_symlink_is_one_line(folder, tmp_path):
+    weights = folder / "unet" / WEIGHTS
+    weights.unlink()
+    weights.symlink_to(_outside(tmp_path, SECRET * 100))
+    result = run_here(
+        "--mode", "train", "--dataset", "digits", "--init_from", str(folder), "--model_path", "ft.pt", cwd=tmp_path
+    )
+    assert_user_error(result, "leads outside")
+    assert SECRET.decode() not in result.stderr
+    assert not (tmp_path / "ft.pt").exists()
+
+
+def test_an_exported_decoder_symlinked_elsewhere_is_refused_before_it_is_read(tmp_path):
+    from ddpm.backends.artifacts import load_exported_decoder
+
+    unet = tmp_path / "export" / "m.onnx"
+    decoder = tmp_path / "export" / "m.decoder.onnx"
+    decoder.parent.mkdir()
+    decoder.symlink_to(_outside(tmp_path, SECRET * 10))
+    entry = {"file": decoder.name, "sha256": "0" * 64, "latent_shape": [4, 8, 8], "image_shape": [1, 32, 32]}
+    config = tiny_unet_config(image_size=8, in_channels=4, channel_mult=(1,), attention_resolutions=())
+    with pytest.raises(ValueError, match="leads outside") as info:
+        load_exported_decoder(entry, path=unet, kind="onnx", model_config=config, device=torch.device("cpu"))
+    assert "SECRET" not in str(info.value)
+
+
+# ----- one typed door ------------------------------------------------------------------------------------
+
+UNET_JUNK = [
+    ("layers_per_block", 2.0),
+    ("layers_per_block", True),
+    ("layers_per_block", "1"),
+    ("block_out_channels", [16.0, 32]),
+    ("block_out_channels", [16, "32"]),
+    ("block_out_channels", [16] * 17),
+    ("block_out_channels", [10**400, 10**400]),
+    ("block_out_channels", {"a": 16}),
+    ("norm_num_groups", 8.0),
+    ("norm_num_groups", [8]),
+    ("down_block_types", [["DownBlock2D"], "AttnDownBlock2D"]),
+    ("up_block_types", "AttnUpBlock2D"),
+    ("norm_eps", 10**400),
+    ("norm_eps", float("inf")),
+    ("norm_eps", "1e-5"),
+    ("dropout", 10**400),
+    ("dropout", float("nan")),
+    ("dropout", [0.0]),
+    ("freq_shift", 0.5),
+    ("freq_shift", "1"),
+    ("freq_shift", True),
+    ("freq_shift", [1]),
+    ("flip_sin_to_cos", 1),
+    ("sample_size", "16"),
+    ("sample_size", [16, 8]),
+    ("sample_size", 16.0),
+    ("sample_size", 10**400),
+    ("in_channels", True),
+    ("out_channels", 1.0),
+    ("attention_head_dim", 16.0),
+    ("attention_head_dim", [16]),
+    ("num_class_embeds", 11.0),
+    ("resnet_time_scale_shift", ["default"]),
+    ("resnet_time_scale_shift", {"x": 1}),
+    ("attn_norm_num_groups", "8"),
+    ("downsample_padding", 1.0),
+    ("mid_block_scale_factor", [1]),
+]
+SCHEDULER_JUNK = [
+    ("num_train_timesteps", 1000.0),
+    ("num_train_timesteps", "1000"),
+    ("num_train_timesteps", True),
+    ("num_train_timesteps", 10**400),
+    ("beta_end", 10**400),
+    ("beta_end", float("inf")),
+    ("beta_end", "0.02"),
+    ("beta_start", [0.0001]),
+    ("beta_schedule", ["linear"]),
+    ("beta_schedule", {"linear": 1}),
+    ("prediction_type", ["epsilon"]),
+    ("rescale_betas_zero_snr", 0),
+    ("variance_type", ["fixed_small"]),
+]
+
+
+@pytest.fixture(scope="module")
+def configs():
+    model = perturbed_unet(tiny_unet_config(norm_groups=8))
+    return diffusers_unet_config(model.config, source="test"), diffusers_scheduler_config(TINY_SCHEDULE, source="x")
+
+
+@pytest.mark.parametrize("key, value", UNET_JUNK, ids=[f"{k}={str(v)[:12]}" for k, v in UNET_JUNK])
+def test_unet_configs_with_wrong_types_or_sizes_are_one_value_error(configs, key, value):
+    with pytest.raises(ValueError, match="config.json: ") as info:
+        unet_config_from_diffusers(configs[0] | {key: value}, source="config.json")
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("key, value", SCHEDULER_JUNK, ids=[f"{k}={str(v)[:12]}" for k, v in SCHEDULER_JUNK])
+def test_scheduler_configs_with_wrong_types_or_sizes_are_one_value_error(configs, key, value):
+    with pytest.raises(ValueError, match="scheduler_config.json") as info:
+        schedule_config_from_diffusers(configs[1] | {key: value}, source="scheduler_config.json")
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+def test_a_config_without_block_out_channels_is_refused_for_that(configs):
+    config = {k: v for k, v in configs[0].items() if k != "block_out_channels"}
+    with pytest.raises(ValueError, match="no block_out_channels"):
+        unet_config_from_diffusers(config, source="config.json")
+
+
+@pytest.mark.parametrize("key, value", [("freq_shift", 0.5), ("layers_per_block", 1.0), ("norm_eps", 10**400)])
+def test_wrong_types_in_a_folders_config_end_in_one_line_exit_2(folder, tmp_path, key, value):
+    config = folder / "unet" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {key: value}))
+    result = run_here("--mode", "sample", "--model_path", str(folder), "--output", "s.png", cwd=tmp_path)
+    assert_user_error(result, key)
+    assert not (tmp_path / "s.png").exists()
+
+
+@pytest.mark.parametrize("layout", ["sparse", "meta"])
+def test_a_checkpoint_holding_a_sparse_or_meta_tensor_is_refused_in_one_line(tmp_path, layout):
+    model = perturbed_unet(tiny_unet_config())
+    weights = dict(model.state_dict())
+    name = "conv_in.weight"
+    weights[name] = weights[name].to_sparse() if layout == "sparse" else torch.empty_like(weights[name], device="meta")
+    state = {
+        "format_version": 1,
+        "model_config": model.config.to_dict(),
+        "schedule_config": vars(TINY_SCHEDULE),
+        "model": weights,
+        "ema": weights,
+        "step": 0,
+    }
+    save_checkpoint(tmp_path / "m.pt", state)
+    with pytest.raises(ValueError, match=f"'{name}' is a .* tensor on .*; only dense CPU tensors"):
+        load_checkpoint(tmp_path / "m.pt")
