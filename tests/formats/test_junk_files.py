@@ -2,8 +2,11 @@
 
 Specification: for each loader (checkpoints, autoencoders, a checkpoint's autoencoder link, ONNX U-Nets and
 exported decoders, trusted TorchScript, engine metadata, image folders, .npy volumes), a seeded generator of
-junk (empty, text, empty and junk zips, truncated and bit-flipped real files, huge headers) either loads or
-is refused with a one-line ValueError naming the file; no other exception escapes.
+junk (empty, text, empty and junk zips, truncated and bit-flipped real files, huge headers) is refused with a
+one-line ValueError naming the file; no other exception escapes. Only the junk each test lists may load, and
+it must load as the real file does: bits flipped in a weight or a voxel are data no loader can tell from the
+real thing without a checksum (the same structure, other values), and a file whose cut-off last byte nothing
+needed (a JSON file's final newline, a PNG's end-chunk checksum) is the real file.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from helpers import TINY_SCHEDULE, needs_onnx, perturbed_unet, tiny_unet_config
 from PIL import Image
 
 import tensorrt_integration
-from ddpm.backends.artifacts import load_artifact
-from ddpm.data.datasets import load_images
+from ddpm.backends.artifacts import Artifact, load_artifact
+from ddpm.data.datasets import ImageSet, load_images
 from ddpm.formats.checkpoints import FORMAT_VERSION, save_checkpoint
 from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state, load_autoencoder
 from ddpm.util.safe_files import atomic_write
@@ -61,21 +64,53 @@ def junk_versions(real: bytes, *, seed: int) -> list[tuple[str, bytes]]:
     return versions
 
 
-def one_line_or_loads(load, path, name: str) -> None:
+# What junk that loads must load as: the real file's structure (configs, tensor names, shapes and dtypes) with
+# other values, or the real file exactly.
+SAME_STRUCTURE, SAME = "the real file's structure", "the real file"
+
+
+def structure(loaded) -> tuple:
+    """What a loaded file is, its weights' and voxels' values aside."""
+    if isinstance(loaded, ImageSet):
+        return ("images", tuple(loaded.images.shape), loaded.images.dtype, loaded.class_names)
+    if isinstance(loaded, Artifact):
+        configs = (loaded.kind, loaded.model_config, loaded.schedule_config, loaded.class_names, loaded.dataset)
+    else:  # an autoencoder
+        configs = (loaded.config, loaded.latent_scale)
+    return (*configs, tuple((k, tuple(v.shape), v.dtype) for k, v in loaded.model.state_dict().items()))
+
+
+def values(loaded) -> list[torch.Tensor]:
+    return [loaded.images] if isinstance(loaded, ImageSet) else list(loaded.model.state_dict().values())
+
+
+def one_line_or_loads(load, path, name: str, *, may_load: str | None = None, reference=None) -> None:
+    """``load(path)`` is refused in one ValueError line; or, where ``may_load`` says so, loads as ``reference``
+    (the real file, loaded the same way) does: with its structure (SAME_STRUCTURE) or exactly (SAME)."""
     try:
-        load(path)
+        loaded = load(path)
     except ValueError as exc:
         assert "\n" not in str(exc).strip() and str(exc), f"{name}: {exc!r}"
+        return
     except Exception as exc:  # noqa: BLE001 -- anything else is the failure this test exists for
         pytest.fail(f"{name}: {type(exc).__name__}: {exc}")
+    assert may_load is not None, f"{name}: loaded, but junk of this kind must be refused"
+    assert structure(loaded) == structure(reference), f"{name}: loaded as something else than the real file"
+    if may_load == SAME:
+        assert all(torch.equal(a, b) for a, b in zip(values(loaded), values(reference))), f"{name}: other values"
 
 
-def fuzz(load, real_path, tmp_path, *, seed: int = 0, name: str | None = None) -> None:
-    real = real_path.read_bytes()
+def fuzz(load, real_path, tmp_path, *, seed: int = 0, name: str | None = None, may_load: dict | None = None) -> None:
+    """Each junk version of ``real_path``, written where ``load`` reads it: refused in one line, unless
+    ``may_load`` ({kind of junk: SAME_STRUCTURE or SAME}, kinds as junk_versions names them, "bit flips" for
+    all six) lets that kind load as the real file does."""
+    real, path, may_load = real_path.read_bytes(), tmp_path / (name or real_path.name), may_load or {}
+    path.write_bytes(real)
+    reference = load(path) if may_load else None  # the real file, read as the junk will be
     for what, data in junk_versions(real, seed=seed):
-        path = tmp_path / (name or real_path.name)
         path.write_bytes(data)
-        one_line_or_loads(load, path, f"{real_path.name} as {what}")
+        allowed = next((v for k, v in may_load.items() if what.startswith(k)), None)
+        one_line_or_loads(load, path, f"{real_path.name} as {what}", may_load=allowed, reference=reference)
 
 
 def write_checkpoint(path, **extra) -> None:
@@ -103,7 +138,13 @@ def write_autoencoder(path) -> None:
 
 def test_junk_checkpoints_end_in_one_line(tmp_path):
     write_checkpoint(tmp_path / "real.pt")
-    fuzz(lambda p: load_artifact(p, device=CPU), tmp_path / "real.pt", tmp_path, name="junk.pt")
+    fuzz(
+        lambda p: load_artifact(p, device=CPU),
+        tmp_path / "real.pt",
+        tmp_path,
+        name="junk.pt",
+        may_load={"bit flips": SAME_STRUCTURE},  # a flipped bit in a weight's bytes
+    )
 
 
 @pytest.mark.parametrize(
@@ -145,20 +186,45 @@ def test_junk_safetensors_files_and_diffusers_folders_end_in_one_line(tmp_path):
     model = perturbed_unet(tiny_unet_config(image_size=8, norm_groups=8, attention_resolutions=(4,)))
     meta = artifact_metadata(model_config=model.config, schedule_config=TINY_SCHEDULE, weights="ema")
     safetensors_io.write_safetensors(model, tmp_path / "real.safetensors", metadata=meta)
-    fuzz(lambda p: load_artifact(p, device=CPU), tmp_path / "real.safetensors", tmp_path, name="junk.safetensors")
+    fuzz(
+        lambda p: load_artifact(p, device=CPU),
+        tmp_path / "real.safetensors",
+        tmp_path,
+        name="junk.safetensors",
+        may_load={"bit flips": SAME_STRUCTURE},  # the header is JSON, checked; the rest is weights
+    )
     model_files.write_diffusers_folder(model, TINY_SCHEDULE, tmp_path / "folder", source="test")
-    for part in ("unet/diffusion_pytorch_model.safetensors", "unet/config.json", "scheduler/scheduler_config.json"):
+    reference = load_artifact(tmp_path / "folder", device=CPU)
+    for part, may_load in (
+        ("unet/diffusion_pytorch_model.safetensors", {"bit flips": SAME_STRUCTURE}),
+        ("unet/config.json", {"last byte cut": SAME}),  # the final newline
+        ("scheduler/scheduler_config.json", {"last byte cut": SAME}),
+    ):
         real = tmp_path / "folder" / part
         kept = real.read_bytes()
+        assert kept.endswith(b"\n") or not part.endswith(".json")
         for what, data in junk_versions(kept, seed=1):
             real.write_bytes(data)
-            one_line_or_loads(lambda p: load_artifact(p, device=CPU), tmp_path / "folder", f"{part} as {what}")
+            allowed = next((v for k, v in may_load.items() if what.startswith(k)), None)
+            one_line_or_loads(
+                lambda p: load_artifact(p, device=CPU),
+                tmp_path / "folder",
+                f"{part} as {what}",
+                may_load=allowed,
+                reference=reference,
+            )
         real.write_bytes(kept)
 
 
 def test_junk_autoencoders_end_in_one_line_directly_and_through_a_link(tmp_path):
     write_autoencoder(tmp_path / "ae.pt")
-    fuzz(lambda p: load_autoencoder(p, device=CPU), tmp_path / "ae.pt", tmp_path, name="junk_ae.pt")
+    fuzz(
+        lambda p: load_autoencoder(p, device=CPU),
+        tmp_path / "ae.pt",
+        tmp_path,
+        name="junk_ae.pt",
+        may_load={"bit flips": SAME_STRUCTURE},
+    )
     # A checkpoint whose link names an arbitrary file: refused in one line, whatever that file holds.
     write_checkpoint(tmp_path / "linked.pt", autoencoder={"path": str(tmp_path / "junk_ae.pt"), "sha256": "0" * 64})
     fuzz(
@@ -259,8 +325,19 @@ def test_junk_images_and_volumes_end_in_one_line(tmp_path):
     volumes.mkdir()
     Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8)).save(tmp_path / "real.png")
     np.save(tmp_path / "real.npy", np.linspace(0, 1, 8**3).reshape(8, 8, 8))
-    fuzz(lambda p: load_images("folder", data_dir=images, image_size=8, channels=1), tmp_path / "real.png", images)
-    fuzz(lambda p: load_images("voxels", data_dir=volumes, image_size=8), tmp_path / "real.npy", volumes)
+    assert len((tmp_path / "real.png").read_bytes()) <= 100  # so its "first 100 bytes" are all of it
+    fuzz(
+        lambda p: load_images("folder", data_dir=images, image_size=8, channels=1),
+        tmp_path / "real.png",
+        images,
+        may_load={"first 100 bytes": SAME, "last byte cut": SAME},  # the end chunk's checksum: PIL does not need it
+    )
+    fuzz(
+        lambda p: load_images("voxels", data_dir=volumes, image_size=8),
+        tmp_path / "real.npy",
+        volumes,
+        may_load={"bit flips": SAME_STRUCTURE},  # voxel values
+    )
     # Huge headers: a PNG claiming 2^31 - 1 pixels a side, a .npy claiming 10^12 elements.
     png = (tmp_path / "real.png").read_bytes()
     ihdr = png.index(b"IHDR") + 4
