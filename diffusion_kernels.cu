@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(
     float guidance,
     const T* __restrict__ noise,  // nullptr: deterministic step
     T* __restrict__ xstart,  // nullptr: pred_xstart is not stored
-    const float* __restrict__ coefficients,  // (S, 6)
+    const float* __restrict__ coefficients,  // (S, 7)
     const int64_t* __restrict__ step,  // ()
     int64_t num_steps,
     int64_t numel,

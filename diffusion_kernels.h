@@ -5,7 +5,8 @@
 // The reference for everything here is noise_schedule.p_step:
 //
 //   eps         = eps_u + w * (eps_c - eps_u)          (guided only: noise_schedule.guided_eps)
-//   pred_xstart = a * (x_t - s * eps)                  (optionally clamped to [-1, 1])
+//   pred_xstart = a * (k_xt * x_t - s * eps)           (optionally clamped to [-1, 1]; eps is the
+//                                                     model's output: noise, velocity or x_0)
 //   x_prev      = c_xt * x_t + c_x0 * pred_xstart [+ c_prev * prev_xstart] [+ sigma * noise]
 //
 // evaluated in float32 with every product and sum rounded separately, in that order, so the
@@ -26,15 +27,15 @@
 namespace diffusion_kernels {
 
 // Columns of SamplingPlan.coefficients (noise_schedule.COEFFICIENT_NAMES).
-constexpr int64_t kNumCoefficients = 6;
+constexpr int64_t kNumCoefficients = 7;
 
 struct StepCoefficients {
-  float a, s, c_xt, c_x0, c_prev, sigma;  // noise_schedule.COEFFICIENT_NAMES
+  float a, s, c_xt, c_x0, c_prev, sigma, k_xt;  // noise_schedule.COEFFICIENT_NAMES
 };
 
-// One row of the (S, 6) float32 coefficient table.
+// One row of the (S, 7) float32 coefficient table.
 C10_HOST_DEVICE inline StepCoefficients load_coefficients(const float* row) {
-  return {row[0], row[1], row[2], row[3], row[4], row[5]};
+  return {row[0], row[1], row[2], row[3], row[4], row[5], row[6]};
 }
 
 // Products and sums rounded one at a time, as PyTorch's separate elementwise ops round them.
@@ -100,7 +101,8 @@ C10_HOST_DEVICE inline StepResult step_element(
   // Predict x_0 from eps; optionally clip it to the data range. Written with comparisons
   // (not fminf/fmaxf) so that a NaN propagates exactly as torch.clamp propagates it; both
   // comparisons are evaluated unconditionally so the host compiler can vectorize the select.
-  float pred = mul_rn(c.a, sub_rn(x_t, mul_rn(c.s, eps)));  // a * (x_t - s * eps)
+  // k_xt is exactly 1 (eps, v) or 0 (x_0), so an eps model's step rounds as it did without it.
+  float pred = mul_rn(c.a, sub_rn(mul_rn(c.k_xt, x_t), mul_rn(c.s, eps)));  // a * (k_xt * x_t - s * eps)
   if (clip_denoised) {
     const bool below = pred < -1.0f;
     const bool above = pred > 1.0f;

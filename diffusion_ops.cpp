@@ -12,7 +12,7 @@
 //
 //   fused_step_(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev, guidance=None)
 //       One reverse-diffusion step of any sampler (noise_schedule.p_step), in one pass over
-//       memory: reads row `step` of the (S, 6) float32 coefficient table, writes x_prev into
+//       memory: reads row `step` of the (S, 7) float32 coefficient table, writes x_prev into
 //       `x` and pred_xstart into `xstart` (when given). With use_prev the old `xstart` (the
 //       previous step's pred_xstart, DPM-Solver++'s history) is read before it is overwritten.
 //       `step` is a one-element int64 tensor on the same device: the device-side step counter.

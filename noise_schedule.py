@@ -1,8 +1,9 @@
 """Noise schedules and sampler update rules: the diffusion math every implementation shares.
 
 This module owns the beta schedules, every quantity derived from them, the forward process
-q(x_t | x_0), the posterior q(x_{t-1} | x_t, x_0), and the update rules of the three samplers
-(DDPM ancestral, DDIM, DPM-Solver++(2M)). It owns no network and does no file I/O; the
+q(x_t | x_0), the posterior q(x_{t-1} | x_t, x_0), what the U-Net predicts (noise, velocity or the
+clean image) and the update rules of the samplers (DDPM ancestral, DDIM, DPM-Solver++(2M) and its
+SDE form, and the multistep consistency sampler of distilled students). It owns no network and does no file I/O; the
 "original", "cuda" and "tensorrt" implementations all take their coefficients from here, so
 they cannot drift apart.
 
@@ -24,15 +25,22 @@ step goes from ``t = 0`` to clean data (alpha-bar = 1).
 Every sampler's step then has the same shape, which is what lets one fused kernel serve all
 of them::
 
-    pred_xstart = a * (x_t - s * eps)                     # x_0 predicted from eps
+    pred_xstart = a * (k_xt * x_t - s * out)             # x_0 from the U-Net's output
     pred_xstart = clamp(pred_xstart, -1, 1)              # optional
     x_prev      = c_xt * x_t + c_x0 * pred_xstart + c_prev * prev_xstart + sigma * z
 
-with six per-step coefficients precomputed in float64 (:class:`SamplingPlan`). ``a = 1/sqrt(abar)``
-and ``s = sqrt(1 - abar)``: the difference is taken before the large factor ``a`` (about 20,000 at
-t = 999 on the cosine schedule), so float32 loses no digits to cancellation there; the expanded
-form ``a * x_t - (a * s) * eps`` was 66x less accurate at that step (max error 6.3e-3 against
-9.6e-5 over 4096 values; tests/test_noise_schedule.py).
+with seven per-step coefficients precomputed in float64 (:class:`SamplingPlan`). The first line is
+the one conversion from what the model predicts (``ScheduleConfig.prediction``) to x_0:
+
+* ``eps`` (noise): ``a = 1/sqrt(abar)``, ``s = sqrt(1 - abar)``, ``k_xt = 1``. The difference is taken
+  before the large factor ``a`` (about 20,000 at t = 999 on the cosine schedule), so float32 loses
+  no digits to cancellation there, unlike the expanded form ``a * x_t - (a * s) * eps``
+  (tests/test_noise_schedule.py measures both).
+* ``v`` (velocity, Salimans & Ho 2022: ``v = sqrt(abar) eps - sqrt(1 - abar) x_0``):
+  ``a = sqrt(abar)``, ``s = sqrt(1 - abar) / sqrt(abar)``, ``k_xt = 1``.
+* ``x0`` (the clean image): ``a = 1``, ``s = -1``, ``k_xt = 0``.
+
+``k_xt`` is exactly 1 or 0, so an eps or v model's step rounds as it did without it.
 
 * DDPM: ``c_x0``, ``c_xt`` are the posterior-mean coefficients of the (respaced) chain,
   ``sigma`` the square root of the posterior variance ("fixed_small") or of beta
@@ -40,6 +48,10 @@ form ``a * x_t - (a * s) * eps`` was 66x less accurate at that step (max error 6
 * DDIM: the eps re-derived from the (clipped) ``pred_xstart`` is folded into ``c_x0``, ``c_xt``.
 * DPM-Solver++(2M): ``prev_xstart`` is the previous step's ``pred_xstart``; the first step, the
   final jump to clean data and (for ``S < 15``) the step into ``t = 0`` are first order.
+* Consistency (multistep, Song et al. 2023): the prediction of x_0 noised afresh to the next
+  timestep, ``x_prev = sqrt(abar_next) pred_xstart + sqrt(1 - abar_next) z``; the last step returns
+  ``pred_xstart``. Its default timesteps, ``T (S - i) / S - 1``, stop short of t = 0; a distilled
+  student records the ones it was trained on.
 """
 
 from __future__ import annotations
@@ -52,11 +64,12 @@ import torch
 from torch import nn
 
 SCHEDULES = ("linear", "cosine")
-SAMPLERS = ("ddpm", "ddim", "dpm_solver", "dpm_solver_sde")
+SAMPLERS = ("ddpm", "ddim", "dpm_solver", "dpm_solver_sde", "consistency")
+PREDICTIONS = ("eps", "v", "x0")  # what the U-Net predicts: the noise, the velocity, the clean image
 VARIANCE_TYPES = ("fixed_small", "fixed_large")
 
 # Columns of SamplingPlan.coefficients, in the order the fused kernels read them.
-COEFFICIENT_NAMES = ("a", "s", "c_xt", "c_x0", "c_prev", "sigma")
+COEFFICIENT_NAMES = ("a", "s", "c_xt", "c_x0", "c_prev", "sigma", "k_xt")
 NUM_COEFFICIENTS = len(COEFFICIENT_NAMES)
 
 # DPM-Solver++'s log-SNR grid starts no lower than this (diffusers' lambda_min_clipped). The linear
@@ -65,7 +78,8 @@ NUM_COEFFICIENTS = len(COEFFICIENT_NAMES)
 # data the clipped grid's error is several times smaller at 10 and 20 steps (tests/test_noise_schedule.py).
 DPM_SOLVER_LAMBDA_MIN = -5.1
 
-DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20, "dpm_solver_sde": 20}  # None: all T steps
+# None: all T steps.
+DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20, "dpm_solver_sde": 20, "consistency": 4}
 MAX_TIMESTEPS = 10_000
 MAX_LIST_ITEMS = 16  # the longest list a config field read from a file may hold
 
@@ -76,15 +90,20 @@ class ScheduleConfig:
 
     Valid values: ``kind`` in :data:`SCHEDULES`; ``2 <= num_timesteps <= MAX_TIMESTEPS`` (10,000:
     ten times the usual T, and 80 KB of coefficients per buffer); ``0 < beta_start < beta_end < 1``;
-    ``0 < cosine_s <= 1``. A config read from a file goes through :meth:`from_dict`, which also
-    checks the keys and the types.
+    ``0 < cosine_s <= 1``; ``prediction`` in :data:`PREDICTIONS` (what the U-Net trained on this
+    schedule predicts). A config read from a file goes through :meth:`from_dict`, which also checks
+    the keys and the types.
     """
+
+    # Fields that files written before them lack, and the value that reproduces those models.
+    ADDED_LATER = {"prediction": "eps"}
 
     kind: str = "linear"
     num_timesteps: int = 1000
     beta_start: float = 1e-4
     beta_end: float = 0.02
     cosine_s: float = 0.008
+    prediction: str = "eps"
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
@@ -99,6 +118,10 @@ class ScheduleConfig:
             )
         if not 0.0 < self.cosine_s <= 1.0:
             raise ValueError(f"cosine_s must be in (0, 1], got {self.cosine_s}")
+        if self.prediction not in PREDICTIONS:
+            raise ValueError(
+                f"unknown prediction type {short_repr(self.prediction)}; choose one of {', '.join(PREDICTIONS)}"
+            )
 
     @classmethod
     def from_dict(cls, data: object) -> ScheduleConfig:
@@ -235,6 +258,45 @@ def sampling_timesteps(
     return timesteps
 
 
+def consistency_timesteps(num_timesteps: int, num_steps: int) -> torch.Tensor:
+    """The multistep consistency sampler's default timesteps: ``T (S - i) / S - 1`` for i < S, from T - 1
+    down, stopping short of t = 0 (a call at t = 0 would only return its input)."""
+    if not 1 <= num_steps <= num_timesteps:
+        raise ValueError(
+            f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {num_steps}"
+        )
+    return torch.tensor([num_timesteps * (num_steps - i) // num_steps - 1 for i in range(num_steps)])
+
+
+def checked_timesteps(timesteps: object, num_timesteps: int) -> torch.Tensor:
+    """Explicit timesteps (a distilled student's): distinct integers in [0, T - 1], descending, as an int64
+    tensor. Refused with a one-line ValueError otherwise."""
+    values = list(timesteps) if isinstance(timesteps, (list, tuple, torch.Tensor)) else None
+    if values is not None and isinstance(timesteps, torch.Tensor):
+        values = timesteps.tolist()
+    if not values or len(values) > MAX_TIMESTEPS or not all(type(v) is int for v in values):
+        raise ValueError(f"timesteps must be a non-empty list of integers, got {short_repr(timesteps)}")
+    if any(not 0 <= v < num_timesteps for v in values) or any(a <= b for a, b in zip(values, values[1:])):
+        raise ValueError(
+            f"timesteps must be distinct, descending and between 0 and {num_timesteps - 1}, got {short_repr(values)}"
+        )
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def xstart_coefficients(alphas_cumprod: torch.Tensor, prediction: str) -> dict[str, torch.Tensor]:
+    """``x_0 = a * (k_xt * x_t - s * out)`` for a model predicting ``prediction`` (float64 alphas_cumprod in,
+    the three coefficients out): the one conversion from what a U-Net predicts to x_0 (module docstring)."""
+    ac = alphas_cumprod.double()
+    ones = torch.ones_like(ac)
+    if prediction == "eps":
+        return {"a": (1.0 / ac).sqrt(), "s": (1.0 - ac).sqrt(), "k_xt": ones}
+    if prediction == "v":
+        return {"a": ac.sqrt(), "s": ((1.0 - ac) / ac).sqrt(), "k_xt": ones}
+    if prediction == "x0":
+        return {"a": ones, "s": -ones, "k_xt": torch.zeros_like(ac)}
+    raise ValueError(f"unknown prediction type {short_repr(prediction)}; choose one of {', '.join(PREDICTIONS)}")
+
+
 def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
     """Gather ``values[t]`` for a batch of timesteps and shape it to broadcast over ``ndim`` dims."""
     out = values.gather(0, t)
@@ -303,6 +365,33 @@ class NoiseSchedule(nn.Module):
             x_t - extract(self.sqrt_one_minus_alphas_cumprod, t, n) * eps
         )
 
+    def predict_xstart(self, x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x_0 from the U-Net's output ``out`` (what ``config.prediction`` names), as every step computes it."""
+        coeffs = xstart_coefficients(self.alphas_cumprod[t].double(), self.config.prediction)
+        a, s, k_xt = (coeffs[name].to(x_t.dtype).view(-1, *[1] * (x_t.ndim - 1)) for name in ("a", "s", "k_xt"))
+        return a * (k_xt * x_t - s * out)
+
+    def training_target(self, x_start: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """What the U-Net learns to output at x_t = q_sample(x_start, t, noise): the noise, the velocity
+        ``sqrt(abar) eps - sqrt(1 - abar) x_0``, or x_0 itself (``config.prediction``)."""
+        if self.config.prediction == "eps":
+            return noise
+        if self.config.prediction == "x0":
+            return x_start
+        n = x_start.ndim
+        return (
+            extract(self.sqrt_alphas_cumprod, t, n) * noise
+            - extract(self.sqrt_one_minus_alphas_cumprod, t, n) * x_start
+        )
+
+    def loss_weights(self, t: torch.Tensor, *, min_snr_gamma: float) -> torch.Tensor:
+        """Min-SNR-gamma weights (Hang et al. 2023) of each timestep's output MSE, for what the U-Net predicts:
+        min(SNR, gamma) / SNR for eps, min(SNR, gamma) / (SNR + 1) for v, min(SNR, gamma) for x_0 (each the
+        same x_0-space weighting min(SNR, gamma))."""
+        snr = self.snr[t]
+        clamped = snr.clamp(max=min_snr_gamma)
+        return {"eps": clamped / snr, "v": clamped / (snr + 1.0), "x0": clamped}[self.config.prediction]
+
     def predict_eps_from_xstart(self, x_t: torch.Tensor, t: torch.Tensor, pred_xstart: torch.Tensor) -> torch.Tensor:
         """eps = (x_t - sqrt(abar_t) x_0) / sqrt(1 - abar_t)."""
         n = x_t.ndim
@@ -323,12 +412,15 @@ class NoiseSchedule(nn.Module):
         sampler: str,
         *,
         num_steps: int | None = None,
+        timesteps: object = None,
         eta: float = 0.0,
         variance_type: str = "fixed_small",
         clip_denoised: bool = True,
         device: torch.device | str | None = None,
     ) -> SamplingPlan:
-        """Precompute a sampler's timesteps and per-step coefficients as device tensors."""
+        """Precompute a sampler's timesteps and per-step coefficients as device tensors.
+
+        ``timesteps`` (descending, distinct) replaces the sampler's own spacing: a distilled student's."""
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         if variance_type not in VARIANCE_TYPES:
@@ -340,10 +432,16 @@ class NoiseSchedule(nn.Module):
         if sampler != "ddim" and eta != 0.0:
             raise ValueError(f"eta only applies to the ddim sampler, got eta={eta} with {sampler}")
         if num_steps is None:
-            num_steps = DEFAULT_SAMPLING_STEPS[sampler] or self.num_timesteps
-            num_steps = min(num_steps, self.num_timesteps)
+            num_steps = len(timesteps) if timesteps is not None else DEFAULT_SAMPLING_STEPS[sampler]
+            num_steps = min(num_steps or self.num_timesteps, self.num_timesteps)
         alphas_cumprod = torch.cumprod(1.0 - make_betas(self.config), dim=0)  # float64
-        if sampler.startswith("dpm_solver"):
+        if timesteps is not None:
+            timesteps = checked_timesteps(timesteps, self.num_timesteps)
+            if len(timesteps) != num_steps:
+                raise ValueError(f"{num_steps} sampling steps but {len(timesteps)} timesteps")
+        elif sampler == "consistency":
+            timesteps = consistency_timesteps(self.num_timesteps, num_steps)
+        elif sampler.startswith("dpm_solver"):
             timesteps = sampling_timesteps(
                 self.num_timesteps,
                 num_steps,
@@ -357,9 +455,12 @@ class NoiseSchedule(nn.Module):
             columns = _ddpm_coefficients(alphas_cumprod, timesteps, variance_type)
         elif sampler == "ddim":
             columns = _ddim_coefficients(alphas_cumprod, timesteps, eta)
+        elif sampler == "consistency":
+            columns = _consistency_coefficients(alphas_cumprod, timesteps)
         else:
             columns = _dpm_solver_coefficients(alphas_cumprod, timesteps, stochastic=sampler == "dpm_solver_sde")
-        coefficients = torch.stack([columns[name] for name in COEFFICIENT_NAMES], dim=1)  # (S, 6) float64
+        columns.update(xstart_coefficients(alphas_cumprod[timesteps], self.config.prediction))
+        coefficients = torch.stack([columns[name] for name in COEFFICIENT_NAMES], dim=1)  # (S, 7) float64
         return SamplingPlan(
             sampler=sampler,
             timesteps=timesteps.to(device),
@@ -376,11 +477,6 @@ def _step_alphas(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> tuple
     return ac_t, ac_prev
 
 
-def _xstart_from_eps(ac_t: torch.Tensor) -> dict[str, torch.Tensor]:
-    """x0 = a * (x_t - s * eps): a = 1 / sqrt(abar), s = sqrt(1 - abar)."""
-    return {"a": (1.0 / ac_t).sqrt(), "s": (1.0 - ac_t).sqrt()}
-
-
 def _ddpm_coefficients(
     alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, variance_type: str
 ) -> dict[str, torch.Tensor]:
@@ -393,7 +489,6 @@ def _ddpm_coefficients(
     else:
         variance = torch.cat([betas[:-1], torch.zeros(1, dtype=torch.float64)])  # no noise into clean data
     return {
-        **_xstart_from_eps(ac_t),
         "c_x0": betas * ac_prev.sqrt() / (1.0 - ac_t),  # posterior_mean_coef1
         "c_xt": (1.0 - ac_prev) * (1.0 - betas).sqrt() / (1.0 - ac_t),  # posterior_mean_coef2
         "c_prev": torch.zeros_like(ac_t),
@@ -405,13 +500,12 @@ def _ddim_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, et
     # Song et al. 2021, eq. 12: x_prev = sqrt(abar_prev) x0 + sqrt(1 - abar_prev - sigma^2) eps + sigma z,
     # with eps = (x_t - sqrt(abar) x0) / s re-derived from the (clipped) x0, folded into c_x0 and c_xt.
     ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
-    coeffs = _xstart_from_eps(ac_t)
     sigma = eta * ((1.0 - ac_prev) / (1.0 - ac_t) * (1.0 - ac_t / ac_prev)).sqrt()
     direction = (1.0 - ac_prev - sigma**2).clamp(min=0.0).sqrt()
+    noise_scale = (1.0 - ac_t).sqrt()
     return {
-        **coeffs,
-        "c_x0": ac_prev.sqrt() - direction * ac_t.sqrt() / coeffs["s"],
-        "c_xt": direction / coeffs["s"],
+        "c_x0": ac_prev.sqrt() - direction * ac_t.sqrt() / noise_scale,
+        "c_xt": direction / noise_scale,
         "c_prev": torch.zeros_like(ac_t),
         "sigma": sigma,
     }
@@ -427,7 +521,6 @@ def _dpm_solver_coefficients(
     # The SDE form (SDE-DPM-Solver++(2M), "sde-dpmsolver++" in diffusers) solves the reverse SDE: its noise
     # corrects part of the model's error on the way, as ancestral DDPM's does, at DPM-Solver++'s step count.
     ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
-    coeffs = _xstart_from_eps(ac_t)
     num_steps = len(timesteps)
     c_xt = torch.zeros(num_steps, dtype=torch.float64)
     c_x0 = torch.ones(num_steps, dtype=torch.float64)  # the final jump to clean data returns x0
@@ -450,21 +543,33 @@ def _dpm_solver_coefficients(
             r = (lam[i] - lam[i - 1]) / h
             c_prev[i] = c_x0[i] * -(1.0 / (2.0 * r))
             c_x0[i] = c_x0[i] * (1.0 + 1.0 / (2.0 * r))
-    return {**coeffs, "c_xt": c_xt, "c_x0": c_x0, "c_prev": c_prev, "sigma": sigma}
+    return {"c_xt": c_xt, "c_x0": c_x0, "c_prev": c_prev, "sigma": sigma}
+
+
+def _consistency_coefficients(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> dict[str, torch.Tensor]:
+    # Song et al. 2023, Algorithm 1: x0 predicted, then noised afresh to the next timestep; after the last
+    # step (abar_next = 1) the prediction itself.
+    ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
+    return {
+        "c_xt": torch.zeros_like(ac_t),
+        "c_x0": ac_prev.sqrt(),
+        "c_prev": torch.zeros_like(ac_t),
+        "sigma": (1.0 - ac_prev).clamp(min=0.0).sqrt(),
+    }
 
 
 @dataclass(frozen=True)
 class SamplingPlan:
     """A sampler's visited timesteps and per-step coefficients, ready on the sampling device.
 
-    ``coefficients`` is ``(S, 6)`` float32 with columns :data:`COEFFICIENT_NAMES`; kernels index
+    ``coefficients`` is ``(S, 7)`` float32 with columns :data:`COEFFICIENT_NAMES`; kernels index
     its rows with a device-side step counter. ``noise_steps[i]`` says (on the host, no sync)
     whether step ``i`` adds noise; noise is drawn for exactly those steps, in order.
     """
 
     sampler: str
     timesteps: torch.Tensor  # (S,) int64, descending
-    coefficients: torch.Tensor  # (S, 6) float32
+    coefficients: torch.Tensor  # (S, 7) float32
     clip_denoised: bool
     noise_steps: tuple[bool, ...]
 
@@ -493,10 +598,11 @@ def p_step(
 
     Returns ``(x_prev, pred_xstart)``; arithmetic is float32 whatever the input dtypes.
     """
-    a, s, c_xt, c_x0, c_prev, sigma = plan.coefficients[i].unbind()  # 0-dim device tensors, no sync
+    a, s, c_xt, c_x0, c_prev, sigma, k_xt = plan.coefficients[i].unbind()  # 0-dim device tensors, no sync
     x_t, eps = x_t.float(), eps.float()
-    # Predict x_0 from eps (the difference first: well conditioned where abar is tiny); optionally clip.
-    pred_xstart = a * (x_t - s * eps)
+    # Predict x_0 from the model's output (the difference first: well conditioned where abar is tiny);
+    # optionally clip. ``eps`` is whatever the model predicts: noise, velocity or x_0.
+    pred_xstart = a * (k_xt * x_t - s * eps)
     if plan.clip_denoised:
         pred_xstart = pred_xstart.clamp(-1.0, 1.0)
     # Move to the next timestep (posterior mean / DDIM / DPM-Solver++ combination).

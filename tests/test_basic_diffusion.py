@@ -304,16 +304,18 @@ def test_unet_rejects_widths_the_heads_do_not_divide():
         unet_preset("small", image_size=16, in_channels=1, model_channels=25)
 
 
-def test_min_snr_weights_are_min_snr_gamma_over_snr_in_float64():
-    from basic_diffusion import min_snr_weights
-
-    schedule = NoiseSchedule(ScheduleConfig())
+@pytest.mark.parametrize("prediction", ["eps", "v", "x0"])
+def test_min_snr_weights_are_min_snr_gamma_in_x0_space_in_float64(prediction):
+    schedule = NoiseSchedule(ScheduleConfig(prediction=prediction))
     t = torch.arange(1000)
     alpha_bar = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)
     snr = alpha_bar / (1 - alpha_bar)
-    expected = torch.minimum(snr, torch.tensor(5.0, dtype=torch.float64)) / snr
-    assert torch.allclose(min_snr_weights(schedule, t, gamma=5.0).double(), expected, rtol=1e-5)
-    assert expected[-1] == 1 and expected[0] < 1e-3  # noisy steps keep weight 1, nearly clean ones are damped
+    x0_weight = torch.minimum(snr, torch.tensor(5.0, dtype=torch.float64))
+    # An output error e is an x_0 error of e * sqrt(1 / snr) (eps), e * sqrt(1 - abar) (v), e (x_0).
+    expected = x0_weight / {"eps": snr, "v": snr + 1, "x0": torch.ones_like(snr)}[prediction]
+    assert torch.allclose(schedule.loss_weights(t, min_snr_gamma=5.0).double(), expected, rtol=1e-5)
+    if prediction == "eps":
+        assert expected[-1] == 1 and expected[0] < 1e-3  # noisy steps keep weight 1, nearly clean ones are damped
 
 
 def test_min_snr_loss_with_a_gamma_above_every_snr_is_the_unweighted_loss():

@@ -11,6 +11,7 @@ present (plus graph capture and large tensors).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -29,6 +30,10 @@ PLAN_CASES = {
     "ddim_eta1": dict(sampler="ddim", eta=1.0),
     "dpm_solver": dict(sampler="dpm_solver"),
     "dpm_solver_sde": dict(sampler="dpm_solver_sde"),  # noise and the previous x0 in one step
+    "consistency": dict(sampler="consistency"),
+    # Students predicting velocity or x_0: k_xt = 1 with v's (a, s), and k_xt = 0.
+    "v_dpm_solver_sde": dict(sampler="dpm_solver_sde", prediction="v"),
+    "x0_consistency": dict(sampler="consistency", prediction="x0"),
 }
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 STEPS = [0, NUM_STEPS // 2, NUM_STEPS - 1]
@@ -52,7 +57,9 @@ def extension() -> str:
 
 
 def make_plan(case: str, *, clip: bool = True, device: str = "cpu") -> SamplingPlan:
-    return SCHEDULE.make_plan(**PLAN_CASES[case], num_steps=NUM_STEPS, clip_denoised=clip, device=device)
+    kwargs = dict(PLAN_CASES[case])
+    schedule = NoiseSchedule(replace(SCHEDULE.config, prediction=kwargs.pop("prediction", "eps")))
+    return schedule.make_plan(**kwargs, num_steps=NUM_STEPS, clip_denoised=clip, device=device)
 
 
 def make_tensor(shape, *, dtype, device, layout: str, offset: bool, generator: torch.Generator) -> torch.Tensor:
@@ -316,7 +323,7 @@ FUSED_STEP_ERRORS = {
     "xstart_is_x": (dict(xstart=lambda a: a["x"]), "single memory location"),
     "eps_is_x": (dict(eps=lambda a: a["x"]), "single memory location"),
     "use_prev_without_xstart": (dict(xstart=None), "use_prev"),
-    "coefficients_columns": (dict(coefficients=lambda a: a["coefficients"][:, :5]), r"\(S, 6\)"),
+    "coefficients_columns": (dict(coefficients=lambda a: a["coefficients"][:, :6]), r"\(S, 7\)"),
     "coefficients_float64": (dict(coefficients=lambda a: a["coefficients"].double()), "float32"),
     "coefficients_strided": (dict(coefficients=lambda a: a["coefficients"].t().contiguous().t()), "contiguous"),
     "step_float": (dict(step=torch.tensor(1.0)), "int64"),

@@ -15,6 +15,7 @@ from noise_schedule import (
     make_betas,
     p_step,
     sampling_timesteps,
+    xstart_coefficients,
 )
 
 F64 = torch.float64
@@ -169,6 +170,7 @@ def test_dpm_solver_first_order_step_is_ddim(schedule):
     # DPM-Solver++ of order 1 is DDIM (Lu et al. 2022): compare on the same pair of timesteps.
     dpm = schedule.make_plan("dpm_solver", num_steps=20)
     ddim = _ddim_coefficients(alphas_cumprod64(schedule), dpm.timesteps, 0.0)
+    ddim.update(xstart_coefficients(alphas_cumprod64(schedule)[dpm.timesteps], "eps"))
     ddim_first = torch.tensor([ddim[name][0].item() for name in COEFFICIENT_NAMES])
     assert torch.allclose(dpm.coefficients[0], ddim_first.float(), rtol=1e-5)
 
@@ -196,6 +198,7 @@ def test_sde_dpm_solver_first_order_step_is_the_ddpm_posterior(schedule):
     # SDE-DPM-Solver++ of order 1 between two timesteps is the posterior q(x_s | x_t, x0) (DDIM with eta = 1).
     sde = schedule.make_plan("dpm_solver_sde", num_steps=20)
     ddim = _ddim_coefficients(alphas_cumprod64(schedule), sde.timesteps, 1.0)
+    ddim.update(xstart_coefficients(alphas_cumprod64(schedule)[sde.timesteps], "eps"))
     ddim_first = torch.tensor([ddim[name][0].item() for name in COEFFICIENT_NAMES])
     assert torch.allclose(sde.coefficients[0], ddim_first.float(), rtol=1e-5)
     assert sde.noise_steps == (True,) * 19 + (False,)
@@ -349,6 +352,7 @@ def gaussian_flow_error(kind: str, num_steps: int, *, lambda_min) -> float:
     plan = schedule.make_plan("dpm_solver", num_steps=num_steps, clip_denoised=False)
     # The same coefficient builder make_plan uses, on this grid.
     columns = noise_schedule._dpm_solver_coefficients(ac, timesteps)
+    columns.update(xstart_coefficients(ac[timesteps], "eps"))
     coefficients = torch.stack([columns[name] for name in COEFFICIENT_NAMES], dim=1).float()
     plan = type(plan)(
         sampler=plan.sampler,
@@ -394,3 +398,97 @@ def test_the_clip_leaves_the_linear_schedules_grid_unchanged():
             sampling_timesteps(1000, num_steps, spacing="logsnr", alphas_cumprod=ac, lambda_min=DPM_SOLVER_LAMBDA_MIN),
             sampling_timesteps(1000, num_steps, spacing="logsnr", alphas_cumprod=ac),
         )
+
+
+def outputs_of(schedule, x_t, t, eps):
+    """The same underlying prediction as each model type would output it (float64 closed forms)."""
+    abar = torch.cumprod(1.0 - make_betas(schedule.config), 0)[t].view(-1, *[1] * (x_t.ndim - 1))
+    x0 = (x_t - (1 - abar).sqrt() * eps) / abar.sqrt()
+    return {"eps": eps, "v": abar.sqrt() * eps - (1 - abar).sqrt() * x0, "x0": x0}
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("prediction", ["v", "x0"])
+def test_every_prediction_type_takes_the_same_step(schedule, sampler, prediction):
+    # A v or x0 model whose output means the same x_0 as an eps model's moves x_t to the same place.
+    kind = schedule.config.kind
+    typed = NoiseSchedule(ScheduleConfig(kind=kind, prediction=prediction))
+    plans = {
+        p: s.make_plan(sampler, num_steps=8, clip_denoised=False) for p, s in (("eps", schedule), (prediction, typed))
+    }
+    gen = torch.Generator().manual_seed(0)
+    for i in range(8):
+        t = plans["eps"].timesteps[i].repeat(4)
+        x_t, eps, noise, prev = (torch.randn(4, 1, 8, 8, generator=gen, dtype=F64) for _ in range(4))
+        outputs = outputs_of(schedule, x_t, t, eps)
+        noise = noise if plans["eps"].noise_steps[i] else None
+        prev = prev if plans["eps"].uses_prev_xstart else None
+        want = p_step(plans["eps"], i, x_t, outputs["eps"], noise=noise, prev_xstart=prev)
+        got = p_step(plans[prediction], i, x_t, outputs[prediction], noise=noise, prev_xstart=prev)
+        for w, g in zip(want, got):  # x_prev, pred_xstart
+            assert torch.allclose(g, w, rtol=1e-4, atol=1e-4 * (1 + w.abs().max().item())), (i, prediction)
+        assert torch.allclose(typed.predict_xstart(x_t.float(), t, outputs[prediction].float()), got[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("prediction", ["eps", "v", "x0"])
+def test_training_targets_are_the_closed_forms_and_invert_to_x0(schedule, prediction):
+    typed = NoiseSchedule(ScheduleConfig(kind=schedule.config.kind, prediction=prediction))
+    gen = torch.Generator().manual_seed(1)
+    x0, noise = torch.rand(6, 1, 4, 4, generator=gen) * 2 - 1, torch.randn(6, 1, 4, 4, generator=gen)
+    t = torch.tensor([0, 10, 100, 500, 900, 999])
+    abar = alphas_cumprod64(typed)[t].view(-1, 1, 1, 1)
+    v = abar.sqrt() * noise.double() - (1 - abar).sqrt() * x0.double()
+    expected = {"eps": noise.double(), "v": v, "x0": x0.double()}[prediction]
+    target = typed.training_target(x0, noise, t)
+    assert torch.allclose(target.double(), expected, atol=1e-6)
+    if prediction != "eps":  # from eps, x_0 at t = 999 is ill-conditioned (the point of v and x_0)
+        assert torch.allclose(typed.predict_xstart(typed.q_sample(x0, t, noise), t, target), x0, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 4])
+def test_consistency_sampler_with_the_exact_ode_map_draws_the_right_gaussian(num_steps):
+    # For data N(mu, s^2) the probability-flow ODE maps x_t to mu + s (x_t - sqrt(abar) mu) / sqrt(abar s^2 + 1 - abar):
+    # a model predicting that x_0 is a perfect consistency model, exact at any step count.
+    schedule = NoiseSchedule(ScheduleConfig(prediction="x0"))
+    mu, s = 0.3, 0.2
+
+    def ode_endpoint(x, t):
+        abar = schedule.alphas_cumprod[t].view(-1, 1, 1, 1)
+        return mu + s * (x - abar.sqrt() * mu) / (abar * s**2 + 1 - abar).sqrt()
+
+    plan = schedule.make_plan("consistency", num_steps=num_steps, clip_denoised=False)
+    assert plan.timesteps.tolist() == [1000 * (num_steps - i) // num_steps - 1 for i in range(num_steps)]
+    out = sample(ode_endpoint, plan, shape=(16, 1, 32, 32), generator=torch.Generator().manual_seed(0))
+    assert out.mean().item() == pytest.approx(mu, abs=0.01)
+    assert out.std().item() == pytest.approx(s, rel=0.03)
+
+
+def test_explicit_timesteps_replace_the_samplers_spacing():
+    schedule = NoiseSchedule()
+    own = schedule.make_plan("ddim", num_steps=10)
+    given = schedule.make_plan("ddim", timesteps=own.timesteps.tolist())
+    assert torch.equal(given.timesteps, own.timesteps) and torch.equal(given.coefficients, own.coefficients)
+    assert schedule.make_plan("consistency", timesteps=[999, 500, 100]).num_steps == 3
+    for bad, match in [
+        ([], "non-empty"),
+        ([5, 5], "distinct"),
+        ([1, 2], "descending"),
+        ([1000], "between 0"),
+        ([3.0], "integers"),
+        ([True], "integers"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            schedule.make_plan("consistency", timesteps=bad)
+    with pytest.raises(ValueError, match="4 sampling steps but 3 timesteps"):
+        schedule.make_plan("consistency", num_steps=4, timesteps=[999, 500, 100])
+
+
+def test_unknown_prediction_types_are_refused():
+    with pytest.raises(ValueError, match="unknown prediction type 'sample'"):
+        ScheduleConfig(prediction="sample")
+    assert (
+        ScheduleConfig.from_dict(
+            {"kind": "linear", "num_timesteps": 10, "beta_start": 1e-4, "beta_end": 0.02, "cosine_s": 0.008}
+        ).prediction
+        == "eps"
+    )  # files written before it
