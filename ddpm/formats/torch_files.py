@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ddpm.util.messages import first_line
+from ddpm.util.messages import clipped, first_line
 from noise_schedule import short_repr
 
 
@@ -59,7 +59,7 @@ def load_pt(data: bytes, *, source: str, kind: str, program_hint: str = "") -> o
         readable = isinstance(
             exc, (RuntimeError, ValueError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile)
         )
-        reason = f" ({first_line(exc)[:200]})" if readable and text and "weights_only" not in text else ""
+        reason = f" ({clipped(first_line(exc))})" if readable and text and "weights_only" not in text else ""
         raise ValueError(f"{source} is corrupt or not a PyTorch file{reason}") from exc
 
 

@@ -47,7 +47,12 @@ def run_evaluate(request: EvaluateRequest) -> None:
             f"--dataset {request.dataset} contradicts {source.path}, which was trained on {artifact.dataset}; drop "
             "--dataset"
         )
-    dataset = artifact.dataset or request.dataset or "mnist"
+    dataset = artifact.dataset or request.dataset
+    if dataset is None:  # guessing would judge the model against data it never saw
+        raise ValueError(
+            f"{source.path} records no training dataset; name the data to judge it against with --dataset "
+            "(and --data_dir for a folder of images)"
+        )
     model_config = artifact.model_config
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
     if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly

@@ -33,9 +33,8 @@ from ddpm.util.safe_files import as_input, check_outputs, run_lock
 
 
 def run_train(request: TrainRequest) -> None:
-    checkpoint, ranks = request.checkpoint, distributed.current()
-    # A second run on this path is refused until this one ends (rank 0 writes, so rank 0 holds the lock).
-    with run_lock(checkpoint) if ranks.is_main else contextlib.nullcontext():
+    checkpoint = request.checkpoint
+    with run_locks(request):
         if Path(checkpoint).exists() and not (request.resume or request.overwrite):
             raise ValueError(
                 f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
@@ -53,6 +52,27 @@ def run_train(request: TrainRequest) -> None:
             if curves is not None:
                 curves.close()
     distributed.say(f"checkpoint: {checkpoint}")
+
+
+@contextlib.contextmanager
+def run_locks(request: TrainRequest):
+    """A second run on this checkpoint, or writing curves into this --log_dir, is refused until this one ends
+    (rank 0 writes both, so rank 0 holds the locks)."""
+    with contextlib.ExitStack() as locks:
+        if distributed.current().is_main:
+            locks.enter_context(run_lock(request.checkpoint))
+            if request.log_dir is not None:
+                locks.enter_context(run_lock(request.log_dir, flag="--log_dir"))
+        yield
+
+
+def check_batch_fills(batch_size: int, images, *, dataset: str) -> None:
+    """A batch is drawn from the training images without repeats: more than they hold cannot be drawn."""
+    if batch_size > len(images):
+        raise ValueError(
+            f"--batch_size {batch_size} is larger than the {len(images)} {dataset} training images; "
+            f"use --batch_size {len(images)} or less, or more images"
+        )
 
 
 PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")
@@ -175,6 +195,7 @@ def resumed_trainer(request: TrainRequest):
         )
     else:
         images = latent_images(replace(request.model, dataset=config.dataset), autoencoder)
+    check_batch_fills(config.batch_size, images, dataset=config.dataset)
     trainer = Trainer(
         config, model_config, schedule_config, images=images, device=device, resume_state=state, first_stage=stage
     )
@@ -287,6 +308,7 @@ def new_trainer(request: TrainRequest):
         )
     else:
         images = latent_images(request.model, autoencoder)
+    check_batch_fills(request.batch_size, images, dataset=spec.dataset)
     if request.class_cond:  # one label embedding per class, and the null label
         if images.labels is None:
             raise ValueError(

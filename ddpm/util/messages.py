@@ -41,6 +41,18 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(_lines(exc)) or type(exc).__name__
 
 
+def clipped(text: str, *, limit: int = 200) -> str:
+    """``text`` within ``limit`` characters, cut after its last whole sentence that fits (else its last whole
+    word, with an ellipsis): a library's long explanation quoted without ending mid-sentence."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = head.rfind(". ")
+    if end > 0:
+        return head[: end + 1]
+    return head.rsplit(" ", 1)[0].rstrip(",;:") + "..."
+
+
 def format_bytes(n: int | float) -> str:
     """1536 -> '1.5 KiB'; binary units, one decimal."""
     value = float(n)

@@ -196,3 +196,16 @@ def test_evaluate_refuses_a_row_of_samples_that_cannot_fit_in_memory_saying_how_
     evaluate.check_samples_fit(1_000, (3, 256, 256))  # 750 MiB: fits in half of it
     with pytest.raises(ValueError, match=r"--n_samples 50000: .* at most 5461 fit"):
         evaluate.check_samples_fit(50_000, (3, 256, 256))  # 36.6 GiB
+
+
+def test_a_model_that_records_no_dataset_asks_for_dataset_instead_of_guessing(tmp_path):
+    from helpers import TINY_SCHEDULE, assert_user_error, perturbed_unet, run_here, tiny_unet_config
+
+    from ddpm.formats.checkpoints import save_checkpoint
+
+    model = perturbed_unet(tiny_unet_config())
+    weights = model.state_dict()
+    state = {"format_version": 1, "model_config": model.config.to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
+    save_checkpoint(tmp_path / "m.pt", state | {"model": weights, "ema": weights, "step": 0})  # no train_config
+    result = run_here("--mode", "evaluate", "--model_path", "m.pt", "--n_samples", "2", cwd=tmp_path)
+    assert_user_error(result, "m.pt records no training dataset; name the data to judge it against with --dataset")

@@ -199,6 +199,9 @@ def test_another_or_a_missing_autoencoder_is_refused_in_one_line(latent_model, t
     assert "another autoencoder" in err and "\n" not in err
     assert main.main([*args, "--autoencoder", str(tmp_path / "missing.pt")]) == 2
     assert "--autoencoder" in capsys.readouterr().err
+    assert main.main([*args, "--autoencoder", str(tmp_path)]) == 2  # it exists: a folder is not "missing"
+    err = capsys.readouterr().err
+    assert "is a folder, not a checkpoint file" in err and " is missing" not in err
     assert not (tmp_path / "x.png").exists()
     assert main.main([*args, "--autoencoder", str(tmp_path / "right.pt")]) == 0, capsys.readouterr().err
     assert (tmp_path / "x.png").is_file()

@@ -53,3 +53,34 @@ def test_a_class_name_with_escapes_reaches_stderr_escaped(tmp_path):
     assert result.returncode == 2
     assert "\x1b" not in result.stderr and "\x07" not in result.stderr
     assert "\\x1b" in result.stderr  # the names are shown, escaped
+
+
+def test_a_long_library_message_is_cut_after_a_whole_sentence():
+    from ddpm.util.messages import clipped
+
+    torch_says = (
+        "PytorchStreamReader failed reading zip archive: failed finding central directory. This is an internal "
+        "miniz error. If you are seeing this error, there is a high likelihood that your checkpoint file is "
+        "corrupted. This can happen if the checkpoint was not saved properly."
+    )
+    assert clipped(torch_says) == (
+        "PytorchStreamReader failed reading zip archive: failed finding central directory. This is an internal "
+        "miniz error."
+    )
+    assert clipped("word " * 100, limit=22) == "word word word word..."
+    assert clipped("short. text") == "short. text"
+
+
+def test_a_truncated_checkpoint_is_named_in_whole_sentences(tmp_path):
+    import io
+
+    import torch
+
+    from ddpm.formats.torch_files import load_pt
+
+    buffer = io.BytesIO()
+    torch.save({"w": torch.zeros(100)}, buffer)
+    data = buffer.getvalue()
+    with pytest.raises(ValueError) as info:
+        load_pt(data[: len(data) // 2], source="m.pt", kind="a checkpoint")
+    assert str(info.value).endswith(".)"), str(info.value)

@@ -1,0 +1,54 @@
+"""A training run's own guards (modes/train.py): one writer per log folder, and a batch its data can fill."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from helpers import ROOT, TINY_TRAIN, assert_user_error, run_here
+from PIL import Image
+
+from ddpm.util.safe_files import run_lock
+
+HOLD = (
+    "import sys; sys.path.insert(0, {root!r}); from ddpm.util.safe_files import run_lock\n"
+    "with run_lock({path!r}, flag='--log_dir'):\n"
+    "    print('held', flush=True); sys.stdin.read()\n"
+)
+
+
+def test_a_second_live_run_writing_into_the_same_log_dir_is_refused_in_one_line(tmp_path):
+    """Another process holds the log folder's lock as a live training run does (modes/train.run_locks); a run
+    into another checkpoint but the same --log_dir stops before it reads any data, and writes nothing."""
+    logs = tmp_path / "logs"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD.format(root=str(ROOT), path=str(logs))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = run_here(*TINY_TRAIN, "--model_path", "b.pt", "--log_dir", "logs", cwd=tmp_path)
+        assert_user_error(result, "another run is training into logs")
+        assert "--log_dir" in result.stderr
+        assert not (tmp_path / "b.pt").exists() and not (logs / "metrics.csv").exists()
+    finally:
+        holder.communicate("", timeout=30)
+    with run_lock(logs, flag="--log_dir"):  # the first run gone, its lock is gone with it
+        pass
+    assert not (tmp_path / "logs.lock").exists()
+
+
+def test_a_batch_larger_than_the_dataset_is_refused_naming_both_numbers(tmp_path):
+    data = tmp_path / "images"
+    data.mkdir()
+    for i in range(5):
+        Image.new("L", (16, 16), color=i * 40).save(data / f"{i}.png")
+    args = ["--mode", "train", "--dataset", "folder", "--data_dir", str(data), "--img_size", "16"]
+    result = run_here(*args, "--model_path", "m.pt", "--max_steps", "2", cwd=tmp_path)
+    assert_user_error(result, "--batch_size 64 is larger than the 5 folder training images")
+    assert not (tmp_path / "m.pt").exists()
+    digits = [a if a != "8" else "2000" for a in TINY_TRAIN]  # TINY_TRAIN's --batch_size 8
+    result = run_here(*digits, "--model_path", "d.pt", cwd=tmp_path)
+    assert_user_error(result, "--batch_size 2000 is larger than the 1797 digits training images")
