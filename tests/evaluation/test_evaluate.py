@@ -8,6 +8,7 @@ one JSON row per (sampler, steps) with the ceiling and floor beside them, and a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -61,11 +62,12 @@ def test_a_copied_training_image_is_flagged_as_memorised_and_a_new_one_is_not(ju
     assert judge.score(blends, name="blends").memorised == 0.0
 
 
-def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(tmp_path, capsys):
-    from basic_diffusion import UNetConfig
+def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(tmp_path, capsys, judge):
+    from basic_diffusion import UNetConfig, sample
+    from ddpm.backends.artifacts import load_artifact
     from ddpm.data.datasets import load_images
     from ddpm.training.trainer import TrainConfig, Trainer
-    from noise_schedule import ScheduleConfig
+    from noise_schedule import NoiseSchedule, ScheduleConfig
 
     ckpt = tmp_path / "digits.pt"
     config = TrainConfig(
@@ -125,9 +127,31 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
         ("dpm_solver", 2),
         ("dpm_solver", 4),
     ]
+    # Each row against an independent computation: the original loop from the same noise (one generator seeded
+    # with --seed 0, batches of 8 then 4), scored by a judge fitted with the same seed.
+    artifact = load_artifact(ckpt, device=torch.device("cpu"))
+    schedule = NoiseSchedule(artifact.schedule_config)
     for row in result["rows"]:
-        assert row["n"] == 12 and 0.0 <= row["confident"] <= 1.0 and row["frechet"] >= 0 and row["seconds"] > 0
-    assert result["ceiling"]["memorised"] is None and result["floor"]["confident"] == 0.0
+        plan = schedule.make_plan(row["sampler"], num_steps=row["steps"])
+        generator = torch.Generator().manual_seed(0)
+        images = torch.cat(
+            [sample(artifact.model, plan, shape=(size, 1, 16, 16), generator=generator) for size in (8, 4)]
+        )
+        expected = judge.score(images, name="reference")
+        assert row["n"] == 12 and row["seconds"] > 0
+        assert (row["confident"], row["classes"], row["memorised"]) == (
+            expected.confident,
+            expected.classes,
+            expected.memorised,
+        )
+        assert row["frechet"] == pytest.approx(expected.frechet, rel=1e-4)
+    for key, scores in (("ceiling", judge.ceiling(12, seed=0)), ("floor", judge.floor(12, seed=0, image_size=16))):
+        expected = dataclasses.asdict(scores)
+        assert {k: result[key][k] for k in ("n", "confident", "classes")} == {
+            k: expected[k] for k in ("n", "confident", "classes")
+        }
+        assert result[key]["frechet"] == pytest.approx(expected["frechet"], rel=1e-6)
+    assert result["ceiling"]["memorised"] is None and result["floor"]["confident"] == 0.0  # NaN: not defined for real
     assert out_png.read_bytes()[:4] == b"\x89PNG"
     # Lists are for evaluate only; other modes name the flag in one line.
     assert main.main(["--device", "cpu", "--mode", "sample", "--model_path", str(ckpt), "--sampler", "ddim,ddpm"]) == 2
