@@ -19,13 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ddpm.choices import PRESETS, TIME_CONDITIONING
 from ddpm.conditioning import Guidance
 from ddpm.util.profiling import phase
 from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_fields, guided_eps, p_step, short_repr
-
-PRESETS = ("small", "ddpm_cifar10")
-TIME_CONDITIONING = ("scale_shift", "add")
-
 
 # Sane bounds of each integer setting (inclusive); ddpm_cifar10 is 128 channels, (1, 2, 2, 2), 2 blocks, 1 head.
 UNET_BOUNDS = {
@@ -201,6 +198,11 @@ class UNetConfig:
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def build(self) -> UNet:
+        """The U-Net of this config (util/memory_budget.py builds it on the meta device without importing this
+        module: utilities sit below the core)."""
+        return UNet(self)
 
 
 def unet_preset(name: str, *, image_size: int, in_channels: int, dims: int = 2, **overrides) -> UNetConfig:

@@ -10,7 +10,7 @@
     torchrun --nproc_per_node 4 main.py --mode train --dataset cifar10 --batch_size 128  # 4 GPUs (util/distributed.py)
 
 Every mistake a user can make (a path, a size, a count, a missing dependency) ends with one line
-on stderr and exit code 2; ``--help`` lists every flag.
+on stderr and exit code 2; ``--help`` lists the modes, and ``--mode MODE --help`` the flags MODE reads.
 No run replaces a file it should not: every output is checked before work starts (util/safe_files.py),
 training onto an existing checkpoint needs --resume or --overwrite, and Ctrl-C or SIGTERM end with
 one line and exit code 130 or 143 (training saves first).
@@ -22,6 +22,7 @@ into one line and an exit code.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from dataclasses import replace
@@ -32,6 +33,16 @@ from ddpm.util import interrupts  # before torch: a Ctrl-C during the first impo
 from ddpm.util.messages import one_line, one_line_warnings
 
 DISTRIBUTED_MODES = ("train", "sample", "benchmark")  # the modes that run under torchrun
+# Each mode's function, imported once its mode is chosen (a run loads only its own mode's libraries).
+MODES = {
+    "train": "ddpm.modes.train:run_train",
+    "sample": "ddpm.modes.sample:run_sample",
+    "evaluate": "ddpm.modes.evaluate:run_evaluate",
+    "export": "ddpm.modes.export:run_export",
+    "benchmark": "ddpm.modes.benchmark:run_benchmark",
+    "train_autoencoder": "ddpm.modes.train_autoencoder:run_train_autoencoder",
+    "distill": "ddpm.modes.distill:run_distill",
+}
 
 
 def report(message: str) -> None:
@@ -54,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             return stopped(stop)
 
 
+def run_mode(mode: str):
+    """The function that runs ``mode`` (its module imported now)."""
+    module, function = MODES[mode].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def stopped(stop: interrupts.Interrupted) -> int:
     print(f"\n{PROG}: {stop.name}: stopped", file=sys.stderr)
     return stop.exit_code
@@ -67,24 +84,9 @@ def _main(argv: list[str] | None) -> int:
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         # Imported here, under the signal handlers: a Ctrl-C while torch loads ends in one line too.
         from ddpm.cli import resolve
-        from ddpm.modes.benchmark import run_benchmark
-        from ddpm.modes.evaluate import run_evaluate
-        from ddpm.modes.export import run_export
-        from ddpm.modes.sample import run_sample
-        from ddpm.modes.train import run_train
-        from ddpm.modes.train_autoencoder import run_train_autoencoder
         from ddpm.training.trainer import TrainingDiverged
         from ddpm.util import distributed
         from ddpm.util.memory_budget import is_out_of_memory
-
-        modes = {
-            "train": run_train,
-            "sample": run_sample,
-            "evaluate": run_evaluate,
-            "export": run_export,
-            "benchmark": run_benchmark,
-            "train_autoencoder": run_train_autoencoder,
-        }
 
         ranks = distributed.current()  # replaced by torchrun's place once the environment is read
         try:
@@ -93,7 +95,7 @@ def _main(argv: list[str] | None) -> int:
                 raise ValueError(f"--mode {args.mode} runs in one process; start it with python, not torchrun")
             request = resolve.request_for(args)
             with distributed.session(ranks, request.device) as device:  # each rank on its own GPU
-                modes[args.mode](replace(request, device=device))
+                run_mode(args.mode)(replace(request, device=device))
         except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
             if interrupts.raised_within(exc):
                 raise  # a wrapped interrupt (main() ends it as one)

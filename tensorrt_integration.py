@@ -66,7 +66,6 @@ from ddpm.backends.engine_cache import (
     ENVIRONMENT_FIELDS,
     METADATA_VERSION,
     MIN_TENSORRT_MAJOR,
-    OPT_LEVELS,
     TENSORRT_INSTALL,
     BuildPlan,
     Log,
@@ -83,6 +82,7 @@ from ddpm.backends.engine_cache import (
     verified_bytes,
     version_tuple,
 )
+from ddpm.choices import BACKENDS, OPT_LEVELS
 from ddpm.conditioning import Guidance, unet_batch
 from ddpm.formats.checkpoints import parse_artifact_metadata
 from ddpm.formats.exporters import export_decoder_onnx, export_onnx_model
@@ -106,7 +106,6 @@ if TYPE_CHECKING:
     from ddpm.latent.first_stage import FirstStage
     from optimized_diffusion import FusedSampler
 
-BACKENDS = ("native", "torch_tensorrt")
 TORCH_TENSORRT_INSTALL = "pip install torch-tensorrt (the release matching your torch)"
 DEFAULT_WORKSPACE_BYTES = 4 << 30
 

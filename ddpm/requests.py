@@ -1,12 +1,16 @@
 """What each mode receives: typed requests, resolved from the flags once by cli/resolve.py.
 
     request = SampleRequest(device=torch.device("cpu"), precision="fp32", source=ModelSource("m.pt"), ...)
-    main.run_sample(request)
+    run_sample(request)                                        # ddpm/modes/sample.py
 
 Every value here is already resolved and checked (the device, the precision, default paths, the
 registry name of the implementation, the sampler's parameters, outputs that destroy nothing), so a
-mode reads fields, never the parsed flags. Small helpers turn a request's parts into what
-the libraries take (a UNetConfig, a SamplingPlan, TensorRTOptions).
+mode reads fields, never the parsed flags. The sampler's ranges are checked here, once, for every
+mode that samples (sample, evaluate, benchmark, an INT8 export's calibration). Small helpers turn a
+request's parts into what the libraries take (a UNetConfig, a SamplingPlan, TensorRTOptions).
+
+This module sits below the modes (which import it) and above the libraries it names; the command
+line imports it too, never the other way round.
 """
 
 from __future__ import annotations
@@ -79,6 +83,16 @@ class NewModel:
         return ScheduleConfig(kind=self.beta_schedule, num_timesteps=self.timesteps)
 
 
+def check_sampling(sampler: str, *, steps: int | None, eta: float) -> None:
+    """The ranges of --sampling_steps and --eta, and eta's sampler: one line naming the flag."""
+    if steps is not None and steps < 1:
+        raise ValueError(f"--sampling_steps must be a positive integer, got {steps}")
+    if not 0.0 <= eta <= 1.0:  # beyond 1 the images saturate; also False for NaN
+        raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {eta:g}")
+    if eta != 0.0 and sampler != "ddim":
+        raise ValueError(f"--eta only applies to the ddim sampler, got --eta {eta:g} with --sampler {sampler}")
+
+
 @dataclass(frozen=True)
 class SamplingChoice:
     """Which sampler, how many steps (None: its default), DDIM's eta, and whether x0 is clipped."""
@@ -87,6 +101,9 @@ class SamplingChoice:
     steps: int | None = None
     eta: float = 0.0
     clip_denoised: bool = True
+
+    def __post_init__(self) -> None:
+        check_sampling(self.sampler, steps=self.steps, eta=self.eta)
 
     def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
         return schedule.make_plan(
@@ -186,6 +203,11 @@ class EvaluateRequest(DrawRequest):
     clip_denoised: bool = True
     json: str | None = None
     chart: str | None = None
+
+    def __post_init__(self) -> None:  # every row by sample's rules
+        for sampler in self.samplers:
+            for steps in self.steps:
+                check_sampling(sampler, steps=steps, eta=self.eta)
 
     def outputs(self) -> dict[str, str | None]:
         return {"--json": self.json, "--chart": self.chart}

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpm import choices
 from ddpm.backends import registry
 from ddpm.cli import resolve
 from ddpm.cli.parser import build_parser
-from ddpm.cli.requests import ModelSource, SampleRequest, SamplingChoice
+from ddpm.requests import ModelSource, SampleRequest, SamplingChoice
 from ddpm.util.precision import resolve as resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,8 @@ CORE = ("main", "noise_schedule", "basic_diffusion", "optimized_diffusion", "ten
 MAX_FLOORS = 8
 # Folders below the modes and the command line: none of them imports ddpm.modes or ddpm.cli.
 LOWER = (
+    "ddpm.choices",
+    "ddpm.requests",
     "ddpm.util",
     "ddpm.formats",
     "ddpm.data",
@@ -46,7 +49,8 @@ def module_files() -> dict[str, Path]:
 
 def runtime_imports(tree: ast.AST, *, package: list[str]) -> set[str]:
     """What a module imports at any depth, as dotted names; imports under ``if TYPE_CHECKING:`` are
-    annotations only (they never run), so they are left out, as import-linter does."""
+    annotations only (they never run), so they are left out, as import-linter does. A "module:function"
+    string counts as an import of its module (main.py imports its modes by such names)."""
     typing_only = {
         id(node)
         for branch in ast.walk(tree)
@@ -58,6 +62,8 @@ def runtime_imports(tree: ast.AST, *, package: list[str]) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[\w.]+:\w+", node.value):
+            found.add(node.value.split(":")[0])
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -130,6 +136,44 @@ def test_nothing_below_the_modes_imports_the_modes_or_the_command_line():
         f"{name} -> {dep}" for name in low for dep in graph[name] if dep.startswith(("ddpm.modes", "ddpm.cli"))
     )
     assert offenders == []
+
+
+def test_only_main_imports_the_command_line():
+    """The command line sits above the modes: it builds their requests (ddpm/requests.py); they never import it."""
+    graph = module_imports()
+    offenders = sorted(
+        f"{name} -> {dep}"
+        for name in graph
+        for dep in graph[name]
+        if dep.startswith("ddpm.cli") and not name.startswith("ddpm.cli") and name != "main"
+    )
+    assert offenders == []
+
+
+def test_utilities_import_only_utilities():
+    """util/ is the bottom floor: it imports only itself and ddpm/choices.py, which imports nothing."""
+    graph = module_imports()
+    assert graph["ddpm.choices"] == set()
+    offenders = sorted(
+        f"{name} -> {dep}"
+        for name in graph
+        if name.startswith("ddpm.util")
+        for dep in graph[name]
+        if not dep.startswith("ddpm.util") and dep != "ddpm.choices"
+    )
+    assert offenders == []
+
+
+def test_the_parser_imports_only_what_it_needs_to_parse():
+    """The parser reads its choice lists from light modules, never from the engines (--help never loads torch:
+    tests/cli/test_flags.py runs it)."""
+    graph, reached, todo = module_imports(), set(), ["ddpm.cli.parser"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(graph[name])
+    assert reached == {"ddpm.cli.parser", "ddpm.cli.flags", "ddpm.choices", "ddpm.conditioning", "ddpm.data.catalog"}
 
 
 def test_the_core_modules_stay_at_the_root_and_are_no_shims():
@@ -262,9 +306,16 @@ def test_the_parser_refuses_an_optimization_level_outside_0_to_5(capsys):
 
 
 def test_the_cli_offers_exactly_the_registrys_sample_implementations():
-    action = next(a for a in build_parser()._actions if a.dest == "implementation")
-    assert tuple(action.choices) == registry.SAMPLE_IMPLEMENTATIONS
+    action = next(a for a in build_parser("sample")._actions if a.dest == "implementation")
+    assert choices.SAMPLE_IMPLEMENTATIONS == registry.SAMPLE_IMPLEMENTATIONS
+    assert set(registry.SAMPLE_IMPLEMENTATIONS) <= set(action.choices)
     assert set(registry.SAMPLE_IMPLEMENTATIONS) == {"original", "cuda", "onnxruntime", "tensorrt"}
+
+
+def test_the_choice_lists_agree_with_the_modules_that_keep_their_own():
+    import noise_schedule
+
+    assert (choices.SAMPLERS, choices.SCHEDULES) == (noise_schedule.SAMPLERS, noise_schedule.SCHEDULES)
 
 
 @pytest.mark.parametrize(

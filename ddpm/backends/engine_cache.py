@@ -37,7 +37,6 @@ from ddpm.util.safe_files import atomic_write, parse_json, read_limited
 ENGINE_PRECISIONS = PRECISIONS + QUANTIZED  # an engine is built in any of them (int8/fp8: from a Q/DQ graph only)
 TENSORRT_INSTALL = "pip install tensorrt (NVIDIA's wheels, for a machine with an NVIDIA GPU)"
 MIN_TENSORRT_MAJOR = 10
-OPT_LEVELS = range(6)  # TensorRT's builder_optimization_level: 0 (fast build) .. 5 (most tactics)
 METADATA_VERSION = 1
 ENVIRONMENT_FIELDS = ("tensorrt_version", "gpu_name", "compute_capability")
 DEFAULT_CACHE_DIR = Path("tensorrt_cache")

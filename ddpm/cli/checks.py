@@ -4,7 +4,6 @@ suffixes, comma-separated lists, the --profile folder. Each failure is a ValueEr
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -56,20 +55,18 @@ def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Se
     return values
 
 
-def check_profile_dir(args: argparse.Namespace) -> None:
-    """--profile DIR: a folder (made if missing), never a file; only for train, sample and benchmark."""
-    if args.profile is None:
+def check_profile_dir(profile: str | None) -> None:
+    """--profile DIR: a folder (made if missing), never a file (the modes that read it: cli/flags.py)."""
+    if profile is None:
         return
-    if args.mode not in ("train", "sample", "benchmark"):
-        raise ValueError(f"--profile applies to --mode train, sample and benchmark, not {args.mode}")
-    if Path(args.profile).exists() and not Path(args.profile).is_dir():
-        raise ValueError(f"--profile {args.profile} is a file; it names the folder the traces go into")
-    existing = Path(args.profile).absolute()
+    if Path(profile).exists() and not Path(profile).is_dir():
+        raise ValueError(f"--profile {profile} is a file; it names the folder the traces go into")
+    existing = Path(profile).absolute()
     while not existing.exists():  # the folder, or the nearest one that exists (the rest is made)
         existing = existing.parent
     try:  # a probe, as for every output: modes, read-only file systems and /proc all answer it
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".profile-probe-")
     except OSError as exc:
-        raise ValueError(f"--profile {args.profile}: cannot write into {existing} ({exc.strerror})") from exc
+        raise ValueError(f"--profile {profile}: cannot write into {existing} ({exc.strerror})") from exc
     os.close(fd)
     os.unlink(probe)

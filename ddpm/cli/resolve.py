@@ -1,4 +1,4 @@
-"""Flags resolved once into a typed request per mode (cli/requests.py), every mistake refused here.
+"""Flags resolved once into a typed request per mode (ddpm/requests.py), every mistake refused here.
 
     mode, request = resolve.parse(["--mode", "sample", "--n_samples", "4"])   # -> ("sample", SampleRequest(...))
 
@@ -29,7 +29,9 @@ from ddpm.cli.checks import (
     parse_list,
 )
 from ddpm.cli.parser import parse_args
-from ddpm.cli.requests import (
+from ddpm.conditioning import check_scale
+from ddpm.formats.checkpoints import MAX_STEP
+from ddpm.requests import (
     BenchmarkRun,
     Calibration,
     EngineFlags,
@@ -41,8 +43,6 @@ from ddpm.cli.requests import (
     SamplingChoice,
     TrainRequest,
 )
-from ddpm.conditioning import check_scale
-from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
 from ddpm.util.safe_files import as_input, check_outputs  # every output checked before any work
 
@@ -62,19 +62,9 @@ def request_for(args: argparse.Namespace) -> object:
         from ddpm.formats.unet_io import check_opset
 
         check_opset(args.opset)
-    check_profile_dir(args)  # checked once, for every mode: the builders pass args.profile on
-    if args.mode != "train":  # the training curves are --mode train's
-        _refuse_ignored(
-            args, ("log_dir", "log_every"), f"applies to --mode train (its training curves), not --mode {args.mode}"
-        )
-    if args.mode != "benchmark":
-        _refuse_ignored(args, ("interleave",), f"orders benchmark mode's timed runs, not --mode {args.mode}'s")
-    if args.mode != "export":
-        _refuse_ignored(
-            args,
-            ("calibration_samples",),
-            f"calibrates an INT8 export (--mode export --precision int8), not --mode {args.mode}",
-        )
+    check_profile_dir(args.profile)  # checked once, for every mode that reads it: the builders pass it on
+    if args.mode not in REQUESTS:
+        raise ValueError(f"--mode {args.mode} is not available yet")
     # Sizes, counts and step numbers: never 0 or negative (0 is not "the default"; leave a flag out for that).
     check_positive(
         img_size=args.img_size,
@@ -101,10 +91,6 @@ def request_for(args: argparse.Namespace) -> object:
         train_steps=args.train_steps,
     )
     check_at_most(1000, "timings settle within a few repeats", repeats=args.repeats, warmup=args.warmup)
-    if not 0.0 <= args.eta <= 1.0:
-        raise ValueError(
-            f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {args.eta:g}"
-        )
     args.dataset = args.dataset or "mnist"
     if args.batch_size is None:
         args.batch_size = training_defaults(args.dataset)["batch_size"] if args.mode == "train" else 64
@@ -175,8 +161,6 @@ NEW_MODEL_FLAGS = (
     "ae_channels",
     "kl_weight",
 )
-# Flags of sampling and of autoencoder training that a U-Net's training run would ignore.
-NOT_TRAINING_FLAGS = ("class_label", "guidance_scale", "latent_channels", "downsample", "ae_channels", "kl_weight")
 
 
 def _refuse_ignored(args: argparse.Namespace, flags: tuple[str, ...], why: str) -> None:
@@ -281,7 +265,6 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     from ddpm.data.catalog import VOLUME_DATASETS
     from ddpm.training.curves import default_log_dir
 
-    _single(args)
     check_positive(
         n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every
     )
@@ -307,11 +290,6 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
             raise ValueError("--init_from starts from a pixel model's weights; a latent model continues with --resume")
     if args.resume and args.class_cond:
         raise ValueError("--class_cond makes a new model; a resumed run keeps the one in its checkpoint")
-    _refuse_ignored(
-        args,
-        NOT_TRAINING_FLAGS,
-        "is not read by --mode train (it is a flag of sampling or of --mode train_autoencoder)",
-    )
     if "cond_drop" in args.given and not args.class_cond and not args.resume:
         raise ValueError(
             "--cond_drop is the share of labels dropped when training a class-conditional model; add --class_cond or "
@@ -373,7 +351,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
 
 def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequest:
     sampling = _single(args)
-    check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
+    check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
     if args.no_grid and args.output:
         raise ValueError("--no_grid writes no PNG, so --output has nothing to name; drop one of them")
     if args.no_grid and not args.save_npz:
@@ -402,9 +380,6 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
     if args.n_samples < 2:
         raise ValueError("--mode evaluate needs --n_samples 2 or more (a Frechet distance needs a covariance)")
-    _refuse_ignored(
-        args, ("output", "save_npz", "no_grid", "grid_scale"), "is sample mode's; evaluate writes --json and --chart"
-    )
     if args.n_samples > MAX_EVALUATE_SAMPLES:  # time: every row draws them all, a U-Net pass per sample and step
         raise ValueError(
             f"--mode evaluate draws at most {MAX_EVALUATE_SAMPLES:,} samples per row (the count FID is reported at; "
@@ -506,7 +481,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     from ddpm.formats.kinds import artifact_kind
 
     sampling = _single(args)
-    check_positive(n_samples=args.n_samples, sampling_steps=sampling.steps, batch_size=args.batch_size)
+    check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
     if args.autoencoder and not args.model_path:
         raise ValueError(
             "--autoencoder goes with a latent model's checkpoint (--model_path); a fresh U-Net is a pixel model"
@@ -551,14 +526,6 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
 
     if args.dataset in VOLUME_DATASETS:
         raise ValueError(f"--mode train_autoencoder is for images; {args.dataset} holds 3-D volumes")
-    if args.autoencoder:
-        raise ValueError(
-            "--autoencoder names a latent model's first stage; --mode train_autoencoder makes one (drop it)"
-        )
-    if args.resume:
-        raise ValueError(
-            "--mode train_autoencoder has no --resume (a run is a few minutes); start over with --overwrite"
-        )
     if args.precision not in ("auto", "fp32"):
         raise ValueError(f"--mode train_autoencoder trains in fp32; drop --precision {args.precision}")
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from basic_diffusion import UNet, UNetConfig
+from ddpm.choices import ALL_PRECISIONS
 from ddpm.formats.torch_files import check_dense, load_pt, load_weights
 from ddpm.formats.unet_io import ARTIFACT_FORMAT, UNetIO
 from ddpm.util.messages import first_line
-from ddpm.util.precision import ALL_PRECISIONS
 from ddpm.util.safe_files import atomic_write, parse_json, read_limited
 from noise_schedule import ScheduleConfig, short_repr
 

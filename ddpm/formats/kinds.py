@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ddpm.util.precision import QUANTIZED
 
-FORMATS = ("onnx", "torchscript", "tensorrt", "safetensors", "diffusers")
 # "diffusers" writes a folder (formats/diffusers_io.py): no suffix.
 FORMAT_SUFFIXES = {
     "onnx": (".onnx",),

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from ddpm.choices import DEFAULT_MAX_BATCH
+
 if TYPE_CHECKING:
     from basic_diffusion import UNetConfig
     from noise_schedule import ScheduleConfig
@@ -34,7 +36,6 @@ ARTIFACT_FORMAT = "ddpm-unet/1"
 METADATA_KEY = "ddpm"  # ONNX metadata_props key; TorchScript extra file "ddpm.json"
 BATCH = "batch"  # the name of the dynamic axis
 DEFAULT_OPT_BATCH = 16  # the batch an engine is tuned for (the CLI's default --n_samples)
-DEFAULT_MAX_BATCH = 64
 
 
 # --------------------------------------------------------------------------------------------

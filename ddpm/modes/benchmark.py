@@ -18,10 +18,10 @@ import torch
 
 from basic_diffusion import UNet
 from ddpm.benchmarks import sampling_bench, training_bench
-from ddpm.cli.requests import BenchmarkRun
 from ddpm.conditioning import guidance_for, unet_batch
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
+from ddpm.requests import BenchmarkRun
 from ddpm.util import distributed
 from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.safe_files import check_outputs

@@ -16,9 +16,9 @@ from functools import cached_property
 
 from ddpm.backends import registry
 from ddpm.backends.artifacts import Artifact, load_artifact
-from ddpm.cli.requests import DrawRequest
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.latent.first_stage import clips_x0
+from ddpm.requests import DrawRequest
 from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule, SamplingPlan

@@ -15,12 +15,12 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from ddpm.cli.requests import EvaluateRequest
 from ddpm.data.catalog import VOLUME_DATASETS
 from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
 from ddpm.modes.drawing import open_for_drawing
+from ddpm.requests import EvaluateRequest
 from ddpm.util.memory_budget import check_held_in_host_memory
 from ddpm.util.safe_files import check_outputs
 

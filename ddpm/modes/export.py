@@ -28,7 +28,7 @@ from ddpm.backends.runtimes import (
     load_torchscript,
     onnxruntime_session,
 )
-from ddpm.cli.requests import Calibration, ExportRequest
+from ddpm.choices import FORMATS
 from ddpm.formats.diffusers_io import diffusers_folder_files
 from ddpm.formats.exporters import (
     _quiet_torchscript,
@@ -39,10 +39,11 @@ from ddpm.formats.exporters import (
     trace_decoder,
     trace_torchscript,
 )
-from ddpm.formats.kinds import FORMAT_SUFFIXES, FORMATS, artifact_kind
+from ddpm.formats.kinds import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.model_files import load_model_parts, load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
+from ddpm.requests import Calibration, ExportRequest
 from ddpm.util.precision import QUANTIZED
 from ddpm.util.safe_files import as_input, atomic_write, check_outputs
 from tensorrt_integration import TensorRTOptions

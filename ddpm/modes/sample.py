@@ -16,9 +16,9 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from ddpm.backends import registry
-from ddpm.cli.requests import SampleRequest
 from ddpm.data.image_files import SampleOutputs, SampleWriter
 from ddpm.modes.drawing import open_for_drawing
+from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.profiling import ProfileConfig, make_profiler

@@ -19,11 +19,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from basic_diffusion import count_parameters
-from ddpm.cli.requests import NewModel, TrainRequest
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
+from ddpm.requests import NewModel, TrainRequest
 from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.training.trainer import TrainConfig, Trainer, resume_config
 from ddpm.util import distributed, interrupts

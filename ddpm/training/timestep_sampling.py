@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-TIMESTEP_SAMPLERS = ("uniform", "importance", "topk", "speed")
+from ddpm.choices import TIMESTEP_SAMPLERS
 
 
 def _check_int(name: str, value: object, *, low: int = 1, high: int | None = None) -> int:

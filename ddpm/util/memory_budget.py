@@ -22,6 +22,7 @@ import os
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +30,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from basic_diffusion import UNet, UNetConfig
 from ddpm.util.messages import format_bytes
+
+if TYPE_CHECKING:  # a config builds its own U-Net (UNetConfig.build): this utility imports nothing above it
+    from basic_diffusion import UNet, UNetConfig
 
 SAFETY_FRACTION = 0.9  # plan for at most this share of the available memory
 # The estimate counts the bytes of live tensors, as the allocator hands them out. The process holds
@@ -187,7 +190,7 @@ def _peak_lines(
 
     peak(B) = max(fixed + B * per_sample)."""
     with torch.device("meta"):
-        model = UNet(model_config)
+        model = model_config.build()
     model = model.to(dtype).train(training).requires_grad_(training)
     model.grad_checkpoint = grad_checkpoint  # the residual blocks keep only their inputs for the backward
     # Held through the whole step, outside the trace: the weights; training adds the EMA copy and AdamW's two moments.
@@ -255,7 +258,7 @@ def upper_bound_bytes(
     attended = set(cfg.attention_resolutions) | {cfg.resolutions[-1]}
     scores = sum(4 * (2 * cfg.num_res_blocks + 3) * cfg.num_heads * r ** (2 * cfg.dims) for r in attended)
     with torch.device("meta"):  # counts the weights without allocating them
-        weights = sum(p.numel() for p in UNet(cfg).parameters())
+        weights = sum(p.numel() for p in cfg.build().parameters())
     per_sample = (maps + scores) * item
     return batch_size * per_sample + 8 * weights * 4
 

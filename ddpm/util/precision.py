@@ -28,11 +28,11 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+# The names (ddpm/choices.py): PRECISIONS autocast; QUANTIZED graphs (formats/quantization.py) are explicit Q/DQ
+# ONNX files, exported and run, never trained or autocast.
+from ddpm.choices import PRECISIONS, QUANTIZED
+
 LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# Quantized graphs (formats/quantization.py): explicit Q/DQ ONNX files, exported and run, never trained or autocast.
-QUANTIZED = ("int8", "fp8")
-ALL_PRECISIONS = PRECISIONS + QUANTIZED
 
 
 def check_precision(precision: str) -> str:

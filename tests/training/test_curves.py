@@ -171,7 +171,7 @@ def test_without_tensorboard_the_csv_is_written_and_an_explicit_log_dir_gets_one
 @pytest.mark.parametrize("flag", [["--log_dir", "logs"], ["--log_every", "5"]])
 def test_the_curve_flags_are_refused_outside_training(tmp_path, flag):
     result = run_here("--mode", "sample", "--model_path", "m.pt", *flag, cwd=tmp_path)
-    assert_user_error(result, f"{flag[0]} applies to --mode train (its training curves), not --mode sample; drop it")
+    assert_user_error(result, f"{flag[0]} is read by --mode train and distill, not sample")
 
 
 def test_log_every_must_be_positive_and_is_refused_while_resolving():
@@ -198,8 +198,8 @@ def test_a_window_averages_its_finite_steps_counts_the_skipped_ones_and_writes_n
 
 
 def test_only_rank_0_keeps_the_curves(monkeypatch):
-    from ddpm.cli.requests import TrainRequest
     from ddpm.modes import train
+    from ddpm.requests import TrainRequest
     from ddpm.util.distributed import Ranks
 
     monkeypatch.setattr(train.distributed, "current", lambda: Ranks(rank=1, world_size=2))

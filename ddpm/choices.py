@@ -1,0 +1,43 @@
+"""The names a flag may take, in one module that imports nothing: the command line builds its parser
+(and ``--help``) from these without importing torch, and the modules that own each name import it from
+here, so the list is written once.
+
+    from ddpm.choices import PRESETS        # basic_diffusion.py, and cli/flags.py for --model_preset
+
+Add a name here when its owner learns to handle it (an implementation in backends/registry.py, a format
+in modes/export.py). Two owners keep their own list, because importing this module would add a floor
+to the tallest import chain: noise_schedule.py (the samplers and schedules: it imports nothing of the
+project) and backends/registry.py (each entry says whether --implementation offers it);
+tests/test_structure.py checks that each agrees with the list here.
+"""
+
+# noise_schedule.py's SCHEDULES and SAMPLERS: beta schedules and the samplers' update rules.
+SCHEDULES = ("linear", "cosine")
+SAMPLERS = ("ddpm", "ddim", "dpm_solver", "dpm_solver_sde", "consistency")
+
+# basic_diffusion.py: U-Net presets and how a residual block takes the timestep.
+PRESETS = ("small", "ddpm_cifar10")
+TIME_CONDITIONING = ("scale_shift", "add")
+
+# util/precision.py: autocast precisions, and quantized graphs (exported and run, never trained or autocast).
+PRECISIONS = ("fp32", "bf16", "fp16")
+QUANTIZED = ("int8", "fp8")
+ALL_PRECISIONS = PRECISIONS + QUANTIZED
+
+# backends/registry.py: what --implementation offers (the registry holds more rows: benchmark variants).
+SAMPLE_IMPLEMENTATIONS = ("original", "cuda", "onnxruntime", "tensorrt")
+DEFAULT_IMPLEMENTATION = "original"
+IMPLEMENTATION_CHOICES = SAMPLE_IMPLEMENTATIONS  # what --implementation offers
+
+# modes/export.py: what --mode export writes.
+FORMATS = ("onnx", "torchscript", "tensorrt", "safetensors", "diffusers")
+# formats/unet_io.py: the largest batch an exported graph or a TensorRT engine takes by default.
+DEFAULT_MAX_BATCH = 64
+
+# tensorrt_integration.py: native engines or torch_tensorrt.compile.
+BACKENDS = ("native", "torch_tensorrt")
+# backends/engine_cache.py: TensorRT's builder_optimization_level, 0 (fast build) .. 5 (most tactics).
+OPT_LEVELS = range(6)
+
+# training/timestep_sampling.py: which timesteps each training step draws.
+TIMESTEP_SAMPLERS = ("uniform", "importance", "topk", "speed")

@@ -1,0 +1,646 @@
+"""Every flag once: its type, default, help, and the modes that read it (``READ_BY``, the table that
+per-mode help and the refusal of a flag a mode does not read are both made from).
+
+    READ_BY["json"]                     # -> ("evaluate", "benchmark")
+    FLAGS["eta"].options_for("sample")  # add_argument's keywords for sample's parser
+
+A flag's value is checked here only for its form (a number, a name from its list, a seed in range);
+ranges and what depends on several flags, the mode or the file system are resolve.py's and the
+requests'. This module imports nothing heavy: ``--help`` never loads torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ddpm.choices import (
+    ALL_PRECISIONS,
+    BACKENDS,
+    DEFAULT_IMPLEMENTATION,
+    DEFAULT_MAX_BATCH,
+    FORMATS,
+    IMPLEMENTATION_CHOICES,
+    OPT_LEVELS,
+    PRESETS,
+    SAMPLERS,
+    SCHEDULES,
+    TIME_CONDITIONING,
+    TIMESTEP_SAMPLERS,
+)
+from ddpm.conditioning import DEFAULT_GUIDANCE
+from ddpm.data.catalog import DATASETS
+
+SEED_MAX = 2**63 - 1
+# Each mode and what it does (the top-level --help lists them in this order).
+MODE_SUMMARIES = {
+    "train": "train a U-Net on a dataset (the default mode)",
+    "sample": "draw a PNG grid (or an .npz) from a checkpoint or an exported model",
+    "evaluate": "sample quality against the training data, for a list of samplers and steps",
+    "benchmark": "time the sampling implementations, or training steps",
+    "export": "write a checkpoint as ONNX, TorchScript, a TensorRT engine, safetensors or a diffusers folder",
+    "train_autoencoder": "train the first stage of a latent model",
+    "distill": "train a few-step student from a teacher model",
+}
+MODES = tuple(MODE_SUMMARIES)
+DISTILL_STEPS = (1, 2, 4, 8)
+
+# The modes that read a family of flags.
+DRAW = ("sample", "evaluate")  # a model file drawn by an implementation
+TRAIN = ("train", "distill")  # a training run with checkpoints and curves
+RUNTIME = ("sample", "evaluate", "export")  # ONNX and TensorRT built from a model file
+NEW_MODEL = "describes a new model"  # said to a mode that takes the whole model from its file
+
+
+# ----- the values' forms -----------------------------------------------------------------------------
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def name_list(choices):
+    """An argparse type: one name from ``choices``, or a comma-separated list of them (kept as text)."""
+
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",")]
+        if not all(names) or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), got {text!r}")
+        return ",".join(names)
+
+    return parse
+
+
+def int_list(text: str) -> str:
+    """An argparse type: an integer, or a comma-separated list of them (kept as text; the request checks
+    that each is positive)."""
+    items = [n.strip() for n in text.split(",")]
+    try:
+        [int(n) for n in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer or a comma-separated list of them, got {text!r}"
+        ) from None
+    return ",".join(items)
+
+
+def seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
+    return value
+
+
+# ----- the table -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Flag:
+    """One flag: ``--name``, the modes that read it, and add_argument's keywords (a mode's own in ``per_mode``)."""
+
+    name: str  # without the dashes: argparse's dest
+    modes: tuple[str, ...]
+    options: Mapping[str, object]
+    per_mode: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    note: str | None = None  # what the flag is, said when a mode that does not read it is given it
+
+    def options_for(self, mode: str | None) -> dict:
+        return {**self.options, **self.per_mode.get(mode, {})}
+
+
+def flag(name: str, modes: tuple[str, ...], *, per_mode=None, note=None, **options) -> Flag:
+    return Flag(name, modes, options, per_mode or {}, note)
+
+
+def _common() -> tuple[Flag, ...]:
+    return (
+        flag(
+            "mode",
+            MODES,
+            choices=MODES,
+            default="train",
+            help="what to do; python main.py --mode MODE --help lists the flags MODE reads",
+        ),
+        flag("device", MODES, choices=("auto", "cpu", "cuda"), default="auto", help="auto picks CUDA when available"),
+        flag("seed", MODES, type=seed, default=0, help="seed for weights, data order, noise and sampling"),
+        flag(
+            "precision",
+            MODES,
+            choices=("auto", *ALL_PRECISIONS),
+            default="auto",
+            help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise "
+            "(sampling: fp32, so every implementation draws the same images); int8: an ONNX graph with INT8 "
+            "convolutions (--mode export --format onnx, or --implementation onnxruntime), calibrated on the "
+            "model's own sampling trajectories; fp8: the same for TensorRT on Hopper GPUs",
+        ),
+        flag(
+            "profile",
+            ("train", "sample", "benchmark", "distill"),
+            default=None,
+            metavar="DIR",
+            help="record a torch.profiler trace of a few steps into DIR/<run>/plugins/profile/ (view: tensorboard "
+            "--logdir DIR, or the .pt.trace.json in ui.perfetto.dev) and print the top operations",
+        ),
+        flag(
+            "model_path",
+            MODES,
+            default=None,
+            help="checkpoint to write (train) or read (sample, export); sample also reads exported .ts, .onnx, "
+            ".safetensors and .engine/.plan files, and a Hugging Face diffusers model folder (UNet2DModel + "
+            "scheduler); default checkpoints/<dataset>.pt (train_autoencoder: checkpoints/<dataset>_autoencoder.pt)",
+            per_mode={
+                "distill": dict(
+                    required=True,
+                    help="the teacher: a checkpoint, a diffusers model folder or a .safetensors export",
+                ),
+                "benchmark": dict(help="a checkpoint to time (default: a fresh U-Net of the model flags)"),
+            },
+        ),
+    )
+
+
+def _data() -> tuple[Flag, ...]:
+    shape = ("train", "benchmark", "train_autoencoder")
+    return (
+        flag(
+            "dataset",
+            ("train", "sample", "evaluate", "benchmark", "export", "train_autoencoder"),
+            choices=DATASETS,
+            default=None,
+            help="default mnist; digits = offline handwritten digits (scikit-learn); spheres = 3-D voxel spheres "
+            "drawn from a seed (offline; --img_size 16, 32 or 64 voxels a side); voxels = your own .npy volumes "
+            "under --data_dir; evaluate: a model's own training data (what its checkpoint or export records) unless "
+            "given; sample and export: names the default --model_path",
+        ),
+        flag(
+            "data_dir",
+            ("train", "evaluate", "train_autoencoder"),
+            default="./data",
+            help="download folder, or your images with --dataset folder",
+        ),
+        flag(
+            "img_size",
+            shape,
+            note=NEW_MODEL,
+            type=int,
+            default=None,
+            help="training image size (default: the dataset's)",
+        ),
+        flag("channels", shape, note=NEW_MODEL, type=int, default=None, help="1 or 3 (default: the dataset's)"),
+    )
+
+
+def _model() -> tuple[Flag, ...]:
+    new = ("train", "benchmark")  # a fresh U-Net: trained, or timed without --model_path
+    return (
+        flag(
+            "model_preset",
+            new,
+            note=NEW_MODEL,
+            choices=PRESETS,
+            default="small",
+            help="small suits MNIST; ddpm_cifar10 = Ho et al.'s 35.7M U-Net",
+        ),
+        flag("model_channels", new, note=NEW_MODEL, type=int, default=None, help="override the preset's base width"),
+        flag(
+            "num_res_blocks",
+            new,
+            note=NEW_MODEL,
+            type=int,
+            default=None,
+            help="override the preset's residual blocks per level",
+        ),
+        flag("dropout", new, note=NEW_MODEL, type=finite_float, default=None, help="override the preset's dropout"),
+        flag(
+            "time_conditioning",
+            new,
+            note=NEW_MODEL,
+            choices=TIME_CONDITIONING,
+            default=None,
+            help="how residual blocks take the timestep: scale_shift (the small preset's default) modulates the "
+            "normalized features; add is the older bias before the norm (the ddpm_cifar10 preset's, as in the paper)",
+        ),
+        flag(
+            "patch_size",
+            new,
+            note=NEW_MODEL,
+            type=int,
+            default=None,
+            help="fold P x P (x P) patches into channels before the U-Net and unfold them after: its layers then run "
+            "on P^2 (P^3) times fewer positions (default: 2 for volumes of 32 or more voxels a side, else 1)",
+        ),
+        flag("beta_schedule", new, note=NEW_MODEL, choices=SCHEDULES, default="linear"),
+        flag("timesteps", new, note=NEW_MODEL, type=int, default=1000, help="diffusion steps T"),
+        flag(
+            "class_cond",
+            ("train",),
+            note=NEW_MODEL,
+            action="store_true",
+            help="train a class-conditional model on the dataset's labels (a folder's sub-folder names are its "
+            "classes)",
+        ),
+        flag(
+            "autoencoder",
+            ("train", "sample", "evaluate", "benchmark", "export", "distill"),
+            default=None,
+            metavar="PATH",
+            help="latent diffusion: train the U-Net on the latents of this autoencoder (--mode train_autoencoder "
+            "makes one); when a latent model is read, where its autoencoder is now if it moved",
+        ),
+    )
+
+
+def _autoencoder() -> tuple[Flag, ...]:
+    ae = ("train_autoencoder",)
+    return (
+        flag("latent_channels", ae, type=int, default=None, help="channels of the latent (default 4)"),
+        flag(
+            "downsample",
+            ae,
+            type=int,
+            default=None,
+            choices=(2, 4, 8),
+            help="image side / latent side (default 4 from 16 pixels up, else 2; sides are padded to an even latent)",
+        ),
+        flag("ae_channels", ae, type=int, default=None, help="the autoencoder's base width (default 32)"),
+        flag("kl_weight", ae, type=finite_float, default=None, help="weight of the KL term against L1 (default 1e-3)"),
+    )
+
+
+def _training() -> tuple[Flag, ...]:
+    steps = ("train", "train_autoencoder", "distill")
+    return (
+        flag(
+            "n_epochs", ("train", "train_autoencoder"), type=int, default=None, help="passes over the data (default 10)"
+        ),
+        flag(
+            "max_steps",
+            steps,
+            type=int,
+            default=None,
+            help="optimizer steps: the run's length, or its cap with --n_epochs",
+            per_mode={"distill": dict(help="the student's optimizer steps")},
+        ),
+        flag(
+            "batch_size",
+            ("train", "sample", "evaluate", "benchmark", "train_autoencoder", "distill"),
+            type=int,
+            default=None,
+            help="training batch (default 64 images, 16 volumes); sampling draws --n_samples in batches of this size "
+            "(default 64)",
+            per_mode={
+                "sample": dict(help="draw --n_samples in batches of this size (default 64)"),
+                "evaluate": dict(help="draw --n_samples in batches of this size (default 64)"),
+                "distill": dict(help="the student's training batch"),
+            },
+        ),
+        flag(
+            "lr",
+            steps,
+            type=finite_float,
+            default=None,
+            help="peak AdamW learning rate (default 2e-4 images, 1e-3 volumes and autoencoders)",
+            per_mode={"distill": dict(help="the student's peak AdamW learning rate")},
+        ),
+        flag(
+            "warmup_steps",
+            TRAIN,
+            type=int,
+            default=None,
+            help="linear warm-up (default: 5%% of the run, at most 500)",
+        ),
+        flag(
+            "ema_decay",
+            TRAIN,
+            type=finite_float,
+            default=None,
+            help="(default 0.999 images, 0.995 volumes)",
+            per_mode={"distill": dict(help="the decay of the student's EMA weights")},
+        ),
+        flag(
+            "min_snr_gamma",
+            ("train",),
+            type=finite_float,
+            default=None,
+            help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice); "
+            "0: unweighted (default: unweighted for images, 5 for volumes)",
+        ),
+        flag("grad_clip", TRAIN, type=finite_float, default=1.0, help="gradient-norm clipping"),
+        flag(
+            "timestep_sampling",
+            ("train",),
+            choices=TIMESTEP_SAMPLERS,
+            default=None,
+            help="which timesteps each step trains on (a resumed run keeps its own): uniform (DDPM, the default); "
+            "importance (loss-aware, Nichol & Dhariwal 2021, unbiased); topk (mostly the K timesteps with the "
+            "largest loss, unbiased); speed (SpeeD-style: fewer draws where the loss has converged, reweighted)",
+        ),
+        flag(
+            "compile",
+            ("train", "sample", "evaluate", "distill"),
+            action="store_true",
+            help="torch.compile the U-Net (training; and sampling with --implementation cuda)",
+        ),
+        flag(
+            "cond_drop",
+            ("train",),
+            type=finite_float,
+            default=0.1,
+            help="with --class_cond: share of labels replaced by the null label, so the model also learns "
+            "unconditional eps",
+        ),
+        flag(
+            "grad_checkpoint",
+            ("train",),
+            action="store_true",
+            help="recompute the residual blocks' activations in the backward pass: less memory (for 64^3 volumes on "
+            "a small GPU), about a third more compute",
+        ),
+        flag("save_every", TRAIN, type=int, default=1000, help="checkpoint every N steps (0: only at the end)"),
+        flag("sample_every", ("train",), type=int, default=1000, help="sample grid every N steps (0: only at the end)"),
+        flag(
+            "resume",
+            TRAIN,
+            action="store_true",
+            help="continue the run saved in --model_path exactly",
+            per_mode={"distill": dict(help="continue the distillation saved in --output exactly")},
+        ),
+        flag(
+            "init_from",
+            ("train",),
+            default=None,
+            metavar="MODEL",
+            help="fine-tune: a new run (into --model_path) that starts from MODEL's weights and takes its U-Net and "
+            "noise schedule: a checkpoint, a .safetensors export or a diffusers model folder (fresh optimizer, step 0)",
+        ),
+        flag(
+            "overwrite",
+            steps,
+            action="store_true",
+            help="start over and replace an existing --model_path and its training curves (without it, refused)",
+            per_mode={"distill": dict(help="start over and replace an existing --output (without it, refused)")},
+        ),
+        flag(
+            "log_dir",
+            TRAIN,
+            default=None,
+            metavar="DIR",
+            help="training curves: DIR/metrics.csv (step, loss, lr, grad_norm, images_per_s, skipped_steps, "
+            "wall_time) and, with the tensorboard package, TensorBoard event files with the preview grids (view: "
+            "tensorboard --logdir DIR); --resume appends to them (default: <model_path stem>_logs beside the "
+            "checkpoint)",
+            per_mode={"distill": dict(help="the student's training curves (metrics.csv; TensorBoard events)")},
+        ),
+        flag(
+            "log_every",
+            TRAIN,
+            type=int,
+            default=10,
+            help="a row of training curves every N steps (loss and gradient norm: the means over those steps) and at "
+            "the end",
+        ),
+    )
+
+
+def _sampling() -> tuple[Flag, ...]:
+    drawn = ("sample", "evaluate", "benchmark")
+    return (
+        flag(
+            "implementation",
+            DRAW,
+            choices=IMPLEMENTATION_CHOICES,
+            default=DEFAULT_IMPLEMENTATION,
+        ),
+        flag("n_samples", drawn, type=int, default=16, help="images to draw"),
+        flag(
+            "sampler",
+            (*drawn, "export"),
+            type=name_list(SAMPLERS),
+            default="ddpm",
+            help=f"{', '.join(SAMPLERS)}; --mode evaluate takes a comma-separated list",
+            per_mode={
+                "export": dict(
+                    help="--precision int8: the sampler whose trajectories calibrate (default dpm_solver_sde)"
+                )
+            },
+        ),
+        flag(
+            "sampling_steps",
+            (*drawn, "export", "distill"),
+            type=int_list,
+            default=None,
+            help="default: T for ddpm, 50 for ddim, 20 for dpm_solver and dpm_solver_sde; --mode evaluate takes a "
+            "comma-separated list",
+            per_mode={
+                "distill": dict(type=int, choices=DISTILL_STEPS, default=4, help="the student's U-Net calls per image"),
+                "export": dict(help="--precision int8: the calibrating sampler's steps (default 20)"),
+            },
+        ),
+        flag(
+            "eta",
+            drawn,
+            type=finite_float,
+            default=0.0,
+            help="DDIM stochasticity, 0-1 (0 = deterministic, 1 = DDPM's posterior variance)",
+        ),
+        flag(
+            "class_label",
+            DRAW,
+            default=None,
+            metavar="LABELS",
+            help="class-conditional models: a class (index or name), a comma-separated list (the samples split evenly, "
+            "one grid row each), or all (one grid row per class); default all",
+        ),
+        flag(
+            "guidance_scale",
+            (*drawn, "distill"),
+            type=finite_float,
+            default=None,
+            metavar="W",
+            help="class-conditional models: classifier-free guidance, eps = eps_uncond + W (eps_cond - eps_uncond); "
+            f"1 = the conditional model unguided, 0 = unconditional (default {DEFAULT_GUIDANCE})",
+            per_mode={
+                "distill": dict(help="class-conditional teachers: the classifier-free guidance the student learns")
+            },
+        ),
+        flag(
+            "no_clip", drawn, action="store_true", help="do not clip predicted x0 to [-1, 1] (latent models never do)"
+        ),
+        flag(
+            "no_ema",
+            (*RUNTIME, "benchmark"),
+            action="store_true",
+            help="sample (or export) the raw weights instead of the EMA",
+        ),
+        flag(
+            "output",
+            ("sample", "export", "distill"),
+            default=None,
+            help="sample: the PNG grid (default samples.png); export: the file (default: beside the checkpoint)",
+            per_mode={
+                "sample": dict(help="the PNG grid (default samples.png)"),
+                "export": dict(help="the file written (default: beside the checkpoint)"),
+                "distill": dict(help="the student checkpoint to write (default: beside the teacher)"),
+            },
+        ),
+        flag("save_npz", ("sample",), default=None, help="also save the images (uint8, NHWC) to this .npz file"),
+        flag("no_grid", ("sample",), action="store_true", help="write no PNG grid (with --save_npz: for many samples)"),
+        flag(
+            "grid_scale",
+            ("sample",),
+            type=int,
+            default=None,
+            help="enlarge the grid N times, nearest neighbour (default: tiles of at least 64 pixels, e.g. x8 for 8x8 "
+            "digits)",
+        ),
+        flag(
+            "trust_torchscript",
+            RUNTIME,
+            action="store_true",
+            help="allow a TorchScript (.ts) --model_path: it is a program, and loading it runs its code",
+        ),
+    )
+
+
+def _export() -> tuple[Flag, ...]:
+    return (
+        flag(
+            "format",
+            ("export",),
+            choices=FORMATS,
+            default="onnx",
+            help="what --mode export writes: onnx, torchscript (.ts), tensorrt (an engine), safetensors (the weights, "
+            "no pickle, this tool's configs in the file's metadata) or diffusers (a folder that diffusers' "
+            "DDPMPipeline.from_pretrained loads; default <checkpoint stem>_diffusers/)",
+        ),
+        flag(
+            "calibration_samples",
+            ("export",),
+            note="calibrates an INT8 export (--mode export --precision int8)",
+            type=int,
+            default=None,
+            metavar="N",
+            help="--precision int8: the seeded trajectories of --sampler (default dpm_solver_sde, 20 steps) whose "
+            "U-Net inputs set the activation ranges (default 16)",
+        ),
+        flag(
+            "opset",
+            RUNTIME,
+            type=int,
+            default=None,
+            help="ONNX opset, 18-25 (default: 21, native GroupNormalization; 22 for bf16 graphs; for TensorRT, "
+            "chosen from its version)",
+        ),
+        flag(
+            "trt_backend", RUNTIME, choices=BACKENDS, default="native", help="native engines or torch_tensorrt.compile"
+        ),
+        flag("max_batch", RUNTIME, type=int, default=DEFAULT_MAX_BATCH, help="largest batch a TensorRT engine takes"),
+        flag(
+            "trt_opt_level",
+            RUNTIME,
+            type=int,
+            choices=OPT_LEVELS,
+            default=3,
+            metavar="0-5",
+            help="TensorRT builder optimization level: 0 builds fastest, 5 tries the most tactics",
+        ),
+    )
+
+
+def _benchmark() -> tuple[Flag, ...]:
+    bench = ("benchmark",)
+    return (
+        flag(
+            "bench",
+            bench,
+            choices=("sampling", "training"),
+            default="sampling",
+            help="time sampling implementations, or training steps",
+        ),
+        flag("train_steps", bench, type=int, default=20, help="timed optimizer steps per training row"),
+        flag("repeats", bench, type=int, default=3, help="timed runs per row (median and min-max reported)"),
+        flag("warmup", bench, type=int, default=1, help="untimed runs per row before timing"),
+        flag(
+            "interleave",
+            bench,
+            action="store_true",
+            help="sampling: build every row first, then time them in rounds (each row once per round, --repeats "
+            "rounds); speedups are the median of per-round ratios, so a machine whose speed drifts over minutes "
+            "slows every row alike (peak memory is not measured: the rows are held together)",
+        ),
+        flag("json", ("evaluate", "benchmark"), default=None, help="write the results as JSON here"),
+        flag("csv", bench, default=None, help="write the result rows as CSV here"),
+        flag(
+            "chart",
+            ("evaluate", "benchmark"),
+            default=None,
+            help="write a chart PNG here (benchmark: time per row; evaluate: quality against steps)",
+        ),
+        flag(
+            "rows",
+            bench,
+            default="all",
+            help="comma-separated rows to run: the registry's implementations (ddpm/backends/registry.py; default all; "
+            "original always runs: it is the reference); with --bench training, from fp32,fp32_compile,amp,"
+            "amp_compile,fp32_checkpoint,amp_checkpoint,t_<sampler> (fp32 always runs)",
+        ),
+    )
+
+
+def _evaluate() -> tuple[Flag, ...]:
+    return (
+        flag(
+            "inception_weights",
+            ("evaluate",),
+            default=None,
+            help="FID/KID (MNIST, Fashion-MNIST, CIFAR-10, folders): a local copy of torch-fidelity's Inception "
+            "weights (default: torch hub's cache, downloaded once)",
+        ),
+    )
+
+
+def _distill() -> tuple[Flag, ...]:
+    distill = ("distill",)
+    return (
+        flag(
+            "distill_samples",
+            distill,
+            type=int,
+            default=4096,
+            help="teacher trajectories the student learns from",
+        ),
+        flag("teacher_steps", distill, type=int, default=32, help="teacher solver steps per trajectory"),
+    )
+
+
+# (title, flags): the groups of --help, in order.
+GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
+    ("common", _common()),
+    ("data", _data()),
+    ("model and schedule", _model()),
+    ("autoencoder (the first stage of a latent model)", _autoencoder()),
+    ("training", _training()),
+    ("sampling", _sampling()),
+    ("export and TensorRT", _export()),
+    ("benchmark", _benchmark()),
+    ("evaluate", _evaluate()),
+    ("distillation", _distill()),
+)
+FLAGS: dict[str, Flag] = {f.name: f for _, flags in GROUPS for f in flags}
+# The table: each flag and the modes that read it; any other mode refuses it.
+READ_BY: dict[str, tuple[str, ...]] = {name: f.modes for name, f in FLAGS.items()}
+
+
+def flags_of(mode: str) -> tuple[str, ...]:
+    """The flags ``mode`` reads, in --help's order."""
+    return tuple(name for name, modes in READ_BY.items() if mode in modes)
+
+
+def not_read(name: str, mode: str) -> str:
+    """The line refusing ``--name`` in ``mode``: what the flag is (when it says more than its name) and the
+    modes that read it."""
+    modes = READ_BY[name]
+    listed = " and ".join((", ".join(modes[:-1]), modes[-1])) if len(modes) > 1 else modes[0]
+    what = f"--{name} {FLAGS[name].note}: read" if FLAGS[name].note else f"--{name} is read"
+    return f"{what} by --mode {listed}, not {mode}"
