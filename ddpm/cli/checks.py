@@ -1,9 +1,13 @@
 """Checks of single flag values that several requests share: positive counts, non-negative steps, file
 suffixes, comma-separated lists, the --profile folder. Each failure is a ValueError naming the flag
-(main.py prints it in one line, exit code 2); cli/resolve.py calls them while it builds a request."""
+(main.py prints it in one line, exit code 2); cli/resolve.py calls them while it builds a request.
+Below them, the argparse types that check a value's form while parsing (a finite number, a seed in
+range, names from a list), which cli/flags.py gives its flags."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -70,3 +74,46 @@ def check_profile_dir(profile: str | None) -> None:
         raise ValueError(f"--profile {profile}: cannot write into {existing} ({exc.strerror})") from exc
     os.close(fd)
     os.unlink(probe)
+
+
+# ----- argparse types: a value's form, checked while parsing -----------------------------------------
+SEED_MAX = 2**63 - 1
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def name_list(choices):
+    """An argparse type: one name from ``choices``, or a comma-separated list of them (kept as text)."""
+
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",")]
+        if not all(names) or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), got {text!r}")
+        return ",".join(names)
+
+    return parse
+
+
+def int_list(text: str) -> str:
+    """An argparse type: an integer, or a comma-separated list of them (kept as text; the request checks
+    that each is positive)."""
+    items = [n.strip() for n in text.split(",")]
+    try:
+        [int(n) for n in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer or a comma-separated list of them, got {text!r}"
+        ) from None
+    return ",".join(items)
+
+
+def seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
+    return value

@@ -4,15 +4,13 @@ per-mode help and the refusal of a flag a mode does not read are both made from)
     READ_BY["json"]                     # -> ("evaluate", "benchmark")
     FLAGS["eta"].options_for("sample")  # add_argument's keywords for sample's parser
 
-A flag's value is checked here only for its form (a number, a name from its list, a seed in range);
-ranges and what depends on several flags, the mode or the file system are resolve.py's and the
-requests'. This module imports nothing heavy: ``--help`` never loads torch.
+A flag's value is checked here only for its form (checks.py's argparse types: a number, a name from its
+list, a seed in range); ranges and what depends on several flags, the mode or the file system are
+resolve.py's and the requests'. This module imports nothing heavy: ``--help`` never loads torch.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,10 +28,10 @@ from ddpm.choices import (
     TIME_CONDITIONING,
     TIMESTEP_SAMPLERS,
 )
+from ddpm.cli.checks import finite_float, int_list, name_list, seed
 from ddpm.conditioning import DEFAULT_GUIDANCE
 from ddpm.data.catalog import DATASETS
 
-SEED_MAX = 2**63 - 1
 # Each mode and what it does (the top-level --help lists them in this order).
 MODE_SUMMARIES = {
     "train": "train a U-Net on a dataset (the default mode)",
@@ -52,46 +50,6 @@ DRAW = ("sample", "evaluate")  # a model file drawn by an implementation
 TRAIN = ("train", "distill")  # a training run with checkpoints and curves
 RUNTIME = ("sample", "evaluate", "export")  # ONNX and TensorRT built from a model file
 NEW_MODEL = "describes a new model"  # said to a mode that takes the whole model from its file
-
-
-# ----- the values' forms -----------------------------------------------------------------------------
-def finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
-
-
-def name_list(choices):
-    """An argparse type: one name from ``choices``, or a comma-separated list of them (kept as text)."""
-
-    def parse(text: str) -> str:
-        names = [n.strip() for n in text.split(",")]
-        if not all(names) or any(n not in choices for n in names):
-            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), got {text!r}")
-        return ",".join(names)
-
-    return parse
-
-
-def int_list(text: str) -> str:
-    """An argparse type: an integer, or a comma-separated list of them (kept as text; the request checks
-    that each is positive)."""
-    items = [n.strip() for n in text.split(",")]
-    try:
-        [int(n) for n in items]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer or a comma-separated list of them, got {text!r}"
-        ) from None
-    return ",".join(items)
-
-
-def seed(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
-    return value
 
 
 # ----- the table -------------------------------------------------------------------------------------
