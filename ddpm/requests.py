@@ -223,6 +223,7 @@ class ExportRequest:
     opset: int | None = None
     engine: EngineFlags = EngineFlags()
     calibration: Calibration | None = None  # --precision int8: the trajectories the ranges are measured on
+    overwrite: bool = False  # --format diffusers: replace an --output folder that already holds a model
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,7 @@ class Calibration:
     steps: int | None  # None: the sampler's default
     samples: int
     seed: int = 0
+    batch_size: int = 64  # trajectories run (and their ranges collected) this many at a time
 
 
 @dataclass(frozen=True)

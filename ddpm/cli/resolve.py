@@ -423,10 +423,8 @@ def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequ
     outputs = {"--output": output}
     if args.format == "tensorrt":
         outputs["--output's metadata"] = metadata_path(output)
-    if args.format == "diffusers":  # a folder: the files written into it are the outputs
-        from ddpm.formats.diffusers_io import diffusers_folder_files
-
-        outputs = diffusers_folder_files(Path(output))
+    if args.format == "diffusers":  # a folder, checked by export mode (it knows what --overwrite replaces)
+        outputs = {}
     check_outputs(outputs, inputs=source.inputs())
     return ExportRequest(
         device=device,
@@ -437,6 +435,7 @@ def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequ
         opset=args.opset,
         engine=_engine(args),
         calibration=calibration,
+        overwrite=args.overwrite,
     )
 
 
@@ -473,7 +472,7 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
         raise ValueError(
             f"--calibration_samples must be between 1 and {quantization.MAX_CALIBRATION_SAMPLES}, got {samples}"
         )
-    return Calibration(sampler=sampler, steps=steps, samples=samples, seed=args.seed)
+    return Calibration(sampler=sampler, steps=steps, samples=samples, seed=args.seed, batch_size=args.batch_size)
 
 
 def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:
@@ -490,6 +489,10 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {args.model_path}")
     if args.bench != "sampling":
         _refuse_ignored(args, ("interleave",), "times sampling rows (--bench sampling), not training steps")
+    rows = [row.strip() for row in args.rows.split(",")]
+    repeated = next((row for i, row in enumerate(rows) if row and row in rows[:i]), None)
+    if args.interleave and repeated:  # each row is timed against the others once per round
+        raise ValueError(f"--interleave times each row once per round; --rows names {repeated} twice")
     request = BenchmarkRequest(
         rows=args.rows,
         repeats=args.repeats,
