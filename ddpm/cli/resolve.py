@@ -163,6 +163,10 @@ NEW_MODEL_FLAGS = (
 )
 
 
+# The TensorRT engine's flags (sample and evaluate read them for --implementation tensorrt only).
+ENGINE_FLAGS = ("trt_backend", "max_batch", "trt_opt_level")
+
+
 def _refuse_ignored(args: argparse.Namespace, flags: tuple[str, ...], why: str) -> None:
     given = [flag for flag in flags if flag in args.given]
     if given:
@@ -229,6 +233,7 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     precision = _precision(args, "sampling", device)  # auto is fp32: the original's images
     implementation = _implementation(args)
     registry.get(implementation).check(kind=artifact_kind(source.path), precision=precision)
+    _refuse_unread_runtime_flags(args, implementation, kind=artifact_kind(source.path))
     return dict(
         device=device,
         precision=precision,
@@ -242,6 +247,20 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         class_label=args.class_label,
         guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
     )
+
+
+def _refuse_unread_runtime_flags(args: argparse.Namespace, implementation: str, *, kind: str) -> None:
+    """The TensorRT flags are read only by --implementation tensorrt, and --opset only where an ONNX graph is made
+    from the model (onnxruntime or tensorrt, from a file that is not already a graph or an engine)."""
+    if implementation != "tensorrt":
+        _refuse_ignored(args, ENGINE_FLAGS, f"builds a TensorRT engine; --implementation {implementation} reads none")
+    if "opset" in args.given and implementation not in ("onnxruntime", "tensorrt"):
+        raise ValueError(
+            f"--opset sets the ONNX graph that --implementation onnxruntime or tensorrt makes from the model; "
+            f"--implementation {implementation} makes none (drop it)"
+        )
+    if "opset" in args.given and kind in ("onnx", "tensorrt"):
+        raise ValueError(f"--opset sets the ONNX graph made from a model; {args.model_path} is one already (drop it)")
 
 
 def _data_input(args: argparse.Namespace):

@@ -148,3 +148,28 @@ def test_evaluate_takes_sample_modes_sampler_and_eta_rules(sampler, eta, refused
         else:
             with pytest.raises(ValueError, match=refused):
                 build()
+
+
+@pytest.mark.parametrize(
+    "flags,refused",
+    [
+        (["--implementation", "original", "--trt_opt_level", "2"], "--trt_opt_level builds a TensorRT engine"),
+        (["--implementation", "onnxruntime", "--max_batch", "8"], "--max_batch builds a TensorRT engine"),
+        (["--implementation", "cuda", "--opset", "21"], "--implementation cuda makes none"),
+        (["--implementation", "onnxruntime", "--opset", "21", "--model_path", "m.onnx"], "m.onnx is one already"),
+        (["--implementation", "onnxruntime", "--opset", "21"], None),
+        (["--implementation", "tensorrt", "--trt_opt_level", "2", "--opset", "21"], None),
+    ],
+)
+def test_the_runtime_flags_are_read_only_by_the_implementations_that_build_a_graph(flags, refused):
+    """sample and evaluate read --opset and the TensorRT flags, but only some implementations do."""
+    from ddpm.cli import resolve
+
+    for mode in ("sample", "evaluate"):
+        argv = ["--mode", mode, "--device", "cpu", "--n_samples", "4", *flags]
+        if refused is None:
+            args = parser.parse_args(argv)
+            resolve._refuse_unread_runtime_flags(args, args.implementation, kind="checkpoint")
+        else:
+            with pytest.raises(ValueError, match=refused):
+                resolve.parse(argv)
