@@ -523,7 +523,8 @@ def diffusion_loss(
     generator: torch.Generator | None = None,
     min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
-    """The DDPM objective: MSE between the true and predicted noise at a uniform t.
+    """The DDPM objective: MSE between the U-Net's output and its target at a uniform t (the noise, or
+    the velocity or x_0 for a schedule whose ``prediction`` says so: ``NoiseSchedule.training_target``).
 
     ``t`` (B,) and ``noise`` (like ``x_start``) are drawn from ``generator``, t first, unless given
     (the trainer draws them for a whole global batch and passes each rank its rows). ``y`` (B,):
@@ -531,8 +532,8 @@ def diffusion_loss(
 
     ``min_snr_gamma=None`` is Ho et al.'s simplified (unweighted) loss. A number gamma weights each
     sample's noise MSE by min(SNR(t), gamma) / SNR(t), SNR = alpha_bar / (1 - alpha_bar) (Hang et
-    al. 2023, "Min-SNR weighting", for epsilon prediction): the nearly clean timesteps, whose
-    noise is hard to predict and matters little for the image, stop dominating the gradient.
+    al. 2023, "Min-SNR weighting"; ``NoiseSchedule.loss_weights`` for v and x_0): the nearly clean
+    timesteps, whose noise is hard to predict and matters little for the image, stop dominating the gradient.
     Timesteps drawn another way (timestep_sampling.py) go through :func:`per_sample_losses`.
     """
     B = x_start.shape[0]
@@ -542,7 +543,7 @@ def diffusion_loss(
         if noise is None:
             noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
         x_t = schedule.q_sample(x_start, t, noise)
-        return F.mse_loss(eps_of(model, x_t, t, y).float(), noise.float())
+        return F.mse_loss(eps_of(model, x_t, t, y).float(), schedule.training_target(x_start, noise, t).float())
     losses = per_sample_losses(
         model, schedule, x_start, t, noise=noise, y=y, generator=generator, min_snr_gamma=min_snr_gamma
     )
@@ -560,25 +561,20 @@ def per_sample_losses(
     generator: torch.Generator | None = None,
     min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
-    """Each sample's noise MSE at its timestep ``t`` (B,), min-SNR weighted when gamma is given: (B,).
+    """Each sample's output MSE at its timestep ``t`` (B,), min-SNR weighted when gamma is given: (B,).
     ``noise`` is drawn from ``generator`` unless given."""
     if noise is None:
         noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
     x_t = schedule.q_sample(x_start, t, noise)
-    losses = (eps_of(model, x_t, t, y).float() - noise.float()).pow(2).flatten(1).mean(1)  # (B,)
-    return losses if min_snr_gamma is None else losses * min_snr_weights(schedule, t, gamma=min_snr_gamma)
+    target = schedule.training_target(x_start, noise, t).float()
+    losses = (eps_of(model, x_t, t, y).float() - target).pow(2).flatten(1).mean(1)  # (B,)
+    return losses if min_snr_gamma is None else losses * schedule.loss_weights(t, min_snr_gamma=min_snr_gamma)
 
 
 def eps_of(model: nn.Module, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
     """The model's eps: called as ``model(x_t, t)``, with ``y`` only for a class-conditional model (so a
     traced or exported unconditional U-Net keeps its two inputs)."""
     return model(x_t, t) if y is None else model(x_t, t, y)
-
-
-def min_snr_weights(schedule: NoiseSchedule, t: torch.Tensor, *, gamma: float) -> torch.Tensor:
-    """min(SNR(t), gamma) / SNR(t) for each timestep in ``t``: 1 where SNR <= gamma (noisy), less above."""
-    snr = schedule.snr[t]
-    return snr.clamp(max=gamma) / snr
 
 
 def guided_model_eps(model: nn.Module, x: torch.Tensor, t: torch.Tensor, guidance: Guidance | None) -> torch.Tensor:

@@ -82,6 +82,7 @@ DPM_SOLVER_LAMBDA_MIN = -5.1
 DEFAULT_SAMPLING_STEPS = {"ddpm": None, "ddim": 50, "dpm_solver": 20, "dpm_solver_sde": 20, "consistency": 4}
 MAX_TIMESTEPS = 10_000
 MAX_LIST_ITEMS = 16  # the longest list a config field read from a file may hold
+MAX_GUIDANCE = 100.0  # the largest classifier-free guidance scale a file may record
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,15 @@ class ScheduleConfig:
     ``0 < cosine_s <= 1``; ``prediction`` in :data:`PREDICTIONS` (what the U-Net trained on this
     schedule predicts). A config read from a file goes through :meth:`from_dict`, which also checks
     the keys and the types.
+
+    A distilled student (ddpm/training/distill.py) records how it samples: ``student_sampler`` and its
+    ``student_timesteps`` (the sampler's steps), and ``folded_guidance``, the classifier-free guidance
+    scale a class-conditional student learned to produce in one call (0: none). Every model file
+    carries this config, so every format keeps them.
     """
 
     # Fields that files written before them lack, and the value that reproduces those models.
-    ADDED_LATER = {"prediction": "eps"}
+    ADDED_LATER = {"prediction": "eps", "student_sampler": "", "student_timesteps": (), "folded_guidance": 0.0}
 
     kind: str = "linear"
     num_timesteps: int = 1000
@@ -104,6 +110,9 @@ class ScheduleConfig:
     beta_end: float = 0.02
     cosine_s: float = 0.008
     prediction: str = "eps"
+    student_sampler: str = ""  # "": not a distilled student
+    student_timesteps: tuple[int, ...] = ()
+    folded_guidance: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
@@ -122,6 +131,18 @@ class ScheduleConfig:
             raise ValueError(
                 f"unknown prediction type {short_repr(self.prediction)}; choose one of {', '.join(PREDICTIONS)}"
             )
+        if self.student_sampler not in ("", *SAMPLERS):
+            raise ValueError(f"unknown student sampler {short_repr(self.student_sampler)}")
+        if bool(self.student_sampler) != bool(self.student_timesteps):
+            raise ValueError("a student records both its sampler and its timesteps")
+        if self.student_timesteps:
+            checked_timesteps(self.student_timesteps, self.num_timesteps)
+        if not 0.0 <= self.folded_guidance <= MAX_GUIDANCE:  # also False for NaN
+            raise ValueError(f"folded_guidance must be between 0 and {MAX_GUIDANCE}, got {self.folded_guidance}")
+
+    @property
+    def is_student(self) -> bool:
+        return bool(self.student_sampler)
 
     @classmethod
     def from_dict(cls, data: object) -> ScheduleConfig:

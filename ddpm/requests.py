@@ -83,21 +83,23 @@ class NewModel:
         return ScheduleConfig(kind=self.beta_schedule, num_timesteps=self.timesteps)
 
 
-def check_sampling(sampler: str, *, steps: int | None, eta: float) -> None:
+def check_sampling(sampler: str | None, *, steps: int | None, eta: float) -> None:
     """The ranges of --sampling_steps and --eta, and eta's sampler: one line naming the flag."""
     if steps is not None and steps < 1:
         raise ValueError(f"--sampling_steps must be a positive integer, got {steps}")
     if not 0.0 <= eta <= 1.0:  # beyond 1 the images saturate; also False for NaN
         raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {eta:g}")
     if eta != 0.0 and sampler != "ddim":
-        raise ValueError(f"--eta only applies to the ddim sampler, got --eta {eta:g} with --sampler {sampler}")
+        named = f"--sampler {sampler}" if sampler else "the model's own sampler (name --sampler ddim)"
+        raise ValueError(f"--eta only applies to the ddim sampler, got --eta {eta:g} with {named}")
 
 
 @dataclass(frozen=True)
 class SamplingChoice:
-    """Which sampler, how many steps (None: its default), DDIM's eta, and whether x0 is clipped."""
+    """Which sampler (None: the model's own, :func:`own_sampling`), how many steps (None: its default),
+    DDIM's eta, and whether x0 is clipped."""
 
-    sampler: str = "ddpm"
+    sampler: str | None = None
     steps: int | None = None
     eta: float = 0.0
     clip_denoised: bool = True
@@ -106,9 +108,35 @@ class SamplingChoice:
         check_sampling(self.sampler, steps=self.steps, eta=self.eta)
 
     def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
+        sampler, timesteps = own_sampling(schedule.config, sampler=self.sampler, steps=self.steps)
         return schedule.make_plan(
-            self.sampler, num_steps=self.steps, eta=self.eta, clip_denoised=self.clip_denoised, device=device
+            sampler,
+            num_steps=self.steps,
+            timesteps=timesteps,
+            eta=self.eta,
+            clip_denoised=self.clip_denoised,
+            device=device,
         )
+
+
+def own_sampling(config: ScheduleConfig, *, sampler: str | None, steps: int | None) -> tuple[str, tuple | None]:
+    """(sampler, timesteps or None) for a request of ``sampler`` (None: the model's own) in ``steps`` (None: its
+    default). A distilled student's own is the sampler and timesteps it was trained for; asked for another
+    sampler or step count, it draws as asked, and one warning line says what it was trained for. Any other
+    model's own is DDPM."""
+    if not config.is_student:
+        return sampler or "ddpm", None
+    own, timesteps = config.student_sampler, config.student_timesteps
+    if (sampler or own) == own and steps in (None, len(timesteps)):
+        return own, timesteps
+    import warnings
+
+    warnings.warn(
+        f"this student was trained for the {own} sampler in {len(timesteps)} steps (t = "
+        f"{', '.join(map(str, timesteps))}); drawing with {sampler or own} in {steps or 'its default'} steps as asked",
+        stacklevel=2,
+    )
+    return sampler or own, None
 
 
 @dataclass(frozen=True)
@@ -166,7 +194,8 @@ class DrawRequest:
     device: torch.device
     precision: str
     source: ModelSource
-    implementation: str  # a registry name (cuda with --compile is cuda_compile)
+    implementation: str  # a registry name (cuda with --compile is cuda_compile; auto resolved: backends/auto.py)
+    implementation_line: str = ""  # --implementation auto: which it chose and why (printed by the mode)
     n_samples: int = 16
     batch_size: int = 64
     seed: int = 0
@@ -194,8 +223,9 @@ class SampleRequest(DrawRequest):
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluateRequest(DrawRequest):
-    samplers: list  # evaluate sweeps samplers x steps
+    samplers: list  # evaluate sweeps samplers x steps (None: the model's own, a student's)
     steps: list
+    students: tuple[str, ...] = ()  # distilled students, each a row of its own sampler and steps
     dataset: str | None  # --dataset: the training data; None: the one the model file records (else mnist)
     data_dir: str = "./data"  # ... and where it lies (FID/KID read the real images)
     inception_weights: str | None = None  # FID/KID: a local copy of torch-fidelity's Inception weights

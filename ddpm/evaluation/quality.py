@@ -231,6 +231,13 @@ def run_sweep(
     }
 
 
+def add_calls(rows: list[dict], *, doubled: bool) -> list[dict]:
+    """Each row's U-Net calls per image: its steps, twice that under classifier-free guidance (a doubled batch)."""
+    for row in rows:
+        row["calls"] = row["steps"] * (2 if doubled else 1)
+    return rows
+
+
 def format_table(result: dict) -> str:
     if result.get("metric") == "inception":
         return _inception_table(result)
@@ -291,8 +298,14 @@ CHART_PANELS = {
 }
 
 
+def calls(row: dict) -> int:
+    """A row's U-Net calls per image (rows written before add_calls: its steps)."""
+    return row.get("calls", row["steps"])
+
+
 def write_plot(result: dict, path: str | Path) -> None:
-    """Confident share and Frechet distance against steps, one line per sampler (log steps)."""
+    """Confident share and Frechet distance against U-Net calls per image, one line per sampler (log calls); a
+    distilled student's rows are the line "distilled"."""
     import io
 
     import matplotlib
@@ -306,18 +319,20 @@ def write_plot(result: dict, path: str | Path) -> None:
     real = {"digits": "real digits", "voxels": "real volumes"}.get(result.get("metric", "digits"), "real images")
     for ax, (key, label, scale, log) in zip(axes, CHART_PANELS[result.get("metric", "digits")]):
         for sampler in dict.fromkeys(r["sampler"] for r in result["rows"]):
-            rows = sorted((r for r in result["rows"] if r["sampler"] == sampler), key=lambda r: r["steps"])
-            ax.plot([r["steps"] for r in rows], [scale * r[key] for r in rows], marker="o", label=sampler)
+            rows = sorted((r for r in result["rows"] if r["sampler"] == sampler), key=lambda r: calls(r))
+            ax.plot([calls(r) for r in rows], [scale * r[key] for r in rows], marker="o", label=sampler)
         ax.axhline(scale * result["ceiling"][key], color="green", linestyle="--", linewidth=1, label=real)
         ax.axhline(scale * result["floor"][key], color="grey", linestyle=":", linewidth=1, label="noise")
         ax.set_xscale("log")
         if log:
             ax.set_yscale("log")  # the noise floor is ~30x the ceiling: a linear axis flattens the samplers
-        ax.set_xlabel("sampling steps")
+        ax.set_xlabel("U-Net calls per image")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"sample quality against steps ({result['n_samples']} samples, seed {result['seed']})", fontsize=10)
+    fig.suptitle(
+        f"sample quality against U-Net calls ({result['n_samples']} samples, seed {result['seed']})", fontsize=10
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -69,6 +69,20 @@ class Opened:
         )
 
 
+def folded_scale(artifact: Artifact, scale: float | None) -> float | None:
+    """A student with classifier-free guidance folded in runs its conditional U-Net once per step (scale 1);
+    another scale on top of it is refused rather than applied twice."""
+    folded = artifact.schedule_config.folded_guidance
+    if not folded:
+        return scale
+    if scale is not None:
+        raise ValueError(
+            f"{artifact.path} is a student with guidance {folded:g} folded in (one U-Net call per step); "
+            "drop --guidance_scale"
+        )
+    return 1.0
+
+
 def open_for_drawing(request: DrawRequest) -> Opened:
     """Load the file, check the implementation runs a conditional model, resolve labels and guidance, and check that
     one batch fits."""
@@ -89,7 +103,7 @@ def open_for_drawing(request: DrawRequest) -> Opened:
         artifact.model_config,
         artifact.class_names,
         class_label=request.class_label,
-        scale=request.guidance_scale,
+        scale=folded_scale(artifact, request.guidance_scale),
         n_samples=request.n_samples,
         source=artifact.path,
     )

@@ -10,6 +10,7 @@ Every row draws the same noise (one generator seeded with --seed), so rows diffe
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -20,7 +21,7 @@ from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
 from ddpm.modes.drawing import open_for_drawing
-from ddpm.requests import EvaluateRequest
+from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util.memory_budget import check_held_in_host_memory
 from ddpm.util.safe_files import check_outputs
 
@@ -34,6 +35,23 @@ def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
         what=f"--n_samples {n}: the samples of one row ({'x'.join(map(str, shape))} float32 each)",
         advice=lambda free: f"at most {free // (2 * each)} fit",
     )
+
+
+def open_student(request: EvaluateRequest, path: str, *, like):
+    """A distilled student for the same table: the same kind of images, drawn with its own sampler and steps."""
+    from dataclasses import replace
+
+    student = open_for_drawing(replace(request, source=replace(request.source, path=path)))
+    config = student.artifact.schedule_config
+    if not config.is_student:
+        raise ValueError(f"--students {path} is not a distilled student (--mode distill makes one)")
+    if student.artifact.output_shape != like.artifact.output_shape:
+        raise ValueError(
+            f"--students {path} draws {'x'.join(map(str, student.artifact.output_shape))} images, "
+            f"not the {'x'.join(map(str, like.artifact.output_shape))} of {like.artifact.path}"
+        )
+    check_outputs(request.outputs(), inputs={"--students": path, **student.artifact.inputs})
+    return student
 
 
 def run_evaluate(request: EvaluateRequest) -> None:
@@ -63,9 +81,11 @@ def run_evaluate(request: EvaluateRequest) -> None:
         )
     check_samples_fit(n, artifact.output_shape)
     schedule = opened.schedule()
-    for sampler in request.samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
+    samplers = [own_sampling(schedule.config, sampler=s, steps=None)[0] for s in request.samplers]
+    for sampler in samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
         for num_steps in request.steps:
             schedule.make_plan(sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0)
+    students = [open_student(request, path, like=opened) for path in request.students]
     # The real data it is judged against is an input too.
     check_outputs(request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(
@@ -80,10 +100,13 @@ def run_evaluate(request: EvaluateRequest) -> None:
     )
     sizes, batch_size = opened.batch_sizes, opened.batch_size
 
-    def draw(sampler: str, num_steps: int | None) -> tuple[torch.Tensor, int]:
+    def draw(sampler: str, num_steps: int | None, *, opened=opened) -> tuple[torch.Tensor, int]:
+        schedule = opened.schedule()
+        _, timesteps = own_sampling(schedule.config, sampler=sampler, steps=num_steps)
         plan = schedule.make_plan(
             sampler,
             num_steps=num_steps,
+            timesteps=timesteps,
             eta=request.eta if sampler == "ddim" else 0.0,
             clip_denoised=opened.clips_x0(request.clip_denoised),
             device=device,
@@ -103,16 +126,22 @@ def run_evaluate(request: EvaluateRequest) -> None:
         ]
         return torch.cat(batches), plan.num_steps
 
-    result = quality.run_sweep(
-        draw,
-        judge,
-        samplers=request.samplers,
-        steps=request.steps,
+    sweep = functools.partial(
+        quality.run_sweep,
+        judge=judge,
         n_samples=n,
         seed=request.seed,
         image_size=s,
-        requested=None if guidance is None else guidance.labels,
+        requested=guidance and guidance.labels,
     )
+    result = sweep(draw, samplers=samplers, steps=request.steps)
+    quality.add_calls(result["rows"], doubled=guidance is not None and guidance.doubled)
+    for student in students:  # each its own sampler and steps; one U-Net call per step (guidance folded in)
+        own = student.artifact.schedule_config.student_sampler
+        rows = sweep(functools.partial(draw, opened=student), samplers=[own], steps=[None])["rows"]
+        for row in rows:
+            row.update(sampler="distilled", model_path=str(student.artifact.path))
+        result["rows"] += quality.add_calls(rows, doubled=False)
     result.update(model_path=str(source.path), implementation=request.implementation, precision=request.precision)
     if guidance is not None:
         result.update(guidance_scale=guidance.scale, class_names=list(artifact.class_names))

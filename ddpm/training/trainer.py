@@ -12,6 +12,10 @@ checkpoint resumes on any number of ranks. Rank 0 alone writes checkpoints, grid
 
     trainer = Trainer(train_config, model_config, schedule_config, images=images, device="cpu")
     trainer.run()   # -> writes the checkpoint and sample grids as configured
+
+Distillation (training/distill.py) is another objective of the same loop: ``objective=`` replaces the
+images and the diffusion loss with a student's regression onto its teacher's trajectories; everything
+else (optimizer, schedule, EMA, clipping, precision, checkpoints, resume, signals, curves, ranks) is shared.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from noise_schedule import NoiseSchedule, ScheduleConfig
 
 if TYPE_CHECKING:
     from ddpm.training.curves import TrainingLog
+    from ddpm.training.distill import DistillObjective
 
 MAX_CONSECUTIVE_NONFINITE = 20
 
@@ -135,30 +140,24 @@ class Trainer:
         model_config: UNetConfig,
         schedule_config: ScheduleConfig,
         *,
-        images: ImageSet,
+        images: ImageSet | None,
         device: torch.device | str,
         resume_state: dict | None = None,
         ranks: Ranks | None = None,
         first_stage: FirstStage | None = None,
+        objective: DistillObjective | None = None,
     ) -> None:
         self.ranks = ranks or distributed.current()  # (rank, world size): distributed.SINGLE for one process
         config = replace(
             config, world_size=self.ranks.world_size
         )  # validates the batch split; the checkpoint records it
         self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
-        self.images, self.device = images, torch.device(device)
+        self.images, self.device, self.objective = images, torch.device(device), objective
         self.first_stage = first_stage  # a latent model: ``images`` are latents, previews are decoded
-        data_shape, model_shape = tuple(images.images.shape[1:]), model_config.sample_shape(1)[1:]
-        if data_shape != model_shape:
-            raise ValueError(
-                f"the data are {'x'.join(map(str, data_shape))} but the model expects {'x'.join(map(str, model_shape))}"
-            )
-        if model_config.num_classes and (images.labels is None or len(images.class_names) != model_config.num_classes):
-            found = f"{len(images.class_names)} classes" if images.labels is not None else "no classes"
-            raise ValueError(
-                f"a model of {model_config.num_classes} classes cannot train on {images.name} data with {found}"
-            )
-        if model_config.num_classes and not valid_class_names(images.class_names, num_classes=model_config.num_classes):
+        if objective is None:
+            self._check_images(images)
+        self.class_names = tuple(objective.class_names if objective is not None else images.class_names)
+        if model_config.num_classes and not valid_class_names(self.class_names, num_classes=model_config.num_classes):
             raise ValueError(f"class names must be 1 to {MAX_CLASS_NAME} characters long (the checkpoint stores them)")
         torch.manual_seed(config.seed)  # weight init and dropout
         cuda = self.device.type == "cuda" and config.cuda_fast_path
@@ -187,6 +186,19 @@ class Trainer:
         if resume_state is not None:
             self._restore(resume_state)
 
+    def _check_images(self, images: ImageSet) -> None:
+        model_config = self.model_config
+        data_shape, model_shape = tuple(images.images.shape[1:]), model_config.sample_shape(1)[1:]
+        if data_shape != model_shape:
+            raise ValueError(
+                f"the data are {'x'.join(map(str, data_shape))} but the model expects {'x'.join(map(str, model_shape))}"
+            )
+        if model_config.num_classes and (images.labels is None or len(images.class_names) != model_config.num_classes):
+            found = f"{len(images.class_names)} classes" if images.labels is not None else "no classes"
+            raise ValueError(
+                f"a model of {model_config.num_classes} classes cannot train on {images.name} data with {found}"
+            )
+
     # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
@@ -200,7 +212,8 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),
             "step": self.step,
             "timestep_sampler": self.timesteps.state_dict(),
-            "class_names": list(self.images.class_names) if self.model_config.num_classes else [],
+            "class_names": list(self.class_names) if self.model_config.num_classes else [],
+            **({"distill_config": asdict(self.objective.config)} if self.objective is not None else {}),
             **({LINK_KEY: self.first_stage.link} if self.first_stage is not None else {}),
             "rng": {
                 "torch": torch.get_rng_state(),
@@ -244,11 +257,17 @@ class Trainer:
 
     def write_samples(self) -> Path:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
-        plan = self.schedule.make_plan(
-            "ddpm",
-            num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
-            clip_denoised=clips_x0(True, self.first_stage),
-        )
+        clip = clips_x0(True, self.first_stage)
+        if self.schedule_config.is_student:  # a student previews as it samples
+            plan = self.schedule.make_plan(
+                self.schedule_config.student_sampler,
+                timesteps=self.schedule_config.student_timesteps,
+                clip_denoised=clip,
+            )
+        else:
+            plan = self.schedule.make_plan(
+                "ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps), clip_denoised=clip
+            )
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         n, guidance, columns = self.config.preview_samples, None, None
         if self.model_config.num_classes:  # one row per class, guided as sampling is by default
@@ -256,7 +275,8 @@ class Trainer:
             columns = max(1, math.ceil(n / classes))
             n = columns * classes
             labels = labels_for(list(range(classes)), n=n).to(self.device)
-            guidance = Guidance(labels=labels, null_label=self.model_config.null_label, scale=DEFAULT_GUIDANCE)
+            scale = 1.0 if self.schedule_config.folded_guidance else DEFAULT_GUIDANCE  # a student's is folded in
+            guidance = Guidance(labels=labels, null_label=self.model_config.null_label, scale=scale)
         if self.model_config.dims == 3:
             n = min(n, VOLUME_PREVIEWS)  # a volume step costs (32^3 / 28^2) ~ 40x an MNIST image's
         images = sample(self.ema, plan, shape=self.model_config.sample_shape(n), generator=gen, guidance=guidance)
@@ -273,12 +293,11 @@ class Trainer:
         cfg = self.config
         return cfg.lr * lr_factor(self.step, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
 
-    def train_step(self) -> float:
-        """One optimizer step on the batch of ``self.step``; returns the loss (NaN if skipped)."""
-        cfg, ranks = self.config, self.ranks
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
-        mine = ranks.share(cfg.batch_size)  # this rank's rows of the global batch (all of them for one process)
+    def _diffusion_loss(self, mine: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The DDPM loss of this rank's rows of the step's batch: (loss, the global batch's t, the per-sample
+        losses a non-uniform timestep sampler learns from, or None)."""
+        cfg = self.config
+        weights, losses = None, None
         with phase("data"):
             x_start, labels = self.images.batch_with_labels(
                 self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device, rows=mine
@@ -298,8 +317,7 @@ class Trainer:
             if self.model_config.num_classes:  # classifier-free guidance: some labels become the null label
                 drop = torch.rand(B, device=self.device, generator=self.generator) < cfg.cond_drop
                 y = torch.where(drop[mine], self.model_config.null_label, labels)  # (B / ranks,)
-        # Forward and backward, in the chosen precision.
-        self.model.train()
+        # Forward, in the chosen precision.
         with phase("forward"), autocast(self.device.type, cfg.precision):
             if self.timesteps.name == "uniform":
                 loss = diffusion_loss(
@@ -322,6 +340,22 @@ class Trainer:
                     min_snr_gamma=cfg.min_snr_gamma,
                 )  # (B / ranks,)
                 loss = (weights[mine] * losses).mean()
+        return loss, t, losses
+
+    def train_step(self) -> float:
+        """One optimizer step on the batch of ``self.step``; returns the loss (NaN if skipped)."""
+        cfg, ranks = self.config, self.ranks
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        mine = ranks.share(cfg.batch_size)  # this rank's rows of the global batch (all of them for one process)
+        self.model.train()
+        if self.objective is not None:
+            with phase("data"):
+                batch = self.objective.batch(cfg.batch_size, generator=self.generator, device=self.device)
+            with phase("forward"), autocast(self.device.type, cfg.precision):
+                loss = self.objective.loss(self.forward, batch, rows=mine)
+        else:
+            loss, t, losses = self._diffusion_loss(mine)
         with phase("backward"):
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
@@ -343,7 +377,7 @@ class Trainer:
             if finite:
                 self.scaler.step(self.optimizer)
                 self._update_ema()
-        if self.timesteps.name != "uniform" and finite:
+        if self.objective is None and self.timesteps.name != "uniform" and finite:
             global_losses = distributed.all_gather_rows(losses.detach(), ranks=ranks)  # (B,), in rank order
             self.timesteps.update(t, global_losses)  # sync inside: the per-timestep history lives on the CPU
         self.scaler.update()  # with fp16, an overflowing gradient lowers the scale (the step is skipped)

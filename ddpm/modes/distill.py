@@ -1,0 +1,280 @@
+"""--mode distill: a student that samples in 1, 2, 4 or 8 U-Net calls, trained from a teacher model.
+
+    python main.py --mode distill --model_path checkpoints/digits.pt      # -> checkpoints/digits_student4.pt
+    python main.py --mode sample --model_path checkpoints/digits_student4.pt   # its own sampler and 4 steps
+
+The method is training/distill.py's; the loop is training/trainer.py's (the same optimizer, EMA, precision,
+checkpoints, --resume, Ctrl-C saving, curves and ranks as --mode train). The teacher is any PyTorch model
+this tool samples (a checkpoint, a .safetensors export, a diffusers folder); it is only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddpm.util import distributed
+
+if TYPE_CHECKING:
+    import torch
+
+    from ddpm.requests import ModelSource
+
+# The defaults of the flags distill shares with --mode train, where its own differ (chosen on the demo model:
+# BENCHMARKS.md, "Distillation").
+DISTILL_DEFAULTS = {
+    "sampling_steps": 4,
+    "max_steps": 2000,
+    "batch_size": 64,
+    "lr": 1e-4,
+    "ema_decay": 0.995,
+    "save_every": 500,
+}
+TEACHER_KINDS = ("checkpoint", "safetensors", "diffusers")  # files holding PyTorch weights a student starts from
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistillRequest:
+    device: torch.device
+    precision: str
+    teacher: ModelSource
+    checkpoint: str  # the student's checkpoint (--output)
+    resume: bool = False
+    overwrite: bool = False
+    sampling_steps: int = 4
+    guidance_scale: float | None = None  # None: a conditional teacher's default guidance
+    samples: int = 4096
+    teacher_steps: int = 32
+    seed: int = 0
+    max_steps: int = 2000
+    batch_size: int = 64
+    lr: float = 1e-4
+    warmup_steps: int | None = None  # None: 5% of the run, at most 200
+    ema_decay: float = 0.995
+    grad_clip: float = 1.0
+    compile: bool = False
+    save_every: int = 500
+    profile: str | None = None
+    log_dir: str | None = None
+    log_every: int = 10
+    given: frozenset[str] = frozenset()
+
+    def distill_config(self, teacher_path: str, scale: float):
+        from ddpm.training.distill import DistillConfig
+
+        return DistillConfig(
+            teacher=teacher_path,
+            sampling_steps=self.sampling_steps,
+            samples=self.samples,
+            teacher_steps=self.teacher_steps,
+            guidance_scale=scale,
+            seed=self.seed,
+        )
+
+
+def default_student_path(teacher: str, steps: int) -> str:
+    """Beside the teacher: ``checkpoints/digits.pt`` -> ``checkpoints/digits_student4.pt`` (a folder's name
+    for a diffusers teacher)."""
+    path = Path(teacher)
+    stem = path.name if path.is_dir() else path.stem
+    return str(path.with_name(f"{stem}_student{steps}.pt"))
+
+
+def run_distill(request: DistillRequest) -> None:
+    from ddpm.modes.train import check_previews, run_locks, train, training_log
+    from ddpm.training.curves import refuse_previous_curves
+    from ddpm.util.safe_files import check_outputs
+
+    checkpoint = request.checkpoint
+    check_outputs({"--output": checkpoint}, inputs=request.teacher.inputs())  # the teacher is only read
+    with run_locks(request):
+        if Path(checkpoint).exists() and not (request.resume or request.overwrite):
+            raise ValueError(
+                f"--output {checkpoint} already holds a checkpoint; pass --resume to continue its distillation, "
+                "or --overwrite to start over and replace it"
+            )
+        if request.log_dir is not None:
+            refuse_previous_curves(request.log_dir, resume=request.resume, overwrite=request.overwrite)
+        trainer, teacher = resumed_student(request) if request.resume else new_student(request)
+        inputs = {**teacher.inputs, "--model_path": _as_input(request.teacher.path), "--output": checkpoint}
+        check_previews(trainer, inputs=inputs)
+        curves = training_log(trainer, request, inputs=inputs)
+        try:
+            train(trainer, profile=request.profile, curves=curves)
+        finally:
+            if curves is not None:
+                curves.close()
+    steps = trainer.schedule_config.student_timesteps
+    distributed.say(
+        f"student: {checkpoint} ({len(steps)} U-Net call{'s' if len(steps) > 1 else ''} per image at t = "
+        f"{', '.join(map(str, steps))}); draw with: python main.py --mode sample --model_path {checkpoint}"
+    )
+
+
+def _as_input(path: str):
+    from ddpm.util.safe_files import as_input
+
+    return as_input(path)
+
+
+def load_teacher(request: DistillRequest, path: str):
+    """The teacher as an Artifact (backends/artifacts.py): PyTorch weights the student can start from."""
+    from ddpm.backends.artifacts import load_artifact
+    from ddpm.util.safe_files import check_outputs
+
+    artifact = load_artifact(
+        path, device=request.device, weights="ema", autoencoder=request.teacher.autoencoder, max_batch=512
+    )
+    if artifact.kind not in TEACHER_KINDS:
+        raise ValueError(
+            f"{path} is a {artifact.kind} file; a student starts from its teacher's PyTorch weights: give the "
+            "checkpoint, its .safetensors export or a diffusers folder"
+        )
+    if artifact.schedule_config.is_student:
+        raise ValueError(
+            f"{path} is already a distilled student ({len(artifact.schedule_config.student_timesteps)} steps); "
+            "distill its teacher instead"
+        )
+    check_outputs({"--output": request.checkpoint}, inputs={"--model_path": path, **artifact.inputs})
+    return artifact
+
+
+def _guidance(request: DistillRequest, artifact) -> float:
+    from ddpm.conditioning import DEFAULT_GUIDANCE
+
+    if not artifact.model_config.num_classes:
+        if request.guidance_scale is not None:
+            raise ValueError(
+                f"--guidance_scale applies to class-conditional teachers; {artifact.path} is unconditional"
+            )
+        return 0.0
+    return DEFAULT_GUIDANCE if request.guidance_scale is None else request.guidance_scale
+
+
+def _train_config(request: DistillRequest, artifact, *, total: int):
+    from ddpm.training.trainer import TrainConfig
+
+    return TrainConfig(
+        dataset=artifact.dataset or "",
+        total_steps=total,
+        batch_size=request.batch_size,
+        lr=request.lr,
+        warmup_steps=request.warmup_steps if request.warmup_steps is not None else min(200, total // 20),
+        grad_clip=request.grad_clip,
+        ema_decay=request.ema_decay,
+        precision=request.precision,
+        compile=request.compile,
+        seed=request.seed,
+        checkpoint=request.checkpoint,
+        save_every=request.save_every,
+        sample_every=0,  # one preview, at the end
+        world_size=distributed.current().world_size,
+        cond_drop=0.0,
+    )
+
+
+def new_student(request: DistillRequest):
+    from basic_diffusion import count_parameters
+    from ddpm.latent.first_stage import clips_x0
+    from ddpm.training.distill import DistillObjective
+    from ddpm.training.trainer import Trainer
+    from ddpm.util.memory_budget import check_batch_fits
+
+    artifact = load_teacher(request, request.teacher.path)
+    config = request.distill_config(request.teacher.path, _guidance(request, artifact))
+    check_batch_fits(artifact.model_config, batch_size=request.batch_size, device=request.device, training=True)
+    objective = DistillObjective.build(
+        artifact, config, device=request.device, clip_denoised=clips_x0(True, artifact.first_stage)
+    )
+    trainer = Trainer(
+        _train_config(request, artifact, total=request.max_steps),
+        artifact.model_config,
+        objective.schedule_config,
+        images=None,
+        device=request.device,
+        first_stage=artifact.first_stage,
+        objective=objective,
+    )
+    weights = artifact.model.state_dict()  # the teacher's EMA weights start the student and its EMA
+    trainer.model.load_state_dict(weights)
+    trainer.ema.load_state_dict(weights)
+    guided = f", guidance {config.guidance_scale:g} folded in" if config.guidance_scale else ""
+    distributed.say(
+        f"distilling {request.teacher.path} ({count_parameters(trainer.model) / 1e6:.2f}M parameters) into a "
+        f"{config.sampling_steps}-step student{guided}: {config.samples} teacher trajectories, {request.max_steps} "
+        f"steps on {request.device.type}, {request.precision}"
+    )
+    return trainer, artifact
+
+
+def resumed_student(request: DistillRequest):
+    from ddpm.formats.checkpoints import load_checkpoint, read_configs
+    from ddpm.latent.first_stage import clips_x0
+    from ddpm.training.distill import DistillConfig, DistillObjective
+    from ddpm.training.trainer import Trainer, resume_config
+
+    checkpoint = request.checkpoint
+    if not Path(checkpoint).is_file():
+        raise ValueError(f"--output {checkpoint} does not exist; --resume continues a distillation saved there")
+    state = load_checkpoint(checkpoint)
+    if "distill_config" not in state:
+        raise ValueError(f"{checkpoint} is not a distillation in progress; --resume continues one (--mode train's own)")
+    try:
+        stored = DistillConfig.from_dict(state["distill_config"])
+    except ValueError as exc:
+        raise ValueError(f"{checkpoint}: {exc}") from None
+    asked = request.distill_config(request.teacher.path, stored.guidance_scale)
+    kept = {
+        "model_path": (request.teacher.path, stored.teacher),
+        "sampling_steps": (asked.sampling_steps, stored.sampling_steps),
+        "distill_samples": (asked.samples, stored.samples),
+        "teacher_steps": (asked.teacher_steps, stored.teacher_steps),
+        "guidance_scale": (request.guidance_scale, stored.guidance_scale),
+        "seed": (asked.seed, stored.seed),
+    }
+    contradicted = [
+        f"--{f} {ours} (the checkpoint's {theirs})"
+        for f, (ours, theirs) in kept.items()
+        if f in request.given and ours != theirs
+    ]
+    honoured = {f: getattr(request, f) for f in ("precision", "compile", "save_every") if f in request.given}
+    config = resume_config(
+        state,
+        total_steps=request.max_steps if "max_steps" in request.given else None,
+        checkpoint=checkpoint,
+        world_size=distributed.current().world_size,
+        **honoured,
+    )
+    for flag, ours, theirs in (("batch_size", request.batch_size, config.batch_size), ("lr", request.lr, config.lr)):
+        if flag in request.given and ours != theirs:
+            contradicted.append(f"--{flag} {ours} (the checkpoint's {theirs})")
+    if contradicted:
+        raise ValueError(
+            f"{checkpoint} is resumed with its own settings, and {'; '.join(contradicted)} differ from them; "
+            "drop those flags, or start over with --overwrite"
+        )
+    if config.total_steps <= state["step"]:
+        raise ValueError(
+            f"{checkpoint} is at step {state['step']} of {config.total_steps}; to train on, pass --max_steps above "
+            f"{state['step']}"
+        )
+    artifact = load_teacher(replace(request, teacher=replace(request.teacher, path=stored.teacher)), stored.teacher)
+    model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
+    objective = DistillObjective.build(
+        artifact, stored, device=request.device, clip_denoised=clips_x0(True, artifact.first_stage)
+    )
+    if (model_config, schedule_config) != (artifact.model_config, objective.schedule_config):
+        raise ValueError(f"{checkpoint} is not a student of {stored.teacher} as it is now; start over with --overwrite")
+    trainer = Trainer(
+        config,
+        model_config,
+        schedule_config,
+        images=None,
+        device=request.device,
+        resume_state=state,
+        first_stage=artifact.first_stage,
+        objective=objective,
+    )
+    distributed.say(f"resuming the distillation {checkpoint} at step {trainer.step} of {config.total_steps}")
+    return trainer, artifact

@@ -1,0 +1,240 @@
+"""Distilling a teacher into a student that samples in 1, 2, 4 or 8 U-Net calls.
+
+    objective = DistillObjective.build(teacher, DistillConfig(teacher="digits.pt"), device=device)
+    trainer = Trainer(train_config, teacher.model_config, objective.schedule_config, images=None,
+                      device=device, objective=objective)   # the training loop of trainer.py
+
+The method (chosen by measurement; BENCHMARKS.md, "Distillation" has every method tried, losers too):
+
+1. The teacher's probability-flow ODE is solved with DPM-Solver++(2M) from ``samples`` noise draws, on
+   a grid that holds the student's timesteps (log-SNR spacing within each segment, ``teacher_steps``
+   in all); each trajectory gives the state at every student timestep and its end, a clean image.
+   A class-conditional teacher draws each trajectory for a random class with classifier-free guidance
+   at ``guidance_scale``: the student learns the guided ODE in one call per step.
+2. The student (the teacher's U-Net and EMA weights, predicting velocity v instead) learns to map the
+   state at each of its timesteps to that trajectory's end: the consistency function of the teacher's
+   ODE (Song et al. 2023), regressed directly, with the loss on v (x_0's error weighted 1 / (1 - abar)).
+3. It samples with the multistep consistency sampler (noise_schedule.py): predict x_0, noise it afresh
+   to the next timestep, predict again. The fresh noise corrects part of each step's error, as an SDE
+   sampler's does, which is what lets a few-step student beat its teacher's deterministic few-step samplers.
+
+The trajectories are a function of the teacher, the config and its seed, so a resumed run draws them
+again, bit for bit, instead of storing them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from basic_diffusion import eps_of, guided_model_eps
+from ddpm.conditioning import Guidance
+from noise_schedule import MAX_GUIDANCE, NoiseSchedule, ScheduleConfig, consistency_timesteps, make_betas, p_step
+
+STUDENT_STEPS = (1, 2, 4, 8)
+STUDENT_SAMPLER = "consistency"
+STUDENT_PREDICTION = "v"  # x_0 from eps is ill-conditioned at the few, noisy timesteps of a student
+MAX_SAMPLES = 1 << 20
+MAX_TEACHER_STEPS = 1000
+MAX_PAIR_BYTES = 4 << 30  # the trajectories are held in memory for the whole run
+TEACHER_BATCH = 256  # trajectories solved together
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """What a distillation run learns from; a student's checkpoint keeps it (``distill_config``) to resume."""
+
+    teacher: str  # the teacher's path, as given
+    sampling_steps: int = 4
+    samples: int = 4096  # teacher trajectories
+    teacher_steps: int = 32  # teacher solver steps per trajectory
+    guidance_scale: float = 0.0  # a class-conditional teacher's guidance, folded into the student (0: none)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sampling_steps not in STUDENT_STEPS:
+            steps = ", ".join(map(str, STUDENT_STEPS))
+            raise ValueError(f"--sampling_steps for a student must be one of {steps}, got {self.sampling_steps}")
+        if not 1 <= self.samples <= MAX_SAMPLES:
+            raise ValueError(f"--distill_samples must be between 1 and {MAX_SAMPLES}, got {self.samples}")
+        if not self.sampling_steps <= self.teacher_steps <= MAX_TEACHER_STEPS:
+            raise ValueError(
+                f"--teacher_steps must be between the student's {self.sampling_steps} steps and "
+                f"{MAX_TEACHER_STEPS}, got {self.teacher_steps}"
+            )
+        if not 0.0 <= self.guidance_scale <= MAX_GUIDANCE:  # also False for NaN
+            raise ValueError(f"--guidance_scale must be between 0 and {MAX_GUIDANCE:g}, got {self.guidance_scale}")
+
+    @classmethod
+    def from_dict(cls, data: object) -> DistillConfig:
+        """A checkpoint's ``distill_config``: the fields' types checked (the ranges by the class)."""
+        types = {"teacher": str, "sampling_steps": int, "samples": int, "teacher_steps": int, "seed": int}
+        if not isinstance(data, dict) or set(data) != {*types, "guidance_scale"}:
+            raise ValueError("its distillation settings are damaged")
+        if any(type(data[key]) is not kind for key, kind in types.items()) or type(data["guidance_scale"]) is not float:
+            raise ValueError("its distillation settings are damaged")
+        return cls(**data)
+
+
+def student_schedule(teacher: ScheduleConfig, config: DistillConfig) -> ScheduleConfig:
+    """The teacher's schedule, predicting v, with the sampler, timesteps and guidance the student records."""
+    timesteps = consistency_timesteps(teacher.num_timesteps, config.sampling_steps)
+    return replace(
+        teacher,
+        prediction=STUDENT_PREDICTION,
+        student_sampler=STUDENT_SAMPLER,
+        student_timesteps=tuple(timesteps.tolist()),
+        folded_guidance=config.guidance_scale,
+    )
+
+
+def teacher_grid(schedule: ScheduleConfig, student_timesteps: tuple[int, ...], teacher_steps: int) -> list[int]:
+    """The teacher solver's timesteps: the student's, and between each and the next (the last: t = 0) points
+    spaced evenly in log-SNR, ``teacher_steps`` steps in all (fewer where timesteps run out)."""
+    alphas_cumprod = torch.cumprod(1.0 - make_betas(schedule), dim=0)
+    neg_lam = -0.5 * torch.log(alphas_cumprod / (1.0 - alphas_cumprod))  # increasing in t
+    ends = [*student_timesteps, 0]
+    per_segment = max(1, teacher_steps // len(student_timesteps))
+    grid = {0, *student_timesteps}
+    for high, low in zip(ends, ends[1:]):
+        targets = torch.linspace(neg_lam[high].item(), neg_lam[low].item(), per_segment + 1, dtype=torch.float64)
+        nearest = torch.searchsorted(neg_lam, targets).clamp(low, high)
+        grid.update(int(t) for t in nearest)
+    return sorted(grid, reverse=True)
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    """The teacher's ODE at the student's timesteps: ``x_t`` (N, S, *shape), its end ``x_start`` (N, *shape),
+    and each trajectory's class (N,) for a class-conditional teacher."""
+
+    x_t: torch.Tensor
+    x_start: torch.Tensor
+    labels: torch.Tensor | None
+
+
+@torch.no_grad()
+def teacher_trajectories(
+    teacher: nn.Module,  # in eval mode, as loaded (any callable teacher(x_t, t[, y]) does)
+    schedule: NoiseSchedule,
+    *,
+    config: DistillConfig,
+    student_timesteps: tuple[int, ...],
+    sample_shape: tuple[int, ...],
+    num_classes: int = 0,
+    null_label: int = 0,
+    clip_denoised: bool = True,
+    device: torch.device,
+    progress: bool = True,
+) -> Trajectories:
+    """Solve the teacher's ODE (DPM-Solver++(2M) on :func:`teacher_grid`) from ``config.samples`` seeded noise draws."""
+    grid = teacher_grid(schedule.config, student_timesteps, config.teacher_steps)
+    plan = schedule.make_plan("dpm_solver", timesteps=grid, clip_denoised=clip_denoised, device=device)
+    record = {grid.index(t): k for k, t in enumerate(student_timesteps)}  # solver step -> student timestep
+    n, S = config.samples, len(student_timesteps)
+    x_t = torch.empty((n, S, *sample_shape), device=device)
+    x_start = torch.empty((n, *sample_shape), device=device)
+    labels = torch.empty(n, dtype=torch.long, device=device) if num_classes else None
+    generator = torch.Generator(device).manual_seed(config.seed)
+    bar = tqdm(total=n, desc="teacher trajectories", unit="img", disable=not progress, dynamic_ncols=True)
+    for start in range(0, n, TEACHER_BATCH):
+        rows = slice(start, min(n, start + TEACHER_BATCH))
+        b = rows.stop - rows.start
+        x = torch.randn((b, *sample_shape), generator=generator, device=device)
+        guidance = None
+        if num_classes:
+            labels[rows] = torch.randint(0, num_classes, (b,), generator=generator, device=device)
+            guidance = Guidance(labels=labels[rows], null_label=null_label, scale=config.guidance_scale)
+        prev = None
+        for i in range(plan.num_steps):
+            if i in record:
+                x_t[rows, record[i]] = x
+            t = plan.timesteps[i].expand(b)
+            out = guided_model_eps(teacher, x, t, guidance)
+            x, prev = p_step(plan, i, x, out, prev_xstart=prev if plan.uses_prev_xstart else None)
+        x_start[rows] = x
+        bar.update(b)
+    bar.close()
+    return Trajectories(x_t=x_t, x_start=x_start, labels=labels)
+
+
+def check_trajectory_memory(config: DistillConfig, sample_shape: tuple[int, ...]) -> None:
+    """Refuse, before the teacher runs, trajectories that would not fit the bound held for the whole run."""
+    per_sample = (config.sampling_steps + 1) * torch.Size(sample_shape).numel() * 4
+    if config.samples * per_sample > MAX_PAIR_BYTES:
+        most = MAX_PAIR_BYTES // per_sample
+        raise ValueError(
+            f"--distill_samples {config.samples} trajectories of {'x'.join(map(str, sample_shape))} would hold "
+            f"{config.samples * per_sample / 2**30:.1f} GiB; use at most {most}"
+        )
+
+
+class DistillObjective:
+    """The student's loss on the teacher's trajectories, for the trainer's loop (trainer.py)."""
+
+    def __init__(
+        self,
+        config: DistillConfig,
+        trajectories: Trajectories,
+        *,
+        schedule_config: ScheduleConfig,
+        class_names: tuple[str, ...],
+        device: torch.device,
+    ) -> None:
+        self.config, self.trajectories, self.class_names = config, trajectories, class_names
+        self.schedule_config = schedule_config  # the student's
+        self.schedule = NoiseSchedule(schedule_config).to(device)
+        self.timesteps = torch.tensor(schedule_config.student_timesteps, device=device)
+
+    @classmethod
+    def build(
+        cls, teacher, config: DistillConfig, *, device: torch.device, clip_denoised: bool, progress: bool = True
+    ) -> DistillObjective:
+        """The objective of distilling ``teacher`` (backends/artifacts.py's Artifact) as ``config`` says."""
+        model_config = teacher.model_config
+        shape = model_config.sample_shape(1)[1:]
+        check_trajectory_memory(config, shape)
+        schedule_config = student_schedule(teacher.schedule_config, config)
+        trajectories = teacher_trajectories(
+            teacher.model,
+            NoiseSchedule(teacher.schedule_config).to(device),
+            config=config,
+            student_timesteps=schedule_config.student_timesteps,
+            sample_shape=shape,
+            num_classes=model_config.num_classes,
+            null_label=model_config.null_label,
+            clip_denoised=clip_denoised,
+            device=device,
+            progress=progress,
+        )
+        return cls(
+            config, trajectories, schedule_config=schedule_config, class_names=teacher.class_names, device=device
+        )
+
+    def batch(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:
+        """The whole global batch's draw (every rank draws it, so the generator stays in step): which
+        trajectory, and which of the student's timesteps, for each sample."""
+        n, S = self.trajectories.x_t.shape[:2]
+        which = torch.randint(0, n, (batch_size,), generator=generator, device=device)
+        step = torch.randint(0, S, (batch_size,), generator=generator, device=device)
+        return which, step
+
+    def examples(self, batch: tuple, *, rows: slice) -> tuple[torch.Tensor, ...]:
+        """(x_t, t, labels or None, target) of this rank's rows: each state, its timestep, its class, and the
+        student's output that maps the state to its trajectory's end (v for a v-student)."""
+        which, step = (part[rows] for part in batch)
+        x_t = self.trajectories.x_t[which, step]  # (B / ranks, *shape)
+        x_start = self.trajectories.x_start[which]
+        t = self.timesteps[step]
+        y = self.trajectories.labels[which] if self.trajectories.labels is not None else None
+        eps = self.schedule.predict_eps_from_xstart(x_t, t, x_start)  # the noise that state holds, given its end
+        return x_t, t, y, self.schedule.training_target(x_start, eps, t)
+
+    def loss(self, forward: nn.Module, batch: tuple, *, rows: slice) -> torch.Tensor:
+        """MSE between the student's output and :meth:`examples`' target."""
+        x_t, t, y, target = self.examples(batch, rows=rows)
+        return F.mse_loss(eps_of(forward, x_t, t, y).float(), target.float())

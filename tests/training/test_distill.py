@@ -1,0 +1,234 @@
+"""--mode distill (ddpm/training/distill.py, ddpm/modes/distill.py): the teacher's trajectories against the
+exact ODE of Gaussian data, the student's target against its closed form, the loop's loss going down, resume
+continuing exactly, a student sampled alike by every implementation, and the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import TINY_TRAIN, needs_onnx, run_here
+
+from ddpm.training.distill import (
+    DistillConfig,
+    DistillObjective,
+    Trajectories,
+    student_schedule,
+    teacher_grid,
+    teacher_trajectories,
+)
+from noise_schedule import NoiseSchedule, ScheduleConfig, make_betas
+
+F64 = torch.float64
+# A tiny distillation: 8 trajectories of 8 teacher steps, 3 student steps of 4 images.
+TINY_DISTILL = ["--distill_samples", "8", "--teacher_steps", "8", "--batch_size", "4", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A tiny digits checkpoint (3 training steps) as the teacher."""
+    folder = tmp_path_factory.mktemp("teacher")
+    result = run_here(*TINY_TRAIN, "--model_path", "teacher.pt", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder / "teacher.pt"
+
+
+def distill(folder, teacher, *args: str, output: str = "student.pt"):
+    return run_here(
+        "--mode", "distill", "--model_path", str(teacher), "--output", output, *TINY_DISTILL, *args, cwd=folder
+    )
+
+
+def test_teacher_grid_holds_the_students_timesteps_and_spends_its_steps_between_them():
+    config = ScheduleConfig()
+    grid = teacher_grid(config, (999, 749, 499, 249), 32)
+    assert grid == sorted(set(grid), reverse=True) and grid[0] == 999 and grid[-1] == 0
+    assert {999, 749, 499, 249} <= set(grid) and 28 <= len(grid) - 1 <= 32
+    ac = torch.cumprod(1 - make_betas(config), 0)
+    lam = 0.5 * torch.log(ac / (1 - ac))
+    between = [t for t in grid if 499 > t > 249]  # evenly spaced in log-SNR within a segment
+    assert torch.diff(lam[[499, *between, 249]]).std() < 0.2 * torch.diff(lam[[499, *between, 249]]).mean().abs()
+
+
+def test_teacher_trajectories_follow_the_exact_ode_of_gaussian_data():
+    # For data N(mu, s^2) the optimal eps is analytic and the ODE maps x_t to mu + s (x_t - sqrt(abar) mu) /
+    # sqrt(abar s^2 + 1 - abar): each recorded state must end where the exact map sends it.
+    schedule = NoiseSchedule(ScheduleConfig())
+    mu, s = 0.3, 0.2
+
+    def optimal_eps(x, t):
+        abar = schedule.alphas_cumprod[t].view(-1, 1, 1, 1)
+        return (1 - abar).sqrt() * (x - abar.sqrt() * mu) / (abar * s**2 + 1 - abar)
+
+    students = (999, 499)
+    config = DistillConfig(teacher="gaussian", sampling_steps=2, samples=16, teacher_steps=40)
+    out = teacher_trajectories(
+        optimal_eps,
+        schedule,
+        config=config,
+        student_timesteps=students,
+        sample_shape=(1, 4, 4),
+        clip_denoised=False,
+        device=torch.device("cpu"),
+        progress=False,
+    )
+    abar = torch.cumprod(1 - make_betas(schedule.config), 0)
+    for k, t in enumerate(students):
+        exact = mu + s * (out.x_t[:, k].double() - abar[t].sqrt() * mu) / (abar[t] * s**2 + 1 - abar[t]).sqrt()
+        assert torch.allclose(out.x_start.double(), exact, atol=5e-3), t
+
+
+def test_the_students_target_is_the_v_that_maps_a_state_to_its_trajectorys_end():
+    teacher = ScheduleConfig(num_timesteps=100)
+    config = DistillConfig(teacher="t", sampling_steps=2, samples=3, teacher_steps=4)
+    schedule_config = student_schedule(teacher, config)
+    assert (schedule_config.prediction, schedule_config.student_sampler) == ("v", "consistency")
+    assert schedule_config.student_timesteps == (99, 49)
+    gen = torch.Generator().manual_seed(0)
+    trajectories = Trajectories(
+        x_t=torch.randn(3, 2, 1, 2, 2, generator=gen), x_start=torch.rand(3, 1, 2, 2, generator=gen), labels=None
+    )
+    objective = DistillObjective(
+        config, trajectories, schedule_config=schedule_config, class_names=(), device=torch.device("cpu")
+    )
+    which, step = torch.tensor([2, 0, 1]), torch.tensor([1, 0, 1])
+    x_t, t, y, target = objective.examples((which, step), rows=slice(None))
+    abar = torch.cumprod(1 - make_betas(teacher), 0)[torch.tensor([49, 99, 49])].view(-1, 1, 1, 1)
+    states, ends = trajectories.x_t[which, step].double(), trajectories.x_start[which].double()
+    # x_0 = sqrt(abar) x_t - sqrt(1 - abar) v, so v = (sqrt(abar) x_t - x_0) / sqrt(1 - abar).
+    by_hand = (abar.sqrt() * states - ends) / (1 - abar).sqrt()
+    assert t.tolist() == [49, 99, 49] and y is None
+    assert torch.allclose(target.double(), by_hand, atol=1e-5)
+    assert torch.allclose(objective.schedule.predict_xstart(x_t, t, target).double(), ends, atol=1e-5)
+
+
+def test_a_few_distillation_steps_lower_the_students_loss(tmp_path, teacher):
+    from ddpm.backends.artifacts import load_artifact
+    from ddpm.training.trainer import TrainConfig, Trainer
+
+    device = torch.device("cpu")
+    artifact = load_artifact(teacher, device=device)
+    config = DistillConfig(teacher=str(teacher), sampling_steps=2, samples=16, teacher_steps=8)
+    objective = DistillObjective.build(artifact, config, device=device, clip_denoised=True, progress=False)
+    train = TrainConfig(
+        dataset="digits",
+        total_steps=12,
+        batch_size=16,
+        lr=1e-3,
+        warmup_steps=1,
+        checkpoint=str(tmp_path / "student.pt"),
+        save_every=0,
+        sample_every=0,
+        cond_drop=0.0,
+    )
+    trainer = Trainer(
+        train, artifact.model_config, objective.schedule_config, images=None, device=device, objective=objective
+    )
+    trainer.model.load_state_dict(artifact.model.state_dict())
+    every = (torch.arange(16).repeat_interleave(2), torch.arange(2).repeat(16))  # every example once
+
+    def loss() -> float:
+        with torch.no_grad():
+            return objective.loss(trainer.model.eval(), every, rows=slice(None)).item()
+
+    before = loss()
+    trainer.run(progress=False)
+    assert loss() < 0.8 * before
+
+
+def test_resume_continues_a_distillation_exactly(tmp_path, teacher):
+    from ddpm.cli import parser, resolve
+    from ddpm.modes.distill import new_student
+
+    assert distill(tmp_path, teacher, "--max_steps", "4", output="whole.pt").returncode == 0
+    # A run of 4 steps stopped after 2 (as Ctrl-C leaves it), then resumed from the command line.
+    flags = ["--mode", "distill", "--model_path", str(teacher), "--output", str(tmp_path / "half.pt"), *TINY_DISTILL]
+    trainer, _ = new_student(resolve.request_for(parser.parse_args([*flags, "--max_steps", "4"])))
+    trainer.run(until_step=2, progress=False)
+    trainer.save()
+    resumed = run_here(*flags, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming the distillation" in resumed.stdout + resumed.stderr
+    whole, half = (torch.load(tmp_path / name, weights_only=True) for name in ("whole.pt", "half.pt"))
+    assert half["step"] == whole["step"] == 4
+    for part in ("model", "ema"):
+        for key, value in whole[part].items():
+            assert torch.equal(half[part][key], value), key  # bit for bit on the CPU
+
+
+@needs_onnx
+def test_a_student_draws_the_same_images_on_every_implementation(tmp_path, teacher):
+    result = distill(tmp_path, teacher, "--max_steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert "4 U-Net calls per image" in result.stdout + result.stderr
+    exported = run_here("--mode", "export", "--format", "onnx", "--model_path", "student.pt", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    images = {}
+    for implementation, path in [
+        ("original", "student.pt"),
+        ("cuda_steps", "student.pt"),
+        ("cuda", "student.pt"),
+        ("onnxruntime", "student.onnx"),
+    ]:
+        out = f"{implementation}.npz"
+        drawn = run_here(
+            "--mode",
+            "sample",
+            "--model_path",
+            path,
+            "--implementation",
+            implementation,
+            "--n_samples",
+            "4",
+            "--no_grid",
+            "--save_npz",
+            out,
+            cwd=tmp_path,
+        )
+        assert drawn.returncode == 0, drawn.stderr
+        assert "consistency, 4 steps" in drawn.stdout, drawn.stdout  # the student's own sampler and steps
+        images[implementation] = next(iter(np.load(tmp_path / out).values()))
+    for implementation, drawn in images.items():
+        np.testing.assert_allclose(drawn, images["original"], atol=1e-4, err_msg=implementation)
+
+
+def test_a_student_asked_for_other_steps_says_what_it_was_trained_for(tmp_path, teacher):
+    assert distill(tmp_path, teacher, "--max_steps", "1", "--sampling_steps", "2").returncode == 0
+    drawn = run_here(
+        "--mode", "sample", "--model_path", "student.pt", "--sampling_steps", "3", "--n_samples", "2", cwd=tmp_path
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    warning = [line for line in drawn.stderr.splitlines() if "warning" in line]
+    assert warning == [
+        "main.py: warning: this student was trained for the consistency sampler in 2 steps (t = 49, 24); "
+        "drawing with consistency in 3 steps as asked"
+    ]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--output", "teacher.pt"], "--output teacher.pt is the same file as --model_path"),
+        (["--output", "teacher.pt", "--overwrite"], "--output teacher.pt is the same file as --model_path"),
+        (["--output", "other.pt", "--resume"], "other.pt"),
+        (["--sampling_steps", "3"], "invalid choice: 3"),
+        (["--sampling_steps", "0"], "invalid choice: 0"),
+        (["--guidance_scale", "2"], "applies to class-conditional teachers"),
+        (["--teacher_steps", "2"], "--teacher_steps must be between the student's 4 steps"),
+        (["--output", "student.onnx"], "--output must name a .pt checkpoint"),
+    ],
+)
+def test_distill_refuses_in_one_line(tmp_path, teacher, args, message):
+    (tmp_path / "teacher.pt").write_bytes(teacher.read_bytes())
+    before = (tmp_path / "teacher.pt").read_bytes()
+    result = run_here("--mode", "distill", "--model_path", "teacher.pt", *TINY_DISTILL, *args, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "teacher.pt").read_bytes() == before
+
+
+def test_a_student_of_a_student_is_refused(tmp_path, teacher):
+    assert distill(tmp_path, teacher, "--max_steps", "1").returncode == 0
+    result = distill(tmp_path, tmp_path / "student.pt", "--max_steps", "1", output="grandchild.pt")
+    assert result.returncode == 2 and "is already a distilled student (4 steps)" in result.stderr
+    assert not (tmp_path / "grandchild.pt").exists()
