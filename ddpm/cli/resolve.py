@@ -8,10 +8,8 @@ sampler plan's parameters), and every flag error a user can make is a ``ValueErr
 before any file is read or written or any model is loaded: a value no flag may take (a count, a
 size or a step number below 1, an opset out of range, a guidance scale out of range), flags that
 contradict each other or the mode, an implementation that cannot run the file's kind or the
-precision, and every output that would destroy an input (util/safe_files.check_outputs).
-
-Every mode's flags are resolved here: the refusals of one mode's flags in another, and the flags modes
-share, are read in one place rather than kept in step across six.
+precision, and every output that would destroy an input (util/safe_files.check_outputs). Which
+flags each mode reads at all is the flag table's (cli/flags.py), refused while parsing.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from ddpm.cli.checks import (
     check_suffix,
     parse_list,
 )
+from ddpm.cli.flags import FLAGS, NEW_MODEL
 from ddpm.cli.parser import parse_args
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
@@ -142,25 +141,9 @@ def _model_path(args: argparse.Namespace) -> str:
     return args.model_path or f"checkpoints/{args.dataset}.pt"
 
 
-# Flags that describe a new model (its shape, network, schedule, conditioning, autoencoder): a run from a
-# model file takes all of that from the file, so giving one would be silently ignored.
-NEW_MODEL_FLAGS = (
-    "img_size",
-    "channels",
-    "model_preset",
-    "model_channels",
-    "num_res_blocks",
-    "dropout",
-    "time_conditioning",
-    "patch_size",
-    "beta_schedule",
-    "timesteps",
-    "class_cond",
-    "latent_channels",
-    "downsample",
-    "ae_channels",
-    "kl_weight",
-)
+# Flags that describe a new model (its shape, network, schedule, conditioning): a run from a model file
+# (benchmark --model_path, train --init_from) takes all of that from the file, so one given would be ignored.
+NEW_MODEL_FLAGS = tuple(name for name, flag in FLAGS.items() if flag.note == NEW_MODEL)
 
 
 # The TensorRT engine's flags (sample and evaluate read them for --implementation tensorrt only).
@@ -231,12 +214,7 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     from ddpm.formats.kinds import artifact_kind
 
     precision = _precision(args, "sampling", device)  # auto is fp32: the original's images
-    implementation, why = _implementation(args), ""
-    if implementation == "auto":  # the fastest verified here (backends/auto.py); its line is printed by the mode
-        from ddpm.backends.auto import DeviceKind, choose
-
-        choice = choose(DeviceKind.of(device), precision=precision, kind=artifact_kind(source.path))
-        implementation, why = choice.implementation, choice.line
+    implementation = _implementation(args)
     registry.get(implementation).check(kind=artifact_kind(source.path), precision=precision)
     _refuse_unread_runtime_flags(args, implementation, kind=artifact_kind(source.path))
     return dict(
@@ -244,7 +222,6 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         precision=precision,
         source=source,
         implementation=implementation,
-        implementation_line=why,
         n_samples=args.n_samples,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -530,7 +507,6 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         chart=args.chart,
         profile=args.profile,
         interleave=args.interleave,
-        given=args.given,
     )
     outputs = {"--json": args.json}
     if args.bench == "sampling":
