@@ -613,6 +613,21 @@ def _default_generator(device: torch.device) -> torch.Generator:
     return torch.default_generator
 
 
+def _check_arguments(plan: SamplingPlan, *, shape: tuple[int, ...], precision: str, warmup_iters: int) -> None:
+    """One-line ValueErrors for a sampler's arguments, before anything is built."""
+    check_precision(precision)
+    if len(shape) not in (4, 5) or min(shape) < 1:
+        raise ValueError(f"shape must be four or five positive sizes (B, C, H, W) or (B, C, D, H, W), got {shape}")
+    S = plan.num_steps
+    if tuple(plan.coefficients.shape) != (S, NUM_COEFFICIENTS) or tuple(plan.timesteps.shape) != (S,):
+        raise ValueError(
+            f"inconsistent sampling plan: {S} steps, timesteps {tuple(plan.timesteps.shape)}, "
+            f"coefficients {tuple(plan.coefficients.shape)}"
+        )
+    if warmup_iters < 1:
+        raise ValueError(f"warmup_iters must be at least 1, got {warmup_iters}")
+
+
 class FusedSampler:
     """Runs one :class:`SamplingPlan` on static buffers with the fused ops; on CUDA, one CUDA graph.
 
@@ -645,29 +660,37 @@ class FusedSampler:
         guidance: Guidance | None = None,  # class-conditional models: null label and scale (labels come per call)
         fused_unet: bool = False,
     ) -> None:
-        check_precision(precision)
         shape = tuple(int(s) for s in shape)
-        if len(shape) not in (4, 5) or min(shape) < 1:
-            raise ValueError(f"shape must be four or five positive sizes (B, C, H, W) or (B, C, D, H, W), got {shape}")
-        S = plan.num_steps
-        if tuple(plan.coefficients.shape) != (S, NUM_COEFFICIENTS) or tuple(plan.timesteps.shape) != (S,):
-            raise ValueError(
-                f"inconsistent sampling plan: {S} steps, timesteps {tuple(plan.timesteps.shape)}, "
-                f"coefficients {tuple(plan.coefficients.shape)}"
-            )
-        if warmup_iters < 1:
-            raise ValueError(f"warmup_iters must be at least 1, got {warmup_iters}")
+        _check_arguments(plan, shape=shape, precision=precision, warmup_iters=warmup_iters)
         self._fused = fused_step
         if fused_step:
             load_extension()
         self.plan, self.shape, self.precision = plan, shape, precision
         self.device = plan.coefficients.device  # like the original: sample where the plan lives
-        on_cuda = self.device.type == "cuda"
-        if fused_step and on_cuda and not has_cuda_kernels():
+        if fused_step and self.device.type == "cuda" and not has_cuda_kernels():
             raise ExtensionUnavailableError(
                 f"the diffusion_kernels extension was built without CUDA kernels; rebuild it where the CUDA "
                 f"toolkit is installed: {BUILD_COMMAND}"
             )
+        # 1. The network: the model, or its fused runner; channels-last and torch.compile as asked.
+        self._build_network(
+            model, fused_unet=fused_unet, guidance=guidance, channels_last=channels_last, compile_model=compile_model
+        )
+        # 2. Static buffers (float32 sampler state, whatever the precision).
+        self._allocate_buffers(guidance)
+        # 3. On CUDA, one captured step (or, if capture fails, eager steps).
+        self._prepare_graph(use_cuda_graph=use_cuda_graph, warmup_iters=warmup_iters, log=log)
+
+    def _build_network(
+        self,
+        model: nn.Module,
+        *,
+        fused_unet: bool,
+        guidance: Guidance | None,
+        channels_last: bool,
+        compile_model: bool | str,
+    ) -> None:
+        on_cuda, precision, plan = self.device.type == "cuda", self.precision, self.plan
         self._fused_unet = fused_unet
         if fused_unet:  # the runner holds the precision (weights cast once) and its own NHWC layout: no autocast
             from basic_diffusion import UNet
@@ -676,27 +699,29 @@ class FusedSampler:
                 raise ValueError(
                     "the fused U-Net runner is built from a PyTorch U-Net (a checkpoint), not from this model"
                 )
-            if not fused_step:
+            if not self._fused:
                 raise ValueError("the fused U-Net runner needs the diffusion_kernels extension (fused_step=True)")
             model = FusedUNet(model, dtype=torch.float32 if precision == "fp32" else LOW_DTYPES[precision])
+        self.unet_runner: FusedUNet | None = model if fused_unet else None  # what the benchmark reports of it
         # An unconditional runner's embedding projections depend on the timestep alone: one (S, D) table for the
         # plan, computed here, whose row the device-side step counter picks (graph-safe, no per-step MLP).
         self._projection_table = (
             model.projections(plan.timesteps.to(self.device, torch.int64)) if fused_unet and guidance is None else None
         )
-        self._channels_last = on_cuda and channels_last and len(shape) == 4 and not fused_unet  # images only
+        self._channels_last = on_cuda and channels_last and len(self.shape) == 4 and not fused_unet  # images only
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
         mode = compile_model if isinstance(compile_model, str) else None
         self._model = torch.compile(model, dynamic=False, mode=mode) if compile_model else model
 
-        # Static buffers (float32 sampler state, whatever the precision).
+    def _allocate_buffers(self, guidance: Guidance | None) -> None:
+        plan, shape = self.plan, self.shape
         B = shape[0]
         # Class-conditional: the U-Net's label input; guided, it runs on the batch twice (cond, then null label).
         self._guidance = guidance
         rows = unet_batch(B, guidance)
         self._y = torch.full((rows,), guidance.null_label, dtype=torch.int64, device=self.device) if guidance else None
-        self._coefficients = plan.coefficients.to(self.device, torch.float32).contiguous()  # (S, 6)
+        self._coefficients = plan.coefficients.to(self.device, torch.float32).contiguous()  # (S, 7)
         self._timesteps = plan.timesteps.to(self.device, torch.int64).contiguous()  # (S,)
         self._step = torch.zeros((), dtype=torch.int64, device=self.device)  # device-side step counter
         self._t = torch.zeros(rows, dtype=torch.int64, device=self.device)  # (B,) or (2B,) U-Net timestep input
@@ -709,9 +734,11 @@ class FusedSampler:
         # start of each call and handed back at the end; so one captured graph serves any generator.
         self._rng = torch.Generator(device=self.device)
 
+    def _prepare_graph(self, *, use_cuda_graph: bool, warmup_iters: int, log: Callable[[str], None] | None) -> None:
+        on_cuda, S = self.device.type == "cuda", self.plan.num_steps
         # The graph holds the more common kind of step (with noise or without); the others run
         # the same step eagerly, so noise is drawn for exactly the steps the original draws it for.
-        noisy = sum(plan.noise_steps)
+        noisy = sum(self.plan.noise_steps)
         self._graph_draws_noise = 2 * noisy >= S and noisy > 0
         self._graph: torch.cuda.CUDAGraph | None = None
         # All sampling work runs on this stream (CUDA): not the legacy default stream, which

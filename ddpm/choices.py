@@ -25,9 +25,10 @@ QUANTIZED = ("int8", "fp8")
 ALL_PRECISIONS = PRECISIONS + QUANTIZED
 
 # backends/registry.py: what --implementation offers (the registry holds more rows: benchmark variants).
-SAMPLE_IMPLEMENTATIONS = ("original", "cuda", "onnxruntime", "tensorrt")
-DEFAULT_IMPLEMENTATION = "original"
-IMPLEMENTATION_CHOICES = SAMPLE_IMPLEMENTATIONS  # what --implementation offers
+SAMPLE_IMPLEMENTATIONS = ("original", "cuda", "cuda_steps", "onnxruntime", "tensorrt")
+# auto: the fastest implementation verified on the device, for the precision and model (backends/auto.py).
+DEFAULT_IMPLEMENTATION = "auto"
+IMPLEMENTATION_CHOICES = (DEFAULT_IMPLEMENTATION, *SAMPLE_IMPLEMENTATIONS)
 
 # modes/export.py: what --mode export writes.
 FORMATS = ("onnx", "torchscript", "tensorrt", "safetensors", "diffusers")

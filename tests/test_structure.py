@@ -310,7 +310,8 @@ def test_the_cli_offers_exactly_the_registrys_sample_implementations():
     action = next(a for a in build_parser("sample")._actions if a.dest == "implementation")
     assert choices.SAMPLE_IMPLEMENTATIONS == registry.SAMPLE_IMPLEMENTATIONS
     assert set(registry.SAMPLE_IMPLEMENTATIONS) <= set(action.choices)
-    assert set(registry.SAMPLE_IMPLEMENTATIONS) == {"original", "cuda", "onnxruntime", "tensorrt"}
+    assert set(registry.SAMPLE_IMPLEMENTATIONS) == {"original", "cuda", "cuda_steps", "onnxruntime", "tensorrt"}
+    assert action.default == "auto" and "auto" in action.choices  # backends/auto.py
 
 
 def test_the_choice_lists_agree_with_the_modules_that_keep_their_own():
@@ -322,8 +323,8 @@ def test_the_choice_lists_agree_with_the_modules_that_keep_their_own():
 @pytest.mark.parametrize(
     "kind,runs",
     [
-        ("checkpoint", ("original", "cuda", "onnxruntime", "tensorrt")),
-        ("torchscript", ("original", "cuda")),  # cuda needs a PyTorch module
+        ("checkpoint", ("original", "cuda", "cuda_steps", "onnxruntime", "tensorrt")),
+        ("torchscript", ("original", "cuda", "cuda_steps")),  # cuda needs a PyTorch module
         ("onnx", ("original", "onnxruntime", "tensorrt")),  # an ONNX graph
         ("tensorrt", ("original", "tensorrt")),  # an engine runs only in TensorRT (or under the original loop)
     ],

@@ -139,7 +139,10 @@ def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOpti
     return run
 
 
-def _fused(compile_model: bool | str, *, fused_unet: bool = False) -> Callable[..., Sampler]:
+def _fused(compile_model: bool | str, *, fused_unet: bool | None = False) -> Callable[..., Sampler]:
+    """FusedSampler builders. ``fused_unet``: True always runs the fused U-Net runner, False never, None where it
+    is verified for the device, precision and U-Net (auto.RUNNER_VERIFIED; a PyTorch U-Net only)."""
+
     def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
         try:
             import optimized_diffusion
@@ -153,10 +156,22 @@ def _fused(compile_model: bool | str, *, fused_unet: bool = False) -> Callable[.
             compile_model=compile_model,
             log=options.log,
             guidance=options.guidance,
-            fused_unet=fused_unet,
+            fused_unet=uses_runner(network, plan.coefficients.device, options.precision)
+            if fused_unet is None
+            else fused_unet,
         )
 
     return build
+
+
+def uses_runner(network: nn.Module, device: torch.device, precision: str) -> bool:
+    """Whether the cuda implementation runs ``network`` through the fused U-Net runner (auto.RUNNER_VERIFIED)."""
+    from basic_diffusion import UNet
+    from ddpm.backends.auto import runner_verified
+
+    return isinstance(network, UNet) and runner_verified(
+        device_type=device.type, precision=precision, dims=network.config.dims
+    )
 
 
 def _tensorrt(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
@@ -205,6 +220,21 @@ def _onnxruntime_int8(network: nn.Module, plan: SamplingPlan, *, shape, options:
                 network, device=device, opset=options.opset or DEFAULT_OPSET, calibration=feeds
             )
     return _loop(network, plan, shape=shape, options=options)
+
+
+def _openvino(hint: str | None) -> Callable[..., Sampler]:
+    """The original loop around the U-Net compiled by OpenVINO (``hint``: its inference precision, None: OpenVINO's
+    default). The sampler carries ``precision`` (what OpenVINO used) and ``detail``."""
+
+    def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
+        from ddpm.backends.openvino_runtime import as_openvino
+
+        unet = as_openvino(network, hint=hint, opset=options.opset)
+        run = _loop(unet, plan, shape=shape, options=options)
+        run.precision, run.detail = unet.precision, unet.provider
+        return run
+
+    return build
 
 
 def _torchscript(model: nn.Module, options: SamplerOptions) -> nn.Module:
@@ -308,19 +338,33 @@ REGISTRY: dict[str, Implementation] = {
         ),
         Implementation(
             "cuda",
-            "fused step ops, static buffers and one CUDA graph per step (optimized_diffusion.py)",
-            _fused(False),
+            "the fastest custom-kernel path: fused step ops, static buffers, one CUDA graph per step, and the fused "
+            "U-Net runner where it is verified (the CPU in fp32: backends/auto.py) (optimized_diffusion.py)",
+            _fused(False, fused_unet=None),
             kinds=("checkpoint", "torchscript"),
             precisions=PRECISIONS,
             conditional=True,
             decoder=_autocast_decoder,
         ),
         Implementation(
+            "cuda_steps",
+            "the fused step ops alone around the eager U-Net (static buffers, CUDA graph): the original's "
+            "bit-for-bit twin on the CPU in fp32",
+            _fused(False),
+            kinds=("checkpoint", "torchscript"),
+            precisions=PRECISIONS,
+            default_row_on=(),
+            conditional=True,
+            decoder=_autocast_decoder,
+        ),
+        Implementation(
             "cuda_fused_unet",
-            "the cuda implementation with the fused U-Net runner (group_norm_act, NHWC, weights cast once)",
+            "the step ops with the fused U-Net runner on any device and precision (group_norm_act, NHWC, weights "
+            "cast once; on a GPU not yet verified)",
             _fused(False, fused_unet=True),
             precisions=PRECISIONS,
             in_sample_mode=False,
+            default_row_on=("cuda",),
             conditional=True,
             decoder=_autocast_decoder,
         ),
@@ -347,7 +391,7 @@ REGISTRY: dict[str, Implementation] = {
         ),
         Implementation(
             "cuda_fp32",
-            "the cuda implementation in fp32 whatever --precision says (the staircase's graphed eager fp32 step)",
+            "the cuda_steps implementation in fp32 whatever --precision says (the staircase's graphed eager fp32 step)",
             _fused(False),
             in_sample_mode=False,
             row_precision="fp32",
@@ -394,6 +438,25 @@ REGISTRY: dict[str, Implementation] = {
             default_row_on=(),
             row_precision="int8",
             decoder=_onnxruntime_decoder,
+        ),
+        Implementation(
+            "openvino",
+            "the original loop around the U-Net's ONNX export run by OpenVINO in its default precision (bf16 on "
+            "CPUs with AVX-512 bf16 or AMX; needs openvino)",
+            _openvino(None),
+            devices=("cpu",),
+            in_sample_mode=False,
+            conditional=True,
+            default_row_on=("cpu",),
+        ),
+        Implementation(
+            "openvino_f32",
+            "the openvino row with its inference precision forced to f32",
+            _openvino("f32"),
+            devices=("cpu",),
+            in_sample_mode=False,
+            conditional=True,
+            default_row_on=("cpu",),
         ),
         Implementation(
             "torchscript",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ddpm.benchmarks.peaks import this_cpu
 from ddpm.util.safe_files import atomic_write
 
 
@@ -44,7 +45,8 @@ class Row:
     psnr_db: float | None = None
     parity: str = ""  # pass | FAIL | reference | ""
     tflops: float | None = None
-    mfu: float | None = None  # tflops / the measured matmul peak in the row's precision (env["matmul_peak_tflops"])
+    mfu: float | None = None  # tflops / the machine's peak in the row's precision (peaks.py: env["peak_tflops"])
+    direct_equivalent: bool = False  # tflops counts a direct convolution's FLOPs; the row does fewer (Winograd)
     build_s: float | None = None  # one-time cost: building the row (export, compile, capture) + its first run's excess
     detail: str = ""  # what ran, where the name does not say (onnxruntime's execution provider)
     loop_s: float | None = None  # a latent model: the sampling loop alone (median s)
@@ -56,7 +58,7 @@ def environment(device: torch.device) -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
-        else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        else f"CPU ({this_cpu() or platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "none",
         "python": platform.python_version(),
@@ -64,13 +66,22 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         info["driver"] = _driver_version()
         info["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
-    try:
-        import tensorrt
-
-        info["tensorrt"] = tensorrt.__version__
-    except ImportError:
-        info["tensorrt"] = "not installed"
+    for package in ("tensorrt", "onnxruntime", "openvino"):
+        info[package] = _version(package)
     return info
+
+
+def _version(package: str) -> str:
+    """An optional package's version, or "not installed" (imported: the version some wheels know only then)."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        return "not installed"
+    try:
+        return str(getattr(importlib.import_module(package), "__version__", "unknown")).split("-")[0]
+    except ImportError:
+        return "not installed"
 
 
 def _driver_version() -> str:
@@ -118,7 +129,7 @@ def format_table(rows: list[Row]) -> str:
                 f"{r.ms_per_step:.2f}",
                 f"{r.images_per_s:.1f}",
                 times_text(r.speedup),
-                "-" if r.mfu is None else f"{100 * r.mfu:.1f}%",
+                "-" if r.mfu is None else f"{100 * r.mfu:.1f}%" + ("*" if r.direct_equivalent else ""),
                 _seconds(r.build_s, 1),
                 "n/a" if r.peak_memory_mb is None else f"{r.peak_memory_mb:.0f}",
                 "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2e}",
@@ -136,7 +147,15 @@ def format_table(rows: list[Row]) -> str:
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     for line in lines:
         out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)) if len(line) > 3 else "  ".join(line))
+    if any(r.direct_equivalent for r in rows if r.status == "ok"):
+        out.append(WINOGRAD_FOOTNOTE)
     return "\n".join(out)
+
+
+WINOGRAD_FOOTNOTE = (
+    "* Winograd convolutions: TFLOP/s and MFU count the direct convolution's FLOPs (a direct-equivalent rate); "
+    "the row does fewer multiply-adds, so its MFU may pass 100%"
+)
 
 
 def _seconds(value: float | None, digits: int = 3) -> str:
@@ -231,6 +250,7 @@ class BenchmarkRequest:
     chart: str | None = None
     profile: str | None = None  # --profile DIR: one more run of each row, traced, after its timing
     interleave: bool = False  # --interleave: every row built first, then timed in rounds (sampling_bench.time_rows)
+    given: frozenset[str] | None = None  # the flags written on the command line (plan.py); None: all count as given
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:

@@ -24,12 +24,15 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
+from tqdm.auto import tqdm
 
-from basic_diffusion import UNet, count_parameters
+from basic_diffusion import UNet, count_parameters, guided_model_eps
 from ddpm.backends import registry
+from ddpm.benchmarks.peaks import measure_peaks, median_seconds, mfu, peak
+from ddpm.benchmarks.plan import estimate_line
 from ddpm.benchmarks.report import (
     BenchmarkRequest,
     PeakRSS,
@@ -48,6 +51,8 @@ from ddpm.util.precision import backend_policy
 from noise_schedule import SamplingPlan
 
 ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmark-only
+# A row's detail when its U-Net's 3x3 convolutions run in Winograd's form: its TFLOP/s is direct-equivalent.
+WINOGRAD_DETAIL = "fused U-Net runner, Winograd convolutions"
 
 # A row passes parity when its images match the original's to this PSNR (dB, data range 2).
 # fp32 rows differ only by float reassociation, well above 60 dB on the CPU and on the H100 (BENCHMARKS.md,
@@ -103,16 +108,6 @@ def unet_flops(
     return counter.get_total_flops()
 
 
-def matmul_peak_tflops(dtype: torch.dtype, *, device: torch.device, n: int | None = None, repeats: int = 10) -> float:
-    """A large square matmul's achieved TFLOP/s: the practical peak the U-Net is compared with (MFU).
-    n: 8192 on a GPU, 2048 on a CPU (a second or less there)."""
-    n = n or (8192 if device.type == "cuda" else 2048)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    times, _ = time_runs(lambda: a @ b, device=device, warmup=3, repeats=repeats)
-    return 2 * n**3 / statistics.median(times) / 1e12
-
-
 # ----- rows ----------------------------------------------------------------------------------------
 def make_row(
     name: str,
@@ -152,7 +147,11 @@ def make_row(
             decode = impl.decoder(stage, options, device=plan.coefficients.device)
     except (ImportError, ValueError) as exc:  # an optional package or the extension is missing, or the row cannot
         raise Unavailable(first_line(exc)) from exc  # represent this model (diffusers: a volume): say which
-    detail = getattr(network, "provider", "")  # onnxruntime's execution provider
+    row_precision = getattr(sampler, "precision", row_precision)  # what a runtime chose (OpenVINO: bf16 on some CPUs)
+    detail = getattr(network, "provider", "") or getattr(sampler, "detail", "")  # onnxruntime's provider, OpenVINO's
+    runner = getattr(sampler, "unet_runner", None)  # the cuda implementation's fused U-Net runner, where it runs
+    if runner is not None:
+        detail = WINOGRAD_DETAIL if runner.winograd or runner.winograd_upsample else "fused U-Net runner"
     return row_precision, lambda g: sampler(generator=g, guidance=guidance), detail, decode
 
 
@@ -230,6 +229,40 @@ def time_rows(
     DIR/benchmark-<row>/ (profiling.py): the trace never lands in a timed run or the memory figure.
     """
     device = plan.coefficients.device
+    names = ["original"] + [n for n in rows if n != "original"]
+    # 1. The environment, the machine's peaks and the whole run's estimate, said before any row is built.
+    env = run_environment(model, plan, shape=shape, seed=seed, guidance=guidance, interleave=interleave)
+    forward_s = env.pop("_forward_s")
+    runs = max(warmup, 1) + repeats
+    env["estimate"] = estimate_line(rows=len(names), runs_per_row=runs, steps=plan.num_steps, forward_s=forward_s)
+    progress(f"estimated time: {env['estimate']}")
+    timing = _Timing(device=device, seed=seed, warmup=warmup, repeats=repeats, profile=profile, progress=progress)
+    context = _RowContext(model, plan, shape, precision, guidance, first_stage, env)
+    results: list[Row] = []
+    held: dict[str, tuple[Callable, Callable, Callable | None]] = {}  # interleave: row name -> (run, loop, decode)
+    # 2. Each row built (and, one after another, timed and freed) in turn: no row carries another's buffers or pools.
+    for name in names:
+        results.append(_build_and_time(name, context, timing, interleave=interleave, held=held))
+    # 3. Interleaved: every held row once per round.
+    if interleave:
+        _time_in_rounds(results, held, context, timing)
+    # 4. Speedups over the original.
+    _speedups(results, interleave=interleave)
+    return env, results
+
+
+def run_environment(
+    model: UNet,
+    plan: SamplingPlan,
+    *,
+    shape: tuple[int, ...],
+    seed: int,
+    guidance: Guidance | None,
+    interleave: bool,
+) -> dict:
+    """The run's environment and configuration, the machine's peak rates (peaks.py) and, under ``_forward_s``,
+    the seconds of one forward of the original U-Net at this batch (for the estimate)."""
+    device = plan.coefficients.device
     env = environment(device)
     if device.type == "cpu":  # before any row: every row runs without the page faults of a trimmed heap
         env["cpu_allocator"] = "glibc malloc keeps freed memory (cpu_memory.py)" if keep_freed_memory() else "default"
@@ -244,131 +277,151 @@ def time_rows(
         guidance_scale=None if guidance is None else guidance.scale,
         timing="interleaved rounds" if interleave else "one row after another",
     )
-    peak_dtypes = (
-        {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-        if device.type == "cuda"
-        else {"fp32": torch.float32}
-    )
-    with backend_policy("fp32"):  # the peak under the fp32 policy every fp32 row runs with (no TF32)
-        env["matmul_peak_tflops"] = {
-            name: matmul_peak_tflops(dtype, device=device) for name, dtype in peak_dtypes.items()
-        }
-    names = ["original"] + [n for n in rows if n != "original"]
-    results: list[Row] = []
-    held: dict[str, tuple[Callable, Callable, Callable | None]] = {}  # interleave: row name -> (run, loop, decode)
-    built: dict[str, tuple[float, list[float]]] = {}  # row name -> (build seconds, warm-up run times)
-    reference: list[torch.Tensor] = []  # the first timed row's (the original's) images: parity's reference
+    x = torch.randn(shape, device=device, generator=torch.Generator(device).manual_seed(seed))  # never time zeros
+    t = torch.full((shape[0],), plan.num_steps // 2, dtype=torch.long, device=device)
+    live = guidance.to(device) if guidance is not None else None
 
-    def one_run(run: Callable[[torch.Generator], torch.Tensor]) -> tuple[list[float], torch.Tensor]:
-        return time_runs(lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=1)
+    def forward() -> torch.Tensor:
+        return guided_model_eps(model, x, t, live)
 
-    for name in names:
-        # Build (and, one after another, time and free) one row at a time: no row carries another's buffers or pools.
-        row = Row(name=name, precision=precision if name != "original" else "fp32")
-        results.append(row)
-        # Compiled, graphed and engine rows build lazily in their first run: never time it.
-        row_warmup = warmup if name == "original" else max(warmup, 1)
-        memory = DeviceMemory(device) if device.type == "cuda" and not interleave else contextlib.nullcontext()
-        try:
-            with memory, PeakRSS() as rss:
-                started = time.perf_counter()
-                try:
-                    row.precision, loop, row.detail, decode = make_row(
-                        name,
-                        model=model,
-                        plan=plan,
-                        shape=shape,
-                        precision=precision,
-                        guidance=guidance,
-                        first_stage=first_stage,
-                    )
-                except Unavailable as exc:
-                    row.status, row.reason = "unavailable", str(exc)
-                    progress(f"{name}: unavailable ({exc})")
-                    continue
-                run = loop if decode is None else (lambda g, loop=loop, decode=decode: decode(loop(g)))
-                progress(
-                    f"{row_label(name, device)}: {row_warmup} warm-up"
-                    + ("" if interleave else f" + {repeats} timed runs")
-                    + " ..."
+    # On a CPU only fp32: PyTorch's own bf16/fp16 CPU matmuls and convolutions are not the fast library paths a
+    # runtime's low precision uses (OpenVINO's bf16), so they would be no peak of it; such rows show no MFU.
+    dtypes = {"fp32": torch.float32}
+    if device.type == "cuda":
+        dtypes.update(bf16=torch.bfloat16, fp16=torch.float16)
+    with torch.no_grad(), backend_policy("fp32"):  # the peaks under the fp32 policy every fp32 row runs with
+        env["peak_sources_tflops"] = measure_peaks(forward, model, device=device, dtypes=dtypes)
+        env["_forward_s"] = median_seconds(forward, device=device, warmup=1, repeats=3)
+    env["peak_tflops"] = {name: peak(rates) for name, rates in env["peak_sources_tflops"].items()}
+    return env
+
+
+@dataclass(frozen=True)
+class _Timing:
+    device: torch.device
+    seed: int
+    warmup: int
+    repeats: int
+    profile: str | None
+    progress: Callable[[str], None]
+
+    def runs(self, run: Callable, count: int, *, bar: tqdm | None = None) -> tuple[list[float], torch.Tensor]:
+        """``count`` timed runs of ``run`` from the seed's generator (each advancing ``bar``)."""
+        times, out = [], None
+        for _ in range(count):
+            seconds, out = time_runs(
+                lambda: run(torch.Generator(self.device).manual_seed(self.seed)),
+                device=self.device,
+                warmup=0,
+                repeats=1,
+            )
+            times += seconds
+            if bar is not None:
+                bar.update(1)
+        return times, out
+
+
+@dataclass(frozen=True)
+class _RowContext:
+    model: UNet
+    plan: SamplingPlan
+    shape: tuple[int, int, int, int]
+    precision: str
+    guidance: Guidance | None
+    first_stage: FirstStage | None
+    env: dict
+    reference: list = field(default_factory=list)  # the original's images: parity's reference
+    built: dict = field(default_factory=dict)  # row name -> (build seconds, warm-up run times)
+
+
+def _row_bar(label: str, total: int) -> tqdm:
+    return tqdm(total=total, desc=label, unit="run", leave=False, dynamic_ncols=True)
+
+
+def _build_and_time(
+    name: str, context: _RowContext, timing: _Timing, *, interleave: bool, held: dict[str, tuple]
+) -> Row:
+    """One row built, warmed up and (one after another) timed, measured and freed; a failure stays in its row."""
+    device = timing.device
+    row = Row(name=name, precision=context.precision if name != "original" else "fp32")
+    # Compiled, graphed and engine rows build lazily in their first run: never time it.
+    row_warmup = timing.warmup if name == "original" else max(timing.warmup, 1)
+    memory = DeviceMemory(device) if device.type == "cuda" and not interleave else contextlib.nullcontext()
+    try:
+        with memory, PeakRSS() as rss:
+            started = time.perf_counter()
+            try:
+                row.precision, loop, row.detail, decode = make_row(
+                    name,
+                    model=context.model,
+                    plan=context.plan,
+                    shape=context.shape,
+                    precision=context.precision,
+                    guidance=context.guidance,
+                    first_stage=context.first_stage,
                 )
-                build_s = time.perf_counter() - started  # export, compile setup, graph capture
+            except Unavailable as exc:
+                row.status, row.reason = "unavailable", str(exc)
+                timing.progress(f"{name}: unavailable ({exc})")
+                return row
+            row.direct_equivalent = WINOGRAD_DETAIL in row.detail
+            run = loop if decode is None else (lambda g, loop=loop, decode=decode: decode(loop(g)))
+            build_s = time.perf_counter() - started  # export, compile setup, graph capture
+            total = row_warmup + (0 if interleave else timing.repeats)
+            with _row_bar(f"{row_label(name, device)} ({row_warmup} warm-up)", total) as bar:
                 # The warm-up runs are timed too, never counted: lazy compilation and autotuning happen in the first.
-                warmups, _ = time_runs(
-                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=row_warmup
-                )
-                built[name] = (build_s, warmups)
+                warmups, _ = timing.runs(run, row_warmup, bar=bar)
+                context.built[name] = (build_s, warmups)
                 if interleave:
                     held[name] = (run, loop, decode)
-                    continue
-                row.times_s, images = time_runs(
-                    lambda: run(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
-                )
-                if device.type == "cuda":
-                    memory.sample()  # everything the row allocated is still held here
+                    return row
+                row.times_s, images = timing.runs(run, timing.repeats, bar=bar)
             if device.type == "cuda":
-                row.peak_memory_mb, row.memory_kind = memory.mb, "cuda_device_growth"
-            else:
-                row.peak_memory_mb = None if rss.peak is None else rss.peak / 2**20
-                row.memory_kind = "process_peak_rss"
-            _stages_and_trace(
-                row,
-                loop=loop,
-                decode=decode,
-                run=run,
-                device=device,
-                seed=seed,
-                repeats=repeats,
-                profile=profile,
-                progress=progress,
-            )
-            del run, loop, decode  # free the row before the next one is built
-            _record(row, images, reference=reference, built=built[name], flops=flops, plan=plan, shape=shape, env=env)
-        except Exception as exc:  # a row's failure is reported in its row, the others still run
-            row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
-            progress(f"{name}: failed ({row.reason})")
-    if interleave:
-        by_name = {row.name: row for row in results}
-        last_images: dict[str, torch.Tensor] = {}
-        for round_ in range(repeats):
+                memory.sample()  # everything the row allocated is still held here
+        if device.type == "cuda":
+            row.peak_memory_mb, row.memory_kind = memory.mb, "cuda_device_growth"
+        else:
+            row.peak_memory_mb = None if rss.peak is None else rss.peak / 2**20
+            row.memory_kind = "process_peak_rss"
+        _stages_and_trace(row, loop=loop, decode=decode, run=run, timing=timing)
+        del run, loop, decode  # free the row before the next one is built
+        _record(row, images, context=context)
+    except Exception as exc:  # a row's failure is reported in its row, the others still run
+        row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+        timing.progress(f"{name}: failed ({row.reason})")
+    return row
+
+
+def _time_in_rounds(results: list[Row], held: dict[str, tuple], context: _RowContext, timing: _Timing) -> None:
+    """--interleave: each round runs every held row once; then each row's stages, trace and record."""
+    by_name = {row.name: row for row in results}
+    last_images: dict[str, torch.Tensor] = {}
+    with tqdm(total=timing.repeats * len(held), desc="rounds", unit="run", leave=False, dynamic_ncols=True) as bar:
+        for round_ in range(timing.repeats):
             for name, (run, _, _) in list(held.items()):
                 try:
-                    times, last_images[name] = one_run(run)
-                    by_name[name].times_s.append(times[0])
+                    times, last_images[name] = timing.runs(run, 1, bar=bar)
+                    by_name[name].times_s += times
                 except Exception as exc:  # the row is reported failed and leaves the rounds
                     by_name[name].status, by_name[name].reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
-                    progress(f"{name}: failed ({by_name[name].reason})")
+                    timing.progress(f"{name}: failed ({by_name[name].reason})")
                     del held[name]
-            progress(f"round {round_ + 1}/{repeats}: " + ", ".join(f"{n} {by_name[n].times_s[-1]:.3f}s" for n in held))
-        for name, (run, loop, decode) in held.items():
-            row = by_name[name]
-            row.memory_kind = "not measured (--interleave holds every row at once)"
-            try:
-                _stages_and_trace(
-                    row,
-                    loop=loop,
-                    decode=decode,
-                    run=run,
-                    device=device,
-                    seed=seed,
-                    repeats=repeats,
-                    profile=profile,
-                    progress=progress,
-                )
-                _record(
-                    row,
-                    last_images.pop(name),
-                    reference=reference,
-                    built=built[name],
-                    flops=flops,
-                    plan=plan,
-                    shape=shape,
-                    env=env,
-                )
-            except Exception as exc:
-                row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
-                progress(f"{name}: failed ({row.reason})")
-        held.clear()
+            timing.progress(
+                f"round {round_ + 1}/{timing.repeats}: " + ", ".join(f"{n} {by_name[n].times_s[-1]:.3f}s" for n in held)
+            )
+    for name, (run, loop, decode) in held.items():
+        row = by_name[name]
+        row.memory_kind = "not measured (--interleave holds every row at once)"
+        try:
+            _stages_and_trace(row, loop=loop, decode=decode, run=run, timing=timing)
+            _record(row, last_images.pop(name), context=context)
+        except Exception as exc:
+            row.status, row.reason = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+            timing.progress(f"{name}: failed ({row.reason})")
+    held.clear()
+
+
+def _speedups(results: list[Row], *, interleave: bool) -> None:
     base = results[0]
     for row in results:
         if row.status == "ok" and base.status == "ok":
@@ -376,62 +429,43 @@ def time_rows(
                 row.speedup = statistics.median(b / r for b, r in zip(base.times_s, row.times_s))
             else:
                 row.speedup = base.median_s / row.median_s
-    return env, results
 
 
-def _stages_and_trace(
-    row: Row,
-    *,
-    loop: Callable,
-    decode: Callable | None,
-    run: Callable,
-    device: torch.device,
-    seed: int,
-    repeats: int,
-    profile: str | None,
-    progress: Callable[[str], None],
-) -> None:
+def _stages_and_trace(row: Row, *, loop: Callable, decode: Callable | None, run: Callable, timing: _Timing) -> None:
     """A latent model's two stages timed alone (the loop, then the decoder on its latents); the --profile trace."""
+    device, seed, repeats = timing.device, timing.seed, timing.repeats
     if decode is not None:
         loop_times, latents = time_runs(
             lambda: loop(torch.Generator(device).manual_seed(seed)), device=device, warmup=0, repeats=repeats
         )
         decode_times, _ = time_runs(lambda: decode(latents), device=device, warmup=1, repeats=repeats)
         row.loop_s, row.decode_s = statistics.median(loop_times), statistics.median(decode_times)
-    if profile:
-        trace_run(run, name=f"benchmark-{row.name}", directory=profile, device=device, seed=seed, log=progress)
+    if timing.profile:
+        trace_run(
+            run, name=f"benchmark-{row.name}", directory=timing.profile, device=device, seed=seed, log=timing.progress
+        )
 
 
-def _record(
-    row: Row,
-    images: torch.Tensor,
-    *,
-    reference: list[torch.Tensor],
-    built: tuple[float, list[float]],
-    flops: float,
-    plan: SamplingPlan,
-    shape: tuple[int, ...],
-    env: dict,
-) -> None:
-    """A timed row's statistics, and its parity against ``reference`` (the first recorded row's images, which the
-    first call appends)."""
-    times, (build_s, warmups) = row.times_s, built
+def _record(row: Row, images: torch.Tensor, *, context: _RowContext) -> None:
+    """A timed row's statistics, and its parity against the reference (the first recorded row's images, which
+    the first call keeps)."""
+    times, (build_s, warmups) = row.times_s, context.built[row.name]
+    plan, shape, env = context.plan, context.shape, context.env
     row.median_s, row.min_s, row.max_s = statistics.median(times), min(times), max(times)
     row.build_s = build_s + (
         max(0.0, warmups[0] - row.median_s) if warmups else 0.0
     )  # the first run's excess is building
     row.ms_per_step = 1000.0 * row.median_s / plan.num_steps
     row.images_per_s = shape[0] / row.median_s
-    row.tflops = flops * plan.num_steps / row.median_s / 1e12
-    peak = env["matmul_peak_tflops"].get(row.precision)
-    row.mfu = row.tflops / peak if peak else None  # int8 rows: no int8 peak measured
+    row.tflops = env["unet_gflops_per_forward"] * 1e9 * plan.num_steps / row.median_s / 1e12
+    row.mfu = mfu(row.tflops, env["peak_sources_tflops"].get(row.precision))  # int8 rows: no int8 peak measured
     images = images.float().cpu()  # sync: parity is computed off the device, which frees the row
-    if not reference:
-        reference.append(images)
+    if not context.reference:
+        context.reference.append(images)
         row.parity = "reference"
     else:
-        row.max_abs_diff = (images - reference[0]).abs().max().item()
-        row.psnr_db = psnr_db(images, reference[0])
+        row.max_abs_diff = (images - context.reference[0]).abs().max().item()
+        row.psnr_db = psnr_db(images, context.reference[0])
         row.parity = "pass" if row.psnr_db >= PARITY_PSNR_DB[row.precision] else "FAIL"
 
 
@@ -487,13 +521,17 @@ def benchmark_sampling(
     precision: str,
     guidance: Guidance | None = None,
     first_stage: FirstStage | None = None,
+    plan_note: str = "",
 ) -> list[Row]:
-    """Run, print (header, table, summary) and write the requested outputs."""
+    """Run, print (header, table, summary) and write the requested outputs. ``plan_note``: what the CPU quick plan
+    (plan.py) chose, said before and after the run."""
     names = parse_rows(
         args.rows, device_type=plan.coefficients.device.type
     )  # the output paths were checked by main.py before any work
     if args.chart:
         import matplotlib  # noqa: F401  (fail now, not after the whole benchmark has run)
+    if plan_note:
+        print(f"plan: {plan_note}")
     env, rows = time_rows(
         model,
         plan,
@@ -508,6 +546,8 @@ def benchmark_sampling(
         first_stage=first_stage,
         interleave=args.interleave,
     )
+    if plan_note:
+        env["plan"] = plan_note
     print()
     for key in (
         "date",
@@ -517,9 +557,12 @@ def benchmark_sampling(
         "torch",
         "cuda",
         "tensorrt",
+        "onnxruntime",
+        "openvino",
         "python",
         "cpu_allocator",
         "timing",
+        "plan",
     ):
         if key in env:
             print(f"{key:>18}: {env[key]}")
@@ -545,10 +588,10 @@ def benchmark_sampling(
             f"{'guidance':>18}: class-conditional, scale {guidance.scale:g}: the U-Net runs on twice the batch each "
             "step"
         )
-    if "matmul_peak_tflops" in env:
-        peaks = env["matmul_peak_tflops"]
-        text = ", ".join(f"{name} {value:.3g} TFLOP/s" for name, value in peaks.items())
-        print(f"{'matmul peak':>18}: {text} (measured now; MFU = a row's U-Net TFLOP/s over its precision's peak)")
+    for name, rates in env["peak_sources_tflops"].items():
+        text = ", ".join(f"{what} {value:.3g}" for what, value in rates.items())
+        print(f"{name + ' peak':>18}: {env['peak_tflops'][name]:.3g} TFLOP/s, the fastest of: {text} TFLOP/s")
+    print(f"{'MFU':>18}: a row's U-Net TFLOP/s over its precision's peak, both measured in this run")
     print()
     print(format_table(rows))
     print()

@@ -369,6 +369,7 @@ def _sampling() -> tuple[Flag, ...]:
             DRAW,
             choices=IMPLEMENTATION_CHOICES,
             default=DEFAULT_IMPLEMENTATION,
+            help="auto: the fastest implementation verified on the device for the precision and model (it says which)",
         ),
         flag("n_samples", drawn, type=int, default=16, help="images to draw"),
         flag(

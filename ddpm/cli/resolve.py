@@ -214,7 +214,12 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     from ddpm.formats.kinds import artifact_kind
 
     precision = _precision(args, "sampling", device)  # auto is fp32: the original's images
-    implementation = _implementation(args)
+    implementation, why = _implementation(args), ""
+    if implementation == "auto":  # the fastest verified here (backends/auto.py); its line is printed by the mode
+        from ddpm.backends.auto import DeviceKind, choose
+
+        choice = choose(DeviceKind.of(device), precision=precision, kind=artifact_kind(source.path))
+        implementation, why = choice.implementation, choice.line
     registry.get(implementation).check(kind=artifact_kind(source.path), precision=precision)
     _refuse_unread_runtime_flags(args, implementation, kind=artifact_kind(source.path))
     return dict(
@@ -222,6 +227,7 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         precision=precision,
         source=source,
         implementation=implementation,
+        implementation_line=why,
         n_samples=args.n_samples,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -507,6 +513,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         chart=args.chart,
         profile=args.profile,
         interleave=args.interleave,
+        given=args.given,
     )
     outputs = {"--json": args.json}
     if args.bench == "sampling":

@@ -6,7 +6,9 @@
 
 The model is a checkpoint (--model_path) or a fresh U-Net of --img_size/--channels whose zero-initialized
 layers get small random weights (a new U-Net predicts eps = 0, and every implementation would agree
-trivially). The timing itself is benchmarks/sampling_bench.py's and benchmarks/training_bench.py's.
+trivially). The timing itself is benchmarks/sampling_bench.py's and benchmarks/training_bench.py's. On a CPU,
+what is left at its default is planned to finish in minutes (benchmarks/plan.py; the header says how to ask for
+the full run).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from basic_diffusion import UNet
 from ddpm.benchmarks import sampling_bench, training_bench
+from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
@@ -80,6 +83,11 @@ def run_benchmark(run: BenchmarkRun) -> None:
     model.to(device).eval()
     sampling = replace(run.sampling, clip_denoised=clips_x0(run.sampling.clip_denoised, stage))
     plan = sampling.plan(NoiseSchedule(schedule_config), device=device)
+    quick = choose_plan(device_type=device.type, steps=plan.num_steps, rows=request.rows, given=request.given)
+    if not training and quick.note:  # a CPU and defaults left as they are: a run of minutes, not an hour
+        request = replace(request, rows=quick.rows)
+        if quick.steps != plan.num_steps:
+            plan = replace(sampling, steps=quick.steps).plan(NoiseSchedule(schedule_config), device=device)
     if training:
         training_bench.benchmark_training(  # a latent U-Net trains on float latents, not uint8 images
             request, model_config=model.config, schedule_config=schedule_config, device=device, latent=link is not None
@@ -93,4 +101,5 @@ def run_benchmark(run: BenchmarkRun) -> None:
         precision=run.precision,
         guidance=guidance,
         first_stage=stage,
+        plan_note=quick.note,
     )

@@ -3,6 +3,9 @@
     python main.py --mode sample --model_path checkpoints/mnist.pt --n_samples 16 --sampler ddim
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
 
+--implementation auto (the default) runs the fastest implementation verified on the device for the precision
+and model (backends/auto.py) and says which in one line.
+
 Batches of --batch_size are drawn in order, batch i from its own generator (seed, i): memory stays that
 of one batch whatever --n_samples is, and under torchrun rank r draws batches r, r + N, ... which rank 0
 gathers and writes in order (data/image_files.SampleWriter streams them to the files).
@@ -17,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ddpm.backends import registry
 from ddpm.data.image_files import SampleOutputs, SampleWriter
-from ddpm.modes.drawing import open_for_drawing
+from ddpm.modes.drawing import Opened, open_for_drawing
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.cpu_memory import keep_freed_memory
@@ -29,7 +32,7 @@ def run_sample(request: SampleRequest) -> None:
     device, n, ranks = request.device, request.n_samples, distributed.current()
     if device.type == "cpu":
         keep_freed_memory()  # no page faults on every step's fresh activations (cpu_memory.py)
-    opened = open_for_drawing(request)
+    opened = chosen_for_model(open_for_drawing(request))
     artifact, guidance = opened.artifact, opened.guidance
     outputs = SampleOutputs(
         n,
@@ -78,4 +81,28 @@ def run_sample(request: SampleRequest) -> None:
     guided = f", classes {request.class_label or 'all'} at guidance {guidance.scale:g}" if guidance is not None else ""
     distributed.say(
         f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps{guided})"
+    )
+
+
+def chosen_for_model(opened: Opened) -> Opened:
+    """--implementation auto, chosen again now that the file says its U-Net's dims and conditioning (the
+    request chose from the device, precision and file kind alone), and said in one line."""
+    request = opened.request
+    if not request.implementation_line:  # an implementation the user named
+        return opened
+    from ddpm.backends.auto import DeviceKind, choose
+    from ddpm.formats.kinds import artifact_kind
+
+    config = opened.artifact.model_config
+    choice = choose(
+        DeviceKind.of(request.device),
+        precision=request.precision,
+        kind=artifact_kind(request.source.path),
+        dims=config.dims,
+        conditional=bool(config.num_classes),
+        latent=opened.artifact.first_stage is not None,
+    )
+    distributed.say(choice.line)
+    return replace(
+        opened, request=replace(request, implementation=choice.implementation, implementation_line=choice.line)
     )

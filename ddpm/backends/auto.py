@@ -1,0 +1,169 @@
+"""--implementation auto (the default): the fastest implementation verified on this kind of device.
+
+    choice = choose(DeviceKind.of(device), precision="fp32", kind="checkpoint", dims=2)
+    print(choice.line)      # implementation: cuda (fused U-Net runner, Winograd convolutions; the fastest ...)
+
+:data:`VERIFIED` is the one table the choice comes from: each entry names a kind of device, the precisions
+and models it covers, the implementation, why, and the BENCHMARKS.md section whose measurement it rests on.
+The first entry that matches (and whose implementation runs the file) wins; where none does, the first
+sample-mode implementation that runs the request is used, and the line says so. :func:`choose` is a pure
+function of its arguments (tests hand it fake devices); :meth:`DeviceKind.of` is the only part that looks at
+the machine. An explicit ``--implementation`` never comes here.
+
+:data:`RUNNER_VERIFIED` says where the ``cuda`` implementation includes the fused U-Net runner
+(optimized_diffusion.FusedUNet): where it has been measured faster than the step kernels alone. Elsewhere
+``cuda`` is the step kernels alone, which is also always available as ``cuda_steps``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+# Where the cuda implementation runs the fused U-Net runner: (device type, precision, U-Net dims). Measured in
+# BENCHMARKS.md, "Speed on the CPU: the default path" and "The fused U-Net runner on the CPU, third pass".
+# Not on a GPU: the runner has not run on one yet (BENCHMARKS.md, "GPU: NVIDIA H100 80GB HBM3").
+RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2)})
+
+
+def runner_verified(*, device_type: str, precision: str, dims: int) -> bool:
+    """Whether the cuda implementation uses the fused U-Net runner for this device, precision and U-Net."""
+    return (device_type, precision, dims) in RUNNER_VERIFIED
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """What the choice depends on besides the request: the device's type and what it has."""
+
+    type: str  # "cpu" or "cuda"
+    extension: bool  # the diffusion_kernels extension is built for it (no JIT compile on first use)
+    compiler: bool = False  # torch.compile can generate code for it (Triton on a GPU)
+
+    @classmethod
+    def of(cls, device) -> DeviceKind:
+        """This machine's ``device`` (a torch.device); loads the extension if it is built."""
+        return cls(type=device.type, extension=_extension_built(device.type), compiler=_compiler(device.type))
+
+
+def _extension_built(device_type: str) -> bool:
+    if importlib.util.find_spec("_diffusion_kernels") is None:
+        return False
+    try:
+        import optimized_diffusion
+
+        optimized_diffusion.load_extension(allow_jit=False)
+        return device_type != "cuda" or optimized_diffusion.has_cuda_kernels()
+    except ImportError:
+        return False
+
+
+def _compiler(device_type: str) -> bool:
+    return device_type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One row of the table: on ``device``, for these precisions, kinds and U-Net dims, use ``implementation``."""
+
+    device: str
+    precisions: tuple[str, ...]
+    implementation: str
+    why: str
+    evidence: str  # the BENCHMARKS.md section the choice rests on
+    kinds: tuple[str, ...] = ("checkpoint",)
+    dims: tuple[int, ...] = (2, 3)
+    needs_compiler: bool = False
+
+    def matches(self, device: DeviceKind, *, precision: str, kind: str, dims: int) -> bool:
+        return (
+            device.type == self.device
+            and device.extension  # every entry is a custom-kernel path
+            and (device.compiler or not self.needs_compiler)
+            and precision in self.precisions
+            and kind in self.kinds
+            and dims in self.dims
+        )
+
+
+VERIFIED: tuple[Verified, ...] = (
+    Verified(
+        "cpu",
+        ("fp32",),
+        "cuda",
+        "fused U-Net runner, Winograd convolutions; the fastest verified on this CPU",
+        evidence="BENCHMARKS.md: 'Speed on the CPU: the default path'",
+        dims=(2,),
+    ),
+    Verified(
+        "cuda",
+        ("bf16", "fp16"),
+        "cuda_compile",
+        "fused step kernels in a CUDA graph, U-Net through torch.compile; the fastest measured on a GPU",
+        evidence="BENCHMARKS.md: 'GPU: NVIDIA H100 80GB HBM3' (cuda_compile rows, bf16)",
+        needs_compiler=True,
+    ),
+    Verified(
+        "cuda",
+        ("fp32", "bf16", "fp16"),
+        "cuda",
+        "fused step kernels in a CUDA graph; the fastest measured on a GPU in fp32 (and without torch.compile)",
+        evidence="BENCHMARKS.md: 'GPU: NVIDIA H100 80GB HBM3' (the fp32 table; compiled fp32 was no faster per step)",
+        kinds=("checkpoint", "torchscript"),
+    ),
+    Verified(
+        "cpu",
+        ("bf16", "fp16"),
+        "cuda",
+        "fused step kernels under autocast; the original runs fp32 only",
+        evidence="BENCHMARKS.md: 'Lower precision against fp32 (CPU)'",
+        kinds=("checkpoint", "torchscript"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    implementation: str  # a registry name
+    why: str
+
+    @property
+    def line(self) -> str:
+        return f"implementation: {self.implementation} ({self.why})"
+
+
+def choose(
+    device: DeviceKind,
+    *,
+    precision: str,
+    kind: str = "checkpoint",
+    dims: int = 2,
+    conditional: bool = False,
+    latent: bool = False,
+) -> Choice:
+    """The implementation ``--implementation auto`` runs: the first entry of :data:`VERIFIED` that matches and
+    can run the request, else the first sample-mode implementation that can (saying that nothing faster is
+    verified). Raises the last refusal (a one-line ValueError) when no implementation runs the request."""
+    from ddpm.backends import registry
+
+    def runs(name: str) -> bool:
+        if name.startswith("cuda") and not device.extension:
+            return False
+        try:
+            registry.get(name).check(kind=kind, precision=precision, conditional=conditional, latent=latent)
+        except ValueError:
+            return False
+        return device.type in registry.get(name).devices
+
+    for entry in VERIFIED:
+        if entry.matches(device, precision=precision, kind=kind, dims=dims) and runs(entry.implementation):
+            return Choice(entry.implementation, entry.why)
+    for name in registry.SAMPLE_IMPLEMENTATIONS:
+        if runs(name):
+            reason = (
+                "the diffusion_kernels extension is not built"
+                if not device.extension
+                else f"nothing faster is verified for {precision} {dims}-D {kind} files on a {device.type.upper()}"
+            )
+            return Choice(name, reason)
+    registry.get("original").check(kind=kind, precision=precision, conditional=conditional, latent=latent)
+    raise ValueError(f"no implementation here runs --precision {precision} for this file")

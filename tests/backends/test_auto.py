@@ -1,0 +1,99 @@
+"""--implementation auto and the cuda implementation's two forms.
+
+Specification: auto is a pure function of the device's kind, the precision and the model: the fused runner
+(`cuda`) on a CPU in fp32, never the runner on a GPU (it has not run on one), the compiled step path on a GPU
+with torch.compile, and the original when nothing faster is verified or the extension is not built; an
+explicit --implementation always wins. `cuda` draws the original's images to float tolerance (rtol = atol =
+1e-4 in fp32; at most one uint8 level), `cuda_steps` bit for bit.
+"""
+
+import re
+
+import pytest
+import torch
+from helpers import TINY_SCHEDULE, perturbed_unet, tiny_unet_config
+
+from ddpm.backends import registry
+from ddpm.backends.auto import RUNNER_VERIFIED, VERIFIED, DeviceKind, choose, runner_verified
+from noise_schedule import NoiseSchedule
+
+CPU = DeviceKind("cpu", extension=True)
+GPU = DeviceKind("cuda", extension=True, compiler=True)
+GPU_WITHOUT_COMPILER = DeviceKind("cuda", extension=True, compiler=False)
+
+
+def test_auto_is_the_fused_runner_on_a_cpu_in_fp32():
+    choice = choose(CPU, precision="fp32", kind="checkpoint", dims=2)
+    assert choice.implementation == "cuda" and "fused U-Net runner" in choice.line
+    assert runner_verified(device_type="cpu", precision="fp32", dims=2)
+    assert choice.line.startswith("implementation: cuda (")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("device", [GPU, GPU_WITHOUT_COMPILER], ids=["compiler", "no compiler"])
+def test_auto_never_picks_the_unverified_runner_on_a_gpu(device, precision):
+    choice = choose(device, precision=precision, kind="checkpoint", dims=2)
+    assert choice.implementation in ("cuda", "cuda_compile")
+    assert not runner_verified(device_type="cuda", precision=precision, dims=2)  # so cuda there is the step kernels
+    assert "runner" not in choice.why
+    assert all(device_type != "cuda" for device_type, _, _ in RUNNER_VERIFIED)
+
+
+def test_auto_on_a_gpu_compiles_in_bf16_where_torch_compile_works_and_not_where_it_does_not():
+    assert choose(GPU, precision="bf16").implementation == "cuda_compile"
+    assert choose(GPU_WITHOUT_COMPILER, precision="bf16").implementation == "cuda"
+    assert choose(GPU, precision="fp32").implementation == "cuda"  # compiled fp32 was no faster per step
+
+
+def test_auto_falls_back_to_the_original_where_nothing_faster_is_verified():
+    volumes = choose(CPU, precision="fp32", dims=3)
+    assert volumes.implementation == "original" and "nothing faster is verified for fp32 3-D" in volumes.why
+    unbuilt = choose(DeviceKind("cpu", extension=False), precision="fp32")
+    assert unbuilt.implementation == "original" and "extension is not built" in unbuilt.why
+    assert choose(CPU, precision="fp32", kind="torchscript").implementation == "original"  # the runner needs a U-Net
+    assert choose(CPU, precision="int8").implementation == "onnxruntime"  # the only one that runs int8
+    assert choose(CPU, precision="bf16").implementation == "cuda"  # the original runs fp32 only
+
+
+def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered_implementation():
+    for entry in VERIFIED:
+        assert entry.evidence.startswith("BENCHMARKS.md: '") and entry.implementation in registry.REGISTRY
+        assert not re.search(r"\d(\.\d+)?\s*(x|ms|s|%)(\W|$)", entry.why)  # the measurements live in BENCHMARKS.md
+
+
+def test_an_explicit_implementation_wins_over_auto():
+    from ddpm.cli import resolve
+
+    _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
+    assert auto.implementation == "cuda" and auto.implementation_line.startswith("implementation: cuda")
+    for name in ("original", "cuda_steps", "onnxruntime"):
+        _, explicit = resolve.parse(["--mode", "sample", "--device", "cpu", "--implementation", name])
+        assert explicit.implementation == name and explicit.implementation_line == ""
+
+
+def _draw(name: str, model, plan, *, seed: int = 3) -> torch.Tensor:
+    draw = registry.make_drawer(name, model, plan, options=registry.SamplerOptions())
+    return draw((2, 1, 16, 16), torch.Generator().manual_seed(seed), False)
+
+
+@pytest.mark.parametrize("sampler", ["ddim", "dpm_solver_sde"])
+def test_cuda_draws_the_originals_images_to_float_tolerance_and_cuda_steps_bit_for_bit(sampler):
+    model = perturbed_unet(tiny_unet_config())
+    plan = NoiseSchedule(TINY_SCHEDULE).make_plan(sampler, num_steps=6)
+    original, steps = _draw("original", model, plan), _draw("cuda_steps", model, plan)
+    fused = registry.make_drawer("cuda", model, plan, options=registry.SamplerOptions())
+    runner = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())
+    assert runner.unet_runner is not None  # cuda on a CPU in fp32 is the runner
+    cuda = fused((2, 1, 16, 16), torch.Generator().manual_seed(3), False)
+    assert torch.equal(steps, original)
+    torch.testing.assert_close(cuda, original, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(cuda, original)  # a different computation, not the same one twice
+
+
+def test_cuda_is_the_step_kernels_where_the_runner_is_not_verified():
+    model = perturbed_unet(tiny_unet_config())
+    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", num_steps=2)
+    bf16 = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions("bf16"))
+    assert bf16.unet_runner is None
+    steps = registry.get("cuda_steps").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())
+    assert steps.unet_runner is None

@@ -1,0 +1,95 @@
+"""The benchmark's honesty and its manners: the peak is the fastest rate measured (so a direct-convolution row
+cannot pass 100% MFU), the header names the CPU and its vector extensions, a CPU run left at its defaults is
+planned to take minutes and says how to ask for the full run, and the estimate is said before anything runs.
+Timings here are fake: nothing is asserted about this machine's speed."""
+
+import pytest
+import torch
+from helpers import perturbed_unet, tiny_unet_config
+
+from ddpm.benchmarks import peaks
+from ddpm.benchmarks.plan import CPU_QUICK_ROWS, CPU_QUICK_STEPS, choose_plan, duration, estimate_line, estimate_seconds
+from ddpm.benchmarks.report import WINOGRAD_FOOTNOTE, Row, format_table
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9R14 96-Core Processor
+flags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_bf16 avx512_vnni xsave
+processor\t: 1
+model name\t: AMD EPYC 9R14 96-Core Processor
+flags\t\t: fpu
+"""
+
+
+def test_the_header_names_the_cpu_model_and_its_vector_extensions_in_order():
+    assert peaks.cpu_description(CPUINFO) == (
+        "AMD EPYC 9R14 96-Core Processor (sse4_2, avx, avx2, fma, avx512f, avx512bw, avx512vl, avx512_vnni, "
+        "avx512_bf16)"
+    )
+    assert peaks.cpu_description("") == ""
+    assert peaks.cpu_description("model name : X\nflags : fpu\n") == "X (no vector extensions listed)"
+
+
+def test_the_peak_is_the_fastest_rate_measured_so_a_row_at_most_that_fast_is_at_most_100_percent():
+    # MKL's matmul slower than oneDNN's convolution, as on the build machine: the convolution is the peak.
+    rates = {"matmul 2048^3 (MKL)": 0.10, "conv NCHW (oneDNN)": 0.17, "conv NHWC (oneDNN)": 0.15}
+    assert peaks.peak(rates) == 0.17
+    assert peaks.mfu(0.17, rates) == pytest.approx(1.0)
+    assert peaks.mfu(0.174 * 0.97, rates) < 1.0  # the original's 0.174 against a matmul "peak" read 166%
+    assert peaks.mfu(0.1, {}) is None and peaks.mfu(0.1, None) is None  # no peak measured: no MFU
+
+
+def test_measure_peaks_times_a_matmul_and_the_unets_largest_convolution_in_both_layouts(monkeypatch):
+    model = perturbed_unet(tiny_unet_config())
+    x, t = torch.randn(2, 1, 16, 16), torch.zeros(2, dtype=torch.long)
+    biggest = peaks.largest_convolution(lambda: model(x, t), model)
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert biggest.conv in convs and biggest.input_shape[0] == 2
+    assert biggest.flops == 2 * 2 * 16 * 16 * 32 * 32 * 9  # the 32->32 3x3 convolutions at 16x16 (batch 2)
+    seconds = iter([1.0, 0.5, 0.25])  # fake timings: matmul, NCHW conv, NHWC conv
+    monkeypatch.setattr(peaks, "median_seconds", lambda fn, **_: next(seconds))
+    rates = peaks.measure_peaks(lambda: model(x, t), model, device=torch.device("cpu"), dtypes={"fp32": torch.float32})
+    names = list(rates["fp32"])
+    assert names[0] == "matmul 2048^3 (MKL)" and rates["fp32"][names[0]] == pytest.approx(2 * 2048**3 / 1e12)
+    assert "NCHW (oneDNN)" in names[1] and "NHWC (oneDNN)" in names[2]
+    assert rates["fp32"][names[2]] == pytest.approx(biggest.flops / 0.25 / 1e12)
+
+
+def test_a_winograd_row_says_its_rate_is_direct_equivalent():
+    common = dict(precision="fp32", median_s=1.0, min_s=1.0, max_s=1.0, ms_per_step=1.0, images_per_s=1.0)
+    rows = [Row(name="original", mfu=0.8, **common), Row(name="cuda", mfu=1.4, direct_equivalent=True, **common)]
+    table = format_table(rows)
+    assert "140.0%*" in table and "80.0% " in table and table.endswith(WINOGRAD_FOOTNOTE)
+    assert WINOGRAD_FOOTNOTE not in format_table(rows[:1])
+
+
+def test_a_cpu_run_left_at_its_defaults_is_planned_for_minutes_and_says_how_to_get_the_full_one():
+    quick = choose_plan(device_type="cpu", steps=1000, rows="all", given=frozenset({"n_samples", "img_size"}))
+    assert quick.steps == CPU_QUICK_STEPS and quick.rows == ",".join(CPU_QUICK_ROWS)
+    assert "--sampling_steps 1000 --rows all" in quick.note and quick.note.startswith("CPU quick plan")
+
+
+@pytest.mark.parametrize(
+    "device_type,steps,rows,given",
+    [
+        ("cuda", 1000, "all", frozenset()),  # a GPU runs what was asked
+        ("cpu", 1000, "all", frozenset({"sampling_steps", "rows"})),  # the user asked for it all
+        ("cpu", 20, "original,cuda", frozenset({"rows"})),  # already short
+        ("cpu", 1000, "all", None),  # a library caller: nothing is known to be a default
+    ],
+)
+def test_what_the_user_gave_is_never_changed(device_type, steps, rows, given):
+    plan = choose_plan(device_type=device_type, steps=steps, rows=rows, given=given)
+    assert (plan.steps, plan.rows, plan.note) == (steps, rows, "")
+
+
+def test_the_quick_plan_keeps_given_rows_and_shortens_only_default_steps():
+    plan = choose_plan(device_type="cpu", steps=1000, rows="original,cuda", given=frozenset({"rows"}))
+    assert (plan.steps, plan.rows) == (CPU_QUICK_STEPS, "original,cuda") and "--rows" not in plan.note
+
+
+def test_the_estimate_is_rows_times_runs_times_steps_times_one_forward():
+    assert estimate_seconds(rows=5, runs_per_row=4, steps=50, forward_s=0.25) == 250.0
+    assert duration(45) == "45 s" and duration(250) == "4 min 10 s" and duration(3900) == "1 h 05 min"
+    line = estimate_line(rows=5, runs_per_row=4, steps=50, forward_s=0.25)
+    assert line.startswith("about 4 min 10 s: 5 rows x 4 runs x 50 steps x 250 ms")
