@@ -144,8 +144,8 @@ def test_a_torchscript_archive_renamed_to_pt_runs_no_code(tmp_path, recwarn):
 
 
 @pytest.fixture(scope="module")
-def onnx_bytes() -> bytes:
-    return exporters.export_onnx_model(perturbed_unet(CONFIG), metadata=metadata()).SerializeToString()
+def onnx_bytes(tiny_onnx_bytes) -> bytes:
+    return tiny_onnx_bytes  # tests/conftest.py: perturbed_unet(CONFIG) with metadata(), exported once a session
 
 
 def set_metadata(proto, value: str) -> None:
@@ -287,10 +287,11 @@ def test_a_graph_sized_at_run_time_fails_at_its_memory_cap_not_the_machines(tmp_
     "variant,opset,precision",
     [
         ("plain", 18, "fp32"),
-        ("conditional", 21, "fp16"),
-        ("3-D", 22, "bf16"),
-        ("patched", 25, "fp32"),
         ("decoder", 21, "fp32"),
+        # An export each, 5-20 s on 2 cores: the other variants, opsets and precisions run with make test-slow.
+        pytest.param("conditional", 21, "fp16", marks=pytest.mark.slow),
+        pytest.param("3-D", 22, "bf16", marks=pytest.mark.slow),
+        pytest.param("patched", 25, "fp32", marks=pytest.mark.slow),
     ],
 )
 def test_every_graph_the_exporter_writes_passes_the_bounded_work_check(variant, opset, precision):

@@ -26,7 +26,7 @@ from basic_diffusion import UNet
 from basic_diffusion import sample as original_sample
 from ddpm.backends import artifacts, runtimes
 from ddpm.data.datasets import load_images
-from ddpm.formats import checkpoints, exporters, unet_io
+from ddpm.formats import checkpoints, unet_io
 from ddpm.formats.unet_io import BatchRange, UNetIO
 from ddpm.training.trainer import TrainConfig, Trainer
 from noise_schedule import NoiseSchedule
@@ -39,10 +39,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def random_onnx() -> tuple[UNet, object]:
-    model = perturbed_unet(CONFIG)
-    metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=SCHEDULE, weights="ema")
-    return model, exporters.export_onnx_model(model, metadata=metadata)
+def random_onnx(tiny_onnx_bytes) -> tuple[UNet, object]:
+    import onnx
+
+    return perturbed_unet(CONFIG), onnx.load_model_from_string(tiny_onnx_bytes)  # exported once a session (conftest)
 
 
 @pytest.fixture(scope="module")
