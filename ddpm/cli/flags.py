@@ -242,7 +242,7 @@ def _training() -> tuple[Flag, ...]:
         ),
         flag(
             "batch_size",
-            ("train", "sample", "evaluate", "benchmark", "train_autoencoder", "distill"),
+            ("train", "sample", "evaluate", "benchmark", "train_autoencoder", "distill", "export"),
             type=int,
             default=None,
             help="training batch (default 64 images, 16 volumes); sampling draws --n_samples in batches of this size "
@@ -251,6 +251,7 @@ def _training() -> tuple[Flag, ...]:
                 "sample": dict(help="draw --n_samples in batches of this size (default 64)"),
                 "evaluate": dict(help="draw --n_samples in batches of this size (default 64)"),
                 "distill": dict(help="the student's training batch"),
+                "export": dict(help="--precision int8: calibration trajectories run this many at a time (default 64)"),
             },
         ),
         flag(
@@ -334,10 +335,13 @@ def _training() -> tuple[Flag, ...]:
         ),
         flag(
             "overwrite",
-            steps,
+            (*steps, "export"),
             action="store_true",
             help="start over and replace an existing --model_path and its training curves (without it, refused)",
-            per_mode={"distill": dict(help="start over and replace an existing --output (without it, refused)")},
+            per_mode={
+                "distill": dict(help="start over and replace an existing --output (without it, refused)"),
+                "export": dict(help="--format diffusers: replace an --output folder that holds a model, whole"),
+            },
         ),
         flag(
             "log_dir",

@@ -16,10 +16,12 @@ builds strongly typed and onnxruntime runs as QLinearConv on the CPU:
   runs the file unchanged.
 
 Calibration needs no dataset: :func:`calibration_feeds` runs the sampler the user names on
-``calibration_samples`` seeded trajectories with the fp32 model and records the U-Net's inputs at every
-step (x_t and t over the sampler's whole range of timesteps, as diffusion PTQ methods do, since the
-activation ranges move with t; a class-conditional model with its labels and the null label, as guidance
-runs it). Activation ranges are the min and max over those inputs (MinMax).
+``calibration_samples`` seeded trajectories with the fp32 model, ``--batch_size`` at a time, and records
+the U-Net's inputs at every step (x_t and t over the sampler's whole range of timesteps, as diffusion PTQ
+methods do, since the activation ranges move with t; a class-conditional model with its labels and the null
+label, as guidance runs it). Activation ranges are the min and max over those inputs (MinMax); the feeds are
+made a batch at a time as the quantizer reads them and it keeps two numbers per tensor of each, so memory is
+that of one batch whatever ``calibration_samples`` is.
 
 Why onnxruntime's quantizer and not NVIDIA ModelOpt: ModelOpt's ONNX path needs its ``[onnx]`` extra,
 which pins an older onnxruntime-gpu, cupy and another torch over this project's; tried in a separate
@@ -33,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,36 +67,34 @@ class _Recorder(nn.Module):
 
 
 def calibration_feeds(
-    model: nn.Module, plan: SamplingPlan, *, samples: int, seed: int = 0
-) -> list[dict[str, np.ndarray]]:
+    model: nn.Module, plan: SamplingPlan, *, samples: int, seed: int = 0, batch_size: int = 64
+) -> Iterator[dict[str, np.ndarray]]:
     """The U-Net inputs (onnxruntime feeds: x_t, t[, y]) along ``samples`` trajectories of ``plan``, one feed
-    per step (``samples`` images each; a class-conditional model's doubled with the null label, as guidance
-    at scale != 1 runs it)."""
+    per step of each batch (a class-conditional model's doubled with the null label, as guidance at scale != 1
+    runs it). Lazily: the trajectories run ``batch_size`` at a time, each batch when its first feed is asked for,
+    so memory holds one batch's trajectory whatever ``samples`` is."""
     from basic_diffusion import sample
 
     if not 1 <= samples <= MAX_CALIBRATION_SAMPLES:
         raise ValueError(f"--calibration_samples must be between 1 and {MAX_CALIBRATION_SAMPLES}, got {samples}")
+    if batch_size < 1:
+        raise ValueError(f"--batch_size must be a positive integer, got {batch_size}")
     config = model.config
-    guidance = None
-    if config.num_classes:  # every class in turn, and the null label beside them
-        labels = torch.arange(samples) % config.num_classes
-        guidance = Guidance(labels=labels, null_label=config.null_label, scale=2.0)
-    recorder = _Recorder(model)
-    with torch.no_grad():
-        sample(
-            recorder,
-            plan,
-            shape=config.sample_shape(samples),
-            generator=torch.Generator().manual_seed(seed),
-            guidance=guidance,
-        )
-    feeds = []
-    for x, t, y in recorder.calls:
-        feed = {"x_t": x.float().numpy(), "t": t.long().numpy()}
-        if y is not None:
-            feed["y"] = y.long().numpy()
-        feeds.append(feed)
-    return feeds
+    generator = torch.Generator().manual_seed(seed)  # one noise stream for all the batches
+    for start in range(0, samples, batch_size):
+        n = min(batch_size, samples - start)
+        guidance = None
+        if config.num_classes:  # every class in turn, and the null label beside them
+            labels = torch.arange(start, start + n) % config.num_classes
+            guidance = Guidance(labels=labels, null_label=config.null_label, scale=2.0)
+        recorder = _Recorder(model)
+        with torch.no_grad():
+            sample(recorder, plan, shape=config.sample_shape(n), generator=generator, guidance=guidance)
+        for x, t, y in recorder.calls:
+            feed = {"x_t": x.float().numpy(), "t": t.long().numpy()}
+            if y is not None:
+                feed["y"] = y.long().numpy()
+            yield feed
 
 
 def import_quantizer():
@@ -107,7 +107,7 @@ def import_quantizer():
 
 def quantize_unet(
     proto,
-    feeds: Sequence[dict[str, np.ndarray]],
+    feeds: Iterable[dict[str, np.ndarray]],
     *,
     precision: str = "int8",
     keep_fp32: Sequence[str] = KEPT_FP32_WEIGHTS,
@@ -119,7 +119,7 @@ def quantize_unet(
     quantization = import_quantizer()
     kind = quantization.QuantType.QInt8 if precision == "int8" else quantization.QuantType.QFLOAT8E4M3FN
     names = {i.name for i in proto.graph.input}
-    feeds = [{k: v for k, v in feed.items() if k in names} for feed in feeds]
+    feeds = ({k: v for k, v in feed.items() if k in names} for feed in feeds)  # lazily: one batch at a time
 
     class Reader(quantization.CalibrationDataReader):
         def __init__(self) -> None:
@@ -146,6 +146,8 @@ def quantize_unet(
             activation_type=kind,
             weight_type=kind,
             calibrate_method=quantization.CalibrationMethod.MinMax,
+            # (not CalibMaxIntermediateOutputs: this onnxruntime drops the ranges collected so far when it is reached;
+            # each feed's record is its tensors' min and max, two numbers each)
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
         )
         quantized = onnx.load(str(target))

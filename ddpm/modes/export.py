@@ -10,6 +10,7 @@ The writers are formats/exporters.py's; loading any of the files back is backend
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 from collections.abc import Callable, Mapping
@@ -29,7 +30,7 @@ from ddpm.backends.runtimes import (
     onnxruntime_session,
 )
 from ddpm.choices import FORMATS
-from ddpm.formats.diffusers_io import diffusers_folder_files
+from ddpm.formats.diffusers_io import diffusers_folder_files, present
 from ddpm.formats.exporters import (
     _quiet_torchscript,
     export_decoder_onnx,
@@ -44,8 +45,17 @@ from ddpm.formats.model_files import load_model_parts, load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
 from ddpm.requests import Calibration, ExportRequest
+from ddpm.util.memory_budget import is_out_of_memory
 from ddpm.util.precision import QUANTIZED
-from ddpm.util.safe_files import as_input, atomic_write, check_outputs
+from ddpm.util.safe_files import (
+    as_input,
+    atomic_write,
+    check_outputs,
+    check_target,
+    replaced_folder,
+    resolved,
+    sibling_temporary,
+)
 from tensorrt_integration import TensorRTOptions
 
 
@@ -64,6 +74,7 @@ def run_export(request: ExportRequest) -> None:
         else None,
         autoencoder=source.autoencoder,
         calibration=request.calibration,
+        overwrite=request.overwrite,
     )
     for line in lines:
         print(line)
@@ -133,25 +144,59 @@ def export_decoder(
 # --------------------------------------------------------------------------------------------
 
 
-def check_export_paths(source: Path, output: Path, fmt: str) -> None:
+def check_export_paths(source: Path, output: Path, fmt: str, *, overwrite: bool = False) -> bool:
+    """Refuse, before any work, an export that would destroy an input or change what an existing folder means;
+    returns whether a diffusers --output is to be replaced whole (:func:`check_diffusers_output`)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    inputs = {"--model_path": as_input(source)}
+    if fmt != "tensorrt" and artifact_kind(source) != "checkpoint":  # an engine is also built from an ONNX file
+        raise ValueError(
+            f"--model_path {source} is {KIND_ARTICLES[artifact_kind(source)]}, which --format {fmt} does not read; "
+            "it exports a checkpoint (.pt), a .safetensors export or a diffusers model folder"
+        )
     if fmt == "diffusers":
-        check_outputs(diffusers_folder_files(output), inputs=inputs)
-        return
+        return check_diffusers_output(source, output, overwrite=overwrite)
     if output.suffix not in FORMAT_SUFFIXES[fmt]:
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    check_outputs({"--output": output}, inputs=inputs)
+    check_outputs({"--output": output}, inputs={"--model_path": as_input(source)})
+    return False
+
+
+KIND_ARTICLES = {"onnx": "an ONNX file", "torchscript": "a TorchScript file", "tensorrt": "a TensorRT engine"}
+MODEL_NAMES = ("model_index.json", "config.json", "unet", "scheduler")  # what makes a folder a diffusers model
+
+
+def check_diffusers_output(source: Path, output: Path, *, overwrite: bool) -> bool:
+    """A diffusers --output folder that already holds a model (a pipeline or a bare UNet2DModel), or is the folder
+    --model_path names, changes meaning only with ``overwrite``, and is then replaced whole (returns True): the new
+    folder is written beside it and swapped in, so nothing in it may be an input. Otherwise its files are checked
+    as any output is (returns False)."""
+    files = diffusers_folder_files(output)  # refuses an --output that is a file
+    same = resolved(output) == resolved(source)
+    holds_model = output.is_dir() and any(present(output / name) for name in MODEL_NAMES)
+    if not (same or holds_model):
+        check_outputs(files, inputs={"--model_path": as_input(source)})
+        return False
+    if not overwrite:
+        what = "is the model --model_path names" if same else "already holds a diffusers model"
+        raise ValueError(
+            f"--output {output} {what}; writing into it would change which model it loads: pass --overwrite to "
+            "replace it whole, or choose another --output"
+        )
+    if not same and resolved(source).is_relative_to(resolved(output)):
+        raise ValueError(f"--output {output} holds --model_path {source}; replacing the folder would delete it")
+    check_target(sibling_temporary(output), flag="--output")  # its folder must take the new one
+    return True
 
 
 def export_weights(
-    model, schedule_config, *, fmt: str, source: Path, output: Path, weights: str, labels: dict
+    model, schedule_config, *, fmt: str, source: Path, output: Path, weights: str, labels: dict, replace: bool = False
 ) -> list[str]:
     """``--format safetensors`` (the weights and this tool's metadata) or ``diffusers`` (a DDPMPipeline
-    folder); each read back and compared with the model it came from before the report says so."""
+    folder, with ``replace`` written beside ``output`` and swapped in whole once read back); each read back and
+    compared with the model it came from before the report says so."""
     from ddpm.formats import model_files, safetensors_io
 
     if fmt == "safetensors":
@@ -159,21 +204,27 @@ def export_weights(
             model_config=model.config, schedule_config=schedule_config, weights=weights, **labels
         )
         safetensors_io.write_safetensors(model, output, metadata=metadata)
-        state = load_model_state(output)
-        written = f"wrote {output} (safetensors, {weights} weights, this tool's configs in its metadata)"
-    else:
-        files = model_files.write_diffusers_folder(model, schedule_config, output, source=str(source))
-        state = load_model_state(output)
-        names = ", ".join(str(f.relative_to(output)) for f in files)
-        written = f"wrote {output}/ ({names}; diffusers' DDPMPipeline loads it)"
-        if model.config.num_classes:
-            classes = model.config.num_classes
-            written += f"; num_class_embeds {classes + 1}: classes 0-{classes - 1}, the last the null label"
+        return [
+            f"wrote {output} (safetensors, {weights} weights, this tool's configs in its metadata)",
+            read_back(model, output),
+        ]
+    with replaced_folder(output) if replace else contextlib.nullcontext(output) as folder:
+        files = model_files.write_diffusers_folder(model, schedule_config, folder, source=str(source))
+        checked = read_back(model, folder)  # before the swap: a folder that differs never replaces the old one
+    names = ", ".join(str(f.relative_to(folder)) for f in files)
+    written = f"{'replaced' if replace else 'wrote'} {output}/ ({names}; diffusers' DDPMPipeline loads it)"
+    if model.config.num_classes:
+        classes = model.config.num_classes
+        written += f"; num_class_embeds {classes + 1}: classes 0-{classes - 1}, the last the null label"
+    return [written, checked]
+
+
+def read_back(model, path: Path) -> str:
+    state = load_model_state(path)
     reference = model.state_dict()
-    same = all(torch.equal(state["ema"][k], reference[k].float()) for k in reference)
-    if not same:  # a programming error in the renaming; never expected
-        raise RuntimeError(f"{output}: the weights read back differ from the model's")
-    return [written, "read back: the same weights, bit for bit"]
+    if not all(torch.equal(state["ema"][k], reference[k].float()) for k in reference):
+        raise RuntimeError(f"{path}: the weights read back differ from the model's")  # a renaming bug; never expected
+    return "read back: the same weights, bit for bit"
 
 
 def export_checkpoint(
@@ -187,34 +238,26 @@ def export_checkpoint(
     precision: str = "fp32",
     autoencoder: str | None = None,
     calibration: Calibration | None = None,
+    overwrite: bool = False,
 ) -> list[str]:
-    """Export a checkpoint's U-Net to ONNX or TorchScript, check it against PyTorch; returns report lines.
-    A latent model's decoder is exported beside it (:func:`export_decoder`).
+    """Export a checkpoint's U-Net (ONNX, TorchScript, safetensors or a diffusers folder), check it against
+    PyTorch; returns report lines. A latent model's decoder is exported beside it (:func:`export_decoder`).
 
     ONNX may be written in mixed precision (``precision`` fp16/bf16); its check is then against
     the same mixed-precision U-Net in PyTorch, and the fp32 U-Net's difference is reported too.
     """
-    if fmt != "onnx" and precision != "fp32":
-        raise ValueError(
-            f"{fmt} exports hold fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt"
-        )
-    opset = default_opset(precision) if opset is None else opset
     source, output = Path(source), Path(output)
-    check_export_paths(source, output, fmt)
-    if fmt == "tensorrt":
-        raise ValueError("build TensorRT engines with tensorrt_integration.export_engine")
-    if fmt in ("safetensors", "diffusers") and precision != "fp32":
-        raise ValueError(
-            f"--format {fmt} holds fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt"
-        )
+    # 1. Every flag and path checked before anything is read.
+    replace = check_export_request(source, output, fmt=fmt, precision=precision, overwrite=overwrite)
+    opset = default_opset(precision) if opset is None else opset
     if fmt == "onnx":
-        import_onnx()  # fail before any work if a package is missing
-        import_onnxruntime()
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
+    # 2. The model, and what travels with it into the file's metadata.
     model, schedule_config, class_names, link, dataset = load_model_parts(source, weights=weights, device=device)
     labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
     if dataset is not None:  # evaluate judges the file as its training data without --dataset
         labels["dataset"] = dataset
+    # 3. Weights-only formats: written, read back, compared.
     if fmt in ("safetensors", "diffusers"):
         if link is not None:
             raise ValueError(
@@ -222,82 +265,168 @@ def export_checkpoint(
                 "torchscript"
             )
         return export_weights(
-            model, schedule_config, fmt=fmt, source=source, output=output, weights=weights, labels=labels
+            model,
+            schedule_config,
+            fmt=fmt,
+            source=source,
+            output=output,
+            weights=weights,
+            labels=labels,
+            replace=replace,
         )
-    report = []
-    if link is not None:  # a latent model: its decoder goes beside the U-Net, named (and hashed) in its metadata
-        stage, _ = linked_first_stage(
+    # 4. A latent model's decoder, exported and checked beside the U-Net (written just before it).
+    report, write_decoder = [], lambda: None
+    if link is not None:
+        entry, line, write_decoder = latent_decoder(
             link,
-            model_config=model.config,
-            source=f"checkpoint {source}",
+            model,
+            source=source,
+            output=output,
+            fmt=fmt,
             device=device,
-            override=autoencoder,
-            folder=Path(source).parent,
-        )
-        inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
-        check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
-        decoder_precision = (
-            "fp32" if precision in QUANTIZED else precision
-        )  # the decoder runs once per image: not quantized
-        entry, line, write_decoder = export_decoder(
-            stage, fmt=fmt, inputs=inputs, output=output, device=device, opset=opset, precision=decoder_precision
+            opset=opset,
+            precision=precision,
+            autoencoder=autoencoder,
         )
         labels["decoder"] = entry
         report.append(line)
-    else:
-        write_decoder = lambda: None  # noqa: E731  (a pixel model has none)
-    io = UNetIO.from_config(model.config)  # with the label input y for a conditional U-Net
-    batch_sizes = (1, 3, 8)
-    if fmt == "onnx":
-        metadata = artifact_metadata(
-            model_config=model.config, schedule_config=schedule_config, weights=weights, opset=opset, **labels
-        )
-        if precision in QUANTIZED:  # the fp32 graph, then Q/DQ pairs calibrated on the model's own trajectories
-            proto = export_onnx_model(model, metadata=metadata, opset=opset)
-            proto, quality = quantize_export(
-                proto, model, schedule_config, calibration=calibration, precision=precision
-            )
-            report.append(quality)
-        else:
-            proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
-        data = proto.SerializeToString()
-        checked = f"{precision}, opset {opset}, dynamic batch, onnx.checker passed"
-        if precision in QUANTIZED:
-            reference, compared = model, f"onnxruntime {precision} vs PyTorch fp32 ({weights} weights)"
-        elif precision == "fp32":
-            reference, compared = model, f"onnxruntime vs PyTorch ({weights} weights)"
-        else:
-            from ddpm.util.precision import mixed_precision_unet
+    # 5. The U-Net's graph or program, written and compared with PyTorch at several batch sizes.
+    export = export_onnx if fmt == "onnx" else export_torchscript
+    lines = export(
+        model,
+        schedule_config,
+        output=output,
+        weights=weights,
+        labels=labels,
+        device=device,
+        opset=opset,
+        precision=precision,
+        calibration=calibration,
+        write_decoder=write_decoder,
+    )
+    return [*lines, *report]
 
-            reference = mixed_precision_unet(model, precision)
-            compared = f"onnxruntime vs PyTorch's {precision} mixed-precision U-Net ({weights} weights)"
-        try:
-            runtime = OnnxRuntimeUNet(onnxruntime_session(data, device=device), io=io)
-        except ValueError as exc:
-            if precision == "fp32":
-                raise
-            # onnxruntime's CPU provider lacks some low-precision kernels (bf16 convolutions): say so,
-            # and compare the mixed-precision U-Net in PyTorch with the fp32 one instead.
-            runtime, reference = reference, model
-            compared = (
-                f"onnxruntime here cannot run it ({_ort_reason(exc)}); instead PyTorch's {precision} U-Net vs fp32"
-            )
-        write_decoder()
-        atomic_write(output, lambda f: f.write(data))
-        diff = max_abs_diff(runtime, reference, io=io, batch_sizes=batch_sizes)
-    else:
-        metadata = artifact_metadata(
-            model_config=model.config, schedule_config=schedule_config, weights=weights, traced_on=device.type, **labels
+
+def check_export_request(source: Path, output: Path, *, fmt: str, precision: str, overwrite: bool) -> bool:
+    """The format's precision and packages, and the paths (:func:`check_export_paths`): True when a diffusers
+    --output is replaced whole."""
+    if fmt in ("torchscript", "safetensors", "diffusers") and precision != "fp32":
+        raise ValueError(
+            f"--format {fmt} holds fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt"
         )
-        module = trace_torchscript(model)
-        write_decoder()
-        save_torchscript(module, output, metadata=metadata)
-        loaded, *_ = load_torchscript(output, device=device, trusted=True)  # the file traced just now
-        diff = max_abs_diff(loaded, model, io=io, batch_sizes=batch_sizes)
-        checked = f"traced on {device.type}"
-        compared = f"TorchScript vs PyTorch ({weights} weights)"
-    sizes = ", ".join(map(str, batch_sizes))
-    return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}", *report]
+    replace = check_export_paths(source, output, fmt, overwrite=overwrite)
+    if fmt == "tensorrt":
+        raise ValueError("build TensorRT engines with tensorrt_integration.export_engine")
+    if fmt == "onnx":
+        import_onnx()  # fail before any work if a package is missing
+        import_onnxruntime()
+    return replace
+
+
+def latent_decoder(
+    link, model, *, source: Path, output: Path, fmt: str, device, opset: int, precision: str, autoencoder
+):
+    """A latent model's autoencoder (as its checkpoint links it, or --autoencoder) exported for beside the U-Net
+    (:func:`export_decoder`; not quantized: it runs once per image): (metadata entry, report line, write())."""
+    stage, _ = linked_first_stage(
+        link,
+        model_config=model.config,
+        source=f"checkpoint {source}",
+        device=device,
+        override=autoencoder,
+        folder=source.parent,
+    )
+    inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
+    check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
+    return export_decoder(
+        stage,
+        fmt=fmt,
+        inputs=inputs,
+        output=output,
+        device=device,
+        opset=opset,
+        precision="fp32" if precision in QUANTIZED else precision,
+    )
+
+
+EXPORT_BATCH_SIZES = (1, 3, 8)  # an exported U-Net is compared with PyTorch at each (dynamic batch)
+
+
+def export_onnx(
+    model,
+    schedule_config,
+    *,
+    output: Path,
+    weights: str,
+    labels: dict,
+    device,
+    opset: int,
+    precision: str,
+    calibration: Calibration | None,
+    write_decoder,
+) -> list[str]:
+    """The U-Net as an ONNX graph (fp32, mixed precision, or quantized: :func:`quantize_export`), run by onnxruntime
+    against PyTorch; written after its decoder."""
+    io = UNetIO.from_config(model.config)  # with the label input y for a conditional U-Net
+    metadata = artifact_metadata(
+        model_config=model.config, schedule_config=schedule_config, weights=weights, opset=opset, **labels
+    )
+    report = []
+    if precision in QUANTIZED:  # the fp32 graph, then Q/DQ pairs calibrated on the model's own trajectories
+        proto, quality = quantize_export(
+            export_onnx_model(model, metadata=metadata, opset=opset),
+            model,
+            schedule_config,
+            calibration=calibration,
+            precision=precision,
+        )
+        report.append(quality)
+    else:
+        proto = export_onnx_model(model, metadata=metadata, opset=opset, precision=precision)
+    data = proto.SerializeToString()
+    if precision in QUANTIZED:
+        reference, compared = model, f"onnxruntime {precision} vs PyTorch fp32 ({weights} weights)"
+    elif precision == "fp32":
+        reference, compared = model, f"onnxruntime vs PyTorch ({weights} weights)"
+    else:
+        from ddpm.util.precision import mixed_precision_unet
+
+        reference = mixed_precision_unet(model, precision)
+        compared = f"onnxruntime vs PyTorch's {precision} mixed-precision U-Net ({weights} weights)"
+    try:
+        runtime = OnnxRuntimeUNet(onnxruntime_session(data, device=device), io=io)
+    except ValueError as exc:
+        if precision == "fp32":
+            raise
+        # onnxruntime's CPU provider lacks some low-precision kernels (bf16 convolutions): say so,
+        # and compare the mixed-precision U-Net in PyTorch with the fp32 one instead.
+        runtime, reference = reference, model
+        compared = f"onnxruntime here cannot run it ({_ort_reason(exc)}); instead PyTorch's {precision} U-Net vs fp32"
+    write_decoder()
+    atomic_write(output, lambda f: f.write(data))
+    diff = max_abs_diff(runtime, reference, io=io, batch_sizes=EXPORT_BATCH_SIZES)
+    checked = f"{precision}, opset {opset}, dynamic batch, onnx.checker passed"
+    return [*compared_lines(output, checked, compared, diff), *report]
+
+
+def export_torchscript(
+    model, schedule_config, *, output: Path, weights: str, labels: dict, device, write_decoder, **_
+) -> list[str]:
+    """The U-Net traced to TorchScript on ``device``, written after its decoder, loaded back and compared."""
+    metadata = artifact_metadata(
+        model_config=model.config, schedule_config=schedule_config, weights=weights, traced_on=device.type, **labels
+    )
+    module = trace_torchscript(model)
+    write_decoder()
+    save_torchscript(module, output, metadata=metadata)
+    loaded, *_ = load_torchscript(output, device=device, trusted=True)  # the file traced just now
+    diff = max_abs_diff(loaded, model, io=UNetIO.from_config(model.config), batch_sizes=EXPORT_BATCH_SIZES)
+    return compared_lines(output, f"traced on {device.type}", f"TorchScript vs PyTorch ({weights} weights)", diff)
+
+
+def compared_lines(output: Path, checked: str, compared: str, diff: float) -> list[str]:
+    sizes = ", ".join(map(str, EXPORT_BATCH_SIZES))
+    return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}"]
 
 
 def quantize_export(proto, model, schedule_config, *, calibration: Calibration, precision: str) -> tuple[object, str]:
@@ -316,8 +445,18 @@ def quantize_export(proto, model, schedule_config, *, calibration: Calibration, 
     from noise_schedule import NoiseSchedule
 
     plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, num_steps=calibration.steps)
-    feeds = quantization.calibration_feeds(model, plan, samples=calibration.samples, seed=calibration.seed)
-    quantized = quantization.quantize_unet(proto, feeds, precision=precision)
+    feeds = quantization.calibration_feeds(
+        model, plan, samples=calibration.samples, seed=calibration.seed, batch_size=calibration.batch_size
+    )
+    try:
+        quantized = quantization.quantize_unet(proto, feeds, precision=precision)
+    except (RuntimeError, MemoryError) as exc:  # main.py's advice names sampling flags export does not read
+        if not is_out_of_memory(exc):
+            raise
+        raise ValueError(
+            f"the machine ran out of memory calibrating on batches of {calibration.batch_size} trajectories; lower "
+            "--batch_size (the calibration's batch; --calibration_samples sets how many in all)"
+        ) from exc
     onnx.checker.check_model(quantized, full_check=True)
     runtime = OnnxRuntimeUNet(
         onnxruntime_session(quantized.SerializeToString(), device=torch.device("cpu")),
@@ -390,6 +529,7 @@ def export_artifact(
     tensorrt_options=None,
     autoencoder: str | None = None,
     calibration: Calibration | None = None,
+    overwrite: bool = False,
 ) -> list[str]:
     """``--mode export``: ONNX or TorchScript from a checkpoint (:func:`export_checkpoint`), or a TensorRT
     engine from a checkpoint or ONNX file (tensorrt_integration.export_engine); returns report lines."""
@@ -404,6 +544,7 @@ def export_artifact(
             precision=precision,
             autoencoder=autoencoder,
             calibration=calibration,
+            overwrite=overwrite,
         )
     import tensorrt_integration
 

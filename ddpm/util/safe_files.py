@@ -17,6 +17,7 @@ Four rules, applied by every mode before any work starts:
   arriving during the write wait until the rename is done. A symlinked output keeps its link: the
   file it points to is replaced. Temporaries are named ``.<name>.tmp-<pid>-<random>``; the next
   check of that output removes those whose process is gone (a killed save).
+  A folder is replaced whole the same way (:func:`replaced_folder`: written beside it, then swapped in).
 * :func:`run_lock` takes an advisory lock beside a checkpoint, so two training runs never write
   into the same file; the lock file goes when the run ends.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -182,7 +184,10 @@ def remove_stale_temporaries(target: PathLike) -> list[Path]:
         pid = tmp.name[len(f".{target.name}.tmp-") :].split("-", 1)[0]
         if pid.isdigit() and not _process_alive(int(pid)):
             with contextlib.suppress(OSError):
-                tmp.unlink()
+                if tmp.is_dir() and not tmp.is_symlink():  # a folder export's (safe_files.replaced_folder)
+                    shutil.rmtree(tmp)
+                else:
+                    tmp.unlink()
                 removed.append(tmp)
     return removed
 
@@ -197,6 +202,63 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # alive, owned by someone else
         return True
     return True
+
+
+def sibling_temporary(target: PathLike) -> Path:
+    """A name beside ``target`` for what will replace it (``.<name>.tmp-<pid>-new``); removed as stale once its
+    process is gone (:func:`remove_stale_temporaries`)."""
+    target = resolved(target)
+    return target.with_name(f"{temp_prefix(target)}new")
+
+
+@contextlib.contextmanager
+def replaced_folder(target: PathLike) -> Iterator[Path]:
+    """A new, empty folder beside ``target`` to write into; when the block ends without an exception it replaces
+    ``target`` whole (swapped in one step where the system can, RENAME_EXCHANGE; else two renames with signals
+    held), so ``target`` holds the old folder or the new one, never a mix; on an exception it vanishes."""
+    target = resolved(target)
+    remove_stale_temporaries(target)
+    new = sibling_temporary(target)
+    shutil.rmtree(new, ignore_errors=True)
+    new.mkdir()
+    try:
+        yield new
+        with interrupts.deferred():
+            old = _swap_folders(new, target)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(target.parent)
+
+
+def _swap_folders(new: Path, target: Path) -> Path:
+    """Put ``new`` at ``target``; returns where the old folder now is (to be removed)."""
+    if not target.exists():
+        os.rename(new, target)
+        return new  # nothing there now
+    if _exchange(new, target):
+        return new
+    old = target.with_name(f"{temp_prefix(target)}old")
+    os.rename(target, old)
+    try:
+        os.rename(new, target)
+    except OSError:
+        os.rename(old, target)  # the old folder back where it was
+        raise
+    return old
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Linux's renameat2(RENAME_EXCHANGE): both names swapped atomically; False where it is not available."""
+    try:
+        import ctypes
+
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def atomic_write(path: PathLike, write: Callable[[IO[bytes]], None]) -> Path:

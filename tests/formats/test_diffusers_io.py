@@ -214,7 +214,7 @@ def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_image
     assert result.returncode == 0, result.stderr
     with np.load(tmp_path / "ort.npz") as f:
         assert np.abs(f[f.files[0]].astype(int) - images["m.pt"].astype(int)).max() <= 1
-    # The folder and the file are inputs: nothing may be written over them.
+    # The folder and the file are inputs: nothing may be written over them (a folder only whole, with --overwrite).
     assert_user_error(
         run_here(
             "--mode",
@@ -227,7 +227,7 @@ def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_image
             "m_diffusers",
             cwd=tmp_path,
         ),
-        "is one of the files --model_path reads",
+        "is the model --model_path names",
     )
     assert_user_error(
         run_here(*draw, "--model_path", "m.safetensors", "--no_ema", "--save_npz", "x.npz", cwd=tmp_path),

@@ -245,3 +245,81 @@ def test_a_checkpoint_holding_a_sparse_or_meta_tensor_is_refused_in_one_line(tmp
     save_checkpoint(tmp_path / "m.pt", state)
     with pytest.raises(ValueError, match=f"'{name}' is a .* tensor on .*; only dense CPU tensors"):
         load_checkpoint(tmp_path / "m.pt")
+
+
+# ----- exports never change what an existing folder means ---------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = perturbed_unet(tiny_unet_config(norm_groups=8), std=0.1)
+    weights = model.state_dict()
+    state = {"format_version": 1, "model_config": model.config.to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
+    save_checkpoint(tmp_path / "m.pt", state | {"model": weights, "ema": weights, "step": 0})
+    return tmp_path / "m.pt"
+
+
+def _snapshot(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _same_weights(folder, checkpoint) -> bool:
+    ours = load_checkpoint(checkpoint)["ema"]
+    theirs = model_files.load_model_state(folder)["ema"]
+    return all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def _siblings(folder) -> list[str]:
+    return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
+
+
+def test_an_export_into_a_bare_unet_folder_needs_overwrite_and_then_replaces_it_whole(folder, checkpoint, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(folder / "unet", bare)  # a UNet2DModel folder alone: config.json and its weights
+    before = _snapshot(bare)
+    export = ["--mode", "export", "--format", "diffusers", "--model_path", str(checkpoint), "--output", str(bare)]
+    assert_user_error(run_here(*export, cwd=tmp_path), "already holds a diffusers model")
+    assert _snapshot(bare) == before
+    result = run_here(*export, "--overwrite", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in bare.iterdir()) == ["model_index.json", "scheduler", "unet"]  # nothing old left
+    assert _same_weights(bare, checkpoint) and _siblings(bare) == []
+
+
+def test_an_export_onto_the_folder_it_reads_needs_overwrite(folder, tmp_path):
+    before = _snapshot(folder)
+    export = ["--mode", "export", "--format", "diffusers", "--model_path", str(folder), "--output", str(folder)]
+    result = run_here(*export, cwd=tmp_path)
+    assert result.returncode == 2 and "--output" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert _snapshot(folder) == before
+    assert run_here(*export, "--overwrite", cwd=tmp_path).returncode == 0
+    assert model_files.load_model_state(folder)["model_config"]["norm_groups"] == 8 and _siblings(folder) == []
+
+
+def test_an_overwrite_that_would_delete_its_own_input_is_refused(checkpoint, tmp_path):
+    (tmp_path / "model_index.json").write_text("{}")  # tmp_path now looks like a model folder, and holds m.pt
+    export = ["--mode", "export", "--format", "diffusers", "--model_path", str(checkpoint), "--output", str(tmp_path)]
+    assert_user_error(run_here(*export, "--overwrite", cwd=tmp_path), "replacing the folder would delete it")
+    assert checkpoint.is_file()
+
+
+def test_an_interrupted_replacement_leaves_the_old_folder(folder):
+    from ddpm.util.safe_files import replaced_folder
+
+    before = _snapshot(folder)
+    with pytest.raises(KeyboardInterrupt), replaced_folder(folder) as new:
+        (new / "model_index.json").write_text("{}")
+        raise KeyboardInterrupt  # stopped mid-export
+    assert _snapshot(folder) == before and _siblings(folder) == []
+    with replaced_folder(folder) as new:
+        (new / "model_index.json").write_text("{}")
+    assert _snapshot(folder) == {"model_index.json": b"{}"} and _siblings(folder) == []
+
+
+def test_an_onnx_file_given_to_export_is_called_an_onnx_file(tmp_path):
+    (tmp_path / "m.onnx").write_bytes(b"\x08\x07")
+    result = run_here(
+        "--mode", "export", "--format", "onnx", "--model_path", "m.onnx", "--output", "o.onnx", cwd=tmp_path
+    )
+    assert_user_error(result, "m.onnx is an ONNX file, which --format onnx does not read")
+    assert "corrupt" not in result.stderr and not (tmp_path / "o.onnx").exists()

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import assert_user_error, needs_onnx, run_here, tiny_unet_config
+from helpers import assert_user_error, needs_onnx, perturbed_unet, run_here, tiny_unet_config
 
 from basic_diffusion import sample
 from ddpm.backends.engine_cache import build_plan, torch_tensorrt_arguments
@@ -56,7 +56,7 @@ def trained(tmp_path_factory):
 
 def quantized(model, proto, *, sampler="ddim", steps=10, samples=8):
     plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=steps)
-    feeds = quantization.calibration_feeds(model, plan, samples=samples)
+    feeds = list(quantization.calibration_feeds(model, plan, samples=samples))
     return quantization.quantize_unet(proto, feeds), feeds
 
 
@@ -126,6 +126,56 @@ def test_calibration_sees_the_samplers_own_inputs_and_sets_ranges_from_them(trai
 
     scale = numpy_helper.to_array(next(t for t in q.graph.initializer if t.name == dq.input[1])).item()
     assert scale == pytest.approx(absmax / 127, rel=1e-4)  # symmetric int8: [-absmax, absmax] onto [-127, 127]
+
+
+class _Counting(torch.nn.Module):
+    """The model, counting its calls and the largest batch it was given."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model, self.config, self.calls, self.largest = model, model.config, 0, 0
+
+    def forward(self, x, t, y=None):
+        self.calls, self.largest = self.calls + 1, max(self.largest, x.shape[0])
+        return self.model(x, t) if y is None else self.model(x, t, y)
+
+
+def test_calibration_runs_its_trajectories_a_batch_at_a_time_as_the_quantizer_reads_them(trained):
+    _, model, _ = trained
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", num_steps=3)
+    counting = _Counting(model)
+    feeds = quantization.calibration_feeds(counting, plan, samples=20, batch_size=8)
+    assert counting.calls == 0  # nothing runs until the quantizer asks
+    first = next(feeds)
+    assert counting.calls == 3 and first["x_t"].shape[0] == 8  # one batch's trajectory, no more
+    rest = list(feeds)
+    assert [f["x_t"].shape[0] for f in [first, *rest]] == [8] * 3 + [8] * 3 + [4] * 3
+    assert counting.largest == 8 and counting.calls == 9
+    with pytest.raises(ValueError, match="--batch_size must be a positive integer"):
+        next(quantization.calibration_feeds(model, plan, samples=4, batch_size=0))
+
+
+@pytest.mark.slow  # three calibrations of a 16x16 U-Net: about 10 seconds on 2 cores
+def test_calibration_memory_is_flat_in_the_number_of_trajectories(one_thread):
+    """Peak resident memory (ru_maxrss, which only grows) after calibrating on 8 trajectories, then on 64 in
+    batches of 8: the same batch, so no new peak; 64 in one batch (what --batch_size 64 asks) lifts it by
+    about 190 MiB."""
+    import resource
+
+    config = tiny_unet_config(image_size=16, norm_groups=8, attention_resolutions=(), model_channels=32)
+    model = perturbed_unet(config)
+    metadata = unet_io.artifact_metadata(model_config=config, schedule_config=SCHEDULE, weights="ema")
+    proto = exporters.export_onnx_model(model, metadata=metadata)
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", num_steps=2)
+
+    def peak_mib_after(samples: int, batch_size: int) -> float:
+        feeds = quantization.calibration_feeds(model, plan, samples=samples, batch_size=batch_size)
+        quantization.quantize_unet(proto, feeds)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+    base = peak_mib_after(8, 8)
+    assert peak_mib_after(64, 8) - base < 40
+    assert peak_mib_after(64, 64) - base > 80  # the measure sees a batch 8 times larger
 
 
 def test_onnxruntime_int8_draws_nearly_the_fp32_models_images(trained, one_thread):
