@@ -155,6 +155,22 @@ def test_calibration_runs_its_trajectories_a_batch_at_a_time_as_the_quantizer_re
         next(quantization.calibration_feeds(model, plan, samples=4, batch_size=0))
 
 
+def test_out_of_memory_while_calibrating_names_the_flag_that_applies(trained, monkeypatch):
+    from ddpm.modes.export import quantize_export
+    from ddpm.requests import Calibration
+
+    _, model, proto = trained
+
+    def exhausted(proto, feeds, **_):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(quantization, "quantize_unet", exhausted)
+    calibration = Calibration(sampler="ddim", steps=2, samples=512, batch_size=256)
+    with pytest.raises(ValueError, match="calibrating on batches of 256 trajectories; lower --batch_size") as info:
+        quantize_export(proto, model, SCHEDULE, calibration=calibration, precision="int8")
+    assert "--n_samples" not in str(info.value)
+
+
 @pytest.mark.slow  # three calibrations of a 16x16 U-Net: about 10 seconds on 2 cores
 def test_calibration_memory_is_flat_in_the_number_of_trajectories(one_thread):
     """Peak resident memory (ru_maxrss, which only grows) after calibrating on 8 trajectories, then on 64 in
