@@ -199,6 +199,7 @@ def tiny_conditional(tmp_path_factory):
     return work
 
 
+@pytest.mark.slow  # 300 training steps and 200 samples of 50 steps: half a minute on 2 cores
 def test_a_briefly_trained_conditional_model_draws_the_requested_digits(conditional_run):
     from ddpm.evaluation.quality import DigitJudge
 
