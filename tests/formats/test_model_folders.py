@@ -228,6 +228,35 @@ def test_wrong_types_in_a_folders_config_end_in_one_line_exit_2(folder, tmp_path
     assert not (tmp_path / "s.png").exists()
 
 
+OWN_JUNK = [
+    ("model_config", "num_res_blocks", 1.0),
+    ("model_config", "model_channels", "16"),
+    ("model_config", "channel_mult", [1.0, 2]),
+    ("model_config", "channel_mult", [[1], 2]),
+    ("model_config", "dropout", 10**400),
+    ("model_config", "norm_eps", float("inf")),
+    ("model_config", "freq_shift", True),
+    ("model_config", "time_conditioning", ["add"]),
+    ("model_config", "image_size", 10**400),
+    ("schedule_config", "num_timesteps", 50.0),
+    ("schedule_config", "beta_end", 10**400),
+    ("schedule_config", "kind", ["linear"]),
+    ("schedule_config", "cosine_s", {"s": 1}),
+]
+
+
+@pytest.mark.parametrize("entry, key, value", OWN_JUNK, ids=[f"{k}={str(v)[:12]}" for _, k, v in OWN_JUNK])
+def test_this_tools_own_configs_pass_the_same_typed_door(entry, key, value):
+    """A checkpoint's or an export's metadata configs (checkpoints.read_configs): the same refusals, one line."""
+    from ddpm.formats.checkpoints import read_configs
+
+    meta = {"model_config": tiny_unet_config().to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
+    meta[entry] = meta[entry] | {key: value}
+    with pytest.raises(ValueError, match=f"m.pt: its {entry.replace('_', ' ')} is unusable") as info:
+        read_configs(meta, source="m.pt")
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
 @pytest.mark.parametrize("layout", ["sparse", "meta"])
 def test_a_checkpoint_holding_a_sparse_or_meta_tensor_is_refused_in_one_line(tmp_path, layout):
     model = perturbed_unet(tiny_unet_config())
