@@ -346,6 +346,11 @@ _SCHEDULER_DEFAULTS = {  # DDPMScheduler's
     "rescale_betas_zero_snr": False,
 }
 _FIXED_VARIANCES = (None, "fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log")
+# diffusers' prediction_type -> what this tool's ScheduleConfig calls it (noise_schedule.PREDICTIONS).
+PREDICTION_TYPES = {"epsilon": "eps", "v_prediction": "v", "sample": "x0"}
+# A distilled student's recipe (noise_schedule.ScheduleConfig), kept in its scheduler_config.json under these keys
+# (diffusers' own schedulers ignore them).
+STUDENT_KEYS = ("student_sampler", "student_timesteps", "folded_guidance")
 
 
 def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleConfig:
@@ -361,7 +366,7 @@ def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleCo
     except ValueError as exc:
         raise ValueError(f"{source}: {first_line(exc)}") from exc
     checks = (
-        (c["prediction_type"] == "epsilon", "prediction_type", "epsilon"),
+        (c["prediction_type"] in PREDICTION_TYPES, "prediction_type", " or ".join(PREDICTION_TYPES)),
         (config.get("trained_betas") is None, "trained_betas", "null"),
         (not c["rescale_betas_zero_snr"], "rescale_betas_zero_snr", "false"),
         (config.get("variance_type", "fixed_small") in _FIXED_VARIANCES, "variance_type", "a fixed variance"),
@@ -377,7 +382,13 @@ def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleCo
         raise ValueError(
             f"{source}: num_train_timesteps must be between 2 and {MAX_TIMESTEPS}, got {short_repr(steps)}"
         )
-    fields = {"kind": _BETA_SCHEDULES[c["beta_schedule"]], "num_timesteps": steps, "cosine_s": DIFFUSERS_COSINE_S}
+    fields = {
+        "kind": _BETA_SCHEDULES[c["beta_schedule"]],
+        "num_timesteps": steps,
+        "cosine_s": DIFFUSERS_COSINE_S,
+        "prediction": PREDICTION_TYPES[c["prediction_type"]],
+        **{key: config[key] for key in STUDENT_KEYS if key in config},  # typed by ScheduleConfig.from_dict
+    }
     if fields["kind"] == "cosine":
         fields.update(beta_start=1e-4, beta_end=0.02)  # unused by the cosine schedule
     else:
@@ -390,7 +401,8 @@ def schedule_config_from_diffusers(config: object, *, source: str) -> ScheduleCo
 
 
 def diffusers_scheduler_config(schedule: ScheduleConfig, *, source: str) -> dict:
-    """A ScheduleConfig as DDPMScheduler's scheduler_config.json (epsilon prediction, fixed-small variance)."""
+    """A ScheduleConfig as DDPMScheduler's scheduler_config.json (fixed-small variance; its prediction type; a
+    student's recipe under :data:`STUDENT_KEYS`)."""
     config = {
         "_class_name": "DDPMScheduler",
         "_diffusers_version": DIFFUSERS_VERSION,
@@ -412,12 +424,18 @@ def diffusers_scheduler_config(schedule: ScheduleConfig, *, source: str) -> dict
         variance_type="fixed_small",
         clip_sample=True,
         clip_sample_range=1.0,
-        prediction_type="epsilon",
+        prediction_type={ours: theirs for theirs, ours in PREDICTION_TYPES.items()}[schedule.prediction],
         thresholding=False,
         timestep_spacing="leading",
         steps_offset=0,
         rescale_betas_zero_snr=False,
     )
+    if schedule.is_student:
+        config.update(
+            student_sampler=schedule.student_sampler,
+            student_timesteps=list(schedule.student_timesteps),
+            folded_guidance=schedule.folded_guidance,
+        )
     return config
 
 

@@ -6,6 +6,7 @@ diffusers is a test dependency only (the tool never imports it); these tests ski
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import struct
@@ -75,10 +76,9 @@ def diffusers_unet(config: dict, *, seed: int = 0):
     return unet
 
 
-def save_pipeline(unet, folder, *, num_train_timesteps: int = 1000):
-    diffusers.DDPMPipeline(
-        unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=num_train_timesteps)
-    ).save_pretrained(folder)
+def save_pipeline(unet, folder, *, num_train_timesteps: int = 1000, prediction_type: str = "epsilon"):
+    scheduler = diffusers.DDPMScheduler(num_train_timesteps=num_train_timesteps, prediction_type=prediction_type)
+    diffusers.DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(folder)
     return folder
 
 
@@ -98,14 +98,22 @@ def test_imported_unet_predicts_diffusers_own_eps(tmp_path, config, one_thread):
     assert schedule == ScheduleConfig()  # DDPMScheduler(1000)'s linear 1e-4..0.02
 
 
-@pytest.mark.parametrize("implementation", ["original", "cuda"])
-def test_imported_model_samples_as_diffusers_ddpm_and_ddim_loops_do(tmp_path, implementation, one_thread):
-    """The same generator gives the same images: x_T first, then one noise tensor per stochastic step."""
+@pytest.mark.parametrize(
+    "implementation, prediction_type",
+    [("original", "epsilon"), ("cuda", "epsilon"), ("original", "v_prediction"), ("cuda", "sample")],
+)
+def test_imported_model_samples_as_diffusers_ddpm_and_ddim_loops_do(
+    tmp_path, implementation, prediction_type, one_thread
+):
+    """The same generator gives the same images: x_T first, then one noise tensor per stochastic step. A folder whose
+    U-Net predicts v or x_0 imports as such: its output converted as diffusers' schedulers convert it."""
     import basic_diffusion
     import optimized_diffusion
 
     unet = diffusers_unet(CONDITIONAL | dict(num_class_embeds=None))
-    model, schedule_config, *_ = load_model_parts(save_pipeline(unet, tmp_path / "m", num_train_timesteps=50))
+    folder = save_pipeline(unet, tmp_path / "m", num_train_timesteps=50, prediction_type=prediction_type)
+    model, schedule_config, *_ = load_model_parts(folder)
+    assert schedule_config.prediction == {"epsilon": "eps", "v_prediction": "v", "sample": "x0"}[prediction_type]
     schedule = NoiseSchedule(schedule_config)
     shape = (2, 1, 8, 8)
     draw = basic_diffusion.sample if implementation == "original" else optimized_diffusion.sample
@@ -267,7 +275,7 @@ def _pipeline_with(tmp_path, *, unet_changes: dict | None = None, scheduler_chan
         ({"resnet_time_scale_shift": "scale_shift"}, None, "attn_norm_num_groups is unset"),
         ({"cross_attention_dim": 768}, None, "'cross_attention_dim'"),
         ({"out_channels": 2}, None, "out_channels 2 differs"),
-        (None, {"prediction_type": "v_prediction"}, "prediction_type='v_prediction'"),
+        (None, {"prediction_type": "flow_prediction"}, "prediction_type='flow_prediction'"),
         (None, {"beta_schedule": "scaled_linear"}, "beta_schedule='scaled_linear'"),
     ],
 )
@@ -351,3 +359,20 @@ def test_fine_tuning_starts_from_a_diffusers_folders_weights_and_schedule(tmp_pa
     ):
         args = ["--mode", "train", "--dataset", "digits", "--init_from", "m", "--model_path", "ft2.pt", *extra]
         assert_user_error(run_here(*args, cwd=tmp_path), named)
+
+
+def test_a_v_student_exported_as_diffusers_keeps_its_prediction_type_and_recipe(tmp_path, one_thread):
+    config = tiny_unet_config(norm_groups=8)
+    schedule = ScheduleConfig(
+        num_timesteps=100,
+        prediction="v",
+        student_sampler="consistency",
+        student_timesteps=(99, 49),
+        folded_guidance=0.0,
+    )
+    model_files.write_diffusers_folder(perturbed_unet(config), schedule, tmp_path / "out", source="test")
+    scheduler = diffusers.DDPMScheduler.from_pretrained(tmp_path / "out" / "scheduler")
+    assert scheduler.config.prediction_type == "v_prediction"
+    _, loaded, *_ = load_model_parts(tmp_path / "out")
+    assert loaded.beta_end == pytest.approx(schedule.beta_end, rel=1e-12)  # through diffusers' linear endpoints
+    assert dataclasses.replace(loaded, beta_end=schedule.beta_end) == schedule
