@@ -564,14 +564,6 @@ def unet_folder(folder: Path) -> Path:
     )
 
 
-def folder_files(folder: Path) -> list[Path]:
-    """The files :func:`read_diffusers_folder` reads from ``folder`` (for the output check)."""
-    unet = unet_folder(folder)
-    files = [unet / "config.json", *[unet / name for name in WEIGHTS_FILES if (unet / name).is_file()][:1]]
-    scheduler = folder / "scheduler" / SCHEDULER_FILE
-    return files + ([scheduler] if unet != folder and scheduler.is_file() else [])
-
-
 # --------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------
