@@ -194,7 +194,7 @@ def conditional_run(tmp_path_factory):
 def tiny_conditional(tmp_path_factory):
     """A conditional model after 2 steps: enough for the command line's refusals."""
     work = tmp_path_factory.mktemp("tiny_conditional")
-    result = run(*TRAIN_CONDITIONAL, "--max_steps", "2", cwd=work)
+    result = run_here(*TRAIN_CONDITIONAL, "--max_steps", "2", cwd=work)  # in this process: no torch import
     assert result.returncode == 0, result.stderr[-2000:]
     return work
 

@@ -101,7 +101,10 @@ def test_activation_checkpointing_keeps_the_gradients():
         torch.testing.assert_close(checkpointed, plain)
 
 
-@pytest.mark.parametrize("patch_size", [1, 2])
+@pytest.mark.parametrize(
+    "patch_size",
+    [pytest.param(1, marks=pytest.mark.slow), 2],  # an export each; 2 is the 3-D presets' patch size
+)
 def test_an_exported_3d_unet_gives_pytorchs_eps_through_onnxruntime(patch_size):
     pytest.importorskip("onnxruntime")
     from ddpm.backends.runtimes import as_onnxruntime
