@@ -184,45 +184,54 @@ def test_cli_exports_of_a_trained_checkpoint_match_pytorch(workdir, exported):
     assert model(x_t, t).abs().max() > 1e-2  # the trained eps is not trivially zero
 
 
+SAMPLING_RUNS = {  # name: (file in workdir, implementation)
+    "checkpoint": ("ck.pt", "original"),
+    "torchscript": ("ck.ts", "original"),
+    "onnx": ("ck.onnx", "onnxruntime"),
+    "checkpoint_onnxruntime": ("ck.pt", "onnxruntime"),  # exported in memory
+}
+
+
+def sampled(capsys, workdir: Path, name: str) -> np.ndarray:
+    """The images ``python main.py --mode sample`` draws from SAMPLING_RUNS[name] (DDPM, 5 steps, seed 7)."""
+    artifact, implementation = SAMPLING_RUNS[name]
+    npz = workdir / f"{name}.npz"
+    trust = ["--trust_torchscript"] if artifact.endswith(".ts") else []
+    rc, _, err = run_cli(
+        capsys,
+        "--mode",
+        "sample",
+        "--model_path",
+        str(workdir / artifact),
+        "--implementation",
+        implementation,
+        "--sampler",
+        "ddpm",
+        "--sampling_steps",
+        "5",
+        "--n_samples",
+        "3",
+        "--seed",
+        "7",
+        "--output",
+        str(workdir / f"{name}.png"),
+        "--save_npz",
+        str(npz),
+        *trust,
+    )
+    assert rc == 0, err
+    return np.load(npz)["images"].astype(np.int16)
+
+
 @needs_onnx
-def test_sampling_from_every_artifact_gives_the_checkpoints_images(workdir, exported, capsys):
-    runs = {
-        "checkpoint": ("ck.pt", "original"),
-        "torchscript": ("ck.ts", "original"),
-        "onnx": ("ck.onnx", "onnxruntime"),
-        "checkpoint_onnxruntime": ("ck.pt", "onnxruntime"),  # exported in memory
-    }
-    images = {}
-    for name, (artifact, implementation) in runs.items():
-        npz = workdir / f"{name}.npz"
-        trust = ["--trust_torchscript"] if artifact.endswith(".ts") else []
-        rc, _, err = run_cli(
-            capsys,
-            "--mode",
-            "sample",
-            "--model_path",
-            str(workdir / artifact),
-            "--implementation",
-            implementation,
-            "--sampler",
-            "ddpm",
-            "--sampling_steps",
-            "5",
-            "--n_samples",
-            "3",
-            "--seed",
-            "7",
-            "--output",
-            str(workdir / f"{name}.png"),
-            "--save_npz",
-            str(npz),
-            *trust,
-        )
-        assert rc == 0, err
-        images[name] = np.load(npz)["images"].astype(np.int16)
-    assert images["checkpoint"].std() > 10  # real images, not a constant
-    for name, pixels in images.items():
-        assert np.abs(pixels - images["checkpoint"]).max() <= 1, name  # uint8 rounding of float-tolerance values
+@pytest.mark.parametrize(
+    "name",
+    ["torchscript", "onnx", pytest.param("checkpoint_onnxruntime", marks=pytest.mark.slow)],  # the last: an export
+)
+def test_sampling_from_every_artifact_gives_the_checkpoints_images(workdir, exported, capsys, name):
+    reference = sampled(capsys, workdir, "checkpoint")
+    assert reference.std() > 10  # real images, not a constant
+    assert np.abs(sampled(capsys, workdir, name) - reference).max() <= 1  # uint8 rounding of float-tolerance values
 
 
 def test_onnxruntime_prefers_the_gpu_providers_where_installed():
