@@ -62,21 +62,35 @@ def max_difference(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """The same run (uniform and importance timestep sampling) in one process and on two ranks."""
-    work = tmp_path_factory.mktemp("ranks")
-    for sampling in ("uniform", "importance"):
-        for ranks in (1, 2):
+def trained(tmp_path_factory):
+    """``trained(sampling)``: the folder holding the same run (with that timestep sampling) in one process and on
+    two ranks, ``{sampling}1.pt`` and ``{sampling}2.pt``; each pair is trained once, when first asked for."""
+    work, done = tmp_path_factory.mktemp("ranks"), set()
+
+    def pair(sampling: str) -> Path:
+        for ranks in () if sampling in done else (1, 2):
             result = launch(
                 *TRAIN, "--timestep_sampling", sampling, "--model_path", f"{sampling}{ranks}.pt", cwd=work, ranks=ranks
             )
             assert result.returncode == 0, result.stderr[-3000:]
             (work / f"{sampling}{ranks}.out").write_text(result.stdout)
-    return work
+        done.add(sampling)
+        return work
+
+    return pair
 
 
-@pytest.mark.parametrize("sampling", ["uniform", "importance"])
-def test_two_ranks_train_the_weights_of_one_process_with_the_same_global_batch(runs, sampling):
+@pytest.fixture(scope="module")
+def runs(trained) -> Path:
+    return trained("uniform")
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    ["uniform", pytest.param("importance", marks=pytest.mark.slow)],  # two more launches, one under torchrun
+)
+def test_two_ranks_train_the_weights_of_one_process_with_the_same_global_batch(trained, sampling):
+    runs = trained(sampling)
     one, two = weights(runs / f"{sampling}1.pt"), weights(runs / f"{sampling}2.pt")
     assert one["step"] == two["step"] == 4
     assert max_difference(one["model"], two["model"]) < 1e-5
