@@ -162,6 +162,22 @@ def teacher_trajectories(
     return Trajectories(x_t=x_t, x_start=x_start, labels=labels)
 
 
+def fastest_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
+    """The teacher's forward through the fused U-Net runner where the cuda implementation uses it (the same
+    outputs to float rounding; backends/auto.py says where it is verified), else the model itself."""
+    from basic_diffusion import UNet
+    from ddpm.backends.auto import DeviceKind, runner_verified
+
+    dims = getattr(getattr(model, "config", None), "dims", None)
+    if not isinstance(model, UNet) or not runner_verified(device_type=device.type, precision="fp32", dims=dims):
+        return model
+    if not DeviceKind.of(device).extension:
+        return model
+    from optimized_diffusion import FusedUNet
+
+    return FusedUNet(model).eval()
+
+
 def check_trajectory_memory(config: DistillConfig, sample_shape: tuple[int, ...]) -> None:
     """Refuse, before the teacher runs, trajectories that would not fit the bound held for the whole run."""
     per_sample = (config.sampling_steps + 1) * torch.Size(sample_shape).numel() * 4
@@ -200,7 +216,7 @@ class DistillObjective:
         check_trajectory_memory(config, shape)
         schedule_config = student_schedule(teacher.schedule_config, config)
         trajectories = teacher_trajectories(
-            teacher.model,
+            fastest_forward(teacher.model, device=device),
             NoiseSchedule(teacher.schedule_config).to(device),
             config=config,
             student_timesteps=schedule_config.student_timesteps,

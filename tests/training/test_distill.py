@@ -232,3 +232,74 @@ def test_a_student_of_a_student_is_refused(tmp_path, teacher):
     result = distill(tmp_path, tmp_path / "student.pt", "--max_steps", "1", output="grandchild.pt")
     assert result.returncode == 2 and "is already a distilled student (4 steps)" in result.stderr
     assert not (tmp_path / "grandchild.pt").exists()
+
+
+def test_a_class_conditional_teacher_distills_with_its_guidance_folded_into_one_call(tmp_path):
+    trained = run_here(*TINY_TRAIN, "--class_cond", "--model_path", "cond.pt", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    result = run_here(
+        "--mode",
+        "distill",
+        "--model_path",
+        "cond.pt",
+        "--output",
+        "student.pt",
+        *TINY_DISTILL,
+        "--max_steps",
+        "1",
+        "--guidance_scale",
+        "2.5",
+        "--sampling_steps",
+        "2",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "guidance 2.5 folded in" in result.stdout + result.stderr
+    state = torch.load(tmp_path / "student.pt", weights_only=True)
+    assert state["schedule_config"]["folded_guidance"] == 2.5 and state["class_names"]
+    assert state["distill_config"]["guidance_scale"] == 2.5
+    # Sampled with one conditional call per step (no doubled batch), and another scale on top is refused.
+    from ddpm.backends.artifacts import load_artifact
+    from ddpm.modes.drawing import folded_scale
+
+    assert folded_scale(load_artifact(tmp_path / "student.pt", device=torch.device("cpu")), None) == 1.0
+    drawn = run_here("--mode", "sample", "--model_path", "student.pt", "--n_samples", "2", cwd=tmp_path)
+    assert drawn.returncode == 0, drawn.stderr
+    again = run_here(
+        "--mode", "sample", "--model_path", "student.pt", "--guidance_scale", "2", "--n_samples", "2", cwd=tmp_path
+    )
+    assert again.returncode == 2 and "guidance 2.5 folded in" in again.stderr
+
+
+def test_evaluate_puts_students_beside_their_teachers_samplers_against_u_net_calls(tmp_path, teacher):
+    import json
+
+    assert distill(tmp_path, teacher, "--max_steps", "1", "--sampling_steps", "2").returncode == 0
+    result = run_here(
+        "--mode",
+        "evaluate",
+        "--model_path",
+        str(teacher),
+        "--sampler",
+        "ddim",
+        "--sampling_steps",
+        "3",
+        "--students",
+        "student.pt",
+        "--n_samples",
+        "8",
+        "--json",
+        "q.json",
+        "--chart",
+        "q.png",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "q.json").read_text())["rows"]
+    assert [(r["sampler"], r["steps"], r["calls"]) for r in rows] == [("ddim", 3, 3), ("distilled", 2, 2)]
+    assert rows[1]["model_path"].endswith("student.pt")
+    assert (tmp_path / "q.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    refused = run_here(
+        "--mode", "evaluate", "--model_path", str(teacher), "--students", str(teacher), "--n_samples", "8", cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "is not a distilled student" in refused.stderr
