@@ -560,6 +560,14 @@ def _evaluate() -> tuple[Flag, ...]:
             help="FID/KID (MNIST, Fashion-MNIST, CIFAR-10, folders): a local copy of torch-fidelity's Inception "
             "weights (default: torch hub's cache, downloaded once)",
         ),
+        flag(
+            "students",
+            ("evaluate",),
+            default=None,
+            metavar="PATHS",
+            help="distilled students of --model_path (comma-separated), each drawn with its own sampler and steps "
+            "in the same table and chart",
+        ),
     )
 
 

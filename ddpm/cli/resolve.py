@@ -134,7 +134,8 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
                 f"{flag} takes one value in --mode {args.mode} (lists are for --mode evaluate), got {value}"
             )
     steps = int(args.sampling_steps) if args.sampling_steps is not None else None
-    return SamplingChoice(sampler=args.sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
+    sampler = args.sampler if "sampler" in args.given else None  # None: the model's own (a student's)
+    return SamplingChoice(sampler=sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
 
 
 def _model_path(args: argparse.Namespace) -> str:
@@ -405,10 +406,13 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
             raise ImportError(f"--chart needs matplotlib ({exc}); install it: pip install matplotlib") from exc
     if args.inception_weights is not None and not Path(args.inception_weights).is_file():
         raise ValueError(f"--inception_weights {args.inception_weights} is not a file")
+    own = "sampler" not in args.given and "sampling_steps" not in args.given  # a student's own sampler and steps
+    students = tuple(_source(args, path).path for path in args.students.split(",")) if args.students else ()
     return EvaluateRequest(
         **_draw_fields(args, device, source),
-        samplers=parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
-        steps=parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
+        samplers=[None] if own else parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
+        steps=[None] if own else parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
+        students=students,
         dataset=args.dataset if "dataset" in args.given else None,  # else the data the model file records
         data_dir=args.data_dir,
         inception_weights=args.inception_weights,
@@ -578,7 +582,52 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
     return request
 
 
+def distill_request(args: argparse.Namespace, device: torch.device):
+    """--mode distill: the teacher (--model_path, only read), the student's checkpoint (--output), the student's
+    recipe; flags left out take the distillation's own defaults (modes/distill.py), not --mode train's."""
+    from ddpm.modes.distill import DISTILL_DEFAULTS, DistillRequest, default_student_path
+    from ddpm.training.curves import default_log_dir
+
+    if args.model_path is None:
+        raise ValueError("--mode distill needs --model_path: the teacher model (a checkpoint, .safetensors or folder)")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues a distillation and --overwrite starts a new one; choose one")
+    own = {name: getattr(args, name) if name in args.given else value for name, value in DISTILL_DEFAULTS.items()}
+    check_positive(max_steps=own["max_steps"], batch_size=own["batch_size"], log_every=args.log_every)
+    steps = int(args.sampling_steps) if args.sampling_steps is not None else own["sampling_steps"]
+    output = args.output or default_student_path(args.model_path, steps)
+    if Path(output).suffix != ".pt" or Path(output).is_dir():
+        raise ValueError(f"--output must name a .pt checkpoint file for the student, got {output}")
+    log_dir = args.log_dir if args.log_dir is not None else default_log_dir(output)
+    return DistillRequest(
+        device=device,
+        precision=_precision(args, "train", device),
+        teacher=_source(args, args.model_path),
+        checkpoint=output,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        sampling_steps=steps,
+        guidance_scale=args.guidance_scale,
+        samples=args.distill_samples,
+        teacher_steps=args.teacher_steps,
+        seed=args.seed,
+        max_steps=own["max_steps"],
+        batch_size=own["batch_size"],
+        lr=own["lr"],
+        warmup_steps=args.warmup_steps,
+        ema_decay=own["ema_decay"],
+        grad_clip=args.grad_clip,
+        compile=args.compile,
+        save_every=own["save_every"],
+        profile=args.profile,
+        log_dir=log_dir,
+        log_every=args.log_every,
+        given=args.given,
+    )
+
+
 REQUESTS = {
+    "distill": distill_request,
     "train": train_request,
     "sample": sample_request,
     "evaluate": evaluate_request,
