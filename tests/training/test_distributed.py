@@ -109,7 +109,7 @@ def test_two_ranks_train_the_weights_of_one_process_with_the_same_global_batch(t
 def test_a_two_rank_checkpoint_resumes_in_one_process_on_the_same_curve(runs, tmp_path):
     for name in ("uniform1.pt", "uniform2.pt"):
         shutil.copy(runs / name, tmp_path / name)
-        result = launch("--mode", "train", "--resume", "--max_steps", "6", "--model_path", name, cwd=tmp_path)
+        result = run_here("--mode", "train", "--resume", "--max_steps", "6", "--model_path", name, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
     one, two = weights(tmp_path / "uniform1.pt"), weights(tmp_path / "uniform2.pt")
     assert one["step"] == two["step"] == 6
