@@ -190,11 +190,11 @@ def test_the_core_modules_stay_at_the_root_and_are_no_shims():
 # one of the design's core modules, the homes whose parts belong together (noise_schedule: every sampler's
 # math, the reference; optimized_diffusion and tensorrt_integration: an implementation each), which stay
 # under MAX_CORE_LINES.
-MAX_MODULE_LINES = 650
+MAX_MODULE_LINES = 700
 MAX_CORE_LINES = 1000
 
 
-def test_only_the_core_modules_may_grow_past_650_lines():
+def test_only_the_core_modules_may_grow_past_700_lines():
     lengths = {name: len(path.read_text().splitlines()) for name, path in module_files().items()}
     too_long = sorted(
         f"{name}: {lines} lines"
