@@ -10,7 +10,7 @@ builds strongly typed and onnxruntime runs as QLinearConv on the CPU:
 
 * quantized: every convolution but the first and the last, weights per output channel and activations
   per tensor, both symmetric signed INT8 (zero points 0, as TensorRT requires);
-* kept in fp32 (measured below, and the mixed-precision graphs' policy): the time embedding and its MLP
+* kept in fp32 (the mixed-precision graphs' policy): the time embedding and its MLP
   (Gemm), the label embedding, GroupNorm (its statistics and output), SiLU, the attention matmuls and
   their softmax, the first and the last convolution; inputs and output stay fp32, so every sampling loop
   runs the file unchanged.
