@@ -295,6 +295,13 @@ def conv3x3_winograd(
 WINOGRAD_MAX_CHANNELS = 256
 
 
+def winograd_is_fast() -> bool:
+    """Whether this CPU runs conv3x3_winograd faster than oneDNN: its register blocking is written for AVX-512
+    (on an AVX2-only CPU it was several times slower than oneDNN's direct convolution: BENCHMARKS.md, "Speed on
+    the CPU: the default path")."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 def winograd_applies(conv: nn.Module) -> bool:
     """Whether :func:`conv3x3_winograd` computes this module: a 2-D 3x3 convolution, stride 1, padding 1, no
     dilation or groups, zero padding, channel counts multiples of 16 up to WINOGRAD_MAX_CHANNELS."""
@@ -428,6 +435,7 @@ class FusedUNet(nn.Module):
             and dtype == torch.float32
             and channels_last
             and self.config.dims == 2
+            and winograd_is_fast()
             and _has_op("conv3x3_winograd")
         )
         ups = [up for up in unet.upsample if not isinstance(up, nn.Identity)]

@@ -368,9 +368,13 @@ def test_the_fused_unet_runner_takes_only_a_pytorch_unet():
         (dict(winograd=False), "none"),
     ],
 )
-def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_in_float32_channels_last(build, expected):
+def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_in_float32_channels_last(
+    build, expected, monkeypatch
+):
     """Which convolutions go through conv3x3_winograd (the others stay on oneDNN); that they compute the U-Net is
-    test_the_fused_unet_is_the_unet_to_float_rounding's (channels-last float32 runners use it there)."""
+    test_the_fused_unet_is_the_unet_to_float_rounding's (channels-last float32 runners use it there). On a CPU
+    whatever its vector extensions (winograd_is_fast: AVX-512 only, tests/backends/test_auto.py)."""
+    monkeypatch.setattr(od, "winograd_is_fast", lambda: True)
     model = perturbed_unet(SMALL).eval()
     runner = od.FusedUNet(model, **build)
     eligible = {m for m in model.modules() if od.winograd_applies(m)}

@@ -21,7 +21,8 @@ import importlib.util
 from dataclasses import dataclass
 
 # Where the cuda implementation runs the fused U-Net runner: (device type, precision, U-Net dims). Measured in
-# BENCHMARKS.md, "Speed on the CPU: the default path" and "The fused U-Net runner on the CPU, third pass".
+# BENCHMARKS.md, "Speed on the CPU: the default path" (AVX2) and "The fused U-Net runner on the CPU, third pass"
+# (AVX-512); its Winograd convolutions only where they are faster (optimized_diffusion.winograd_is_fast).
 # Not on a GPU: the runner has not run on one yet (BENCHMARKS.md, "GPU: NVIDIA H100 80GB HBM3").
 RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2)})
 
@@ -38,11 +39,15 @@ class DeviceKind:
     type: str  # "cpu" or "cuda"
     extension: bool  # the diffusion_kernels extension is built for it (no JIT compile on first use)
     compiler: bool = False  # torch.compile can generate code for it (Triton on a GPU)
+    capability: str = ""  # a CPU's vector capability as PyTorch names it ("AVX512", "AVX2")
 
     @classmethod
     def of(cls, device) -> DeviceKind:
         """This machine's ``device`` (a torch.device); loads the extension if it is built."""
-        return cls(type=device.type, extension=_extension_built(device.type), compiler=_compiler(device.type))
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else ""
+        return cls(device.type, _extension_built(device.type), _compiler(device.type), capability)
 
 
 def _extension_built(device_type: str) -> bool:
@@ -73,11 +78,13 @@ class Verified:
     kinds: tuple[str, ...] = ("checkpoint",)
     dims: tuple[int, ...] = (2, 3)
     needs_compiler: bool = False
+    capabilities: tuple[str, ...] | None = None  # a CPU's vector capabilities it covers (None: any)
 
     def matches(self, device: DeviceKind, *, precision: str, kind: str, dims: int) -> bool:
         return (
             device.type == self.device
             and device.extension  # every entry is a custom-kernel path
+            and (self.capabilities is None or device.capability in self.capabilities)
             and (device.compiler or not self.needs_compiler)
             and precision in self.precisions
             and kind in self.kinds
@@ -90,9 +97,20 @@ VERIFIED: tuple[Verified, ...] = (
         "cpu",
         ("fp32",),
         "cuda",
-        "fused U-Net runner, Winograd convolutions; the fastest verified on this CPU",
+        "fused U-Net runner, Winograd convolutions; the fastest verified on an AVX-512 CPU",
+        evidence="BENCHMARKS.md: 'The fused U-Net runner on the CPU, third pass: Winograd convolutions'",
+        dims=(2,),
+        capabilities=("AVX512",),
+    ),
+    Verified(
+        "cpu",
+        ("fp32",),
+        "cuda",
+        "fused U-Net runner, oneDNN convolutions (Winograd's are slower without AVX-512); the fastest verified on an "
+        "AVX2 CPU",
         evidence="BENCHMARKS.md: 'Speed on the CPU: the default path'",
         dims=(2,),
+        capabilities=("AVX2",),
     ),
     Verified(
         "cuda",

@@ -17,16 +17,21 @@ from ddpm.backends import registry
 from ddpm.backends.auto import RUNNER_VERIFIED, VERIFIED, DeviceKind, choose, runner_verified
 from noise_schedule import NoiseSchedule
 
-CPU = DeviceKind("cpu", extension=True)
+CPU = DeviceKind("cpu", extension=True, capability="AVX512")
+AVX2_CPU = DeviceKind("cpu", extension=True, capability="AVX2")
 GPU = DeviceKind("cuda", extension=True, compiler=True)
 GPU_WITHOUT_COMPILER = DeviceKind("cuda", extension=True, compiler=False)
 
 
 def test_auto_is_the_fused_runner_on_a_cpu_in_fp32():
     choice = choose(CPU, precision="fp32", kind="checkpoint", dims=2)
-    assert choice.implementation == "cuda" and "fused U-Net runner" in choice.line
+    assert choice.implementation == "cuda" and "fused U-Net runner, Winograd convolutions" in choice.line
     assert runner_verified(device_type="cpu", precision="fp32", dims=2)
     assert choice.line.startswith("implementation: cuda (")
+    avx2 = choose(AVX2_CPU, precision="fp32", kind="checkpoint", dims=2)
+    assert avx2.implementation == "cuda" and "oneDNN convolutions" in avx2.why
+    unmeasured = choose(DeviceKind("cpu", extension=True, capability="DEFAULT"), precision="fp32")
+    assert unmeasured.implementation == "original" and "nothing faster is verified" in unmeasured.why
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -97,3 +102,13 @@ def test_cuda_is_the_step_kernels_where_the_runner_is_not_verified():
     assert bf16.unet_runner is None
     steps = registry.get("cuda_steps").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())
     assert steps.unet_runner is None
+
+
+@pytest.mark.parametrize("capability,winograd", [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
+def test_the_runner_uses_winograd_convolutions_only_on_cpus_where_they_are_faster(monkeypatch, capability, winograd):
+    import optimized_diffusion as od
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert od.winograd_is_fast() == winograd
+    runner = od.FusedUNet(perturbed_unet(tiny_unet_config()))
+    assert bool(runner.winograd) == winograd and bool(runner.winograd_upsample) == winograd
