@@ -238,7 +238,7 @@ def _training() -> tuple[Flag, ...]:
             type=int,
             default=None,
             help="optimizer steps: the run's length, or its cap with --n_epochs",
-            per_mode={"distill": dict(help="the student's optimizer steps")},
+            per_mode={"distill": dict(help="the student's optimizer steps (default 2000)")},
         ),
         flag(
             "batch_size",
@@ -250,7 +250,7 @@ def _training() -> tuple[Flag, ...]:
             per_mode={
                 "sample": dict(help="draw --n_samples in batches of this size (default 64)"),
                 "evaluate": dict(help="draw --n_samples in batches of this size (default 64)"),
-                "distill": dict(help="the student's training batch"),
+                "distill": dict(help="the student's training batch (default 64)"),
                 "export": dict(help="--precision int8: calibration trajectories run this many at a time (default 64)"),
             },
         ),
@@ -260,7 +260,7 @@ def _training() -> tuple[Flag, ...]:
             type=finite_float,
             default=None,
             help="peak AdamW learning rate (default 2e-4 images, 1e-3 volumes and autoencoders)",
-            per_mode={"distill": dict(help="the student's peak AdamW learning rate")},
+            per_mode={"distill": dict(help="the student's peak AdamW learning rate (default 1e-4)")},
         ),
         flag(
             "warmup_steps",
@@ -275,7 +275,7 @@ def _training() -> tuple[Flag, ...]:
             type=finite_float,
             default=None,
             help="(default 0.999 images, 0.995 volumes)",
-            per_mode={"distill": dict(help="the decay of the student's EMA weights")},
+            per_mode={"distill": dict(help="the decay of the student's EMA weights (default 0.995)")},
         ),
         flag(
             "min_snr_gamma",
@@ -316,7 +316,14 @@ def _training() -> tuple[Flag, ...]:
             help="recompute the residual blocks' activations in the backward pass: less memory (for 64^3 volumes on "
             "a small GPU), about a third more compute",
         ),
-        flag("save_every", TRAIN, type=int, default=1000, help="checkpoint every N steps (0: only at the end)"),
+        flag(
+            "save_every",
+            TRAIN,
+            type=int,
+            default=1000,
+            help="checkpoint every N steps (0: only at the end)",
+            per_mode={"distill": dict(default=500, help="checkpoint every N steps (0: only at the end) (default 500)")},
+        ),
         flag("sample_every", ("train",), type=int, default=1000, help="sample grid every N steps (0: only at the end)"),
         flag(
             "resume",

@@ -50,7 +50,7 @@ class DistillRequest:
     max_steps: int = 2000
     batch_size: int = 64
     lr: float = 1e-4
-    warmup_steps: int | None = None  # None: 5% of the run, at most 200
+    warmup_steps: int | None = None  # None: 5% of the run, at most 500
     ema_decay: float = 0.995
     grad_clip: float = 1.0
     compile: bool = False
@@ -160,7 +160,7 @@ def _train_config(request: DistillRequest, artifact, *, total: int):
         total_steps=total,
         batch_size=request.batch_size,
         lr=request.lr,
-        warmup_steps=request.warmup_steps if request.warmup_steps is not None else min(200, total // 20),
+        warmup_steps=request.warmup_steps if request.warmup_steps is not None else min(500, total // 20),
         grad_clip=request.grad_clip,
         ema_decay=request.ema_decay,
         precision=request.precision,

@@ -781,3 +781,29 @@ def test_an_autoencoder_given_for_a_pixel_model_is_refused_in_one_line_wherever_
         err = capsys.readouterr().err.strip()
         assert "is a pixel model; it has no autoencoder to replace" in err and "\n" not in err, err
     assert pixel.read_bytes() == before and not (tmp_path / "x.png").exists()
+
+
+def test_a_latent_teacher_distills_its_latent_unet_and_the_student_keeps_the_autoencoder_link(latent_model):
+    from ddpm.formats.checkpoints import LINK_KEY
+
+    student = latent_model / "lat_student2.pt"
+    args = [
+        "--device",
+        "cpu",
+        "--mode",
+        "distill",
+        "--model_path",
+        str(latent_model / "lat.pt"),
+        "--sampling_steps",
+        "2",
+    ]
+    tiny = ["--distill_samples", "4", "--teacher_steps", "4", "--batch_size", "4", "--max_steps", "1"]
+    assert main.main([*args, *tiny]) == 0  # --output defaults to beside the teacher
+    teacher_state, student_state = (torch.load(p, weights_only=True) for p in (latent_model / "lat.pt", student))
+    assert student_state[LINK_KEY] == teacher_state[LINK_KEY]
+    assert list(student_state["schedule_config"]["student_timesteps"]) == [19, 9]
+    out = latent_model / "student.npz"
+    drawn = ["--device", "cpu", "--mode", "sample", "--model_path", str(student), "--n_samples", "2"]
+    assert main.main([*drawn, "--no_grid", "--save_npz", str(out)]) == 0
+    images = next(iter(np.load(out).values()))
+    assert images.shape == (2, 8, 8, 1)  # 8x8 digits decoded by the linked autoencoder
