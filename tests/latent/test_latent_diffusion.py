@@ -354,6 +354,7 @@ def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_li
     assert not torch.equal(mixed, reference)  # it did compute in fp16
 
 
+@pytest.mark.slow  # a training run and two fp16 exports (U-Net and decoder each): a minute on 2 cores
 def test_an_fp16_onnx_export_of_a_latent_model_draws_the_checkpoints_images(latent_model, tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     import onnx
@@ -559,6 +560,7 @@ def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_
     assert len(builds) == 4 and builds[-1].batch.max == 100 and (cache / "decoder_fp32_max100.engine").is_file()
 
 
+@pytest.mark.slow  # engines from a checkpoint and from its ONNX export (the export: most of a minute on 2 cores)
 def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked(
     latent_model, tmp_path, stand_in_tensorrt
 ):
