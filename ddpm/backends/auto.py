@@ -23,7 +23,7 @@ from dataclasses import dataclass
 # Where the cuda implementation runs the fused U-Net runner: (device type, precision, U-Net dims). Measured in
 # BENCHMARKS.md, "Speed on the CPU: the default path" (AVX2) and "The fused U-Net runner on the CPU, third pass"
 # (AVX-512); its Winograd convolutions only where they are faster (optimized_diffusion.winograd_is_fast).
-# Not on a GPU: the runner has not run on one yet (BENCHMARKS.md, "GPU: NVIDIA H100 80GB HBM3").
+# Not on a GPU: the runner has not run on one yet (BENCHMARKS.md, "Speed on a GPU: NVIDIA H100 80GB HBM3").
 RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2)})
 
 
@@ -117,7 +117,7 @@ VERIFIED: tuple[Verified, ...] = (
         ("bf16", "fp16"),
         "cuda_compile",
         "fused step kernels in a CUDA graph, U-Net through torch.compile; the fastest measured on a GPU",
-        evidence="BENCHMARKS.md: 'GPU: NVIDIA H100 80GB HBM3' (cuda_compile rows, bf16)",
+        evidence="BENCHMARKS.md: 'Speed on a GPU: NVIDIA H100 80GB HBM3' (cuda_compile rows, bf16)",
         needs_compiler=True,
     ),
     Verified(
@@ -125,7 +125,7 @@ VERIFIED: tuple[Verified, ...] = (
         ("fp32", "bf16", "fp16"),
         "cuda",
         "fused step kernels in a CUDA graph; the fastest measured on a GPU in fp32 (and without torch.compile)",
-        evidence="BENCHMARKS.md: 'GPU: NVIDIA H100 80GB HBM3' (the fp32 table; compiled fp32 was no faster per step)",
+        evidence="BENCHMARKS.md: 'Speed on a GPU: NVIDIA H100 80GB HBM3' (fp32 table; compiled fp32 no faster)",
         kinds=("checkpoint", "torchscript"),
     ),
     Verified(

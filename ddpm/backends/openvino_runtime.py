@@ -70,7 +70,7 @@ def compile_config(hint: str | None) -> dict[str, str]:
     (None: OpenVINO's default for this CPU)."""
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": str(torch.get_num_threads())}
     # No pinning: OpenVINO otherwise pins the process's threads to cores, and every row timed after it in the same
-    # process ran slower (the fused runner 2.7x: BENCHMARKS.md, "Speed on the CPU: the default path").
+    # process ran slower (BENCHMARKS.md, "Speed on the CPU: the default path").
     config["ENABLE_CPU_PINNING"] = "NO"
     if hint is not None:
         config["INFERENCE_PRECISION_HINT"] = hint

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from helpers import TINY_SCHEDULE, perturbed_unet, tiny_unet_config
+from helpers import ROOT, TINY_SCHEDULE, perturbed_unet, tiny_unet_config
 
 from ddpm.backends import registry
 from ddpm.backends.auto import RUNNER_VERIFIED, VERIFIED, DeviceKind, choose, runner_verified
@@ -61,8 +61,12 @@ def test_auto_falls_back_to_the_original_where_nothing_faster_is_verified():
 
 
 def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered_implementation():
+    headings = {
+        line.lstrip("#").strip() for line in (ROOT / "BENCHMARKS.md").read_text().splitlines() if line[:1] == "#"
+    }
     for entry in VERIFIED:
         assert entry.evidence.startswith("BENCHMARKS.md: '") and entry.implementation in registry.REGISTRY
+        assert entry.evidence.split("'")[1] in headings, entry.evidence  # a section that exists
         assert not re.search(r"\d(\.\d+)?\s*(x|ms|s|%)(\W|$)", entry.why)  # the measurements live in BENCHMARKS.md
 
 
