@@ -32,7 +32,7 @@ from ddpm.cli.parser import PROG
 from ddpm.util import interrupts  # before torch: a Ctrl-C during the first imports ends in one line too
 from ddpm.util.messages import one_line, one_line_warnings
 
-DISTRIBUTED_MODES = ("train", "sample", "benchmark")  # the modes that run under torchrun
+DISTRIBUTED_MODES = ("train", "distill", "sample", "benchmark")  # the modes that run under torchrun
 # Each mode's function, imported once its mode is chosen (a run loads only its own mode's libraries).
 MODES = {
     "train": "ddpm.modes.train:run_train",

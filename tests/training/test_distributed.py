@@ -219,3 +219,15 @@ def test_each_sampling_batch_draws_from_its_own_seed():
     again = torch.randn(3, generator=batch_generator(7, 2, device=device))
     assert torch.equal(again, torch.randn(3, generator=batch_generator(7, 2, device=device)))
     assert not torch.equal(again, torch.randn(3, generator=batch_generator(7, 1, device=device)))
+
+
+@pytest.mark.slow  # three launches, one under torchrun
+def test_two_ranks_distill_the_student_of_one_process(runs, tmp_path):
+    distill = ["--mode", "distill", "--model_path", str(runs / "uniform1.pt"), "--distill_samples", "8"]
+    distill += ["--teacher_steps", "8", "--batch_size", "8", "--max_steps", "3", "--sampling_steps", "2"]
+    for ranks in (1, 2):
+        result = launch(*distill, "--output", f"student{ranks}.pt", cwd=tmp_path, ranks=ranks)
+        assert result.returncode == 0, result.stderr[-3000:]
+    one, two = weights(tmp_path / "student1.pt"), weights(tmp_path / "student2.pt")
+    assert one["step"] == two["step"] == 3
+    assert max_difference(one["model"], two["model"]) < 1e-5
