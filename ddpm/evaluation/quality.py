@@ -324,6 +324,9 @@ def write_plot(result: dict, path: str | Path) -> None:
         ax.axhline(scale * result["ceiling"][key], color="green", linestyle="--", linewidth=1, label=real)
         ax.axhline(scale * result["floor"][key], color="grey", linestyle=":", linewidth=1, label="noise")
         ax.set_xscale("log")
+        ticks = sorted({calls(r) for r in result["rows"]})
+        ax.set_xticks(ticks, [str(t) for t in ticks])  # the step counts themselves, not powers of ten
+        ax.minorticks_off()
         if log:
             ax.set_yscale("log")  # the noise floor is ~30x the ceiling: a linear axis flattens the samplers
         ax.set_xlabel("U-Net calls per image")
