@@ -93,3 +93,13 @@ def test_the_estimate_is_rows_times_runs_times_steps_times_one_forward():
     assert duration(45) == "45 s" and duration(250) == "4 min 10 s" and duration(3900) == "1 h 05 min"
     line = estimate_line(rows=5, runs_per_row=4, steps=50, forward_s=0.25)
     assert line.startswith("about 4 min 10 s: 5 rows x 4 runs x 50 steps x 250 ms")
+
+
+def test_the_peaks_are_measured_again_after_the_rows_and_the_faster_of_each_kept():
+    from ddpm.benchmarks.sampling_bench import remeasure_peaks
+
+    env = {"peak_sources_tflops": {"fp32": {"matmul": 0.10, "conv": 0.12}}, "peak_tflops": {"fp32": 0.12}}
+    rows = [Row(name="onnxruntime", precision="fp32", tflops=0.125), Row(name="tensorrt", precision="fp32")]
+    remeasure_peaks(env, rows, {"fp32": {"matmul": 0.09, "conv": 0.17}})  # the machine got quieter
+    assert env["peak_sources_tflops"]["fp32"] == {"matmul": 0.10, "conv": 0.17}
+    assert env["peak_tflops"]["fp32"] == 0.17 and rows[0].mfu == pytest.approx(0.125 / 0.17) and rows[1].mfu is None
