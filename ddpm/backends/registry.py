@@ -141,7 +141,7 @@ def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOpti
 
 def _fused(compile_model: bool | str, *, fused_unet: bool | None = False) -> Callable[..., Sampler]:
     """FusedSampler builders. ``fused_unet``: True always runs the fused U-Net runner, False never, None where it
-    is verified for the device, precision and U-Net (auto.RUNNER_VERIFIED; a PyTorch U-Net only)."""
+    is verified for the device, precision and U-Net (verified.RUNNER_VERIFIED; a PyTorch U-Net only)."""
 
     def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
         try:
@@ -165,9 +165,9 @@ def _fused(compile_model: bool | str, *, fused_unet: bool | None = False) -> Cal
 
 
 def uses_runner(network: nn.Module, device: torch.device, precision: str) -> bool:
-    """Whether the cuda implementation runs ``network`` through the fused U-Net runner (auto.RUNNER_VERIFIED)."""
+    """Whether the cuda implementation runs ``network`` through the fused U-Net runner (verified.RUNNER_VERIFIED)."""
     from basic_diffusion import UNet
-    from ddpm.backends.auto import runner_verified
+    from ddpm.backends.verified import runner_verified
 
     return isinstance(network, UNet) and runner_verified(
         device_type=device.type, precision=precision, dims=network.config.dims

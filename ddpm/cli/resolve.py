@@ -217,7 +217,8 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     precision = _precision(args, "sampling", device)  # auto is fp32: the original's images
     implementation, why = _implementation(args), ""
     if implementation == "auto":  # the fastest verified here (backends/auto.py); its line is printed by the mode
-        from ddpm.backends.auto import DeviceKind, choose
+        from ddpm.backends.auto import choose
+        from ddpm.backends.verified import DeviceKind
 
         choice = choose(DeviceKind.of(device), precision=precision, kind=artifact_kind(source.path))
         implementation, why = choice.implementation, choice.line

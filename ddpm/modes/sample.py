@@ -90,7 +90,8 @@ def chosen_for_model(opened: Opened) -> Opened:
     request = opened.request
     if not request.implementation_line:  # an implementation the user named
         return opened
-    from ddpm.backends.auto import DeviceKind, choose
+    from ddpm.backends.auto import choose
+    from ddpm.backends.verified import DeviceKind
     from ddpm.formats.kinds import artifact_kind
 
     config = opened.artifact.model_config

@@ -164,9 +164,9 @@ def teacher_trajectories(
 
 def fastest_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
     """The teacher's forward through the fused U-Net runner where the cuda implementation uses it (the same
-    outputs to float rounding; backends/auto.py says where it is verified), else the model itself."""
+    outputs to float rounding; backends/verified.py says where it is verified), else the model itself."""
     from basic_diffusion import UNet
-    from ddpm.backends.auto import DeviceKind, runner_verified
+    from ddpm.backends.verified import DeviceKind, runner_verified
 
     dims = getattr(getattr(model, "config", None), "dims", None)
     if not isinstance(model, UNet) or not runner_verified(device_type=device.type, precision="fp32", dims=dims):

@@ -14,7 +14,8 @@ import torch
 from helpers import ROOT, TINY_SCHEDULE, perturbed_unet, tiny_unet_config
 
 from ddpm.backends import registry
-from ddpm.backends.auto import RUNNER_VERIFIED, VERIFIED, DeviceKind, choose, runner_verified
+from ddpm.backends.auto import VERIFIED, choose
+from ddpm.backends.verified import RUNNER_VERIFIED, DeviceKind, runner_verified
 from noise_schedule import NoiseSchedule
 
 CPU = DeviceKind("cpu", extension=True, capability="AVX512")

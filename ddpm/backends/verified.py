@@ -1,0 +1,58 @@
+"""What this device is, and where the fused U-Net runner is verified: the facts backends/auto.py chooses from.
+
+    DeviceKind.of(torch.device("cpu"))       # DeviceKind(type="cpu", extension=True, compiler=False, capability="AVX2")
+    runner_verified(device_type="cpu", precision="fp32", dims=2)   # True: cuda runs the fused U-Net runner there
+
+A leaf module (it imports the extension only when asked about the device), so the registry, the choice of
+``--implementation auto`` and the distillation's teacher read the same facts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+# Where the cuda implementation runs the fused U-Net runner: (device type, precision, U-Net dims). Measured in
+# BENCHMARKS.md, "Speed on the CPU: the default path" (AVX2) and "The fused U-Net runner on the CPU, third pass"
+# (AVX-512); its Winograd convolutions only where they are faster (optimized_diffusion.winograd_is_fast).
+# Not on a GPU: the runner has not run on one yet (BENCHMARKS.md, "Speed on a GPU: NVIDIA H100 80GB HBM3").
+RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2)})
+
+
+def runner_verified(*, device_type: str, precision: str, dims: int) -> bool:
+    """Whether the cuda implementation uses the fused U-Net runner for this device, precision and U-Net."""
+    return (device_type, precision, dims) in RUNNER_VERIFIED
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """What the choice depends on besides the request: the device's type and what it has."""
+
+    type: str  # "cpu" or "cuda"
+    extension: bool  # the diffusion_kernels extension is built for it (no JIT compile on first use)
+    compiler: bool = False  # torch.compile can generate code for it (Triton on a GPU)
+    capability: str = ""  # a CPU's vector capability as PyTorch names it ("AVX512", "AVX2")
+
+    @classmethod
+    def of(cls, device) -> DeviceKind:
+        """This machine's ``device`` (a torch.device); loads the extension if it is built."""
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else ""
+        return cls(device.type, _extension_built(device.type), _compiler(device.type), capability)
+
+
+def _extension_built(device_type: str) -> bool:
+    if importlib.util.find_spec("_diffusion_kernels") is None:
+        return False
+    try:
+        import optimized_diffusion
+
+        optimized_diffusion.load_extension(allow_jit=False)
+        return device_type != "cuda" or optimized_diffusion.has_cuda_kernels()
+    except ImportError:
+        return False
+
+
+def _compiler(device_type: str) -> bool:
+    return device_type == "cuda" and importlib.util.find_spec("triton") is not None
