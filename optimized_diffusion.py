@@ -30,7 +30,7 @@ What it changes, step by step:
   channels-last made a graphed step slower on an H100, because PyTorch's GroupNorm copies
   channels-last inputs back to NCHW (BENCHMARKS.md, "GPU: NVIDIA H100 80GB HBM3").
   ``compile_model=True`` (``--compile``) runs the U-Net through torch.compile inside the graph,
-  which fuses GroupNorm + SiLU: 1.75 ms per bf16 step there, after a ~30 s compile.
+  which fuses GroupNorm + SiLU: faster per step, after a compile of tens of seconds (same section).
 * **Robust capture, own stream.** Sampling runs on a dedicated CUDA stream (not the legacy
   default stream). Capture uses ``capture_error_mode="thread_local"``; if the step cannot be
   captured (a model with work capture refuses), the sampler says so in one line and runs eagerly.
@@ -199,7 +199,7 @@ def fused_step_(
     x: (B, C, H, W) x_t, overwritten with x_prev. eps: the U-Net output, same shape and memory
     layout. noise: z for stochastic steps (x's dtype) or None. xstart: overwritten with
     pred_xstart (x's dtype), or None to not store it; with ``use_prev`` its old content is the
-    previous step's pred_xstart (DPM-Solver++). coefficients: the plan's (S, 6) float32 table.
+    previous step's pred_xstart (DPM-Solver++). coefficients: the plan's (S, 7) float32 table.
     step: one-element int64 step counter on the same device (never read by the host).
     x/eps/noise/xstart may be float32, float16 or bfloat16; arithmetic is float32.
     guidance: a classifier-free guidance scale w; eps is then (2B, C, H, W), the U-Net's conditional
@@ -754,7 +754,7 @@ class FusedSampler:
         self._stream = torch.cuda.Stream(self.device) if on_cuda else None
         self.capture_error: str | None = None  # why the step runs eagerly, if capture failed
         if on_cuda and use_cuda_graph:
-            with torch.no_grad(), torch.cuda.device(self.device), backend_policy(precision):
+            with torch.no_grad(), torch.cuda.device(self.device), backend_policy(self.precision):
                 try:
                     self._graph = self._capture(warmup_iters)
                 except RuntimeError as exc:  # e.g. an op that capture refuses: sample eagerly instead
@@ -812,7 +812,7 @@ class FusedSampler:
                 )
         else:
             # The reference p_step on this step's row of the table, gathered on the device (graph-safe).
-            row = replace(self.plan, coefficients=self._coefficients.index_select(0, self._step.view(1)))  # (1, 6)
+            row = replace(self.plan, coefficients=self._coefficients.index_select(0, self._step.view(1)))  # (1, 7)
             eps = guided_eps(eps, guidance) if guidance is not None else eps
             x_prev, pred_xstart = p_step(row, 0, self._x, eps, noise=noise, prev_xstart=self._xstart)
             self._x.copy_(x_prev)
