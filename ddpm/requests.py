@@ -16,6 +16,7 @@ line imports it too, never the other way round.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -278,3 +279,50 @@ class BenchmarkRun:
     sampling: SamplingChoice
     n_samples: int = 16  # the seed and the training batch are the timing request's (request.seed, request.batch_size)
     guidance_scale: float | None = None  # a class-conditional checkpoint is timed guided (default: conditioning's)
+
+
+# The defaults of the flags distill shares with --mode train, where its own differ (chosen on the demo model:
+# BENCHMARKS.md, "Distillation").
+DISTILL_DEFAULTS = {
+    "sampling_steps": 4,
+    "max_steps": 1000,
+    "batch_size": 64,
+    "lr": 1e-4,
+    "ema_decay": 0.995,
+    "save_every": 500,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistillRequest:
+    device: torch.device
+    precision: str
+    teacher: ModelSource
+    checkpoint: str  # the student's checkpoint (--output)
+    resume: bool = False
+    overwrite: bool = False
+    sampling_steps: int = 4
+    guidance_scale: float | None = None  # None: a conditional teacher's default guidance
+    samples: int = 4096
+    teacher_steps: int = 32
+    seed: int = 0
+    max_steps: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-4
+    warmup_steps: int | None = None  # None: 5% of the run, at most 500
+    ema_decay: float = 0.995
+    grad_clip: float = 1.0
+    compile: bool = False
+    save_every: int = 500
+    profile: str | None = None
+    log_dir: str | None = None
+    log_every: int = 10
+    given: frozenset[str] = frozenset()
+
+
+def default_student_path(teacher: str, steps: int) -> str:
+    """Beside the teacher: ``checkpoints/digits.pt`` -> ``checkpoints/digits_student4.pt`` (a folder's name
+    for a diffusers teacher)."""
+    path = Path(teacher)
+    stem = path.name if path.is_dir() else path.stem
+    return str(path.with_name(f"{stem}_student{steps}.pt"))

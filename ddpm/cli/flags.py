@@ -238,7 +238,7 @@ def _training() -> tuple[Flag, ...]:
             type=int,
             default=None,
             help="optimizer steps: the run's length, or its cap with --n_epochs",
-            per_mode={"distill": dict(help="the student's optimizer steps (default 2000)")},
+            per_mode={"distill": dict(help="the student's optimizer steps (default 1000)")},
         ),
         flag(
             "batch_size",

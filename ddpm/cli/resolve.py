@@ -586,7 +586,7 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
 def distill_request(args: argparse.Namespace, device: torch.device):
     """--mode distill: the teacher (--model_path, only read), the student's checkpoint (--output), the student's
     recipe; flags left out take the distillation's own defaults (modes/distill.py), not --mode train's."""
-    from ddpm.modes.distill import DISTILL_DEFAULTS, DistillRequest, default_student_path
+    from ddpm.requests import DISTILL_DEFAULTS, DistillRequest, default_student_path
     from ddpm.training.curves import default_log_dir
 
     if args.model_path is None:

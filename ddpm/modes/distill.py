@@ -10,75 +10,27 @@ this tool samples (a checkpoint, a .safetensors export, a diffusers folder); it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ddpm.requests import DistillRequest
 from ddpm.util import distributed
 
-if TYPE_CHECKING:
-    import torch
-
-    from ddpm.requests import ModelSource
-
-# The defaults of the flags distill shares with --mode train, where its own differ (chosen on the demo model:
-# BENCHMARKS.md, "Distillation").
-DISTILL_DEFAULTS = {
-    "sampling_steps": 4,
-    "max_steps": 2000,
-    "batch_size": 64,
-    "lr": 1e-4,
-    "ema_decay": 0.995,
-    "save_every": 500,
-}
 TEACHER_KINDS = ("checkpoint", "safetensors", "diffusers")  # files holding PyTorch weights a student starts from
 
 
-@dataclass(frozen=True, kw_only=True)
-class DistillRequest:
-    device: torch.device
-    precision: str
-    teacher: ModelSource
-    checkpoint: str  # the student's checkpoint (--output)
-    resume: bool = False
-    overwrite: bool = False
-    sampling_steps: int = 4
-    guidance_scale: float | None = None  # None: a conditional teacher's default guidance
-    samples: int = 4096
-    teacher_steps: int = 32
-    seed: int = 0
-    max_steps: int = 2000
-    batch_size: int = 64
-    lr: float = 1e-4
-    warmup_steps: int | None = None  # None: 5% of the run, at most 500
-    ema_decay: float = 0.995
-    grad_clip: float = 1.0
-    compile: bool = False
-    save_every: int = 500
-    profile: str | None = None
-    log_dir: str | None = None
-    log_every: int = 10
-    given: frozenset[str] = frozenset()
+def distill_config(request: DistillRequest, teacher_path: str, scale: float):
+    """What the run learns from (training/distill.py's DistillConfig, validated), as the checkpoint keeps it."""
+    from ddpm.training.distill import DistillConfig
 
-    def distill_config(self, teacher_path: str, scale: float):
-        from ddpm.training.distill import DistillConfig
-
-        return DistillConfig(
-            teacher=teacher_path,
-            sampling_steps=self.sampling_steps,
-            samples=self.samples,
-            teacher_steps=self.teacher_steps,
-            guidance_scale=scale,
-            seed=self.seed,
-        )
-
-
-def default_student_path(teacher: str, steps: int) -> str:
-    """Beside the teacher: ``checkpoints/digits.pt`` -> ``checkpoints/digits_student4.pt`` (a folder's name
-    for a diffusers teacher)."""
-    path = Path(teacher)
-    stem = path.name if path.is_dir() else path.stem
-    return str(path.with_name(f"{stem}_student{steps}.pt"))
+    return DistillConfig(
+        teacher=teacher_path,
+        sampling_steps=request.sampling_steps,
+        samples=request.samples,
+        teacher_steps=request.teacher_steps,
+        guidance_scale=scale,
+        seed=request.seed,
+    )
 
 
 def run_distill(request: DistillRequest) -> None:
@@ -182,7 +134,7 @@ def new_student(request: DistillRequest):
     from ddpm.util.memory_budget import check_batch_fits
 
     artifact = load_teacher(request, request.teacher.path)
-    config = request.distill_config(request.teacher.path, _guidance(request, artifact))
+    config = distill_config(request, request.teacher.path, _guidance(request, artifact))
     check_batch_fits(artifact.model_config, batch_size=request.batch_size, device=request.device, training=True)
     objective = DistillObjective.build(
         artifact, config, device=request.device, clip_denoised=clips_x0(True, artifact.first_stage)
@@ -224,7 +176,7 @@ def resumed_student(request: DistillRequest):
         stored = DistillConfig.from_dict(state["distill_config"])
     except ValueError as exc:
         raise ValueError(f"{checkpoint}: {exc}") from None
-    asked = request.distill_config(request.teacher.path, stored.guidance_scale)
+    asked = distill_config(request, request.teacher.path, stored.guidance_scale)
     kept = {
         "model_path": (request.teacher.path, stored.teacher),
         "sampling_steps": (asked.sampling_steps, stored.sampling_steps),
