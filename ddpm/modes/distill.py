@@ -49,7 +49,7 @@ def run_distill(request: DistillRequest) -> None:
         if request.log_dir is not None:
             refuse_previous_curves(request.log_dir, resume=request.resume, overwrite=request.overwrite)
         trainer, teacher = resumed_student(request) if request.resume else new_student(request)
-        inputs = {**teacher.inputs, "--model_path": _as_input(request.teacher.path), "--output": checkpoint}
+        inputs = {**teacher.inputs, **request.teacher.inputs(), "--output": checkpoint}
         check_previews(trainer, inputs=inputs)
         curves = training_log(trainer, request, inputs=inputs)
         try:
@@ -64,12 +64,6 @@ def run_distill(request: DistillRequest) -> None:
     )
 
 
-def _as_input(path: str):
-    from ddpm.util.safe_files import as_input
-
-    return as_input(path)
-
-
 def load_teacher(request: DistillRequest, path: str):
     """The teacher as an Artifact (backends/artifacts.py): PyTorch weights the student can start from."""
     from ddpm.backends.artifacts import load_artifact
@@ -80,8 +74,8 @@ def load_teacher(request: DistillRequest, path: str):
     )
     if artifact.kind not in TEACHER_KINDS:
         raise ValueError(
-            f"{path} is a {artifact.kind} file; a student starts from its teacher's PyTorch weights: give the "
-            "checkpoint, its .safetensors export or a diffusers folder"
+            f"{path} is not a checkpoint, .safetensors export or diffusers folder ({artifact.kind}); a student starts "
+            "from its teacher's PyTorch weights"
         )
     if artifact.schedule_config.is_student:
         raise ValueError(
