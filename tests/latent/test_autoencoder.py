@@ -221,7 +221,6 @@ def test_load_refuses_weights_that_do_not_fit_the_config_and_bad_entries(trained
     "flags,message",
     [
         (["--dataset", "spheres"], "is for images"),
-        (["--resume"], "no --resume"),
         (["--precision", "bf16"], "trains in fp32"),
         (["--model_path", "ae.onnx"], "must name a .pt"),
         (["--img_size", "2"], "image_size must be an integer between 4"),
