@@ -148,9 +148,8 @@ class Trainer:
         objective: DistillObjective | None = None,
     ) -> None:
         self.ranks = ranks or distributed.current()  # (rank, world size): distributed.SINGLE for one process
-        config = replace(
-            config, world_size=self.ranks.world_size
-        )  # validates the batch split; the checkpoint records it
+        # The world size validates the batch split; the checkpoint records it.
+        config = replace(config, world_size=self.ranks.world_size)
         self.config, self.model_config, self.schedule_config = config, model_config, schedule_config
         self.images, self.device, self.objective = images, torch.device(device), objective
         self.first_stage = first_stage  # a latent model: ``images`` are latents, previews are decoded
