@@ -33,7 +33,15 @@ from tqdm.auto import tqdm
 
 from basic_diffusion import eps_of, guided_model_eps
 from ddpm.conditioning import Guidance
-from noise_schedule import MAX_GUIDANCE, NoiseSchedule, ScheduleConfig, consistency_timesteps, make_betas, p_step
+from noise_schedule import (
+    MAX_GUIDANCE,
+    NoiseSchedule,
+    ScheduleConfig,
+    config_fields,
+    consistency_timesteps,
+    make_betas,
+    p_step,
+)
 
 STUDENT_STEPS = (1, 2, 4, 8)
 STUDENT_SAMPLER = "consistency"
@@ -71,13 +79,12 @@ class DistillConfig:
 
     @classmethod
     def from_dict(cls, data: object) -> DistillConfig:
-        """A checkpoint's ``distill_config``: the fields' types checked (the ranges by the class)."""
-        types = {"teacher": str, "sampling_steps": int, "samples": int, "teacher_steps": int, "seed": int}
-        if not isinstance(data, dict) or set(data) != {*types, "guidance_scale"}:
-            raise ValueError("its distillation settings are damaged")
-        if any(type(data[key]) is not kind for key, kind in types.items()) or type(data["guidance_scale"]) is not float:
-            raise ValueError("its distillation settings are damaged")
-        return cls(**data)
+        """A checkpoint's ``distill_config``: keys and types checked by the config files' one door
+        (noise_schedule.config_fields), the ranges by the class."""
+        try:
+            return cls(**config_fields(cls, data))
+        except ValueError as exc:
+            raise ValueError(f"its distillation settings are damaged ({exc})") from None
 
 
 def student_schedule(teacher: ScheduleConfig, config: DistillConfig) -> ScheduleConfig:
