@@ -22,9 +22,11 @@
 #                with MFU and build seconds (OUTDIR/rows_<size>_b<batch>.json)
 #   modes        every mode end to end on CUDA (OUTDIR/modes/): bf16 training with --compile (fused AdamW),
 #                every sampler guided and unguided, a 3-D and a latent model, --profile with CUDA activity,
-#                NVTX and the memory snapshot, torchrun with NCCL on one GPU, the training benchmark
+#                NVTX and the memory snapshot, torchrun with NCCL on one GPU, the training benchmark, a diffusers
+#                export sampled back on cuda, a short distillation and its student on original and cuda
 # OUTDIR/summary.txt lists each stage's status and time. Exit status: 0 if every stage passed,
-# 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200).
+# 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200), ROWS (the rows
+# stages' --rows, default the whole staircase).
 set -u
 
 if [ $# -lt 1 ]; then
@@ -52,10 +54,14 @@ run_stage() {
   local start status
   start=$(date +%s)
   echo "== $name: $*" | tee -a "$SUMMARY"
-  if "$@" >"$OUTDIR/$name.log" 2>&1; then
+  # Neither an `if` condition nor `||`: bash ignores `set -e` inside both, and the modes stage relies on it.
+  local code
+  "$@" >"$OUTDIR/$name.log" 2>&1
+  code=$?
+  if [ "$code" -eq 0 ]; then
     status="ok"
   else
-    status="FAILED (exit $?)"
+    status="FAILED (exit $code)"
     FAILED+=("$name")
   fi
   echo "== $name: $status after $(($(date +%s) - start)) s" | tee -a "$SUMMARY"
@@ -94,6 +100,15 @@ modes() {
     done
     "$PYTHON" "$main" --mode sample --device "$device" --model_path digits.pt --implementation cuda --precision bf16 \
       --sampler dpm_solver_sde --n_samples 16 --profile profile_sample --output profiled.png
+    "$PYTHON" "$main" --mode export --device "$device" --model_path digits.pt --format diffusers --output digits_diffusers
+    "$PYTHON" "$main" --mode sample --device "$device" --model_path digits_diffusers --implementation cuda \
+      --sampler ddim --sampling_steps 20 --n_samples 16 --output diffusers_cuda.png
+    "$PYTHON" "$main" --mode distill --device "$device" --model_path digits.pt --max_steps 60 --distill_samples 256 \
+      --teacher_steps 8 --output student.pt
+    for impl in original cuda; do
+      "$PYTHON" "$main" --mode sample --device "$device" --model_path student.pt --implementation "$impl" \
+        --n_samples 16 --output "student_${impl}.png"
+    done
     "$PYTHON" "$main" --mode train --device "$device" --dataset spheres --img_size 16 --max_steps 30 --batch_size 8 \
       --precision bf16 --model_path spheres.pt
     "$PYTHON" "$main" --mode sample --device "$device" --model_path spheres.pt --implementation cuda --precision bf16 \
@@ -129,7 +144,7 @@ for size in mnist cifar; do
   for batch in 64 8; do
     run_stage "rows_${size}_b$batch" "$PYTHON" main.py --mode benchmark --device cuda "${shape[@]}" \
       --n_samples "$batch" --precision bf16 --timesteps 1000 --sampler ddpm --sampling_steps 200 --repeats 3 \
-      --rows original,cuda_fp32,cuda,cuda_compile,cuda_compile_max_autotune,cuda_fused_unet,diffusers \
+      --rows "${ROWS:-original,cuda_fp32,cuda,cuda_compile,cuda_compile_max_autotune,cuda_fused_unet,diffusers}" \
       --json "$OUTDIR/rows_${size}_b$batch.json"
   done
 done

@@ -222,7 +222,7 @@ def export_weights(
 def read_back(model, path: Path) -> str:
     state = load_model_state(path)
     reference = model.state_dict()
-    if not all(torch.equal(state["ema"][k], reference[k].float()) for k in reference):
+    if not all(torch.equal(state["ema"][k], reference[k].float().cpu()) for k in reference):
         raise RuntimeError(f"{path}: the weights read back differ from the model's")  # a renaming bug; never expected
     return "read back: the same weights, bit for bit"
 

@@ -262,10 +262,14 @@ class Trainer:
                 self.schedule_config.student_sampler,
                 timesteps=self.schedule_config.student_timesteps,
                 clip_denoised=clip,
+                device=self.device,
             )
         else:
             plan = self.schedule.make_plan(
-                "ddpm", num_steps=min(self.config.preview_steps, self.schedule.num_timesteps), clip_denoised=clip
+                "ddpm",
+                num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
+                clip_denoised=clip,
+                device=self.device,
             )
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         n, guidance, columns = self.config.preview_samples, None, None
