@@ -1,10 +1,13 @@
-"""A training run's own guards (modes/train.py): one writer per log folder, and a batch its data can fill."""
+"""A training run's own guards (modes/train.py): one writer per log folder, and a batch its data can fill; and a
+run on a CUDA GPU end to end (pytest -m gpu)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
+import torch
 from helpers import ROOT, TINY_TRAIN, assert_user_error, run_here
 from PIL import Image
 
@@ -52,3 +55,17 @@ def test_a_batch_larger_than_the_dataset_is_refused_naming_both_numbers(tmp_path
     digits = [a if a != "8" else "2000" for a in TINY_TRAIN]  # TINY_TRAIN's --batch_size 8
     result = run_here(*digits, "--model_path", "d.pt", cwd=tmp_path)
     assert_user_error(result, "--batch_size 2000 is larger than the 1797 digits training images")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_training_on_cuda_writes_its_preview_grid_and_the_export_reads_its_weights_back(tmp_path):
+    """Found on an H200 while every CPU test passed: the preview's sampling plan was made on the CPU beside a
+    model on cuda, and the export compared a cuda tensor with the CPU one it had written."""
+    trained = run_here(*TINY_TRAIN, "--device", "cuda", "--model_path", "m.pt", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    assert list(tmp_path.glob("m_samples/step_*.png")), sorted(p.name for p in tmp_path.iterdir())
+    export = ["--mode", "export", "--device", "cuda", "--model_path", "m.pt", "--format", "safetensors"]
+    exported = run_here(*export, "--output", "m.safetensors", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "bit for bit" in exported.stdout

@@ -24,5 +24,7 @@ def test_keep_freed_memory_stops_page_faults_on_repeated_steps():
     for _ in range(6):  # the first steps grow the heap: their pages fault once
         _faults_of_one_step()
     repeats = [_faults_of_one_step() for _ in range(3)]
-    # 24 MB of fresh pages is ~6,000 faults a step (glibc's default); kept memory is reused without any
-    assert max(repeats) < 200, f"{repeats} page faults on repeated steps: freed memory was returned to the kernel"
+    # 24 MB of fresh pages is ~6,000 faults a step (glibc's default); kept memory is reused without any. The
+    # median, since another thread's allocation can land in one step's count (321 seen once on 2 cores).
+    median = sorted(repeats)[1]
+    assert median < 200, f"{repeats} page faults on repeated steps: freed memory was returned to the kernel"
