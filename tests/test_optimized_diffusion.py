@@ -294,6 +294,26 @@ def test_the_fused_unet_is_the_unet_to_float_rounding(variant, channels_last):
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the U-Net is left as it was
 
 
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("variant", FUSED_VARIANTS)
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_the_fused_unet_on_cuda_is_the_unet_to_float_rounding_and_bf16_stays_close(variant, channels_last):
+    """The runner's CUDA path (group_norm_act's kernel, cuDNN convolutions) against the eager U-Net on the same GPU,
+    in strict fp32 (TF32 off, as sampling runs fp32), and its bf16 weights and activations against that."""
+    config = FUSED_VARIANTS[variant]
+    model = perturbed_unet(config, device="cuda").eval()
+    x, t = torch.randn(3, *config.sample_shape(1)[1:], device="cuda"), torch.tensor([0, 37, 99], device="cuda")
+    y = torch.tensor([0, 2, config.null_label], device="cuda") if config.num_classes else None
+    with torch.no_grad(), backend_policy("fp32"):
+        expected = model(x, t, y)
+        eps = od.FusedUNet(model, channels_last=channels_last)(x, t, y)
+        low = od.FusedUNet(model, dtype=torch.bfloat16, channels_last=channels_last)(x, t, y)
+    assert eps.shape == expected.shape and eps.dtype == torch.float32 and eps.is_contiguous()
+    assert relative_error(eps, expected) < 1e-5  # the CPU's bound
+    assert relative_error(low.float(), expected) < 3e-2  # bf16's 8-bit mantissa through the whole U-Net
+
+
 @pytest.mark.parametrize("variant", ["the test U-Net", "3-D"])
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_the_runners_upsampling_convolution_is_conv_of_the_upsampled_input_in_float64(variant, channels_last):

@@ -11,7 +11,7 @@ or judge them).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 from ddpm.backends import registry
@@ -19,6 +19,7 @@ from ddpm.backends.artifacts import Artifact, load_artifact
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.latent.first_stage import clips_x0
 from ddpm.requests import DrawRequest
+from ddpm.util import distributed
 from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule, SamplingPlan
@@ -112,3 +113,28 @@ def open_for_drawing(request: DrawRequest) -> Opened:
         artifact.model_config, batch_size=unet_batch(batch_size, guidance), device=request.device, training=False
     )
     return Opened(request, artifact, guidance, columns, batch_size)
+
+
+def chosen_for_model(opened: Opened) -> Opened:
+    """--implementation auto, chosen again now that the file says its U-Net's dims and conditioning (the
+    request chose from the device, precision and file kind alone), and said in one line."""
+    request = opened.request
+    if not request.implementation_line:  # an implementation the user named
+        return opened
+    from ddpm.backends.auto import choose
+    from ddpm.backends.verified import DeviceKind
+    from ddpm.formats.kinds import artifact_kind
+
+    config = opened.artifact.model_config
+    choice = choose(
+        DeviceKind.of(request.device),
+        precision=request.precision,
+        kind=artifact_kind(request.source.path),
+        dims=config.dims,
+        conditional=bool(config.num_classes),
+        latent=opened.artifact.first_stage is not None,
+    )
+    distributed.say(choice.line)
+    return replace(
+        opened, request=replace(request, implementation=choice.implementation, implementation_line=choice.line)
+    )

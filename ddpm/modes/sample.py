@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ddpm.backends import registry
 from ddpm.data.image_files import SampleOutputs, SampleWriter
-from ddpm.modes.drawing import Opened, open_for_drawing
+from ddpm.modes.drawing import chosen_for_model, open_for_drawing
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.cpu_memory import keep_freed_memory
@@ -81,29 +81,4 @@ def run_sample(request: SampleRequest) -> None:
     guided = f", classes {request.class_label or 'all'} at guidance {guidance.scale:g}" if guidance is not None else ""
     distributed.say(
         f"wrote {', '.join(map(str, written))} ({n} samples, {plan.sampler}, {plan.num_steps} steps{guided})"
-    )
-
-
-def chosen_for_model(opened: Opened) -> Opened:
-    """--implementation auto, chosen again now that the file says its U-Net's dims and conditioning (the
-    request chose from the device, precision and file kind alone), and said in one line."""
-    request = opened.request
-    if not request.implementation_line:  # an implementation the user named
-        return opened
-    from ddpm.backends.auto import choose
-    from ddpm.backends.verified import DeviceKind
-    from ddpm.formats.kinds import artifact_kind
-
-    config = opened.artifact.model_config
-    choice = choose(
-        DeviceKind.of(request.device),
-        precision=request.precision,
-        kind=artifact_kind(request.source.path),
-        dims=config.dims,
-        conditional=bool(config.num_classes),
-        latent=opened.artifact.first_stage is not None,
-    )
-    distributed.say(choice.line)
-    return replace(
-        opened, request=replace(request, implementation=choice.implementation, implementation_line=choice.line)
     )
