@@ -142,3 +142,22 @@ def choose(
             return Choice(name, reason)
     registry.get("original").check(kind=kind, precision=precision, conditional=conditional, latent=latent)
     raise ValueError(f"no implementation here runs --precision {precision} for this file")
+
+
+def chosen_for(request, artifact) -> Choice | None:
+    """``--implementation auto`` chosen again once the file is read and says its U-Net's dims, conditioning and
+    autoencoder (the request chose from the device, precision and file kind alone); None where the user named
+    an implementation. ``request`` is a DrawRequest, ``artifact`` the opened file (backends/artifacts.py)."""
+    if not request.implementation_line:  # an implementation the user named
+        return None
+    from ddpm.formats.kinds import artifact_kind
+
+    config = artifact.model_config
+    return choose(
+        DeviceKind.of(request.device),
+        precision=request.precision,
+        kind=artifact_kind(request.source.path),
+        dims=config.dims,
+        conditional=bool(config.num_classes),
+        latent=artifact.first_stage is not None,
+    )

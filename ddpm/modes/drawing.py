@@ -115,26 +115,11 @@ def open_for_drawing(request: DrawRequest) -> Opened:
     return Opened(request, artifact, guidance, columns, batch_size)
 
 
-def chosen_for_model(opened: Opened) -> Opened:
-    """--implementation auto, chosen again now that the file says its U-Net's dims and conditioning (the
-    request chose from the device, precision and file kind alone), and said in one line."""
-    request = opened.request
-    if not request.implementation_line:  # an implementation the user named
+def with_implementation(opened: Opened, choice) -> Opened:
+    """``opened`` drawn by ``choice``'s implementation (``--implementation auto`` chosen again for this model:
+    backends/auto.chosen_for), said in one line; as it was where the user named one (``choice`` None)."""
+    if choice is None:
         return opened
-    from ddpm.backends.auto import choose
-    from ddpm.backends.verified import DeviceKind
-    from ddpm.formats.kinds import artifact_kind
-
-    config = opened.artifact.model_config
-    choice = choose(
-        DeviceKind.of(request.device),
-        precision=request.precision,
-        kind=artifact_kind(request.source.path),
-        dims=config.dims,
-        conditional=bool(config.num_classes),
-        latent=opened.artifact.first_stage is not None,
-    )
     distributed.say(choice.line)
-    return replace(
-        opened, request=replace(request, implementation=choice.implementation, implementation_line=choice.line)
-    )
+    request = replace(opened.request, implementation=choice.implementation, implementation_line=choice.line)
+    return replace(opened, request=request)

@@ -16,11 +16,12 @@ import math
 import torch
 from tqdm.auto import tqdm
 
+from ddpm.backends.auto import chosen_for
 from ddpm.data.catalog import VOLUME_DATASETS
 from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
-from ddpm.modes.drawing import chosen_for_model, open_for_drawing
+from ddpm.modes.drawing import open_for_drawing, with_implementation
 from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util.memory_budget import check_held_in_host_memory
 from ddpm.util.safe_files import check_outputs
@@ -56,7 +57,8 @@ def open_student(request: EvaluateRequest, path: str, *, like):
 
 def run_evaluate(request: EvaluateRequest) -> None:
     source, device, n = request.source, request.device, request.n_samples
-    opened = chosen_for_model(open_for_drawing(request))  # --implementation auto: chosen for this model, said
+    opened = open_for_drawing(request)
+    opened = with_implementation(opened, chosen_for(request, opened.artifact))  # auto: chosen for this model
     artifact, guidance = opened.artifact, opened.guidance
     # The training data: recorded in a checkpoint and in an export; --dataset names it for exported files
     # too old to record it, and may not contradict a recorded one. The real images for FID/KID are read from --data_dir.

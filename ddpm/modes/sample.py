@@ -19,8 +19,9 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from ddpm.backends import registry
+from ddpm.backends.auto import chosen_for
 from ddpm.data.image_files import SampleOutputs, SampleWriter
-from ddpm.modes.drawing import chosen_for_model, open_for_drawing
+from ddpm.modes.drawing import open_for_drawing, with_implementation
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.cpu_memory import keep_freed_memory
@@ -32,7 +33,8 @@ def run_sample(request: SampleRequest) -> None:
     device, n, ranks = request.device, request.n_samples, distributed.current()
     if device.type == "cpu":
         keep_freed_memory()  # no page faults on every step's fresh activations (cpu_memory.py)
-    opened = chosen_for_model(open_for_drawing(request))
+    opened = open_for_drawing(request)
+    opened = with_implementation(opened, chosen_for(request, opened.artifact))  # auto: chosen for this model
     artifact, guidance = opened.artifact, opened.guidance
     outputs = SampleOutputs(
         n,

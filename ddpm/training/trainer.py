@@ -38,6 +38,7 @@ from ddpm.data.datasets import ImageSet
 from ddpm.data.image_files import save_grid
 from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
 from ddpm.latent.first_stage import FirstStage, clips_x0
+from ddpm.requests import own_sampling
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
 from ddpm.util import distributed, interrupts
 from ddpm.util.distributed import Ranks
@@ -257,20 +258,15 @@ class Trainer:
     def write_samples(self) -> Path:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
         clip = clips_x0(True, self.first_stage)
-        if self.schedule_config.is_student:  # a student previews as it samples
-            plan = self.schedule.make_plan(
-                self.schedule_config.student_sampler,
-                timesteps=self.schedule_config.student_timesteps,
-                clip_denoised=clip,
-                device=self.device,
-            )
-        else:
-            plan = self.schedule.make_plan(
-                "ddpm",
-                num_steps=min(self.config.preview_steps, self.schedule.num_timesteps),
-                clip_denoised=clip,
-                device=self.device,
-            )
+        # The model's own sampling (a distilled student's sampler and timesteps), else DDPM in preview_steps.
+        sampler, timesteps = own_sampling(self.schedule_config, sampler=None, steps=None)
+        plan = self.schedule.make_plan(
+            sampler,
+            num_steps=None if timesteps else min(self.config.preview_steps, self.schedule.num_timesteps),
+            timesteps=timesteps,
+            clip_denoised=clip,
+            device=self.device,
+        )
         gen = torch.Generator(self.device).manual_seed(self.config.seed)
         n, guidance, columns = self.config.preview_samples, None, None
         if self.model_config.num_classes:  # one row per class, guided as sampling is by default
