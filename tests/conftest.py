@@ -1,5 +1,9 @@
 """Fixtures shared by several test modules (shared helpers that are not fixtures: helpers.py)."""
 
+import contextlib
+import io
+import signal
+
 import pytest
 import torch
 
@@ -24,3 +28,43 @@ def tiny_onnx_bytes() -> bytes:
     config = tiny_unet_config()
     metadata = unet_io.artifact_metadata(model_config=config, schedule_config=TINY_SCHEDULE, weights="ema")
     return exporters.export_onnx_model(perturbed_unet(config), metadata=metadata).SerializeToString()
+
+
+@pytest.fixture(scope="session")
+def latent_export(tmp_path_factory):
+    """A tiny latent model and its ONNX export, made once a session (the U-Net's and its decoder's exports take
+    seconds): (folder, the export's stdout). The folder holds ae.pt (a random autoencoder of 8x8 digits, seed 0,
+    2x4x4 latents, latent scale 1.5), lat.pt (a latent U-Net of 8 channels trained two steps on 20 timesteps; it
+    links ae.pt by its absolute path, so these files stay here), and lat.onnx beside lat.decoder.onnx (--mode
+    export --format onnx; without onnx, none). Tests may add files to the folder or copy these; none may change them."""
+    from helpers import HAVE_ONNX
+
+    import main
+    from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state
+    from ddpm.util import interrupts
+    from ddpm.util.safe_files import atomic_write
+
+    folder = tmp_path_factory.mktemp("latent")
+    torch.manual_seed(0)
+    autoencoder = Autoencoder(
+        AutoencoderConfig(image_size=8, in_channels=1, latent_channels=2, downsample=2, base_channels=8)
+    )
+    state = checkpoint_state(autoencoder, latent_scale=1.5, dataset="digits", metrics={}, step=0)
+    atomic_write(folder / "ae.pt", lambda f: torch.save(state, f))
+    train = ["--device", "cpu", "--mode", "train", "--dataset", "digits", "--autoencoder", str(folder / "ae.pt")]
+    train += ["--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8"]
+    train += ["--timesteps", "20", "--save_every", "0", "--sample_every", "0", "--model_path", str(folder / "lat.pt")]
+    export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(folder / "lat.pt")]
+    threads, handlers = torch.get_num_threads(), {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    torch.set_num_threads(1)  # tiny models: one thread is fastest
+    out = io.StringIO()
+    try:
+        assert main.main(train) == 0
+        if HAVE_ONNX:  # (the tests that read the export are marked needs_onnx)
+            with contextlib.redirect_stdout(out):
+                assert main.main([*export, "--output", str(folder / "lat.onnx")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        for sig, handler in handlers.items():  # main installs its own
+            signal.signal(sig, handler)
+    return folder, out.getvalue()

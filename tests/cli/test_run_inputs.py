@@ -18,7 +18,6 @@ from helpers import needs_onnx, perturbed_unet, tiny_unet_config
 from PIL import Image
 
 import main
-from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state
 from ddpm.util.safe_files import atomic_write
 from noise_schedule import ScheduleConfig
 
@@ -43,27 +42,10 @@ TINY = [
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """ae.pt, a latent model lat.pt linked to it, and a pixel model of an image folder (data/)."""
-    folder = tmp_path_factory.mktemp("inputs")
-    torch.manual_seed(0)
-    ae = Autoencoder(AutoencoderConfig(image_size=8, in_channels=1, latent_channels=2, downsample=2, base_channels=8))
-    state = checkpoint_state(ae, latent_scale=1.5, dataset="digits", metrics={}, step=0)
-    atomic_write(folder / "ae.pt", lambda f: torch.save(state, f))
-    train = [
-        "--device",
-        "cpu",
-        "--mode",
-        "train",
-        "--dataset",
-        "digits",
-        "--autoencoder",
-        str(folder / "ae.pt"),
-        *TINY,
-        "--model_path",
-        str(folder / "lat.pt"),
-    ]
-    assert main.main(train) == 0
+def files(latent_export):
+    """ae.pt, a latent model lat.pt linked to it and its ONNX export (tests/conftest.py's, shared with other
+    modules), and a pixel model of an image folder (data/) added beside them."""
+    folder, _ = latent_export
     data = folder / "data"
     data.mkdir()
     rng = np.random.default_rng(0)
@@ -183,23 +165,15 @@ def test_an_output_that_names_the_linked_autoencoder_says_so(files, tmp_path, ca
     refused(args, files / "ae.pt", capsys, "is the same file as its autoencoder")
 
 
+@pytest.fixture(scope="module")
+def exported(files):
+    """lat.pt's ONNX export beside it: lat.onnx and the decoder it names, lat.decoder.onnx."""
+    return files / "lat.onnx"
+
+
 @needs_onnx
-def test_sampling_an_exported_latent_model_never_writes_over_its_decoder(files, tmp_path, capsys):
-    onnx = tmp_path / "lat.onnx"
-    export = [
-        "--device",
-        "cpu",
-        "--mode",
-        "export",
-        "--format",
-        "onnx",
-        "--model_path",
-        str(files / "lat.pt"),
-        "--output",
-        str(onnx),
-    ]
-    assert main.main(export) == 0
-    decoder = tmp_path / "lat.decoder.onnx"
+def test_sampling_an_exported_latent_model_never_writes_over_its_decoder(files, exported, tmp_path, capsys):
+    onnx, decoder = exported, files / "lat.decoder.onnx"
     args = [
         "--mode",
         "sample",
@@ -251,23 +225,8 @@ OUTPUTS = {  # mode: (its arguments, {output flag: a file name with the suffix i
 }
 
 
-def input_matrix(files, tmp_path):
+def input_matrix(files, onnx):
     """(name, arguments naming the model, the files it reads, the modes that take it) for each kind of model."""
-    onnx = files / "lat.onnx"
-    if not onnx.exists():
-        export = [
-            "--device",
-            "cpu",
-            "--mode",
-            "export",
-            "--format",
-            "onnx",
-            "--model_path",
-            str(files / "lat.pt"),
-            "--output",
-            str(onnx),
-        ]
-        assert main.main(export) == 0
     image = files / "data" / "img5.png"
     folder = files / "diffusers"  # a diffusers model folder: every file in it is an input
     if not folder.exists():
@@ -305,9 +264,9 @@ def input_matrix(files, tmp_path):
 
 @needs_onnx
 @pytest.mark.parametrize("kind", ["symlink", "hard link"])
-def test_every_output_of_every_mode_is_refused_when_it_is_any_input_of_the_run(files, tmp_path, capsys, kind):
+def test_every_output_of_every_mode_is_refused_when_it_is_any_input_of_the_run(files, exported, tmp_path, capsys, kind):
     runs = 0
-    for name, model, inputs, modes in input_matrix(files, tmp_path):
+    for name, model, inputs, modes in input_matrix(files, exported):
         for mode in modes:
             args, outputs = OUTPUTS[mode]
             for flag, file_name in outputs.items():

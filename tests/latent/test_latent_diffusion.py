@@ -35,37 +35,10 @@ def write_autoencoder(path, *, seed: int = 0, latent_scale: float = 1.5) -> None
 
 
 @pytest.fixture(scope="module")
-def latent_model(tmp_path_factory):
-    """An autoencoder file and a latent DDPM trained two steps on its latents of the offline digits."""
-    folder = tmp_path_factory.mktemp("latent")
-    write_autoencoder(folder / "ae.pt")
-    train = [
-        "--device",
-        "cpu",
-        "--mode",
-        "train",
-        "--dataset",
-        "digits",
-        "--autoencoder",
-        str(folder / "ae.pt"),
-        "--model_channels",
-        "8",
-        "--num_res_blocks",
-        "1",
-        "--max_steps",
-        "2",
-        "--batch_size",
-        "8",
-        "--timesteps",
-        "20",
-        "--save_every",
-        "0",
-        "--sample_every",
-        "0",
-        "--model_path",
-        str(folder / "lat.pt"),
-    ]
-    assert main.main(train) == 0
+def latent_model(latent_export):
+    """An autoencoder file (write_autoencoder's, seed 0) and a latent DDPM trained two steps on its latents of the
+    offline digits, with their ONNX export (tests/conftest.py's, shared with other modules)."""
+    folder, _ = latent_export
     return folder
 
 
@@ -94,8 +67,12 @@ def sample_args(folder, *extra: str) -> list[str]:
 def test_a_latent_model_draws_decoded_images_alike_in_every_implementation(latent_model, capsys):
     pytest.importorskip("onnxruntime")
     drawn = {}
-    for implementation in ("original", "cuda", "onnxruntime"):
-        assert main.main(sample_args(latent_model, "--implementation", implementation)) == 0, capsys.readouterr().err
+    # onnxruntime runs the model's ONNX export (conftest.py's: an export takes seconds); the conditional model's test
+    # below draws through onnxruntime from a checkpoint, exported in memory.
+    exported = ("--model_path", str(latent_model / "lat.onnx"))  # the last --model_path wins
+    for implementation, extra in (("original", ()), ("cuda", ()), ("onnxruntime", exported)):
+        args = sample_args(latent_model, "--implementation", implementation, *extra)
+        assert main.main(args) == 0, capsys.readouterr().err
         with np.load(latent_model / "s.npz") as data:
             drawn[implementation] = data["images"].astype(int)
         assert (latent_model / "s.png").read_bytes()[:4] == b"\x89PNG"
@@ -248,25 +225,30 @@ def test_latents_train_as_stored_without_flips_and_the_sizes_must_match(latent_m
     [("onnx", ".onnx", ("--implementation", "onnxruntime")), ("torchscript", ".ts", ("--trust_torchscript",))],
 )
 def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_images(
-    latent_model, tmp_path, capsys, fmt, suffix, extra
+    latent_model, latent_export, tmp_path, capsys, fmt, suffix, extra
 ):
     pytest.importorskip("onnxruntime")
-    unet = tmp_path / f"lat{suffix}"
-    export = [
-        "--device",
-        "cpu",
-        "--mode",
-        "export",
-        "--format",
-        fmt,
-        "--model_path",
-        str(latent_model / "lat.pt"),
-        "--output",
-        str(unet),
-    ]
-    assert main.main(export) == 0, capsys.readouterr().err
-    decoder = tmp_path / f"lat.decoder{suffix}"
-    assert decoder.is_file() and "the decoder" in capsys.readouterr().out
+    unet, decoder = tmp_path / f"lat{suffix}", tmp_path / f"lat.decoder{suffix}"
+    if fmt == "onnx":  # the same command, run once a session (tests/conftest.py): copies of its two files
+        folder, out = latent_export
+        shutil.copy(folder / "lat.onnx", unet)
+        shutil.copy(folder / "lat.decoder.onnx", decoder)
+    else:
+        export = [
+            "--device",
+            "cpu",
+            "--mode",
+            "export",
+            "--format",
+            fmt,
+            "--model_path",
+            str(latent_model / "lat.pt"),
+            "--output",
+            str(unet),
+        ]
+        assert main.main(export) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+    assert decoder.is_file() and "the decoder" in out
     drawn = {}
     for name, path, flags in (("checkpoint", latent_model / "lat.pt", ()), ("exported", unet, extra)):
         args = [
@@ -332,20 +314,23 @@ def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_li
 
     from ddpm.backends.runtimes import OnnxRuntimeDecoder, onnxruntime_session
     from ddpm.formats.exporters import export_decoder_onnx, onnx_io_mismatches
+    from ddpm.formats.unet_io import default_opset
     from ddpm.util.precision import mixed_precision_decoder
 
     stage = first_stage(tmp_path)
     z = torch.randn(5, *stage.latent_shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         reference, mixed = stage.decoder(z), mixed_precision_decoder(stage.decoder, "fp16")(z)
-    for precision in ("fp32", "fp16", "bf16"):
-        proto = export_decoder_onnx(stage.decoder, io=stage.io, opset=22, precision=precision)
+    protos = {}
+    for precision in ("fp32", "fp16", "bf16"):  # each at its default opset (bf16 needs 22)
+        proto = export_decoder_onnx(stage.decoder, io=stage.io, opset=default_opset(precision), precision=precision)
         assert onnx_io_mismatches(proto, stage.io) == []  # latents (batch, 2, 4, 4) in, images (batch, 1, 8, 8) out
         weights = {init.name: init.data_type for init in proto.graph.initializer}
         convs = [node for node in proto.graph.node if node.op_type == "Conv"]
         low = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[precision]
         assert convs and {weights[node.input[1]] for node in convs if node.input[1] in weights} == {low}
-    proto = export_decoder_onnx(stage.decoder, io=stage.io, opset=21, precision="fp16")
+        protos[precision] = proto
+    proto = protos["fp16"]  # opset 21, which onnxruntime runs
     assert proto.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT  # images stay float32
     session = onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu"))
     runner = OnnxRuntimeDecoder(session, image_shape=stage.image_shape)
