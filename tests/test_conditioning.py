@@ -192,9 +192,11 @@ def conditional_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_conditional(tmp_path_factory):
-    """A conditional model after 2 steps: enough for the command line's refusals."""
+    """A conditional model after 30 steps on 20 timesteps, trained in this process (no torch import): enough for
+    the command line's refusals, and for its labels to change its images (a mean 38 levels apart, measured).
+    20 timesteps: its end-of-run preview (70 guided images) samples 20 steps, not 100."""
     work = tmp_path_factory.mktemp("tiny_conditional")
-    result = run_here(*TRAIN_CONDITIONAL, "--max_steps", "2", cwd=work)  # in this process: no torch import
+    result = run_here(*TRAIN_CONDITIONAL, "--max_steps", "30", "--timesteps", "20", cwd=work)
     assert result.returncode == 0, result.stderr[-2000:]
     return work
 
@@ -254,7 +256,7 @@ def test_conditional_user_errors_end_in_one_line(tiny_conditional, args, match):
 
 
 def test_labels_for_an_unconditional_model_are_refused(tmp_path):
-    result = run(
+    result = run_here(
         "--mode",
         "train",
         "--dataset",
@@ -367,11 +369,11 @@ def test_the_benchmark_times_guided_sampling_on_the_rows_that_run_conditional_mo
     assert rows["onnxruntime"]["status"] == "ok" and rows["onnxruntime"]["parity"] == "pass"
 
 
-def test_exported_conditional_unets_take_labels_and_draw_the_originals_images(conditional_run):
+def test_exported_conditional_unets_take_labels_and_draw_the_originals_images(tiny_conditional):
     """ONNX (through onnxruntime) and TorchScript (through the cuda implementation) exports carry the
     label input and the class names: guided sampling from them draws the checkpoint's images, for two
     label sets the trained model draws differently (so an export that dropped the labels would fail)."""
-    work = conditional_run
+    work = tiny_conditional
     for fmt in ("onnx", "torchscript"):
         result = run_here("--mode", "export", "--model_path", "c.pt", "--format", fmt, cwd=work)
         assert result.returncode == 0, result.stderr
