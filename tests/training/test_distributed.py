@@ -33,7 +33,7 @@ TRAIN = [
     "--dropout",
     "0",
     "--timesteps",
-    "50",
+    "10",  # the end-of-run preview samples every timestep up to 100: few, so it is cheap
     "--max_steps",
     "4",
     "--batch_size",
@@ -45,11 +45,20 @@ SAMPLE = ["--mode", "sample", "--n_samples", "5", "--batch_size", "2", "--sample
 
 
 def launch(*args: str, cwd: Path, ranks: int = 1) -> subprocess.CompletedProcess:
-    """main.py in one process, or under torchrun with ``ranks`` processes on this machine."""
+    """main.py under torchrun with ``ranks`` processes on this machine, or (``ranks`` 1, the reference) main.main
+    in this process, on one thread as each rank runs (no torch import of a new process)."""
+    if ranks == 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return run_here(*args, cwd=cwd)
+        finally:
+            torch.set_num_threads(threads)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    command = (launcher if ranks > 1 else [sys.executable]) + [str(ROOT / "main.py"), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two ranks on two cores
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [*launcher, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def weights(path: Path) -> dict:
