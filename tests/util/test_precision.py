@@ -9,6 +9,8 @@ mixed-precision U-Net; the CLI exports a mixed-precision ONNX file that onnxrunt
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -73,15 +75,51 @@ def test_a_bf16_graph_needs_opset_22(precision):
 
 
 @pytest.fixture(scope="module")
-def graphs() -> dict:
-    model = random_unet()
+def trained(tmp_path_factory):
+    """(folder, EMA U-Net, what the CLI printed): m.pt, a checkpoint of CONFIG trained a few steps at a high rate, so
+    eps is not zero, and m16.onnx, the CLI's fp16 export of it (an export takes seconds: the graph tests read it)."""
+    from ddpm.data.datasets import ImageSet
+    from ddpm.formats.checkpoints import load_checkpoint_model
+    from ddpm.training.trainer import TrainConfig, Trainer
+    from noise_schedule import ScheduleConfig
+
+    work = tmp_path_factory.mktemp("precision")
+    ckpt = work / "m.pt"
+    config = TrainConfig(
+        dataset="random",
+        total_steps=3,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=0,
+        ema_decay=0.5,
+        save_every=0,
+        sample_every=0,
+        checkpoint=str(ckpt),
+    )
+    images = ImageSet(
+        "random", torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    )
+    trainer = Trainer(config, CONFIG, ScheduleConfig(num_timesteps=20), images=images, device="cpu")
+    for _ in range(config.total_steps):
+        trainer.train_step()
+    trainer.save()
+    export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--precision", "fp16"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main.main([*export, "--model_path", str(ckpt), "--output", str(work / "m16.onnx")])
+    assert rc == 0
+    return work, load_checkpoint_model(ckpt)[0], out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def graphs(trained) -> dict:
+    """The fp16 graph the CLI wrote, and the bf16 graph of the same U-Net."""
+    import onnx
+
+    work, model, _ = trained
     metadata = unet_io.artifact_metadata(model_config=CONFIG, schedule_config=None, weights=None)
-    return {
-        precision: exporters.export_onnx_model(
-            model, metadata=metadata, opset=unet_io.default_opset(precision), precision=precision
-        )
-        for precision in ("fp16", "bf16")
-    }
+    bf16 = exporters.export_onnx_model(model, metadata=metadata, opset=unet_io.default_opset("bf16"), precision="bf16")
+    return {"fp16": onnx.load(work / "m16.onnx"), "bf16": bf16}
 
 
 def tensor_types(proto) -> tuple[dict[str, int], object]:
@@ -122,8 +160,8 @@ def test_the_graph_computes_the_time_embedding_norms_and_softmax_in_fp32(graphs,
 
 
 @needs_onnx
-def test_onnxruntime_runs_the_fp16_graph_like_pytorch_runs_the_mixed_unet(graphs):
-    model = random_unet()
+def test_onnxruntime_runs_the_fp16_graph_like_pytorch_runs_the_mixed_unet(trained, graphs):
+    _, model, _ = trained
     session = runtimes.onnxruntime_session(graphs["fp16"].SerializeToString(), device=torch.device("cpu"))
     runtime = runtimes.OnnxRuntimeUNet(session, io=unet_io.UNetIO.from_config(CONFIG))
     x, t = torch.randn(4, 1, 8, 8), torch.tensor([999, 600, 20, 0])
@@ -134,49 +172,9 @@ def test_onnxruntime_runs_the_fp16_graph_like_pytorch_runs_the_mixed_unet(graphs
 
 
 @needs_onnx
-def test_the_cli_exports_an_fp16_graph_that_onnxruntime_samples_from(tmp_path, capsys):
-    from ddpm.data.datasets import ImageSet
-    from ddpm.training.trainer import TrainConfig, Trainer
-    from noise_schedule import ScheduleConfig
-
-    ckpt = tmp_path / "m.pt"  # a checkpoint trained a few steps at a high rate, so eps is not zero
-    config = TrainConfig(
-        dataset="random",
-        total_steps=3,
-        batch_size=4,
-        lr=3e-3,
-        warmup_steps=0,
-        ema_decay=0.5,
-        save_every=0,
-        sample_every=0,
-        checkpoint=str(ckpt),
-    )
-    images = ImageSet(
-        "random", torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    )
-    trainer = Trainer(config, CONFIG, ScheduleConfig(num_timesteps=20), images=images, device="cpu")
-    for _ in range(config.total_steps):
-        trainer.train_step()
-    trainer.save()
-    onnx_path = tmp_path / "m16.onnx"
-    rc = main.main(
-        [
-            "--device",
-            "cpu",
-            "--mode",
-            "export",
-            "--format",
-            "onnx",
-            "--precision",
-            "fp16",
-            "--model_path",
-            str(ckpt),
-            "--output",
-            str(onnx_path),
-        ]
-    )
-    out, err = capsys.readouterr()
-    assert rc == 0, err
+def test_the_cli_exports_an_fp16_graph_that_onnxruntime_samples_from(trained, tmp_path, capsys):
+    work, _, out = trained  # the export ran in the fixture
+    ckpt, onnx_path = work / "m.pt", work / "m16.onnx"
     assert "fp16, opset 21" in out and "mixed-precision" in out
     rc = main.main(
         [
