@@ -139,7 +139,7 @@ def test_missing_torchvision_files_explain_what_to_do(tmp_path):
 
 def test_loss_falls_on_digits(tmp_path):
     torch.manual_seed(0)
-    trainer = make_trainer(tmp_path, total_steps=200)
+    trainer = make_trainer(tmp_path, total_steps=80)  # measured: the last 20 average 0.1 to 0.2 of the first 20
     losses = trainer.run(progress=False)
     assert all(math.isfinite(x) for x in losses)
     first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20

@@ -137,7 +137,7 @@ def test_evaluate_sweeps_a_folder_model_by_fid_and_kid(tmp_path, capsys, random_
     folder = tmp_path / "images"
     folder.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(16):  # 16 small RGB images: 8 reference, 8 held out
+    for i in range(8):  # 8 small RGB images: 4 reference, 4 held out (each one Inception forward per set)
         Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     ckpt = tmp_path / "folder.pt"
     train = [
@@ -186,7 +186,7 @@ def test_evaluate_sweeps_a_folder_model_by_fid_and_kid(tmp_path, capsys, random_
         "--sampling_steps",
         "2,3",
         "--n_samples",
-        "8",
+        "4",
         "--inception_weights",
         random_inception_weights,
         "--json",
@@ -200,12 +200,12 @@ def test_evaluate_sweeps_a_folder_model_by_fid_and_kid(tmp_path, capsys, random_
     result = json.loads(out_json.read_text())
     assert result["metric"] == "inception" and [r["steps"] for r in result["rows"]] == [2, 3]
     assert all(
-        r["n"] == 8 and r["fid"] >= 0 and "kid" in r for r in result["rows"] + [result["ceiling"], result["floor"]]
+        r["n"] == 4 and r["fid"] >= 0 and "kid" in r for r in result["rows"] + [result["ceiling"], result["floor"]]
     )
     assert (tmp_path / "fid.png").read_bytes()[:4] == b"\x89PNG"
     # More samples than the folder can give both sets of: refused in one line before any sampling.
-    assert main.main(with_flag(args, "--n_samples", "9")) == 2
-    assert "--n_samples 8 or fewer" in capsys.readouterr().err
+    assert main.main(with_flag(args, "--n_samples", "5")) == 2
+    assert "--n_samples 4 or fewer" in capsys.readouterr().err
     # A weights file that is not there: one line.
     assert main.main(with_flag(args, "--inception_weights", str(tmp_path / "absent.pth"))) == 2
     assert "--inception_weights" in capsys.readouterr().err

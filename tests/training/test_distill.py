@@ -235,7 +235,8 @@ def test_a_student_of_a_student_is_refused(tmp_path, teacher):
 
 
 def test_a_class_conditional_teacher_distills_with_its_guidance_folded_into_one_call(tmp_path):
-    trained = run_here(*TINY_TRAIN, "--class_cond", "--model_path", "cond.pt", cwd=tmp_path)
+    # 20 timesteps (the last --timesteps wins): the end-of-run preview of 70 guided images samples 20 steps, not 50.
+    trained = run_here(*TINY_TRAIN, "--timesteps", "20", "--class_cond", "--model_path", "cond.pt", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     result = run_here(
         "--mode",
