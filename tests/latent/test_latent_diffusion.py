@@ -673,6 +673,8 @@ def test_a_conditional_latent_model_draws_the_requested_labels_alike_in_every_im
         "--autoencoder",
         str(tmp_path / "ae.pt"),
         "--class_cond",
+        "--timesteps",
+        "20",  # the end-of-run preview (70 guided latents, decoded) samples 20 steps, not 100
         "--model_channels",
         "32",
         "--num_res_blocks",
