@@ -335,8 +335,13 @@ def test_image_set_without_labels_cannot_train_a_conditional_model():
         )
 
 
-def test_the_benchmark_times_guided_sampling_on_the_rows_that_run_conditional_models(tiny_conditional):
+def test_the_benchmark_times_guided_sampling_on_the_rows_that_run_conditional_models(tiny_conditional, monkeypatch):
     import json
+
+    from ddpm.benchmarks import sampling_bench
+
+    # The machine's peaks (large matmuls before and after the rows: seconds) are not what this checks.
+    monkeypatch.setattr(sampling_bench, "measure_peaks", lambda *a, **k: {"fp32": {"fake": 1.0}})
 
     args = [
         "--mode",
