@@ -46,7 +46,7 @@ TINY_TRAIN = [
     "--num_res_blocks",
     "1",
     "--timesteps",
-    "50",
+    "10",  # the end-of-run preview samples every timestep (up to 100): few, so it is cheap
     "--batch_size",
     "8",
     "--sample_every",
@@ -431,7 +431,7 @@ def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
             "--model_path",
             str(work / "m.pt"),
             "--sampling_steps",
-            "50",
+            "10",
             "--n_samples",
             "512",
             "--batch_size",
@@ -443,7 +443,7 @@ def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
         ],
         tmp_path,
     )
-    seen = ""  # past the imports, into the batches (64 of them: about 30 s on 2 cores): tqdm draws its bar
+    seen = ""  # past the imports, into the batches (64 of them: seconds on 2 cores): tqdm draws its bar
     while "batches" not in seen:
         char = proc.stderr.read(1)
         assert char, seen  # the run ended before its first batch
