@@ -111,7 +111,7 @@ def test_imported_model_samples_as_diffusers_ddpm_and_ddim_loops_do(
     import optimized_diffusion
 
     unet = diffusers_unet(CONDITIONAL | dict(num_class_embeds=None))
-    folder = save_pipeline(unet, tmp_path / "m", num_train_timesteps=50, prediction_type=prediction_type)
+    folder = save_pipeline(unet, tmp_path / "m", num_train_timesteps=20, prediction_type=prediction_type)
     model, schedule_config, *_ = load_model_parts(folder)
     assert schedule_config.prediction == {"epsilon": "eps", "v_prediction": "v", "sample": "x0"}[prediction_type]
     schedule = NoiseSchedule(schedule_config)
@@ -119,10 +119,10 @@ def test_imported_model_samples_as_diffusers_ddpm_and_ddim_loops_do(
     draw = basic_diffusion.sample if implementation == "original" else optimized_diffusion.sample
     for sampler, scheduler in (("ddpm", diffusers.DDPMScheduler), ("ddim", diffusers.DDIMScheduler)):
         ours = draw(
-            model, schedule.make_plan(sampler, num_steps=50), shape=shape, generator=torch.Generator().manual_seed(3)
+            model, schedule.make_plan(sampler, num_steps=20), shape=shape, generator=torch.Generator().manual_seed(3)
         )
         scheduler = scheduler.from_pretrained(tmp_path / "m" / "scheduler")  # DDIM takes DDPM's config
-        scheduler.set_timesteps(50)
+        scheduler.set_timesteps(20)
         generator = torch.Generator().manual_seed(3)
         x = torch.randn(shape, generator=generator)
         # This tool's DDIM (as improved-diffusion's) takes eps again from the clipped x_0 prediction.
