@@ -179,7 +179,13 @@ def test_import_export_import_is_exact(tmp_path, one_thread):
     assert all(torch.equal(first["ema"][k], second["ema"][k]) for k in first["ema"])
 
 
-def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_images(tmp_path, one_thread):
+@pytest.mark.parametrize(
+    "implementation",
+    # Slow: onnxruntime exports the U-Net in memory (10 s on 2 cores), as from a checkpoint: tests/latent's
+    # conditional model draws through it in the default run.
+    ["cuda", pytest.param("onnxruntime", marks=pytest.mark.slow)],
+)
+def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_images(tmp_path, one_thread, implementation):
     config = tiny_unet_config(norm_groups=8)
     model = perturbed_unet(config)
     state = {
@@ -215,9 +221,10 @@ def test_cli_exports_diffusers_and_safetensors_that_sample_the_checkpoints_image
         with np.load(tmp_path / f"{source.replace('.', '_')}.npz") as f:
             images[source] = f[f.files[0]]
     assert (images["m.pt"] == images["m_diffusers"]).all() and (images["m.pt"] == images["m.safetensors"]).all()
-    # Every implementation takes the folder: onnxruntime (exported in memory) draws the same images to a level.
+    # Every implementation takes the folder: the fused cuda runner, or onnxruntime (exported in memory), draws the same
+    # images to a level.
     result = run_here(
-        *draw, "--model_path", "m_diffusers", "--implementation", "onnxruntime", "--save_npz", "ort.npz", cwd=tmp_path
+        *draw, "--model_path", "m_diffusers", "--implementation", implementation, "--save_npz", "ort.npz", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
     with np.load(tmp_path / "ort.npz") as f:

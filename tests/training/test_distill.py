@@ -156,20 +156,10 @@ def test_resume_continues_a_distillation_exactly(tmp_path, teacher):
             assert torch.equal(half[part][key], value), key  # bit for bit on the CPU
 
 
-@needs_onnx
-def test_a_student_draws_the_same_images_on_every_implementation(tmp_path, teacher):
-    result = distill(tmp_path, teacher, "--max_steps", "2")
-    assert result.returncode == 0, result.stderr
-    assert "4 U-Net calls per image" in result.stdout + result.stderr
-    exported = run_here("--mode", "export", "--format", "onnx", "--model_path", "student.pt", cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr
+def draw_student_on(tmp_path, runs: list[tuple[str, str]]) -> dict:
+    """The images each (implementation, model file) draws of the student with its own sampler and steps."""
     images = {}
-    for implementation, path in [
-        ("original", "student.pt"),
-        ("cuda_steps", "student.pt"),
-        ("cuda", "student.pt"),
-        ("onnxruntime", "student.onnx"),
-    ]:
+    for implementation, path in runs:
         out = f"{implementation}.npz"
         drawn = run_here(
             "--mode",
@@ -190,6 +180,23 @@ def test_a_student_draws_the_same_images_on_every_implementation(tmp_path, teach
         images[implementation] = next(iter(np.load(tmp_path / out).values()))
     for implementation, drawn in images.items():
         np.testing.assert_allclose(drawn, images["original"], atol=1e-4, err_msg=implementation)
+    return images
+
+
+def test_a_student_draws_the_same_images_on_every_implementation(tmp_path, teacher):
+    result = distill(tmp_path, teacher, "--max_steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert "4 U-Net calls per image" in result.stdout + result.stderr
+    draw_student_on(tmp_path, [("original", "student.pt"), ("cuda_steps", "student.pt"), ("cuda", "student.pt")])
+
+
+@pytest.mark.slow  # an ONNX export (10 s on 2 cores); the student's own sampler from its checkpoint: the test above
+@needs_onnx
+def test_an_exported_student_draws_the_checkpoints_images_through_onnxruntime(tmp_path, teacher):
+    assert distill(tmp_path, teacher, "--max_steps", "2").returncode == 0
+    exported = run_here("--mode", "export", "--format", "onnx", "--model_path", "student.pt", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    draw_student_on(tmp_path, [("original", "student.pt"), ("onnxruntime", "student.onnx")])
 
 
 def test_a_student_asked_for_other_steps_says_what_it_was_trained_for(tmp_path, teacher):

@@ -378,11 +378,18 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+@pytest.mark.parametrize(
+    "sig,code,name",
+    [
+        # Slow: both signals reach one handler (interrupts.py); Ctrl-C's 130 is checked while sampling below.
+        pytest.param(signal.SIGINT, 130, "Ctrl-C", marks=pytest.mark.slow),
+        (signal.SIGTERM, 143, "SIGTERM"),
+    ],
+)
 def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(tmp_path, sig, code, name):
     proc = start([*TINY_TRAIN, "--max_steps", "100000", "--model_path", "ck.pt"], tmp_path)
     assert proc.stdout.readline().startswith("training")  # printed just before the loop starts
-    time.sleep(2.0)  # some steps in
+    time.sleep(1.0)  # some steps in (a step of this U-Net: tens of ms)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == code, stderr
@@ -391,8 +398,8 @@ def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(t
     assert step > 0 and f"{name}: stopped at step {step};" in stderr
 
 
-# SIGTERM only: both signals reach the same handler (interrupts.py), and Ctrl-C's 130 is checked in the U-Net's
-# training and in sampling above and below.
+# SIGTERM only: both signals reach the same handler (interrupts.py), and Ctrl-C's 130 is checked while sampling
+# below (and in the U-Net's training, with make test-slow).
 @pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 143, "SIGTERM")])
 def test_a_signal_in_autoencoder_training_saves_what_was_trained(tmp_path, sig, code, name):
     proc = start(
@@ -411,7 +418,7 @@ def test_a_signal_in_autoencoder_training_saves_what_was_trained(tmp_path, sig, 
         tmp_path,
     )
     assert proc.stdout.readline().startswith("training")  # printed just before the loop starts
-    time.sleep(2.0)  # some steps in
+    time.sleep(1.0)  # some steps in (a step of this autoencoder: milliseconds)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == code, stderr
