@@ -1,7 +1,7 @@
 """The first stage of latent diffusion: the KL autoencoder, its training mode, its checkpoint and latents.
 
 Specification: the encoder pads to an even latent side and the decoder crops back (28x28 -> 8x8,
-32x32x3 -> 8x8, 8x8 -> 4x4 with factor 2); a few hundred steps on the offline digits reconstruct
+32x32x3 -> 8x8, 8x8 -> 4x4 with factor 2); a hundred steps on the offline digits reconstruct
 held-out digits better than the bilinear baseline through the latent's grid; the latent scale gives
 unit-variance latents on the training set; the latent decoder is decode(z / scale) clamped, and traces;
 load_autoencoder refuses anything but a valid autoencoder checkpoint in one line naming the file;
@@ -121,7 +121,7 @@ def trained(tmp_path_factory):
         data_dir=str(work),
         image_size=8,
         channels=1,
-        max_steps=200,
+        max_steps=100,  # held-out PSNR 17.5 dB, 5.6 above the bilinear baseline (200 steps: 22 dB)
         batch_size=32,
         lr=2e-3,
         base_channels=16,
@@ -197,7 +197,7 @@ def test_load_refuses_a_missing_file_and_garbage(tmp_path):
 
 
 def test_load_refuses_a_ddpm_checkpoint(tmp_path):
-    flags = ["--img_size", "8", "--max_steps", "1", "--model_path", "ddpm.pt", "--device", "cpu"]
+    flags = ["--img_size", "8", "--max_steps", "1", "--timesteps", "10", "--model_path", "ddpm.pt", "--device", "cpu"]
     result = run_here(*TINY_TRAIN, *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     refused_in_one_line(tmp_path / "ddpm.pt", "is a DDPM checkpoint")
