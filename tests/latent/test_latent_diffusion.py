@@ -741,6 +741,8 @@ def test_an_autoencoder_given_for_a_pixel_model_is_refused_in_one_line_wherever_
         "digits",
         "--img_size",
         "8",
+        "--timesteps",
+        "10",  # a cheap end-of-run preview
         "--model_channels",
         "8",
         "--num_res_blocks",
