@@ -1,7 +1,8 @@
-"""The command line end to end: train -> sample -> PNG in subprocesses (the real entry point), and
+"""The command line end to end: train -> sample -> PNG (sampling in a subprocess: the real entry point), and
 one-line errors for bad input (in this process, through ``main.main``: the same code, without the
-3 s that each new Python process spends importing torch). One sampler draws through the real entry
-point; the others, and the resumed run, in this process."""
+seconds each new Python process spends importing torch). One sampler draws through the real entry
+point; the training, the other samplers and the resumed run run in this process (training through the
+real entry point: tests/util/test_safe_files.py's signal tests and tests/training/test_distributed.py)."""
 
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from PIL import Image
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("cli")
-    result = run(*TINY_TRAIN, "--model_path", "ck/digits.pt", cwd=work)
+    # 10 timesteps (the last --timesteps wins): the end-of-run previews (64 images, a step per timestep up to 100) of
+    # this run and of the resumed one take a second, not five.
+    result = run_here(*TINY_TRAIN, "--timesteps", "10", "--model_path", "ck/digits.pt", cwd=work)
     assert result.returncode == 0, result.stderr
     assert (work / "ck" / "digits.pt").is_file()
     assert (work / "ck" / "digits_samples" / "step_0000003.png").is_file()
@@ -104,7 +107,7 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "sample", "--model_path", "missing.pt"], "does not exist"),
         (["--mode", "sample", "--model_path", "corrupt.pt"], "corrupt"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "0"], "--n_samples must be a positive"),
-        (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampling_steps", "51"], "between 1 and 50"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampling_steps", "11"], "between 1 and 10"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampler", "ddpm", "--eta", "1"], "eta only applies"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--save_npz", "x.txt"], ".npz"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--output", "ck"], "is a folder"),
@@ -177,7 +180,7 @@ def test_resume_continues_to_a_longer_run(trained):
                 "--n_samples",
                 "4",
             ],
-            "sampling steps must be between 1 and 50",
+            "sampling steps must be between 1 and 10",
         ),  # before the first row is drawn
         (
             ["--mode", "train", "--dataset", "digits", "--model_path", "x.pt", "--class_label", "3"],
