@@ -62,12 +62,12 @@ def test_a_copied_training_image_is_flagged_as_memorised_and_a_new_one_is_not(ju
     assert judge.score(blends, name="blends").memorised == 0.0
 
 
-def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(tmp_path, capsys, judge):
-    from basic_diffusion import UNetConfig, sample
-    from ddpm.backends.artifacts import load_artifact
+def tiny_digits_checkpoint(tmp_path):
+    """digits.pt: a 16x16 digits U-Net trained two steps on 20 timesteps."""
+    from basic_diffusion import UNetConfig
     from ddpm.data.datasets import load_images
     from ddpm.training.trainer import TrainConfig, Trainer
-    from noise_schedule import NoiseSchedule, ScheduleConfig
+    from noise_schedule import ScheduleConfig
 
     ckpt = tmp_path / "digits.pt"
     config = TrainConfig(
@@ -96,6 +96,15 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     for _ in range(config.total_steps):
         trainer.train_step()
     trainer.save()
+    return ckpt
+
+
+def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(tmp_path, capsys, judge):
+    from basic_diffusion import sample
+    from ddpm.backends.artifacts import load_artifact
+    from noise_schedule import NoiseSchedule
+
+    ckpt = tiny_digits_checkpoint(tmp_path)
     out_json, out_png = tmp_path / "e.json", tmp_path / "e.png"
     args = [
         "--device",
@@ -172,8 +181,14 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     # Outputs are checked before any work: the JSON may not replace the model.
     assert main.main([*args[:-4], "--json", str(ckpt)]) == 2
     assert "--json" in capsys.readouterr().err
-    # An export records its training data, so evaluate judges it as the checkpoint without --dataset.
+
+
+# Slow: an ONNX export (10 s on 2 cores). Evaluate takes the dataset a model file records (a checkpoint's, in the sweep
+# above) through the artifact, and tests/backends/test_artifacts.py reads an export's.
+@pytest.mark.slow
+def test_an_export_records_its_training_data_so_evaluate_judges_it_as_the_checkpoint(tmp_path, capsys):
     pytest.importorskip("onnxruntime")
+    ckpt = tiny_digits_checkpoint(tmp_path)
     onnx = tmp_path / "digits.onnx"
     assert (
         main.main(
