@@ -441,7 +441,8 @@ class NoiseSchedule(nn.Module):
     ) -> SamplingPlan:
         """Precompute a sampler's timesteps and per-step coefficients as device tensors.
 
-        ``timesteps`` (descending, distinct) replaces the sampler's own spacing: a distilled student's."""
+        ``timesteps`` (descending, distinct) replaces the sampler's own spacing: a distilled student's. The
+        plan lives on ``device``, by default where the schedule's buffers are (``.to()`` moved them)."""
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         if variance_type not in VARIANCE_TYPES:
@@ -482,6 +483,7 @@ class NoiseSchedule(nn.Module):
             columns = _dpm_solver_coefficients(alphas_cumprod, timesteps, stochastic=sampler == "dpm_solver_sde")
         columns.update(xstart_coefficients(alphas_cumprod[timesteps], self.config.prediction))
         coefficients = torch.stack([columns[name] for name in COEFFICIENT_NAMES], dim=1)  # (S, 7) float64
+        device = self.betas.device if device is None else device
         return SamplingPlan(
             sampler=sampler,
             timesteps=timesteps.to(device),

@@ -492,3 +492,11 @@ def test_unknown_prediction_types_are_refused():
         ).prediction
         == "eps"
     )  # files written before it
+
+
+def test_a_plan_lives_where_its_schedule_was_moved_unless_told_otherwise():
+    """A schedule moved to a device makes its plans there (a preview plan once stayed on the CPU beside a model
+    on cuda); the meta device stands in for a GPU."""
+    schedule = NoiseSchedule(ScheduleConfig(num_timesteps=20)).to("meta")
+    assert schedule.make_plan("ddim", num_steps=4).coefficients.device.type == "meta"
+    assert schedule.make_plan("ddim", num_steps=4, device="cpu").timesteps.device.type == "cpu"
