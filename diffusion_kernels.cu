@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "diffusion_kernels.h"
 
@@ -272,6 +273,166 @@ __global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(const Group
   }
 }
 
+// A block normalizes `chunk` consecutive groups of one sample (chunk = groups per block, chosen on the host):
+// thread t owns channel cc = t % width of the chunk's width = chunk * cg channels and the positions
+// p = r, r + M, r + 2M, ... with r = t / width and M = period / cg. That is exactly partial sum k = r * cg + cc % cg
+// of group cc / cg in diffusion_kernels.h's fixed order (partial k holds channel k % cg's positions
+// p = k / cg (mod M), added in increasing p), so the sums are the CPU twin's bit for bit whatever the chunk, while a
+// warp reads whole channels-last rows of `width` channels at a time (one block per group would read cg channels,
+// a few bytes, per position). Each thread keeps up to kGnCached of its values in registers, so the group is read
+// from memory once (twice past that: the squared deviations and the output read it again, mostly from L2).
+constexpr int kGnCached = 16;
+
+template <typename T>
+__global__ void __launch_bounds__(1024) group_norm_act_chunk_kernel(const GroupNormAct a, const int chunk) {
+  extern __shared__ float partial[];  // (chunk, kGnPartials), then (chunk,) means and (chunk,) 1/std
+  float* means = partial + chunk * kGnPartials;
+  float* rstds = means + chunk;
+  const int t = threadIdx.x;
+  const int64_t cg = a.cg, period = gn_period(cg), m_step = period / cg;
+  const int64_t width = chunk * cg;
+  const int64_t b = blockIdx.x / (a.groups / chunk), c_first = (blockIdx.x % (a.groups / chunk)) * width;
+  const int64_t cc = t % width, r = t / width;
+  const int g = static_cast<int>(cc / cg);
+  const int k = static_cast<int>(r * cg + cc % cg);  // this thread's partial of group g
+  const int64_t c = c_first + cc;
+  // This thread's source: x's channel (with the producing convolution's bias) or x2's.
+  const bool first = c < a.src.c1;
+  const T* src = static_cast<const T*>(first ? a.src.x : a.src.x2) +
+      (first ? b * a.src.stride_b1 + c * a.src.stride_c1 : b * a.src.stride_b2 + (c - a.src.c1) * a.src.stride_c2);
+  const int64_t stride_p = first ? a.src.stride_p1 : a.src.stride_p2;
+  const float x_bias = first && a.src.x_bias != nullptr ? a.src.x_bias[c] : 0.0f;
+  const bool add_bias = first && a.src.x_bias != nullptr;
+  auto load = [&](int64_t p) {
+    const float v = static_cast<float>(src[p * stride_p]);
+    return add_bias ? add_rn(v, x_bias) : v;
+  };
+  const int64_t mine = r < a.positions ? (a.positions - 1 - r) / m_step + 1 : 0;  // positions r, r + M, ...
+  const bool cached = a.positions <= kGnCached * m_step;
+  float values[kGnCached];
+  // The chunk's groups reduced side by side, each in the pairwise tree of the one-group kernel.
+  auto reduce = [&](float own, float* out) {
+    for (int i = t; i < chunk * kGnPartials; i += blockDim.x) {
+      partial[i] = 0.0f;  // partials past the period stay 0
+    }
+    __syncthreads();
+    partial[g * kGnPartials + k] = own;
+    __syncthreads();
+    for (int half = kGnPartials / 2; half >= 1; half /= 2) {
+      for (int i = t; i < chunk * half; i += blockDim.x) {
+        const int gi = i / half, ki = i % half;
+        partial[gi * kGnPartials + ki] = add_rn(partial[gi * kGnPartials + ki], partial[gi * kGnPartials + ki + half]);
+      }
+      __syncthreads();
+    }
+    if (t < chunk) {
+      out[t] = partial[t * kGnPartials];
+    }
+    __syncthreads();
+  };
+  const float count = static_cast<float>(cg * a.positions);
+  float sum = 0.0f;
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kGnCached; ++i) {
+      if (i < mine) {
+        values[i] = load(r + i * m_step);
+        sum = add_rn(sum, values[i]);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < mine; ++i) {
+      sum = add_rn(sum, load(r + i * m_step));
+    }
+  }
+  reduce(sum, means);
+  if (t < chunk) {
+    means[t] = div_rn(means[t], count);
+  }
+  __syncthreads();
+  const float mean = means[g];
+  float squares = 0.0f;
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kGnCached; ++i) {
+      if (i < mine) {
+        const float d = sub_rn(values[i], mean);
+        squares = add_rn(squares, mul_rn(d, d));
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < mine; ++i) {
+      const float d = sub_rn(load(r + i * m_step), mean);
+      squares = add_rn(squares, mul_rn(d, d));
+    }
+  }
+  reduce(squares, rstds);
+  if (t < chunk) {
+    rstds[t] = group_rstd(rstds[t], count, a.eps);
+  }
+  __syncthreads();
+  const float rstd = rstds[g];
+  // The output: the same positions, with this channel's affine, scale and shift read once.
+  const bool modulate = a.scale != nullptr;
+  const float weight = a.weight[c], bias = a.bias[c];
+  const float scale1 = modulate ? add_rn(1.0f, a.scale[b * a.modulation_stride + c]) : 0.0f;
+  const float shift = modulate ? a.shift[b * a.modulation_stride + c] : 0.0f;
+  T* out = static_cast<T*>(a.out) + b * a.out_stride_b + c * a.out_stride_c;
+  auto store = [&](int64_t p, float v) {
+    out[p * a.out_stride_p] =
+        static_cast<T>(group_norm_act_element(v, mean, rstd, weight, bias, scale1, shift, modulate, a.silu));
+  };
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kGnCached; ++i) {
+      if (i < mine) {
+        store(r + i * m_step, values[i]);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < mine; ++i) {
+      store(r + i * m_step, load(r + i * m_step));
+    }
+  }
+}
+
+// The device's SM count, asked once per device (a launch under graph capture then asks the driver nothing).
+int sm_count(int device) {
+  static int counts[64] = {0};
+  if (device < 0 || device >= 64) {
+    return 132;
+  }
+  if (counts[device] == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    counts[device] = n;
+  }
+  return counts[device];
+}
+
+// Groups per block for group_norm_act_chunk_kernel: the most (a divisor of groups, at most 1024 threads) whose
+// chunk of channels spans at most 64 bytes (two 32-byte sectors of a channels-last row), then fewer while that
+// would leave under two blocks per SM. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob:
+// the result is the same bits for any chunk).
+int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
+  const int64_t period = gn_period(a.cg);
+  auto fits = [&](int64_t n) { return n >= 1 && a.groups % n == 0 && n * period <= 1024; };
+  if (const char* forced = std::getenv("DIFFUSION_KERNELS_GN_CHUNK")) {
+    const int64_t n = std::atoll(forced);
+    if (fits(n)) {
+      return static_cast<int>(n);
+    }
+  }
+  int64_t chunk = 1;
+  while (fits(chunk * 2) && chunk * 2 * a.cg * element_size <= 64) {
+    chunk *= 2;
+  }
+  while (chunk > 1 && a.batch * (a.groups / chunk) < 2 * sm_count) {
+    chunk /= 2;
+  }
+  return static_cast<int>(chunk);
+}
+
 at::Tensor group_norm_act_cuda(
     const at::Tensor& x,
     const std::optional<at::Tensor>& x2,
@@ -293,7 +454,15 @@ at::Tensor group_norm_act_cuda(
   TORCH_CHECK(blocks <= INT32_MAX, "group_norm_act: ", blocks, " (sample, group) pairs are more than one launch takes");
   dispatch_step_dtype(x.scalar_type(), "x", [&](auto tag) {
     using T = decltype(tag);
-    group_norm_act_kernel<T><<<static_cast<unsigned int>(blocks), kGnPartials, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
+    const auto stream = c10::cuda::getCurrentCUDAStream();
+    if (a.cg > kGnPartials) {  // more channels per group than partials: the one-group kernel's general indexing
+      group_norm_act_kernel<T><<<static_cast<unsigned int>(blocks), kGnPartials, 0, stream>>>(a);
+    } else {
+      const int chunk = gn_chunk(a, x.element_size(), sm_count(x.get_device()));
+      const auto threads = static_cast<unsigned int>(chunk * gn_period(a.cg));
+      const size_t shared = (chunk * kGnPartials + 2 * chunk) * sizeof(float);
+      group_norm_act_chunk_kernel<T><<<static_cast<unsigned int>(blocks / chunk), threads, shared, stream>>>(a, chunk);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

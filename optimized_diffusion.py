@@ -636,12 +636,19 @@ def _check_arguments(plan: SamplingPlan, *, shape: tuple[int, ...], precision: s
         raise ValueError(f"warmup_iters must be at least 1, got {warmup_iters}")
 
 
-class FusedSampler:
-    """Runs one :class:`SamplingPlan` on static buffers with the fused ops; on CUDA, one CUDA graph.
+# Plans of up to this many steps (students, few-step solvers) are captured whole: one graph replay draws the batch,
+# with no host work between steps. Longer plans replay one captured step per step (a graph of every step of
+# DDPM's 1,000 would cost seconds to capture and its memory for nothing measurable).
+WHOLE_PLAN_STEPS = 64
 
-    Construction allocates the buffers and, on CUDA, warms up and captures one denoising step;
-    each call then draws x_T from the caller's generator and runs every step. Reuse one sampler
-    for many calls with the same model, plan and shape (the capture is paid once).
+
+class FusedSampler:
+    """Runs one :class:`SamplingPlan` on static buffers with the fused ops; on CUDA, CUDA graphs.
+
+    Construction allocates the buffers and, on CUDA, warms up and captures one denoising step (or, for plans of
+    up to :data:`WHOLE_PLAN_STEPS` steps, every step in one graph); each call then draws x_T from the caller's
+    generator and runs every step. Reuse one sampler for many calls with the same model, plan and shape (the
+    capture is paid once).
 
     ``fused_step=False`` runs :func:`noise_schedule.p_step` (on the step's coefficient row, gathered
     on the device) instead of the fused op, for callers that must work without the extension (the
@@ -667,6 +674,7 @@ class FusedSampler:
         fused_step: bool = True,
         guidance: Guidance | None = None,  # class-conditional models: null label and scale (labels come per call)
         fused_unet: bool = False,
+        whole_plan: bool | None = None,  # one graph for every step (None: for plans of up to WHOLE_PLAN_STEPS)
     ) -> None:
         shape = tuple(int(s) for s in shape)
         _check_arguments(plan, shape=shape, precision=precision, warmup_iters=warmup_iters)
@@ -686,7 +694,8 @@ class FusedSampler:
         )
         # 2. Static buffers (float32 sampler state, whatever the precision).
         self._allocate_buffers(guidance)
-        # 3. On CUDA, one captured step (or, if capture fails, eager steps).
+        # 3. On CUDA, one captured step or the whole plan in one graph (or, if capture fails, eager steps).
+        self.whole_plan = whole_plan if whole_plan is not None else plan.num_steps <= WHOLE_PLAN_STEPS
         self._prepare_graph(use_cuda_graph=use_cuda_graph, warmup_iters=warmup_iters, log=log)
 
     def _build_network(
@@ -825,15 +834,21 @@ class FusedSampler:
         # torch.compile), as capture requires; the buffers and the private generator are reset
         # per call. thread_local: another thread's CUDA calls cannot invalidate the capture.
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        kinds = sorted(set(self.plan.noise_steps)) if self.whole_plan else [self._graph_draws_noise]
         with torch.cuda.stream(self._stream):
             for _ in range(warmup_iters):
-                self._step.zero_()  # stay in range for plans shorter than the warm-up
-                self._denoise_step(draw_noise=self._graph_draws_noise)
+                for draw_noise in kinds:  # each kind of step the graph will hold
+                    self._step.zero_()  # stay in range for plans shorter than the warm-up
+                    self._denoise_step(draw_noise=draw_noise)
             self._step.zero_()
             graph = torch.cuda.CUDAGraph()
             graph.register_generator_state(self._rng)  # replays read and advance its philox offset
             with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-                self._denoise_step(draw_noise=self._graph_draws_noise)
+                if self.whole_plan:  # every step in order, each with or without noise as the plan says
+                    for draw_noise in self.plan.noise_steps:
+                        self._denoise_step(draw_noise=draw_noise)
+                else:
+                    self._denoise_step(draw_noise=self._graph_draws_noise)
         torch.cuda.current_stream(self.device).wait_stream(self._stream)
         return graph
 
@@ -870,6 +885,10 @@ class FusedSampler:
             # The rest of the caller's random stream continues in the private generator.
             self._rng.set_state(caller_rng.get_state())
             steps = range(self.plan.num_steps)
+            if self._graph is not None and self.whole_plan:
+                with phase("graph_replay"):  # every step: U-Nets, noise and fused steps
+                    self._graph.replay()
+                steps = range(0)
             if progress:
                 from tqdm.auto import tqdm
 

@@ -20,13 +20,24 @@
 #                cuda_fp32 (graphed eager fp32) -> cuda (graphed eager bf16) -> cuda_compile (compile default)
 #                -> cuda_compile_max_autotune -> cuda_fused_unet, and diffusers' UNet2DModel when installed,
 #                with MFU and build seconds (OUTDIR/rows_<size>_b<batch>.json)
+#   gpu_tests_runner  pytest -m gpu on the kernels, the sampler and the runner (what `cuda` runs on a GPU), the
+#                auto choice and training on cuda: the part of gpu_tests that a change to them needs
+#   memcheck_runner   compute-sanitizer memcheck on group_norm_act's chunked kernel and the runner's sampler tests
+#   rows_mnist_b64_fp32  cuda_steps against cuda_fused_unet in fp32 (where the runner is not the GPU default)
+#   seed_benchmark  the seed's command, `main.py --mode benchmark --n_samples 8 --img_size 32 --channels 3`, its
+#                wall time (OUTDIR/seed_benchmark.json)
+#   students     scripts/gpu_students.py: a 1/2/4-step student's images/s against its teacher's 20 steps and
+#                diffusers' UNet2DModel + DPMSolverMultistepScheduler (OUTDIR/students.json)
+#   sample_default  a digits model trained on cuda, then `main.py --mode sample` with no flags but the model: the
+#                implementation line it prints (the runner in bf16)
 #   modes        every mode end to end on CUDA (OUTDIR/modes/): bf16 training with --compile (fused AdamW),
 #                every sampler guided and unguided, a 3-D and a latent model, --profile with CUDA activity,
 #                NVTX and the memory snapshot, torchrun with NCCL on one GPU, the training benchmark, a diffusers
 #                export sampled back on cuda, a short distillation and its student on original and cuda
 # OUTDIR/summary.txt lists each stage's status and time. Exit status: 0 if every stage passed,
 # 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200), ROWS (the rows
-# stages' --rows, default the whole staircase).
+# stages' --rows, default the whole staircase), STAGE_TIMEOUT seconds (each command stage's limit, default none),
+# DEADLINE seconds (stages not started this long after the script began are skipped, and said so; default none).
 set -u
 
 if [ $# -lt 1 ]; then
@@ -40,6 +51,7 @@ STAGES=" $* "  # empty: every stage
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+SCRIPT_START=$(date +%s)
 SUMMARY="$OUTDIR/summary.txt"
 touch "$SUMMARY"
 FAILED=()
@@ -53,10 +65,17 @@ run_stage() {
   fi
   local start status
   start=$(date +%s)
+  if [ -n "${DEADLINE:-}" ] && [ $((start - SCRIPT_START)) -ge "$DEADLINE" ]; then
+    echo "== $name: skipped (past DEADLINE=$DEADLINE s)" | tee -a "$SUMMARY"
+    return 0
+  fi
   echo "== $name: $*" | tee -a "$SUMMARY"
   # Neither an `if` condition nor `||`: bash ignores `set -e` inside both, and the modes stage relies on it.
-  local code
-  "$@" >"$OUTDIR/$name.log" 2>&1
+  local code limit=()
+  if [ -n "${STAGE_TIMEOUT:-}" ] && [ "$(type -t "$1")" = file ]; then
+    limit=(timeout "$STAGE_TIMEOUT")  # a command, not one of the functions below
+  fi
+  "${limit[@]}" "$@" >"$OUTDIR/$name.log" 2>&1
   code=$?
   if [ "$code" -eq 0 ]; then
     status="ok"
@@ -127,10 +146,37 @@ modes() {
   )
 }
 
+# The digits model of sample_default: trained on the GPU, then sampled with no flags but the model.
+sample_default() {
+  local work="$OUTDIR/sample_default"
+  rm -rf "$work" && mkdir -p "$work"
+  local main="$PWD/main.py"
+  (
+    set -ex
+    cd "$work"
+    "$PYTHON" "$main" --mode train --device cuda --dataset digits --max_steps 200 --batch_size 64 --model_path digits.pt
+    "$PYTHON" "$main" --mode sample --model_path digits.pt --output grid.png
+    "$PYTHON" "$main" --mode sample --model_path digits.pt --sampler dpm_solver_sde --n_samples 64 --output sde.png
+  )
+}
+
+seed_benchmark() {
+  local start
+  start=$(date +%s%N)
+  "$PYTHON" main.py --mode benchmark --n_samples 8 --img_size 32 --channels 3 --json "$OUTDIR/seed_benchmark.json"
+  echo "wall time: $((($(date +%s%N) - start) / 1000000)) ms"
+}
+
 run_stage environment environment
 [ -f "$OUTDIR/environment.log" ] && cp "$OUTDIR/environment.log" "$OUTDIR/environment.txt"
 run_stage build "$PYTHON" setup.py build_ext --inplace
 run_stage gpu_tests "$PYTHON" -m pytest -m gpu -v -rs tests/
+run_stage gpu_tests_runner "$PYTHON" -m pytest -m gpu -q -rs tests/test_diffusion_kernels.py tests/test_optimized_diffusion.py \
+  tests/backends/test_auto.py tests/training/test_train_runs.py -k "group_norm or fused_unet or runner or graph or train"
+run_stage memcheck_runner env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
+  "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py tests/test_optimized_diffusion.py \
+  -k "(any_groups_per_block and bfloat16) or the_fused_unet_on_cuda or the_runner_in_a_graph"
 run_stage memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py
@@ -139,12 +185,18 @@ run_stage racecheck timeout "${MEMCHECK_TIMEOUT:-1200}" \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py -k group_norm_act
 run_stage benchmark "$PYTHON" scripts/bench_sampling.py --out "$OUTDIR/benchmark.json"
 run_stage profile "$PYTHON" scripts/gpu_profile.py --out "$OUTDIR" --img_size 28 --channels 1 --batch 64 --precision bf16
+run_stage rows_mnist_b64_fp32 "$PYTHON" main.py --mode benchmark --device cuda --img_size 28 --channels 1 \
+  --n_samples 64 --precision fp32 --timesteps 1000 --sampler ddpm --sampling_steps 200 --repeats 3 \
+  --rows cuda_steps,cuda_fused_unet --json "$OUTDIR/rows_mnist_b64_fp32.json"
+run_stage seed_benchmark seed_benchmark
+run_stage students "$PYTHON" scripts/gpu_students.py --out "$OUTDIR"
+run_stage sample_default sample_default
 for size in mnist cifar; do
   if [ "$size" = mnist ]; then shape=(--img_size 28 --channels 1); else shape=(--img_size 32 --channels 3); fi
   for batch in 64 8; do
     run_stage "rows_${size}_b$batch" "$PYTHON" main.py --mode benchmark --device cuda "${shape[@]}" \
       --n_samples "$batch" --precision bf16 --timesteps 1000 --sampler ddpm --sampling_steps 200 --repeats 3 \
-      --rows "${ROWS:-original,cuda_fp32,cuda,cuda_compile,cuda_compile_max_autotune,cuda_fused_unet,diffusers}" \
+      --rows "${ROWS:-original,cuda_fp32,cuda_steps,cuda_compile,cuda_compile_max_autotune,cuda,diffusers}" \
       --json "$OUTDIR/rows_${size}_b$batch.json"
   done
 done

@@ -2,18 +2,19 @@
 
     python scripts/gpu_profile.py --out OUTDIR [--img_size 28 --channels 1 --batch 64 --precision bf16]
 
-For the fused runner (optimized_diffusion.FusedUNet) and the autocast eager U-Net (today's cuda
-implementation), on the same random "small" U-Net and inputs: GPU time per category (convolution, GEMM,
-group_norm_act, attention, the fused step, layout copies and casts, other elementwise), each convolution
-shape's TFLOP/s, and each group_norm_act call's GB/s (its minimum traffic: inputs read once, output
-written once) against a measured device copy's. On a CPU (a smoke run) the same tables come from CPU
-op times. Writes OUTDIR/profile.json and OUTDIR/profile.txt.
+For the fused runner (optimized_diffusion.FusedUNet; on a GPU also with group_norm_act's kernel forced to one
+group per block) and the autocast eager U-Net (the step kernels' U-Net), on the same random "small" U-Net and
+inputs: GPU time per category (convolution, GEMM, group_norm_act, attention, the fused step, layout copies and
+casts, other elementwise), each convolution shape's TFLOP/s, and each group_norm_act call's GB/s (its minimum
+traffic: inputs read once, output written once) against a measured device copy's. On a CPU (a smoke run) the same
+tables come from CPU op times. Writes OUTDIR/profile.json and OUTDIR/profile.txt.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -186,7 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {},
     }
     with torch.no_grad(), backend_policy(args.precision):
-        for name, forward in (("fused_unet", lambda: runner(x, t)), ("eager_autocast", eager)):
+        runs = [("fused_unet", lambda: runner(x, t), None), ("eager_autocast", eager, None)]
+        if device.type == "cuda":  # group_norm_act's kernel with one group per block, as before chunks
+            runs.insert(1, ("fused_unet_one_group_per_block", lambda: runner(x, t), "1"))
+        for name, forward, chunk in runs:
+            if chunk is None:
+                os.environ.pop("DIFFUSION_KERNELS_GN_CHUNK", None)
+            else:
+                os.environ["DIFFUSION_KERNELS_GN_CHUNK"] = chunk
             run = profile_forward(forward, device=device, repeats=args.repeats)
             for norm in run["group_norm_act"]:
                 norm["gbs"] = (norm["elements"] + norm["out_elements"]) * bytes_per_element / (norm["ms"] / 1000) / 1e9

@@ -783,6 +783,40 @@ def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_bit_for_bit(case, dtype)
     torch.testing.assert_close(od.group_norm_act(**on_gpu).cpu(), od.group_norm_act(**args), rtol=0, atol=0)
 
 
+GROUP_NORM_CHUNK_CASES = {  # the runner's shapes and the kernel's edges, channels-last as the runner lays them out
+    "the small U-Net's 128 channels at 28x28 (4 per group, values kept in registers)": dict(
+        shape=(4, 128, 28, 28), groups=32, layout="channels_last"
+    ),
+    "64 channels at 48x48 (2 per group; past the registers, read again)": dict(
+        shape=(2, 64, 48, 48), groups=32, layout="channels_last"
+    ),
+    "3 channels per group (255 partial sums)": dict(shape=(2, 96, 8, 8), groups=32, layout="channels_last"),
+    "a skip connection across the chunk": dict(shape=(2, 64, 14, 14), c2=64, groups=32, layout="channels_last"),
+    "512 channels in one group (more than the partial sums)": dict(shape=(1, 512, 3, 3), groups=1),
+    "NCHW": dict(shape=(3, 64, 7, 7), groups=16),
+}
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", GROUP_NORM_CHUNK_CASES)
+@pytest.mark.parametrize("chunk", ["1", "2", "4", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block(monkeypatch, case, chunk, dtype):
+    """However many groups a block normalizes (DIFFUSION_KERNELS_GN_CHUNK, read at launch), the sums run in the
+    twin's one order: the same bits."""
+    _require_cuda_kernels()
+    if chunk == "auto":
+        monkeypatch.delenv("DIFFUSION_KERNELS_GN_CHUNK", raising=False)
+    else:
+        monkeypatch.setenv("DIFFUSION_KERNELS_GN_CHUNK", chunk)
+    args = group_norm_case(**GROUP_NORM_CHUNK_CASES[case], dtype=dtype)
+    on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    for silu in (True, False):
+        expected = od.group_norm_act(**args, silu=silu)
+        torch.testing.assert_close(od.group_norm_act(**on_gpu, silu=silu).cpu(), expected, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) (the fused U-Net's)
 # ---------------------------------------------------------------------------------------------

@@ -188,16 +188,26 @@ def test_cuda_graph_matches_the_original_cuda(case):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("case", ["ddpm", "dpm_solver"])
-def test_graph_replay_equals_eager_steps_cuda(case):
+@pytest.mark.parametrize("case", ["ddpm", "dpm_solver", "dpm_solver_sde"])
+@pytest.mark.parametrize("whole_plan", [True, False], ids=["one graph for the plan", "one graph per step"])
+def test_graph_replay_equals_eager_steps_cuda(case, whole_plan):
+    """Either graph draws what eager steps draw: the same noise (the private generator's philox offsets advance
+    the same way) and the same arithmetic; twice in a row, so the second replay starts from reset buffers."""
     _require_cuda_kernels()
     model, plan = small_unet("cuda"), make_plan(case, num_steps=20, device="cuda")
-    graphed = od.FusedSampler(model, plan, shape=SHAPE)
+    graphed = od.FusedSampler(model, plan, shape=SHAPE, whole_plan=whole_plan)
     eager = od.FusedSampler(model, plan, shape=SHAPE, use_cuda_graph=False)
-    assert graphed.captured and not eager.captured
-    a = graphed(generator=torch.Generator("cuda").manual_seed(3))
-    b = eager(generator=torch.Generator("cuda").manual_seed(3))
-    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert graphed.captured and not eager.captured and graphed.whole_plan == whole_plan
+    for seed in (3, 4):
+        a = graphed(generator=torch.Generator("cuda").manual_seed(seed))
+        b = eager(generator=torch.Generator("cuda").manual_seed(seed))
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_short_plans_are_captured_whole_and_long_ones_step_by_step():
+    assert od.FusedSampler(TinyEps().eval(), make_plan("ddpm", num_steps=od.WHOLE_PLAN_STEPS), shape=SHAPE).whole_plan
+    long = make_plan("ddpm", num_steps=od.WHOLE_PLAN_STEPS + 1)
+    assert not od.FusedSampler(TinyEps().eval(), long, shape=SHAPE).whole_plan
 
 
 @pytest.mark.gpu
@@ -309,9 +319,11 @@ def test_the_fused_unet_on_cuda_is_the_unet_to_float_rounding_and_bf16_stays_clo
         expected = model(x, t, y)
         eps = od.FusedUNet(model, channels_last=channels_last)(x, t, y)
         low = od.FusedUNet(model, dtype=torch.bfloat16, channels_last=channels_last)(x, t, y)
+        half = od.FusedUNet(model, dtype=torch.float16, channels_last=channels_last)(x, t, y)
     assert eps.shape == expected.shape and eps.dtype == torch.float32 and eps.is_contiguous()
     assert relative_error(eps, expected) < 1e-5  # the CPU's bound
     assert relative_error(low.float(), expected) < 3e-2  # bf16's 8-bit mantissa through the whole U-Net
+    assert relative_error(half.float(), expected) < 5e-3  # fp16's 11-bit mantissa
 
 
 @pytest.mark.parametrize("variant", ["the test U-Net", "3-D"])
@@ -435,3 +447,34 @@ def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_in_float3
 )
 def test_winograd_takes_only_the_convolutions_it_computes_and_measured_faster(conv, applies):
     assert od.winograd_applies(conv) == applies
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("guided", [False, True], ids=["unguided", "guided"])
+def test_the_cuda_implementation_on_a_gpu_is_the_runner_in_a_graph_and_draws_the_fp32_originals_images(
+    precision, guided
+):
+    """What `sample` runs by default on a GPU: the registry's cuda in bf16 (fp16) is the fused runner, captured in a
+    CUDA graph, and draws the original fp32 loop's images to the low precision's rounding (and not bit for bit: it
+    really ran in the low precision)."""
+    from ddpm.backends import registry
+    from ddpm.conditioning import Guidance
+
+    _require_cuda_kernels()
+    config = FUSED_VARIANTS["class-conditional"] if guided else SMALL
+    model = perturbed_unet(config, device="cuda").eval()
+    plan = make_plan("ddim_eta0", num_steps=10, device="cuda")
+    shape = (4, *config.sample_shape(1)[1:])
+    guidance = Guidance(torch.tensor([2, 0, 1, 2], device="cuda"), null_label=3, scale=3.0) if guided else None
+    with backend_policy("fp32"):
+        expected = original_sample(
+            model, plan, shape=shape, generator=torch.Generator("cuda").manual_seed(7), guidance=guidance
+        )
+    options = registry.SamplerOptions(precision=precision, guidance=guidance)
+    sampler = registry.get("cuda").build(model, plan, shape=shape, options=options)
+    assert sampler.unet_runner is not None and sampler.captured
+    images = sampler(generator=torch.Generator("cuda").manual_seed(7), guidance=guidance)
+    assert torch.isfinite(images).all()
+    assert 1e-5 < (images - expected).abs().mean() < 0.02  # close, and not silently fp32

@@ -355,8 +355,15 @@ def test_precision_and_device_refusals_are_one_line_and_name_the_way_out():
         registry.get("warp")
 
 
-def test_auto_precision_is_bf16_only_for_training_on_a_bf16_gpu():
+def test_auto_precision_is_bf16_for_training_and_sampling_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
     cpu = torch.device("cpu")
+    gpu = torch.device("cuda")  # a device name only: nothing is allocated on it
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert resolve_precision("auto", purpose="training", device=gpu) == "bf16"
+    assert resolve_precision("auto", purpose="sampling", device=gpu) == "bf16"
+    assert resolve_precision("auto", purpose="export", device=gpu) == "fp32"  # a graph is lowered only when asked
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert resolve_precision("auto", purpose="sampling", device=gpu) == "fp32"
     assert resolve_precision("auto", purpose="training", device=cpu) == "fp32"
     assert resolve_precision("auto", purpose="sampling", device=cpu) == "fp32"
     assert resolve_precision("fp16", purpose="sampling", device=cpu) == "fp16"
@@ -410,3 +417,32 @@ def test_the_tests_mirror_the_layout():
     top = {p.stem.removeprefix("test_") for p in tests.glob("test_*.py")}
     assert sorted(name for name in top if name not in modules and f"ddpm.{name}" not in modules) == []
     assert {f"test_{name}.py" for name in CORE[1:]} <= {p.name for p in tests.glob("test_*.py")}
+
+
+@pytest.mark.parametrize(
+    ("implementation", "path", "expected"),
+    [
+        ("auto", "model.pt", "bf16"),  # the fused runner's precision on a GPU
+        ("cuda", "model.pt", "bf16"),
+        ("original", "model.pt", "fp32"),  # the fp32 baseline: auto never asks it for bf16
+        ("onnxruntime", "model.pt", "fp32"),
+        ("auto", "model.onnx", "fp32"),  # a graph runs in the precision it was exported in
+    ],
+)
+def test_drawing_on_a_gpu_defaults_to_bf16_where_the_implementation_runs_it(
+    monkeypatch, implementation, path, expected
+):
+    import argparse
+
+    from ddpm.cli import resolve
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    args = argparse.Namespace(precision="auto")
+    kind = "onnx" if path.endswith(".onnx") else "checkpoint"
+    assert resolve._sampling_precision(args, torch.device("cuda"), implementation, kind=kind) == expected
+    assert (
+        resolve._sampling_precision(
+            argparse.Namespace(precision="fp16"), torch.device("cuda"), implementation, kind=kind
+        )
+        == "fp16"
+    )

@@ -1,7 +1,7 @@
 """--implementation auto (the default): the fastest implementation verified on this kind of device.
 
     choice = choose(DeviceKind.of(device), precision="fp32", kind="checkpoint", dims=2)
-    print(choice.line)      # implementation: cuda (fused U-Net runner, Winograd convolutions; the fastest ...)
+    print(choice.line)      # implementation: cuda in fp32 (fused U-Net runner, Winograd convolutions; the fastest ...)
 
 :data:`VERIFIED` is the one table the choice comes from: each entry names a kind of device, the precisions
 and models it covers, the implementation, why, and the BENCHMARKS.md section whose measurement it rests on.
@@ -34,7 +34,6 @@ class Verified:
     evidence: str  # the BENCHMARKS.md section the choice rests on
     kinds: tuple[str, ...] = ("checkpoint",)
     dims: tuple[int, ...] = (2, 3)
-    needs_compiler: bool = False
     capabilities: tuple[str, ...] | None = None  # a CPU's vector capabilities it covers (None: any)
 
     def matches(self, device: DeviceKind, *, precision: str, kind: str, dims: int) -> bool:
@@ -42,7 +41,6 @@ class Verified:
             device.type == self.device
             and device.extension  # every entry is a custom-kernel path
             and (self.capabilities is None or device.capability in self.capabilities)
-            and (device.compiler or not self.needs_compiler)
             and precision in self.precisions
             and kind in self.kinds
             and dims in self.dims
@@ -72,17 +70,19 @@ VERIFIED: tuple[Verified, ...] = (
     Verified(
         "cuda",
         ("bf16", "fp16"),
-        "cuda_compile",
-        "fused step kernels in a CUDA graph, U-Net through torch.compile; the fastest measured on a GPU",
-        evidence="BENCHMARKS.md: 'Speed on a GPU: NVIDIA H100 80GB HBM3' (cuda_compile rows, bf16)",
-        needs_compiler=True,
+        "cuda",
+        "fused U-Net runner in a CUDA graph (NHWC, one-pass GroupNorm kernels, weights cast once); the fastest "
+        "verified on a GPU, torch.compile's build time counted",
+        evidence="BENCHMARKS.md: 'Speed on a GPU'",
+        dims=(2,),
     ),
     Verified(
         "cuda",
         ("fp32", "bf16", "fp16"),
         "cuda",
-        "fused step kernels in a CUDA graph; the fastest measured on a GPU in fp32 (and without torch.compile)",
-        evidence="BENCHMARKS.md: 'Speed on a GPU: NVIDIA H100 80GB HBM3' (fp32 table; compiled fp32 no faster)",
+        "fused step kernels in a CUDA graph around the eager U-Net; the fused U-Net runner is verified on a GPU for "
+        "2-D U-Nets in bf16 and fp16 only",
+        evidence="BENCHMARKS.md: 'Speed on a GPU'",
         kinds=("checkpoint", "torchscript"),
     ),
     Verified(
@@ -100,10 +100,11 @@ VERIFIED: tuple[Verified, ...] = (
 class Choice:
     implementation: str  # a registry name
     why: str
+    precision: str = "fp32"
 
     @property
     def line(self) -> str:
-        return f"implementation: {self.implementation} ({self.why})"
+        return f"implementation: {self.implementation} in {self.precision} ({self.why})"
 
 
 def choose(
@@ -131,7 +132,7 @@ def choose(
 
     for entry in VERIFIED:
         if entry.matches(device, precision=precision, kind=kind, dims=dims) and runs(entry.implementation):
-            return Choice(entry.implementation, entry.why)
+            return Choice(entry.implementation, entry.why, precision)
     for name in registry.SAMPLE_IMPLEMENTATIONS:
         if runs(name):
             reason = (
@@ -139,7 +140,7 @@ def choose(
                 if not device.extension
                 else f"nothing faster is verified for {precision} {dims}-D {kind} files on a {device.type.upper()}"
             )
-            return Choice(name, reason)
+            return Choice(name, reason, precision)
     registry.get("original").check(kind=kind, precision=precision, conditional=conditional, latent=latent)
     raise ValueError(f"no implementation here runs --precision {precision} for this file")
 

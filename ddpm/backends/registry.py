@@ -75,6 +75,10 @@ class Implementation:
     # decoder(first_stage, options, device=the sampling device) -> images = f(latents); None: latent models are refused.
     decoder: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
 
+    def runs(self, kind: str, precision: str) -> bool:
+        """Whether it runs ``kind`` files in ``precision`` (what :meth:`check` would accept of the two)."""
+        return kind in self.kinds and precision in self.precisions
+
     def check(
         self,
         *,

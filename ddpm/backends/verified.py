@@ -1,6 +1,6 @@
 """What this device is, and where the fused U-Net runner is verified: the facts backends/auto.py chooses from.
 
-    DeviceKind.of(torch.device("cpu"))       # DeviceKind(type="cpu", extension=True, compiler=False, capability="AVX2")
+    DeviceKind.of(torch.device("cpu"))       # DeviceKind(type="cpu", extension=True, capability="AVX2")
     runner_verified(device_type="cpu", precision="fp32", dims=2)   # True: cuda runs the fused U-Net runner there
 
 A leaf module (it imports the extension only when asked about the device), so the registry, the choice of
@@ -13,10 +13,11 @@ import importlib.util
 from dataclasses import dataclass
 
 # Where the cuda implementation runs the fused U-Net runner: (device type, precision, U-Net dims). Measured in
-# BENCHMARKS.md, "Speed on the CPU: the default path" (AVX2) and "The fused U-Net runner on the CPU, third pass"
-# (AVX-512); its Winograd convolutions only where they are faster (optimized_diffusion.winograd_is_fast).
-# Not on a GPU: the runner has not run on one yet (BENCHMARKS.md, "Speed on a GPU: NVIDIA H100 80GB HBM3").
-RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2)})
+# BENCHMARKS.md, "Speed on the CPU: the default path" (fp32, 2-D; its Winograd convolutions only where they are
+# faster: optimized_diffusion.winograd_is_fast) and "Speed on a GPU" (bf16 and fp16, 2-D: against the eager U-Net
+# in a CUDA graph and torch.compile, in the same run). Not on a GPU in fp32 (the step kernels around cuDNN's fp32
+# convolutions were as fast) nor for 3-D U-Nets on a GPU (verified against the eager U-Net, never timed there).
+RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2), ("cuda", "bf16", 2), ("cuda", "fp16", 2)})
 
 
 def runner_verified(*, device_type: str, precision: str, dims: int) -> bool:
@@ -30,7 +31,6 @@ class DeviceKind:
 
     type: str  # "cpu" or "cuda"
     extension: bool  # the diffusion_kernels extension is built for it (no JIT compile on first use)
-    compiler: bool = False  # torch.compile can generate code for it (Triton on a GPU)
     capability: str = ""  # a CPU's vector capability as PyTorch names it ("AVX512", "AVX2")
 
     @classmethod
@@ -39,7 +39,7 @@ class DeviceKind:
         import torch
 
         capability = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else ""
-        return cls(device.type, _extension_built(device.type), _compiler(device.type), capability)
+        return cls(device.type, _extension_built(device.type), capability)
 
 
 def _extension_built(device_type: str) -> bool:
@@ -52,7 +52,3 @@ def _extension_built(device_type: str) -> bool:
         return device_type != "cuda" or optimized_diffusion.has_cuda_kernels()
     except ImportError:
         return False
-
-
-def _compiler(device_type: str) -> bool:
-    return device_type == "cuda" and importlib.util.find_spec("triton") is not None

@@ -1,13 +1,15 @@
 """How much a benchmark runs, and how long that will take, decided and said before anything is timed.
 
-    plan = choose_plan(device_type="cpu", steps=1000, rows="all", given=frozenset({"n_samples"}))
-    plan.steps, plan.rows, plan.note     # 50, "original,cuda,compile,onnxruntime,openvino", "CPU quick plan: ..."
+    plan = choose_plan(device_type="cpu", steps=1000, rows="all", auto_row="cuda")
+    plan.steps, plan.rows, plan.note     # 50, "original,cuda,tensorrt,compile,onnxruntime,openvino", "quick plan: ..."
     print(estimate_line(rows=5, runs_per_row=4, steps=50, forward_s=0.13))
 
-On a CPU a default sampling benchmark (DDPM's 1,000 steps, every row, 1 + 3 runs each) takes an hour; so there,
-what the user left at its default is planned to finish in a few minutes: at most :data:`CPU_QUICK_STEPS`
-steps (the same sampler, respaced) and the rows that answer "which is fastest here" (:data:`CPU_QUICK_ROWS`).
-Whatever the user gave is kept, and the header says how to ask for the full run.
+Every row at DDPM's 1,000 steps with 1 + 3 runs each takes an hour on a CPU and over ten minutes on a GPU (most
+of it compiling and autotuning torch.compile's rows). So a benchmark left at its defaults is planned to answer
+the question the user asked in a minute or few: the rows of :data:`QUICK_ROWS` (the original baseline, the
+custom-kernel path, TensorRT or the one line saying why it is absent, and on a CPU the runtimes a CPU user would
+reach for instead), the row ``--implementation auto`` runs, and on a CPU at most :data:`CPU_QUICK_STEPS` steps
+(the same sampler, respaced). Whatever the user gave is kept, and the header says how to ask for the full run.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CPU_QUICK_STEPS = 50
-CPU_QUICK_ROWS = ("original", "cuda", "compile", "onnxruntime", "openvino")
+QUICK_ROWS = {
+    "cuda": ("original", "cuda", "tensorrt"),
+    "cpu": ("original", "cuda", "tensorrt", "compile", "onnxruntime", "openvino"),
+}
 
 
 @dataclass(frozen=True)
@@ -25,23 +30,33 @@ class RunPlan:
     note: str = ""  # what the quick plan changed and how to ask for the full run ('' when nothing changed)
 
 
-def choose_plan(*, device_type: str, steps: int, rows: str, given: frozenset[str] | None) -> RunPlan:
-    """The steps and rows to run. ``steps``: the sampler's steps as requested or defaulted; ``given``: the flags
-    written on the command line (None: unknown, so everything counts as given and nothing changes)."""
-    if device_type != "cpu" or given is None:
-        return RunPlan(steps, rows)
+def choose_plan(
+    *,
+    device_type: str,
+    steps: int,
+    rows: str,
+    auto_row: str | None = None,
+    steps_given: bool = False,
+    rows_given: bool = False,
+) -> RunPlan:
+    """The steps and rows to run. ``steps``: the sampler's steps as requested or defaulted; ``auto_row``: what
+    ``--implementation auto`` runs here (timed too); ``*_given``: whether the user chose that value (kept as is)."""
     changes, full = [], []
-    if "sampling_steps" not in given and steps > CPU_QUICK_STEPS:
+    if device_type == "cpu" and not steps_given and steps > CPU_QUICK_STEPS:
         changes.append(f"{CPU_QUICK_STEPS} of the sampler's {steps} steps")
         full.append(f"--sampling_steps {steps}")
         steps = CPU_QUICK_STEPS
-    if "rows" not in given and rows == "all":
-        rows = ",".join(CPU_QUICK_ROWS)
-        changes.append(f"rows {rows}")
+    if not rows_given and rows == "all" and device_type in QUICK_ROWS:
+        quick = list(QUICK_ROWS[device_type])
+        if auto_row and auto_row not in quick:
+            quick.insert(2, auto_row)
+        rows = ",".join(quick)
+        changes.append(f"rows {rows}" + (f" (--implementation auto runs {auto_row})" if auto_row else ""))
         full.append("--rows all")
     if not changes:
         return RunPlan(steps, rows)
-    note = f"CPU quick plan: {' and '.join(changes)}; the full run: add {' '.join(full)}"
+    every = "every row (torch.compile and max-autotune among them)" if "--rows all" in full else "every step"
+    note = f"quick plan: {' and '.join(changes)}; {every}: add {' '.join(full)}"
     return RunPlan(steps, rows, note)
 
 

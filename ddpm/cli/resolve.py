@@ -214,8 +214,8 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     from ddpm.backends import registry
     from ddpm.formats.kinds import artifact_kind
 
-    precision = _precision(args, "sampling", device)  # auto is fp32: the original's images
     implementation, why = _implementation(args), ""
+    precision = _sampling_precision(args, device, implementation, kind=artifact_kind(source.path))
     if implementation == "auto":  # the fastest verified here (backends/auto.py); its line is printed by the mode
         from ddpm.backends.auto import choose
         from ddpm.backends.verified import DeviceKind
@@ -238,6 +238,19 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         class_label=args.class_label,
         guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
     )
+
+
+def _sampling_precision(args: argparse.Namespace, device: torch.device, implementation: str, *, kind: str) -> str:
+    """--precision for drawing: "auto" is bf16 on a GPU (util/precision.resolve) where the implementation runs it on
+    this kind of file (auto: a checkpoint, which the fused U-Net runner draws in bf16), else fp32; a named
+    precision as it is (the implementation's check refuses one it does not run)."""
+    from ddpm.backends import registry
+
+    precision = _precision(args, "sampling", device)
+    if args.precision != "auto" or precision == "fp32":
+        return precision
+    runs = kind == "checkpoint" if implementation == "auto" else registry.get(implementation).runs(kind, precision)
+    return precision if runs else "fp32"
 
 
 def _refuse_unread_runtime_flags(args: argparse.Namespace, implementation: str, *, kind: str) -> None:

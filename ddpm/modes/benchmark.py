@@ -6,9 +6,9 @@
 
 The model is a checkpoint (--model_path) or a fresh U-Net of --img_size/--channels whose zero-initialized
 layers get small random weights (a new U-Net predicts eps = 0, and every implementation would agree
-trivially). The timing itself is benchmarks/sampling_bench.py's and benchmarks/training_bench.py's. On a CPU,
-what is left at its default is planned to finish in minutes (benchmarks/plan.py; the header says how to ask for
-the full run).
+trivially). The timing itself is benchmarks/sampling_bench.py's and benchmarks/training_bench.py's. What is
+left at its default is planned to finish in a minute on a GPU and a few on a CPU (benchmarks/plan.py; the header
+says how to ask for the full run).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 from basic_diffusion import UNet
+from ddpm.backends.auto import choose
+from ddpm.backends.verified import DeviceKind
 from ddpm.benchmarks import sampling_bench, training_bench
 from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
@@ -29,6 +31,11 @@ from ddpm.util import distributed
 from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule
+
+
+def auto_row(device: torch.device, *, precision: str, dims: int) -> str:
+    """The row ``--implementation auto`` would run for a checkpoint of this U-Net here."""
+    return choose(DeviceKind.of(device), precision=precision, dims=dims).implementation
 
 
 def run_benchmark(run: BenchmarkRun) -> None:
@@ -83,8 +90,15 @@ def run_benchmark(run: BenchmarkRun) -> None:
     model.to(device).eval()
     sampling = replace(run.sampling, clip_denoised=clips_x0(run.sampling.clip_denoised, stage))
     plan = sampling.plan(NoiseSchedule(schedule_config), device=device)
-    quick = choose_plan(device_type=device.type, steps=plan.num_steps, rows=request.rows, given=request.given)
-    if not training and quick.note:  # a CPU and defaults left as they are: a run of minutes, not an hour
+    quick = choose_plan(
+        device_type=device.type,
+        steps=plan.num_steps,
+        rows=request.rows,
+        auto_row=None if training else auto_row(device, precision=run.precision, dims=model.config.dims),
+        steps_given="sampling_steps" in request.given,
+        rows_given="rows" in request.given,
+    )
+    if not training and quick.note:  # defaults left as they are: a run of a minute or few, not of an hour
         request = replace(request, rows=quick.rows)
         if quick.steps != plan.num_steps:
             plan = replace(sampling, steps=quick.steps).plan(NoiseSchedule(schedule_config), device=device)

@@ -1,10 +1,11 @@
 """--implementation auto and the cuda implementation's two forms.
 
 Specification: auto is a pure function of the device's kind, the precision and the model: the fused runner
-(`cuda`) on a CPU in fp32, never the runner on a GPU (it has not run on one), the compiled step path on a GPU
-with torch.compile, and the original when nothing faster is verified or the extension is not built; an
-explicit --implementation always wins. `cuda` draws the original's images to float tolerance (rtol = atol =
-1e-4 in fp32; at most one uint8 level), `cuda_steps` bit for bit.
+(`cuda`) on a CPU in fp32 and on a GPU in bf16/fp16 for 2-D U-Nets, the step kernels on a GPU elsewhere (fp32,
+3-D, TorchScript), never torch.compile (its build time is longer than a whole sampling run), and the original
+when nothing faster is verified or the extension is not built; the line it prints names the implementation and
+the precision; an explicit --implementation always wins. `cuda` draws the original's images to float
+tolerance (rtol = atol = 1e-4 in fp32; at most one uint8 level), `cuda_steps` bit for bit.
 """
 
 import re
@@ -15,40 +16,46 @@ from helpers import ROOT, TINY_SCHEDULE, perturbed_unet, tiny_unet_config
 
 from ddpm.backends import registry
 from ddpm.backends.auto import VERIFIED, choose
-from ddpm.backends.verified import RUNNER_VERIFIED, DeviceKind, runner_verified
+from ddpm.backends.verified import DeviceKind, runner_verified
 from noise_schedule import NoiseSchedule
 
 CPU = DeviceKind("cpu", extension=True, capability="AVX512")
 AVX2_CPU = DeviceKind("cpu", extension=True, capability="AVX2")
-GPU = DeviceKind("cuda", extension=True, compiler=True)
-GPU_WITHOUT_COMPILER = DeviceKind("cuda", extension=True, compiler=False)
+GPU = DeviceKind("cuda", extension=True)
 
 
 def test_auto_is_the_fused_runner_on_a_cpu_in_fp32():
     choice = choose(CPU, precision="fp32", kind="checkpoint", dims=2)
     assert choice.implementation == "cuda" and "fused U-Net runner, Winograd convolutions" in choice.line
     assert runner_verified(device_type="cpu", precision="fp32", dims=2)
-    assert choice.line.startswith("implementation: cuda (")
+    assert choice.line.startswith("implementation: cuda in fp32 (")
     avx2 = choose(AVX2_CPU, precision="fp32", kind="checkpoint", dims=2)
     assert avx2.implementation == "cuda" and "oneDNN convolutions" in avx2.why
     unmeasured = choose(DeviceKind("cpu", extension=True, capability="DEFAULT"), precision="fp32")
     assert unmeasured.implementation == "original" and "nothing faster is verified" in unmeasured.why
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("device", [GPU, GPU_WITHOUT_COMPILER], ids=["compiler", "no compiler"])
-def test_auto_never_picks_the_unverified_runner_on_a_gpu(device, precision):
-    choice = choose(device, precision=precision, kind="checkpoint", dims=2)
-    assert choice.implementation in ("cuda", "cuda_compile")
-    assert not runner_verified(device_type="cuda", precision=precision, dims=2)  # so cuda there is the step kernels
-    assert "runner" not in choice.why
-    assert all(device_type != "cuda" for device_type, _, _ in RUNNER_VERIFIED)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_auto_on_a_gpu_is_the_fused_runner_in_half_precision_for_2d_unets(precision):
+    choice = choose(GPU, precision=precision, kind="checkpoint", dims=2)
+    assert choice.implementation == "cuda" and "fused U-Net runner" in choice.why
+    assert choice.line.startswith(f"implementation: cuda in {precision} (")
+    assert runner_verified(device_type="cuda", precision=precision, dims=2)  # so cuda there runs the runner
 
 
-def test_auto_on_a_gpu_compiles_in_bf16_where_torch_compile_works_and_not_where_it_does_not():
-    assert choose(GPU, precision="bf16").implementation == "cuda_compile"
-    assert choose(GPU_WITHOUT_COMPILER, precision="bf16").implementation == "cuda"
-    assert choose(GPU, precision="fp32").implementation == "cuda"  # compiled fp32 was no faster per step
+@pytest.mark.parametrize(
+    ("precision", "kind", "dims"),
+    [("fp32", "checkpoint", 2), ("bf16", "checkpoint", 3), ("bf16", "torchscript", 2)],
+)
+def test_auto_on_a_gpu_is_the_step_kernels_where_the_runner_is_not_verified(precision, kind, dims):
+    choice = choose(GPU, precision=precision, kind=kind, dims=dims)
+    assert choice.implementation == "cuda" and "fused step kernels" in choice.why
+    if kind == "checkpoint":  # a traced U-Net never runs through the runner, which rebuilds a PyTorch U-Net
+        assert not runner_verified(device_type="cuda", precision=precision, dims=dims)
+
+
+def test_auto_never_compiles():
+    assert all(not entry.implementation.startswith(("compile", "cuda_compile")) for entry in VERIFIED)
 
 
 def test_auto_falls_back_to_the_original_where_nothing_faster_is_verified():
@@ -75,7 +82,7 @@ def test_an_explicit_implementation_wins_over_auto():
     from ddpm.cli import resolve
 
     _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
-    assert auto.implementation == "cuda" and auto.implementation_line.startswith("implementation: cuda")
+    assert auto.implementation == "cuda" and auto.implementation_line.startswith("implementation: cuda in fp32")
     for name in ("original", "cuda_steps", "onnxruntime"):
         _, explicit = resolve.parse(["--mode", "sample", "--device", "cpu", "--implementation", name])
         assert explicit.implementation == name and explicit.implementation_line == ""

@@ -8,7 +8,7 @@ import torch
 from helpers import perturbed_unet, tiny_unet_config
 
 from ddpm.benchmarks import peaks
-from ddpm.benchmarks.plan import CPU_QUICK_ROWS, CPU_QUICK_STEPS, choose_plan, duration, estimate_line, estimate_seconds
+from ddpm.benchmarks.plan import CPU_QUICK_STEPS, QUICK_ROWS, choose_plan, duration, estimate_line, estimate_seconds
 from ddpm.benchmarks.report import WINOGRAD_FOOTNOTE, Row, format_table
 
 CPUINFO = """processor\t: 0
@@ -64,27 +64,36 @@ def test_a_winograd_row_says_its_rate_is_direct_equivalent():
 
 
 def test_a_cpu_run_left_at_its_defaults_is_planned_for_minutes_and_says_how_to_get_the_full_one():
-    quick = choose_plan(device_type="cpu", steps=1000, rows="all", given=frozenset({"n_samples", "img_size"}))
-    assert quick.steps == CPU_QUICK_STEPS and quick.rows == ",".join(CPU_QUICK_ROWS)
-    assert "--sampling_steps 1000 --rows all" in quick.note and quick.note.startswith("CPU quick plan")
+    quick = choose_plan(device_type="cpu", steps=1000, rows="all", auto_row="cuda")
+    assert quick.steps == CPU_QUICK_STEPS and quick.rows == ",".join(QUICK_ROWS["cpu"])
+    assert "--sampling_steps 1000 --rows all" in quick.note and quick.note.startswith("quick plan")
+
+
+def test_a_gpu_run_left_at_its_defaults_times_the_seeds_three_rows_and_autos_at_every_step():
+    quick = choose_plan(device_type="cuda", steps=1000, rows="all", auto_row="cuda")
+    assert quick.steps == 1000 and quick.rows == "original,cuda,tensorrt"
+    assert "add --rows all" in quick.note and "max-autotune" in quick.note and "auto runs cuda" in quick.note
+    other = choose_plan(device_type="cuda", steps=1000, rows="all", auto_row="cuda_steps")
+    assert other.rows == "original,cuda,cuda_steps,tensorrt"  # auto's row is timed too
 
 
 @pytest.mark.parametrize(
-    "device_type,steps,rows,given",
+    "device_type,steps,rows,steps_given,rows_given",
     [
-        ("cuda", 1000, "all", frozenset()),  # a GPU runs what was asked
-        ("cpu", 1000, "all", frozenset({"sampling_steps", "rows"})),  # the user asked for it all
-        ("cpu", 20, "original,cuda", frozenset({"rows"})),  # already short
-        ("cpu", 1000, "all", None),  # a library caller: nothing is known to be a default
+        ("cuda", 1000, "original,cuda_compile", False, True),  # rows the user named
+        ("cpu", 1000, "all", True, True),  # the user asked for it all
+        ("cpu", 20, "original,cuda", False, True),  # already short
     ],
 )
-def test_what_the_user_gave_is_never_changed(device_type, steps, rows, given):
-    plan = choose_plan(device_type=device_type, steps=steps, rows=rows, given=given)
+def test_what_the_user_gave_is_never_changed(device_type, steps, rows, steps_given, rows_given):
+    plan = choose_plan(
+        device_type=device_type, steps=steps, rows=rows, auto_row="cuda", steps_given=steps_given, rows_given=rows_given
+    )
     assert (plan.steps, plan.rows, plan.note) == (steps, rows, "")
 
 
 def test_the_quick_plan_keeps_given_rows_and_shortens_only_default_steps():
-    plan = choose_plan(device_type="cpu", steps=1000, rows="original,cuda", given=frozenset({"rows"}))
+    plan = choose_plan(device_type="cpu", steps=1000, rows="original,cuda", rows_given=True)
     assert (plan.steps, plan.rows) == (CPU_QUICK_STEPS, "original,cuda") and "--rows" not in plan.note
 
 
