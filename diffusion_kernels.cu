@@ -273,64 +273,85 @@ __global__ void __launch_bounds__(kGnPartials) group_norm_act_kernel(const Group
   }
 }
 
-// A block normalizes `chunk` consecutive groups of one sample (chunk = groups per block, chosen on the host):
-// thread t owns channel cc = t % width of the chunk's width = chunk * cg channels and the positions
-// p = r, r + M, r + 2M, ... with r = t / width and M = period / cg. That is exactly partial sum k = r * cg + cc % cg
-// of group cc / cg in diffusion_kernels.h's fixed order (partial k holds channel k % cg's positions
-// p = k / cg (mod M), added in increasing p), so the sums are the CPU twin's bit for bit whatever the chunk, while a
-// warp reads whole channels-last rows of `width` channels at a time (one block per group would read cg channels,
-// a few bytes, per position). Each thread keeps up to kGnCached of its values in registers, so the group is read
-// from memory once (twice past that: the squared deviations and the output read it again, mostly from L2).
+// A block normalizes `chunk` consecutive groups of one sample (chunk = groups per block, chosen on the host) with
+// chunk * kGnPartials threads: thread t owns channel cc = t % width of the chunk's width = chunk * cg channels and
+// the positions p = r, r + M, r + 2M, ... with r = t / width and M = period / cg (threads with r >= M, where the
+// period is short of kGnPartials, own nothing). That is exactly partial sum k = r * cg + cc % cg of group cc / cg
+// in diffusion_kernels.h's fixed order (partial k holds channel k % cg's positions p = k / cg (mod M), added in
+// increasing p), so the sums are the CPU twin's bit for bit whatever the chunk, while a warp reads whole
+// channels-last rows of `width` channels. Each thread keeps up to kGnCached of its values in registers, so the
+// group is read from memory once (three times past that: the squared deviations and the output read it again,
+// mostly from L2). The kernel is short, so its cost is its chain of dependent steps: indices in 32 bits, and each
+// group's pairwise tree in shared memory down to 64 partials, then in one warp's registers (__shfl_down_sync adds
+// lane k + half to lane k: the same pairs as the tree).
 constexpr int kGnCached = 16;
 
 template <typename T>
 __global__ void __launch_bounds__(1024) group_norm_act_chunk_kernel(const GroupNormAct a, const int chunk) {
-  extern __shared__ float partial[];  // (chunk, kGnPartials), then (chunk,) means and (chunk,) 1/std
-  float* means = partial + chunk * kGnPartials;
-  float* rstds = means + chunk;
+  extern __shared__ float partial[];  // (chunk, kGnPartials), then (chunk,) sums
+  float* totals = partial + chunk * kGnPartials;
   const int t = threadIdx.x;
-  const int64_t cg = a.cg, period = gn_period(cg), m_step = period / cg;
-  const int64_t width = chunk * cg;
-  const int64_t b = blockIdx.x / (a.groups / chunk), c_first = (blockIdx.x % (a.groups / chunk)) * width;
-  const int64_t cc = t % width, r = t / width;
-  const int g = static_cast<int>(cc / cg);
-  const int k = static_cast<int>(r * cg + cc % cg);  // this thread's partial of group g
-  const int64_t c = c_first + cc;
+  const int cg = static_cast<int>(a.cg);
+  const int period = static_cast<int>(gn_period(a.cg)), m_step = period / cg;
+  const int width = chunk * cg;
+  const int chunks_per_sample = static_cast<int>(a.groups) / chunk;
+  const int64_t b = blockIdx.x / chunks_per_sample;
+  const int64_t c = static_cast<int64_t>(blockIdx.x % chunks_per_sample) * width + t % width;
+  const int r = t / width, g = (t % width) / cg;
+  const bool active = r < m_step;
+  const int slot = g * kGnPartials + r * cg + (t % width) % cg;  // this thread's partial of group g
   // This thread's source: x's channel (with the producing convolution's bias) or x2's.
   const bool first = c < a.src.c1;
   const T* src = static_cast<const T*>(first ? a.src.x : a.src.x2) +
       (first ? b * a.src.stride_b1 + c * a.src.stride_c1 : b * a.src.stride_b2 + (c - a.src.c1) * a.src.stride_c2);
   const int64_t stride_p = first ? a.src.stride_p1 : a.src.stride_p2;
-  const float x_bias = first && a.src.x_bias != nullptr ? a.src.x_bias[c] : 0.0f;
-  const bool add_bias = first && a.src.x_bias != nullptr;
+  const bool add_bias = active && first && a.src.x_bias != nullptr;
+  const float x_bias = add_bias ? a.src.x_bias[c] : 0.0f;
   auto load = [&](int64_t p) {
     const float v = static_cast<float>(src[p * stride_p]);
     return add_bias ? add_rn(v, x_bias) : v;
   };
-  const int64_t mine = r < a.positions ? (a.positions - 1 - r) / m_step + 1 : 0;  // positions r, r + M, ...
-  const bool cached = a.positions <= kGnCached * m_step;
+  const int64_t mine = active && r < a.positions ? (a.positions - 1 - r) / m_step + 1 : 0;  // positions r, r + M, ...
+  const bool cached = a.positions <= static_cast<int64_t>(kGnCached) * m_step;
   float values[kGnCached];
-  // The chunk's groups reduced side by side, each in the pairwise tree of the one-group kernel.
-  auto reduce = [&](float own, float* out) {
+  if (period < kGnPartials) {  // partials past the period stay 0 (the tree below writes only below 128 < period)
     for (int i = t; i < chunk * kGnPartials; i += blockDim.x) {
-      partial[i] = 0.0f;  // partials past the period stay 0
+      partial[i] = 0.0f;
     }
     __syncthreads();
-    partial[g * kGnPartials + k] = own;
+  }
+  // Each group's kGnPartials partials summed in the pairwise tree; thread t reduces group t / kGnPartials.
+  auto reduce = [&](float own) {
+    if (active) {
+      partial[slot] = own;
+    }
     __syncthreads();
-    for (int half = kGnPartials / 2; half >= 1; half /= 2) {
-      for (int i = t; i < chunk * half; i += blockDim.x) {
-        const int gi = i / half, ki = i % half;
-        partial[gi * kGnPartials + ki] = add_rn(partial[gi * kGnPartials + ki], partial[gi * kGnPartials + ki + half]);
+    float* mine_group = partial + (t / kGnPartials) * kGnPartials;
+    const int k = t % kGnPartials;
+    if (k < 128) {
+      mine_group[k] = add_rn(mine_group[k], mine_group[k + 128]);
+    }
+    __syncthreads();
+    if (k < 64) {
+      mine_group[k] = add_rn(mine_group[k], mine_group[k + 64]);
+    }
+    __syncthreads();
+    if (k < 32) {  // the group's first warp, whole
+      float v = add_rn(mine_group[k], mine_group[k + 32]);
+#pragma unroll
+      for (int half = 16; half >= 1; half /= 2) {
+        v = add_rn(v, __shfl_down_sync(0xffffffffu, v, half));
       }
-      __syncthreads();
-    }
-    if (t < chunk) {
-      out[t] = partial[t * kGnPartials];
+      if (k == 0) {
+        totals[t / kGnPartials] = v;
+      }
     }
     __syncthreads();
+    const float total = totals[g];
+    __syncthreads();  // partial and totals are reused by the next reduction
+    return total;
   };
-  const float count = static_cast<float>(cg * a.positions);
+  const float count = static_cast<float>(a.cg * a.positions);
   float sum = 0.0f;
   if (cached) {
 #pragma unroll
@@ -345,12 +366,7 @@ __global__ void __launch_bounds__(1024) group_norm_act_chunk_kernel(const GroupN
       sum = add_rn(sum, load(r + i * m_step));
     }
   }
-  reduce(sum, means);
-  if (t < chunk) {
-    means[t] = div_rn(means[t], count);
-  }
-  __syncthreads();
-  const float mean = means[g];
+  const float mean = div_rn(reduce(sum), count);
   float squares = 0.0f;
   if (cached) {
 #pragma unroll
@@ -366,12 +382,10 @@ __global__ void __launch_bounds__(1024) group_norm_act_chunk_kernel(const GroupN
       squares = add_rn(squares, mul_rn(d, d));
     }
   }
-  reduce(squares, rstds);
-  if (t < chunk) {
-    rstds[t] = group_rstd(rstds[t], count, a.eps);
+  const float rstd = group_rstd(reduce(squares), count, a.eps);
+  if (!active) {
+    return;
   }
-  __syncthreads();
-  const float rstd = rstds[g];
   // The output: the same positions, with this channel's affine, scale and shift read once.
   const bool modulate = a.scale != nullptr;
   const float weight = a.weight[c], bias = a.bias[c];
@@ -415,8 +429,7 @@ int sm_count(int device) {
 // would leave under two blocks per SM. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob:
 // the result is the same bits for any chunk).
 int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
-  const int64_t period = gn_period(a.cg);
-  auto fits = [&](int64_t n) { return n >= 1 && a.groups % n == 0 && n * period <= 1024; };
+  auto fits = [&](int64_t n) { return n >= 1 && a.groups % n == 0 && n * kGnPartials <= 1024; };
   if (const char* forced = std::getenv("DIFFUSION_KERNELS_GN_CHUNK")) {
     const int64_t n = std::atoll(forced);
     if (fits(n)) {
@@ -431,6 +444,60 @@ int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
     chunk /= 2;
   }
   return static_cast<int>(chunk);
+}
+
+// bias_add_: VEC elements per thread when every channel count is a multiple of VEC and the pointers are aligned for
+// it (a vector then never straddles a position or the two residuals), one otherwise.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) bias_add_kernel(const BiasAdd a, const int64_t vectors) {
+  T* h = static_cast<T*>(a.h);
+  const T* r1 = static_cast<const T*>(a.residual);
+  const T* r2 = static_cast<const T*>(a.residual2);
+  const int64_t c2 = a.channels - a.c1;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vectors;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = v * VEC, q = i / a.channels, c = i % a.channels;
+    Packed<T, VEC> out = *reinterpret_cast<const Packed<T, VEC>*>(h + i);
+    Packed<T, VEC> res;
+    if (r1 != nullptr) {
+      res = c < a.c1 ? *reinterpret_cast<const Packed<T, VEC>*>(r1 + q * a.c1 + c)
+                     : *reinterpret_cast<const Packed<T, VEC>*>(r2 + q * c2 + (c - a.c1));
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float r = r1 != nullptr ? static_cast<float>(res.v[j]) : 0.0f;
+      out.v[j] = static_cast<T>(bias_add_element(static_cast<float>(out.v[j]), a.bias[c + j], r, r1 != nullptr));
+    }
+    *reinterpret_cast<Packed<T, VEC>*>(h + i) = out;
+  }
+}
+
+void bias_add_cuda(
+    const at::Tensor& h,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& residual,
+    const std::optional<at::Tensor>& residual2) {
+  const c10::cuda::CUDAGuard device_guard(h.device());
+  const BiasAdd a = prepare_bias_add(h, bias, residual, residual2);
+  if (h.numel() == 0) {
+    return;
+  }
+  dispatch_step_dtype(h.scalar_type(), "h", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int VEC = 16 / sizeof(T);
+    auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vector = a.channels % VEC == 0 && a.c1 % VEC == 0 && aligned(a.h) && aligned(a.residual) &&
+        aligned(a.residual2);
+    const int64_t vectors = vector ? h.numel() / VEC : h.numel();
+    const auto blocks = static_cast<unsigned int>(std::min<int64_t>((vectors + kThreads - 1) / kThreads, kMaxBlocks));
+    const auto stream = c10::cuda::getCurrentCUDAStream();
+    if (vector) {
+      bias_add_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(a, vectors);
+    } else {
+      bias_add_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(a, vectors);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 at::Tensor group_norm_act_cuda(
@@ -459,8 +526,8 @@ at::Tensor group_norm_act_cuda(
       group_norm_act_kernel<T><<<static_cast<unsigned int>(blocks), kGnPartials, 0, stream>>>(a);
     } else {
       const int chunk = gn_chunk(a, x.element_size(), sm_count(x.get_device()));
-      const auto threads = static_cast<unsigned int>(chunk * gn_period(a.cg));
-      const size_t shared = (chunk * kGnPartials + 2 * chunk) * sizeof(float);
+      const auto threads = static_cast<unsigned int>(chunk * kGnPartials);
+      const size_t shared = (chunk * kGnPartials + chunk) * sizeof(float);
       group_norm_act_chunk_kernel<T><<<static_cast<unsigned int>(blocks / chunk), threads, shared, stream>>>(a, chunk);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -474,6 +541,7 @@ TORCH_LIBRARY_IMPL(diffusion_kernels, CUDA, m) {
   m.impl("fused_step_", &fused_step_cuda);
   m.impl("gather_timestep_", &gather_timestep_cuda);
   m.impl("group_norm_act", &group_norm_act_cuda);
+  m.impl("bias_add_", &bias_add_cuda);
 }
 
 }  // namespace diffusion_kernels

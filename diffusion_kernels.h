@@ -334,6 +334,37 @@ C10_HOST_DEVICE inline void store_group_norm_act(
   static_cast<T*>(a.out)[b * a.out_stride_b + c * a.out_stride_c + p * a.out_stride_p] = static_cast<T>(y);
 }
 
+// ----------------------------------------------------------------------------------------------
+// bias_add_: a convolution's bias and the residual stream added to its output, in place, in one pass
+// ----------------------------------------------------------------------------------------------
+// For a channels-last output h (B, C, *spatial) in T, element q * C + c (q = b * positions + p):
+//
+//   h[q, c] = (h[q, c] + bias[c]) (+ residual[q, c] for c < c1, + residual2[q, c - c1] for c >= c1)
+//
+// in float32, each sum rounded separately (add_rn), one rounding to T at the end: in fp32 exactly what
+// PyTorch's convolution bias add followed by the residual add computes; in bf16/fp16 one rounding
+// where PyTorch rounds twice. residual (c1 channels) and residual2 (C - c1) are channels-last too: the
+// U-Net's identity skip on [x, x2], never concatenated.
+struct BiasAdd {
+  void* h;
+  const float* bias;  // (C,)
+  const void* residual;  // (B, c1, *spatial) or nullptr
+  const void* residual2;  // (B, C - c1, *spatial) or nullptr
+  int64_t rows, channels, c1;  // rows = B * positions
+};
+
+C10_HOST_DEVICE inline float bias_add_element(float h, float bias, float residual, bool has_residual) {
+  const float y = add_rn(h, bias);
+  return has_residual ? add_rn(y, residual) : y;
+}
+
+// Checks the arguments (shared by the CPU and CUDA kernels; reads no device memory).
+BiasAdd prepare_bias_add(
+    const at::Tensor& h,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& residual,
+    const std::optional<at::Tensor>& residual2);
+
 // Calls f(tag) with a value of the C++ type matching `dtype` (float, c10::Half or
 // c10::BFloat16); anything else is a TORCH_CHECK error naming `what`.
 template <typename F>

@@ -30,6 +30,12 @@
 //       order are in diffusion_kernels.h (group_norm_act_element); the CUDA kernel matches this CPU
 //       twin bit for bit.
 //
+//   bias_add_(h, bias, residual, residual2)
+//       h += bias (per channel) [+ the residual stream: residual's channels, then residual2's], in place,
+//       for a channels-last h: a convolution's bias and a U-Net block's identity skip in one pass over
+//       memory (on a GPU cuDNN leaves the bias to a separate broadcast add). Arithmetic in diffusion_kernels.h
+//       (bias_add_element); the CUDA kernel matches this CPU twin bit for bit.
+//
 //   conv3x3_winograd(x, weight, bias, *, upsample=False) -> Tensor
 //       A 3x3 convolution (stride 1, padding 1) of a channels-last float32 x, CPU only, in Winograd's
 //       F(2x2, 3x3): 2.25x fewer multiply-adds than oneDNN's direct convolution. weight is the kernel's
@@ -997,6 +1003,109 @@ at::Tensor conv3x3_winograd_cpu(
 
 }  // namespace
 
+namespace {
+
+// A dense channels-last tensor (B, C, *spatial): channels innermost, then positions, then the batch.
+bool is_dense_channels_last(const at::Tensor& t) {
+  if (t.dim() < 3) {
+    return false;
+  }
+  int64_t expected = 1;
+  if (t.size(1) != 1 && t.stride(1) != 1) {
+    return false;
+  }
+  expected = t.size(1);
+  for (int64_t d = t.dim() - 1; d >= 2; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) {
+      return false;
+    }
+    expected *= t.size(d);
+  }
+  return t.size(0) == 1 || t.stride(0) == expected;
+}
+
+}  // namespace
+
+BiasAdd prepare_bias_add(
+    const at::Tensor& h,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& residual,
+    const std::optional<at::Tensor>& residual2) {
+  TORCH_CHECK(is_step_dtype(h.scalar_type()), "bias_add_: h must be float32, float16 or bfloat16, got ", h.scalar_type());
+  TORCH_CHECK(is_dense_channels_last(h), "bias_add_: h must be a dense channels-last (B, C, *spatial) tensor, got sizes ",
+      h.sizes(), " and strides ", h.strides());
+  const int64_t channels = h.size(1);
+  TORCH_CHECK(bias.device() == h.device(), "bias_add_: bias is on ", bias.device(), " but h is on ", h.device());
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.dim() == 1 && bias.size(0) == channels && bias.is_contiguous(),
+      "bias_add_: bias must be a contiguous float32 (", channels, ",) tensor, got ", bias.scalar_type(), " ", bias.sizes());
+  TORCH_CHECK(residual.has_value() || !residual2.has_value(), "bias_add_: residual2 goes with residual");
+  int64_t c1 = channels;
+  for (const auto* r : {&residual, &residual2}) {
+    if (!r->has_value()) {
+      continue;
+    }
+    const at::Tensor& t = **r;
+    const char* name = r == &residual ? "residual" : "residual2";
+    TORCH_CHECK(t.device() == h.device(), "bias_add_: ", name, " is on ", t.device(), " but h is on ", h.device());
+    TORCH_CHECK(t.scalar_type() == h.scalar_type(), "bias_add_: ", name, " must have h's dtype ", h.scalar_type(),
+        ", got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == h.dim() && t.size(0) == h.size(0) && t.sizes().slice(2) == h.sizes().slice(2),
+        "bias_add_: ", name, " must have h's batch and spatial sizes, got ", t.sizes(), " for ", h.sizes());
+    TORCH_CHECK(is_dense_channels_last(t), "bias_add_: ", name, " must be dense channels-last, got strides ", t.strides());
+    TORCH_CHECK(at::get_overlap_status(h, t) == at::MemOverlapStatus::No,
+        "bias_add_: ", name, " must not overlap h");
+  }
+  if (residual.has_value()) {
+    c1 = residual->size(1);
+    const int64_t c2 = residual2.has_value() ? residual2->size(1) : 0;
+    TORCH_CHECK(c1 + c2 == channels, "bias_add_: the residuals' ", c1, " + ", c2, " channels are not h's ", channels);
+  }
+  return BiasAdd{
+      h.data_ptr(),
+      bias.const_data_ptr<float>(),
+      residual.has_value() ? residual->const_data_ptr() : nullptr,
+      residual2.has_value() ? residual2->const_data_ptr() : nullptr,
+      h.numel() / std::max<int64_t>(channels, 1),
+      channels,
+      c1};
+}
+
+namespace {
+
+template <typename T>
+void bias_add_cpu_impl(const BiasAdd& a) {
+  T* h = static_cast<T*>(a.h);
+  const T* r1 = static_cast<const T*>(a.residual);
+  const T* r2 = static_cast<const T*>(a.residual2);
+  const int64_t c2 = a.channels - a.c1;
+  at::parallel_for(0, a.rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      T* row = h + q * a.channels;
+      for (int64_t c = 0; c < a.channels; ++c) {
+        float res = 0.0f;
+        if (r1 != nullptr) {
+          res = c < a.c1 ? static_cast<float>(r1[q * a.c1 + c]) : static_cast<float>(r2[q * c2 + (c - a.c1)]);
+        }
+        row[c] = static_cast<T>(bias_add_element(static_cast<float>(row[c]), a.bias[c], res, r1 != nullptr));
+      }
+    }
+  });
+}
+
+void bias_add_cpu(
+    const at::Tensor& h,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& residual,
+    const std::optional<at::Tensor>& residual2) {
+  const BiasAdd a = prepare_bias_add(h, bias, residual, residual2);
+  if (h.numel() == 0) {
+    return;
+  }
+  dispatch_step_dtype(h.scalar_type(), "h", [&](auto tag) { bias_add_cpu_impl<decltype(tag)>(a); });
+}
+
+}  // namespace
+
 TORCH_LIBRARY(diffusion_kernels, m) {
   m.def(
       "fused_step_(Tensor(a!) x, Tensor eps, Tensor? noise, Tensor(b!)? xstart, Tensor coefficients, "
@@ -1006,6 +1115,7 @@ TORCH_LIBRARY(diffusion_kernels, m) {
       "group_norm_act(Tensor x, Tensor? x2, Tensor weight, Tensor bias, Tensor? x_bias, Tensor? scale, "
       "Tensor? shift, *, int groups, float eps, bool silu) -> Tensor");
   m.def("conv3x3_winograd(Tensor x, Tensor weight, Tensor? bias, *, bool upsample=False) -> Tensor");
+  m.def("bias_add_(Tensor(a!) h, Tensor bias, Tensor? residual, Tensor? residual2) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
@@ -1013,6 +1123,7 @@ TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
   m.impl("gather_timestep_", &gather_timestep_cpu);
   m.impl("group_norm_act", &group_norm_act_cpu);
   m.impl("conv3x3_winograd", &conv3x3_winograd_cpu);
+  m.impl("bias_add_", &bias_add_cpu);
 }
 
 }  // namespace diffusion_kernels

@@ -176,6 +176,13 @@ def _register_fakes() -> None:
         shape = (x.shape[0], weight.shape[2], scale * x.shape[2], scale * x.shape[3])
         return x.new_empty(shape).contiguous(memory_format=torch.channels_last)
 
+    if not hasattr(torch.ops.diffusion_kernels, "bias_add_"):
+        return
+
+    @torch.library.register_fake("diffusion_kernels::bias_add_")
+    def _bias_add_fake(h, bias, residual, residual2):
+        return None
+
 
 # --------------------------------------------------------------------------------------------
 # Op wrappers
@@ -249,6 +256,23 @@ def group_norm_act(
     return torch.ops.diffusion_kernels.group_norm_act(
         x, x2, weight, bias, x_bias, scale, shift, groups=groups, eps=eps, silu=silu
     )
+
+
+def bias_add_(
+    h: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    residual: torch.Tensor | None = None,
+    residual2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``h += bias`` per channel (and ``+ [residual, residual2]``, the residual stream, never concatenated) in
+    place, in one pass, and returns h. h: a dense channels-last (B, C, *spatial) float32/float16/bfloat16 tensor;
+    bias: (C,) float32; residual (B, C1, *spatial) and residual2 (B, C - C1, *spatial): h's dtype, channels-last.
+    Sums in float32, each rounded (diffusion_kernels.h), one rounding to h's dtype."""
+    if _loaded_from is None:
+        load_extension()
+    torch.ops.diffusion_kernels.bias_add_(h, bias, residual, residual2)
+    return h
 
 
 # Winograd's kernel transforms G (Lavin and Gray 2016): U = G g G^T is the kernel that multiplies the transformed
@@ -388,6 +412,7 @@ class FusedUNet(nn.Module):
         # qkv and proj) as GEMM operands (Cin, Cout) on the channels-last rows. A block's skip bias joins its conv2
         # bias (both end in the same sum), so the skip GEMM accumulates onto conv2's output with no bias of its own.
         self.packed: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.float_biases: dict[nn.Module, torch.Tensor] = {}  # the 3x3 convolutions' (and skips') biases, float32
         skip_bias = {
             b.conv2: b.skip.bias
             for b in unet.modules()
@@ -398,6 +423,8 @@ class FusedUNet(nn.Module):
                 bias = None if module.bias is None else module.bias.detach().float()
                 if module in skip_bias:
                     bias = bias + skip_bias[module].detach().float()
+                if bias is not None and any(k != 1 for k in module.kernel_size):
+                    self.float_biases[module] = bias.contiguous()
                 bias = None if bias is None else bias.to(dtype)
                 if all(k == 1 for k in module.kernel_size):  # (Cout, Cin, 1, 1) -> (Cin, Cout)
                     weight = module.weight.detach().to(dtype).flatten(1).t().contiguous()
@@ -424,11 +451,16 @@ class FusedUNet(nn.Module):
             if isinstance(m, nn.GroupNorm)
         }
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
+
         # On the CPU in float32 channels-last, the 3x3 stride-1 convolutions in Winograd's F(2x2, 3x3)
         # (conv3x3_winograd: 2.25x fewer multiply-adds, faster than oneDNN's direct ones up to 256 channels), and
         # an upsampling's convolution with it, in F(2x2, 2x2) per output phase (no upsampled tensor); elsewhere
         # (GPUs: cuDNN chooses its own algorithm) the packed weights above.
         on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
+        # On a GPU cuDNN adds a convolution's bias in a separate broadcast pass: the runner adds it itself, with the
+        # residual stream where a block's skip is the identity, in one vectorized pass (bias_add_). oneDNN fuses the
+        # bias into the convolution, so the CPU keeps it there.
+        self.separate_bias = not on_cpu and channels_last and _has_op("bias_add_")
         use_winograd = (
             winograd
             and on_cpu
@@ -467,14 +499,39 @@ class FusedUNet(nn.Module):
         emb = self.unet.embedding(t, y).float()  # (rows, 4ch)
         return torch.addmm(self.projection_bias, torch.nn.functional.silu(emb), self.projection_weight.t())
 
-    def _conv(self, conv: nn.Module, x: torch.Tensor, *, with_bias: bool = True) -> torch.Tensor:
+    def _conv(
+        self,
+        conv: nn.Module,
+        x: torch.Tensor,
+        *,
+        with_bias: bool = True,
+        residual: torch.Tensor | None = None,
+        residual2: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """conv(x) (+ its bias) (+ [residual, residual2], the residual stream), a new tensor in the runner's
+        layout."""
         weight, bias = self.packed[conv]
         if conv in self.winograd:
-            return conv3x3_winograd(
+            out = conv3x3_winograd(
                 x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias if with_bias else None
             )
-        op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
-        return op(x, weight, bias if with_bias else None, conv.stride, conv.padding, conv.dilation, conv.groups)
+        elif with_bias and self.separate_bias and conv in self.float_biases:
+            op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
+            out = op(x, weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+            # One input or output channel makes channels-last ambiguous, and cuDNN may answer in NCHW.
+            out = out.contiguous(memory_format=self.memory_format)
+            residuals = [
+                r if r is None else r.contiguous(memory_format=self.memory_format) for r in (residual, residual2)
+            ]
+            return bias_add_(out, self.float_biases[conv], residual=residuals[0], residual2=residuals[1])
+        else:
+            op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
+            out = op(x, weight, bias if with_bias else None, conv.stride, conv.padding, conv.dilation, conv.groups)
+        if residual is not None:  # [residual, residual2] + out, in place: out is this call's own new tensor
+            out[:, : residual.shape[1]].add_(residual)
+            if residual2 is not None:
+                out[:, residual.shape[1] :].add_(residual2)
+        return out
 
     def _norm(self, norm: nn.GroupNorm, x: torch.Tensor, **kwargs) -> torch.Tensor:
         weight, bias = self.norms[norm]
@@ -539,12 +596,9 @@ class FusedUNet(nn.Module):
         else:  # "add": the embedding (with conv1's bias) is a per-sample bias before the norm
             e = projections[:, start : start + C]
             h = self._norm(block.norm2, h + e.to(h.dtype).reshape(*e.shape, *(1,) * self.config.dims))
-        h = self._conv(block.conv2, h)  # dropout: identity when sampling; bias: conv2's + the skip's
-        if isinstance(block.skip, nn.Identity):  # [x, x2] + h, in place: h is this block's own new tensor
-            h[:, : x.shape[1]].add_(x)
-            if x2 is not None:
-                h[:, x.shape[1] :].add_(x2)
-            return h
+        if isinstance(block.skip, nn.Identity):  # conv2(h) + its bias + [x, x2]; dropout: identity when sampling
+            return self._conv(block.conv2, h, residual=x, residual2=x2)
+        h = self._conv(block.conv2, h)  # bias: conv2's + the skip's
         # skip([x, x2]) + h: GEMMs accumulating in place onto h's rows (h is this block's own new tensor), x2's
         # part through the weight's other rows: [x, x2] @ W = x @ W[:C1] + x2 @ W[C1:].
         weight, _ = self.packed[block.skip]

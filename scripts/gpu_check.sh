@@ -22,7 +22,8 @@
 #                with MFU and build seconds (OUTDIR/rows_<size>_b<batch>.json)
 #   gpu_tests_runner  pytest -m gpu on the kernels, the sampler and the runner (what `cuda` runs on a GPU), the
 #                auto choice and training on cuda: the part of gpu_tests that a change to them needs
-#   memcheck_runner   compute-sanitizer memcheck on group_norm_act's chunked kernel and the runner's sampler tests
+#   memcheck_runner   compute-sanitizer memcheck on group_norm_act's chunked kernel, bias_add_ and the runner (eager:
+#                without the caching allocator a CUDA graph cannot capture)
 #   rows_mnist_b64_fp32  cuda_steps against cuda_fused_unet in fp32 (where the runner is not the GPU default)
 #   seed_benchmark  the seed's command, `main.py --mode benchmark --n_samples 8 --img_size 32 --channels 3`, its
 #                wall time (OUTDIR/seed_benchmark.json)
@@ -36,7 +37,7 @@
 #                export sampled back on cuda, a short distillation and its student on original and cuda
 # OUTDIR/summary.txt lists each stage's status and time. Exit status: 0 if every stage passed,
 # 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200), ROWS (the rows
-# stages' --rows, default the whole staircase), STAGE_TIMEOUT seconds (each command stage's limit, default none),
+# stages' --rows, default the whole staircase), STUDENT_BATCHES (default 8,64), STAGE_TIMEOUT seconds (each command stage's limit, default none),
 # DEADLINE seconds (stages not started this long after the script began are skipped, and said so; default none).
 set -u
 
@@ -172,11 +173,11 @@ run_stage environment environment
 run_stage build "$PYTHON" setup.py build_ext --inplace
 run_stage gpu_tests "$PYTHON" -m pytest -m gpu -v -rs tests/
 run_stage gpu_tests_runner "$PYTHON" -m pytest -m gpu -q -rs tests/test_diffusion_kernels.py tests/test_optimized_diffusion.py \
-  tests/backends/test_auto.py tests/training/test_train_runs.py -k "group_norm or fused_unet or runner or graph or train"
+  tests/backends/test_auto.py tests/training/test_train_runs.py -k "group_norm or bias_add or fused_unet or runner or graph or train"
 run_stage memcheck_runner env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py tests/test_optimized_diffusion.py \
-  -k "(any_groups_per_block and bfloat16) or the_fused_unet_on_cuda or the_runner_in_a_graph"
+  -k "(any_groups_per_block and bfloat16) or bias_add or the_fused_unet_on_cuda"
 run_stage memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py
@@ -185,12 +186,6 @@ run_stage racecheck timeout "${MEMCHECK_TIMEOUT:-1200}" \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py -k group_norm_act
 run_stage benchmark "$PYTHON" scripts/bench_sampling.py --out "$OUTDIR/benchmark.json"
 run_stage profile "$PYTHON" scripts/gpu_profile.py --out "$OUTDIR" --img_size 28 --channels 1 --batch 64 --precision bf16
-run_stage rows_mnist_b64_fp32 "$PYTHON" main.py --mode benchmark --device cuda --img_size 28 --channels 1 \
-  --n_samples 64 --precision fp32 --timesteps 1000 --sampler ddpm --sampling_steps 200 --repeats 3 \
-  --rows cuda_steps,cuda_fused_unet --json "$OUTDIR/rows_mnist_b64_fp32.json"
-run_stage seed_benchmark seed_benchmark
-run_stage students "$PYTHON" scripts/gpu_students.py --out "$OUTDIR"
-run_stage sample_default sample_default
 for size in mnist cifar; do
   if [ "$size" = mnist ]; then shape=(--img_size 28 --channels 1); else shape=(--img_size 32 --channels 3); fi
   for batch in 64 8; do
@@ -200,6 +195,12 @@ for size in mnist cifar; do
       --json "$OUTDIR/rows_${size}_b$batch.json"
   done
 done
+run_stage rows_mnist_b64_fp32 "$PYTHON" main.py --mode benchmark --device cuda --img_size 28 --channels 1 \
+  --n_samples 64 --precision fp32 --timesteps 1000 --sampler ddpm --sampling_steps 200 --repeats 3 \
+  --rows cuda_steps,cuda_fused_unet --json "$OUTDIR/rows_mnist_b64_fp32.json"
+run_stage seed_benchmark seed_benchmark
+run_stage sample_default sample_default
+run_stage students "$PYTHON" scripts/gpu_students.py --out "$OUTDIR" --batches "${STUDENT_BATCHES:-8,64}"
 run_stage modes modes
 
 if [ ${#FAILED[@]} -gt 0 ]; then

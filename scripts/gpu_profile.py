@@ -2,8 +2,8 @@
 
     python scripts/gpu_profile.py --out OUTDIR [--img_size 28 --channels 1 --batch 64 --precision bf16]
 
-For the fused runner (optimized_diffusion.FusedUNet; on a GPU also with group_norm_act's kernel forced to one
-group per block) and the autocast eager U-Net (the step kernels' U-Net), on the same random "small" U-Net and
+For the fused runner (optimized_diffusion.FusedUNet; on a GPU also with group_norm_act's kernel forced to 1, 2 and
+4 groups per block) and the autocast eager U-Net (the step kernels' U-Net), on the same random "small" U-Net and
 inputs: GPU time per category (convolution, GEMM, group_norm_act, attention, the fused step, layout copies and
 casts, other elementwise), each convolution shape's TFLOP/s, and each group_norm_act call's GB/s (its minimum
 traffic: inputs read once, output written once) against a measured device copy's. On a CPU (a smoke run) the same
@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     with torch.no_grad(), backend_policy(args.precision):
         runs = [("fused_unet", lambda: runner(x, t), None), ("eager_autocast", eager, None)]
-        if device.type == "cuda":  # group_norm_act's kernel with one group per block, as before chunks
-            runs.insert(1, ("fused_unet_one_group_per_block", lambda: runner(x, t), "1"))
+        if device.type == "cuda":  # group_norm_act's kernel with 1, 2 and 4 groups per block (same bits)
+            for chunk in ("4", "2", "1"):
+                runs.insert(1, (f"fused_unet_{chunk}_groups_per_block", lambda: runner(x, t), chunk))
         for name, forward, chunk in runs:
             if chunk is None:
                 os.environ.pop("DIFFUSION_KERNELS_GN_CHUNK", None)

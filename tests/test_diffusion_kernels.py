@@ -818,6 +818,87 @@ def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block
 
 
 # ---------------------------------------------------------------------------------------------
+# bias_add_: a convolution's bias and the residual stream, added in place (the GPU runner's)
+# ---------------------------------------------------------------------------------------------
+
+BIAS_ADD_CASES = {  # (batch, channels, residual channels (None: no residual; a pair: [x, x2]), spatial)
+    "bias only": (2, 16, None, (5, 7)),
+    "an identity skip": (3, 64, (64,), (6, 6)),
+    "an identity skip on [x, x2]": (2, 48, (32, 16), (4, 4)),
+    "channel counts that no vector divides": (2, 12, (7, 5), (3, 5)),
+    "one output channel (conv_out)": (2, 1, None, (8, 8)),
+    "3-D": (2, 16, (16,), (3, 4, 5)),
+}
+
+
+def bias_add_case(batch, channels, residuals, spatial, *, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    fmt = torch.channels_last if len(spatial) == 2 else torch.channels_last_3d
+
+    def tensor(c):
+        t = torch.randn(batch, c, *spatial, generator=g) * 3
+        return t.to(dtype).contiguous(memory_format=fmt).to(device)
+
+    h = tensor(channels)
+    bias = torch.randn(channels, generator=g).to(device)
+    parts = [tensor(c) for c in residuals] if residuals else []
+    return h, bias, (parts + [None, None])[:2]
+
+
+@pytest.mark.parametrize("case", BIAS_ADD_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_bias_add_is_the_float_sum_rounded_once_cpu(case, dtype):
+    h, bias, (r1, r2) = bias_add_case(*BIAS_ADD_CASES[case], dtype=dtype)
+    expected = h.float() + bias.view(1, -1, *(1,) * (h.dim() - 2))
+    if r1 is not None:
+        expected = expected + (r1.float() if r2 is None else torch.cat([r1.float(), r2.float()], 1))
+    out = od.bias_add_(h, bias, residual=r1, residual2=r2)
+    assert out is h and h.dtype == dtype and h.is_contiguous(memory_format=od_channels_last(h))
+    torch.testing.assert_close(h, expected.to(dtype), rtol=0, atol=0)  # two float32 sums, one rounding
+
+
+def od_channels_last(t: torch.Tensor) -> torch.memory_format:
+    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda h, b, r: (h.contiguous(), b, r), "dense channels-last"),
+        (lambda h, b, r: (h, b[:-1], r), "bias must be a contiguous float32"),
+        (lambda h, b, r: (h, b.double(), r), "bias must be a contiguous float32"),
+        (lambda h, b, r: (h, b, r[:, :-1].contiguous(memory_format=torch.channels_last)), "channels are not h's"),
+        (lambda h, b, r: (h, b, r.half()), "must have h's dtype"),
+        (lambda h, b, r: (h, b, h), "must not overlap h"),
+    ],
+)
+def test_bias_add_rejects_bad_arguments(change, message):
+    h, bias, (r1, _) = bias_add_case(*BIAS_ADD_CASES["an identity skip"])
+    h, bias, r1 = change(h, bias, r1)
+    with pytest.raises(RuntimeError, match=message):
+        od.bias_add_(h, bias, residual=r1)
+
+
+def test_bias_add_opcheck_cpu():
+    for case in ("bias only", "an identity skip on [x, x2]"):
+        h, bias, (r1, r2) = bias_add_case(*BIAS_ADD_CASES[case])
+        torch.library.opcheck(torch.ops.diffusion_kernels.bias_add_, (h, bias, r1, r2))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", BIAS_ADD_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_bias_add_cuda_kernel_equals_its_cpu_twin_bit_for_bit(case, dtype):
+    _require_cuda_kernels()
+    h, bias, (r1, r2) = bias_add_case(*BIAS_ADD_CASES[case], dtype=dtype)
+    on_gpu = [None if t is None else t.cuda() for t in (h, bias, r1, r2)]
+    od.bias_add_(on_gpu[0], on_gpu[1], residual=on_gpu[2], residual2=on_gpu[3])
+    od.bias_add_(h, bias, residual=r1, residual2=r2)
+    torch.testing.assert_close(on_gpu[0].cpu(), h, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
 # conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) (the fused U-Net's)
 # ---------------------------------------------------------------------------------------------
 

@@ -326,6 +326,28 @@ def test_the_fused_unet_on_cuda_is_the_unet_to_float_rounding_and_bf16_stays_clo
     assert relative_error(half.float(), expected) < 5e-3  # fp16's 11-bit mantissa
 
 
+@pytest.mark.parametrize("variant", FUSED_VARIANTS)
+def test_the_runner_with_its_biases_added_apart_as_on_a_gpu_is_the_unet_to_float_rounding(monkeypatch, variant):
+    """The GPU's form of the runner (every 3x3 convolution's bias, and an identity skip's residual, added by
+    bias_add_ after a bias-free convolution), run here through bias_add_'s CPU twin."""
+    calls = []
+    add = od.bias_add_
+    monkeypatch.setattr(
+        od, "bias_add_", lambda h, bias, **kw: calls.append(kw["residual"] is not None) or add(h, bias, **kw)
+    )
+    config = FUSED_VARIANTS[variant]
+    model = perturbed_unet(config).eval()
+    x, t = torch.randn(3, *config.sample_shape(1)[1:]), torch.tensor([0, 37, 99])
+    y = torch.tensor([0, 2, config.null_label]) if config.num_classes else None
+    runner = od.FusedUNet(model, winograd=False)
+    assert not runner.separate_bias and runner.float_biases  # on a CPU oneDNN adds the bias inside the convolution
+    runner.separate_bias = True
+    with torch.no_grad():
+        eps, expected = runner(x, t, y), model(x, t, y)
+    assert relative_error(eps, expected) < 1e-5
+    assert any(calls) and not all(calls)  # identity skips with their residual, other convolutions without
+
+
 @pytest.mark.parametrize("variant", ["the test U-Net", "3-D"])
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_the_runners_upsampling_convolution_is_conv_of_the_upsampled_input_in_float64(variant, channels_last):
