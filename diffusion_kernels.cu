@@ -424,20 +424,21 @@ int sm_count(int device) {
   return counts[device];
 }
 
-// Groups per block for group_norm_act_chunk_kernel: the most (a divisor of groups, at most 1024 threads) whose
-// chunk of channels spans at most 64 bytes (two 32-byte sectors of a channels-last row), then fewer while that
-// would leave under two blocks per SM. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob:
+// Groups per block for group_norm_act_chunk_kernel: the most (a divisor of groups, at most 512 threads: two blocks
+// fit an SM's registers, where one 1024-thread block would leave it idle at each of its barriers) whose chunk of
+// channels spans at most 64 bytes (two 32-byte sectors of a channels-last row), then fewer while that would leave
+// under two blocks per SM. Measured (BENCHMARKS.md, "Speed on a GPU"): 2 groups per block beat 1 and 4. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob:
 // the result is the same bits for any chunk).
 int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
-  auto fits = [&](int64_t n) { return n >= 1 && a.groups % n == 0 && n * kGnPartials <= 1024; };
+  auto fits = [&](int64_t n, int64_t threads) { return n >= 1 && a.groups % n == 0 && n * kGnPartials <= threads; };
   if (const char* forced = std::getenv("DIFFUSION_KERNELS_GN_CHUNK")) {
     const int64_t n = std::atoll(forced);
-    if (fits(n)) {
+    if (fits(n, 1024)) {
       return static_cast<int>(n);
     }
   }
   int64_t chunk = 1;
-  while (fits(chunk * 2) && chunk * 2 * a.cg * element_size <= 64) {
+  while (fits(chunk * 2, 512) && chunk * 2 * a.cg * element_size <= 64) {
     chunk *= 2;
   }
   while (chunk > 1 && a.batch * (a.groups / chunk) < 2 * sm_count) {

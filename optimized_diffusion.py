@@ -939,14 +939,17 @@ class FusedSampler:
             # The rest of the caller's random stream continues in the private generator.
             self._rng.set_state(caller_rng.get_state())
             steps = range(self.plan.num_steps)
-            if self._graph is not None and self.whole_plan:
-                with phase("graph_replay"):  # every step: U-Nets, noise and fused steps
-                    self._graph.replay()
-                steps = range(0)
             if progress:
                 from tqdm.auto import tqdm
 
                 steps = tqdm(steps, desc=f"sampling ({self.plan.sampler}, cuda)", leave=False)
+            if self._graph is not None and self.whole_plan:
+                with phase("graph_replay"):  # every step: U-Nets, noise and fused steps
+                    self._graph.replay()
+                if progress:
+                    steps.update(self.plan.num_steps)
+                    steps.close()
+                steps = range(0)
             for i in steps:
                 draws_noise = self.plan.noise_steps[i]  # host tuple: no sync
                 if self._graph is not None and draws_noise == self._graph_draws_noise:

@@ -195,8 +195,8 @@ class DrawRequest:
     device: torch.device
     precision: str
     source: ModelSource
-    implementation: str  # a registry name (cuda with --compile is cuda_compile; auto resolved: backends/auto.py)
-    implementation_line: str = ""  # --implementation auto: which it chose and why (printed by the mode)
+    implementation: str  # "auto" (chosen once the file is read: backends/auto.chosen_for) or a registry name
+    implementation_line: str = ""  # --implementation auto: which it chose and why (set and printed by the mode)
     n_samples: int = 16
     batch_size: int = 64
     seed: int = 0

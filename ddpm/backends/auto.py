@@ -73,7 +73,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused U-Net runner in a CUDA graph (NHWC, one-pass GroupNorm kernels, weights cast once); the fastest "
         "verified on a GPU, torch.compile's build time counted",
-        evidence="BENCHMARKS.md: 'Speed on a GPU'",
+        evidence="BENCHMARKS.md: 'Speed on a GPU: the default path'",
         dims=(2,),
     ),
     Verified(
@@ -82,7 +82,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused step kernels in a CUDA graph around the eager U-Net; the fused U-Net runner is verified on a GPU for "
         "2-D U-Nets in bf16 and fp16 only",
-        evidence="BENCHMARKS.md: 'Speed on a GPU'",
+        evidence="BENCHMARKS.md: 'Speed on a GPU: the default path'",
         kinds=("checkpoint", "torchscript"),
     ),
     Verified(
@@ -145,11 +145,24 @@ def choose(
     raise ValueError(f"no implementation here runs --precision {precision} for this file")
 
 
+def check_runnable(*, kind: str, precision: str) -> None:
+    """Refuse, before any file is read, a file kind and precision that no sample-mode implementation runs (the
+    last one's one-line reason); :func:`chosen_for` chooses among those that do once the file is read."""
+    from ddpm.backends import registry
+    from ddpm.formats.kinds import KIND_NAMES
+
+    if not any(registry.get(name).runs(kind, precision) for name in registry.SAMPLE_IMPLEMENTATIONS):
+        raise ValueError(
+            f"no implementation here runs {KIND_NAMES[kind]} files in --precision {precision}; "
+            "drop --precision, or sample from the checkpoint"
+        )
+
+
 def chosen_for(request, artifact) -> Choice | None:
-    """``--implementation auto`` chosen again once the file is read and says its U-Net's dims, conditioning and
-    autoencoder (the request chose from the device, precision and file kind alone); None where the user named
-    an implementation. ``request`` is a DrawRequest, ``artifact`` the opened file (backends/artifacts.py)."""
-    if not request.implementation_line:  # an implementation the user named
+    """``--implementation auto``, chosen once the file is read and says its U-Net's dims, conditioning and
+    autoencoder; None where the user named an implementation. ``request`` is a DrawRequest, ``artifact`` the
+    opened file (backends/artifacts.py)."""
+    if request.implementation != "auto":  # an implementation the user named
         return None
     from ddpm.formats.kinds import artifact_kind
 

@@ -342,8 +342,9 @@ REGISTRY: dict[str, Implementation] = {
         ),
         Implementation(
             "cuda",
-            "the fastest custom-kernel path: fused step ops, static buffers, one CUDA graph per step, and the fused "
-            "U-Net runner where it is verified (the CPU in fp32: backends/auto.py) (optimized_diffusion.py)",
+            "the fastest custom-kernel path: fused step ops, static buffers, CUDA graphs (the whole plan in one for "
+            "short plans), and the fused U-Net runner where it is verified (a CPU in fp32, a GPU in bf16/fp16 for "
+            "2-D U-Nets: backends/verified.py) (optimized_diffusion.py)",
             _fused(False, fused_unet=None),
             kinds=("checkpoint", "torchscript"),
             precisions=PRECISIONS,
@@ -364,7 +365,7 @@ REGISTRY: dict[str, Implementation] = {
         Implementation(
             "cuda_fused_unet",
             "the step ops with the fused U-Net runner on any device and precision (group_norm_act, NHWC, weights "
-            "cast once; on a GPU not yet verified)",
+            "cast once), also where cuda does not use it",
             _fused(False, fused_unet=True),
             precisions=PRECISIONS,
             in_sample_mode=False,

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 # Where the cuda implementation runs the fused U-Net runner: (device type, precision, U-Net dims). Measured in
 # BENCHMARKS.md, "Speed on the CPU: the default path" (fp32, 2-D; its Winograd convolutions only where they are
-# faster: optimized_diffusion.winograd_is_fast) and "Speed on a GPU" (bf16 and fp16, 2-D: against the eager U-Net
-# in a CUDA graph and torch.compile, in the same run). Not on a GPU in fp32 (the step kernels around cuDNN's fp32
-# convolutions were as fast) nor for 3-D U-Nets on a GPU (verified against the eager U-Net, never timed there).
+# faster: optimized_diffusion.winograd_is_fast) and "Speed on a GPU: the default path" (bf16, 2-D, against the eager
+# U-Net in a CUDA graph and torch.compile in the same run; fp16 verified against the eager U-Net by the GPU tests,
+# the same kernels in the other 16-bit type). Not on a GPU in fp32 nor for 3-D U-Nets there: verified against the
+# eager U-Net by the GPU tests, never timed against the step kernels.
 RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2), ("cuda", "bf16", 2), ("cuda", "fp16", 2)})
 
 

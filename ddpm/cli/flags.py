@@ -87,8 +87,8 @@ def _common() -> tuple[Flag, ...]:
             MODES,
             choices=("auto", *ALL_PRECISIONS),
             default="auto",
-            help="autocast precision; auto = bf16 for training on a GPU that supports it, fp32 otherwise "
-            "(sampling: fp32, so every implementation draws the same images); int8: an ONNX graph with INT8 "
+            help="autocast precision; auto = bf16 on a GPU that supports it (training, and sampling where the "
+            "implementation runs bf16: the fused runner), fp32 on a CPU and for export; int8: an ONNX graph with INT8 "
             "convolutions (--mode export --format onnx, or --implementation onnxruntime), calibrated on the "
             "model's own sampling trajectories; fp8: the same for TensorRT on Hopper GPUs",
         ),

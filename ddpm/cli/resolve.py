@@ -214,22 +214,20 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     from ddpm.backends import registry
     from ddpm.formats.kinds import artifact_kind
 
-    implementation, why = _implementation(args), ""
-    precision = _sampling_precision(args, device, implementation, kind=artifact_kind(source.path))
-    if implementation == "auto":  # the fastest verified here (backends/auto.py); its line is printed by the mode
-        from ddpm.backends.auto import choose
-        from ddpm.backends.verified import DeviceKind
+    implementation, kind = _implementation(args), artifact_kind(source.path)
+    precision = _sampling_precision(args, device, implementation, kind=kind)
+    if implementation == "auto":  # chosen once the file is read (backends/auto.chosen_for); here: can any run it?
+        from ddpm.backends.auto import check_runnable
 
-        choice = choose(DeviceKind.of(device), precision=precision, kind=artifact_kind(source.path))
-        implementation, why = choice.implementation, choice.line
-    registry.get(implementation).check(kind=artifact_kind(source.path), precision=precision)
-    _refuse_unread_runtime_flags(args, implementation, kind=artifact_kind(source.path))
+        check_runnable(kind=kind, precision=precision)
+    else:
+        registry.get(implementation).check(kind=kind, precision=precision)
+    _refuse_unread_runtime_flags(args, implementation, kind=kind)
     return dict(
         device=device,
         precision=precision,
         source=source,
         implementation=implementation,
-        implementation_line=why,
         n_samples=args.n_samples,
         batch_size=args.batch_size,
         seed=args.seed,

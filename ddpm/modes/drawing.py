@@ -99,7 +99,8 @@ def open_for_drawing(request: DrawRequest) -> Opened:
     # The files the model named (a latent model's autoencoder, an exported decoder) are inputs too.
     check_outputs(request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})
     if artifact.model_config.num_classes:
-        registry.get(request.implementation).check(conditional=True)
+        if request.implementation != "auto":  # auto chooses among those that run one (with_implementation)
+            registry.get(request.implementation).check(conditional=True)
     guidance, columns = guidance_for(
         artifact.model_config,
         artifact.class_names,
@@ -116,7 +117,7 @@ def open_for_drawing(request: DrawRequest) -> Opened:
 
 
 def with_implementation(opened: Opened, choice) -> Opened:
-    """``opened`` drawn by ``choice``'s implementation (``--implementation auto`` chosen again for this model:
+    """``opened`` drawn by ``choice``'s implementation (``--implementation auto``, chosen for this model by
     backends/auto.chosen_for), said in one line; as it was where the user named one (``choice`` None)."""
     if choice is None:
         return opened

@@ -42,7 +42,9 @@ def open_student(request: EvaluateRequest, path: str, *, like):
     """A distilled student for the same table: the same kind of images, drawn with its own sampler and steps."""
     from dataclasses import replace
 
-    student = open_for_drawing(replace(request, source=replace(request.source, path=path)))
+    student = open_for_drawing(
+        replace(like.request, source=replace(request.source, path=path))
+    )  # like's implementation
     config = student.artifact.schedule_config
     if not config.is_student:
         raise ValueError(f"--students {path} is not a distilled student (--mode distill makes one)")
@@ -144,7 +146,9 @@ def run_evaluate(request: EvaluateRequest) -> None:
         for row in rows:
             row.update(sampler="distilled", model_path=str(student.artifact.path))
         result["rows"] += quality.add_calls(rows, doubled=False)
-    result.update(model_path=str(source.path), implementation=request.implementation, precision=request.precision)
+    result.update(
+        model_path=str(source.path), implementation=opened.request.implementation, precision=request.precision
+    )
     if guidance is not None:
         result.update(guidance_scale=guidance.scale, class_names=list(artifact.class_names))
     print()

@@ -59,7 +59,7 @@ def run_sample(request: SampleRequest) -> None:
         distributed.say(
             f"{n} samples in {len(sizes)} batch(es) of up to {batch_size}, dealt over {ranks.world_size} ranks{idle}"
         )
-    run_name = f"sample-{request.implementation}" + (f"-rank{ranks.rank}" if ranks.distributed else "")
+    run_name = f"sample-{opened.request.implementation}" + (f"-rank{ranks.rank}" if ranks.distributed else "")
     profile = request.profile and ProfileConfig(request.profile, run_name=run_name, total_steps=len(rounds))
     # (each round of batches is one profiler step: a one-batch run is traced whole)
     writer = SampleWriter(outputs) if ranks.is_main else contextlib.nullcontext()

@@ -81,11 +81,26 @@ def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered
 def test_an_explicit_implementation_wins_over_auto():
     from ddpm.cli import resolve
 
+    from ddpm.backends.auto import chosen_for
+
+    class Artifact:  # what chosen_for reads of an opened file
+        model_config = tiny_unet_config()
+        first_stage = None
+
     _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
-    assert auto.implementation == "cuda" and auto.implementation_line.startswith("implementation: cuda in fp32")
+    assert auto.implementation == "auto"  # chosen once, when the mode has read the file
+    assert chosen_for(auto, Artifact()).line.startswith("implementation: cuda in fp32 (")
     for name in ("original", "cuda_steps", "onnxruntime"):
         _, explicit = resolve.parse(["--mode", "sample", "--device", "cpu", "--implementation", name])
-        assert explicit.implementation == name and explicit.implementation_line == ""
+        assert explicit.implementation == name and chosen_for(explicit, Artifact()) is None
+
+
+def test_auto_refuses_before_reading_a_file_what_no_implementation_runs():
+    from ddpm.backends.auto import check_runnable
+
+    check_runnable(kind="onnx", precision="fp32")
+    with pytest.raises(ValueError, match="no implementation here runs TorchScript files in --precision int8"):
+        check_runnable(kind="torchscript", precision="int8")
 
 
 def _draw(name: str, model, plan, *, seed: int = 3) -> torch.Tensor:
