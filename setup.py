@@ -16,9 +16,10 @@ CPU-only ``CppExtension`` (diffusion_ops.cpp alone). The toolkit is ``$CUDA_HOME
 ``/usr/local/cuda``; it must contain ``bin/nvcc`` and ``include/cuda_runtime.h``.
 ``DIFFUSION_KERNELS_CPU_ONLY=1`` forces the CPU-only build.
 
-Without a GPU and without ``TORCH_CUDA_ARCH_LIST``, the CUDA build targets
-``8.0;8.6;8.9;9.0`` (A100, RTX 30xx, L4/RTX 40xx, H100/H200). ``MAX_JOBS`` bounds ninja's
-parallelism.
+Without a GPU and without ``TORCH_CUDA_ARCH_LIST``, the CUDA build targets ``8.0;9.0+PTX``: machine code
+for sm_80, which the 8.x GPUs run (A100, RTX 30xx, L4/RTX 40xx), and for sm_90 (H100/H200), and PTX that the
+driver compiles for newer GPUs; two device compilations instead of one per GPU model, each spread over the CPU's
+cores (nvcc --threads). ``MAX_JOBS`` bounds ninja's parallelism.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 EXTENSION_NAME = "_diffusion_kernels"
-DEFAULT_CUDA_ARCH_LIST = "8.0;8.6;8.9;9.0"
+DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
 
 # The compiler flags live in ddpm/util/build_flags.py, shared with optimized_diffusion.py's JIT build
 # (bit-exactness depends on them: no fast math, no FP contraction). That module imports no torch.

@@ -20,5 +20,6 @@ OPENMP_FLAGS: tuple[str, ...] = ("-fopenmp",) if sys.platform.startswith("linux"
 CXX_FLAGS: tuple[str, ...] = ("-O3", "-ffp-contract=off", "-fno-trapping-math", *OPENMP_FLAGS)
 LINK_FLAGS: tuple[str, ...] = OPENMP_FLAGS
 # No --use_fast_math (see above). -lineinfo lets compute-sanitizer and ncu point at source lines
-# without slowing the kernels.
-NVCC_FLAGS: tuple[str, ...] = ("-O3", "-lineinfo")
+# without slowing the kernels. --threads 0: one thread per target architecture, up to the CPU's cores (nvcc
+# compiles them one after another otherwise).
+NVCC_FLAGS: tuple[str, ...] = ("-O3", "-lineinfo", "--threads", "0")
