@@ -1,7 +1,7 @@
 """How much a benchmark runs, and how long that will take, decided and said before anything is timed.
 
     plan = choose_plan(device_type="cpu", steps=1000, rows="all", auto_row="cuda")
-    plan.steps, plan.rows, plan.note     # 50, "original,cuda,tensorrt,compile,onnxruntime,openvino", "quick plan: ..."
+    plan.steps, plan.rows, plan.note     # 20, "original,cuda,tensorrt,compile,onnxruntime,openvino", "quick plan: ..."
     print(estimate_line(rows=5, runs_per_row=4, steps=50, forward_s=0.13))
 
 Every row at DDPM's 1,000 steps with 1 + 3 runs each takes an hour on a CPU and over ten minutes on a GPU (most
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CPU_QUICK_STEPS = 50
+CPU_QUICK_STEPS = 20
 QUICK_ROWS = {
     "cuda": ("original", "cuda", "tensorrt"),
     "cpu": ("original", "cuda", "tensorrt", "compile", "onnxruntime", "openvino"),
