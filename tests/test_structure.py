@@ -5,6 +5,7 @@ flags resolved once into typed requests."""
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -410,3 +411,39 @@ def test_the_tests_mirror_the_layout():
     top = {p.stem.removeprefix("test_") for p in tests.glob("test_*.py")}
     assert sorted(name for name in top if name not in modules and f"ddpm.{name}" not in modules) == []
     assert {f"test_{name}.py" for name in CORE[1:]} <= {p.name for p in tests.glob("test_*.py")}
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+
+
+def root_outputs() -> set[str]:
+    """The files that the README's, the docs' and the Makefile's commands write at the root: every bare file name
+    given to an output flag, and sample's default grid."""
+    texts = [(ROOT / "README.md").read_text(), (ROOT / "Makefile").read_text()]
+    texts += [path.read_text() for path in (ROOT / "docs").glob("*.md")]
+    named = {
+        name
+        for text in texts
+        for name in re.findall(r"--(?:output|json|chart|save_npz) ([\w.-]+\.\w+)\b", text)
+        if "/" not in name
+    }
+    return named | {"samples.png"}
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout")
+def test_git_ignores_what_the_documented_commands_write_at_the_root():
+    outputs = root_outputs()
+    assert {"digits_samples.png", "grid.png", "eval.json", "bench.json", "samples.png"} <= outputs
+    ignored = set(git("check-ignore", "--no-index", *sorted(outputs)).split())
+    assert sorted(outputs - ignored) == []
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout")
+def test_no_build_artifact_is_tracked():
+    """Wheels, compiled extensions and build folders are made by `make install`, never committed (ruff comes from
+    requirements-lock.txt like every other package)."""
+    tracked = git("ls-files").splitlines()
+    artifacts = [p for p in tracked if re.search(r"\.(whl|so|pyd|egg-info)$|^(build|dist)/", p)]
+    assert artifacts == []
+    assert re.search(r"^ruff==", (ROOT / "requirements-lock.txt").read_text(), re.M)
