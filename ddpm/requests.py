@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from basic_diffusion import UNetConfig
-    from ddpm.benchmarks.report import BenchmarkRequest
+    from ddpm.latent.autoencoder import AutoencoderConfig
     from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
 
 
@@ -269,6 +269,31 @@ class Calibration:
 
 
 @dataclass(frozen=True)
+class BenchmarkRequest:
+    """How benchmark mode times its rows (resolved from the flags by cli/resolve.py; BenchmarkRun holds it with the
+    model and the sampler)."""
+
+    rows: str = "all"  # comma-separated row names, or "all"
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+    train_steps: int = 20  # --bench training: timed optimizer steps per variant
+    batch_size: int = 64  # --bench training: the batch of each step
+    json: str | None = None
+    csv: str | None = None
+    chart: str | None = None
+    profile: str | None = None  # --profile DIR: one more run of each row, traced, after its timing
+    interleave: bool = False  # --interleave: every row built first, then timed in rounds (sampling_bench.time_rows)
+    given: frozenset[str] | None = None  # the flags written on the command line (plan.py); None: all count as given
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.train_steps < 1:
+            raise ValueError(f"--train_steps must be >= 1, got {self.train_steps}")
+
+
+@dataclass(frozen=True)
 class BenchmarkRun:
     device: torch.device
     precision: str
@@ -281,39 +306,68 @@ class BenchmarkRun:
     guidance_scale: float | None = None  # a class-conditional checkpoint is timed guided (default: conditioning's)
 
 
-# The defaults of the flags distill shares with --mode train, where its own differ (chosen on the demo model:
-# BENCHMARKS.md, "Distillation").
-DISTILL_DEFAULTS = {
-    "sampling_steps": 4,
-    "max_steps": 1000,
-    "batch_size": 64,
-    "lr": 1e-4,
-    "ema_decay": 0.995,
-    "save_every": 500,
-}
+@dataclass(frozen=True, kw_only=True)
+class AutoencoderTrainRequest:
+    """--mode train_autoencoder: the first stage of a latent model (training/autoencoder_trainer.py trains it)."""
+
+    device: torch.device
+    checkpoint: str
+    reconstructions: str  # the PNG beside the checkpoint
+    overwrite: bool
+    dataset: str
+    data_dir: str
+    image_size: int
+    channels: int
+    seed: int = 0
+    n_epochs: int | None = None
+    max_steps: int | None = None  # neither: autoencoder_trainer.DEFAULT_STEPS
+    batch_size: int  # the defaults: the flag table's (ddpm/choices.py: AUTOENCODER_DEFAULTS)
+    lr: float
+    # None: AutoencoderConfig's default
+    latent_channels: int | None = None
+    downsample: int | None = None
+    base_channels: int | None = None
+    kl_weight: float | None = None
+
+    def config(self) -> AutoencoderConfig:
+        """The autoencoder's config (validated)."""
+        from ddpm.latent.autoencoder import AutoencoderConfig
+
+        given = dict(
+            latent_channels=self.latent_channels,
+            downsample=self.downsample,
+            base_channels=self.base_channels,
+            kl_weight=self.kl_weight,
+        )
+        return AutoencoderConfig(
+            image_size=self.image_size, in_channels=self.channels, **{k: v for k, v in given.items() if v is not None}
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class DistillRequest:
+    """--mode distill. The recipe's defaults are the flag table's (ddpm/choices.py: DISTILL_DEFAULTS), so
+    every field of it is given here."""
+
     device: torch.device
     precision: str
     teacher: ModelSource
     checkpoint: str  # the student's checkpoint (--output)
     resume: bool = False
     overwrite: bool = False
-    sampling_steps: int = 4
+    sampling_steps: int
     guidance_scale: float | None = None  # None: a conditional teacher's default guidance
-    samples: int = 4096
-    teacher_steps: int = 32
+    samples: int  # --distill_samples: teacher trajectories
+    teacher_steps: int
     seed: int = 0
-    max_steps: int = 1000
-    batch_size: int = 64
-    lr: float = 1e-4
+    max_steps: int
+    batch_size: int
+    lr: float
     warmup_steps: int | None = None  # None: 5% of the run, at most 500
-    ema_decay: float = 0.995
+    ema_decay: float
     grad_clip: float = 1.0
     compile: bool = False
-    save_every: int = 500
+    save_every: int
     profile: str | None = None
     log_dir: str | None = None
     log_every: int = 10

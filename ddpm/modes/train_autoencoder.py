@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest, train_autoencoder
+from ddpm.requests import AutoencoderTrainRequest
+from ddpm.training.autoencoder_trainer import train_autoencoder
 from ddpm.util import interrupts
 from ddpm.util.safe_files import run_lock
 
