@@ -278,7 +278,7 @@ def test_flags_resolve_once_into_a_typed_request():
     assert request.device == torch.device("cpu") and request.precision == "fp32"  # auto, resolved for sampling
     assert request.source == ModelSource(path="checkpoints/digits.pt", weights="model")
     assert request.implementation == "cuda_compile"  # --compile with cuda is its own registry entry
-    assert request.sampling == SamplingChoice(sampler="ddim", steps=10, eta=0.0, clip_denoised=True)
+    assert request.sampling == SamplingChoice(sampler="ddim", sampling_steps=10, eta=0.0, clip_denoised=True)
     assert (request.grid, request.npz) == ("samples.png", "out.npz")
     _, train = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", "digits", "--channels", "1"])
     assert (train.model.image_size, train.model.channels, train.checkpoint) == (8, 1, "checkpoints/digits.pt")
@@ -388,7 +388,9 @@ def test_every_implementation_draws_the_originals_images_through_the_registry():
             dropout=0.0,
         )
     )
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=20)).make_plan("ddpm", num_steps=4, device=torch.device("cpu"))
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=20)).make_plan(
+        "ddpm", sampling_steps=4, device=torch.device("cpu")
+    )
     options = registry.SamplerOptions()
     images = {}
     for name in ("original", "cuda", "torchscript"):
@@ -447,3 +449,27 @@ def test_no_build_artifact_is_tracked():
     artifacts = [p for p in tracked if re.search(r"\.(whl|so|pyd|egg-info)$|^(build|dist)/", p)]
     assert artifacts == []
     assert re.search(r"^ruff==", (ROOT / "requirements-lock.txt").read_text(), re.M)
+
+
+def test_sampling_steps_keep_one_name_from_the_flag_to_make_plan():
+    """A reader follows --sampling_steps by its name: the requests' fields, own_sampling and make_plan all call
+    it sampling_steps, and the count is range-checked in one place, where it meets the model's timesteps."""
+    import dataclasses
+    import inspect
+
+    from ddpm.requests import Calibration, EvaluateRequest, own_sampling
+    from noise_schedule import NoiseSchedule
+
+    for request in (SamplingChoice, EvaluateRequest, Calibration):
+        names = {field.name for field in dataclasses.fields(request)}
+        assert "sampling_steps" in names and not names & {"steps", "num_steps"}, request.__name__
+    for function in (own_sampling, NoiseSchedule.make_plan):
+        assert "sampling_steps" in inspect.signature(function).parameters, function.__name__
+    checks = sorted(
+        f"{name}: {message}"
+        for name, path in module_files().items()
+        for message in re.findall(
+            r"(--sampling_steps must be a positive|sampling steps must be between)", path.read_text()
+        )
+    )
+    assert checks == ["noise_schedule: sampling steps must be between"]

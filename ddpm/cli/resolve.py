@@ -127,7 +127,7 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
             )
     steps = int(args.sampling_steps) if args.sampling_steps is not None else None
     sampler = args.sampler if "sampler" in args.given else None  # None: the model's own (a student's)
-    return SamplingChoice(sampler=sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
+    return SamplingChoice(sampler=sampler, sampling_steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
 
 
 def _model_path(args: argparse.Namespace) -> str:
@@ -403,7 +403,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     return EvaluateRequest(
         **_draw_fields(args, device, source),
         samplers=[None] if own else parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
-        steps=[None] if own else parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
+        sampling_steps=[None] if own else parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
         students=students,
         dataset=args.dataset if "dataset" in args.given else None,  # else the data the model file records
         data_dir=args.data_dir,
@@ -470,13 +470,15 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
     if "sampler" in args.given:
         sampler, steps = sampling.sampler, None
     if "sampling_steps" in args.given:
-        steps = sampling.steps
+        steps = sampling.sampling_steps
     samples = quantization.DEFAULT_CALIBRATION_SAMPLES if args.calibration_samples is None else args.calibration_samples
     if not 1 <= samples <= quantization.MAX_CALIBRATION_SAMPLES:
         raise ValueError(
             f"--calibration_samples must be between 1 and {quantization.MAX_CALIBRATION_SAMPLES}, got {samples}"
         )
-    return Calibration(sampler=sampler, steps=steps, samples=samples, seed=args.seed, batch_size=args.batch_size)
+    return Calibration(
+        sampler=sampler, sampling_steps=steps, samples=samples, seed=args.seed, batch_size=args.batch_size
+    )
 
 
 def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:

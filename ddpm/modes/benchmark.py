@@ -87,7 +87,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if not training and quick.note:  # a CPU and defaults left as they are: a run of minutes, not an hour
         request = replace(request, rows=quick.rows)
         if quick.steps != plan.num_steps:
-            plan = replace(sampling, steps=quick.steps).plan(NoiseSchedule(schedule_config), device=device)
+            plan = replace(sampling, sampling_steps=quick.steps).plan(NoiseSchedule(schedule_config), device=device)
     if training:
         training_bench.benchmark_training(  # a latent U-Net trains on float latents, not uint8 images
             request, model_config=model.config, schedule_config=schedule_config, device=device, latent=link is not None

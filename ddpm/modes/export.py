@@ -444,7 +444,7 @@ def quantize_export(proto, model, schedule_config, *, calibration: Calibration, 
     from ddpm.formats.exporters import METADATA_KEY
     from noise_schedule import NoiseSchedule
 
-    plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, num_steps=calibration.steps)
+    plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, sampling_steps=calibration.sampling_steps)
     feeds = quantization.calibration_feeds(
         model, plan, samples=calibration.samples, seed=calibration.seed, batch_size=calibration.batch_size
     )

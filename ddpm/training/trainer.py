@@ -259,10 +259,10 @@ class Trainer:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
         clip = clips_x0(True, self.first_stage)
         # The model's own sampling (a distilled student's sampler and timesteps), else DDPM in preview_steps.
-        sampler, timesteps = own_sampling(self.schedule_config, sampler=None, steps=None)
+        sampler, timesteps = own_sampling(self.schedule_config, sampler=None, sampling_steps=None)
         plan = self.schedule.make_plan(
             sampler,
-            num_steps=None if timesteps else min(self.config.preview_steps, self.schedule.num_timesteps),
+            sampling_steps=None if timesteps else min(self.config.preview_steps, self.schedule.num_timesteps),
             timesteps=timesteps,
             clip_denoised=clip,
             device=self.device,

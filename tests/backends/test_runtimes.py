@@ -162,7 +162,7 @@ def test_onnxruntime_implementation_draws_the_original_images(random_onnx):
     runtime = runtimes.OnnxRuntimeUNet(
         runtimes.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
     )
-    plan = NoiseSchedule(SCHEDULE).make_plan("ddpm", num_steps=6)
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddpm", sampling_steps=6)
     ours = original_sample(runtime, plan, shape=(3, 1, 16, 16), generator=torch.Generator().manual_seed(1))
     reference = original_sample(model, plan, shape=(3, 1, 16, 16), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-4)

@@ -138,7 +138,7 @@ def test_evaluate_takes_sample_modes_sampler_and_eta_rules(sampler, eta, refused
             source=source,
             implementation="original",
             samplers=["ddim", sampler],
-            steps=[None],
+            sampling_steps=[None],
             dataset=None,
             eta=eta,
         ),
