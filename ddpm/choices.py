@@ -37,7 +37,7 @@ DEFAULT_MAX_BATCH = 64
 
 # tensorrt_integration.py: native engines or torch_tensorrt.compile.
 BACKENDS = ("native", "torch_tensorrt")
-# backends/engine_cache.py: TensorRT's builder_optimization_level, 0 (fast build) .. 5 (most tactics).
+# formats/engine_cache.py: TensorRT's builder_optimization_level, 0 (fast build) .. 5 (most tactics).
 OPT_LEVELS = range(6)
 
 # training/timestep_sampling.py: which timesteps each training step draws.

@@ -20,8 +20,9 @@ from ddpm.util.precision import resolve as resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("main", "noise_schedule", "basic_diffusion", "optimized_diffusion", "tensorrt_integration")
-# The longest chain of imports is 8 modules, e.g. main -> a mode -> the drawing path -> the registry ->
-# tensorrt_integration -> the formats -> basic_diffusion -> noise_schedule: the floors.
+# The longest chain of imports, every import counted (lazy and annotation-only ones too), is 8 modules, e.g.
+# main -> cli/resolve -> backends/auto -> the registry -> tensorrt_integration -> formats/engine_cache ->
+# formats/unet_io -> ddpm/choices: the floors.
 MAX_FLOORS = 8
 # Folders below the modes and the command line: none of them imports ddpm.modes or ddpm.cli.
 LOWER = (
@@ -48,23 +49,12 @@ def module_files() -> dict[str, Path]:
     return files
 
 
-def runtime_imports(tree: ast.AST, *, package: list[str]) -> set[str]:
-    """What a module imports at any depth, as dotted names; imports under ``if TYPE_CHECKING:`` are
-    annotations only (they never run), so they are left out, as import-linter does. A "module:function"
-    string counts as an import of its module (main.py imports its modes by such names)."""
-    typing_only = {
-        id(node)
-        for branch in ast.walk(tree)
-        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
-        for statement in branch.body
-        for node in ast.walk(statement)
-    }
+def imports_of(tree: ast.AST, *, package: list[str]) -> set[str]:
+    """What a module imports, as dotted names: every import statement counts, at the top, inside a function (a
+    lazy import still runs, later) or under ``if TYPE_CHECKING:`` (an annotation still names what the module
+    depends on), so a module cannot hide an import that runs back up the tower."""
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[\w.]+:\w+", node.value):
-            found.add(node.value.split(":")[0])
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -83,7 +73,7 @@ def module_imports() -> dict[str, set[str]]:
     for name in modules:
         package = name.split(".")[:-1]
         deps = set()
-        for imported in runtime_imports(ast.parse(files[name].read_text()), package=package):
+        for imported in imports_of(ast.parse(files[name].read_text()), package=package):
             parts = imported.split(".")
             longest = next(
                 (".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None
@@ -111,6 +101,37 @@ def test_module_imports_form_no_circle():
     for name in sorted(graph):
         if name not in state:
             visit(name)
+
+
+def test_no_import_runs_back_up_between_folders():
+    """Folders (and the root's modules) form no circle either: a folder is one floor of the tower, so if a module
+    of A imports B, nothing in B imports A (backends/ once imported tensorrt_integration, which imported
+    backends/engine_cache.py)."""
+    graph = module_imports()
+
+    def place(name: str) -> str:  # ddpm/formats/exporters.py -> ddpm.formats; root and package-root modules: themselves
+        parts = name.split(".")
+        return ".".join(parts[:2]) if parts[0] == "ddpm" else name
+
+    places: dict[str, dict[str, str]] = {}  # place -> {place it imports: one module import that does it}
+    for name, deps in graph.items():
+        for dep in sorted(deps):
+            if place(dep) != place(name):
+                places.setdefault(place(name), {}).setdefault(place(dep), f"{name} -> {dep}")
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            here = todo.pop()
+            if here == goal:
+                return True
+            if here not in seen:
+                seen.add(here)
+                todo.extend(places.get(here, {}))
+        return False
+
+    back = sorted(how for low, highs in places.items() for high, how in highs.items() if reaches(high, low))
+    assert back == []
 
 
 def test_imports_stand_at_most_max_floors_tall():

@@ -416,7 +416,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
 
 
 def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequest:
-    from ddpm.backends.engine_cache import metadata_path
+    from ddpm.formats.engine_cache import metadata_path
     from ddpm.formats.kinds import default_output
 
     _single(args)

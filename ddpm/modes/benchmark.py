@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from basic_diffusion import UNet
+from ddpm.batch_memory import check_batch_fits
 from ddpm.benchmarks import sampling_bench, training_bench
 from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
@@ -26,7 +27,6 @@ from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
 from ddpm.requests import BenchmarkRun
 from ddpm.util import distributed
-from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule
 

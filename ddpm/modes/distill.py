@@ -122,10 +122,10 @@ def _train_config(request: DistillRequest, artifact, *, total: int):
 
 def new_student(request: DistillRequest):
     from basic_diffusion import count_parameters
+    from ddpm.batch_memory import check_batch_fits
     from ddpm.latent.first_stage import clips_x0
     from ddpm.training.distill import DistillObjective
     from ddpm.training.trainer import Trainer
-    from ddpm.util.memory_budget import check_batch_fits
 
     artifact = load_teacher(request, request.teacher.path)
     config = distill_config(request, request.teacher.path, _guidance(request, artifact))

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from ddpm.backends.artifacts import decoder_path, load_artifact
-from ddpm.backends.engine_cache import metadata_path
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
     OnnxRuntimeUNet,
@@ -31,6 +30,7 @@ from ddpm.backends.runtimes import (
 )
 from ddpm.choices import FORMATS
 from ddpm.formats.diffusers_io import diffusers_folder_files, present
+from ddpm.formats.engine_cache import metadata_path
 from ddpm.formats.exporters import (
     _quiet_torchscript,
     export_decoder_onnx,

@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from basic_diffusion import count_parameters
+from ddpm.batch_memory import check_batch_fits
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
@@ -27,7 +28,6 @@ from ddpm.requests import NewModel, TrainRequest
 from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.training.trainer import TrainConfig, Trainer, resume_config
 from ddpm.util import distributed, interrupts
-from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.profiling import ProfileConfig, make_profiler
 from ddpm.util.safe_files import as_input, check_outputs, run_lock
 

@@ -12,11 +12,11 @@ import torch
 from helpers import assert_user_error, needs_onnx, perturbed_unet, run_here, tiny_unet_config
 
 from basic_diffusion import sample
-from ddpm.backends.engine_cache import build_plan, torch_tensorrt_arguments
 from ddpm.backends.runtimes import OnnxRuntimeUNet, onnxruntime_session
 from ddpm.benchmarks.sampling_bench import psnr_db
 from ddpm.formats import exporters, quantization, unet_io
 from ddpm.formats.checkpoints import save_checkpoint
+from ddpm.formats.engine_cache import build_plan, torch_tensorrt_arguments
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 pytestmark = needs_onnx

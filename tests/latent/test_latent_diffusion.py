@@ -550,7 +550,7 @@ def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked
     latent_model, tmp_path, stand_in_tensorrt
 ):
     from ddpm.backends.artifacts import load_artifact
-    from ddpm.backends.engine_cache import metadata_path, read_metadata
+    from ddpm.formats.engine_cache import metadata_path, read_metadata
     from ddpm.formats.unet_io import BatchRange, DecoderIO, UNetIO
     from ddpm.modes.export import export_artifact, export_checkpoint
     from tensorrt_integration import TensorRTDecoder, TensorRTOptions, tensorrt_decoder
