@@ -28,6 +28,7 @@ MAX_FLOORS = 8
 LOWER = (
     "ddpm.choices",
     "ddpm.requests",
+    "ddpm.batch_memory",
     "ddpm.util",
     "ddpm.formats",
     "ddpm.data",
