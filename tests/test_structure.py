@@ -495,3 +495,26 @@ def test_sampling_steps_keep_one_name_from_the_flag_to_make_plan():
         )
     )
     assert checks == ["noise_schedule: sampling steps must be between"]
+
+
+# Flags of other programs the docs and docstrings show (torchrun, SLURM, TensorBoard, pip, nvidia-smi, setup.py, nvcc,
+# ruff) and the placeholder --name.
+OTHER_PROGRAMS_FLAGS = {
+    *("nproc_per_node", "nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "nodes", "ntasks", "cpus", "gpus"),
+    *("logdir", "no", "local", "query", "inplace", "use_fast_math", "check", "name"),
+}
+
+
+def test_the_docs_and_docstrings_name_only_flags_the_tool_has():
+    """A flag a reader copies from the README, docs/ or a module's docstring exists (quality.py once showed
+    --plot for --chart)."""
+    from ddpm.cli.flags import FLAGS
+
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *module_files().values()]
+    unknown = sorted(
+        f"{path.relative_to(ROOT)}: --{name}"
+        for path in files
+        for name in set(re.findall(r"(?<![\w-])--([a-z][a-z0-9_]*)", path.read_text()))
+        if name not in FLAGS and name != "help" and name not in OTHER_PROGRAMS_FLAGS
+    )
+    assert unknown == []

@@ -2,7 +2,7 @@
 
     python main.py --mode evaluate --model_path checkpoints/digits.pt
     python main.py --mode evaluate --model_path checkpoints/digits.pt --sampler ddpm,ddim,dpm_solver \
-        --sampling_steps 5,10,20,50 --n_samples 256 --json eval.json --plot eval.png
+        --sampling_steps 5,10,20,50 --n_samples 256 --json eval.json --chart eval.png
 
 For models of the offline digits (scikit-learn's 1,797 real 8x8 handwritten digits), every number
 needs no download:
