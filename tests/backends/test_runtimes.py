@@ -4,7 +4,7 @@ Specification: the ONNX export (random weights and a trained checkpoint) agrees 
 onnxruntime at several batch sizes, and so does the TorchScript trace; sampling from a checkpoint,
 its TorchScript and ONNX exports, and with --implementation onnxruntime gives the checkpoint's images
 from one seed; without TensorRT every TensorRT path ends in one line naming what to install; a corrupt
-artifact, or an implementation that cannot run it, is one line. (The engine cache: test_engine_cache.py;
+artifact, or an implementation that cannot run it, is one line. (The engine cache: tests/formats/test_engine_cache.py;
 the tensorrt implementation's loop: tests/test_tensorrt_integration.py.)
 """
 
