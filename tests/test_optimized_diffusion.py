@@ -41,8 +41,8 @@ def extension():
     od.load_extension()  # built by setup.py (or JIT-compiled once, here)
 
 
-def make_plan(case: str, *, num_steps: int = 8, device: str = "cpu") -> SamplingPlan:
-    return SCHEDULE.make_plan(**PLAN_CASES[case], sampling_steps=num_steps, device=device)
+def make_plan(case: str, *, sampling_steps: int = 8, device: str = "cpu") -> SamplingPlan:
+    return SCHEDULE.make_plan(**PLAN_CASES[case], sampling_steps=sampling_steps, device=device)
 
 
 SMALL = UNetConfig(
