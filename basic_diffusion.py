@@ -200,8 +200,7 @@ class UNetConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def build(self) -> UNet:
-        """The U-Net of this config (util/memory_budget.py builds it on the meta device without importing this
-        module: utilities sit below the core)."""
+        """The U-Net of this config (ddpm/batch_memory.py builds one on the meta device to estimate a step)."""
         return UNet(self)
 
 

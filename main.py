@@ -22,7 +22,6 @@ into one line and an exit code.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 from dataclasses import replace
@@ -33,16 +32,6 @@ from ddpm.util import interrupts  # before torch: a Ctrl-C during the first impo
 from ddpm.util.messages import one_line, one_line_warnings
 
 DISTRIBUTED_MODES = ("train", "distill", "sample", "benchmark")  # the modes that run under torchrun
-# Each mode's function, imported once its mode is chosen (a run loads only its own mode's libraries).
-MODES = {
-    "train": "ddpm.modes.train:run_train",
-    "sample": "ddpm.modes.sample:run_sample",
-    "evaluate": "ddpm.modes.evaluate:run_evaluate",
-    "export": "ddpm.modes.export:run_export",
-    "benchmark": "ddpm.modes.benchmark:run_benchmark",
-    "train_autoencoder": "ddpm.modes.train_autoencoder:run_train_autoencoder",
-    "distill": "ddpm.modes.distill:run_distill",
-}
 
 
 def report(message: str) -> None:
@@ -66,9 +55,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_mode(mode: str):
-    """The function that runs ``mode`` (its module imported now)."""
-    module, function = MODES[mode].split(":")
-    return getattr(importlib.import_module(module), function)
+    """The function that runs ``mode``: ddpm/modes/<mode>.py's run_<mode>, imported only now (a run loads only
+    its own mode's libraries)."""
+    match mode:
+        case "train":
+            from ddpm.modes.train import run_train as run
+        case "sample":
+            from ddpm.modes.sample import run_sample as run
+        case "evaluate":
+            from ddpm.modes.evaluate import run_evaluate as run
+        case "export":
+            from ddpm.modes.export import run_export as run
+        case "benchmark":
+            from ddpm.modes.benchmark import run_benchmark as run
+        case "train_autoencoder":
+            from ddpm.modes.train_autoencoder import run_train_autoencoder as run
+        case "distill":
+            from ddpm.modes.distill import run_distill as run
+        case _:
+            raise ValueError(f"--mode {mode} is not available yet")
+    return run
 
 
 def stopped(stop: interrupts.Interrupted) -> int:

@@ -237,6 +237,15 @@ def make_betas(config: ScheduleConfig) -> torch.Tensor:
     return (1.0 - alphas_cumprod[1:] / alphas_cumprod[:-1]).clamp(max=0.999)
 
 
+def check_sampling_steps(sampling_steps: int, num_timesteps: int) -> None:
+    """The one range check of a step count (--sampling_steps, through every request to make_plan): 1 to T.
+    Its upper end is the model's, so it is checked here, where the count meets the schedule."""
+    if not 1 <= sampling_steps <= num_timesteps:
+        raise ValueError(
+            f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {sampling_steps}"
+        )
+
+
 def sampling_timesteps(
     num_timesteps: int,
     num_steps: int,
@@ -251,10 +260,7 @@ def sampling_timesteps(
     log-SNR, lambda = log(sqrt(abar) / sqrt(1 - abar)), then takes the nearest timesteps (the
     DPM-Solver authors' choice for low-resolution images; needs ``alphas_cumprod``).
     """
-    if not 1 <= num_steps <= num_timesteps:
-        raise ValueError(
-            f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {num_steps}"
-        )
+    check_sampling_steps(num_steps, num_timesteps)
     if spacing == "uniform":
         points = torch.linspace(num_timesteps - 1, 0, num_steps, dtype=torch.float64)
         return torch.floor(points + 0.5).long()  # round half up: distinct points for spacing >= 1
@@ -282,10 +288,7 @@ def sampling_timesteps(
 def consistency_timesteps(num_timesteps: int, num_steps: int) -> torch.Tensor:
     """The multistep consistency sampler's default timesteps: ``T (S - i) / S - 1`` for i < S, from T - 1
     down, stopping short of t = 0 (a call at t = 0 would only return its input)."""
-    if not 1 <= num_steps <= num_timesteps:
-        raise ValueError(
-            f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {num_steps}"
-        )
+    check_sampling_steps(num_steps, num_timesteps)
     return torch.tensor([num_timesteps * (num_steps - i) // num_steps - 1 for i in range(num_steps)])
 
 
@@ -432,7 +435,7 @@ class NoiseSchedule(nn.Module):
         self,
         sampler: str,
         *,
-        num_steps: int | None = None,
+        sampling_steps: int | None = None,
         timesteps: object = None,
         eta: float = 0.0,
         variance_type: str = "fixed_small",
@@ -453,26 +456,27 @@ class NoiseSchedule(nn.Module):
             raise ValueError(f"eta must be between 0 (deterministic) and 1 (DDPM's posterior variance), got {eta}")
         if sampler != "ddim" and eta != 0.0:
             raise ValueError(f"eta only applies to the ddim sampler, got eta={eta} with {sampler}")
-        if num_steps is None:
-            num_steps = len(timesteps) if timesteps is not None else DEFAULT_SAMPLING_STEPS[sampler]
-            num_steps = min(num_steps or self.num_timesteps, self.num_timesteps)
+        if sampling_steps is None:
+            sampling_steps = len(timesteps) if timesteps is not None else DEFAULT_SAMPLING_STEPS[sampler]
+            sampling_steps = min(sampling_steps or self.num_timesteps, self.num_timesteps)
+        check_sampling_steps(sampling_steps, self.num_timesteps)  # the one range check of --sampling_steps
         alphas_cumprod = torch.cumprod(1.0 - make_betas(self.config), dim=0)  # float64
         if timesteps is not None:
             timesteps = checked_timesteps(timesteps, self.num_timesteps)
-            if len(timesteps) != num_steps:
-                raise ValueError(f"{num_steps} sampling steps but {len(timesteps)} timesteps")
+            if len(timesteps) != sampling_steps:
+                raise ValueError(f"{sampling_steps} sampling steps but {len(timesteps)} timesteps")
         elif sampler == "consistency":
-            timesteps = consistency_timesteps(self.num_timesteps, num_steps)
+            timesteps = consistency_timesteps(self.num_timesteps, sampling_steps)
         elif sampler.startswith("dpm_solver"):
             timesteps = sampling_timesteps(
                 self.num_timesteps,
-                num_steps,
+                sampling_steps,
                 spacing="logsnr",
                 alphas_cumprod=alphas_cumprod,
                 lambda_min=DPM_SOLVER_LAMBDA_MIN,
             )
         else:
-            timesteps = sampling_timesteps(self.num_timesteps, num_steps)
+            timesteps = sampling_timesteps(self.num_timesteps, sampling_steps)
         if sampler == "ddpm":
             columns = _ddpm_coefficients(alphas_cumprod, timesteps, variance_type)
         elif sampler == "ddim":

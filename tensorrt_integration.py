@@ -55,13 +55,16 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 from basic_diffusion import UNet, UNetConfig
-from ddpm.backends.engine_cache import (
+from ddpm.choices import BACKENDS, OPT_LEVELS
+from ddpm.conditioning import Guidance, unet_batch
+from ddpm.formats.checkpoints import parse_artifact_metadata
+from ddpm.formats.engine_cache import (
     DEFAULT_CACHE_DIR,
     ENVIRONMENT_FIELDS,
     METADATA_VERSION,
@@ -82,9 +85,6 @@ from ddpm.backends.engine_cache import (
     verified_bytes,
     version_tuple,
 )
-from ddpm.choices import BACKENDS, OPT_LEVELS
-from ddpm.conditioning import Guidance, unet_batch
-from ddpm.formats.checkpoints import parse_artifact_metadata
 from ddpm.formats.exporters import export_decoder_onnx, export_onnx_model
 from ddpm.formats.unet_io import (
     DEFAULT_MAX_BATCH,
@@ -103,8 +103,20 @@ from ddpm.util.safe_files import atomic_write, check_file_size, read_limited
 from noise_schedule import SamplingPlan, ScheduleConfig, short_repr
 
 if TYPE_CHECKING:
-    from ddpm.latent.first_stage import FirstStage
     from optimized_diffusion import FusedSampler
+
+
+class DecoderStage(Protocol):
+    """What a decoder engine is built from: a latent model's first stage (latent/first_stage.py's FirstStage,
+    which stands above this module: it loads autoencoders), named by the fields read here."""
+
+    decoder: nn.Module
+    latent_shape: tuple[int, ...]
+    image_shape: tuple[int, ...]
+
+    @property
+    def io(self) -> DecoderIO: ...
+
 
 TORCH_TENSORRT_INSTALL = "pip install torch-tensorrt (the release matching your torch)"
 DEFAULT_WORKSPACE_BYTES = 4 << 30
@@ -525,7 +537,7 @@ def engine_bytes_for(
 
 
 def decoder_engine_bytes(
-    stage: FirstStage, *, device: torch.device, precision: str, batch: BatchRange, options: TensorRTOptions, log: Log
+    stage: DecoderStage, *, device: torch.device, precision: str, batch: BatchRange, options: TensorRTOptions, log: Log
 ) -> tuple[bytes, dict]:
     """A verified serialized engine of a latent model's decoder, from the cache or freshly built: from
     the exported .decoder.onnx file of an ONNX model (typed like its U-Net's graph), else from the
@@ -668,7 +680,7 @@ def export_engine(
     options: TensorRTOptions,
     log: Log = print,
     class_names: tuple[str, ...] = (),
-    first_stage: FirstStage | None = None,
+    first_stage: DecoderStage | None = None,
     decoder_output: Path | None = None,
     dataset: str | None = None,
 ) -> list[str]:
@@ -721,7 +733,7 @@ def export_engine(
 
 
 def tensorrt_decoder(
-    stage: FirstStage,
+    stage: DecoderStage,
     *,
     device: torch.device,
     precision: str = "fp32",

@@ -1,6 +1,6 @@
-"""The names a flag may take, in one module that imports nothing: the command line builds its parser
-(and ``--help``) from these without importing torch, and the modules that own each name import it from
-here, so the list is written once.
+"""The names a flag may take, and the defaults that more than one module reads, in one module that imports
+nothing: the command line builds its parser (and ``--help``, defaults included) from these without importing
+torch, and the modules that own each name or default import it from here, so each is written once.
 
     from ddpm.choices import PRESETS        # basic_diffusion.py, and cli/flags.py for --model_preset
 
@@ -37,8 +37,37 @@ DEFAULT_MAX_BATCH = 64
 
 # tensorrt_integration.py: native engines or torch_tensorrt.compile.
 BACKENDS = ("native", "torch_tensorrt")
-# backends/engine_cache.py: TensorRT's builder_optimization_level, 0 (fast build) .. 5 (most tactics).
+# formats/engine_cache.py: TensorRT's builder_optimization_level, 0 (fast build) .. 5 (most tactics).
 OPT_LEVELS = range(6)
 
 # training/timestep_sampling.py: which timesteps each training step draws.
 TIMESTEP_SAMPLERS = ("uniform", "importance", "topk", "speed")
+
+# The batch that sampling, evaluate and an INT8 export's calibration draw at a time (--batch_size): memory is
+# that of one batch, whatever --n_samples is.
+DRAW_BATCH = 64
+
+# A new training run's recipe for images and for volumes, where --batch_size, --lr, --ema_decay and
+# --min_snr_gamma are left out (cli/resolve.py applies it; --help prints it). A 32^3 spheres model learns its
+# shapes in the CPU minutes that the images' recipe spends on a quarter of the steps (BENCHMARKS.md, "3-D volumes").
+TRAINING_DEFAULTS = {
+    "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
+    "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
+}
+# --mode train_autoencoder's recipe (images only).
+AUTOENCODER_DEFAULTS = dict(batch_size=64, lr=1e-3)
+
+# training/distill.py: the U-Net calls per image a student may be distilled for, and --mode distill's recipe
+# (its flags' defaults, where they differ from --mode train's; chosen on the demo model: BENCHMARKS.md,
+# "Distillation").
+STUDENT_STEPS = (1, 2, 4, 8)
+DISTILL_DEFAULTS = {
+    "sampling_steps": 4,
+    "distill_samples": 4096,  # teacher trajectories the student learns from
+    "teacher_steps": 32,  # teacher solver steps per trajectory
+    "max_steps": 1000,
+    "batch_size": 64,
+    "lr": 1e-4,
+    "ema_decay": 0.995,
+    "save_every": 500,
+}

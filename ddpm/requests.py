@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from basic_diffusion import UNetConfig
-    from ddpm.benchmarks.report import BenchmarkRequest
+    from ddpm.latent.autoencoder import AutoencoderConfig
     from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
 
 
@@ -84,10 +84,9 @@ class NewModel:
         return ScheduleConfig(kind=self.beta_schedule, num_timesteps=self.timesteps)
 
 
-def check_sampling(sampler: str | None, *, steps: int | None, eta: float) -> None:
-    """The ranges of --sampling_steps and --eta, and eta's sampler: one line naming the flag."""
-    if steps is not None and steps < 1:
-        raise ValueError(f"--sampling_steps must be a positive integer, got {steps}")
+def check_sampling(sampler: str | None, *, eta: float) -> None:
+    """The range of --eta, and eta's sampler: one line naming the flag. (--sampling_steps is checked once, where
+    it meets the model's schedule: noise_schedule.check_sampling_steps, from make_plan.)"""
     if not 0.0 <= eta <= 1.0:  # beyond 1 the images saturate; also False for NaN
         raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {eta:g}")
     if eta != 0.0 and sampler != "ddim":
@@ -97,22 +96,22 @@ def check_sampling(sampler: str | None, *, steps: int | None, eta: float) -> Non
 
 @dataclass(frozen=True)
 class SamplingChoice:
-    """Which sampler (None: the model's own, :func:`own_sampling`), how many steps (None: its default),
-    DDIM's eta, and whether x0 is clipped."""
+    """Which sampler (None: the model's own, :func:`own_sampling`), how many steps (--sampling_steps; None: its
+    default), DDIM's eta, and whether x0 is clipped."""
 
     sampler: str | None = None
-    steps: int | None = None
+    sampling_steps: int | None = None
     eta: float = 0.0
     clip_denoised: bool = True
 
     def __post_init__(self) -> None:
-        check_sampling(self.sampler, steps=self.steps, eta=self.eta)
+        check_sampling(self.sampler, eta=self.eta)
 
     def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
-        sampler, timesteps = own_sampling(schedule.config, sampler=self.sampler, steps=self.steps)
+        sampler, timesteps = own_sampling(schedule.config, sampler=self.sampler, sampling_steps=self.sampling_steps)
         return schedule.make_plan(
             sampler,
-            num_steps=self.steps,
+            sampling_steps=self.sampling_steps,
             timesteps=timesteps,
             eta=self.eta,
             clip_denoised=self.clip_denoised,
@@ -120,21 +119,24 @@ class SamplingChoice:
         )
 
 
-def own_sampling(config: ScheduleConfig, *, sampler: str | None, steps: int | None) -> tuple[str, tuple | None]:
-    """(sampler, timesteps or None) for a request of ``sampler`` (None: the model's own) in ``steps`` (None: its
-    default). A distilled student's own is the sampler and timesteps it was trained for; asked for another
+def own_sampling(
+    config: ScheduleConfig, *, sampler: str | None, sampling_steps: int | None
+) -> tuple[str, tuple | None]:
+    """(sampler, timesteps or None) for a request of ``sampler`` (None: the model's own) in ``sampling_steps``
+    (None: its default). A distilled student's own is the sampler and timesteps it was trained for; asked for another
     sampler or step count, it draws as asked, and one warning line says what it was trained for. Any other
     model's own is DDPM."""
     if not config.is_student:
         return sampler or "ddpm", None
     own, timesteps = config.student_sampler, config.student_timesteps
-    if (sampler or own) == own and steps in (None, len(timesteps)):
+    if (sampler or own) == own and sampling_steps in (None, len(timesteps)):
         return own, timesteps
     import warnings
 
     warnings.warn(
         f"this student was trained for the {own} sampler in {len(timesteps)} steps (t = "
-        f"{', '.join(map(str, timesteps))}); drawing with {sampler or own} in {steps or 'its default'} steps as asked",
+        f"{', '.join(map(str, timesteps))}); drawing with {sampler or own} in {sampling_steps or 'its default'} steps "
+        "as asked",
         stacklevel=2,
     )
     return sampler or own, None
@@ -224,8 +226,8 @@ class SampleRequest(DrawRequest):
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluateRequest(DrawRequest):
-    samplers: list  # evaluate sweeps samplers x steps (None: the model's own, a student's)
-    steps: list
+    samplers: list  # evaluate sweeps samplers x sampling_steps (None: the model's own, a student's)
+    sampling_steps: list
     students: tuple[str, ...] = ()  # distilled students, each a row of its own sampler and steps
     dataset: str | None  # --dataset: the training data; None: the one the model file records (else mnist)
     data_dir: str = "./data"  # ... and where it lies (FID/KID read the real images)
@@ -237,8 +239,7 @@ class EvaluateRequest(DrawRequest):
 
     def __post_init__(self) -> None:  # every row by sample's rules
         for sampler in self.samplers:
-            for steps in self.steps:
-                check_sampling(sampler, steps=steps, eta=self.eta)
+            check_sampling(sampler, eta=self.eta)
 
     def outputs(self) -> dict[str, str | None]:
         return {"--json": self.json, "--chart": self.chart}
@@ -262,10 +263,35 @@ class Calibration:
     """An INT8 export's calibration (formats/quantization.py): ``samples`` trajectories of ``sampler``."""
 
     sampler: str
-    steps: int | None  # None: the sampler's default
+    sampling_steps: int | None  # None: the sampler's default
     samples: int
     seed: int = 0
     batch_size: int = 64  # trajectories run (and their ranges collected) this many at a time
+
+
+@dataclass(frozen=True)
+class BenchmarkRequest:
+    """How benchmark mode times its rows (resolved from the flags by cli/resolve.py; BenchmarkRun holds it with the
+    model and the sampler)."""
+
+    rows: str = "all"  # comma-separated row names, or "all"
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+    train_steps: int = 20  # --bench training: timed optimizer steps per variant
+    batch_size: int = 64  # --bench training: the batch of each step
+    json: str | None = None
+    csv: str | None = None
+    chart: str | None = None
+    profile: str | None = None  # --profile DIR: one more run of each row, traced, after its timing
+    interleave: bool = False  # --interleave: every row built first, then timed in rounds (sampling_bench.time_rows)
+    given: frozenset[str] | None = None  # the flags written on the command line (plan.py); None: all count as given
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.train_steps < 1:
+            raise ValueError(f"--train_steps must be >= 1, got {self.train_steps}")
 
 
 @dataclass(frozen=True)
@@ -281,39 +307,68 @@ class BenchmarkRun:
     guidance_scale: float | None = None  # a class-conditional checkpoint is timed guided (default: conditioning's)
 
 
-# The defaults of the flags distill shares with --mode train, where its own differ (chosen on the demo model:
-# BENCHMARKS.md, "Distillation").
-DISTILL_DEFAULTS = {
-    "sampling_steps": 4,
-    "max_steps": 1000,
-    "batch_size": 64,
-    "lr": 1e-4,
-    "ema_decay": 0.995,
-    "save_every": 500,
-}
+@dataclass(frozen=True, kw_only=True)
+class AutoencoderTrainRequest:
+    """--mode train_autoencoder: the first stage of a latent model (training/autoencoder_trainer.py trains it)."""
+
+    device: torch.device
+    checkpoint: str
+    reconstructions: str  # the PNG beside the checkpoint
+    overwrite: bool
+    dataset: str
+    data_dir: str
+    image_size: int
+    channels: int
+    seed: int = 0
+    n_epochs: int | None = None
+    max_steps: int | None = None  # neither: autoencoder_trainer.DEFAULT_STEPS
+    batch_size: int  # the defaults: the flag table's (ddpm/choices.py: AUTOENCODER_DEFAULTS)
+    lr: float
+    # None: AutoencoderConfig's default
+    latent_channels: int | None = None
+    downsample: int | None = None
+    base_channels: int | None = None
+    kl_weight: float | None = None
+
+    def config(self) -> AutoencoderConfig:
+        """The autoencoder's config (validated)."""
+        from ddpm.latent.autoencoder import AutoencoderConfig
+
+        given = dict(
+            latent_channels=self.latent_channels,
+            downsample=self.downsample,
+            base_channels=self.base_channels,
+            kl_weight=self.kl_weight,
+        )
+        return AutoencoderConfig(
+            image_size=self.image_size, in_channels=self.channels, **{k: v for k, v in given.items() if v is not None}
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class DistillRequest:
+    """--mode distill. The recipe's defaults are the flag table's (ddpm/choices.py: DISTILL_DEFAULTS), so
+    every field of it is given here."""
+
     device: torch.device
     precision: str
     teacher: ModelSource
     checkpoint: str  # the student's checkpoint (--output)
     resume: bool = False
     overwrite: bool = False
-    sampling_steps: int = 4
+    sampling_steps: int
     guidance_scale: float | None = None  # None: a conditional teacher's default guidance
-    samples: int = 4096
-    teacher_steps: int = 32
+    samples: int  # --distill_samples: teacher trajectories
+    teacher_steps: int
     seed: int = 0
-    max_steps: int = 1000
-    batch_size: int = 64
-    lr: float = 1e-4
+    max_steps: int
+    batch_size: int
+    lr: float
     warmup_steps: int | None = None  # None: 5% of the run, at most 500
-    ema_decay: float = 0.995
+    ema_decay: float
     grad_clip: float = 1.0
     compile: bool = False
-    save_every: int = 500
+    save_every: int
     profile: str | None = None
     log_dir: str | None = None
     log_every: int = 10

@@ -86,7 +86,7 @@ def main() -> None:
     unet = diffusers.UNet2DModel.from_pretrained(args.folder / "unet").eval()
     scheduler = diffusers.DDPMScheduler.from_pretrained(args.folder / "scheduler")
     model, schedule_config, *_ = load_model_parts(args.folder)
-    plan = NoiseSchedule(schedule_config).make_plan("ddpm", num_steps=args.steps)
+    plan = NoiseSchedule(schedule_config).make_plan("ddpm", sampling_steps=args.steps)
     shape = (args.batch, unet.config.in_channels, unet.config.sample_size, unet.config.sample_size)
     scheduler.set_timesteps(timesteps=plan.timesteps.tolist())
 

@@ -61,7 +61,7 @@ def bench_sampling(args: argparse.Namespace) -> dict:
     plan = (
         NoiseSchedule(ScheduleConfig(num_timesteps=1000))
         .to(device)
-        .make_plan("ddpm", num_steps=args.steps, device=device)
+        .make_plan("ddpm", sampling_steps=args.steps, device=device)
     )
     shape = (args.batch, args.channels, args.image_size, args.image_size)
 
@@ -112,7 +112,11 @@ def bench_sampling(args: argparse.Namespace) -> dict:
 def bench_fused_step(args: argparse.Namespace) -> dict:
     """The op alone (DDPM step with noise, float32): fused vs the p_step reference's ~10 kernels."""
     device = DEVICE
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=1000)).to(device).make_plan("ddpm", num_steps=100, device=device)
+    plan = (
+        NoiseSchedule(ScheduleConfig(num_timesteps=1000))
+        .to(device)
+        .make_plan("ddpm", sampling_steps=100, device=device)
+    )
     shape = (args.batch, 3, 256, 256)  # 50 MB per tensor: well past the 50-60 MB L2 in total
     g = torch.Generator(device).manual_seed(0)
     x, eps, noise = (torch.randn(shape, device=device, generator=g) for _ in range(3))

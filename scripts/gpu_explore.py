@@ -98,7 +98,7 @@ def main() -> int:
     plan = (
         NoiseSchedule(ScheduleConfig(num_timesteps=1000))
         .to("cuda")
-        .make_plan("ddpm", num_steps=args.steps, device="cuda")
+        .make_plan("ddpm", sampling_steps=args.steps, device="cuda")
     )
     results = {
         "device": torch.cuda.get_device_name(),

@@ -53,7 +53,7 @@ def timed(draw, *, device: torch.device, warmup: int, repeats: int) -> tuple[flo
 
 
 def ours(model: UNet, schedule: NoiseSchedule, sampler: str, steps: int, *, batch: int, whole_plan: bool):
-    plan = schedule.make_plan(sampler, num_steps=steps, device=model.conv_in.weight.device)
+    plan = schedule.make_plan(sampler, sampling_steps=steps, device=model.conv_in.weight.device)
     shape = model.config.sample_shape(batch)
     built = od.FusedSampler(model, plan, shape=shape, precision="bf16", fused_unet=True, whole_plan=whole_plan)
     generator = torch.Generator(plan.coefficients.device).manual_seed(0)

@@ -225,7 +225,7 @@ def test_non_finite_loss_never_reaches_a_checkpoint(tmp_path):
 
 def test_same_seed_same_images_other_seed_other_images():
     model = UNet(UNetConfig(image_size=16, in_channels=1, **TINY)).eval()
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=50)).make_plan("ddpm", num_steps=10)
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=50)).make_plan("ddpm", sampling_steps=10)
 
     def draw(seed):
         return sample(model, plan, shape=(2, 1, 16, 16), generator=torch.Generator().manual_seed(seed))

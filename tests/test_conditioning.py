@@ -48,7 +48,7 @@ def model():
 
 
 def draw(model, case: str, guidance: Guidance | None, *, device: str = "cpu", fused: bool = False) -> torch.Tensor:
-    plan = SCHEDULE.to(device).make_plan(**SAMPLERS[case], num_steps=6, device=device)
+    plan = SCHEDULE.to(device).make_plan(**SAMPLERS[case], sampling_steps=6, device=device)
     g = torch.Generator(device).manual_seed(5)
     if fused:
         return od.sample(model, plan, shape=SHAPE, generator=g, guidance=guidance)
@@ -86,7 +86,7 @@ def test_the_guided_cuda_graph_draws_the_originals_images_cuda(case):
         pytest.fail(f"the extension was built without CUDA kernels; rebuild it: {od.BUILD_COMMAND}")
     gpu_model = perturbed_unet(CONFIG, device="cuda")
     guidance = Guidance(LABELS, null_label=CONFIG.null_label, scale=3.0)
-    plan = SCHEDULE.to("cuda").make_plan(**SAMPLERS[case], num_steps=6, device="cuda")
+    plan = SCHEDULE.to("cuda").make_plan(**SAMPLERS[case], sampling_steps=6, device="cuda")
     # As sampling runs fp32 (ddpm.util.precision.backend_policy): without TF32, whose rounding differs between
     # the doubled batch's cuDNN algorithms (0.02 apart after six guided steps on an H200).
     with backend_policy("fp32"):
@@ -103,7 +103,7 @@ def test_the_guided_cuda_graph_draws_the_originals_images_cuda(case):
 
 def test_a_conditional_sampler_refuses_a_call_without_labels(model):
     od.load_extension()
-    plan = SCHEDULE.make_plan("ddim", num_steps=3)
+    plan = SCHEDULE.make_plan("ddim", sampling_steps=3)
     sampler = od.FusedSampler(model, plan, shape=SHAPE, guidance=Guidance(LABELS, null_label=10, scale=2.0))
     with pytest.raises(ValueError, match="pass the labels"):
         sampler(generator=torch.Generator().manual_seed(0))

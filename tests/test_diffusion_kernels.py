@@ -59,7 +59,7 @@ def extension() -> str:
 def make_plan(case: str, *, clip: bool = True, device: str = "cpu") -> SamplingPlan:
     kwargs = dict(PLAN_CASES[case])
     schedule = NoiseSchedule(replace(SCHEDULE.config, prediction=kwargs.pop("prediction", "eps")))
-    return schedule.make_plan(**kwargs, num_steps=NUM_STEPS, clip_denoised=clip, device=device)
+    return schedule.make_plan(**kwargs, sampling_steps=NUM_STEPS, clip_denoised=clip, device=device)
 
 
 def make_tensor(shape, *, dtype, device, layout: str, offset: bool, generator: torch.Generator) -> torch.Tensor:

@@ -125,7 +125,7 @@ def test_logsnr_spacing_is_even_in_log_snr():
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_last_step_returns_predicted_xstart(schedule, sampler):
-    plan = schedule.make_plan(sampler, num_steps=10)
+    plan = schedule.make_plan(sampler, sampling_steps=10)
     last = dict(zip(COEFFICIENT_NAMES, plan.coefficients[-1].tolist()))
     assert (last["c_xt"], last["c_x0"], last["c_prev"], last["sigma"]) == (0.0, 1.0, 0.0, 0.0)
     assert plan.noise_steps[-1] is False
@@ -142,8 +142,8 @@ def test_full_ddpm_plan_is_the_posterior(schedule):
 
 @pytest.mark.parametrize("num_steps", [10, 37, 1000])
 def test_ddim_eta1_equals_ddpm_posterior(schedule, num_steps):
-    ddpm = schedule.make_plan("ddpm", num_steps=num_steps)
-    ddim = schedule.make_plan("ddim", num_steps=num_steps, eta=1.0)
+    ddpm = schedule.make_plan("ddpm", sampling_steps=num_steps)
+    ddim = schedule.make_plan("ddim", sampling_steps=num_steps, eta=1.0)
     for name in ("c_x0", "c_xt", "sigma"):
         assert torch.allclose(ddim.column(name), ddpm.column(name), rtol=1e-4, atol=1e-6), name
 
@@ -152,7 +152,7 @@ def test_ddim_step_matches_the_paper_form(schedule):
     # Song et al. eq. 12 in float64, with eps re-derived from the clipped x0.
     ac = alphas_cumprod64(schedule)
     eta = 0.5
-    plan = schedule.make_plan("ddim", num_steps=20, eta=eta)
+    plan = schedule.make_plan("ddim", sampling_steps=20, eta=eta)
     gen = torch.Generator().manual_seed(3)
     x_t, eps, z = (torch.randn(2, 1, 8, 8, generator=gen, dtype=F64) for _ in range(3))
     for i in (0, 7, 18, 19):
@@ -168,7 +168,7 @@ def test_ddim_step_matches_the_paper_form(schedule):
 
 def test_dpm_solver_first_order_step_is_ddim(schedule):
     # DPM-Solver++ of order 1 is DDIM (Lu et al. 2022): compare on the same pair of timesteps.
-    dpm = schedule.make_plan("dpm_solver", num_steps=20)
+    dpm = schedule.make_plan("dpm_solver", sampling_steps=20)
     ddim = _ddim_coefficients(alphas_cumprod64(schedule), dpm.timesteps, 0.0)
     ddim.update(xstart_coefficients(alphas_cumprod64(schedule)[dpm.timesteps], "eps"))
     ddim_first = torch.tensor([ddim[name][0].item() for name in COEFFICIENT_NAMES])
@@ -178,7 +178,7 @@ def test_dpm_solver_first_order_step_is_ddim(schedule):
 def test_dpm_solver_second_order_matches_the_paper_form(schedule):
     # Lu et al. 2022, Algorithm 2 (DPM-Solver++(2M)), written with lambda = log(alpha / sigma).
     ac = alphas_cumprod64(schedule)
-    plan = schedule.make_plan("dpm_solver", num_steps=20)
+    plan = schedule.make_plan("dpm_solver", sampling_steps=20)
     ts = plan.timesteps
     lam = lambda t: 0.5 * torch.log(ac[t] / (1 - ac[t]))  # noqa: E731
     gen = torch.Generator().manual_seed(4)
@@ -196,7 +196,7 @@ def test_dpm_solver_second_order_matches_the_paper_form(schedule):
 
 def test_sde_dpm_solver_first_order_step_is_the_ddpm_posterior(schedule):
     # SDE-DPM-Solver++ of order 1 between two timesteps is the posterior q(x_s | x_t, x0) (DDIM with eta = 1).
-    sde = schedule.make_plan("dpm_solver_sde", num_steps=20)
+    sde = schedule.make_plan("dpm_solver_sde", sampling_steps=20)
     ddim = _ddim_coefficients(alphas_cumprod64(schedule), sde.timesteps, 1.0)
     ddim.update(xstart_coefficients(alphas_cumprod64(schedule)[sde.timesteps], "eps"))
     ddim_first = torch.tensor([ddim[name][0].item() for name in COEFFICIENT_NAMES])
@@ -208,7 +208,7 @@ def test_sde_dpm_solver_second_order_matches_the_paper_form(schedule):
     # SDE-DPM-Solver++(2M) (Lu et al. 2022; diffusers' "sde-dpmsolver++", midpoint form) in float64:
     #   x_s = (sigma_s / sigma_t) e^-h x_t + alpha_s (1 - e^-2h) D + sigma_s sqrt(1 - e^-2h) z.
     ac = alphas_cumprod64(schedule)
-    plan = schedule.make_plan("dpm_solver_sde", num_steps=20)
+    plan = schedule.make_plan("dpm_solver_sde", sampling_steps=20)
     ts = plan.timesteps
     lam = lambda t: 0.5 * torch.log(ac[t] / (1 - ac[t]))  # noqa: E731
     gen = torch.Generator().manual_seed(5)
@@ -239,7 +239,7 @@ def test_samplers_recover_a_point_mass(schedule, sampler, num_steps):
             x - schedule.sqrt_alphas_cumprod[t].view(-1, *[1] * (n - 1)) * x_star
         ) / schedule.sqrt_one_minus_alphas_cumprod[t].view(-1, *[1] * (n - 1))
 
-    plan = schedule.make_plan(sampler, num_steps=num_steps, clip_denoised=False)
+    plan = schedule.make_plan(sampler, sampling_steps=num_steps, clip_denoised=False)
     out = sample(perfect_model, plan, shape=(4, 1, 8, 8), generator=torch.Generator().manual_seed(0))
     assert torch.allclose(out, x_star.expand_as(out), atol=1e-3)
 
@@ -268,7 +268,7 @@ def test_samplers_draw_the_right_gaussian(sampler, num_steps, std_tol):
         abar = schedule.alphas_cumprod[t].view(-1, 1, 1, 1)
         return (1 - abar).sqrt() * (x - abar.sqrt() * mu) / (abar * s**2 + 1 - abar)
 
-    plan = schedule.make_plan(sampler, num_steps=num_steps, clip_denoised=False)
+    plan = schedule.make_plan(sampler, sampling_steps=num_steps, clip_denoised=False)
     out = sample(optimal_model, plan, shape=(16, 1, 32, 32), generator=torch.Generator().manual_seed(0))
     assert out.mean().item() == pytest.approx(mu, abs=0.01)
     assert out.std().item() == pytest.approx(s, rel=std_tol)
@@ -276,7 +276,7 @@ def test_samplers_draw_the_right_gaussian(sampler, num_steps, std_tol):
 
 def test_ddim_eta0_is_deterministic():
     schedule = NoiseSchedule()
-    plan = schedule.make_plan("ddim", num_steps=10, eta=0.0)
+    plan = schedule.make_plan("ddim", sampling_steps=10, eta=0.0)
     assert not any(plan.noise_steps)
     gen = torch.Generator().manual_seed(5)
     x_t, eps = torch.randn(2, 1, 4, 4, generator=gen), torch.randn(2, 1, 4, 4, generator=gen)
@@ -287,7 +287,7 @@ def test_ddim_eta0_is_deterministic():
 
 
 def test_clipping_keeps_predicted_xstart_in_range():
-    plan = NoiseSchedule().make_plan("ddpm", num_steps=10, clip_denoised=True)
+    plan = NoiseSchedule().make_plan("ddpm", sampling_steps=10, clip_denoised=True)
     x_t = torch.randn(1, 1, 16, 16) * 5
     _, x0 = p_step(plan, 2, x_t, -x_t)
     assert x0.abs().max() <= 1.0
@@ -300,7 +300,9 @@ def test_clipping_keeps_predicted_xstart_in_range():
         (dict(sampler="ddim", eta=-1.0), "eta"),
         (dict(sampler="ddpm", eta=0.5), "eta only applies"),
         (dict(sampler="ddpm", variance_type="learned"), "variance type"),
-        (dict(sampler="ddim", num_steps=1001), "sampling steps"),
+        (dict(sampler="ddim", sampling_steps=1001), "sampling steps must be between 1 and 1000"),
+        (dict(sampler="ddpm", sampling_steps=0), "sampling steps must be between 1 and 1000"),
+        (dict(sampler="consistency", sampling_steps=-2), "sampling steps must be between 1 and 1000"),
     ],
 )
 def test_bad_plans_raise_value_errors(kwargs, match):
@@ -320,7 +322,7 @@ def test_predicted_xstart_keeps_float32_accuracy_where_alpha_bar_is_tiny():
     # At t = T - 1 on the cosine schedule 1/sqrt(abar) is about 2e4: x0 must be computed as
     # a * (x_t - s * eps), not a * x_t - (a * s) * eps, whose two large products cancel.
     schedule = NoiseSchedule(ScheduleConfig(kind="cosine"))
-    plan = schedule.make_plan("ddim", num_steps=10, clip_denoised=False)
+    plan = schedule.make_plan("ddim", sampling_steps=10, clip_denoised=False)
     ac64 = alphas_cumprod64(schedule)[plan.timesteps[0]]
     assert (1.0 / ac64.sqrt()).item() > 1e4
     g = torch.Generator().manual_seed(0)
@@ -349,7 +351,7 @@ def gaussian_flow_error(kind: str, num_steps: int, *, lambda_min) -> float:
     mu, s = 0.3, 0.2
     ac = alphas_cumprod64(schedule)
     timesteps = sampling_timesteps(1000, num_steps, spacing="logsnr", alphas_cumprod=ac, lambda_min=lambda_min)
-    plan = schedule.make_plan("dpm_solver", num_steps=num_steps, clip_denoised=False)
+    plan = schedule.make_plan("dpm_solver", sampling_steps=num_steps, clip_denoised=False)
     # The same coefficient builder make_plan uses, on this grid.
     columns = noise_schedule._dpm_solver_coefficients(ac, timesteps)
     columns.update(xstart_coefficients(ac[timesteps], "eps"))
@@ -381,7 +383,7 @@ def test_clipping_the_log_snr_grid_cuts_dpm_solvers_error_on_the_cosine_schedule
     clipped = gaussian_flow_error("cosine", num_steps, lambda_min=DPM_SOLVER_LAMBDA_MIN)
     unclipped = gaussian_flow_error("cosine", num_steps, lambda_min=None)
     assert clipped * gain < unclipped, (clipped, unclipped)  # measured: 0.005 vs 0.099, 0.012 vs 0.022
-    plan = NoiseSchedule(ScheduleConfig(kind="cosine")).make_plan("dpm_solver", num_steps=num_steps)
+    plan = NoiseSchedule(ScheduleConfig(kind="cosine")).make_plan("dpm_solver", sampling_steps=num_steps)
     ac = alphas_cumprod64(NoiseSchedule(ScheduleConfig(kind="cosine")))
     expected = sampling_timesteps(
         1000, num_steps, spacing="logsnr", alphas_cumprod=ac, lambda_min=DPM_SOLVER_LAMBDA_MIN
@@ -414,7 +416,8 @@ def test_every_prediction_type_takes_the_same_step(schedule, sampler, prediction
     kind = schedule.config.kind
     typed = NoiseSchedule(ScheduleConfig(kind=kind, prediction=prediction))
     plans = {
-        p: s.make_plan(sampler, num_steps=8, clip_denoised=False) for p, s in (("eps", schedule), (prediction, typed))
+        p: s.make_plan(sampler, sampling_steps=8, clip_denoised=False)
+        for p, s in (("eps", schedule), (prediction, typed))
     }
     gen = torch.Generator().manual_seed(0)
     for i in range(8):
@@ -456,7 +459,7 @@ def test_consistency_sampler_with_the_exact_ode_map_draws_the_right_gaussian(num
         abar = schedule.alphas_cumprod[t].view(-1, 1, 1, 1)
         return mu + s * (x - abar.sqrt() * mu) / (abar * s**2 + 1 - abar).sqrt()
 
-    plan = schedule.make_plan("consistency", num_steps=num_steps, clip_denoised=False)
+    plan = schedule.make_plan("consistency", sampling_steps=num_steps, clip_denoised=False)
     assert plan.timesteps.tolist() == [1000 * (num_steps - i) // num_steps - 1 for i in range(num_steps)]
     out = sample(ode_endpoint, plan, shape=(16, 1, 32, 32), generator=torch.Generator().manual_seed(0))
     assert out.mean().item() == pytest.approx(mu, abs=0.01)
@@ -465,7 +468,7 @@ def test_consistency_sampler_with_the_exact_ode_map_draws_the_right_gaussian(num
 
 def test_explicit_timesteps_replace_the_samplers_spacing():
     schedule = NoiseSchedule()
-    own = schedule.make_plan("ddim", num_steps=10)
+    own = schedule.make_plan("ddim", sampling_steps=10)
     given = schedule.make_plan("ddim", timesteps=own.timesteps.tolist())
     assert torch.equal(given.timesteps, own.timesteps) and torch.equal(given.coefficients, own.coefficients)
     assert schedule.make_plan("consistency", timesteps=[999, 500, 100]).num_steps == 3
@@ -480,7 +483,7 @@ def test_explicit_timesteps_replace_the_samplers_spacing():
         with pytest.raises(ValueError, match=match):
             schedule.make_plan("consistency", timesteps=bad)
     with pytest.raises(ValueError, match="4 sampling steps but 3 timesteps"):
-        schedule.make_plan("consistency", num_steps=4, timesteps=[999, 500, 100])
+        schedule.make_plan("consistency", sampling_steps=4, timesteps=[999, 500, 100])
 
 
 def test_unknown_prediction_types_are_refused():
@@ -498,5 +501,5 @@ def test_a_plan_lives_where_its_schedule_was_moved_unless_told_otherwise():
     """A schedule moved to a device makes its plans there (a preview plan once stayed on the CPU beside a model
     on cuda); the meta device stands in for a GPU."""
     schedule = NoiseSchedule(ScheduleConfig(num_timesteps=20)).to("meta")
-    assert schedule.make_plan("ddim", num_steps=4).coefficients.device.type == "meta"
-    assert schedule.make_plan("ddim", num_steps=4, device="cpu").timesteps.device.type == "cpu"
+    assert schedule.make_plan("ddim", sampling_steps=4).coefficients.device.type == "meta"
+    assert schedule.make_plan("ddim", sampling_steps=4, device="cpu").timesteps.device.type == "cpu"

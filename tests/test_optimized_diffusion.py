@@ -41,8 +41,8 @@ def extension():
     od.load_extension()  # built by setup.py (or JIT-compiled once, here)
 
 
-def make_plan(case: str, *, num_steps: int = 8, device: str = "cpu") -> SamplingPlan:
-    return SCHEDULE.make_plan(**PLAN_CASES[case], num_steps=num_steps, device=device)
+def make_plan(case: str, *, sampling_steps: int = 8, device: str = "cpu") -> SamplingPlan:
+    return SCHEDULE.make_plan(**PLAN_CASES[case], sampling_steps=sampling_steps, device=device)
 
 
 SMALL = UNetConfig(
@@ -102,7 +102,7 @@ def test_cuda_implementation_matches_the_original_bit_for_bit_cpu(case):
 
 def test_stand_in_model_matches_the_original_cpu():
     torch.manual_seed(1)
-    expected, actual, _, _ = both(TinyEps().eval(), make_plan("ddpm", num_steps=20), seed=3)
+    expected, actual, _, _ = both(TinyEps().eval(), make_plan("ddpm", sampling_steps=20), seed=3)
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
 
 
@@ -178,7 +178,7 @@ def _require_cuda_kernels() -> None:
 @pytest.mark.parametrize("case", PLAN_CASES)
 def test_cuda_graph_matches_the_original_cuda(case):
     _require_cuda_kernels()
-    plan = make_plan(case, num_steps=20, device="cuda")
+    plan = make_plan(case, sampling_steps=20, device="cuda")
     expected, actual, g_original, g_cuda = both(small_unet("cuda"), plan, seed=11, device="cuda")
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)  # cuDNN may pick other algorithms
     assert torch.equal(
@@ -194,7 +194,7 @@ def test_graph_replay_equals_eager_steps_cuda(case, whole_plan):
     """Either graph draws what eager steps draw: the same noise (the private generator's philox offsets advance
     the same way) and the same arithmetic; twice in a row, so the second replay starts from reset buffers."""
     _require_cuda_kernels()
-    model, plan = small_unet("cuda"), make_plan(case, num_steps=20, device="cuda")
+    model, plan = small_unet("cuda"), make_plan(case, sampling_steps=20, device="cuda")
     graphed = od.FusedSampler(model, plan, shape=SHAPE, whole_plan=whole_plan)
     eager = od.FusedSampler(model, plan, shape=SHAPE, use_cuda_graph=False)
     assert graphed.captured and not eager.captured and graphed.whole_plan == whole_plan
@@ -205,8 +205,10 @@ def test_graph_replay_equals_eager_steps_cuda(case, whole_plan):
 
 
 def test_short_plans_are_captured_whole_and_long_ones_step_by_step():
-    assert od.FusedSampler(TinyEps().eval(), make_plan("ddpm", num_steps=od.WHOLE_PLAN_STEPS), shape=SHAPE).whole_plan
-    long = make_plan("ddpm", num_steps=od.WHOLE_PLAN_STEPS + 1)
+    assert od.FusedSampler(
+        TinyEps().eval(), make_plan("ddpm", sampling_steps=od.WHOLE_PLAN_STEPS), shape=SHAPE
+    ).whole_plan
+    long = make_plan("ddpm", sampling_steps=od.WHOLE_PLAN_STEPS + 1)
     assert not od.FusedSampler(TinyEps().eval(), long, shape=SHAPE).whole_plan
 
 
@@ -214,7 +216,7 @@ def test_short_plans_are_captured_whole_and_long_ones_step_by_step():
 @requires_gpu
 def test_bf16_graph_stays_close_to_fp32_cuda():
     _require_cuda_kernels()
-    model, plan = small_unet("cuda"), make_plan("ddim_eta0", num_steps=20, device="cuda")
+    model, plan = small_unet("cuda"), make_plan("ddim_eta0", sampling_steps=20, device="cuda")
     reference = od.sample(model, plan, shape=SHAPE, generator=torch.Generator("cuda").manual_seed(0))
     images = od.sample(model, plan, shape=SHAPE, generator=torch.Generator("cuda").manual_seed(0), precision="bf16")
     assert torch.isfinite(images).all()
@@ -226,7 +228,7 @@ def test_bf16_graph_stays_close_to_fp32_cuda():
 def test_compiled_model_inside_the_graph_matches_the_original_cuda():
     _require_cuda_kernels()
     torch.manual_seed(2)
-    model, plan = TinyEps().cuda().eval(), make_plan("ddpm", num_steps=20, device="cuda")
+    model, plan = TinyEps().cuda().eval(), make_plan("ddpm", sampling_steps=20, device="cuda")
     expected, actual, _, _ = both(model, plan, seed=5, device="cuda", compile_model=True)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
@@ -244,7 +246,7 @@ class HostSyncingEps(TinyEps):
 def test_a_step_that_capture_refuses_samples_eagerly_with_a_notice_cuda():
     _require_cuda_kernels()
     torch.manual_seed(4)
-    model, plan = HostSyncingEps().cuda().eval(), make_plan("ddpm", num_steps=12, device="cuda")
+    model, plan = HostSyncingEps().cuda().eval(), make_plan("ddpm", sampling_steps=12, device="cuda")
     notes: list[str] = []
     sampler = od.FusedSampler(model, plan, shape=SHAPE, log=notes.append)
     assert not sampler.captured and sampler.capture_error
@@ -259,7 +261,7 @@ def test_a_step_that_capture_refuses_samples_eagerly_with_a_notice_cuda():
 @requires_gpu
 def test_sampling_runs_on_its_own_stream_and_hands_back_finished_images_cuda():
     _require_cuda_kernels()
-    model, plan = small_unet("cuda"), make_plan("ddim_eta0", num_steps=10, device="cuda")
+    model, plan = small_unet("cuda"), make_plan("ddim_eta0", sampling_steps=10, device="cuda")
     sampler = od.FusedSampler(model, plan, shape=SHAPE)
     caller = torch.cuda.Stream()
     with torch.cuda.stream(caller):
@@ -402,7 +404,7 @@ def test_the_fused_unet_in_half_precision_is_as_close_to_fp32_as_autocast(precis
     """Weights cast once and statistics in fp32: final images at least as close to fp32's as the autocast
     U-Net's (measured on this random model: bf16 42.0 dB against autocast's 41.7, fp16 67.9 against 63.3),
     and not fp32 themselves."""
-    model, plan = small_unet(), make_plan("ddim_eta0", num_steps=20)
+    model, plan = small_unet(), make_plan("ddim_eta0", sampling_steps=20)
     reference = od.sample(model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(0))
 
     def psnr(fused_unet: bool) -> float:
@@ -487,7 +489,7 @@ def test_the_cuda_implementation_on_a_gpu_is_the_runner_in_a_graph_and_draws_the
     _require_cuda_kernels()
     config = FUSED_VARIANTS["class-conditional"] if guided else SMALL
     model = perturbed_unet(config, device="cuda").eval()
-    plan = make_plan("ddim_eta0", num_steps=10, device="cuda")
+    plan = make_plan("ddim_eta0", sampling_steps=10, device="cuda")
     shape = (4, *config.sample_shape(1)[1:])
     guidance = Guidance(torch.tensor([2, 0, 1, 2], device="cuda"), null_label=3, scale=3.0) if guided else None
     with backend_policy("fp32"):

@@ -5,6 +5,7 @@ flags resolved once into typed requests."""
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,15 @@ from ddpm.util.precision import resolve as resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("main", "noise_schedule", "basic_diffusion", "optimized_diffusion", "tensorrt_integration")
-# The longest chain of imports is 8 modules, e.g. main -> a mode -> the drawing path -> the registry ->
-# tensorrt_integration -> the formats -> basic_diffusion -> noise_schedule: the floors.
+# The longest chain of imports, every import counted (lazy and annotation-only ones too), is 8 modules, e.g.
+# main -> cli/resolve -> backends/auto -> the registry -> tensorrt_integration -> formats/engine_cache ->
+# formats/unet_io -> ddpm/choices: the floors.
 MAX_FLOORS = 8
 # Folders below the modes and the command line: none of them imports ddpm.modes or ddpm.cli.
 LOWER = (
     "ddpm.choices",
     "ddpm.requests",
+    "ddpm.batch_memory",
     "ddpm.util",
     "ddpm.formats",
     "ddpm.data",
@@ -47,23 +50,12 @@ def module_files() -> dict[str, Path]:
     return files
 
 
-def runtime_imports(tree: ast.AST, *, package: list[str]) -> set[str]:
-    """What a module imports at any depth, as dotted names; imports under ``if TYPE_CHECKING:`` are
-    annotations only (they never run), so they are left out, as import-linter does. A "module:function"
-    string counts as an import of its module (main.py imports its modes by such names)."""
-    typing_only = {
-        id(node)
-        for branch in ast.walk(tree)
-        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
-        for statement in branch.body
-        for node in ast.walk(statement)
-    }
+def imports_of(tree: ast.AST, *, package: list[str]) -> set[str]:
+    """What a module imports, as dotted names: every import statement counts, at the top, inside a function (a
+    lazy import still runs, later) or under ``if TYPE_CHECKING:`` (an annotation still names what the module
+    depends on), so a module cannot hide an import that runs back up the tower."""
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[\w.]+:\w+", node.value):
-            found.add(node.value.split(":")[0])
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -82,7 +74,7 @@ def module_imports() -> dict[str, set[str]]:
     for name in modules:
         package = name.split(".")[:-1]
         deps = set()
-        for imported in runtime_imports(ast.parse(files[name].read_text()), package=package):
+        for imported in imports_of(ast.parse(files[name].read_text()), package=package):
             parts = imported.split(".")
             longest = next(
                 (".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None
@@ -110,6 +102,37 @@ def test_module_imports_form_no_circle():
     for name in sorted(graph):
         if name not in state:
             visit(name)
+
+
+def test_no_import_runs_back_up_between_folders():
+    """Folders (and the root's modules) form no circle either: a folder is one floor of the tower, so if a module
+    of A imports B, nothing in B imports A (backends/ once imported tensorrt_integration, which imported
+    backends/engine_cache.py)."""
+    graph = module_imports()
+
+    def place(name: str) -> str:  # ddpm/formats/exporters.py -> ddpm.formats; root and package-root modules: themselves
+        parts = name.split(".")
+        return ".".join(parts[:2]) if parts[0] == "ddpm" else name
+
+    places: dict[str, dict[str, str]] = {}  # place -> {place it imports: one module import that does it}
+    for name, deps in graph.items():
+        for dep in sorted(deps):
+            if place(dep) != place(name):
+                places.setdefault(place(name), {}).setdefault(place(dep), f"{name} -> {dep}")
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            here = todo.pop()
+            if here == goal:
+                return True
+            if here not in seen:
+                seen.add(here)
+                todo.extend(places.get(here, {}))
+        return False
+
+    back = sorted(how for low, highs in places.items() for high, how in highs.items() if reaches(high, low))
+    assert back == []
 
 
 def test_imports_stand_at_most_max_floors_tall():
@@ -277,7 +300,7 @@ def test_flags_resolve_once_into_a_typed_request():
     assert request.device == torch.device("cpu") and request.precision == "fp32"  # auto, resolved for sampling
     assert request.source == ModelSource(path="checkpoints/digits.pt", weights="model")
     assert request.implementation == "cuda_compile"  # --compile with cuda is its own registry entry
-    assert request.sampling == SamplingChoice(sampler="ddim", steps=10, eta=0.0, clip_denoised=True)
+    assert request.sampling == SamplingChoice(sampler="ddim", sampling_steps=10, eta=0.0, clip_denoised=True)
     assert (request.grid, request.npz) == ("samples.png", "out.npz")
     _, train = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", "digits", "--channels", "1"])
     assert (train.model.image_size, train.model.channels, train.checkpoint) == (8, 1, "checkpoints/digits.pt")
@@ -394,7 +417,9 @@ def test_every_implementation_draws_the_originals_images_through_the_registry():
             dropout=0.0,
         )
     )
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=20)).make_plan("ddpm", num_steps=4, device=torch.device("cpu"))
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=20)).make_plan(
+        "ddpm", sampling_steps=4, device=torch.device("cpu")
+    )
     options = registry.SamplerOptions()
     images = {}
     for name in ("original", "cuda", "torchscript"):
@@ -446,3 +471,86 @@ def test_drawing_on_a_gpu_defaults_to_bf16_where_the_implementation_runs_it(
         )
         == "fp16"
     )
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+
+
+def root_outputs() -> set[str]:
+    """The files that the README's, the docs' and the Makefile's commands write at the root: every bare file name
+    given to an output flag, and sample's default grid."""
+    texts = [(ROOT / "README.md").read_text(), (ROOT / "Makefile").read_text()]
+    texts += [path.read_text() for path in (ROOT / "docs").glob("*.md")]
+    named = {
+        name
+        for text in texts
+        for name in re.findall(r"--(?:output|json|chart|save_npz) ([\w.-]+\.\w+)\b", text)
+        if "/" not in name
+    }
+    return named | {"samples.png"}
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout")
+def test_git_ignores_what_the_documented_commands_write_at_the_root():
+    outputs = root_outputs()
+    assert {"digits_samples.png", "grid.png", "eval.json", "bench.json", "samples.png"} <= outputs
+    ignored = set(git("check-ignore", "--no-index", *sorted(outputs)).split())
+    assert sorted(outputs - ignored) == []
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout")
+def test_no_build_artifact_is_tracked():
+    """Wheels, compiled extensions and build folders are made by `make install`, never committed (ruff comes from
+    requirements-lock.txt like every other package)."""
+    tracked = git("ls-files").splitlines()
+    artifacts = [p for p in tracked if re.search(r"\.(whl|so|pyd|egg-info)$|^(build|dist)/", p)]
+    assert artifacts == []
+    assert re.search(r"^ruff==", (ROOT / "requirements-lock.txt").read_text(), re.M)
+
+
+def test_sampling_steps_keep_one_name_from_the_flag_to_make_plan():
+    """A reader follows --sampling_steps by its name: the requests' fields, own_sampling and make_plan all call
+    it sampling_steps, and the count is range-checked in one place, where it meets the model's timesteps."""
+    import dataclasses
+    import inspect
+
+    from ddpm.requests import Calibration, EvaluateRequest, own_sampling
+    from noise_schedule import NoiseSchedule
+
+    for request in (SamplingChoice, EvaluateRequest, Calibration):
+        names = {field.name for field in dataclasses.fields(request)}
+        assert "sampling_steps" in names and not names & {"steps", "num_steps"}, request.__name__
+    for function in (own_sampling, NoiseSchedule.make_plan):
+        assert "sampling_steps" in inspect.signature(function).parameters, function.__name__
+    checks = sorted(
+        f"{name}: {message}"
+        for name, path in module_files().items()
+        for message in re.findall(
+            r"(--sampling_steps must be a positive|sampling steps must be between)", path.read_text()
+        )
+    )
+    assert checks == ["noise_schedule: sampling steps must be between"]
+
+
+# Flags of other programs the docs and docstrings show (torchrun, SLURM, TensorBoard, pip, nvidia-smi, setup.py, nvcc,
+# ruff) and the placeholder --name.
+OTHER_PROGRAMS_FLAGS = {
+    *("nproc_per_node", "nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "nodes", "ntasks", "cpus", "gpus"),
+    *("logdir", "no", "local", "query", "inplace", "use_fast_math", "threads", "check", "name"),
+}
+
+
+def test_the_docs_and_docstrings_name_only_flags_the_tool_has():
+    """A flag a reader copies from the README, docs/ or a module's docstring exists (quality.py once showed
+    --plot for --chart)."""
+    from ddpm.cli.flags import FLAGS
+
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *module_files().values()]
+    unknown = sorted(
+        f"{path.relative_to(ROOT)}: --{name}"
+        for path in files
+        for name in set(re.findall(r"(?<![\w-])--([a-z][a-z0-9_]*)", path.read_text()))
+        if name not in FLAGS and name != "help" and name not in OTHER_PROGRAMS_FLAGS
+    )
+    assert unknown == []

@@ -40,7 +40,7 @@ def test_reference_step_sampler_reproduces_the_original_loop_exactly(sampler, et
     # step index and noise order that the tensorrt implementation wraps around its engine, with the
     # fused op and with the p_step fallback used where the extension is not built.
     model = perturbed_unet(CONFIG)
-    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=6, eta=eta)
+    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, sampling_steps=6, eta=eta)
     g_ours, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     sampler_ = FusedSampler(model, plan, shape=(2, 1, 16, 16), channels_last=False, fused_step=fused_step)
     ours = sampler_(generator=g_ours)
@@ -143,7 +143,7 @@ def test_the_engine_unet_keeps_its_buffers_and_hands_out_copies(fake_tensorrt):
 def test_the_tensorrt_implementation_draws_the_originals_images_through_its_engine(fake_tensorrt, sampler):
     unet = perturbed_unet(CONFIG)
     engine_unet = fake_engine_unet(unet)
-    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=5)
+    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, sampling_steps=5)
     ours = trt_integration.tensorrt_sampler(engine_unet, plan, shape=(2, 1, 16, 16))(
         generator=torch.Generator().manual_seed(4)
     )
@@ -156,7 +156,7 @@ def test_a_guided_tensorrt_sampler_runs_its_engine_on_the_doubled_batch(fake_ten
     config = tiny_unet_config(num_classes=3)
     unet = perturbed_unet(config)
     engine_unet = fake_engine_unet(unet)
-    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", num_steps=4)
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", sampling_steps=4)
     guidance = Guidance(torch.tensor([0, 2]), null_label=config.null_label, scale=3.0)
     sampler = trt_integration.tensorrt_sampler(engine_unet, plan, shape=(2, 1, 16, 16), guidance=guidance)
     ours = sampler(generator=torch.Generator().manual_seed(6), guidance=guidance)

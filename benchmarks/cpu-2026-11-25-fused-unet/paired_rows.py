@@ -34,7 +34,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = UNet(unet_preset("small", image_size=16, in_channels=1)).eval()
     sampling_bench.perturb_zero_init(model, seed=0)
-    plan = NoiseSchedule(ScheduleConfig()).make_plan("ddim", num_steps=50, device="cpu")
+    plan = NoiseSchedule(ScheduleConfig()).make_plan("ddim", sampling_steps=50, device="cpu")
     runs, times = {}, {name: [] for name in rows}
     with torch.no_grad():
         for name in rows:

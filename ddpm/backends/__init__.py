@@ -1,3 +1,3 @@
 """Running a U-Net to sample: the implementation registry, loading any model file, onnxruntime and
-TorchScript, and the TensorRT engine cache.
+TorchScript, OpenVINO.
 """

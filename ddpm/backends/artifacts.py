@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from basic_diffusion import UNetConfig
-from ddpm.backends.engine_cache import metadata_path
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
     check_onnx_graph,
@@ -33,6 +32,7 @@ from ddpm.backends.runtimes import (
 )
 from ddpm.data.catalog import DATASETS
 from ddpm.formats.checkpoints import check_pixel_unet
+from ddpm.formats.engine_cache import metadata_path
 from ddpm.formats.exporters import (
     _quiet_torchscript,
 )

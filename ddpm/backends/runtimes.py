@@ -260,10 +260,10 @@ def as_onnxruntime(
 
 def unet_memory_cap(model_config: UNetConfig, *, max_batch: int, file_bytes: int) -> int:
     """Bytes an ONNX U-Net file's session may allocate for batches up to ``max_batch``: its weights twice
-    (the initializers and a packed copy) and memory_budget's generous bound on one sampling step of the
+    (the initializers and a packed copy) and batch_memory's generous bound on one sampling step of the
     tool's own U-Net of that config. Far beyond one batch is refused; the exporter's graphs need several times
     less (see BENCHMARKS.md, "The memory cap of imported ONNX files")."""
-    from ddpm.util.memory_budget import upper_bound_bytes
+    from ddpm.batch_memory import upper_bound_bytes
 
     return 2 * file_bytes + upper_bound_bytes(model_config, batch_size=max_batch, training=False)
 

@@ -2,7 +2,7 @@
 JSON and CSV, and the environment line every measurement carries (device, driver, versions, date).
 
 sampling_bench.py and training_bench.py measure; this module formats and writes what they measured, and holds
-what both share: the request (BenchmarkRequest) and the peak-memory sampler (PeakRSS).
+what both share: the peak-memory sampler (PeakRSS). What they are asked for is ddpm/requests.py's BenchmarkRequest.
 """
 
 from __future__ import annotations
@@ -233,30 +233,6 @@ def write_outputs(
         size = "x".join(map(str, env["shape"][1:]))
         title = f"{env['device']} · {env['sampler']} {env['steps']} steps · batch {env['shape'][0]} · {size}"
         write_chart(rows, chart_path, title=title)
-
-
-@dataclass(frozen=True)
-class BenchmarkRequest:
-    """What benchmark mode was asked for (resolved from the flags by main.py)."""
-
-    rows: str = "all"  # comma-separated row names, or "all"
-    repeats: int = 3
-    warmup: int = 1
-    seed: int = 0
-    train_steps: int = 20  # --bench training: timed optimizer steps per variant
-    batch_size: int = 64  # --bench training: the batch of each step
-    json: str | None = None
-    csv: str | None = None
-    chart: str | None = None
-    profile: str | None = None  # --profile DIR: one more run of each row, traced, after its timing
-    interleave: bool = False  # --interleave: every row built first, then timed in rounds (sampling_bench.time_rows)
-    given: frozenset[str] | None = None  # the flags written on the command line (plan.py); None: all count as given
-
-    def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0:
-            raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {self.repeats} and {self.warmup}")
-        if self.train_steps < 1:
-            raise ValueError(f"--train_steps must be >= 1, got {self.train_steps}")
 
 
 # ----- measuring ---------------------------------------------------------------------------------

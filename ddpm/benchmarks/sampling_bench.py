@@ -34,7 +34,6 @@ from ddpm.backends import registry
 from ddpm.benchmarks.peaks import measure_peaks, median_seconds, mfu, peak
 from ddpm.benchmarks.plan import estimate_line
 from ddpm.benchmarks.report import (
-    BenchmarkRequest,
     PeakRSS,
     Row,
     Unavailable,
@@ -45,6 +44,7 @@ from ddpm.benchmarks.report import (
 )
 from ddpm.conditioning import Guidance
 from ddpm.latent.first_stage import FirstStage
+from ddpm.requests import BenchmarkRequest
 from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.messages import first_line
 from ddpm.util.precision import backend_policy

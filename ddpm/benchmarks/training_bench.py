@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from ddpm.benchmarks.report import BenchmarkRequest, PeakRSS, environment, times_text
+from ddpm.benchmarks.report import PeakRSS, environment, times_text
+from ddpm.requests import BenchmarkRequest
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
 from ddpm.util import distributed
 from ddpm.util.messages import first_line

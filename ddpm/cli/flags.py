@@ -16,21 +16,26 @@ from dataclasses import dataclass, field
 
 from ddpm.choices import (
     ALL_PRECISIONS,
+    AUTOENCODER_DEFAULTS,
     BACKENDS,
     DEFAULT_IMPLEMENTATION,
     DEFAULT_MAX_BATCH,
+    DISTILL_DEFAULTS,
+    DRAW_BATCH,
     FORMATS,
     IMPLEMENTATION_CHOICES,
     OPT_LEVELS,
     PRESETS,
     SAMPLERS,
     SCHEDULES,
+    STUDENT_STEPS,
     TIME_CONDITIONING,
     TIMESTEP_SAMPLERS,
+    TRAINING_DEFAULTS,
 )
 from ddpm.cli.checks import finite_float, int_list, name_list, seed
 from ddpm.conditioning import DEFAULT_GUIDANCE
-from ddpm.data.catalog import DATASETS
+from ddpm.data.catalog import DATASETS, DEFAULT_DATASET
 
 # Each mode and what it does (the top-level --help lists them in this order).
 MODE_SUMMARIES = {
@@ -43,13 +48,18 @@ MODE_SUMMARIES = {
     "distill": "train a few-step student from a teacher model",
 }
 MODES = tuple(MODE_SUMMARIES)
-DISTILL_STEPS = (1, 2, 4, 8)
 
 # The modes that read a family of flags.
 DRAW = ("sample", "evaluate")  # a model file drawn by an implementation
 TRAIN = ("train", "distill")  # a training run with checkpoints and curves
 RUNTIME = ("sample", "evaluate", "export")  # ONNX and TensorRT built from a model file
 NEW_MODEL = "describes a new model"  # said to a mode that takes the whole model from its file
+
+
+def by_data(name: str, *, shown=str) -> str:
+    """A new training run's default of ``--name`` for images and for volumes, as --help says it."""
+    images, volumes = (shown(TRAINING_DEFAULTS[kind][name]) for kind in ("images", "volumes"))
+    return f"{images} images, {volumes} volumes"
 
 
 # ----- the table -------------------------------------------------------------------------------------
@@ -125,11 +135,18 @@ def _data() -> tuple[Flag, ...]:
             "dataset",
             ("train", "sample", "evaluate", "benchmark", "export", "train_autoencoder"),
             choices=DATASETS,
-            default=None,
-            help="default mnist; digits = offline handwritten digits (scikit-learn); spheres = 3-D voxel spheres "
-            "drawn from a seed (offline; --img_size 16, 32 or 64 voxels a side); voxels = your own .npy volumes "
-            "under --data_dir; evaluate: a model's own training data (what its checkpoint or export records) unless "
-            "given; sample and export: names the default --model_path",
+            default=DEFAULT_DATASET,
+            help="digits = offline handwritten digits (scikit-learn); folder = your images under --data_dir; "
+            "spheres = 3-D voxel spheres drawn from a seed (offline; --img_size 16, 32 or 64 voxels a side); voxels = "
+            "your own .npy volumes under --data_dir",
+            per_mode={
+                "evaluate": dict(
+                    help="the data the samples are judged against: a model's own training data (what its checkpoint "
+                    "or export records) unless given; also names the default --model_path, checkpoints/%(default)s.pt"
+                ),
+                "sample": dict(help="names the default --model_path, checkpoints/%(default)s.pt"),
+                "export": dict(help="names the default --model_path, checkpoints/%(default)s.pt"),
+            },
         ),
         flag(
             "data_dir",
@@ -238,20 +255,27 @@ def _training() -> tuple[Flag, ...]:
             type=int,
             default=None,
             help="optimizer steps: the run's length, or its cap with --n_epochs",
-            per_mode={"distill": dict(help="the student's optimizer steps (default 1000)")},
+            per_mode={"distill": dict(default=DISTILL_DEFAULTS["max_steps"], help="the student's optimizer steps")},
         ),
         flag(
             "batch_size",
             ("train", "sample", "evaluate", "benchmark", "train_autoencoder", "distill", "export"),
             type=int,
             default=None,
-            help="training batch (default 64 images, 16 volumes); sampling draws --n_samples in batches of this size "
-            "(default 64)",
+            help=f"training batch (default {by_data('batch_size')}); sampling draws --n_samples in batches of this "
+            f"size (default {DRAW_BATCH})",
             per_mode={
-                "sample": dict(help="draw --n_samples in batches of this size (default 64)"),
-                "evaluate": dict(help="draw --n_samples in batches of this size (default 64)"),
-                "distill": dict(help="the student's training batch (default 64)"),
-                "export": dict(help="--precision int8: calibration trajectories run this many at a time (default 64)"),
+                "train": dict(help=f"training batch (default {by_data('batch_size')})"),
+                "train_autoencoder": dict(default=AUTOENCODER_DEFAULTS["batch_size"], help="training batch"),
+                "sample": dict(default=DRAW_BATCH, help="draw --n_samples in batches of this size"),
+                "evaluate": dict(default=DRAW_BATCH, help="draw --n_samples in batches of this size"),
+                "benchmark": dict(
+                    default=TRAINING_DEFAULTS["images"]["batch_size"], help="--bench training: the batch of each step"
+                ),
+                "distill": dict(default=DISTILL_DEFAULTS["batch_size"], help="the student's training batch"),
+                "export": dict(
+                    default=DRAW_BATCH, help="--precision int8: calibration trajectories run this many at a time"
+                ),
             },
         ),
         flag(
@@ -259,8 +283,11 @@ def _training() -> tuple[Flag, ...]:
             steps,
             type=finite_float,
             default=None,
-            help="peak AdamW learning rate (default 2e-4 images, 1e-3 volumes and autoencoders)",
-            per_mode={"distill": dict(help="the student's peak AdamW learning rate (default 1e-4)")},
+            help=f"peak AdamW learning rate (default {by_data('lr', shown='{:g}'.format)})",
+            per_mode={
+                "train_autoencoder": dict(default=AUTOENCODER_DEFAULTS["lr"], help="peak AdamW learning rate"),
+                "distill": dict(default=DISTILL_DEFAULTS["lr"], help="the student's peak AdamW learning rate"),
+            },
         ),
         flag(
             "warmup_steps",
@@ -274,8 +301,10 @@ def _training() -> tuple[Flag, ...]:
             TRAIN,
             type=finite_float,
             default=None,
-            help="(default 0.999 images, 0.995 volumes)",
-            per_mode={"distill": dict(help="the decay of the student's EMA weights (default 0.995)")},
+            help=f"the decay of the EMA weights (default {by_data('ema_decay')})",
+            per_mode={
+                "distill": dict(default=DISTILL_DEFAULTS["ema_decay"], help="the decay of the student's EMA weights")
+            },
         ),
         flag(
             "min_snr_gamma",
@@ -283,7 +312,7 @@ def _training() -> tuple[Flag, ...]:
             type=finite_float,
             default=None,
             help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice); "
-            "0: unweighted (default: unweighted for images, 5 for volumes)",
+            f"0: unweighted (default {by_data('min_snr_gamma', shown='{:g}'.format)})",
         ),
         flag("grad_clip", TRAIN, type=finite_float, default=1.0, help="gradient-norm clipping"),
         flag(
@@ -322,7 +351,11 @@ def _training() -> tuple[Flag, ...]:
             type=int,
             default=1000,
             help="checkpoint every N steps (0: only at the end)",
-            per_mode={"distill": dict(default=500, help="checkpoint every N steps (0: only at the end) (default 500)")},
+            per_mode={
+                "distill": dict(
+                    default=DISTILL_DEFAULTS["save_every"], help="checkpoint every N steps (0: only at the end)"
+                )
+            },
         ),
         flag("sample_every", ("train",), type=int, default=1000, help="sample grid every N steps (0: only at the end)"),
         flag(
@@ -403,7 +436,12 @@ def _sampling() -> tuple[Flag, ...]:
             help="default: T for ddpm, 50 for ddim, 20 for dpm_solver and dpm_solver_sde; --mode evaluate takes a "
             "comma-separated list",
             per_mode={
-                "distill": dict(type=int, choices=DISTILL_STEPS, default=4, help="the student's U-Net calls per image"),
+                "distill": dict(
+                    type=int,
+                    choices=STUDENT_STEPS,
+                    default=DISTILL_DEFAULTS["sampling_steps"],
+                    help="the student's U-Net calls per image",
+                ),
                 "export": dict(help="--precision int8: the calibrating sampler's steps (default 20)"),
             },
         ),
@@ -585,10 +623,16 @@ def _distill() -> tuple[Flag, ...]:
             "distill_samples",
             distill,
             type=int,
-            default=4096,
+            default=DISTILL_DEFAULTS["distill_samples"],
             help="teacher trajectories the student learns from",
         ),
-        flag("teacher_steps", distill, type=int, default=32, help="teacher solver steps per trajectory"),
+        flag(
+            "teacher_steps",
+            distill,
+            type=int,
+            default=DISTILL_DEFAULTS["teacher_steps"],
+            help="teacher solver steps per trajectory",
+        ),
     )
 
 

@@ -31,6 +31,8 @@ from ddpm.cli.parser import parse_args
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.requests import (
+    AutoencoderTrainRequest,
+    BenchmarkRequest,
     BenchmarkRun,
     Calibration,
     EngineFlags,
@@ -42,7 +44,6 @@ from ddpm.requests import (
     SamplingChoice,
     TrainRequest,
 )
-from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
 from ddpm.util.safe_files import as_input, check_outputs  # every output checked before any work
 
 if TYPE_CHECKING:
@@ -90,21 +91,12 @@ def request_for(args: argparse.Namespace) -> object:
         train_steps=args.train_steps,
     )
     check_at_most(1000, "timings settle within a few repeats", repeats=args.repeats, warmup=args.warmup)
-    args.dataset = args.dataset or "mnist"
-    if args.batch_size is None:
-        args.batch_size = training_defaults(args.dataset)["batch_size"] if args.mode == "train" else 64
     return REQUESTS[args.mode](args, resolve_device(args.device))
 
 
-# A new training run's defaults for images and for volumes: a 32^3 spheres model learns its shapes in the
-# CPU minutes that the images' defaults spend on a quarter of the steps (BENCHMARKS.md, "3-D volumes").
-TRAINING_DEFAULTS = {
-    "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
-    "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
-}
-
-
 def training_defaults(dataset: str) -> dict:
+    """A new training run's recipe for ``dataset``'s kind of data (ddpm/choices.py: TRAINING_DEFAULTS)."""
+    from ddpm.choices import TRAINING_DEFAULTS
     from ddpm.data.catalog import VOLUME_DATASETS
 
     return TRAINING_DEFAULTS["volumes" if dataset in VOLUME_DATASETS else "images"]
@@ -135,7 +127,7 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
             )
     steps = int(args.sampling_steps) if args.sampling_steps is not None else None
     sampler = args.sampler if "sampler" in args.given else None  # None: the model's own (a student's)
-    return SamplingChoice(sampler=sampler, steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
+    return SamplingChoice(sampler=sampler, sampling_steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
 
 
 def _model_path(args: argparse.Namespace) -> str:
@@ -286,9 +278,9 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     from ddpm.data.catalog import VOLUME_DATASETS
     from ddpm.training.curves import default_log_dir
 
-    check_positive(
-        n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every
-    )
+    recipe = training_defaults(args.dataset)
+    batch_size = recipe["batch_size"] if args.batch_size is None else args.batch_size
+    check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=batch_size, log_every=args.log_every)
     checkpoint = _model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(
@@ -332,7 +324,6 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     log_dir = args.log_dir or default_log_dir(checkpoint)  # its metrics.csv is checked once the run's inputs are known
     if Path(log_dir).exists() and not Path(log_dir).is_dir():
         raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
-    recipe = training_defaults(args.dataset)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
         raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
@@ -350,7 +341,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         seed=args.seed,
         n_epochs=args.n_epochs,
         max_steps=args.max_steps,
-        batch_size=args.batch_size,
+        batch_size=batch_size,
         lr=recipe["lr"] if args.lr is None else args.lr,
         warmup_steps=args.warmup_steps,
         ema_decay=recipe["ema_decay"] if args.ema_decay is None else args.ema_decay,
@@ -423,7 +414,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     return EvaluateRequest(
         **_draw_fields(args, device, source),
         samplers=[None] if own else parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
-        steps=[None] if own else parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
+        sampling_steps=[None] if own else parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
         students=students,
         dataset=args.dataset if "dataset" in args.given else None,  # else the data the model file records
         data_dir=args.data_dir,
@@ -436,7 +427,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
 
 
 def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequest:
-    from ddpm.backends.engine_cache import metadata_path
+    from ddpm.formats.engine_cache import metadata_path
     from ddpm.formats.kinds import default_output
 
     _single(args)
@@ -490,17 +481,18 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
     if "sampler" in args.given:
         sampler, steps = sampling.sampler, None
     if "sampling_steps" in args.given:
-        steps = sampling.steps
+        steps = sampling.sampling_steps
     samples = quantization.DEFAULT_CALIBRATION_SAMPLES if args.calibration_samples is None else args.calibration_samples
     if not 1 <= samples <= quantization.MAX_CALIBRATION_SAMPLES:
         raise ValueError(
             f"--calibration_samples must be between 1 and {quantization.MAX_CALIBRATION_SAMPLES}, got {samples}"
         )
-    return Calibration(sampler=sampler, steps=steps, samples=samples, seed=args.seed, batch_size=args.batch_size)
+    return Calibration(
+        sampler=sampler, sampling_steps=steps, samples=samples, seed=args.seed, batch_size=args.batch_size
+    )
 
 
 def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:
-    from ddpm.benchmarks.report import BenchmarkRequest
     from ddpm.formats.kinds import artifact_kind
 
     sampling = _single(args)
@@ -578,7 +570,7 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
         n_epochs=args.n_epochs,
         max_steps=args.max_steps,
         batch_size=args.batch_size,
-        lr=1e-3 if args.lr is None else args.lr,
+        lr=args.lr,
         latent_channels=args.latent_channels,
         downsample=args.downsample,
         base_channels=args.ae_channels,
@@ -596,17 +588,17 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
 
 def distill_request(args: argparse.Namespace, device: torch.device):
     """--mode distill: the teacher (--model_path, only read), the student's checkpoint (--output), the student's
-    recipe; flags left out take the distillation's own defaults (modes/distill.py), not --mode train's."""
-    from ddpm.requests import DISTILL_DEFAULTS, DistillRequest, default_student_path
+    recipe; flags left out take the distillation's own defaults (the flag table's, from ddpm/choices.py:
+    DISTILL_DEFAULTS), not --mode train's."""
+    from ddpm.requests import DistillRequest, default_student_path
     from ddpm.training.curves import default_log_dir
 
     if args.model_path is None:
         raise ValueError("--mode distill needs --model_path: the teacher model (a checkpoint, .safetensors or folder)")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a distillation and --overwrite starts a new one; choose one")
-    own = {name: getattr(args, name) if name in args.given else value for name, value in DISTILL_DEFAULTS.items()}
-    check_positive(max_steps=own["max_steps"], batch_size=own["batch_size"], log_every=args.log_every)
-    steps = int(args.sampling_steps) if args.sampling_steps is not None else own["sampling_steps"]
+    check_positive(max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every)
+    steps = args.sampling_steps
     output = args.output or default_student_path(args.model_path, steps)
     if Path(output).suffix != ".pt" or Path(output).is_dir():
         raise ValueError(f"--output must name a .pt checkpoint file for the student, got {output}")
@@ -623,14 +615,14 @@ def distill_request(args: argparse.Namespace, device: torch.device):
         samples=args.distill_samples,
         teacher_steps=args.teacher_steps,
         seed=args.seed,
-        max_steps=own["max_steps"],
-        batch_size=own["batch_size"],
-        lr=own["lr"],
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
         warmup_steps=args.warmup_steps,
-        ema_decay=own["ema_decay"],
+        ema_decay=args.ema_decay,
         grad_clip=args.grad_clip,
         compile=args.compile,
-        save_every=own["save_every"],
+        save_every=args.save_every,
         profile=args.profile,
         log_dir=log_dir,
         log_every=args.log_every,

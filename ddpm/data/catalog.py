@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "digits", "folder", "spheres", "voxels")
+DEFAULT_DATASET = "mnist"  # --dataset left out
 VOLUME_DATASETS = ("spheres", "voxels")  # 3-D: (N, 1, S, S, S)
 TEST_SPLITS = ("mnist", "fashion_mnist", "cifar10", "spheres")  # the others: evaluate holds out part of the data
 

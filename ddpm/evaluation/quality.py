@@ -2,7 +2,7 @@
 
     python main.py --mode evaluate --model_path checkpoints/digits.pt
     python main.py --mode evaluate --model_path checkpoints/digits.pt --sampler ddpm,ddim,dpm_solver \
-        --sampling_steps 5,10,20,50 --n_samples 256 --json eval.json --plot eval.png
+        --sampling_steps 5,10,20,50 --n_samples 256 --json eval.json --chart eval.png
 
 For models of the offline digits (scikit-learn's 1,797 real 8x8 handwritten digits), every number
 needs no download:
@@ -200,23 +200,24 @@ def run_sweep(
     judge,  # a DigitJudge or an inception_metrics.InceptionJudge
     *,
     samplers: list[str],
-    steps: list[int | None],
+    sampling_steps: list[int | None],
     n_samples: int,
     seed: int,
     image_size: int,
     progress: Callable[[str], None] = print,
     requested: torch.Tensor | None = None,
 ) -> dict:
-    """Score every (sampler, steps) pair; ``draw(sampler, steps)`` returns (images, the steps it ran).
+    """Score every (sampler, sampling_steps) pair; ``draw(sampler, sampling_steps)`` returns (images, the steps
+    it ran).
     ``requested``: the digit each image was asked to be (class-conditional models)."""
     import time
 
     rows = []
     for sampler in samplers:
-        for num_steps in steps:
-            progress(f"{sampler}, {num_steps or 'default'} steps: drawing {n_samples} samples ...")
+        for steps in sampling_steps:
+            progress(f"{sampler}, {steps or 'default'} steps: drawing {n_samples} samples ...")
             t0 = time.perf_counter()
-            images, ran = draw(sampler, num_steps)
+            images, ran = draw(sampler, steps)
             scores = judge.score(images, name=f"{sampler} {ran}", requested=requested)
             scores.seconds = time.perf_counter() - t0
             rows.append({"sampler": sampler, "steps": ran, **asdict(scores)})

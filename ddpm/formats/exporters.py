@@ -54,19 +54,45 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
     in float32, float32 inputs and output), the form strongly typed TensorRT builds.
     """
     check_opset(opset, precision=precision)
-    onnx = import_onnx()
     io = UNetIO.from_config(model.config)
     if precision != "fp32":
         from ddpm.util.precision import mixed_precision_unet
 
         model = mixed_precision_unet(model, precision)
-    device = next(model.parameters()).device
-    example = io.example_inputs(2, device=device)  # B = 2: torch.export specializes sizes 0 and 1
+    example = io.example_inputs(2, device=next(model.parameters()).device)  # B = 2: see export_checked_onnx
+    return export_checked_onnx(
+        model, io=io, example=example, opset=opset, metadata={**metadata, "precision": precision}
+    )
+
+
+def export_decoder_onnx(
+    decoder: torch.nn.Module, *, io: DecoderIO, opset: int = DEFAULT_OPSET, precision: str = "fp32"
+):
+    """A latent model's decoder (latent/first_stage.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
+    (B, c, h, w) in, "images" (B, C, H, W) out, with a dynamic batch. ``precision`` fp16/bf16 writes the
+    mixed-precision decoder (precision.mixed_precision_decoder), float32 in and out, as for the U-Net."""
+    check_opset(opset, precision=precision)
+    if precision != "fp32":
+        from ddpm.util.precision import mixed_precision_decoder
+
+        decoder = mixed_precision_decoder(decoder, precision)
+    example = (torch.randn(2, *io.latent_shape, device=next(decoder.parameters()).device),)  # (B, c, h, w) latents
+    return export_checked_onnx(decoder, io=io, example=example, opset=opset)
+
+
+def export_checked_onnx(
+    module: torch.nn.Module, *, io: IOSpec, example: tuple, opset: int, metadata: dict | None = None
+):
+    """The one ONNX export every graph of this tool goes through (the U-Net's, a decoder's): torch.onnx's dynamo
+    exporter with ``io``'s names and dynamic batch, the graph's inputs and outputs held to ``io``, ``metadata``
+    (if any) written into it, then ``onnx.checker``'s full check. ``example``'s batch is 2: torch.export
+    specializes sizes 0 and 1."""
+    onnx = import_onnx()
     with warnings.catch_warnings():
-        # x_t and t share one batch Dim; the exporter notes that it keeps one of the two names.
+        # The U-Net's x_t and t share one batch Dim; the exporter notes that it keeps one of the two names.
         warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
         program = torch.onnx.export(
-            model.eval(),
+            module.eval(),
             example,
             input_names=io.input_names,
             output_names=io.output_names,
@@ -79,42 +105,10 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
     proto = program.model_proto
     problems = onnx_io_mismatches(proto, io)
     if problems:  # the exporter's doing, not the user's
-        raise RuntimeError(f"the exported graph does not match the U-Net's I/O spec ({'; '.join(problems)})")
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps({**metadata, "precision": precision}, sort_keys=True)
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
-
-
-def export_decoder_onnx(
-    decoder: torch.nn.Module, *, io: DecoderIO, opset: int = DEFAULT_OPSET, precision: str = "fp32"
-):
-    """A latent model's decoder (latent/first_stage.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
-    (B, c, h, w) in, "images" (B, C, H, W) out, with a dynamic batch. ``precision`` fp16/bf16 writes the
-    mixed-precision decoder (precision.mixed_precision_decoder), float32 in and out, as for the U-Net."""
-    check_opset(opset, precision=precision)
-    onnx = import_onnx()
-    if precision != "fp32":
-        from ddpm.util.precision import mixed_precision_decoder
-
-        decoder = mixed_precision_decoder(decoder, precision)
-    device = next(decoder.parameters()).device
-    example = (torch.randn(2, *io.latent_shape, device=device),)  # B = 2: torch.export specializes sizes 0 and 1
-    program = torch.onnx.export(
-        decoder.eval(),
-        example,
-        input_names=io.input_names,
-        output_names=io.output_names,
-        opset_version=opset,
-        dynamo=True,
-        dynamic_shapes=io.torch_dynamic_shapes(),
-        optimize=True,
-        verbose=False,
-    )
-    proto = program.model_proto
-    problems = onnx_io_mismatches(proto, io)
-    if problems:  # the exporter's doing, not the user's
-        raise RuntimeError(f"the exported decoder does not match its I/O spec ({'; '.join(problems)})")
+        raise RuntimeError(f"the exported graph does not match its I/O spec ({'; '.join(problems)})")
+    if metadata is not None:
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = METADATA_KEY, json.dumps(metadata, sort_keys=True)
     onnx.checker.check_model(proto, full_check=True)
     return proto
 

@@ -21,16 +21,25 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from ddpm.choices import DEFAULT_MAX_BATCH
 
-if TYPE_CHECKING:
-    from basic_diffusion import UNetConfig
-    from noise_schedule import ScheduleConfig
+
+class UNetShape(Protocol):
+    """What the I/O spec and the metadata read of a U-Net's config (basic_diffusion.UNetConfig): this module
+    stands below the U-Net, so it names the fields it reads, not the class."""
+
+    in_channels: int
+    image_size: int
+    num_classes: int
+    dims: int
+
+    def to_dict(self) -> dict: ...
+
 
 ARTIFACT_FORMAT = "ddpm-unet/1"
 METADATA_KEY = "ddpm"  # ONNX metadata_props key; TorchScript extra file "ddpm.json"
@@ -170,7 +179,7 @@ class UNetIO(IOSpec):
     dims: int = 2  # 3: volumes, x_t and eps are (B, C, S, S, S)
 
     @classmethod
-    def from_config(cls, config: UNetConfig) -> UNetIO:
+    def from_config(cls, config: UNetShape) -> UNetIO:
         return cls(
             in_channels=config.in_channels,
             image_size=config.image_size,
@@ -227,10 +236,9 @@ class DecoderIO(IOSpec):
 # --------------------------------------------------------------------------------------------
 
 
-def artifact_metadata(
-    *, model_config: UNetConfig, schedule_config: ScheduleConfig | None, weights: str | None, **extra
-) -> dict:
-    """What an artifact carries besides its weights, as plain JSON data (``weights``: "ema" or "model")."""
+def artifact_metadata(*, model_config: UNetShape, schedule_config: object | None, weights: str | None, **extra) -> dict:
+    """What an artifact carries besides its weights, as plain JSON data (``weights``: "ema" or "model";
+    ``schedule_config``: noise_schedule.ScheduleConfig, a dataclass)."""
     return {
         "format": ARTIFACT_FORMAT,
         "model_config": model_config.to_dict(),

@@ -21,6 +21,7 @@ import torch
 from basic_diffusion import UNet
 from ddpm.backends.auto import choose
 from ddpm.backends.verified import DeviceKind
+from ddpm.batch_memory import check_batch_fits
 from ddpm.benchmarks import sampling_bench, training_bench
 from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
@@ -28,7 +29,6 @@ from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
 from ddpm.requests import BenchmarkRun
 from ddpm.util import distributed
-from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule
 
@@ -101,7 +101,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
     if not training and quick.note:  # defaults left as they are: a run of a minute or few, not of an hour
         request = replace(request, rows=quick.rows)
         if quick.steps != plan.num_steps:
-            plan = replace(sampling, steps=quick.steps).plan(NoiseSchedule(schedule_config), device=device)
+            plan = replace(sampling, sampling_steps=quick.steps).plan(NoiseSchedule(schedule_config), device=device)
     if training:
         training_bench.benchmark_training(  # a latent U-Net trains on float latents, not uint8 images
             request, model_config=model.config, schedule_config=schedule_config, device=device, latent=link is not None

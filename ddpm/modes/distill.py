@@ -34,29 +34,17 @@ def distill_config(request: DistillRequest, teacher_path: str, scale: float):
 
 
 def run_distill(request: DistillRequest) -> None:
-    from ddpm.modes.train import check_previews, run_locks, train, training_log
-    from ddpm.training.curves import refuse_previous_curves
+    from ddpm.modes.training_run import train_logged, training_run
     from ddpm.util.safe_files import check_outputs
 
     checkpoint = request.checkpoint
     check_outputs({"--output": checkpoint}, inputs=request.teacher.inputs())  # the teacher is only read
-    with run_locks(request):
-        if Path(checkpoint).exists() and not (request.resume or request.overwrite):
-            raise ValueError(
-                f"--output {checkpoint} already holds a checkpoint; pass --resume to continue its distillation, "
-                "or --overwrite to start over and replace it"
-            )
-        if request.log_dir is not None:
-            refuse_previous_curves(request.log_dir, resume=request.resume, overwrite=request.overwrite)
+    run = dict(
+        overwrite=request.overwrite, resume=request.resume, continues="its distillation", log_dir=request.log_dir
+    )
+    with training_run(checkpoint, flag="--output", **run):
         trainer, teacher = resumed_student(request) if request.resume else new_student(request)
-        inputs = {**teacher.inputs, **request.teacher.inputs(), "--output": checkpoint}
-        check_previews(trainer, inputs=inputs)
-        curves = training_log(trainer, request, inputs=inputs)
-        try:
-            train(trainer, profile=request.profile, curves=curves)
-        finally:
-            if curves is not None:
-                curves.close()
+        train_logged(trainer, request, inputs={**teacher.inputs, **request.teacher.inputs(), "--output": checkpoint})
     steps = trainer.schedule_config.student_timesteps
     distributed.say(
         f"student: {checkpoint} ({len(steps)} U-Net call{'s' if len(steps) > 1 else ''} per image at t = "
@@ -122,10 +110,10 @@ def _train_config(request: DistillRequest, artifact, *, total: int):
 
 def new_student(request: DistillRequest):
     from basic_diffusion import count_parameters
+    from ddpm.batch_memory import check_batch_fits
     from ddpm.latent.first_stage import clips_x0
     from ddpm.training.distill import DistillObjective
     from ddpm.training.trainer import Trainer
-    from ddpm.util.memory_budget import check_batch_fits
 
     artifact = load_teacher(request, request.teacher.path)
     config = distill_config(request, request.teacher.path, _guidance(request, artifact))

@@ -16,11 +16,11 @@ from functools import cached_property
 
 from ddpm.backends import registry
 from ddpm.backends.artifacts import Artifact, load_artifact
+from ddpm.batch_memory import check_batch_fits
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.latent.first_stage import clips_x0
 from ddpm.requests import DrawRequest
 from ddpm.util import distributed
-from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule, SamplingPlan
 from tensorrt_integration import TensorRTOptions

@@ -85,10 +85,10 @@ def run_evaluate(request: EvaluateRequest) -> None:
         )
     check_samples_fit(n, artifact.output_shape)
     schedule = opened.schedule()
-    samplers = [own_sampling(schedule.config, sampler=s, steps=None)[0] for s in request.samplers]
+    samplers = [own_sampling(schedule.config, sampler=s, sampling_steps=None)[0] for s in request.samplers]
     for sampler in samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
-        for num_steps in request.steps:
-            schedule.make_plan(sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0)
+        for sampling_steps in request.sampling_steps:
+            schedule.make_plan(sampler, sampling_steps=sampling_steps, eta=request.eta if sampler == "ddim" else 0.0)
     students = [open_student(request, path, like=opened) for path in request.students]
     # The real data it is judged against is an input too.
     check_outputs(request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
@@ -104,12 +104,12 @@ def run_evaluate(request: EvaluateRequest) -> None:
     )
     sizes, batch_size = opened.batch_sizes, opened.batch_size
 
-    def draw(sampler: str, num_steps: int | None, *, opened=opened) -> tuple[torch.Tensor, int]:
+    def draw(sampler: str, sampling_steps: int | None, *, opened=opened) -> tuple[torch.Tensor, int]:
         schedule = opened.schedule()
-        _, timesteps = own_sampling(schedule.config, sampler=sampler, steps=num_steps)
+        _, timesteps = own_sampling(schedule.config, sampler=sampler, sampling_steps=sampling_steps)
         plan = schedule.make_plan(
             sampler,
-            num_steps=num_steps,
+            sampling_steps=sampling_steps,
             timesteps=timesteps,
             eta=request.eta if sampler == "ddim" else 0.0,
             clip_denoised=opened.clips_x0(request.clip_denoised),
@@ -138,11 +138,11 @@ def run_evaluate(request: EvaluateRequest) -> None:
         image_size=s,
         requested=guidance and guidance.labels,
     )
-    result = sweep(draw, samplers=samplers, steps=request.steps)
+    result = sweep(draw, samplers=samplers, sampling_steps=request.sampling_steps)
     quality.add_calls(result["rows"], doubled=guidance is not None and guidance.doubled)
     for student in students:  # each its own sampler and steps; one U-Net call per step (guidance folded in)
         own = student.artifact.schedule_config.student_sampler
-        rows = sweep(functools.partial(draw, opened=student), samplers=[own], steps=[None])["rows"]
+        rows = sweep(functools.partial(draw, opened=student), samplers=[own], sampling_steps=[None])["rows"]
         for row in rows:
             row.update(sampler="distilled", model_path=str(student.artifact.path))
         result["rows"] += quality.add_calls(rows, doubled=False)

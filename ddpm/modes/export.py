@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from ddpm.backends.artifacts import decoder_path, load_artifact
-from ddpm.backends.engine_cache import metadata_path
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
     OnnxRuntimeUNet,
@@ -31,6 +30,7 @@ from ddpm.backends.runtimes import (
 )
 from ddpm.choices import FORMATS
 from ddpm.formats.diffusers_io import diffusers_folder_files, present
+from ddpm.formats.engine_cache import metadata_path
 from ddpm.formats.exporters import (
     _quiet_torchscript,
     export_decoder_onnx,
@@ -41,9 +41,9 @@ from ddpm.formats.exporters import (
     trace_torchscript,
 )
 from ddpm.formats.kinds import FORMAT_SUFFIXES, artifact_kind
-from ddpm.formats.model_files import load_model_parts, load_model_state
+from ddpm.formats.model_files import load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
-from ddpm.latent.first_stage import FirstStage, linked_first_stage
+from ddpm.latent.first_stage import FirstStage
 from ddpm.requests import Calibration, ExportRequest
 from ddpm.util.memory_budget import is_out_of_memory
 from ddpm.util.precision import QUANTIZED
@@ -252,14 +252,16 @@ def export_checkpoint(
     opset = default_opset(precision) if opset is None else opset
     if fmt == "onnx":
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
-    # 2. The model, and what travels with it into the file's metadata.
-    model, schedule_config, class_names, link, dataset = load_model_parts(source, weights=weights, device=device)
-    labels = {"class_names": list(class_names)} if class_names else {}  # a conditional U-Net's classes travel along
-    if dataset is not None:  # evaluate judges the file as its training data without --dataset
-        labels["dataset"] = dataset
+    # 2. The model, and what travels with it into the file's metadata, opened as every mode opens a model file
+    # (load_artifact): a latent model's autoencoder link is resolved there, once, and comes with it.
+    artifact = load_artifact(source, device=device, weights=weights, autoencoder=autoencoder)
+    model, schedule_config, stage = artifact.model, artifact.schedule_config, artifact.first_stage
+    labels = {"class_names": list(artifact.class_names)} if artifact.class_names else {}  # a conditional U-Net's
+    if artifact.dataset is not None:  # evaluate judges the file as its training data without --dataset
+        labels["dataset"] = artifact.dataset
     # 3. Weights-only formats: written, read back, compared.
     if fmt in ("safetensors", "diffusers"):
-        if link is not None:
+        if stage is not None:
             raise ValueError(
                 f"--format {fmt} holds a U-Net alone; a latent model needs its autoencoder too: export it as onnx or "
                 "torchscript"
@@ -276,17 +278,16 @@ def export_checkpoint(
         )
     # 4. A latent model's decoder, exported and checked beside the U-Net (written just before it).
     report, write_decoder = [], lambda: None
-    if link is not None:
-        entry, line, write_decoder = latent_decoder(
-            link,
-            model,
-            source=source,
-            output=output,
+    if stage is not None:
+        check_outputs({"--output": output}, inputs=artifact.inputs)  # the autoencoder it names is an input too
+        entry, line, write_decoder = export_decoder(
+            stage,
             fmt=fmt,
+            inputs=artifact.inputs,
+            output=output,
             device=device,
             opset=opset,
-            precision=precision,
-            autoencoder=autoencoder,
+            precision="fp32" if precision in QUANTIZED else precision,  # not quantized: it runs once per image
         )
         labels["decoder"] = entry
         report.append(line)
@@ -321,32 +322,6 @@ def check_export_request(source: Path, output: Path, *, fmt: str, precision: str
         import_onnx()  # fail before any work if a package is missing
         import_onnxruntime()
     return replace
-
-
-def latent_decoder(
-    link, model, *, source: Path, output: Path, fmt: str, device, opset: int, precision: str, autoencoder
-):
-    """A latent model's autoencoder (as its checkpoint links it, or --autoencoder) exported for beside the U-Net
-    (:func:`export_decoder`; not quantized: it runs once per image): (metadata entry, report line, write())."""
-    stage, _ = linked_first_stage(
-        link,
-        model_config=model.config,
-        source=f"checkpoint {source}",
-        device=device,
-        override=autoencoder,
-        folder=source.parent,
-    )
-    inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
-    check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
-    return export_decoder(
-        stage,
-        fmt=fmt,
-        inputs=inputs,
-        output=output,
-        device=device,
-        opset=opset,
-        precision="fp32" if precision in QUANTIZED else precision,
-    )
 
 
 EXPORT_BATCH_SIZES = (1, 3, 8)  # an exported U-Net is compared with PyTorch at each (dynamic batch)
@@ -444,7 +419,7 @@ def quantize_export(proto, model, schedule_config, *, calibration: Calibration, 
     from ddpm.formats.exporters import METADATA_KEY
     from noise_schedule import NoiseSchedule
 
-    plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, num_steps=calibration.steps)
+    plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, sampling_steps=calibration.sampling_steps)
     feeds = quantization.calibration_feeds(
         model, plan, samples=calibration.samples, seed=calibration.seed, batch_size=calibration.batch_size
     )

@@ -3,67 +3,35 @@
     python main.py --mode train --dataset digits --max_steps 1500
     torchrun --nproc_per_node 4 main.py --mode train --dataset cifar10 --batch_size 128
 
-The loop itself is training/trainer.py's; this module builds the trainer (a new model, a resumed
-checkpoint, or a latent model on its autoencoder's latents), checks the batch fits, and turns Ctrl-C
-or SIGTERM into a saved step and exit code 130 or 143.
+The loop itself is training/trainer.py's and the run around it (locks, refusals, previews, curves, Ctrl-C
+saving) modes/training_run.py's; this module builds the trainer (a new model, a resumed checkpoint, or a
+latent model on its autoencoder's latents) and checks the batch fits.
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
-import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from basic_diffusion import count_parameters
+from ddpm.batch_memory import check_batch_fits
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
+from ddpm.modes.training_run import train_logged, training_run
 from ddpm.requests import NewModel, TrainRequest
-from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.training.trainer import TrainConfig, Trainer, resume_config
-from ddpm.util import distributed, interrupts
-from ddpm.util.memory_budget import check_batch_fits
-from ddpm.util.profiling import ProfileConfig, make_profiler
-from ddpm.util.safe_files import as_input, check_outputs, run_lock
+from ddpm.util import distributed
+from ddpm.util.safe_files import as_input
 
 
 def run_train(request: TrainRequest) -> None:
-    checkpoint = request.checkpoint
-    with run_locks(request):
-        if Path(checkpoint).exists() and not (request.resume or request.overwrite):
-            raise ValueError(
-                f"--model_path {checkpoint} already holds a checkpoint; pass --resume to continue it, "
-                "or --overwrite to start over and replace it"
-            )
-        if request.log_dir is not None:  # before the data are read: a new run never mixes its curves with another's
-            refuse_previous_curves(request.log_dir, resume=request.resume, overwrite=request.overwrite)
+    run = dict(overwrite=request.overwrite, resume=request.resume, continues="it", log_dir=request.log_dir)
+    with training_run(request.checkpoint, flag="--model_path", **run):
         trainer = resumed_trainer(request) if request.resume else new_trainer(request)
-        inputs = run_inputs(trainer, request)
-        check_previews(trainer, inputs=inputs)
-        curves = training_log(trainer, request, inputs=inputs)
-        try:
-            train(trainer, profile=request.profile, curves=curves)
-        finally:
-            if curves is not None:
-                curves.close()
-    distributed.say(f"checkpoint: {checkpoint}")
-
-
-@contextlib.contextmanager
-def run_locks(request: TrainRequest):
-    """A second run on this checkpoint, or writing curves into this --log_dir, is refused until this one ends
-    (rank 0 writes both, so rank 0 holds the locks)."""
-    with contextlib.ExitStack() as locks:
-        if distributed.current().is_main:
-            locks.enter_context(run_lock(request.checkpoint))
-            if request.log_dir is not None:
-                locks.enter_context(run_lock(request.log_dir, flag="--log_dir"))
-        yield
+        train_logged(trainer, request, inputs=run_inputs(trainer, request))
+    distributed.say(f"checkpoint: {request.checkpoint}")
 
 
 def check_batch_fills(batch_size: int, images, *, dataset: str) -> None:
@@ -73,9 +41,6 @@ def check_batch_fills(batch_size: int, images, *, dataset: str) -> None:
             f"--batch_size {batch_size} is larger than the {len(images)} {dataset} training images; "
             f"use --batch_size {len(images)} or less, or more images"
         )
-
-
-PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")
 
 
 def run_inputs(trainer, request: TrainRequest) -> dict:
@@ -88,50 +53,6 @@ def run_inputs(trainer, request: TrainRequest) -> dict:
         "--data_dir": data_input(trainer.config.dataset, request.model.data_dir),
         "--init_from": as_input(request.init_from),
     }
-
-
-def check_previews(trainer, *, inputs: dict) -> None:
-    """The preview grids this run will write (<model_path stem>_samples/step_NNNNNNN.png, every
-    --sample_every steps and at the end) are outputs too: checked before the first step against the
-    run's ``inputs`` (:func:`run_inputs`), like every other output. Only names that
-    already exist can be an input (through a symlink or a hard link); a folder name taken by a file is refused."""
-    config = trainer.config
-    folder = config.samples_dir
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{folder} is a file, but the training previews go into a folder of that name; move it")
-    if not folder.is_dir():
-        return
-    start, end, every = trainer.step, config.total_steps, config.sample_every
-
-    def planned(step: int) -> bool:
-        return start < step <= end and (step == end or (every > 0 and step % every == 0))
-
-    existing = [
-        entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))
-    ]
-    for entry in existing:
-        check_outputs({"the training preview": entry}, inputs=inputs)
-
-
-def training_log(trainer, request: TrainRequest, *, inputs: dict) -> TrainingLog | None:
-    """Rank 0's training curves (training/curves.py) in --log_dir, checked as outputs against the run's ``inputs``
-    (:func:`run_inputs`) before the first step; None on the other ranks."""
-    if request.log_dir is None or not distributed.current().is_main:
-        return None
-    config = trainer.config
-    explicit = "log_dir" in request.given  # the tensorboard hint only for a user who asked for curves
-    curves = TrainingLog(
-        request.log_dir,
-        start_step=trainer.step,
-        every=request.log_every,
-        resume=request.resume,
-        overwrite=request.overwrite,
-        inputs=inputs,
-        say=distributed.say if explicit else None,
-    )
-    model, schedule = trainer.model_config.to_dict(), asdict(trainer.schedule_config)
-    curves.hparams({"train": asdict(config), "model": model, "schedule": schedule})
-    return curves
 
 
 def resumed_trainer(request: TrainRequest):
@@ -360,35 +281,3 @@ def new_trainer(request: TrainRequest):
         )
     )
     return trainer
-
-
-def train(trainer, *, profile: str | None = None, curves: TrainingLog | None = None) -> None:
-    """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143.
-
-    A run stopped before its first step saves nothing, so the file it would replace stays as it was.
-    With ``profile`` (--profile DIR) a few steps of the run are traced (profiling.py); with ``curves``
-    (training_log's) every step is recorded.
-    """
-
-    start, ranks = trainer.step, distributed.current()
-    try:
-        if profile and trainer.config.total_steps > start:
-            run_name = f"train-rank{ranks.rank}" if ranks.distributed else "train"
-            config = ProfileConfig(profile, run_name=run_name, total_steps=trainer.config.total_steps - start)
-            with make_profiler(config, device=trainer.device, log=tqdm.write) as profiler:
-                trainer.run(profiler=profiler, curves=curves)
-        else:
-            trainer.run(curves=curves)
-    except KeyboardInterrupt as exc:
-        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
-        if trainer.step == start:
-            if ranks.is_main:
-                print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
-            raise SystemExit(stop.exit_code) from None
-        with interrupts.deferred(reraise=False):  # a second signal does not cut this save
-            path = trainer.save()  # rank 0 writes; every rank stopped after the same step
-        if ranks.is_main:
-            print(
-                f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr
-            )
-        raise SystemExit(stop.exit_code) from None

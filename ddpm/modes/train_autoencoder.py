@@ -6,21 +6,16 @@ python main.py --mode train --dataset digits --autoencoder checkpoints/digits_au
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest, train_autoencoder
+from ddpm.modes.training_run import training_run
+from ddpm.requests import AutoencoderTrainRequest
+from ddpm.training.autoencoder_trainer import train_autoencoder
 from ddpm.util import interrupts
-from ddpm.util.safe_files import run_lock
 
 
 def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
-    """The first stage of a latent model; an existing checkpoint is replaced only with --overwrite."""
-    with run_lock(request.checkpoint):  # a second run on this path is refused until this one ends
-        if Path(request.checkpoint).exists() and not request.overwrite:
-            raise ValueError(
-                f"--model_path {request.checkpoint} already holds a checkpoint; pass --overwrite to start over and "
-                "replace it"
-            )
+    """The first stage of a latent model, in the run every training mode shares (modes/training_run.py): its own
+    loop, no curves, and an existing checkpoint replaced only with --overwrite (there is no --resume)."""
+    with training_run(request.checkpoint, flag="--model_path", overwrite=request.overwrite):
         try:
             train_autoencoder(request)
         except interrupts.Interrupted as stop:  # what was trained is saved and said (training/autoencoder_trainer.py)

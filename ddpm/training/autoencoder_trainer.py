@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,12 +31,12 @@ from ddpm.data.image_files import save_grid, to_uint8
 from ddpm.evaluation.voxels import skimage_metrics
 from ddpm.latent.autoencoder import (
     Autoencoder,
-    AutoencoderConfig,
     autoencoder_loss,
     checkpoint_state,
     posterior_means,
     to_unit_range,
 )
+from ddpm.requests import AutoencoderTrainRequest
 from ddpm.training.trainer import TrainingDiverged, lr_factor
 from ddpm.util import interrupts
 from ddpm.util.safe_files import atomic_write
@@ -47,42 +47,6 @@ HOLDOUT_SHARE, HOLDOUT_SEED = 0.1, 0  # digits and folders: this share, drawn fr
 MAX_SCORED = 1000  # held-out images scored (the first ones: a test split's order is fixed)
 PNG_IMAGES = 16  # held-out images in the reconstructions PNG
 PSNR_CAP = 100.0  # dB: an exact copy (infinite PSNR) scores this
-
-
-@dataclass(frozen=True)
-class AutoencoderTrainRequest:
-    """--mode train_autoencoder: the first stage of a latent model, resolved from the flags by cli/resolve.py."""
-
-    device: torch.device
-    checkpoint: str
-    reconstructions: str  # the PNG beside the checkpoint
-    overwrite: bool
-    dataset: str
-    data_dir: str
-    image_size: int
-    channels: int
-    seed: int = 0
-    n_epochs: int | None = None
-    max_steps: int | None = None  # neither: autoencoder_training.DEFAULT_STEPS
-    batch_size: int = 64
-    lr: float = 1e-3
-    # None: AutoencoderConfig's default
-    latent_channels: int | None = None
-    downsample: int | None = None
-    base_channels: int | None = None
-    kl_weight: float | None = None
-
-    def config(self) -> AutoencoderConfig:
-        """The autoencoder's config (validated)."""
-        given = dict(
-            latent_channels=self.latent_channels,
-            downsample=self.downsample,
-            base_channels=self.base_channels,
-            kl_weight=self.kl_weight,
-        )
-        return AutoencoderConfig(
-            image_size=self.image_size, in_channels=self.channels, **{k: v for k, v in given.items() if v is not None}
-        )
 
 
 def reconstructions_path(checkpoint: str | Path) -> str:

@@ -1,6 +1,7 @@
 """Distilling a teacher into a student that samples in 1, 2, 4 or 8 U-Net calls.
 
-    objective = DistillObjective.build(teacher, DistillConfig(teacher="digits.pt"), device=device)
+    config = DistillConfig(teacher="digits.pt", sampling_steps=4, samples=4096, teacher_steps=32)
+    objective = DistillObjective.build(teacher, config, device=device)
     trainer = Trainer(train_config, teacher.model_config, objective.schedule_config, images=None,
                       device=device, objective=objective)   # the training loop of trainer.py
 
@@ -32,6 +33,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from basic_diffusion import eps_of, guided_model_eps
+from ddpm.choices import STUDENT_STEPS  # what --sampling_steps offers distill
 from ddpm.conditioning import Guidance
 from noise_schedule import (
     MAX_GUIDANCE,
@@ -43,7 +45,6 @@ from noise_schedule import (
     p_step,
 )
 
-STUDENT_STEPS = (1, 2, 4, 8)
 STUDENT_SAMPLER = "consistency"
 STUDENT_PREDICTION = "v"  # x_0 from eps is ill-conditioned at the few, noisy timesteps of a student
 MAX_SAMPLES = 1 << 20
@@ -57,9 +58,9 @@ class DistillConfig:
     """What a distillation run learns from; a student's checkpoint keeps it (``distill_config``) to resume."""
 
     teacher: str  # the teacher's path, as given
-    sampling_steps: int = 4
-    samples: int = 4096  # teacher trajectories
-    teacher_steps: int = 32  # teacher solver steps per trajectory
+    sampling_steps: int  # the student's U-Net calls per image (defaults: the flags', ddpm/choices.py)
+    samples: int  # teacher trajectories
+    teacher_steps: int  # teacher solver steps per trajectory
     guidance_scale: float = 0.0  # a class-conditional teacher's guidance, folded into the student (0: none)
     seed: int = 0
 

@@ -26,7 +26,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -48,7 +48,20 @@ from noise_schedule import NoiseSchedule, ScheduleConfig
 
 if TYPE_CHECKING:
     from ddpm.training.curves import TrainingLog
-    from ddpm.training.distill import DistillObjective
+
+
+class Objective(Protocol):
+    """What the loop asks of an objective that replaces the noise-prediction loss (training/distill.py's
+    DistillObjective, which sits above this loop: it runs a teacher): its settings, the class names its data
+    has, a global batch drawn in step on every rank, and this rank's loss on its rows of it."""
+
+    config: object  # a dataclass: the checkpoint keeps it (distill_config)
+    class_names: tuple[str, ...]
+
+    def batch(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple: ...
+
+    def loss(self, forward: nn.Module, batch: tuple, *, rows: slice) -> torch.Tensor: ...
+
 
 MAX_CONSECUTIVE_NONFINITE = 20
 
@@ -146,7 +159,7 @@ class Trainer:
         resume_state: dict | None = None,
         ranks: Ranks | None = None,
         first_stage: FirstStage | None = None,
-        objective: DistillObjective | None = None,
+        objective: Objective | None = None,
     ) -> None:
         self.ranks = ranks or distributed.current()  # (rank, world size): distributed.SINGLE for one process
         # The world size validates the batch split; the checkpoint records it.
@@ -259,10 +272,10 @@ class Trainer:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
         clip = clips_x0(True, self.first_stage)
         # The model's own sampling (a distilled student's sampler and timesteps), else DDPM in preview_steps.
-        sampler, timesteps = own_sampling(self.schedule_config, sampler=None, steps=None)
+        sampler, timesteps = own_sampling(self.schedule_config, sampler=None, sampling_steps=None)
         plan = self.schedule.make_plan(
             sampler,
-            num_steps=None if timesteps else min(self.config.preview_steps, self.schedule.num_timesteps),
+            sampling_steps=None if timesteps else min(self.config.preview_steps, self.schedule.num_timesteps),
             timesteps=timesteps,
             clip_denoised=clip,
             device=self.device,

@@ -27,8 +27,8 @@ from torch import nn
 
 import tensorrt_integration
 from basic_diffusion import UNetConfig
-from ddpm.backends import artifacts, engine_cache, runtimes
-from ddpm.formats import checkpoints, exporters, unet_io
+from ddpm.backends import artifacts, runtimes
+from ddpm.formats import checkpoints, engine_cache, exporters, unet_io
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
 from ddpm.formats.torch_files import load_weights
 from ddpm.util import safe_files

@@ -79,9 +79,8 @@ def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered
 
 
 def test_an_explicit_implementation_wins_over_auto():
-    from ddpm.cli import resolve
-
     from ddpm.backends.auto import chosen_for
+    from ddpm.cli import resolve
 
     class Artifact:  # what chosen_for reads of an opened file
         model_config = tiny_unet_config()
@@ -111,7 +110,7 @@ def _draw(name: str, model, plan, *, seed: int = 3) -> torch.Tensor:
 @pytest.mark.parametrize("sampler", ["ddim", "dpm_solver_sde"])
 def test_cuda_draws_the_originals_images_to_float_tolerance_and_cuda_steps_bit_for_bit(sampler):
     model = perturbed_unet(tiny_unet_config())
-    plan = NoiseSchedule(TINY_SCHEDULE).make_plan(sampler, num_steps=6)
+    plan = NoiseSchedule(TINY_SCHEDULE).make_plan(sampler, sampling_steps=6)
     original, steps = _draw("original", model, plan), _draw("cuda_steps", model, plan)
     fused = registry.make_drawer("cuda", model, plan, options=registry.SamplerOptions())
     runner = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())
@@ -126,7 +125,7 @@ def test_cuda_draws_the_originals_images_to_float_tolerance_and_cuda_steps_bit_f
 
 def test_cuda_is_the_step_kernels_where_the_runner_is_not_verified():
     model = perturbed_unet(tiny_unet_config())
-    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", num_steps=2)
+    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", sampling_steps=2)
     bf16 = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions("bf16"))
     assert bf16.unet_runner is None
     steps = registry.get("cuda_steps").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())

@@ -45,7 +45,7 @@ def test_the_benchmark_reports_a_crashing_openvino_row_and_times_the_others(monk
     )
     monkeypatch.setattr(sampling_bench, "measure_peaks", lambda *a, **k: {"fp32": {"fake": 1.0}})
     model = perturbed_unet(tiny_unet_config())
-    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", num_steps=2)
+    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", sampling_steps=2)
     _, rows = sampling_bench.time_rows(
         model,
         plan,
@@ -68,7 +68,7 @@ def test_openvino_runs_the_onnx_export_in_the_original_loop_to_fp32_tolerance():
     from ddpm.backends import registry
 
     model = perturbed_unet(tiny_unet_config())
-    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", num_steps=3)
+    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", sampling_steps=3)
     options = registry.SamplerOptions()
     sampler = registry.get("openvino_f32").build(model, plan, shape=(2, 1, 16, 16), options=options)
     reference = registry.get("original").build(model, plan, shape=(2, 1, 16, 16), options=options)

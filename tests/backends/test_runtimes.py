@@ -4,7 +4,7 @@ Specification: the ONNX export (random weights and a trained checkpoint) agrees 
 onnxruntime at several batch sizes, and so does the TorchScript trace; sampling from a checkpoint,
 its TorchScript and ONNX exports, and with --implementation onnxruntime gives the checkpoint's images
 from one seed; without TensorRT every TensorRT path ends in one line naming what to install; a corrupt
-artifact, or an implementation that cannot run it, is one line. (The engine cache: test_engine_cache.py;
+artifact, or an implementation that cannot run it, is one line. (The engine cache: tests/formats/test_engine_cache.py;
 the tensorrt implementation's loop: tests/test_tensorrt_integration.py.)
 """
 
@@ -162,7 +162,7 @@ def test_onnxruntime_implementation_draws_the_original_images(random_onnx):
     runtime = runtimes.OnnxRuntimeUNet(
         runtimes.onnxruntime_session(proto.SerializeToString(), device=torch.device("cpu")), io=IO
     )
-    plan = NoiseSchedule(SCHEDULE).make_plan("ddpm", num_steps=6)
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddpm", sampling_steps=6)
     ours = original_sample(runtime, plan, shape=(3, 1, 16, 16), generator=torch.Generator().manual_seed(1))
     reference = original_sample(model, plan, shape=(3, 1, 16, 16), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-4)

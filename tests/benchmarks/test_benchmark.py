@@ -301,7 +301,7 @@ def test_rows_are_built_timed_and_freed_one_at_a_time(monkeypatch):
         dropout=0.0,
         norm_groups=8,
     )
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", sampling_steps=2)
     _, rows = sampling_bench.time_rows(
         UNet(config).eval(),
         plan,
@@ -367,7 +367,7 @@ def test_interleaved_rows_run_in_rounds_and_their_speedups_cancel_the_machines_d
         dropout=0.0,
         norm_groups=8,
     )
-    plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", num_steps=2)
+    plan = NoiseSchedule(ScheduleConfig(num_timesteps=10)).make_plan("ddim", sampling_steps=2)
     env, rows = sampling_bench.time_rows(
         UNet(config).eval(),
         plan,

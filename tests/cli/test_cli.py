@@ -108,6 +108,7 @@ def test_resume_continues_to_a_longer_run(trained):
         (["--mode", "sample", "--model_path", "corrupt.pt"], "corrupt"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--n_samples", "0"], "--n_samples must be a positive"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampling_steps", "11"], "between 1 and 10"),
+        (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampling_steps", "0"], "between 1 and 10"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--sampler", "ddpm", "--eta", "1"], "eta only applies"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--save_npz", "x.txt"], ".npz"),
         (["--mode", "sample", "--model_path", "ck/digits.pt", "--output", "ck"], "is a folder"),

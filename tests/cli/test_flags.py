@@ -27,13 +27,13 @@ def written(name: str, mode: str) -> list[str]:
 
 
 def test_every_mode_reads_the_common_flags_and_distill_reads_the_leads_list():
+    import importlib
+
     import main
 
-    assert (
-        set(MODES)
-        == set(main.MODES)
-        == {"train", "sample", "evaluate", "benchmark", "export", "train_autoencoder", "distill"}
-    )
+    assert set(MODES) == {"train", "sample", "evaluate", "benchmark", "export", "train_autoencoder", "distill"}
+    for mode in MODES:  # main.py runs each mode's run_<mode>, named in its code
+        assert main.run_mode(mode) is getattr(importlib.import_module(f"ddpm.modes.{mode}"), f"run_{mode}")
     assert all(set(READ_BY[name]) == set(MODES) for name in ("mode", "device", "seed", "precision", "model_path"))
     assert set(flags_of("distill")) == {
         *("mode", "device", "seed", "precision", "profile", "model_path", "autoencoder", "output"),
@@ -138,7 +138,7 @@ def test_evaluate_takes_sample_modes_sampler_and_eta_rules(sampler, eta, refused
             source=source,
             implementation="original",
             samplers=["ddim", sampler],
-            steps=[None],
+            sampling_steps=[None],
             dataset=None,
             eta=eta,
         ),
@@ -173,3 +173,91 @@ def test_the_runtime_flags_are_read_only_by_the_implementations_that_build_a_gra
         else:
             with pytest.raises(ValueError, match=refused):
                 resolve.parse(argv)
+
+
+def help_of(mode: str, name: str) -> str:
+    """The help line of ``--name`` in ``mode``'s --help, as printed (argparse's wrapping undone)."""
+    text = parser.build_parser(mode).format_help()
+    entry = text[text.index(f"  --{name} ") :].split("\n  --")[0]
+    return " ".join(entry.split())
+
+
+def test_distills_help_shows_the_recipe_a_distillation_runs_with():
+    """Every default of distill's recipe is written once (ddpm/choices.py) and --help prints the value the
+    request gets when the flag is left out."""
+    from ddpm.cli import resolve
+
+    _, request = resolve.parse(["--mode", "distill", "--model_path", "teacher.pt", "--device", "cpu"])
+    fields = {
+        "sampling_steps": request.sampling_steps,
+        "distill_samples": request.samples,
+        "teacher_steps": request.teacher_steps,
+        "max_steps": request.max_steps,
+        "batch_size": request.batch_size,
+        "lr": request.lr,
+        "ema_decay": request.ema_decay,
+        "save_every": request.save_every,
+    }
+    assert fields == {
+        "sampling_steps": 4,
+        "distill_samples": 4096,
+        "teacher_steps": 32,
+        "max_steps": 1000,
+        "batch_size": 64,
+        "lr": 1e-4,
+        "ema_decay": 0.995,
+        "save_every": 500,
+    }
+    for name, value in fields.items():
+        assert f"(default: {value})" in help_of("distill", name), name
+
+
+def test_a_students_step_counts_are_the_flags_choices():
+    from ddpm.training.distill import DistillConfig
+
+    offered = next(a for a in parser.build_parser("distill")._actions if a.dest == "sampling_steps").choices
+    assert tuple(offered) == (1, 2, 4, 8)
+    for steps in (*offered, 3, 16):
+        config = lambda: DistillConfig(teacher="t", sampling_steps=steps, samples=1, teacher_steps=32)  # noqa: E731
+        if steps in offered:
+            config()
+        else:
+            with pytest.raises(ValueError, match="must be one of 1, 2, 4, 8"):
+                config()
+
+
+def test_trainings_help_shows_the_recipe_each_kind_of_data_trains_with():
+    """--batch_size, --lr, --ema_decay and --min_snr_gamma depend on the data (images or volumes): the help
+    names both values, the ones a run left at its defaults gets; --dataset's default is shown and used."""
+    from ddpm.cli import resolve
+
+    assert "(default: mnist)" in help_of("train", "dataset")
+    _, mnist = resolve.parse(["--mode", "train", "--device", "cpu"])
+    assert mnist.model.dataset == "mnist" and mnist.checkpoint == "checkpoints/mnist.pt"
+    runs = {
+        kind: resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", dataset])[1]
+        for kind, dataset in (("images", "digits"), ("volumes", "spheres"))
+    }
+    assert (runs["images"].batch_size, runs["volumes"].batch_size) == (64, 16)
+    for name, shown in (("batch_size", str), ("lr", "{:g}".format), ("ema_decay", str)):
+        values = [shown(getattr(runs[kind], name)) for kind in ("images", "volumes")]
+        assert f"(default {values[0]} images, {values[1]} volumes)" in help_of("train", name), name
+    gamma = [runs["images"].min_snr_gamma or 0, runs["volumes"].min_snr_gamma]  # None: unweighted, said as 0
+    assert f"(default {gamma[0]:g} images, {gamma[1]:g} volumes)" in help_of("train", "min_snr_gamma")
+
+
+@pytest.mark.parametrize(
+    "mode,extra,field",
+    [
+        ("sample", [], "batch_size"),
+        ("evaluate", [], "batch_size"),
+        ("train_autoencoder", [], "batch_size"),
+        ("train_autoencoder", [], "lr"),
+    ],
+)
+def test_other_modes_help_shows_the_batch_and_rate_their_request_gets(mode, extra, field):
+    from ddpm.cli import resolve
+
+    _, request = resolve.parse(["--mode", mode, "--device", "cpu", "--dataset", "digits", *extra])
+    assert f"(default: {getattr(request, field)})" in help_of(mode, field)
+    assert "None" not in help_of(mode, "batch_size") + help_of(mode, "dataset")

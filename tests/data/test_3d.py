@@ -77,7 +77,7 @@ def test_the_cuda_implementation_draws_the_original_volumes_on_the_cpu():
         p.data.add_(0.05 * torch.randn_like(p))
     schedule = NoiseSchedule(ScheduleConfig(num_timesteps=50))
     for sampler in ("ddpm", "dpm_solver_sde"):
-        plan = schedule.make_plan(sampler, num_steps=6)
+        plan = schedule.make_plan(sampler, sampling_steps=6)
         shape = (2, 1, 8, 8, 8)
         with torch.no_grad():
             reference = sample(model, plan, shape=shape, generator=torch.Generator().manual_seed(1))

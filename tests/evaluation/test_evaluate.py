@@ -146,7 +146,7 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     artifact = load_artifact(ckpt, device=torch.device("cpu"))
     schedule = NoiseSchedule(artifact.schedule_config)
     for row in result["rows"]:
-        plan = schedule.make_plan(row["sampler"], num_steps=row["steps"])
+        plan = schedule.make_plan(row["sampler"], sampling_steps=row["steps"])
         generator = torch.Generator().manual_seed(0)
         images = torch.cat(
             [sample(artifact.model, plan, shape=(size, 1, 16, 16), generator=generator) for size in (8, 4)]

@@ -119,7 +119,10 @@ def test_imported_model_samples_as_diffusers_ddpm_and_ddim_loops_do(
     draw = basic_diffusion.sample if implementation == "original" else optimized_diffusion.sample
     for sampler, scheduler in (("ddpm", diffusers.DDPMScheduler), ("ddim", diffusers.DDIMScheduler)):
         ours = draw(
-            model, schedule.make_plan(sampler, num_steps=20), shape=shape, generator=torch.Generator().manual_seed(3)
+            model,
+            schedule.make_plan(sampler, sampling_steps=20),
+            shape=shape,
+            generator=torch.Generator().manual_seed(3),
         )
         scheduler = scheduler.from_pretrained(tmp_path / "m" / "scheduler")  # DDIM takes DDPM's config
         scheduler.set_timesteps(20)

@@ -12,11 +12,11 @@ import torch
 from helpers import assert_user_error, needs_onnx, perturbed_unet, run_here, tiny_unet_config
 
 from basic_diffusion import sample
-from ddpm.backends.engine_cache import build_plan, torch_tensorrt_arguments
 from ddpm.backends.runtimes import OnnxRuntimeUNet, onnxruntime_session
 from ddpm.benchmarks.sampling_bench import psnr_db
 from ddpm.formats import exporters, quantization, unet_io
 from ddpm.formats.checkpoints import save_checkpoint
+from ddpm.formats.engine_cache import build_plan, torch_tensorrt_arguments
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 pytestmark = needs_onnx
@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
 
 
 def quantized(model, proto, *, sampler="ddim", steps=10, samples=8):
-    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, num_steps=steps)
+    plan = NoiseSchedule(SCHEDULE).make_plan(sampler, sampling_steps=steps)
     feeds = list(quantization.calibration_feeds(model, plan, samples=samples))
     return quantization.quantize_unet(proto, feeds), feeds
 
@@ -100,7 +100,7 @@ def test_calibration_sees_the_samplers_own_inputs_and_sets_ranges_from_them(trai
     """The feeds are the U-Net's inputs along the sampler's trajectories (every timestep of the plan), and a
     quantized activation's scale is its range over them: checked against a float64 run of the model."""
     _, model, proto = trained
-    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", num_steps=10)
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", sampling_steps=10)
     q, feeds = quantized(model, proto)
     assert [int(f["t"][0]) for f in feeds] == plan.timesteps.tolist()
     x_T = torch.randn(CONFIG.sample_shape(8), generator=torch.Generator().manual_seed(0))
@@ -142,7 +142,7 @@ class _Counting(torch.nn.Module):
 
 def test_calibration_runs_its_trajectories_a_batch_at_a_time_as_the_quantizer_reads_them(trained):
     _, model, _ = trained
-    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", num_steps=3)
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", sampling_steps=3)
     counting = _Counting(model)
     feeds = quantization.calibration_feeds(counting, plan, samples=20, batch_size=8)
     assert counting.calls == 0  # nothing runs until the quantizer asks
@@ -165,7 +165,7 @@ def test_out_of_memory_while_calibrating_names_the_flag_that_applies(trained, mo
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
 
     monkeypatch.setattr(quantization, "quantize_unet", exhausted)
-    calibration = Calibration(sampler="ddim", steps=2, samples=512, batch_size=256)
+    calibration = Calibration(sampler="ddim", sampling_steps=2, samples=512, batch_size=256)
     with pytest.raises(ValueError, match="calibrating on batches of 256 trajectories; lower --batch_size") as info:
         quantize_export(proto, model, SCHEDULE, calibration=calibration, precision="int8")
     assert "--n_samples" not in str(info.value)
@@ -182,7 +182,7 @@ def test_calibration_memory_is_flat_in_the_number_of_trajectories(one_thread):
     model = perturbed_unet(config)
     metadata = unet_io.artifact_metadata(model_config=config, schedule_config=SCHEDULE, weights="ema")
     proto = exporters.export_onnx_model(model, metadata=metadata)
-    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", num_steps=2)
+    plan = NoiseSchedule(SCHEDULE).make_plan("ddim", sampling_steps=2)
 
     def peak_mib_after(samples: int, batch_size: int) -> float:
         feeds = quantization.calibration_feeds(model, plan, samples=samples, batch_size=batch_size)
@@ -200,7 +200,7 @@ def test_onnxruntime_int8_draws_nearly_the_fp32_models_images(trained, one_threa
     runtime = OnnxRuntimeUNet(
         onnxruntime_session(q.SerializeToString(), device=torch.device("cpu")), io=unet_io.UNetIO.from_config(CONFIG)
     )
-    plan = NoiseSchedule(SCHEDULE).make_plan("dpm_solver", num_steps=10)
+    plan = NoiseSchedule(SCHEDULE).make_plan("dpm_solver", sampling_steps=10)
     images = [
         sample(unet, plan, shape=CONFIG.sample_shape(16), generator=torch.Generator().manual_seed(3))
         for unet in (model, runtime)

@@ -29,7 +29,8 @@ from ddpm.latent.autoencoder import (
     load_autoencoder,
     to_unit_range,
 )
-from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest, psnr_ssim, split_heldout, train_autoencoder
+from ddpm.requests import AutoencoderTrainRequest
+from ddpm.training.autoencoder_trainer import psnr_ssim, split_heldout, train_autoencoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

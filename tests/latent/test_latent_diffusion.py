@@ -225,7 +225,7 @@ def test_latents_train_as_stored_without_flips_and_the_sizes_must_match(latent_m
     [("onnx", ".onnx", ("--implementation", "onnxruntime")), ("torchscript", ".ts", ("--trust_torchscript",))],
 )
 def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_images(
-    latent_model, latent_export, tmp_path, capsys, fmt, suffix, extra
+    latent_model, latent_export, tmp_path, capsys, monkeypatch, fmt, suffix, extra
 ):
     pytest.importorskip("onnxruntime")
     unet, decoder = tmp_path / f"lat{suffix}", tmp_path / f"lat.decoder{suffix}"
@@ -246,8 +246,13 @@ def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_
             "--output",
             str(unet),
         ]
+        from ddpm.latent import autoencoder
+
+        opened, load = [], autoencoder.load_autoencoder
+        monkeypatch.setattr(autoencoder, "load_autoencoder", lambda path, **kw: opened.append(path) or load(path, **kw))
         assert main.main(export) == 0, capsys.readouterr().err
         out = capsys.readouterr().out
+        assert len(opened) == 1  # the link is resolved once, where the checkpoint is opened (load_artifact)
     assert decoder.is_file() and "the decoder" in out
     drawn = {}
     for name, path, flags in (("checkpoint", latent_model / "lat.pt", ()), ("exported", unet, extra)):
@@ -550,7 +555,7 @@ def test_an_exported_latent_engine_names_its_decoder_engine_and_loads_it_checked
     latent_model, tmp_path, stand_in_tensorrt
 ):
     from ddpm.backends.artifacts import load_artifact
-    from ddpm.backends.engine_cache import metadata_path, read_metadata
+    from ddpm.formats.engine_cache import metadata_path, read_metadata
     from ddpm.formats.unet_io import BatchRange, DecoderIO, UNetIO
     from ddpm.modes.export import export_artifact, export_checkpoint
     from tensorrt_integration import TensorRTDecoder, TensorRTOptions, tensorrt_decoder

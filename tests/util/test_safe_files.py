@@ -30,7 +30,7 @@ from PIL import Image
 import main
 from ddpm.backends import registry
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
-from ddpm.modes import train as train_mode
+from ddpm.modes import training_run as train_mode
 from ddpm.util import interrupts, safe_files
 from ddpm.util.safe_files import check_outputs, remove_stale_temporaries
 

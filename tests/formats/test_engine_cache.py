@@ -1,4 +1,4 @@
-"""backends/engine_cache.py: which build each TensorRT version gets, and the engine cache, without TensorRT.
+"""formats/engine_cache.py: which build each TensorRT version gets, and the engine cache, without TensorRT.
 
 Specification: an engine's cache key records everything it depends on and any difference rebuilds; an
 engine whose sha256 differs from its metadata is refused, never deserialized; missing or corrupt metadata
@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import tiny_unet_config
 
-from ddpm.backends import engine_cache
+from ddpm.formats import engine_cache
 from ddpm.formats.unet_io import BatchRange, UNetIO
 
 IO = UNetIO.from_config(tiny_unet_config())

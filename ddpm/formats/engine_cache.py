@@ -1,7 +1,7 @@
 """TensorRT engines without TensorRT: which build each TensorRT version gets, and the engine cache.
 
 Everything here is a pure function of versions, files and metadata, so all of it is tested on
-machines without TensorRT or a GPU (tests/backends/test_runtimes.py); tensorrt_integration.py builds, loads and
+machines without TensorRT or a GPU (tests/formats/test_engine_cache.py); tensorrt_integration.py builds, loads and
 runs the engines.
 
 * **Build plan** (:func:`build_plan`): TensorRT 11 removed the weak-typing flags

@@ -1,0 +1,155 @@
+"""What train, distill and train_autoencoder share: one training run's skeleton, from the locks to the
+closed curves.
+
+    with training_run(request.checkpoint, flag="--model_path", overwrite=..., resume=..., log_dir=...):
+        trainer = resumed_trainer(request) if request.resume else new_trainer(request)
+        train_logged(trainer, request, inputs=run_inputs(trainer, request))   # previews, curves, the loop
+
+Each mode builds its own trainer (a U-Net on images, a student on a teacher's trajectories) or runs its own
+loop (the autoencoder); what a run holds and refuses around that is here, once: the advisory locks on the
+checkpoint and the log folder, an existing checkpoint never replaced without --resume or --overwrite,
+curves a previous run left, the preview grids and curves checked as outputs against the run's inputs, and
+Ctrl-C or SIGTERM saving a whole step before exit code 130 or 143.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ddpm.training.curves import TrainingLog, refuse_previous_curves
+from ddpm.util import distributed, interrupts
+from ddpm.util.profiling import ProfileConfig, make_profiler
+from ddpm.util.safe_files import check_outputs, run_lock
+
+
+@contextlib.contextmanager
+def training_run(
+    checkpoint: str,
+    *,
+    flag: str,
+    overwrite: bool,
+    resume: bool = False,
+    continues: str | None = None,
+    log_dir: str | None = None,
+):
+    """The run's locks held for the whole block, and what is refused before anything is read: an existing
+    ``checkpoint`` (named by ``flag``) without ``resume`` or ``overwrite`` (the line offers --resume to continue
+    ``continues``; None: the mode cannot resume), and curves a previous run left in ``log_dir``."""
+    with run_locks(checkpoint, log_dir=log_dir):
+        if Path(checkpoint).exists() and not (resume or overwrite):
+            again = f"--resume to continue {continues}, or " if continues is not None else ""
+            raise ValueError(
+                f"{flag} {checkpoint} already holds a checkpoint; pass {again}--overwrite to start over and replace it"
+            )
+        if log_dir is not None:  # before the data are read: a new run never mixes its curves with another's
+            refuse_previous_curves(log_dir, resume=resume, overwrite=overwrite)
+        yield
+
+
+def train_logged(trainer, request, *, inputs: dict) -> None:
+    """The loop of a built ``trainer`` with its previews and curves, each checked as an output against the run's
+    ``inputs`` (every file it reads) before the first step; the curves closed however the loop ends."""
+    check_previews(trainer, inputs=inputs)
+    curves = training_log(trainer, request, inputs=inputs)
+    try:
+        train(trainer, profile=request.profile, curves=curves)
+    finally:
+        if curves is not None:
+            curves.close()
+
+
+@contextlib.contextmanager
+def run_locks(checkpoint: str, *, log_dir: str | None = None):
+    """A second run on this checkpoint, or writing curves into this --log_dir, is refused until this one ends
+    (rank 0 writes both, so rank 0 holds the locks)."""
+    with contextlib.ExitStack() as locks:
+        if distributed.current().is_main:
+            locks.enter_context(run_lock(checkpoint))
+            if log_dir is not None:
+                locks.enter_context(run_lock(log_dir, flag="--log_dir"))
+        yield
+
+
+PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")
+
+
+def check_previews(trainer, *, inputs: dict) -> None:
+    """The preview grids this run will write (<model_path stem>_samples/step_NNNNNNN.png, every
+    --sample_every steps and at the end) are outputs too: checked before the first step against the
+    run's ``inputs`` (:func:`run_inputs`), like every other output. Only names that
+    already exist can be an input (through a symlink or a hard link); a folder name taken by a file is refused."""
+    config = trainer.config
+    folder = config.samples_dir
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, but the training previews go into a folder of that name; move it")
+    if not folder.is_dir():
+        return
+    start, end, every = trainer.step, config.total_steps, config.sample_every
+
+    def planned(step: int) -> bool:
+        return start < step <= end and (step == end or (every > 0 and step % every == 0))
+
+    existing = [
+        entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))
+    ]
+    for entry in existing:
+        check_outputs({"the training preview": entry}, inputs=inputs)
+
+
+def training_log(trainer, request, *, inputs: dict) -> TrainingLog | None:
+    """Rank 0's training curves (training/curves.py) in --log_dir, checked as outputs against the run's ``inputs``
+    (:func:`run_inputs`) before the first step; None on the other ranks."""
+    if request.log_dir is None or not distributed.current().is_main:
+        return None
+    config = trainer.config
+    explicit = "log_dir" in request.given  # the tensorboard hint only for a user who asked for curves
+    curves = TrainingLog(
+        request.log_dir,
+        start_step=trainer.step,
+        every=request.log_every,
+        resume=request.resume,
+        overwrite=request.overwrite,
+        inputs=inputs,
+        say=distributed.say if explicit else None,
+    )
+    model, schedule = trainer.model_config.to_dict(), asdict(trainer.schedule_config)
+    curves.hparams({"train": asdict(config), "model": model, "schedule": schedule})
+    return curves
+
+
+def train(trainer, *, profile: str | None = None, curves: TrainingLog | None = None) -> None:
+    """Run the training loop; on Ctrl-C or SIGTERM save a whole step's state, then exit 130 or 143.
+
+    A run stopped before its first step saves nothing, so the file it would replace stays as it was.
+    With ``profile`` (--profile DIR) a few steps of the run are traced (profiling.py); with ``curves``
+    (training_log's) every step is recorded.
+    """
+
+    start, ranks = trainer.step, distributed.current()
+    try:
+        if profile and trainer.config.total_steps > start:
+            run_name = f"train-rank{ranks.rank}" if ranks.distributed else "train"
+            config = ProfileConfig(profile, run_name=run_name, total_steps=trainer.config.total_steps - start)
+            with make_profiler(config, device=trainer.device, log=tqdm.write) as profiler:
+                trainer.run(profiler=profiler, curves=curves)
+        else:
+            trainer.run(curves=curves)
+    except KeyboardInterrupt as exc:
+        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        if trainer.step == start:
+            if ranks.is_main:
+                print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
+            raise SystemExit(stop.exit_code) from None
+        with interrupts.deferred(reraise=False):  # a second signal does not cut this save
+            path = trainer.save()  # rank 0 writes; every rank stopped after the same step
+        if ranks.is_main:
+            print(
+                f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr
+            )
+        raise SystemExit(stop.exit_code) from None
