@@ -20,16 +20,23 @@ from typing import TYPE_CHECKING
 
 from ddpm.cli.checks import (
     check_at_most,
+    check_empty,
     check_not_negative,
     check_positive,
     check_profile_dir,
-    check_suffix,
+    check_training_numbers,
     parse_list,
+    parse_students,
 )
 from ddpm.cli.flags import FLAGS, NEW_MODEL
 from ddpm.cli.parser import parse_args
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
+from ddpm.outputs import (  # every output checked, by its kind, before any work
+    EXPORT_METADATA,
+    RECONSTRUCTIONS,
+    check_mode_outputs,
+)
 from ddpm.requests import (
     BenchmarkRun,
     Calibration,
@@ -43,7 +50,7 @@ from ddpm.requests import (
     TrainRequest,
 )
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
-from ddpm.util.safe_files import as_input, check_outputs  # every output checked before any work
+from ddpm.util.safe_files import as_input
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +64,7 @@ def parse(argv: list[str] | None = None) -> tuple[str, object]:
 
 def request_for(args: argparse.Namespace) -> object:
     """The request of ``args.mode``: flags resolved and checked (a ValueError names the flag)."""
+    check_empty({name: getattr(args, name) for name in sorted(args.given)})
     if args.opset is not None:
         from ddpm.formats.unet_io import check_opset
 
@@ -278,6 +286,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     check_positive(
         n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every
     )
+    check_training_numbers(lr=args.lr, ema_decay=args.ema_decay, grad_clip=args.grad_clip, dropout=args.dropout)
     checkpoint = _model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(
@@ -317,7 +326,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         "--data_dir": _data_input(args),
         "--init_from": as_input(args.init_from),
     }
-    check_outputs({"--model_path": checkpoint}, inputs=inputs)
+    check_mode_outputs("train", {"--model_path": checkpoint}, inputs=inputs)
     log_dir = args.log_dir or default_log_dir(checkpoint)  # its metrics.csv is checked once the run's inputs are known
     if Path(log_dir).exists() and not Path(log_dir).is_dir():
         raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
@@ -327,6 +336,8 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
     if not args.resume:
         dataset_channels(args)
+    if not (args.resume or args.init_from or args.autoencoder):
+        _new_model(args).model_config()  # its size, width and depth, before the data are read
     return TrainRequest(
         device=device,
         precision=_precision(args, "training", device),
@@ -368,9 +379,7 @@ def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequ
         raise ValueError("--no_grid writes no PNG, so nothing would be saved; add --save_npz FILE.npz")
     grid = None if args.no_grid else (args.output or "samples.png")
     source = _source(args)  # a checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan)
-    check_outputs({"--output": grid, "--save_npz": args.save_npz}, inputs=source.inputs())
-    check_suffix("--output (the PNG grid)", grid, ".png")
-    check_suffix("--save_npz", args.save_npz, ".npz")
+    check_mode_outputs("sample", {"--output": grid, "--save_npz": args.save_npz}, inputs=source.inputs())
     return SampleRequest(
         **_draw_fields(args, device, source),
         sampling=sampling,
@@ -397,9 +406,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
         )
     source = _source(args)
     # (the data it is judged against is checked in evaluate mode, once the model file has said which it is)
-    check_outputs({"--json": args.json, "--chart": args.chart}, inputs=source.inputs())
-    check_suffix("--json", args.json, ".json")
-    check_suffix("--chart", args.chart, ".png")
+    check_mode_outputs("evaluate", {"--json": args.json, "--chart": args.chart}, inputs=source.inputs())
     if args.chart:
         try:
             import matplotlib  # noqa: F401  (an optional package: missing, it fails now, not after the sweep)
@@ -408,7 +415,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     if args.inception_weights is not None and not Path(args.inception_weights).is_file():
         raise ValueError(f"--inception_weights {args.inception_weights} is not a file")
     own = "sampler" not in args.given and "sampling_steps" not in args.given  # a student's own sampler and steps
-    students = tuple(_source(args, path).path for path in args.students.split(",")) if args.students else ()
+    students = tuple(_source(args, path).path for path in parse_students(args.students, teacher=source.path))
     return EvaluateRequest(
         **_draw_fields(args, device, source),
         samplers=[None] if own else parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
@@ -424,21 +431,37 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     )
 
 
+def _check_rows(rows: str, *, bench: str, device: torch.device) -> None:
+    """--rows: names the benchmark knows (checked now: the timing run starts with minutes of building)."""
+    if bench == "training":
+        from ddpm.benchmarks.training_bench import select_variants
+
+        select_variants(rows, device)
+        return
+    from ddpm.benchmarks.sampling_bench import parse_rows
+
+    try:
+        parse_rows(rows, device_type=device.type)
+    except ValueError as exc:
+        raise ValueError(f"--rows: {exc}") from None
+
+
 def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequest:
     from ddpm.backends.engine_cache import metadata_path
     from ddpm.formats.kinds import default_output
 
     _single(args)
+    check_positive(batch_size=args.batch_size)
     source = _source(args)
     precision = _precision(args, "export", device)
     calibration = _calibration(args, precision)
     output = args.output or str(default_output(source.path, args.format, precision=precision))
     outputs = {"--output": output}
     if args.format == "tensorrt":
-        outputs["--output's metadata"] = metadata_path(output)
+        outputs[EXPORT_METADATA] = metadata_path(output)
     if args.format == "diffusers":  # a folder, checked by export mode (it knows what --overwrite replaces)
         outputs = {}
-    check_outputs(outputs, inputs=source.inputs())
+    check_mode_outputs("export", outputs, inputs=source.inputs(), fmt=args.format)
     return ExportRequest(
         device=device,
         precision=precision,
@@ -504,8 +527,12 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         _refuse_ignored(args, ("interleave",), "times sampling rows (--bench sampling), not training steps")
     rows = [row.strip() for row in args.rows.split(",")]
     repeated = next((row for i, row in enumerate(rows) if row and row in rows[:i]), None)
-    if args.interleave and repeated:  # each row is timed against the others once per round
-        raise ValueError(f"--interleave times each row once per round; --rows names {repeated} twice")
+    if repeated:  # a row is timed once (per round, with --interleave); twice would only cost time
+        raise ValueError(f"--rows names {repeated} twice; name each row once")
+    _check_rows(args.rows, bench=args.bench, device=device)
+    if not args.model_path:
+        check_training_numbers(dropout=args.dropout)
+        _new_model(args).model_config()  # the fresh U-Net's shape, before anything is built
     request = BenchmarkRequest(
         rows=args.rows,
         repeats=args.repeats,
@@ -523,7 +550,9 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     outputs = {"--json": args.json}
     if args.bench == "sampling":
         outputs.update({"--csv": args.csv, "--chart": args.chart})
-    check_outputs(outputs, inputs={"--model_path": as_input(args.model_path), "--autoencoder": args.autoencoder})
+    check_mode_outputs(
+        "benchmark", outputs, inputs={"--model_path": as_input(args.model_path), "--autoencoder": args.autoencoder}
+    )
     return BenchmarkRun(
         device=device,
         precision=_precision(args, "sampling", device),
@@ -546,12 +575,15 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
     if args.precision not in ("auto", "fp32"):
         raise ValueError(f"--mode train_autoencoder trains in fp32; drop --precision {args.precision}")
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    check_training_numbers(lr=args.lr, kl_weight=args.kl_weight)
     checkpoint = args.model_path or f"checkpoints/{args.dataset}_autoencoder.pt"
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
     png = reconstructions_path(checkpoint)
-    check_outputs(
-        {"--model_path": checkpoint, "the reconstructions PNG": png}, inputs={"--data_dir": _data_input(args)}
+    check_mode_outputs(
+        "train_autoencoder",
+        {"--model_path": checkpoint, RECONSTRUCTIONS: png},
+        inputs={"--data_dir": _data_input(args)},
     )
     size, channels = default_shape(args.dataset)[0], dataset_channels(args)
     request = AutoencoderTrainRequest(
@@ -585,25 +617,48 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
 
 def distill_request(args: argparse.Namespace, device: torch.device):
     """--mode distill: the teacher (--model_path, only read), the student's checkpoint (--output), the student's
-    recipe; flags left out take the distillation's own defaults (modes/distill.py), not --mode train's."""
+    recipe; flags left out take the distillation's own defaults (modes/distill.py), not --mode train's. Every flag
+    is checked here: the teacher's trajectories take minutes, and nothing may be refused after them."""
+    from ddpm.formats.kinds import artifact_kind
+    from ddpm.outputs import CURVES
     from ddpm.requests import DISTILL_DEFAULTS, DistillRequest, default_student_path
-    from ddpm.training.curves import default_log_dir
+    from ddpm.training.curves import CSV_NAME, default_log_dir
+    from ddpm.training.distill import DistillConfig
 
     if args.model_path is None:
         raise ValueError("--mode distill needs --model_path: the teacher model (a checkpoint, .safetensors or folder)")
+    teacher_kind = artifact_kind(args.model_path)  # by its name alone: nothing is read yet
+    if teacher_kind != "checkpoint":
+        raise ValueError(
+            f"--model_path {args.model_path} is {_KIND_ARTICLES[teacher_kind]}; a student starts from its teacher's "
+            "PyTorch weights: give the checkpoint (.pt), .safetensors export or diffusers folder it was made from"
+        )
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a distillation and --overwrite starts a new one; choose one")
     own = {name: getattr(args, name) if name in args.given else value for name, value in DISTILL_DEFAULTS.items()}
     check_positive(max_steps=own["max_steps"], batch_size=own["batch_size"], log_every=args.log_every)
+    check_training_numbers(lr=own["lr"], ema_decay=own["ema_decay"], grad_clip=args.grad_clip)
     steps = int(args.sampling_steps) if args.sampling_steps is not None else own["sampling_steps"]
+    DistillConfig(  # the ranges of --sampling_steps, --distill_samples, --teacher_steps and --guidance_scale
+        teacher=args.model_path,
+        sampling_steps=steps,
+        samples=args.distill_samples,
+        teacher_steps=args.teacher_steps,
+        guidance_scale=0.0 if args.guidance_scale is None else args.guidance_scale,
+    )
     output = args.output or default_student_path(args.model_path, steps)
     if Path(output).suffix != ".pt" or Path(output).is_dir():
         raise ValueError(f"--output must name a .pt checkpoint file for the student, got {output}")
     log_dir = args.log_dir if args.log_dir is not None else default_log_dir(output)
+    if Path(log_dir).exists() and not Path(log_dir).is_dir():
+        raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
+    teacher = _source(args, args.model_path)
+    outputs = {"--output": output, CURVES: Path(log_dir) / CSV_NAME}
+    check_mode_outputs("distill", outputs, inputs=teacher.inputs())  # the teacher is only read
     return DistillRequest(
         device=device,
-        precision=_precision(args, "train", device),
-        teacher=_source(args, args.model_path),
+        precision=_precision(args, "training", device),
+        teacher=teacher,
         checkpoint=output,
         resume=args.resume,
         overwrite=args.overwrite,
@@ -625,6 +680,9 @@ def distill_request(args: argparse.Namespace, device: torch.device):
         log_every=args.log_every,
         given=args.given,
     )
+
+
+_KIND_ARTICLES = {"torchscript": "a TorchScript program", "onnx": "an ONNX graph", "tensorrt": "a TensorRT engine"}
 
 
 REQUESTS = {

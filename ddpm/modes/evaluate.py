@@ -22,9 +22,9 @@ from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
 from ddpm.modes.drawing import open_for_drawing, with_implementation
+from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util.memory_budget import check_held_in_host_memory
-from ddpm.util.safe_files import check_outputs
 
 
 def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
@@ -51,7 +51,7 @@ def open_student(request: EvaluateRequest, path: str, *, like):
             f"--students {path} draws {'x'.join(map(str, student.artifact.output_shape))} images, "
             f"not the {'x'.join(map(str, like.artifact.output_shape))} of {like.artifact.path}"
         )
-    check_outputs(request.outputs(), inputs={"--students": path, **student.artifact.inputs})
+    check_mode_outputs("evaluate", request.outputs(), inputs={"--students": path, **student.artifact.inputs})
     return student
 
 
@@ -89,7 +89,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
             schedule.make_plan(sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0)
     students = [open_student(request, path, like=opened) for path in request.students]
     # The real data it is judged against is an input too.
-    check_outputs(request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
+    check_mode_outputs("evaluate", request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(
         dataset,
         data_dir=request.data_dir,

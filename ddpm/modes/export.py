@@ -44,6 +44,7 @@ from ddpm.formats.kinds import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.model_files import load_model_parts, load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage, linked_first_stage
+from ddpm.outputs import EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
 from ddpm.requests import Calibration, ExportRequest
 from ddpm.util.memory_budget import is_out_of_memory
 from ddpm.util.precision import QUANTIZED
@@ -80,11 +81,11 @@ def run_export(request: ExportRequest) -> None:
         print(line)
 
 
-def checked_decoder_target(output: Path, *, inputs: Mapping[str, Path | str | None]) -> Path:
+def checked_decoder_target(output: Path, *, fmt: str, inputs: Mapping[str, Path | str | None]) -> Path:
     """Where a latent model's exported decoder goes (:func:`decoder_path`), refused as any output is
     (``inputs``: every file the export read, the autoencoder included)."""
     file = decoder_path(output)
-    check_outputs({"--output's decoder": file}, inputs=inputs)
+    check_mode_outputs("export", {EXPORT_DECODER: file}, inputs=inputs, fmt=fmt)
     return file
 
 
@@ -101,7 +102,7 @@ def export_decoder(
     """A latent model's decoder exported for beside its U-Net (ONNX in ``precision`` too) and checked
     against PyTorch; returns (the metadata entry naming it, a report line, write(): the file written,
     atomically, just before the U-Net)."""
-    file = checked_decoder_target(output, inputs=inputs)
+    file = checked_decoder_target(output, fmt=fmt, inputs=inputs)
     decoder = stage.decoder.to(device).eval()
     reference, compared = decoder, "against PyTorch"
     if fmt == "onnx":
@@ -160,7 +161,7 @@ def check_export_paths(source: Path, output: Path, fmt: str, *, overwrite: bool 
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    check_outputs({"--output": output}, inputs={"--model_path": as_input(source)})
+    check_mode_outputs("export", {"--output": output}, inputs={"--model_path": as_input(source)}, fmt=fmt)
     return False
 
 
@@ -337,7 +338,7 @@ def latent_decoder(
         folder=source.parent,
     )
     inputs = {"--model_path": source, "its autoencoder": stage.link["path"]}
-    check_outputs({"--output": output}, inputs=inputs)  # the autoencoder the checkpoint named is an input too
+    check_mode_outputs("export", {"--output": output}, inputs=inputs, fmt=fmt)  # the autoencoder is an input too
     return export_decoder(
         stage,
         fmt=fmt,
@@ -558,10 +559,11 @@ def export_artifact(
     if artifact_kind(source) not in ("checkpoint", "onnx"):
         raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
     artifact = load_artifact(source, device=torch.device("cpu"), weights=weights, autoencoder=autoencoder)
-    check_outputs({"--output": output, "--output's metadata": metadata_path(output)}, inputs=artifact.inputs)
+    outputs = {"--output": output, EXPORT_METADATA: metadata_path(output)}
+    check_mode_outputs("export", outputs, inputs=artifact.inputs, fmt="tensorrt")
     decoder_output = None
     if artifact.first_stage is not None:  # a latent model: the decoder's engine goes beside the U-Net's
-        decoder_output = checked_decoder_target(output, inputs=artifact.inputs)
+        decoder_output = checked_decoder_target(output, fmt="tensorrt", inputs=artifact.inputs)
     return tensorrt_integration.export_engine(
         artifact.model,
         model_config=artifact.model_config,

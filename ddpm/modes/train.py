@@ -23,13 +23,14 @@ from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
+from ddpm.outputs import PREVIEW, check_mode_outputs
 from ddpm.requests import NewModel, TrainRequest
 from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.training.trainer import TrainConfig, Trainer, resume_config
 from ddpm.util import distributed, interrupts
 from ddpm.util.memory_budget import check_batch_fits
 from ddpm.util.profiling import ProfileConfig, make_profiler
-from ddpm.util.safe_files import as_input, check_outputs, run_lock
+from ddpm.util.safe_files import as_input, run_lock
 
 
 def run_train(request: TrainRequest) -> None:
@@ -55,12 +56,12 @@ def run_train(request: TrainRequest) -> None:
 
 
 @contextlib.contextmanager
-def run_locks(request: TrainRequest):
-    """A second run on this checkpoint, or writing curves into this --log_dir, is refused until this one ends
-    (rank 0 writes both, so rank 0 holds the locks)."""
+def run_locks(request: TrainRequest, *, flag: str = "--model_path"):
+    """A second run on this checkpoint (named by ``flag``), or writing curves into this --log_dir, is refused until
+    this one ends (rank 0 writes both, so rank 0 holds the locks)."""
     with contextlib.ExitStack() as locks:
         if distributed.current().is_main:
-            locks.enter_context(run_lock(request.checkpoint))
+            locks.enter_context(run_lock(request.checkpoint, flag=flag))
             if request.log_dir is not None:
                 locks.enter_context(run_lock(request.log_dir, flag="--log_dir"))
         yield
@@ -95,13 +96,18 @@ def check_previews(trainer, *, inputs: dict) -> None:
     --sample_every steps and at the end) are outputs too: checked before the first step against the
     run's ``inputs`` (:func:`run_inputs`), like every other output. Only names that
     already exist can be an input (through a symlink or a hard link); a folder name taken by a file is refused."""
-    config = trainer.config
+    check_preview_outputs(trainer.config, start=trainer.step, inputs=inputs)
+
+
+def check_preview_outputs(config: TrainConfig, *, start: int, inputs: dict) -> None:
+    """:func:`check_previews` for a run of ``config`` from step ``start``, before its trainer exists (distill
+    checks its previews before the teacher's trajectories)."""
     folder = config.samples_dir
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file, but the training previews go into a folder of that name; move it")
     if not folder.is_dir():
         return
-    start, end, every = trainer.step, config.total_steps, config.sample_every
+    end, every = config.total_steps, config.sample_every
 
     def planned(step: int) -> bool:
         return start < step <= end and (step == end or (every > 0 and step % every == 0))
@@ -110,7 +116,7 @@ def check_previews(trainer, *, inputs: dict) -> None:
         entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))
     ]
     for entry in existing:
-        check_outputs({"the training preview": entry}, inputs=inputs)
+        check_mode_outputs("train", {PREVIEW: entry}, inputs=inputs)
 
 
 def training_log(trainer, request: TrainRequest, *, inputs: dict) -> TrainingLog | None:

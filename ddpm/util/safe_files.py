@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from ddpm.util import interrupts
+from ddpm.util.file_kinds import check_kind
 from ddpm.util.messages import first_line, format_bytes
 
 PathLike = str | os.PathLike
@@ -119,13 +120,18 @@ def as_input(path: PathLike | None) -> Input | None:
 
 
 def check_outputs(
-    outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, Input | None] | None = None
+    outputs: Mapping[str, PathLike | None],
+    *,
+    inputs: Mapping[str, Input | None] | None = None,
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Check every output before any work (see the module docstring); returns flag -> resolved path.
 
     ``outputs`` and ``inputs`` map a flag (``"--output"``) or a description (``"its autoencoder"``) to
-    its path (an input may be an :class:`InputFolder`); None entries are skipped. Stale temporaries of
-    each output (from a killed save) are removed.
+    its path (an input may be an :class:`InputFolder`); None entries are skipped. ``kinds`` maps an output's
+    flag to the kind of file it writes (util/file_kinds.py; a mode's table is ddpm/outputs.py): its name must
+    end as that kind's do. Whatever the kind (else the one its ending names), an existing file of another kind
+    is refused. Stale temporaries of each output (from a killed save) are removed.
     """
     inputs = {flag: path for flag, path in (inputs or {}).items() if path is not None}
     folders = {flag: folder for flag, folder in inputs.items() if isinstance(folder, InputFolder)}
@@ -137,6 +143,7 @@ def check_outputs(
         if path is None:
             continue
         target = check_target(path, flag=flag)
+        check_kind(flag, path, kind=(kinds or {}).get(flag), target=target)
         target_id = _identity(target)
         for in_flag, (in_path, in_id) in input_ids.items():
             if target == in_path or (target_id is not None and target_id == in_id):

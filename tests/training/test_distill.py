@@ -310,4 +310,9 @@ def test_evaluate_puts_students_beside_their_teachers_samplers_against_u_net_cal
     refused = run_here(
         "--mode", "evaluate", "--model_path", str(teacher), "--students", str(teacher), "--n_samples", "8", cwd=tmp_path
     )
-    assert refused.returncode == 2 and "is not a distilled student" in refused.stderr
+    assert refused.returncode == 2 and "is --model_path itself, the teacher" in refused.stderr
+    (tmp_path / "copy.pt").write_bytes(teacher.read_bytes())
+    refused = run_here(
+        "--mode", "evaluate", "--model_path", str(teacher), "--students", "copy.pt", "--n_samples", "8", cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "--students copy.pt is not a distilled student" in refused.stderr
