@@ -115,3 +115,38 @@ def test_every_mode_has_its_outputs_in_the_table():
     assert set(OUTPUTS) == set(MODES)
     with pytest.raises(KeyError):  # an output no table lists is a programming error, not a silent pass
         check_mode_outputs("sample", {"--json": "x.json"})
+
+
+@pytest.mark.parametrize(
+    "mode,args,message",
+    [
+        (
+            "distill",
+            ["--model_path", "t_diff", "--output", "t_diff/student.pt"],
+            "--output t_diff/student.pt is inside",
+        ),
+        (
+            "distill",
+            ["--model_path", "t_diff", "--output", "s.pt", "--log_dir", "t_diff/logs"],
+            "metrics.csv is inside",
+        ),
+        ("sample", ["--model_path", "t_diff", "--output", "t_diff/grid.png"], "--output t_diff/grid.png is inside"),
+        (
+            "sample",
+            ["--model_path", "t_diff", "--save_npz", "t_diff/sub/x.npz"],
+            "--save_npz t_diff/sub/x.npz is inside",
+        ),
+        ("evaluate", ["--model_path", "t_diff", "--json", "t_diff/q.json"], "--json t_diff/q.json is inside"),
+        ("export", ["--model_path", "t_diff", "--output", "t_diff/m.onnx"], "--output t_diff/m.onnx is inside"),
+        ("train", ["--dataset", "folder", "--data_dir", "imgs", "--model_path", "imgs/m.pt"], "--data_dir reads"),
+        ("train_autoencoder", ["--dataset", "folder", "--data_dir", "imgs", "--model_path", "imgs/a.pt"], "--data_dir"),
+    ],
+)
+def test_no_output_is_written_inside_an_input_folder(tmp_path, mode, args, message):
+    # t_diff stands for a diffusers model folder (only its name is read here); imgs for a folder of images, which
+    # the reader walks with every sub-folder: what a run wrote there would be read as a model part or an image.
+    (tmp_path / "t_diff").mkdir()
+    (tmp_path / "imgs").mkdir()
+    with pytest.raises(ValueError, match=message):
+        request(tmp_path, mode, *args)
+    assert sorted(p.name for p in (tmp_path / "t_diff").iterdir()) == []

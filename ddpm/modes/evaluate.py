@@ -51,6 +51,16 @@ def open_student(request: EvaluateRequest, path: str, *, like):
             f"--students {path} draws {'x'.join(map(str, student.artifact.output_shape))} images, "
             f"not the {'x'.join(map(str, like.artifact.output_shape))} of {like.artifact.path}"
         )
+    ours, theirs = student.artifact.class_names, like.artifact.class_names
+    if bool(student.artifact.model_config.num_classes) != bool(like.artifact.model_config.num_classes):
+        which = "a class-conditional model" if ours else "an unconditional model"
+        other = "is not" if ours else "is class-conditional"
+        raise ValueError(
+            f"--students {path} is {which} and --model_path {like.artifact.path} {other}; compare a student with "
+            "its own teacher"
+        )
+    if ours != theirs:
+        raise ValueError(f"--students {path} draws other classes than --model_path {like.artifact.path}")
     check_mode_outputs("evaluate", request.outputs(), inputs={"--students": path, **student.artifact.inputs})
     return student
 
@@ -87,7 +97,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
     for sampler in samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
         for num_steps in request.steps:
             schedule.make_plan(sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0)
-    students = [open_student(request, path, like=opened) for path in request.students]
+    students = [open_student(request, path, like=opened) for path in request.students]  # before any row is drawn
     # The real data it is judged against is an input too.
     check_mode_outputs("evaluate", request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(
@@ -120,7 +130,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
                 model_config.sample_shape(size),
                 generator,
                 False,
-                guidance.rows(i * batch_size, i * batch_size + size) if guidance else None,
+                opened.guidance.rows(i * batch_size, i * batch_size + size) if opened.guidance else None,
             )
             .float()
             .cpu()  # sync: the batch leaves the device

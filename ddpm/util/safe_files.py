@@ -11,7 +11,8 @@ Four rules, applied by every mode before any work starts:
   and the path in one line, an output that is the same file as an input or as another output, an
   existing path that is not a regular file (a folder, a device, a FIFO), a read-only file (its mode
   is respected, even by root), or a folder that cannot be written. An input may be a folder of data
-  (:class:`InputFolder`): an existing file in it that the run reads is refused as an output too.
+  (:class:`InputFolder`): no output may lie inside it, existing or not, nor be (through a link) a file
+  it reads; and an existing file's kind must be the output's (util/file_kinds.py).
 * :func:`atomic_write` writes through a temporary file in the target's folder (flushed, fsynced,
   then renamed over the target), so a file holds either its old or its whole new content; signals
   arriving during the write wait until the rename is done. A symlinked output keeps its link: the
@@ -95,13 +96,15 @@ class InputFolder:
     suffixes: tuple[str, ...] | None = None
 
     def holds(self, target: Path) -> bool:
-        """Whether ``target`` (resolved) is an existing file this folder's reader would read: one under it,
-        or, elsewhere, the same file as one of them (a hard link to it, or what a symlink in it names)."""
+        """Whether ``target`` (resolved) is inside this folder, existing or not (an input folder is never written
+        into: a model folder would load another model, a dataset would read the run's own files, and its readers
+        walk every sub-folder), or, elsewhere, an existing file the reader reads (a hard link to one, or what a
+        symlink in it names)."""
         root = resolved(self.root)
+        if target.is_relative_to(root):
+            return True
         if not target.is_file():
             return False
-        if target.is_relative_to(root):
-            return self.reads(target)
         identity = _identity(target)
         # The readers' own walk (data/datasets.py, data/volumes.py); only for outputs that already exist.
         return any(self.reads(path) and _identity(resolved(path)) == identity for path in root.rglob("*"))
@@ -143,7 +146,6 @@ def check_outputs(
         if path is None:
             continue
         target = check_target(path, flag=flag)
-        check_kind(flag, path, kind=(kinds or {}).get(flag), target=target)
         target_id = _identity(target)
         for in_flag, (in_path, in_id) in input_ids.items():
             if target == in_path or (target_id is not None and target_id == in_id):
@@ -152,9 +154,11 @@ def check_outputs(
                 )
         for in_flag, folder in folders.items():
             if folder.holds(target):
+                where = "inside the folder" if target.is_relative_to(resolved(folder.root)) else "one of the files"
                 raise ValueError(
-                    f"{flag} {path} is one of the files {in_flag} reads; it would be destroyed, choose another path"
+                    f"{flag} {path} is {where} {in_flag} reads; an input is never written, choose another path"
                 )
+        check_kind(flag, path, kind=(kinds or {}).get(flag), target=target)  # after the inputs: their message says more
         for out_flag, out_path in checked.items():
             if target == out_path:
                 raise ValueError(f"{flag} and {out_flag} both name {path}; one would overwrite the other")

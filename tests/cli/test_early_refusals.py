@@ -143,3 +143,9 @@ def test_an_invalid_flag_is_refused_before_the_mode_starts(tmp_path, no_mode_run
         return
     assert_user_error(result, f"--{name}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written
+
+
+def test_a_benchmark_row_named_twice_is_refused_with_or_without_interleave(tmp_path, no_mode_runs):
+    for extra in ([], ["--interleave"]):  # without --interleave, cuda was timed twice
+        result = run_here("--device", "cpu", *BASE["benchmark"], "--rows", "original,cuda,cuda", *extra, cwd=tmp_path)
+        assert_user_error(result, "--rows names cuda twice")
