@@ -296,6 +296,8 @@ def test_a_class_conditional_teacher_distills_with_its_guidance_folded_into_one_
         *TINY_DISTILL,
         "--guidance_scale",
         "0",
+        "--max_steps",
+        "1",
         cwd=tmp_path,
     )
     assert_user_error(zero, "--guidance_scale 0 would teach the student")
