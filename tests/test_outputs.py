@@ -150,3 +150,26 @@ def test_no_output_is_written_inside_an_input_folder(tmp_path, mode, args, messa
     with pytest.raises(ValueError, match=message):
         request(tmp_path, mode, *args)
     assert sorted(p.name for p in (tmp_path / "t_diff").iterdir()) == []
+
+
+def test_a_training_runs_curves_inside_its_image_folder_are_refused_before_the_images_are_read(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    with pytest.raises(
+        ValueError, match="--log_dir's metrics.csv imgs/logs/metrics.csv is inside the folder --data_dir"
+    ):
+        request(tmp_path, "train", "--dataset", "folder", "--data_dir", "imgs", "--log_dir", "imgs/logs")
+
+
+@pytest.mark.parametrize(
+    "mode,args",
+    [
+        ("sample", ["--model_path", "t_diff", "--profile", "t_diff/traces"]),
+        ("distill", ["--model_path", "t_diff", "--output", "s.pt", "--profile", "t_diff/traces"]),
+        ("train", ["--dataset", "folder", "--data_dir", "imgs", "--profile", "imgs/traces"]),
+    ],
+)
+def test_profile_traces_are_never_written_inside_an_input_folder(tmp_path, mode, args):
+    (tmp_path / "t_diff").mkdir()
+    (tmp_path / "imgs").mkdir()
+    with pytest.raises(ValueError, match="--profile .*/traces is inside the folder"):
+        request(tmp_path, mode, *args)

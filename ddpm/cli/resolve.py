@@ -33,6 +33,7 @@ from ddpm.cli.parser import parse_args
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.outputs import (  # every output checked, by its kind, before any work
+    CURVES,
     EXPORT_METADATA,
     RECONSTRUCTIONS,
     check_mode_outputs,
@@ -50,7 +51,7 @@ from ddpm.requests import (
     TrainRequest,
 )
 from ddpm.training.autoencoder_trainer import AutoencoderTrainRequest
-from ddpm.util.safe_files import as_input
+from ddpm.util.safe_files import as_input, check_output_folder
 
 if TYPE_CHECKING:
     import torch
@@ -167,6 +168,7 @@ def _refuse_ignored(args: argparse.Namespace, flags: tuple[str, ...], why: str) 
 
 def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
     path = path or _model_path(args)
+    check_output_folder("--profile", args.profile, inputs={"--model_path": as_input(path)})
     _refuse_ignored(
         args, NEW_MODEL_FLAGS, f"describes a new model, and --mode {args.mode} takes the whole model from {path}"
     )
@@ -281,7 +283,7 @@ def dataset_channels(args: argparse.Namespace) -> int:
 
 def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
     from ddpm.data.catalog import VOLUME_DATASETS
-    from ddpm.training.curves import default_log_dir
+    from ddpm.training.curves import CSV_NAME, default_log_dir
 
     check_positive(
         n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every
@@ -326,10 +328,11 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         "--data_dir": _data_input(args),
         "--init_from": as_input(args.init_from),
     }
-    check_mode_outputs("train", {"--model_path": checkpoint}, inputs=inputs)
-    log_dir = args.log_dir or default_log_dir(checkpoint)  # its metrics.csv is checked once the run's inputs are known
+    log_dir = args.log_dir or default_log_dir(checkpoint)  # checked again once the run's inputs are all known
     if Path(log_dir).exists() and not Path(log_dir).is_dir():
         raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
+    check_mode_outputs("train", {"--model_path": checkpoint, CURVES: Path(log_dir) / CSV_NAME}, inputs=inputs)
+    check_output_folder("--profile", args.profile, inputs=inputs)
     recipe = training_defaults(args.dataset)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
@@ -620,7 +623,6 @@ def distill_request(args: argparse.Namespace, device: torch.device):
     recipe; flags left out take the distillation's own defaults (modes/distill.py), not --mode train's. Every flag
     is checked here: the teacher's trajectories take minutes, and nothing may be refused after them."""
     from ddpm.formats.kinds import artifact_kind
-    from ddpm.outputs import CURVES
     from ddpm.requests import DISTILL_DEFAULTS, DistillRequest, default_student_path
     from ddpm.training.curves import CSV_NAME, default_log_dir
     from ddpm.training.distill import DistillConfig

@@ -24,6 +24,7 @@ from ddpm.evaluation.judges import judge_for
 from ddpm.modes.drawing import open_for_drawing, with_implementation
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
+from ddpm.util import distributed
 from ddpm.util.memory_budget import check_held_in_host_memory
 
 
@@ -65,6 +66,30 @@ def open_student(request: EvaluateRequest, path: str, *, like):
     return student
 
 
+def estimate(opened, row_steps: list[int], students: list) -> str:
+    """The sweep's line before it starts (util/estimates.py): its U-Net calls per image summed over the rows (a
+    guided row's twice), their time at the model's own pace (one batch timed), and one row's samples held."""
+    from ddpm.util.estimates import phase_line, seconds_per_call
+    from ddpm.util.memory_budget import available_bytes
+
+    request, artifact = opened.request, opened.artifact
+    doubled = 2 if opened.guidance is not None and opened.guidance.doubled else 1
+    batch_steps = doubled * sum(row_steps) + sum(len(s.artifact.schedule_config.student_timesteps) for s in students)
+    config, size = artifact.model_config, opened.batch_size
+    x = torch.zeros(config.sample_shape(size), device=request.device)
+    t = torch.ones(size, dtype=torch.long, device=request.device)
+    labels = (torch.zeros(size, dtype=torch.long, device=request.device),) if config.num_classes else ()
+    seconds = seconds_per_call(lambda: artifact.model(x, t, *labels), device=request.device)
+    rows = len(row_steps) + len(students)
+    return phase_line(
+        f"evaluate: {rows} row{'s' if rows > 1 else ''} of {request.n_samples:,} samples",
+        calls=batch_steps * request.n_samples,
+        seconds=seconds * batch_steps * len(opened.batch_sizes),
+        held_bytes=4 * math.prod(artifact.output_shape) * request.n_samples,
+        available_bytes=available_bytes(torch.device("cpu")),
+    )
+
+
 def run_evaluate(request: EvaluateRequest) -> None:
     source, device, n = request.source, request.device, request.n_samples
     opened = open_for_drawing(request)
@@ -94,10 +119,13 @@ def run_evaluate(request: EvaluateRequest) -> None:
     check_samples_fit(n, artifact.output_shape)
     schedule = opened.schedule()
     samplers = [own_sampling(schedule.config, sampler=s, steps=None)[0] for s in request.samplers]
-    for sampler in samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
-        for num_steps in request.steps:
-            schedule.make_plan(sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0)
+    row_steps = [  # every row's plan before the first is drawn (a bad step count ends it now)
+        schedule.make_plan(sampler, num_steps=num_steps, eta=request.eta if sampler == "ddim" else 0.0).num_steps
+        for sampler in samplers
+        for num_steps in request.steps
+    ]
     students = [open_student(request, path, like=opened) for path in request.students]  # before any row is drawn
+    distributed.say(estimate(opened, row_steps, students))
     # The real data it is judged against is an input too.
     check_mode_outputs("evaluate", request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(

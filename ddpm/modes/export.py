@@ -430,6 +430,28 @@ def compared_lines(output: Path, checked: str, compared: str, diff: float) -> li
     return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}"]
 
 
+def calibration_estimate(model, calibration: Calibration, *, steps: int) -> str:
+    """The calibration's line before it starts (util/estimates.py), after refusing a batch of trajectories that
+    cannot fit (one batch is held at a time; onnxruntime keeps two numbers per tensor and feed)."""
+    from ddpm.util.estimates import phase_line, seconds_per_call
+    from ddpm.util.memory_budget import ALLOCATOR_OVERHEAD, available_bytes, check_batch_fits, estimate_peak_bytes
+
+    cpu, batch = torch.device("cpu"), min(calibration.batch_size, calibration.samples)
+    check_batch_fits(model.config, batch_size=batch, device=cpu, training=False)
+    x = torch.zeros(model.config.sample_shape(batch))
+    t = torch.ones(batch, dtype=torch.long)
+    labels = (torch.zeros(batch, dtype=torch.long),) if model.config.num_classes else ()
+    seconds = seconds_per_call(lambda: model(x, t, *labels), device=cpu)
+    batches = -(-calibration.samples // batch)
+    return phase_line(
+        f"calibration: {calibration.samples:,} {calibration.sampler} trajectories of {steps} steps",
+        calls=calibration.samples * steps,
+        seconds=seconds * steps * batches,
+        held_bytes=int(estimate_peak_bytes(model.config, batch_size=batch, training=False) * ALLOCATOR_OVERHEAD),
+        available_bytes=available_bytes(cpu),
+    )
+
+
 def quantize_export(proto, model, schedule_config, *, calibration: Calibration, precision: str) -> tuple[object, str]:
     """The Q/DQ graph of ``proto`` (formats/quantization.py) with its calibration and measured quality in its
     metadata: the PSNR of images its onnxruntime session draws against the fp32 model's from the same noise
@@ -446,6 +468,7 @@ def quantize_export(proto, model, schedule_config, *, calibration: Calibration, 
     from noise_schedule import NoiseSchedule
 
     plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, num_steps=calibration.steps)
+    print(calibration_estimate(model, calibration, steps=plan.num_steps))
     feeds = quantization.calibration_feeds(
         model, plan, samples=calibration.samples, seed=calibration.seed, batch_size=calibration.batch_size
     )

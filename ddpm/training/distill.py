@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -277,24 +276,17 @@ def trajectory_budget(
     )
 
 
-@torch.no_grad()
 def _time_one_call(forward: nn.Module, model_config, *, batch: int, guided: bool, device: torch.device) -> float:
-    """Seconds of one teacher step on one batch, as the trajectories run it (the second of two calls: the first
-    pays for one-time setup)."""
+    """Seconds of one teacher step on one batch, as the trajectories run it (util/estimates.py)."""
+    from ddpm.util.estimates import seconds_per_call
+
     x = torch.zeros(model_config.sample_shape(batch), device=device)
     t = torch.full((batch,), 1, device=device, dtype=torch.long)
     guidance = None
     if model_config.num_classes:
         labels = torch.zeros(batch, dtype=torch.long, device=device)
         guidance = Guidance(labels=labels, null_label=model_config.null_label, scale=2.0 if guided else 1.0)
-    seconds = 0.0
-    for _ in range(2):
-        start = time.perf_counter()
-        guided_model_eps(forward, x, t, guidance)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # sync: the call's time, not its launch's
-        seconds = time.perf_counter() - start
-    return seconds
+    return seconds_per_call(lambda: guided_model_eps(forward, x, t, guidance), device=device)
 
 
 class DistillObjective:

@@ -168,6 +168,16 @@ def check_outputs(
     return checked
 
 
+def check_output_folder(flag: str, folder: PathLike | None, *, inputs: Mapping[str, Input | None]) -> None:
+    """A folder a run writes into (--profile's traces, --log_dir's curves) never lies inside an input folder."""
+    if folder is None:
+        return
+    target = resolved(folder)
+    for in_flag, item in inputs.items():
+        if isinstance(item, InputFolder) and target.is_relative_to(resolved(item.root)):
+            raise ValueError(f"{flag} {folder} is inside the folder {in_flag} reads; choose another folder")
+
+
 def _probe_folder(target: Path, *, flag: str, raw: PathLike) -> None:
     """Create and remove a temporary file beside ``target``: catches read-only file systems early."""
     if not target.parent.is_dir():

@@ -328,6 +328,8 @@ def test_evaluate_puts_students_beside_their_teachers_samplers_against_u_net_cal
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
+    # The sweep's estimate before the first row: 3 teacher steps and 2 student calls per image, 8 images.
+    assert "evaluate: 2 rows of 8 samples: 40 U-Net calls, about " in result.stdout + result.stderr
     rows = json.loads((tmp_path / "q.json").read_text())["rows"]
     assert [(r["sampler"], r["steps"], r["calls"]) for r in rows] == [("ddim", 3, 3), ("distilled", 2, 2)]
     assert rows[1]["model_path"].endswith("student.pt")
