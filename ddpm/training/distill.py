@@ -216,6 +216,7 @@ class TrajectoryBudget:
     held_bytes: int  # the states and ends (and labels), held for the whole run
     peak_bytes: int  # that, and one teacher batch's activations
     calls: int  # U-Net evaluations (a guided teacher runs each on a doubled batch)
+    steps: int  # solver steps per trajectory (teacher_grid's: fewer than asked where timesteps run out)
     seconds: float  # from one timed teacher batch
     available_bytes: int
 
@@ -223,7 +224,7 @@ class TrajectoryBudget:
         from ddpm.util.messages import format_bytes, format_seconds
 
         return (
-            f"teacher trajectories: {config.samples:,} x {config.teacher_steps} solver steps ({self.calls:,} U-Net "
+            f"teacher trajectories: {config.samples:,} x {self.steps} solver steps ({self.calls:,} U-Net "
             f"calls), about {format_seconds(self.seconds)}; {format_bytes(self.held_bytes)} held for the run, "
             f"{format_bytes(self.peak_bytes)} at peak, {format_bytes(self.available_bytes)} available"
         )
@@ -271,6 +272,7 @@ def trajectory_budget(
         held_bytes=held,
         peak_bytes=held + activations,
         calls=config.samples * steps,
+        steps=steps,
         seconds=_time_one_call(forward, model_config, batch=batch, guided=guided, device=device) * steps * batches,
         available_bytes=available,
     )

@@ -451,12 +451,16 @@ def test_a_held_distillation_lock_names_the_flag_distill_reads(tmp_path, teacher
 def test_the_trajectories_are_estimated_before_they_start_and_refused_beyond_free_memory(
     tmp_path, teacher, monkeypatch
 ):
-    result = distill(tmp_path, teacher, "--max_steps", "1")
+    # 32 teacher steps asked; the 50-timestep teacher's grid holds 31 (the line says what the solver runs).
+    result = distill(tmp_path, teacher, "--max_steps", "1", "--teacher_steps", "32")
     assert result.returncode == 0, result.stderr
     line = next(
         line for line in (result.stdout + result.stderr).splitlines() if line.startswith("teacher trajectories:")
     )
-    assert "8 x 8 solver steps" in line and "U-Net calls), about " in line and "held for the run" in line
+    schedule = ScheduleConfig(num_timesteps=50)
+    timesteps = student_schedule(schedule, DistillConfig(teacher="t", teacher_steps=32)).student_timesteps
+    steps = len(teacher_grid(schedule, timesteps, 32)) - 1
+    assert steps == 31 and "8 x 31 solver steps (248 U-Net calls), about " in line and "held for the run" in line
     from ddpm.util import memory_budget
 
     refuse_trajectories(monkeypatch)
