@@ -158,10 +158,10 @@ def check_outputs(
                 raise ValueError(
                     f"{flag} {path} is {where} {in_flag} reads; an input is never written, choose another path"
                 )
-        check_kind(flag, path, kind=(kinds or {}).get(flag), target=target)  # after the inputs: their message says more
         for out_flag, out_path in checked.items():
             if target == out_path:
                 raise ValueError(f"{flag} and {out_flag} both name {path}; one would overwrite the other")
+        check_kind(flag, path, kind=(kinds or {}).get(flag), target=target)  # after the others: they say more
         _probe_folder(target, flag=flag, raw=path)
         remove_stale_temporaries(target)
         checked[flag] = target

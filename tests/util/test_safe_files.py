@@ -143,7 +143,7 @@ def test_benchmark_outputs_onto_the_model_or_each_other_are_refused(cli, work):
     with unchanged(work / "m.pt"):
         refused(cli(*bench, "--json", "m.pt", cwd=work), "--json m.pt is the same file as --model_path")
         refused(cli(*bench, "--chart", "m.pt", cwd=work), "same file as --model_path")
-        refused(cli(*bench, "--json", "r.json", "--csv", "r.json", cwd=work), "--csv writes a CSV table and needs")
+        refused(cli(*bench, "--json", "r.json", "--csv", "r.json", cwd=work), "both name r.json")
     assert not (work / "r.json").exists()
 
 
