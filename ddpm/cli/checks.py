@@ -1,6 +1,6 @@
-"""Checks of single flag values that several requests share: positive counts, non-negative steps, file
-suffixes, comma-separated lists, the --profile folder. Each failure is a ValueError naming the flag
-(main.py prints it in one line, exit code 2); cli/resolve.py calls them while it builds a request.
+"""Checks of single flag values that several requests share: positive counts, non-negative steps, empty values,
+the optimizer's numbers, comma-separated lists, the --profile folder. Each failure is a ValueError naming the
+flag (main.py prints it in one line, exit code 2); cli/resolve.py calls them while it builds a request.
 Below them, the argparse types that check a value's form while parsing (a finite number, a seed in
 range, names from a list), which cli/flags.py gives its flags."""
 
@@ -33,10 +33,38 @@ def check_not_negative(**values: int | None) -> None:
             raise ValueError(f"--{name} must be 0 or more, got {value}")
 
 
-def check_suffix(flag: str, path: str | None, suffix: str) -> None:
-    """A file name's ending; a folder is left to safe_files.check_outputs, which says so."""
-    if path is not None and Path(path).suffix.lower() != suffix and not Path(path).is_dir():
-        raise ValueError(f"{flag} needs a file name ending in {suffix}, got {path}")
+def check_empty(given: dict[str, object]) -> None:
+    """A flag given an empty value (``--output ""``) is refused, never read as "the default": a path, a name or a
+    list the user meant to give and did not."""
+    for name, value in given.items():
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(f"--{name} is empty; give a value, or leave the flag out for its default")
+
+
+def check_training_numbers(
+    *,
+    lr: float | None = None,
+    ema_decay: float | None = None,
+    grad_clip: float | None = None,
+    min_snr_gamma: float | None = None,
+    kl_weight: float | None = None,
+    dropout: float | None = None,
+) -> None:
+    """The optimizer's numbers of train, distill and train_autoencoder (and a new U-Net's dropout), checked
+    with the flags: the trainers check them again, in words that name no flag, only after the data are read or
+    the teacher's trajectories drawn."""
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"--lr must be a positive learning rate, got {lr:g}")
+    if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
+        raise ValueError(f"--ema_decay must be at least 0 and below 1, got {ema_decay:g}")
+    if grad_clip is not None and not grad_clip > 0:
+        raise ValueError(f"--grad_clip must be a positive gradient norm, got {grad_clip:g}")
+    if min_snr_gamma is not None and min_snr_gamma < 0:
+        raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma:g}")
+    if kl_weight is not None and not 0.0 <= kl_weight <= 1.0:
+        raise ValueError(f"--kl_weight must be between 0 and 1, got {kl_weight:g}")
+    if dropout is not None and not 0.0 <= dropout < 1.0:
+        raise ValueError(f"--dropout must be at least 0 and below 1, got {dropout:g}")
 
 
 def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Sequence | None = None) -> list:
@@ -57,6 +85,19 @@ def parse_list(text: str | int | None, *, kind: Callable, flag: str, choices: Se
             f"{flag}: {', '.join(str(v) for v in values if v not in choices)} not one of {', '.join(choices)}"
         )
     return values
+
+
+def parse_students(text: str | None, *, teacher: str) -> list[str]:
+    """--students: a comma-separated list of model files, none empty and none the teacher itself."""
+    if text is None:
+        return []
+    paths = [path.strip() for path in text.split(",")]
+    if not all(paths):
+        raise ValueError(f"--students {text!r} has an empty item; name each student's file once, comma-separated")
+    for path in paths:
+        if os.path.realpath(path) == os.path.realpath(teacher):
+            raise ValueError(f"--students {path} is --model_path itself, the teacher; name its distilled students")
+    return paths
 
 
 def check_profile_dir(profile: str | None) -> None:
@@ -100,15 +141,17 @@ def name_list(choices):
 
 
 def int_list(text: str) -> str:
-    """An argparse type: an integer, or a comma-separated list of them (kept as text; the request checks
-    that each is positive)."""
+    """An argparse type: a positive integer, or a comma-separated list of them (kept as text). Counts only: the
+    upper bound of a step count is the model's T, checked once the model is read (noise_schedule.make_plan)."""
     items = [n.strip() for n in text.split(",")]
     try:
-        [int(n) for n in items]
+        values = [int(n) for n in items]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be an integer or a comma-separated list of them, got {text!r}"
         ) from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be positive (a count of steps), got {text!r}")
     return ",".join(items)
 
 

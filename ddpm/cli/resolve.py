@@ -20,16 +20,24 @@ from typing import TYPE_CHECKING
 
 from ddpm.cli.checks import (
     check_at_most,
+    check_empty,
     check_not_negative,
     check_positive,
     check_profile_dir,
-    check_suffix,
+    check_training_numbers,
     parse_list,
+    parse_students,
 )
 from ddpm.cli.flags import FLAGS, NEW_MODEL
 from ddpm.cli.parser import parse_args
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
+from ddpm.outputs import (  # every output checked, by its kind, before any work
+    CURVES,
+    EXPORT_METADATA,
+    RECONSTRUCTIONS,
+    check_mode_outputs,
+)
 from ddpm.requests import (
     AutoencoderTrainRequest,
     BenchmarkRequest,
@@ -44,7 +52,7 @@ from ddpm.requests import (
     SamplingChoice,
     TrainRequest,
 )
-from ddpm.util.safe_files import as_input, check_outputs  # every output checked before any work
+from ddpm.util.safe_files import as_input, check_output_folder
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +66,7 @@ def parse(argv: list[str] | None = None) -> tuple[str, object]:
 
 def request_for(args: argparse.Namespace) -> object:
     """The request of ``args.mode``: flags resolved and checked (a ValueError names the flag)."""
+    check_empty({name: getattr(args, name) for name in sorted(args.given)})
     if args.opset is not None:
         from ddpm.formats.unet_io import check_opset
 
@@ -151,6 +160,7 @@ def _refuse_ignored(args: argparse.Namespace, flags: tuple[str, ...], why: str) 
 
 def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
     path = path or _model_path(args)
+    check_output_folder("--profile", args.profile, inputs={"--model_path": as_input(path)})
     _refuse_ignored(
         args, NEW_MODEL_FLAGS, f"describes a new model, and --mode {args.mode} takes the whole model from {path}"
     )
@@ -276,11 +286,12 @@ def dataset_channels(args: argparse.Namespace) -> int:
 
 def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
     from ddpm.data.catalog import VOLUME_DATASETS
-    from ddpm.training.curves import default_log_dir
+    from ddpm.training.curves import CSV_NAME, default_log_dir
 
     recipe = training_defaults(args.dataset)
     batch_size = recipe["batch_size"] if args.batch_size is None else args.batch_size
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=batch_size, log_every=args.log_every)
+    check_training_numbers(lr=args.lr, ema_decay=args.ema_decay, grad_clip=args.grad_clip, dropout=args.dropout)
     checkpoint = _model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(
@@ -320,15 +331,18 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         "--data_dir": _data_input(args),
         "--init_from": as_input(args.init_from),
     }
-    check_outputs({"--model_path": checkpoint}, inputs=inputs)
-    log_dir = args.log_dir or default_log_dir(checkpoint)  # its metrics.csv is checked once the run's inputs are known
+    log_dir = args.log_dir or default_log_dir(checkpoint)  # checked again once the run's inputs are all known
     if Path(log_dir).exists() and not Path(log_dir).is_dir():
         raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
+    check_mode_outputs("train", {"--model_path": checkpoint, CURVES: Path(log_dir) / CSV_NAME}, inputs=inputs)
+    check_output_folder("--profile", args.profile, inputs=inputs)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
         raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
     if not args.resume:
         dataset_channels(args)
+    if not (args.resume or args.init_from or args.autoencoder):
+        _new_model(args).model_config()  # its size, width and depth, before the data are read
     return TrainRequest(
         device=device,
         precision=_precision(args, "training", device),
@@ -370,9 +384,7 @@ def sample_request(args: argparse.Namespace, device: torch.device) -> SampleRequ
         raise ValueError("--no_grid writes no PNG, so nothing would be saved; add --save_npz FILE.npz")
     grid = None if args.no_grid else (args.output or "samples.png")
     source = _source(args)  # a checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan)
-    check_outputs({"--output": grid, "--save_npz": args.save_npz}, inputs=source.inputs())
-    check_suffix("--output (the PNG grid)", grid, ".png")
-    check_suffix("--save_npz", args.save_npz, ".npz")
+    check_mode_outputs("sample", {"--output": grid, "--save_npz": args.save_npz}, inputs=source.inputs())
     return SampleRequest(
         **_draw_fields(args, device, source),
         sampling=sampling,
@@ -399,9 +411,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
         )
     source = _source(args)
     # (the data it is judged against is checked in evaluate mode, once the model file has said which it is)
-    check_outputs({"--json": args.json, "--chart": args.chart}, inputs=source.inputs())
-    check_suffix("--json", args.json, ".json")
-    check_suffix("--chart", args.chart, ".png")
+    check_mode_outputs("evaluate", {"--json": args.json, "--chart": args.chart}, inputs=source.inputs())
     if args.chart:
         try:
             import matplotlib  # noqa: F401  (an optional package: missing, it fails now, not after the sweep)
@@ -410,7 +420,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     if args.inception_weights is not None and not Path(args.inception_weights).is_file():
         raise ValueError(f"--inception_weights {args.inception_weights} is not a file")
     own = "sampler" not in args.given and "sampling_steps" not in args.given  # a student's own sampler and steps
-    students = tuple(_source(args, path).path for path in args.students.split(",")) if args.students else ()
+    students = tuple(_source(args, path).path for path in parse_students(args.students, teacher=source.path))
     return EvaluateRequest(
         **_draw_fields(args, device, source),
         samplers=[None] if own else parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
@@ -426,21 +436,37 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     )
 
 
+def _check_rows(rows: str, *, bench: str, device: torch.device) -> None:
+    """--rows: names the benchmark knows (checked now: the timing run starts with minutes of building)."""
+    if bench == "training":
+        from ddpm.benchmarks.training_bench import select_variants
+
+        select_variants(rows, device)
+        return
+    from ddpm.benchmarks.sampling_bench import parse_rows
+
+    try:
+        parse_rows(rows, device_type=device.type)
+    except ValueError as exc:
+        raise ValueError(f"--rows: {exc}") from None
+
+
 def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequest:
     from ddpm.formats.engine_cache import metadata_path
     from ddpm.formats.kinds import default_output
 
     _single(args)
+    check_positive(batch_size=args.batch_size)
     source = _source(args)
     precision = _precision(args, "export", device)
     calibration = _calibration(args, precision)
     output = args.output or str(default_output(source.path, args.format, precision=precision))
     outputs = {"--output": output}
     if args.format == "tensorrt":
-        outputs["--output's metadata"] = metadata_path(output)
+        outputs[EXPORT_METADATA] = metadata_path(output)
     if args.format == "diffusers":  # a folder, checked by export mode (it knows what --overwrite replaces)
         outputs = {}
-    check_outputs(outputs, inputs=source.inputs())
+    check_mode_outputs("export", outputs, inputs=source.inputs(), fmt=args.format)
     return ExportRequest(
         device=device,
         precision=precision,
@@ -507,8 +533,12 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         _refuse_ignored(args, ("interleave",), "times sampling rows (--bench sampling), not training steps")
     rows = [row.strip() for row in args.rows.split(",")]
     repeated = next((row for i, row in enumerate(rows) if row and row in rows[:i]), None)
-    if args.interleave and repeated:  # each row is timed against the others once per round
-        raise ValueError(f"--interleave times each row once per round; --rows names {repeated} twice")
+    if repeated:  # a row is timed once (per round, with --interleave); twice would only cost time
+        raise ValueError(f"--rows names {repeated} twice; name each row once")
+    _check_rows(args.rows, bench=args.bench, device=device)
+    if not args.model_path:
+        check_training_numbers(dropout=args.dropout)
+        _new_model(args).model_config()  # the fresh U-Net's shape, before anything is built
     request = BenchmarkRequest(
         rows=args.rows,
         repeats=args.repeats,
@@ -526,7 +556,9 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     outputs = {"--json": args.json}
     if args.bench == "sampling":
         outputs.update({"--csv": args.csv, "--chart": args.chart})
-    check_outputs(outputs, inputs={"--model_path": as_input(args.model_path), "--autoencoder": args.autoencoder})
+    check_mode_outputs(
+        "benchmark", outputs, inputs={"--model_path": as_input(args.model_path), "--autoencoder": args.autoencoder}
+    )
     return BenchmarkRun(
         device=device,
         precision=_precision(args, "sampling", device),
@@ -549,12 +581,15 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
     if args.precision not in ("auto", "fp32"):
         raise ValueError(f"--mode train_autoencoder trains in fp32; drop --precision {args.precision}")
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=args.batch_size)
+    check_training_numbers(lr=args.lr, kl_weight=args.kl_weight)
     checkpoint = args.model_path or f"checkpoints/{args.dataset}_autoencoder.pt"
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(f"--model_path must name a .pt checkpoint file, got {checkpoint}")
     png = reconstructions_path(checkpoint)
-    check_outputs(
-        {"--model_path": checkpoint, "the reconstructions PNG": png}, inputs={"--data_dir": _data_input(args)}
+    check_mode_outputs(
+        "train_autoencoder",
+        {"--model_path": checkpoint, RECONSTRUCTIONS: png},
+        inputs={"--data_dir": _data_input(args)},
     )
     size, channels = default_shape(args.dataset)[0], dataset_channels(args)
     request = AutoencoderTrainRequest(
@@ -589,24 +624,46 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
 def distill_request(args: argparse.Namespace, device: torch.device):
     """--mode distill: the teacher (--model_path, only read), the student's checkpoint (--output), the student's
     recipe; flags left out take the distillation's own defaults (the flag table's, from ddpm/choices.py:
-    DISTILL_DEFAULTS), not --mode train's."""
+    DISTILL_DEFAULTS), not --mode train's. Every flag is checked here: the teacher's trajectories take minutes,
+    and nothing may be refused after them."""
+    from ddpm.formats.kinds import KIND_ARTICLES, artifact_kind
     from ddpm.requests import DistillRequest, default_student_path
-    from ddpm.training.curves import default_log_dir
+    from ddpm.training.curves import CSV_NAME, default_log_dir
+    from ddpm.training.distill import DistillConfig
 
     if args.model_path is None:
         raise ValueError("--mode distill needs --model_path: the teacher model (a checkpoint, .safetensors or folder)")
+    teacher_kind = artifact_kind(args.model_path)  # by its name alone: nothing is read yet
+    if teacher_kind != "checkpoint":
+        raise ValueError(
+            f"--model_path {args.model_path} is {KIND_ARTICLES[teacher_kind]}; a student starts from its teacher's "
+            "PyTorch weights: give the checkpoint (.pt), .safetensors export or diffusers folder it was made from"
+        )
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a distillation and --overwrite starts a new one; choose one")
     check_positive(max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every)
+    check_training_numbers(lr=args.lr, ema_decay=args.ema_decay, grad_clip=args.grad_clip)
     steps = args.sampling_steps
+    DistillConfig(  # the ranges of --sampling_steps, --distill_samples, --teacher_steps and --guidance_scale
+        teacher=args.model_path,
+        sampling_steps=steps,
+        samples=args.distill_samples,
+        teacher_steps=args.teacher_steps,
+        guidance_scale=0.0 if args.guidance_scale is None else args.guidance_scale,
+    )
     output = args.output or default_student_path(args.model_path, steps)
     if Path(output).suffix != ".pt" or Path(output).is_dir():
         raise ValueError(f"--output must name a .pt checkpoint file for the student, got {output}")
     log_dir = args.log_dir if args.log_dir is not None else default_log_dir(output)
+    if Path(log_dir).exists() and not Path(log_dir).is_dir():
+        raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
+    teacher = _source(args, args.model_path)
+    outputs = {"--output": output, CURVES: Path(log_dir) / CSV_NAME}
+    check_mode_outputs("distill", outputs, inputs=teacher.inputs())  # the teacher is only read
     return DistillRequest(
         device=device,
-        precision=_precision(args, "train", device),
-        teacher=_source(args, args.model_path),
+        precision=_precision(args, "training", device),
+        teacher=teacher,
         checkpoint=output,
         resume=args.resume,
         overwrite=args.overwrite,

@@ -32,6 +32,7 @@ ARTIFACT_KINDS = {
     ".plan": "tensorrt",
 }
 KIND_NAMES = {"checkpoint": "checkpoint", "torchscript": "TorchScript", "onnx": "ONNX", "tensorrt": "TensorRT engine"}
+KIND_ARTICLES = {"torchscript": "a TorchScript program", "onnx": "an ONNX graph", "tensorrt": "a TensorRT engine"}
 
 
 def artifact_kind(path: str | Path) -> str:

@@ -27,9 +27,9 @@ from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
+from ddpm.outputs import check_mode_outputs
 from ddpm.requests import BenchmarkRun
 from ddpm.util import distributed
-from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule
 
 
@@ -65,7 +65,8 @@ def run_benchmark(run: BenchmarkRun) -> None:
             )
         if stage is not None:  # the autoencoder the checkpoint named is an input too
             outputs = {"--json": request.json, "--csv": request.csv, "--chart": request.chart}
-            check_outputs(outputs, inputs={"--model_path": run.source.path, "its autoencoder": stage.link["path"]})
+            inputs = {"--model_path": run.source.path, "its autoencoder": stage.link["path"]}
+            check_mode_outputs("benchmark", outputs, inputs=inputs)
     else:
         class_names, link = (), None
         torch.manual_seed(request.seed)

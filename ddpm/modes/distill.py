@@ -5,12 +5,14 @@
 
 The method is training/distill.py's; the loop is training/trainer.py's (the same optimizer, EMA, precision,
 checkpoints, --resume, Ctrl-C saving, curves and ranks as --mode train). The teacher is any PyTorch model
-this tool samples (a checkpoint, a .safetensors export, a diffusers folder); it is only read.
+this tool samples (a checkpoint, a .safetensors export, a diffusers folder); it is only read. Everything that
+can refuse the run (the flags, the teacher, the outputs, the memory) is checked before the teacher's
+trajectories, which take minutes; a resumed run finds its teacher by content (training/distill.py's
+teacher_identity), under whatever name it is given now.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from ddpm.requests import DistillRequest
@@ -19,12 +21,13 @@ from ddpm.util import distributed
 TEACHER_KINDS = ("checkpoint", "safetensors", "diffusers")  # files holding PyTorch weights a student starts from
 
 
-def distill_config(request: DistillRequest, teacher_path: str, scale: float):
+def distill_config(request: DistillRequest, teacher_path: str, scale: float, *, identity: str = ""):
     """What the run learns from (training/distill.py's DistillConfig, validated), as the checkpoint keeps it."""
     from ddpm.training.distill import DistillConfig
 
     return DistillConfig(
         teacher=teacher_path,
+        teacher_sha256=identity,
         sampling_steps=request.sampling_steps,
         samples=request.samples,
         teacher_steps=request.teacher_steps,
@@ -35,10 +38,10 @@ def distill_config(request: DistillRequest, teacher_path: str, scale: float):
 
 def run_distill(request: DistillRequest) -> None:
     from ddpm.modes.training_run import train_logged, training_run
-    from ddpm.util.safe_files import check_outputs
+    from ddpm.outputs import check_mode_outputs
 
     checkpoint = request.checkpoint
-    check_outputs({"--output": checkpoint}, inputs=request.teacher.inputs())  # the teacher is only read
+    check_mode_outputs("distill", {"--output": checkpoint}, inputs=request.teacher.inputs())  # the teacher is only read
     run = dict(
         overwrite=request.overwrite, resume=request.resume, continues="its distillation", log_dir=request.log_dir
     )
@@ -55,7 +58,7 @@ def run_distill(request: DistillRequest) -> None:
 def load_teacher(request: DistillRequest, path: str):
     """The teacher as an Artifact (backends/artifacts.py): PyTorch weights the student can start from."""
     from ddpm.backends.artifacts import load_artifact
-    from ddpm.util.safe_files import check_outputs
+    from ddpm.outputs import check_mode_outputs
 
     artifact = load_artifact(
         path, device=request.device, weights="ema", autoencoder=request.teacher.autoencoder, max_batch=512
@@ -70,7 +73,7 @@ def load_teacher(request: DistillRequest, path: str):
             f"{path} is already a distilled student ({len(artifact.schedule_config.student_timesteps)} steps); "
             "distill its teacher instead"
         )
-    check_outputs({"--output": request.checkpoint}, inputs={"--model_path": path, **artifact.inputs})
+    check_mode_outputs("distill", {"--output": request.checkpoint}, inputs={"--model_path": path, **artifact.inputs})
     return artifact
 
 
@@ -83,6 +86,13 @@ def _guidance(request: DistillRequest, artifact) -> float:
                 f"--guidance_scale applies to class-conditional teachers; {artifact.path} is unconditional"
             )
         return 0.0
+    if request.guidance_scale == 0:
+        # A student records the guidance folded into it, and 0 there means "none folded": a student of the
+        # unconditional ODE would be drawn as a conditional model with guidance on top, two calls a step.
+        raise ValueError(
+            f"--guidance_scale 0 would teach the student {artifact.path}'s unconditional model, which a student of a "
+            "class-conditional teacher cannot record; use 1 (its conditional model, unguided) or more"
+        )
     return DEFAULT_GUIDANCE if request.guidance_scale is None else request.guidance_scale
 
 
@@ -108,21 +118,48 @@ def _train_config(request: DistillRequest, artifact, *, total: int):
     )
 
 
+def check_before_trajectories(request: DistillRequest, config, artifact, *, start: int = 0) -> None:
+    """What the run will write, checked against every file it reads (the teacher, and the files the teacher names)
+    before the trajectories: the preview grid's folder and its curves (modes/train.py checks them again once the
+    trainer exists)."""
+    from ddpm.modes.training_run import check_preview_outputs
+    from ddpm.outputs import CURVES, check_mode_outputs
+    from ddpm.training.curves import CSV_NAME
+
+    inputs = {**artifact.inputs, **request.teacher.inputs(), "--output": request.checkpoint}
+    check_preview_outputs(config, start=start, inputs=inputs)
+    if request.log_dir is not None:
+        check_mode_outputs("distill", {CURVES: Path(request.log_dir) / CSV_NAME}, inputs=inputs)
+
+
 def new_student(request: DistillRequest):
     from basic_diffusion import count_parameters
     from ddpm.batch_memory import check_batch_fits
     from ddpm.latent.first_stage import clips_x0
-    from ddpm.training.distill import DistillObjective
+    from ddpm.training.distill import DistillObjective, teacher_identity
     from ddpm.training.trainer import Trainer
 
     artifact = load_teacher(request, request.teacher.path)
-    config = distill_config(request, request.teacher.path, _guidance(request, artifact))
+    scale = _guidance(request, artifact)
+    config = distill_config(request, request.teacher.path, scale, identity=teacher_identity(artifact))
     check_batch_fits(artifact.model_config, batch_size=request.batch_size, device=request.device, training=True)
+    train_config = _train_config(request, artifact, total=request.max_steps)
+    check_before_trajectories(request, train_config, artifact)
+    guided = f", guidance {config.guidance_scale:g} folded in" if config.guidance_scale else ""
+    distributed.say(
+        f"distilling {request.teacher.path} ({count_parameters(artifact.model) / 1e6:.2f}M parameters) into a "
+        f"{config.sampling_steps}-step student{guided}: {config.samples} teacher trajectories, {request.max_steps} "
+        f"steps on {request.device.type}, {request.precision}"
+    )
     objective = DistillObjective.build(
-        artifact, config, device=request.device, clip_denoised=clips_x0(True, artifact.first_stage)
+        artifact,
+        config,
+        device=request.device,
+        clip_denoised=clips_x0(True, artifact.first_stage),
+        say=distributed.say,
     )
     trainer = Trainer(
-        _train_config(request, artifact, total=request.max_steps),
+        train_config,
         artifact.model_config,
         objective.schedule_config,
         images=None,
@@ -133,20 +170,15 @@ def new_student(request: DistillRequest):
     weights = artifact.model.state_dict()  # the teacher's EMA weights start the student and its EMA
     trainer.model.load_state_dict(weights)
     trainer.ema.load_state_dict(weights)
-    guided = f", guidance {config.guidance_scale:g} folded in" if config.guidance_scale else ""
-    distributed.say(
-        f"distilling {request.teacher.path} ({count_parameters(trainer.model) / 1e6:.2f}M parameters) into a "
-        f"{config.sampling_steps}-step student{guided}: {config.samples} teacher trajectories, {request.max_steps} "
-        f"steps on {request.device.type}, {request.precision}"
-    )
     return trainer, artifact
 
 
 def resumed_student(request: DistillRequest):
     from ddpm.formats.checkpoints import load_checkpoint, read_configs
     from ddpm.latent.first_stage import clips_x0
-    from ddpm.training.distill import DistillConfig, DistillObjective
+    from ddpm.training.distill import DistillConfig, DistillObjective, student_schedule, teacher_identity
     from ddpm.training.trainer import Trainer, resume_config
+    from ddpm.util.safe_files import resolved
 
     checkpoint = request.checkpoint
     if not Path(checkpoint).is_file():
@@ -159,8 +191,7 @@ def resumed_student(request: DistillRequest):
     except ValueError as exc:
         raise ValueError(f"{checkpoint}: {exc}") from None
     asked = distill_config(request, request.teacher.path, stored.guidance_scale)
-    kept = {
-        "model_path": (request.teacher.path, stored.teacher),
+    kept = {  # the teacher itself is compared by content below, whatever its name now
         "sampling_steps": (asked.sampling_steps, stored.sampling_steps),
         "distill_samples": (asked.samples, stored.samples),
         "teacher_steps": (asked.teacher_steps, stored.teacher_steps),
@@ -193,13 +224,26 @@ def resumed_student(request: DistillRequest):
             f"{checkpoint} is at step {state['step']} of {config.total_steps}; to train on, pass --max_steps above "
             f"{state['step']}"
         )
-    artifact = load_teacher(replace(request, teacher=replace(request.teacher, path=stored.teacher)), stored.teacher)
+    artifact = load_teacher(request, request.teacher.path)  # the teacher as named now: any path to the same model
+    identity = teacher_identity(artifact)
+    if stored.teacher_sha256 and identity != stored.teacher_sha256:
+        raise ValueError(
+            f"--model_path {request.teacher.path} is not the teacher {checkpoint} learns from: its weights and configs "
+            f"hash to {identity[:16]}, and the teacher's ({stored.teacher}) to {stored.teacher_sha256[:16]}; give "
+            "that teacher, or start over with --overwrite"
+        )
+    if not stored.teacher_sha256 and resolved(request.teacher.path) != resolved(stored.teacher):
+        raise ValueError(  # a run that predates the teacher's hash knows it by path only
+            f"{checkpoint} records its teacher by path only ({stored.teacher}); give --model_path {stored.teacher} "
+            "from where the run started, or start over with --overwrite"
+        )
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
+    if (model_config, schedule_config) != (artifact.model_config, student_schedule(artifact.schedule_config, stored)):
+        raise ValueError(f"{checkpoint} is not a student of {request.teacher.path}; start over with --overwrite")
+    check_before_trajectories(request, config, artifact, start=state["step"])
     objective = DistillObjective.build(
-        artifact, stored, device=request.device, clip_denoised=clips_x0(True, artifact.first_stage)
+        artifact, stored, device=request.device, clip_denoised=clips_x0(True, artifact.first_stage), say=distributed.say
     )
-    if (model_config, schedule_config) != (artifact.model_config, objective.schedule_config):
-        raise ValueError(f"{checkpoint} is not a student of {stored.teacher} as it is now; start over with --overwrite")
     trainer = Trainer(
         config,
         model_config,

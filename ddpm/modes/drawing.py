@@ -19,9 +19,9 @@ from ddpm.backends.artifacts import Artifact, load_artifact
 from ddpm.batch_memory import check_batch_fits
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.latent.first_stage import clips_x0
-from ddpm.requests import DrawRequest
+from ddpm.outputs import check_mode_outputs
+from ddpm.requests import DrawRequest, SampleRequest
 from ddpm.util import distributed
-from ddpm.util.safe_files import check_outputs
 from noise_schedule import NoiseSchedule, SamplingPlan
 from tensorrt_integration import TensorRTOptions
 
@@ -97,7 +97,8 @@ def open_for_drawing(request: DrawRequest) -> Opened:
         max_batch=2 * min(request.batch_size, request.n_samples),  # guided: twice the images
     )
     # The files the model named (a latent model's autoencoder, an exported decoder) are inputs too.
-    check_outputs(request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})
+    mode = "sample" if isinstance(request, SampleRequest) else "evaluate"
+    check_mode_outputs(mode, request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})
     if artifact.model_config.num_classes:
         if request.implementation != "auto":  # auto chooses among those that run one (with_implementation)
             registry.get(request.implementation).check(conditional=True)

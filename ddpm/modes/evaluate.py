@@ -22,9 +22,10 @@ from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
 from ddpm.modes.drawing import open_for_drawing, with_implementation
+from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
+from ddpm.util import distributed
 from ddpm.util.memory_budget import check_held_in_host_memory
-from ddpm.util.safe_files import check_outputs
 
 
 def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
@@ -53,8 +54,42 @@ def open_student(request: EvaluateRequest, path: str, *, like):
             f"--students {path} draws {'x'.join(map(str, student.artifact.output_shape))} images, "
             f"not the {'x'.join(map(str, like.artifact.output_shape))} of {like.artifact.path}"
         )
-    check_outputs(request.outputs(), inputs={"--students": path, **student.artifact.inputs})
+    ours, theirs = student.artifact.class_names, like.artifact.class_names
+    if bool(student.artifact.model_config.num_classes) != bool(like.artifact.model_config.num_classes):
+        which = "a class-conditional model" if ours else "an unconditional model"
+        other = "is not" if ours else "is class-conditional"
+        raise ValueError(
+            f"--students {path} is {which} and --model_path {like.artifact.path} {other}; compare a student with "
+            "its own teacher"
+        )
+    if ours != theirs:
+        raise ValueError(f"--students {path} draws other classes than --model_path {like.artifact.path}")
+    check_mode_outputs("evaluate", request.outputs(), inputs={"--students": path, **student.artifact.inputs})
     return student
+
+
+def estimate(opened, row_steps: list[int], students: list) -> str:
+    """The sweep's line before it starts (util/estimates.py): its U-Net calls per image summed over the rows (a
+    guided row's twice), their time at the model's own pace (one batch timed), and one row's samples held."""
+    from ddpm.util.estimates import phase_line, seconds_per_call
+    from ddpm.util.memory_budget import available_bytes
+
+    request, artifact = opened.request, opened.artifact
+    doubled = 2 if opened.guidance is not None and opened.guidance.doubled else 1
+    batch_steps = doubled * sum(row_steps) + sum(len(s.artifact.schedule_config.student_timesteps) for s in students)
+    config, size = artifact.model_config, opened.batch_size
+    x = torch.zeros(config.sample_shape(size), device=request.device)
+    t = torch.ones(size, dtype=torch.long, device=request.device)
+    labels = (torch.zeros(size, dtype=torch.long, device=request.device),) if config.num_classes else ()
+    seconds = seconds_per_call(lambda: artifact.model(x, t, *labels), device=request.device)
+    rows = len(row_steps) + len(students)
+    return phase_line(
+        f"evaluate: {rows} row{'s' if rows > 1 else ''} of {request.n_samples:,} samples",
+        calls=batch_steps * request.n_samples,
+        seconds=seconds * batch_steps * len(opened.batch_sizes),
+        held_bytes=4 * math.prod(artifact.output_shape) * request.n_samples,
+        available_bytes=available_bytes(torch.device("cpu")),
+    )
 
 
 def run_evaluate(request: EvaluateRequest) -> None:
@@ -86,12 +121,17 @@ def run_evaluate(request: EvaluateRequest) -> None:
     check_samples_fit(n, artifact.output_shape)
     schedule = opened.schedule()
     samplers = [own_sampling(schedule.config, sampler=s, sampling_steps=None)[0] for s in request.samplers]
-    for sampler in samplers:  # every row's plan before the first is drawn (a bad step count ends it now)
-        for sampling_steps in request.sampling_steps:
-            schedule.make_plan(sampler, sampling_steps=sampling_steps, eta=request.eta if sampler == "ddim" else 0.0)
-    students = [open_student(request, path, like=opened) for path in request.students]
+    row_steps = [  # every row's plan before the first is drawn (a bad step count ends it now)
+        schedule.make_plan(
+            sampler, sampling_steps=sampling_steps, eta=request.eta if sampler == "ddim" else 0.0
+        ).num_steps
+        for sampler in samplers
+        for sampling_steps in request.sampling_steps
+    ]
+    students = [open_student(request, path, like=opened) for path in request.students]  # before any row is drawn
+    distributed.say(estimate(opened, row_steps, students))
     # The real data it is judged against is an input too.
-    check_outputs(request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
+    check_mode_outputs("evaluate", request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
     judge = judge_for(
         dataset,
         data_dir=request.data_dir,
@@ -122,7 +162,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
                 model_config.sample_shape(size),
                 generator,
                 False,
-                guidance.rows(i * batch_size, i * batch_size + size) if guidance else None,
+                opened.guidance.rows(i * batch_size, i * batch_size + size) if opened.guidance else None,
             )
             .float()
             .cpu()  # sync: the batch leaves the device

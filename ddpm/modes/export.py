@@ -44,6 +44,7 @@ from ddpm.formats.kinds import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.model_files import load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage
+from ddpm.outputs import EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
 from ddpm.requests import Calibration, ExportRequest
 from ddpm.util.memory_budget import is_out_of_memory
 from ddpm.util.precision import QUANTIZED
@@ -80,11 +81,11 @@ def run_export(request: ExportRequest) -> None:
         print(line)
 
 
-def checked_decoder_target(output: Path, *, inputs: Mapping[str, Path | str | None]) -> Path:
+def checked_decoder_target(output: Path, *, fmt: str, inputs: Mapping[str, Path | str | None]) -> Path:
     """Where a latent model's exported decoder goes (:func:`decoder_path`), refused as any output is
     (``inputs``: every file the export read, the autoencoder included)."""
     file = decoder_path(output)
-    check_outputs({"--output's decoder": file}, inputs=inputs)
+    check_mode_outputs("export", {EXPORT_DECODER: file}, inputs=inputs, fmt=fmt)
     return file
 
 
@@ -101,7 +102,7 @@ def export_decoder(
     """A latent model's decoder exported for beside its U-Net (ONNX in ``precision`` too) and checked
     against PyTorch; returns (the metadata entry naming it, a report line, write(): the file written,
     atomically, just before the U-Net)."""
-    file = checked_decoder_target(output, inputs=inputs)
+    file = checked_decoder_target(output, fmt=fmt, inputs=inputs)
     decoder = stage.decoder.to(device).eval()
     reference, compared = decoder, "against PyTorch"
     if fmt == "onnx":
@@ -160,7 +161,7 @@ def check_export_paths(source: Path, output: Path, fmt: str, *, overwrite: bool 
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    check_outputs({"--output": output}, inputs={"--model_path": as_input(source)})
+    check_mode_outputs("export", {"--output": output}, inputs={"--model_path": as_input(source)}, fmt=fmt)
     return False
 
 
@@ -279,7 +280,7 @@ def export_checkpoint(
     # 4. A latent model's decoder, exported and checked beside the U-Net (written just before it).
     report, write_decoder = [], lambda: None
     if stage is not None:
-        check_outputs({"--output": output}, inputs=artifact.inputs)  # the autoencoder it names is an input too
+        check_mode_outputs("export", {"--output": output}, inputs=artifact.inputs, fmt=fmt)  # its autoencoder: an input
         entry, line, write_decoder = export_decoder(
             stage,
             fmt=fmt,
@@ -404,6 +405,29 @@ def compared_lines(output: Path, checked: str, compared: str, diff: float) -> li
     return [f"wrote {output} ({checked})", f"{compared}: max abs diff {diff:.3e} at batch sizes {sizes}"]
 
 
+def calibration_estimate(model, calibration: Calibration, *, steps: int) -> str:
+    """The calibration's line before it starts (util/estimates.py), after refusing a batch of trajectories that
+    cannot fit (one batch is held at a time; onnxruntime keeps two numbers per tensor and feed)."""
+    from ddpm.batch_memory import ALLOCATOR_OVERHEAD, check_batch_fits, estimate_peak_bytes
+    from ddpm.util.estimates import phase_line, seconds_per_call
+    from ddpm.util.memory_budget import available_bytes
+
+    cpu, batch = torch.device("cpu"), min(calibration.batch_size, calibration.samples)
+    check_batch_fits(model.config, batch_size=batch, device=cpu, training=False)
+    x = torch.zeros(model.config.sample_shape(batch))
+    t = torch.ones(batch, dtype=torch.long)
+    labels = (torch.zeros(batch, dtype=torch.long),) if model.config.num_classes else ()
+    seconds = seconds_per_call(lambda: model(x, t, *labels), device=cpu)
+    batches = -(-calibration.samples // batch)
+    return phase_line(
+        f"calibration: {calibration.samples:,} {calibration.sampler} trajectories of {steps} steps",
+        calls=calibration.samples * steps,
+        seconds=seconds * steps * batches,
+        held_bytes=int(estimate_peak_bytes(model.config, batch_size=batch, training=False) * ALLOCATOR_OVERHEAD),
+        available_bytes=available_bytes(cpu),
+    )
+
+
 def quantize_export(proto, model, schedule_config, *, calibration: Calibration, precision: str) -> tuple[object, str]:
     """The Q/DQ graph of ``proto`` (formats/quantization.py) with its calibration and measured quality in its
     metadata: the PSNR of images its onnxruntime session draws against the fp32 model's from the same noise
@@ -420,6 +444,7 @@ def quantize_export(proto, model, schedule_config, *, calibration: Calibration, 
     from noise_schedule import NoiseSchedule
 
     plan = NoiseSchedule(schedule_config).make_plan(calibration.sampler, sampling_steps=calibration.sampling_steps)
+    print(calibration_estimate(model, calibration, steps=plan.num_steps))
     feeds = quantization.calibration_feeds(
         model, plan, samples=calibration.samples, seed=calibration.seed, batch_size=calibration.batch_size
     )
@@ -533,10 +558,11 @@ def export_artifact(
     if artifact_kind(source) not in ("checkpoint", "onnx"):
         raise ValueError(f"engines are built from a checkpoint (.pt) or an ONNX file (.onnx), not {source}")
     artifact = load_artifact(source, device=torch.device("cpu"), weights=weights, autoencoder=autoencoder)
-    check_outputs({"--output": output, "--output's metadata": metadata_path(output)}, inputs=artifact.inputs)
+    outputs = {"--output": output, EXPORT_METADATA: metadata_path(output)}
+    check_mode_outputs("export", outputs, inputs=artifact.inputs, fmt="tensorrt")
     decoder_output = None
     if artifact.first_stage is not None:  # a latent model: the decoder's engine goes beside the U-Net's
-        decoder_output = checked_decoder_target(output, inputs=artifact.inputs)
+        decoder_output = checked_decoder_target(output, fmt="tensorrt", inputs=artifact.inputs)
     return tensorrt_integration.export_engine(
         artifact.model,
         model_config=artifact.model_config,

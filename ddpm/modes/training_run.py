@@ -22,10 +22,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ddpm.outputs import PREVIEW, check_mode_outputs
 from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.util import distributed, interrupts
 from ddpm.util.profiling import ProfileConfig, make_profiler
-from ddpm.util.safe_files import check_outputs, run_lock
+from ddpm.util.safe_files import run_lock
 
 
 @contextlib.contextmanager
@@ -41,7 +42,7 @@ def training_run(
     """The run's locks held for the whole block, and what is refused before anything is read: an existing
     ``checkpoint`` (named by ``flag``) without ``resume`` or ``overwrite`` (the line offers --resume to continue
     ``continues``; None: the mode cannot resume), and curves a previous run left in ``log_dir``."""
-    with run_locks(checkpoint, log_dir=log_dir):
+    with run_locks(checkpoint, flag=flag, log_dir=log_dir):
         if Path(checkpoint).exists() and not (resume or overwrite):
             again = f"--resume to continue {continues}, or " if continues is not None else ""
             raise ValueError(
@@ -65,12 +66,12 @@ def train_logged(trainer, request, *, inputs: dict) -> None:
 
 
 @contextlib.contextmanager
-def run_locks(checkpoint: str, *, log_dir: str | None = None):
-    """A second run on this checkpoint, or writing curves into this --log_dir, is refused until this one ends
-    (rank 0 writes both, so rank 0 holds the locks)."""
+def run_locks(checkpoint: str, *, flag: str = "--model_path", log_dir: str | None = None):
+    """A second run on this checkpoint (named by ``flag``), or writing curves into this --log_dir, is refused until
+    this one ends (rank 0 writes both, so rank 0 holds the locks)."""
     with contextlib.ExitStack() as locks:
         if distributed.current().is_main:
-            locks.enter_context(run_lock(checkpoint))
+            locks.enter_context(run_lock(checkpoint, flag=flag))
             if log_dir is not None:
                 locks.enter_context(run_lock(log_dir, flag="--log_dir"))
         yield
@@ -84,13 +85,18 @@ def check_previews(trainer, *, inputs: dict) -> None:
     --sample_every steps and at the end) are outputs too: checked before the first step against the
     run's ``inputs`` (:func:`run_inputs`), like every other output. Only names that
     already exist can be an input (through a symlink or a hard link); a folder name taken by a file is refused."""
-    config = trainer.config
+    check_preview_outputs(trainer.config, start=trainer.step, inputs=inputs)
+
+
+def check_preview_outputs(config, *, start: int, inputs: dict) -> None:
+    """:func:`check_previews` for a run of ``config`` (a TrainConfig) from step ``start``, before its trainer
+    exists (distill checks its previews before the teacher's trajectories)."""
     folder = config.samples_dir
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file, but the training previews go into a folder of that name; move it")
     if not folder.is_dir():
         return
-    start, end, every = trainer.step, config.total_steps, config.sample_every
+    end, every = config.total_steps, config.sample_every
 
     def planned(step: int) -> bool:
         return start < step <= end and (step == end or (every > 0 and step % every == 0))
@@ -99,7 +105,7 @@ def check_previews(trainer, *, inputs: dict) -> None:
         entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))
     ]
     for entry in existing:
-        check_outputs({"the training preview": entry}, inputs=inputs)
+        check_mode_outputs("train", {PREVIEW: entry}, inputs=inputs)
 
 
 def training_log(trainer, request, *, inputs: dict) -> TrainingLog | None:

@@ -33,7 +33,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ddpm.util.safe_files import Input, atomic_write, check_outputs
+from ddpm.outputs import CURVES, check_mode_outputs
+from ddpm.util.safe_files import Input, atomic_write
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "images_per_s", "skipped_steps", "wall_time")
 HEADER = ",".join(COLUMNS)
@@ -100,7 +101,7 @@ class TrainingLog:
         self.csv = self.directory / CSV_NAME
         self.resume = resume
         # An output like every other: never an input (the checkpoint, the autoencoder, the data), a folder or read-only.
-        check_outputs({f"--log_dir's {CSV_NAME}": self.csv}, inputs=inputs)
+        check_mode_outputs("train", {CURVES: self.csv}, inputs=inputs)
         refuse_previous_curves(self.directory, resume=resume, overwrite=overwrite)
         # The rows to write under a new header before appending ([]: a new CSV); None: append to the CSV as it is.
         self.kept_rows = self._rows_to_keep() if resume else []

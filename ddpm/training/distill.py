@@ -20,12 +20,16 @@ The method (chosen by measurement; BENCHMARKS.md, "Distillation" has every metho
    sampler's does, which is what lets a few-step student beat its teacher's deterministic few-step samplers.
 
 The trajectories are a function of the teacher, the config and its seed, so a resumed run draws them
-again, bit for bit, instead of storing them.
+again, bit for bit, instead of storing them; the config records the teacher by its content
+(:func:`teacher_identity`), so a resumed run knows its teacher under any name and refuses another.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +67,9 @@ class DistillConfig:
     teacher_steps: int  # teacher solver steps per trajectory
     guidance_scale: float = 0.0  # a class-conditional teacher's guidance, folded into the student (0: none)
     seed: int = 0
+    teacher_sha256: str = ""  # teacher_identity(): its weights and configs ("": a run that predates it)
+
+    ADDED_LATER = {"teacher_sha256": ""}  # checkpoints written before the teacher was recorded by content
 
     def __post_init__(self) -> None:
         if self.sampling_steps not in STUDENT_STEPS:
@@ -86,6 +93,23 @@ class DistillConfig:
             return cls(**config_fields(cls, data))
         except ValueError as exc:
             raise ValueError(f"its distillation settings are damaged ({exc})") from None
+
+
+def teacher_identity(teacher) -> str:
+    """The sha256 of a teacher (backends/artifacts.py's Artifact): its U-Net's weights as loaded (EMA), its model
+    and schedule configs and its class names. The same model under any path, copied or re-exported to another
+    format of the same weights, has the same identity; a retrained one has another."""
+    digest = hashlib.sha256()
+    configs = {
+        "model": teacher.model_config.to_dict(),
+        "schedule": asdict(teacher.schedule_config),
+        "class_names": list(teacher.class_names),
+    }
+    digest.update(json.dumps(configs, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(teacher.model.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def student_schedule(teacher: ScheduleConfig, config: DistillConfig) -> ScheduleConfig:
@@ -186,15 +210,87 @@ def fastest_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
     return FusedUNet(model).eval()
 
 
-def check_trajectory_memory(config: DistillConfig, sample_shape: tuple[int, ...]) -> None:
-    """Refuse, before the teacher runs, trajectories that would not fit the bound held for the whole run."""
-    per_sample = (config.sampling_steps + 1) * torch.Size(sample_shape).numel() * 4
-    if config.samples * per_sample > MAX_PAIR_BYTES:
-        most = MAX_PAIR_BYTES // per_sample
-        raise ValueError(
-            f"--distill_samples {config.samples} trajectories of {'x'.join(map(str, sample_shape))} would hold "
-            f"{config.samples * per_sample / 2**30:.1f} GiB; use at most {most}"
+@dataclass(frozen=True)
+class TrajectoryBudget:
+    """What the teacher's trajectories cost, estimated before they are drawn."""
+
+    held_bytes: int  # the states and ends (and labels), held for the whole run
+    peak_bytes: int  # that, and one teacher batch's activations
+    calls: int  # U-Net evaluations (a guided teacher runs each on a doubled batch)
+    steps: int  # solver steps per trajectory (teacher_grid's: fewer than asked where timesteps run out)
+    seconds: float  # from one timed teacher batch
+    available_bytes: int
+
+    def line(self, config: DistillConfig) -> str:
+        from ddpm.util.messages import format_bytes, format_seconds
+
+        return (
+            f"teacher trajectories: {config.samples:,} x {self.steps} solver steps ({self.calls:,} U-Net "
+            f"calls), about {format_seconds(self.seconds)}; {format_bytes(self.held_bytes)} held for the run, "
+            f"{format_bytes(self.peak_bytes)} at peak, {format_bytes(self.available_bytes)} available"
         )
+
+
+def trajectory_budget(
+    forward: nn.Module,
+    schedule: NoiseSchedule,
+    *,
+    config: DistillConfig,
+    student_timesteps: tuple[int, ...],
+    model_config,
+    device: torch.device,
+    guided: bool,
+) -> TrajectoryBudget:
+    """The memory and time of :func:`teacher_trajectories` for ``config``, refused (one line naming
+    --distill_samples and the most that fit) beyond :data:`MAX_PAIR_BYTES` or the memory available on ``device``.
+    The time is one teacher batch, timed, times the batches and solver steps to come."""
+    from ddpm.batch_memory import ALLOCATOR_OVERHEAD, estimate_peak_bytes
+    from ddpm.util.memory_budget import SAFETY_FRACTION, available_bytes
+
+    shape = model_config.sample_shape(1)[1:]
+    per_sample = (len(student_timesteps) + 1) * torch.Size(shape).numel() * 4 + (8 if model_config.num_classes else 0)
+    held = config.samples * per_sample
+    shape_text = "x".join(map(str, shape))
+    if held > MAX_PAIR_BYTES:
+        raise ValueError(
+            f"--distill_samples {config.samples} trajectories of {shape_text} would hold "
+            f"{held / 2**30:.1f} GiB; use at most {MAX_PAIR_BYTES // per_sample}"
+        )
+    batch = min(TEACHER_BATCH, config.samples)
+    unet_batch = 2 * batch if guided else batch
+    activations = int(estimate_peak_bytes(model_config, batch_size=unet_batch, training=False) * ALLOCATOR_OVERHEAD)
+    available = available_bytes(device)
+    budget = int(SAFETY_FRACTION * available)
+    if held + activations > budget:
+        most = max(0, (budget - activations) // per_sample)
+        raise ValueError(
+            f"--distill_samples {config.samples} trajectories of {shape_text} need about "
+            f"{(held + activations) / 2**30:.1f} GiB on {device.type} (the trajectories, held for the run, and one "
+            f"teacher batch) and {available / 2**30:.1f} GiB is available; use at most {most}"
+        )
+    steps = len(teacher_grid(schedule.config, student_timesteps, config.teacher_steps)) - 1
+    batches = -(-config.samples // batch)
+    return TrajectoryBudget(
+        held_bytes=held,
+        peak_bytes=held + activations,
+        calls=config.samples * steps,
+        steps=steps,
+        seconds=_time_one_call(forward, model_config, batch=batch, guided=guided, device=device) * steps * batches,
+        available_bytes=available,
+    )
+
+
+def _time_one_call(forward: nn.Module, model_config, *, batch: int, guided: bool, device: torch.device) -> float:
+    """Seconds of one teacher step on one batch, as the trajectories run it (util/estimates.py)."""
+    from ddpm.util.estimates import seconds_per_call
+
+    x = torch.zeros(model_config.sample_shape(batch), device=device)
+    t = torch.full((batch,), 1, device=device, dtype=torch.long)
+    guidance = None
+    if model_config.num_classes:
+        labels = torch.zeros(batch, dtype=torch.long, device=device)
+        guidance = Guidance(labels=labels, null_label=model_config.null_label, scale=2.0 if guided else 1.0)
+    return seconds_per_call(lambda: guided_model_eps(forward, x, t, guidance), device=device)
 
 
 class DistillObjective:
@@ -216,16 +312,36 @@ class DistillObjective:
 
     @classmethod
     def build(
-        cls, teacher, config: DistillConfig, *, device: torch.device, clip_denoised: bool, progress: bool = True
+        cls,
+        teacher,
+        config: DistillConfig,
+        *,
+        device: torch.device,
+        clip_denoised: bool,
+        progress: bool = True,
+        say: Callable[[str], None] | None = None,
     ) -> DistillObjective:
-        """The objective of distilling ``teacher`` (backends/artifacts.py's Artifact) as ``config`` says."""
+        """The objective of distilling ``teacher`` (backends/artifacts.py's Artifact) as ``config`` says: the
+        trajectories' budget (:func:`trajectory_budget`, said through ``say``), then the trajectories."""
         model_config = teacher.model_config
         shape = model_config.sample_shape(1)[1:]
-        check_trajectory_memory(config, shape)
         schedule_config = student_schedule(teacher.schedule_config, config)
+        forward = fastest_forward(teacher.model, device=device)
+        schedule = NoiseSchedule(teacher.schedule_config).to(device)
+        budget = trajectory_budget(
+            forward,
+            schedule,
+            config=config,
+            student_timesteps=schedule_config.student_timesteps,
+            model_config=model_config,
+            device=device,
+            guided=bool(model_config.num_classes) and config.guidance_scale != 1.0,
+        )
+        if say is not None:
+            say(budget.line(config))
         trajectories = teacher_trajectories(
-            fastest_forward(teacher.model, device=device),
-            NoiseSchedule(teacher.schedule_config).to(device),
+            forward,
+            schedule,
             config=config,
             student_timesteps=schedule_config.student_timesteps,
             sample_shape=shape,

@@ -63,6 +63,16 @@ def format_bytes(n: int | float) -> str:
     return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
+def format_seconds(seconds: float) -> str:
+    """'45 s', '3 min 20 s', '1 h 05 min' (benchmarks/plan.py's duration says it the same way)."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
 @contextlib.contextmanager
 def one_line_warnings(prog: str) -> Iterator[None]:
     """While inside, every warning (a library's included) prints as ``prog: warning: <first line>``, once per

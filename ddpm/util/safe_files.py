@@ -11,7 +11,8 @@ Four rules, applied by every mode before any work starts:
   and the path in one line, an output that is the same file as an input or as another output, an
   existing path that is not a regular file (a folder, a device, a FIFO), a read-only file (its mode
   is respected, even by root), or a folder that cannot be written. An input may be a folder of data
-  (:class:`InputFolder`): an existing file in it that the run reads is refused as an output too.
+  (:class:`InputFolder`): no output may lie inside it, existing or not, nor be (through a link) a file
+  it reads; and an existing file's kind must be the output's (util/file_kinds.py).
 * :func:`atomic_write` writes through a temporary file in the target's folder (flushed, fsynced,
   then renamed over the target), so a file holds either its old or its whole new content; signals
   arriving during the write wait until the rename is done. A symlinked output keeps its link: the
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from ddpm.util import interrupts
+from ddpm.util.file_kinds import check_kind
 from ddpm.util.messages import first_line, format_bytes
 
 PathLike = str | os.PathLike
@@ -94,13 +96,15 @@ class InputFolder:
     suffixes: tuple[str, ...] | None = None
 
     def holds(self, target: Path) -> bool:
-        """Whether ``target`` (resolved) is an existing file this folder's reader would read: one under it,
-        or, elsewhere, the same file as one of them (a hard link to it, or what a symlink in it names)."""
+        """Whether ``target`` (resolved) is inside this folder, existing or not (an input folder is never written
+        into: a model folder would load another model, a dataset would read the run's own files, and its readers
+        walk every sub-folder), or, elsewhere, an existing file the reader reads (a hard link to one, or what a
+        symlink in it names)."""
         root = resolved(self.root)
+        if target.is_relative_to(root):
+            return True
         if not target.is_file():
             return False
-        if target.is_relative_to(root):
-            return self.reads(target)
         identity = _identity(target)
         # The readers' own walk (data/datasets.py, data/volumes.py); only for outputs that already exist.
         return any(self.reads(path) and _identity(resolved(path)) == identity for path in root.rglob("*"))
@@ -119,13 +123,18 @@ def as_input(path: PathLike | None) -> Input | None:
 
 
 def check_outputs(
-    outputs: Mapping[str, PathLike | None], *, inputs: Mapping[str, Input | None] | None = None
+    outputs: Mapping[str, PathLike | None],
+    *,
+    inputs: Mapping[str, Input | None] | None = None,
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Check every output before any work (see the module docstring); returns flag -> resolved path.
 
     ``outputs`` and ``inputs`` map a flag (``"--output"``) or a description (``"its autoencoder"``) to
-    its path (an input may be an :class:`InputFolder`); None entries are skipped. Stale temporaries of
-    each output (from a killed save) are removed.
+    its path (an input may be an :class:`InputFolder`); None entries are skipped. ``kinds`` maps an output's
+    flag to the kind of file it writes (util/file_kinds.py; a mode's table is ddpm/outputs.py): its name must
+    end as that kind's do. Whatever the kind (else the one its ending names), an existing file of another kind
+    is refused. Stale temporaries of each output (from a killed save) are removed.
     """
     inputs = {flag: path for flag, path in (inputs or {}).items() if path is not None}
     folders = {flag: folder for flag, folder in inputs.items() if isinstance(folder, InputFolder)}
@@ -145,16 +154,28 @@ def check_outputs(
                 )
         for in_flag, folder in folders.items():
             if folder.holds(target):
+                where = "inside the folder" if target.is_relative_to(resolved(folder.root)) else "one of the files"
                 raise ValueError(
-                    f"{flag} {path} is one of the files {in_flag} reads; it would be destroyed, choose another path"
+                    f"{flag} {path} is {where} {in_flag} reads; an input is never written, choose another path"
                 )
         for out_flag, out_path in checked.items():
             if target == out_path:
                 raise ValueError(f"{flag} and {out_flag} both name {path}; one would overwrite the other")
+        check_kind(flag, path, kind=(kinds or {}).get(flag), target=target)  # after the others: they say more
         _probe_folder(target, flag=flag, raw=path)
         remove_stale_temporaries(target)
         checked[flag] = target
     return checked
+
+
+def check_output_folder(flag: str, folder: PathLike | None, *, inputs: Mapping[str, Input | None]) -> None:
+    """A folder a run writes into (--profile's traces, --log_dir's curves) never lies inside an input folder."""
+    if folder is None:
+        return
+    target = resolved(folder)
+    for in_flag, item in inputs.items():
+        if isinstance(item, InputFolder) and target.is_relative_to(resolved(item.root)):
+            raise ValueError(f"{flag} {folder} is inside the folder {in_flag} reads; choose another folder")
 
 
 def _probe_folder(target: Path, *, flag: str, raw: PathLike) -> None:

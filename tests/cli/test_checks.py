@@ -13,11 +13,9 @@ def test_lists_parse_and_bad_items_are_named():
         checks.parse_list("5,x", kind=int, flag="--sampling_steps")
 
 
-def test_counts_steps_and_suffixes_name_the_flag():
+def test_counts_and_steps_name_the_flag():
     checks.check_positive(n_samples=1, batch_size=None)  # None: the flag was left out
     with pytest.raises(ValueError, match="--n_samples must be a positive integer, got 0"):
         checks.check_positive(n_samples=0)
     with pytest.raises(ValueError, match="--warmup_steps"):
         checks.check_not_negative(warmup_steps=-1)
-    with pytest.raises(ValueError, match="--json"):
-        checks.check_suffix("--json", "out.txt", ".json")

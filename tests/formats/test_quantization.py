@@ -232,6 +232,8 @@ def test_the_export_writes_a_quantized_file_with_its_calibration_and_quality_tha
     result = run_here(*args, cwd=work)
     assert result.returncode == 0, result.stderr
     assert "PSNR" in result.stdout and (work / "ck_int8.onnx").is_file()
+    # The calibration's estimate, said before it starts (util/estimates.py).
+    assert "calibration: 4 ddim trajectories of 8 steps: 32 U-Net calls, about " in result.stdout, result.stdout
     import onnx
 
     meta = json.loads(

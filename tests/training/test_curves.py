@@ -116,7 +116,8 @@ def test_a_metrics_csv_that_is_an_input_or_a_folder_is_refused_before_the_first_
     csv_path.unlink()
     csv_path.symlink_to(checkpoint)  # appending rows would write into the checkpoint it resumes
     resume = ("--mode", "train", "--resume", "--model_path", "m.pt", "--max_steps", "5", "--device", "cpu")
-    assert_user_error(run_here(*resume, cwd=tmp_path), "metrics.csv is the same file as --model_path")
+    # (refused while the request is built: the curves and the checkpoint are both outputs of the run)
+    assert_user_error(run_here(*resume, cwd=tmp_path), "metrics.csv and --model_path both name")
     csv_path.unlink()
     csv_path.mkdir()
     assert_user_error(run_here(*resume, cwd=tmp_path), "metrics.csv is a folder")

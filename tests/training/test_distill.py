@@ -4,10 +4,12 @@ continuing exactly, a student sampled alike by every implementation, and the ref
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_TRAIN, needs_onnx, run_here
+from helpers import TINY_TRAIN, assert_user_error, needs_onnx, run_here
 
 from ddpm.training.distill import (
     DistillConfig,
@@ -241,7 +243,7 @@ def test_a_student_of_a_student_is_refused(tmp_path, teacher):
     assert not (tmp_path / "grandchild.pt").exists()
 
 
-def test_a_class_conditional_teacher_distills_with_its_guidance_folded_into_one_call(tmp_path):
+def test_a_class_conditional_teacher_distills_with_its_guidance_folded_into_one_call(tmp_path, teacher):
     # 20 timesteps (the last --timesteps wins): the end-of-run preview of 70 guided images samples 20 steps, not 50.
     trained = run_here(*TINY_TRAIN, "--timesteps", "20", "--class_cond", "--model_path", "cond.pt", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
@@ -277,6 +279,29 @@ def test_a_class_conditional_teacher_distills_with_its_guidance_folded_into_one_
         "--mode", "sample", "--model_path", "student.pt", "--guidance_scale", "2", "--n_samples", "2", cwd=tmp_path
     )
     assert again.returncode == 2 and "guidance 2.5 folded in" in again.stderr
+    # Beside an unconditional teacher in evaluate, it is refused before any row is drawn, in the flags' words.
+    (tmp_path / "uncond.pt").write_bytes(teacher.read_bytes())
+    evaluated = run_here(
+        "--mode", "evaluate", "--model_path", "uncond.pt", "--students", "student.pt", "--n_samples", "2", cwd=tmp_path
+    )
+    assert_user_error(evaluated, "--students student.pt is a class-conditional model and --model_path uncond.pt is not")
+    # Guidance 0 (the unconditional model) cannot be folded into a student that records 0 as "none folded".
+    zero = run_here(
+        "--mode",
+        "distill",
+        "--model_path",
+        "cond.pt",
+        "--output",
+        "zero.pt",
+        *TINY_DISTILL,
+        "--guidance_scale",
+        "0",
+        "--max_steps",
+        "1",
+        cwd=tmp_path,
+    )
+    assert_user_error(zero, "--guidance_scale 0 would teach the student")
+    assert not (tmp_path / "zero.pt").exists()
 
 
 def test_evaluate_puts_students_beside_their_teachers_samplers_against_u_net_calls(tmp_path, teacher):
@@ -303,6 +328,8 @@ def test_evaluate_puts_students_beside_their_teachers_samplers_against_u_net_cal
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
+    # The sweep's estimate before the first row: 3 teacher steps and 2 student calls per image, 8 images.
+    assert "evaluate: 2 rows of 8 samples: 40 U-Net calls, about " in result.stdout + result.stderr
     rows = json.loads((tmp_path / "q.json").read_text())["rows"]
     assert [(r["sampler"], r["steps"], r["calls"]) for r in rows] == [("ddim", 3, 3), ("distilled", 2, 2)]
     assert rows[1]["model_path"].endswith("student.pt")
@@ -310,4 +337,136 @@ def test_evaluate_puts_students_beside_their_teachers_samplers_against_u_net_cal
     refused = run_here(
         "--mode", "evaluate", "--model_path", str(teacher), "--students", str(teacher), "--n_samples", "8", cwd=tmp_path
     )
-    assert refused.returncode == 2 and "is not a distilled student" in refused.stderr
+    assert refused.returncode == 2 and "is --model_path itself, the teacher" in refused.stderr
+    (tmp_path / "copy.pt").write_bytes(teacher.read_bytes())
+    refused = run_here(
+        "--mode", "evaluate", "--model_path", str(teacher), "--students", "copy.pt", "--n_samples", "8", cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "--students copy.pt is not a distilled student" in refused.stderr
+    for students in ("student.pt,,student.pt", " "):  # an empty item was read as the teacher, an empty list as none
+        refused = run_here(
+            "--mode", "evaluate", "--model_path", str(teacher), "--students", students, "--n_samples", "8", cwd=tmp_path
+        )
+        assert_user_error(refused, "--students")
+        assert "not a distilled student" not in refused.stderr
+
+
+# ----- issue 49: a resumed distillation knows its teacher; every refusal comes before the trajectories -------
+def test_a_distillation_resumes_from_any_spelling_of_its_teachers_path(tmp_path, teacher):
+    (tmp_path / "teacher.pt").write_bytes(teacher.read_bytes())
+    flags = ["--mode", "distill", *TINY_DISTILL]
+    first = run_here(*flags, "--model_path", "teacher.pt", "--output", "s.pt", "--max_steps", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    again = run_here(
+        *flags, "--model_path", "./teacher.pt", "--output", "s.pt", "--max_steps", "3", "--resume", cwd=tmp_path
+    )
+    assert again.returncode == 0, again.stderr
+    (tmp_path / "sub").mkdir()
+    resumed = run_here(
+        *flags,
+        "--model_path",
+        "../teacher.pt",
+        "--output",
+        "../s.pt",
+        "--max_steps",
+        "4",
+        "--resume",
+        cwd=tmp_path / "sub",
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    state = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert state["step"] == 4 and state["distill_config"]["teacher"] == "teacher.pt"  # the path as first given
+    assert len(state["distill_config"]["teacher_sha256"]) == 64
+
+
+def refuse_trajectories(monkeypatch) -> None:
+    from ddpm.training import distill as method
+
+    def drawn(*args, **kwargs):
+        pytest.fail("the teacher's trajectories were drawn before the refusal")
+
+    monkeypatch.setattr(method, "teacher_trajectories", drawn)
+
+
+def test_a_resumed_distillation_refuses_a_changed_teacher_naming_both_hashes(tmp_path, teacher, monkeypatch):
+    (tmp_path / "teacher.pt").write_bytes(teacher.read_bytes())
+    flags = ["--mode", "distill", "--model_path", "teacher.pt", "--output", "s.pt", *TINY_DISTILL]
+    assert run_here(*flags, "--max_steps", "1", cwd=tmp_path).returncode == 0
+    recorded = torch.load(tmp_path / "s.pt", weights_only=True)["distill_config"]["teacher_sha256"]
+    # The teacher retrained in place: the same configs under the same name, other weights.
+    state = torch.load(tmp_path / "teacher.pt", weights_only=True)
+    name = next(iter(state["ema"]))
+    state["ema"][name] = state["ema"][name] + 0.01
+    torch.save(state, tmp_path / "teacher.pt")
+    student = (tmp_path / "s.pt").read_bytes()
+    refuse_trajectories(monkeypatch)
+    result = run_here(*flags, "--max_steps", "2", "--resume", cwd=tmp_path)
+    assert_user_error(result, "--model_path teacher.pt is not the teacher s.pt learns from")
+    hashes = re.findall(r"\b[0-9a-f]{16}\b", result.stderr)  # the teacher's now, and the one it learns from
+    assert len(set(hashes)) == 2 and hashes[1] == recorded[:16], result.stderr
+    assert (tmp_path / "s.pt").read_bytes() == student
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--lr", "0"], "--lr must be a positive"),
+        (["--precision", "int8"], "--precision int8 is for exported ONNX graphs"),
+        (["--log_dir", "a_file"], "--log_dir a_file is a file"),
+        (["--ema_decay", "2"], "--ema_decay must be"),
+        (["--grad_clip", "-1"], "--grad_clip must be"),
+        (["--guidance_scale", "2"], "applies to class-conditional teachers"),
+        (["--output", "sub/../teacher.pt"], "is the same file as --model_path"),
+        (["--output", ""], "--output is empty"),
+    ],
+)
+def test_distill_refuses_before_the_teachers_trajectories(tmp_path, teacher, monkeypatch, args, message):
+    (tmp_path / "teacher.pt").write_bytes(teacher.read_bytes())
+    (tmp_path / "a_file").write_text("a file\n")
+    (tmp_path / "sub").mkdir()
+    refuse_trajectories(monkeypatch)
+    result = run_here("--mode", "distill", "--model_path", "teacher.pt", *TINY_DISTILL, *args, cwd=tmp_path)
+    assert_user_error(result, message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "sub", "teacher.pt"]
+
+
+def test_a_torchscript_teacher_is_refused_with_advice_distill_accepts(tmp_path):
+    (tmp_path / "t.ts").write_bytes(b"PK\x03\x04")
+    result = run_here("--mode", "distill", "--model_path", "t.ts", cwd=tmp_path)
+    assert_user_error(result, "--model_path t.ts is a TorchScript program; a student starts from its teacher's")
+    assert "--trust_torchscript" not in result.stderr  # distill does not read that flag
+
+
+def test_a_held_distillation_lock_names_the_flag_distill_reads(tmp_path, teacher, monkeypatch):
+    from ddpm.util.safe_files import run_lock
+
+    refuse_trajectories(monkeypatch)
+    with run_lock(tmp_path / "s.pt", flag="--output"):
+        result = run_here(
+            "--mode", "distill", "--model_path", str(teacher), "--output", "s.pt", *TINY_DISTILL, cwd=tmp_path
+        )
+    assert_user_error(result, "choose another --output")
+
+
+def test_the_trajectories_are_estimated_before_they_start_and_refused_beyond_free_memory(
+    tmp_path, teacher, monkeypatch
+):
+    # 32 teacher steps asked; the 50-timestep teacher's grid holds 31 (the line says what the solver runs).
+    result = distill(tmp_path, teacher, "--max_steps", "1", "--teacher_steps", "32")
+    assert result.returncode == 0, result.stderr
+    line = next(
+        line for line in (result.stdout + result.stderr).splitlines() if line.startswith("teacher trajectories:")
+    )
+    schedule = ScheduleConfig(num_timesteps=50)
+    timesteps = student_schedule(schedule, DistillConfig(teacher="t", teacher_steps=32)).student_timesteps
+    steps = len(teacher_grid(schedule, timesteps, 32)) - 1
+    assert steps == 31 and "8 x 31 solver steps (248 U-Net calls), about " in line and "held for the run" in line
+    from ddpm.util import memory_budget
+
+    refuse_trajectories(monkeypatch)
+    monkeypatch.setattr(
+        memory_budget, "available_bytes", lambda device: 64 << 20
+    )  # 64 MiB free: a batch fits, not the data
+    refused = distill(tmp_path, teacher, "--max_steps", "1", "--distill_samples", "100000", output="big.pt")
+    assert_user_error(refused, "--distill_samples 100000 trajectories of 1x16x16 need about")
+    assert "use at most" in refused.stderr and not (tmp_path / "big.pt").exists()

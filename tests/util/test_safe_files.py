@@ -132,9 +132,9 @@ def test_npz_onto_the_model_and_colliding_outputs_are_refused(cli, work):
     (work / "m.npz").unlink()
     (work / "g.npz").write_bytes(b"keep")
     with unchanged(work / "g.npz"):
-        refused(
+        refused(  # two outputs of different kinds cannot share a name: the grid's must end in .png
             cli(*SAMPLE, "--model_path", "m.pt", "--output", "g.npz", "--save_npz", "g.npz", cwd=work),
-            "--save_npz and --output both name g.npz",
+            "--output writes a PNG image and needs a file name ending in .png, got g.npz",
         )
 
 
@@ -174,7 +174,7 @@ def test_read_only_fifo_and_folder_outputs_are_refused(cli, work):
 
 def test_an_output_through_a_symlink_replaces_the_target_and_keeps_the_link(cli, work):
     target = work / "real.png"
-    target.write_bytes(b"old")
+    target.write_bytes(b"\x89PNG\r\n\x1a\nold")  # an older grid
     link = work / "link.png"
     link.unlink(missing_ok=True)
     link.symlink_to(target)
@@ -221,8 +221,8 @@ def test_no_training_run_leaves_its_lock_file_behind(cli, work):
     # Done, and refused once the lock is held (a --resume whose checkpoint is not one).
     code, err = cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "fresh.pt", cwd=work)
     assert code == 0, err
-    (work / "junk.pt").write_text("not a checkpoint")
-    refused(cli(*TINY_TRAIN, "--max_steps", "3", "--model_path", "junk.pt", "--resume", cwd=work), "corrupt")
+    torch.save({"step": "not a checkpoint"}, work / "junk.pt")  # a torch file (so its kind passes), not a checkpoint
+    refused(cli(*TINY_TRAIN, "--max_steps", "3", "--model_path", "junk.pt", "--resume", cwd=work), "junk.pt")
     code, err = cli(
         "--mode",
         "train_autoencoder",

@@ -1,0 +1,62 @@
+"""Every file each mode writes, by flag (or by what it is, for files no flag names), and the kind of file it is.
+
+    check_mode_outputs("benchmark", {"--json": "t.pt"}, inputs={})   # ValueError: --json writes a JSON file ...
+
+One table, read by every check of a mode's outputs (cli/resolve.py before any work, the modes again once the
+model file has named its own inputs): util/safe_files.check_outputs refuses an output whose name does not end
+as its kind's files do (util/file_kinds.py) or that already holds a file of another kind. Folders (--log_dir,
+--profile, a diffusers export) are checked as folders where they are written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ddpm.util.safe_files import Input, PathLike, check_outputs
+
+PREVIEW = "the training preview"  # <checkpoint stem>_samples/step_NNNNNNN.png
+CURVES = "--log_dir's metrics.csv"
+RECONSTRUCTIONS = "the reconstructions PNG"
+EXPORT_METADATA = "--output's metadata"  # beside a TensorRT engine
+EXPORT_DECODER = "--output's decoder"  # beside a latent model's export
+
+# mode -> output -> kind. Export's --output and its decoder are of the kind --format writes (EXPORT_KINDS).
+OUTPUTS: dict[str, dict[str, str]] = {
+    "train": {"--model_path": "checkpoint", PREVIEW: "png", CURVES: "csv"},
+    "distill": {"--output": "checkpoint", PREVIEW: "png", CURVES: "csv"},
+    "train_autoencoder": {"--model_path": "checkpoint", RECONSTRUCTIONS: "png"},
+    "sample": {"--output": "png", "--save_npz": "npz"},
+    "evaluate": {"--json": "json", "--chart": "png"},
+    "benchmark": {"--json": "json", "--csv": "csv", "--chart": "png"},
+    "export": {"--output": "by --format", EXPORT_METADATA: "json", EXPORT_DECODER: "by --format"},
+}
+# --format -> the kind of file it writes (diffusers: a folder, checked file by file as it is written).
+EXPORT_KINDS = {"onnx": "onnx", "torchscript": "torchscript", "tensorrt": "tensorrt", "safetensors": "safetensors"}
+# A latent model's decoder beside its export: of the same kind (ONNX beside ONNX, an engine beside an engine).
+DECODER_KINDS = {"onnx": "onnx", "torchscript": "torchscript", "tensorrt": "tensorrt"}
+
+
+def kinds_of(mode: str, *, fmt: str | None = None) -> dict[str, str]:
+    """``mode``'s outputs and their kinds (export's for ``fmt``)."""
+    table = dict(OUTPUTS[mode])
+    if mode == "export":
+        table = {
+            "--output": EXPORT_KINDS.get(fmt),
+            EXPORT_METADATA: "json",
+            EXPORT_DECODER: DECODER_KINDS.get(fmt),
+        }
+    return {flag: kind for flag, kind in table.items() if kind is not None}
+
+
+def check_mode_outputs(
+    mode: str,
+    outputs: Mapping[str, PathLike | None],
+    *,
+    inputs: Mapping[str, Input | None] | None = None,
+    fmt: str | None = None,
+):
+    """util/safe_files.check_outputs of ``outputs``, each held to its kind in ``mode``'s table."""
+    unknown = set(outputs) - set(OUTPUTS[mode])
+    if unknown:  # a programming error: every output of a mode is in its table
+        raise KeyError(f"{sorted(unknown)} not in the outputs of --mode {mode} (ddpm/outputs.py)")
+    return check_outputs(outputs, inputs=inputs, kinds=kinds_of(mode, fmt=fmt))
