@@ -63,6 +63,7 @@ def test_the_benchmark_reports_a_crashing_openvino_row_and_times_the_others(monk
     assert by_name["cuda"].status == "ok" and by_name["cuda"].parity == "pass"
 
 
+@pytest.mark.slow  # 17 s: an OpenVINO compile; its child-process handling stays in the default run
 @pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino is not installed")
 def test_openvino_runs_the_onnx_export_in_the_original_loop_to_fp32_tolerance():
     from ddpm.backends import registry

@@ -131,6 +131,7 @@ def test_the_inception_extractor_gives_2048_features_for_grey_and_rgb(random_inc
     assert np.isfinite(extract(torch.randint(0, 256, (3, 3, 8, 8), dtype=torch.uint8)).numpy()).all()
 
 
+@pytest.mark.slow  # 31 s on 2 cores; FID/KID against closed forms and the extractor stay in the default run
 def test_evaluate_sweeps_a_folder_model_by_fid_and_kid(tmp_path, capsys, random_inception_weights):
     from PIL import Image
 

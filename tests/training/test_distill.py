@@ -458,7 +458,8 @@ def test_the_trajectories_are_estimated_before_they_start_and_refused_beyond_fre
         line for line in (result.stdout + result.stderr).splitlines() if line.startswith("teacher trajectories:")
     )
     schedule = ScheduleConfig(num_timesteps=50)
-    timesteps = student_schedule(schedule, DistillConfig(teacher="t", teacher_steps=32)).student_timesteps
+    config = DistillConfig(teacher="t", sampling_steps=4, samples=4096, teacher_steps=32)  # the defaults
+    timesteps = student_schedule(schedule, config).student_timesteps
     steps = len(teacher_grid(schedule, timesteps, 32)) - 1
     assert steps == 31 and "8 x 31 solver steps (248 U-Net calls), about " in line and "held for the run" in line
     from ddpm.util import memory_budget
