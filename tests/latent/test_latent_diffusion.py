@@ -519,6 +519,7 @@ def stand_in_tensorrt(monkeypatch):
     return builds
 
 
+@pytest.mark.slow  # 8-20 s: two decoder exports; the engine cache rules are unit-tested in tests/formats
 def test_the_decoder_engine_is_built_from_its_own_cached_graph_and_rebuilt_when_it_changes(tmp_path, stand_in_tensorrt):
     from dataclasses import replace
 
@@ -661,6 +662,7 @@ def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp
     assert "reads no autoencoder" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 13-30 s on 2 cores: every implementation on a conditional latent model
 def test_a_conditional_latent_model_draws_the_requested_labels_alike_in_every_implementation(
     latent_model, tmp_path, capsys
 ):
