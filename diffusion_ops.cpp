@@ -1001,27 +1001,10 @@ at::Tensor conv3x3_winograd_cpu(
   return out;
 }
 
-}  // namespace
-
-namespace {
-
-// A dense channels-last tensor (B, C, *spatial): channels innermost, then positions, then the batch.
+// A dense channels-last image or volume: (B, C, H, W) or (B, C, D, H, W) with the channels innermost.
 bool is_dense_channels_last(const at::Tensor& t) {
-  if (t.dim() < 3) {
-    return false;
-  }
-  int64_t expected = 1;
-  if (t.size(1) != 1 && t.stride(1) != 1) {
-    return false;
-  }
-  expected = t.size(1);
-  for (int64_t d = t.dim() - 1; d >= 2; --d) {
-    if (t.size(d) != 1 && t.stride(d) != expected) {
-      return false;
-    }
-    expected *= t.size(d);
-  }
-  return t.size(0) == 1 || t.stride(0) == expected;
+  return (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d));
 }
 
 }  // namespace
@@ -1032,7 +1015,7 @@ BiasAdd prepare_bias_add(
     const std::optional<at::Tensor>& residual,
     const std::optional<at::Tensor>& residual2) {
   TORCH_CHECK(is_step_dtype(h.scalar_type()), "bias_add_: h must be float32, float16 or bfloat16, got ", h.scalar_type());
-  TORCH_CHECK(is_dense_channels_last(h), "bias_add_: h must be a dense channels-last (B, C, *spatial) tensor, got sizes ",
+  TORCH_CHECK(is_dense_channels_last(h), "bias_add_: h must be a dense channels-last (B, C, H, W) or (B, C, D, H, W) tensor, got sizes ",
       h.sizes(), " and strides ", h.strides());
   const int64_t channels = h.size(1);
   TORCH_CHECK(bias.device() == h.device(), "bias_add_: bias is on ", bias.device(), " but h is on ", h.device());

@@ -266,8 +266,9 @@ def bias_add_(
     residual2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``h += bias`` per channel (and ``+ [residual, residual2]``, the residual stream, never concatenated) in
-    place, in one pass, and returns h. h: a dense channels-last (B, C, *spatial) float32/float16/bfloat16 tensor;
-    bias: (C,) float32; residual (B, C1, *spatial) and residual2 (B, C - C1, *spatial): h's dtype, channels-last.
+    place, in one pass, and returns h. h: a dense channels-last (B, C, H, W) or (B, C, D, H, W) tensor in
+    float32/float16/bfloat16; bias: (C,) float32; residual (B, C1, *spatial) and residual2 (B, C - C1, *spatial):
+    h's dtype, channels-last.
     Sums in float32, each rounded (diffusion_kernels.h), one rounding to h's dtype."""
     if _loaded_from is None:
         load_extension()
@@ -511,22 +512,20 @@ class FusedUNet(nn.Module):
         """conv(x) (+ its bias) (+ [residual, residual2], the residual stream), a new tensor in the runner's
         layout."""
         weight, bias = self.packed[conv]
+        separate = with_bias and self.separate_bias and conv in self.float_biases  # added below, by bias_add_
+        bias = bias if with_bias and not separate else None
         if conv in self.winograd:
-            out = conv3x3_winograd(
-                x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias if with_bias else None
-            )
-        elif with_bias and self.separate_bias and conv in self.float_biases:
+            out = conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias)
+        else:
             op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
-            out = op(x, weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+            out = op(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        if separate:
             # One input or output channel makes channels-last ambiguous, and cuDNN may answer in NCHW.
             out = out.contiguous(memory_format=self.memory_format)
             residuals = [
                 r if r is None else r.contiguous(memory_format=self.memory_format) for r in (residual, residual2)
             ]
             return bias_add_(out, self.float_biases[conv], residual=residuals[0], residual2=residuals[1])
-        else:
-            op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
-            out = op(x, weight, bias if with_bias else None, conv.stride, conv.padding, conv.dilation, conv.groups)
         if residual is not None:  # [residual, residual2] + out, in place: out is this call's own new tensor
             out[:, : residual.shape[1]].add_(residual)
             if residual2 is not None:
@@ -949,14 +948,14 @@ class FusedSampler:
                 if progress:
                     steps.update(self.plan.num_steps)
                     steps.close()
-                steps = range(0)
-            for i in steps:
-                draws_noise = self.plan.noise_steps[i]  # host tuple: no sync
-                if self._graph is not None and draws_noise == self._graph_draws_noise:
-                    with phase("graph_replay"):  # the whole step: U-Net, noise and fused step
-                        self._graph.replay()
-                else:
-                    self._denoise_step(draw_noise=draws_noise)
+            else:
+                for i in steps:
+                    draws_noise = self.plan.noise_steps[i]  # host tuple: no sync
+                    if self._graph is not None and draws_noise == self._graph_draws_noise:
+                        with phase("graph_replay"):  # the whole step: U-Net, noise and fused step
+                            self._graph.replay()
+                    else:
+                        self._denoise_step(draw_noise=draws_noise)
             caller_rng.set_state(self._rng.get_state())  # hand the advanced stream back
             images = self._x.clone()
         if on_cuda:

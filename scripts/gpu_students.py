@@ -31,24 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's
 
 import optimized_diffusion as od  # noqa: E402
 from basic_diffusion import UNet, unet_preset  # noqa: E402
-from ddpm.benchmarks.sampling_bench import perturb_zero_init  # noqa: E402
+from ddpm.benchmarks.sampling_bench import perturb_zero_init, time_runs  # noqa: E402
 from ddpm.training.distill import STUDENT_PREDICTION  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig  # noqa: E402
 
 
 def timed(draw, *, device: torch.device, warmup: int, repeats: int) -> tuple[float, float]:
-    """(median seconds, build-and-warm-up seconds) of ``draw()``."""
+    """(median seconds of ``repeats`` timed runs, seconds of the ``warmup`` runs before them) of ``draw()``."""
     start = time.perf_counter()
-    for _ in range(warmup):
-        draw()
+    time_runs(draw, device=device, warmup=warmup, repeats=0)
     torch.cuda.synchronize(device)
     warm = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        draw()
-        torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
+    times, _ = time_runs(draw, device=device, warmup=0, repeats=repeats)
     return statistics.median(times), warm
 
 

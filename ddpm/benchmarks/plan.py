@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddpm.util.messages import format_seconds
+
 CPU_QUICK_STEPS = 20
 QUICK_ROWS = {
     "cuda": ("original", "cuda", "tensorrt"),
@@ -65,19 +67,9 @@ def estimate_seconds(*, rows: int, runs_per_row: int, steps: int, forward_s: flo
     return rows * runs_per_row * steps * forward_s
 
 
-def duration(seconds: float) -> str:
-    """'45 s', '3 min 20 s', '1 h 05 min'."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
-
-
 def estimate_line(*, rows: int, runs_per_row: int, steps: int, forward_s: float) -> str:
     total = estimate_seconds(rows=rows, runs_per_row=runs_per_row, steps=steps, forward_s=forward_s)
     return (
-        f"about {duration(total)}: {rows} rows x {runs_per_row} runs x {steps} steps x {1000 * forward_s:.0f} ms "
+        f"about {format_seconds(total)}: {rows} rows x {runs_per_row} runs x {steps} steps x {1000 * forward_s:.0f} ms "
         "(one forward of the original U-Net, timed now), plus building the rows (exports, compiles)"
     )

@@ -64,7 +64,7 @@ def format_bytes(n: int | float) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """'45 s', '3 min 20 s', '1 h 05 min' (benchmarks/plan.py's duration says it the same way)."""
+    """'45 s', '3 min 20 s', '1 h 05 min'."""
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds} s"

@@ -8,8 +8,9 @@ import torch
 from helpers import perturbed_unet, tiny_unet_config
 
 from ddpm.benchmarks import peaks
-from ddpm.benchmarks.plan import CPU_QUICK_STEPS, QUICK_ROWS, choose_plan, duration, estimate_line, estimate_seconds
+from ddpm.benchmarks.plan import CPU_QUICK_STEPS, QUICK_ROWS, choose_plan, estimate_line, estimate_seconds
 from ddpm.benchmarks.report import WINOGRAD_FOOTNOTE, Row, format_table
+from ddpm.util.messages import format_seconds
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -99,7 +100,7 @@ def test_the_quick_plan_keeps_given_rows_and_shortens_only_default_steps():
 
 def test_the_estimate_is_rows_times_runs_times_steps_times_one_forward():
     assert estimate_seconds(rows=5, runs_per_row=4, steps=50, forward_s=0.25) == 250.0
-    assert duration(45) == "45 s" and duration(250) == "4 min 10 s" and duration(3900) == "1 h 05 min"
+    assert format_seconds(45) == "45 s" and format_seconds(250) == "4 min 10 s" and format_seconds(3900) == "1 h 05 min"
     line = estimate_line(rows=5, runs_per_row=4, steps=50, forward_s=0.25)
     assert line.startswith("about 4 min 10 s: 5 rows x 4 runs x 50 steps x 250 ms")
 
