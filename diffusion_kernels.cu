@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "diffusion_kernels.h"
 
@@ -410,6 +411,212 @@ __global__ void __launch_bounds__(1024) group_norm_act_chunk_kernel(const GroupN
   }
 }
 
+// Channels-last and 16-byte aligned (the runner's layout): a block normalizes `chunk` consecutive groups of one
+// sample, and thread t owns one vector of V = 16 / sizeof(T) consecutive channels (vi = t % vectors) at the positions
+// r, r + M, r + 2M, ... (r = t / vectors, M = period / cg), so a warp reads whole 16-byte pieces of consecutive rows
+// and each thread keeps V independent sums: channel c's sum at residue r is exactly partial r * cg + c % cg of c's
+// group in diffusion_kernels.h's fixed order, added in increasing p. The partials meet in shared memory; warp w then
+// reduces group w: lane l holds partials l + 32 i (i < 8), adds levels 128, 64 and 32 of the tree in its registers
+// (the tree's own pairs: k + 128 = l + 32 (i + 4), ...) and levels 16 to 1 by __shfl_down_sync. Same bits as the CPU
+// twin for any chunk, with three barriers and a fraction of group_norm_act_chunk_kernel's threads (one per V values
+// of a row instead of one per value): its latency was the cost, not its bytes. Up to kGnRowCached vectors stay in
+// registers; past that the two later passes read again (mostly from L1/L2).
+constexpr int kGnRowCachedValues = 64;
+constexpr int kGnRowThreads = 512;
+
+// The rows kernel's threads for `chunk` groups per block: one per vector of each residue row, and at least one warp
+// per group for the trees, in whole warps.
+int gn_rows_threads(const GroupNormAct& a, int chunk, int64_t vec) {
+  const int64_t period = gn_period(a.cg);
+  const int64_t threads = std::max<int64_t>(chunk * a.cg / vec * (period / a.cg), 32 * chunk);
+  return static_cast<int>((threads + 31) / 32 * 32);
+}
+
+// group_norm_act_rows_kernel's reduction: this thread's V sums into their partial slots, then each group's tree
+// (warp w: group w), then every thread reads the totals of its channels' groups into sums. No barrier at the end:
+// the next reduction writes partial and totals only after its own first barrier, which every thread reaches after
+// reading these. (A function forced inline, not a lambda called twice: a lambda's array arguments went to the stack.)
+template <int V>
+__device__ __forceinline__ void gn_rows_reduce(
+    float (&sums)[V], float* partial, float* totals, bool active, int vi, int r, int cg, int chunk) {
+  const int t = threadIdx.x;
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int local = vi * V + j;  // channel within the block
+      partial[(local / cg) * kGnPartials + r * cg + local % cg] = sums[j];
+    }
+  }
+  __syncthreads();
+  if (t < 32 * chunk) {
+    const float* group = partial + (t / 32) * kGnPartials;
+    const int l = t % 32;
+    float s[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      s[i] = group[l + 32 * i];
+    }
+#pragma unroll
+    for (int half = 4; half >= 1; half /= 2) {
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        s[i] = add_rn(s[i], s[i + half]);
+      }
+    }
+    float v = s[0];
+#pragma unroll
+    for (int half = 16; half >= 1; half /= 2) {
+      v = add_rn(v, __shfl_down_sync(0xffffffffu, v, half));
+    }
+    if (l == 0) {
+      totals[t / 32] = v;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sums[j] = totals[(vi * V + j) / cg];
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kGnRowThreads, 1) group_norm_act_rows_kernel(const GroupNormAct a, const int chunk) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  using Vec = Packed<T, V>;
+  constexpr int kGnRowCached = kGnRowCachedValues / V;
+  extern __shared__ float partial[];  // (chunk, kGnPartials), then (chunk,) totals
+  float* totals = partial + chunk * kGnPartials;
+  const int t = threadIdx.x;
+  const int cg = static_cast<int>(a.cg);
+  const int period = static_cast<int>(gn_period(a.cg)), m_step = period / cg;
+  const int vectors = chunk * cg / V;  // per row of the block's channels
+  const int chunks_per_sample = static_cast<int>(a.groups) / chunk;
+  const int64_t b = blockIdx.x / chunks_per_sample;
+  const int c_block = (blockIdx.x % chunks_per_sample) * chunk * cg;
+  const int vi = t % vectors, r = t / vectors;
+  const bool active = r < m_step;  // threads past the M residues (or the block's rounding to warps) load nothing
+  const int c = c_block + vi * V;  // this thread's first channel
+  const bool first = c < a.src.c1;  // a vector never straddles x and x2 (c1 % V == 0, checked on the host)
+  const T* src = first ? static_cast<const T*>(a.src.x) + b * a.src.stride_b1 + c
+                       : static_cast<const T*>(a.src.x2) + b * a.src.stride_b2 + (c - a.src.c1);
+  const int64_t stride_p = first ? a.src.stride_p1 : a.src.stride_p2;
+  const int64_t positions = a.positions;
+  const int64_t mine = active && r < positions ? (positions - 1 - r) / m_step + 1 : 0;
+  const bool add_bias = first && a.src.x_bias != nullptr;
+  auto x_bias = [&](int j) { return add_bias ? a.src.x_bias[c + j] : 0.0f; };
+  auto value = [&](const Vec& v, int j, float bias) {
+    const float f = static_cast<float>(v.v[j]);
+    return add_bias ? add_rn(f, bias) : f;
+  };
+  auto load = [&](int64_t i) { return *reinterpret_cast<const Vec*>(src + (r + i * m_step) * stride_p); };
+  // Partials past the period (cg not a power of two) stay 0; the reductions below write only slots below it.
+  for (int i = t; i < chunk * (kGnPartials - period); i += blockDim.x) {
+    partial[(i / (kGnPartials - period)) * kGnPartials + period + i % (kGnPartials - period)] = 0.0f;
+  }
+  // The cached vectors are walked channel by channel (j outer), so only one channel's constants are live at a time;
+  // each partial still adds its positions in increasing order (the cached ones, then the rest).
+  const float count = static_cast<float>(a.cg * a.positions);
+  Vec cache[kGnRowCached];
+#pragma unroll
+  for (int i = 0; i < kGnRowCached; ++i) {
+    if (i < mine) {
+      cache[i] = load(i);
+    }
+  }
+  float mean[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float xb = x_bias(j);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kGnRowCached; ++i) {
+      if (i < mine) {
+        sum = add_rn(sum, value(cache[i], j, xb));
+      }
+    }
+    mean[j] = sum;
+  }
+  for (int64_t i = kGnRowCached; i < mine; ++i) {
+    const Vec v = load(i);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      mean[j] = add_rn(mean[j], value(v, j, x_bias(j)));
+    }
+  }
+  gn_rows_reduce<V>(mean, partial, totals, active, vi, r, cg, chunk);
+  float rstd[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    mean[j] = div_rn(mean[j], count);
+    const float xb = x_bias(j);
+    float squares = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kGnRowCached; ++i) {
+      if (i < mine) {
+        const float d = sub_rn(value(cache[i], j, xb), mean[j]);
+        squares = add_rn(squares, mul_rn(d, d));
+      }
+    }
+    rstd[j] = squares;
+  }
+  for (int64_t i = kGnRowCached; i < mine; ++i) {
+    const Vec v = load(i);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = sub_rn(value(v, j, x_bias(j)), mean[j]);
+      rstd[j] = add_rn(rstd[j], mul_rn(d, d));
+    }
+  }
+  gn_rows_reduce<V>(rstd, partial, totals, active, vi, r, cg, chunk);
+  if (!active) {
+    return;
+  }
+  // The output, each channel's affine, scale and shift read once: the cached vectors turned into outputs in place.
+  const bool modulate = a.scale != nullptr;
+  const int64_t row = b * a.modulation_stride + c;
+  auto output = [&](float v, int j) {
+    const float scale1 = modulate ? add_rn(1.0f, a.scale[row + j]) : 0.0f;
+    const float shift = modulate ? a.shift[row + j] : 0.0f;
+    return static_cast<T>(
+        group_norm_act_element(v, mean[j], rstd[j], a.weight[c + j], a.bias[c + j], scale1, shift, modulate, a.silu));
+  };
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    rstd[j] = group_rstd(rstd[j], count, a.eps);
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float xb = x_bias(j);
+    const float scale1 = modulate ? add_rn(1.0f, a.scale[row + j]) : 0.0f;
+    const float shift = modulate ? a.shift[row + j] : 0.0f;
+    const float weight = a.weight[c + j], bias = a.bias[c + j];
+#pragma unroll
+    for (int i = 0; i < kGnRowCached; ++i) {
+      if (i < mine) {
+        cache[i].v[j] = static_cast<T>(group_norm_act_element(
+            value(cache[i], j, xb), mean[j], rstd[j], weight, bias, scale1, shift, modulate, a.silu));
+      }
+    }
+  }
+  T* out = static_cast<T*>(a.out) + b * a.out_stride_b + c;
+  auto store = [&](int64_t i, const Vec& y) { *reinterpret_cast<Vec*>(out + (r + i * m_step) * a.out_stride_p) = y; };
+#pragma unroll
+  for (int i = 0; i < kGnRowCached; ++i) {
+    if (i < mine) {
+      store(i, cache[i]);
+    }
+  }
+  for (int64_t i = kGnRowCached; i < mine; ++i) {
+    const Vec v = load(i);
+    Vec y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      y.v[j] = output(value(v, j, x_bias(j)), j);
+    }
+    store(i, y);
+  }
+}
+
 // The device's SM count, asked once per device (a launch under graph capture then asks the driver nothing).
 int sm_count(int device) {
   static int counts[64] = {0};
@@ -443,6 +650,53 @@ int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
   }
   while (chunk > 1 && a.batch * (a.groups / chunk) < 2 * sm_count) {
     chunk /= 2;
+  }
+  return static_cast<int>(chunk);
+}
+
+// Groups per block for group_norm_act_rows_kernel, or 0 where it does not apply (not channels-last with 16-byte
+// aligned rows, a vector of V channels straddling x and x2, more than kGnPartials channels per group, or
+// DIFFUSION_KERNELS_GN_KERNEL=chunk, a measuring knob for the kernel before it). The fewest groups whose channels
+// make whole vectors, then twice as many while the block's piece of a row stays within 64 bytes (two 32-byte
+// sectors) and at least two blocks per SM remain. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (the same
+// bits for any N).
+int gn_rows_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
+  const char* kernel = std::getenv("DIFFUSION_KERNELS_GN_KERNEL");
+  if ((kernel != nullptr && std::string(kernel) == "chunk") || a.cg > kGnPartials) {
+    return 0;
+  }
+  const int64_t vec = 16 / element_size;
+  auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const GroupNormSources& s = a.src;
+  auto rows_of_vectors = [&](int64_t stride_b, int64_t stride_c, int64_t stride_p) {
+    return stride_c == 1 && stride_b % vec == 0 && stride_p % vec == 0;
+  };
+  const bool layout = rows_of_vectors(s.stride_b1, s.stride_c1, s.stride_p1) && s.c1 % vec == 0 &&
+      (s.x2 == nullptr || rows_of_vectors(s.stride_b2, s.stride_c2, s.stride_p2)) &&
+      rows_of_vectors(a.out_stride_b, 1, a.out_stride_p) && a.out_stride_c == 1 && aligned(s.x) && aligned(s.x2) &&
+      aligned(a.out);
+  if (!layout) {
+    return 0;
+  }
+  auto fits = [&](int64_t n) {
+    return n >= 1 && n <= a.groups && a.groups % n == 0 && (n * a.cg) % vec == 0 &&
+        gn_rows_threads(a, static_cast<int>(n), vec) <= kGnRowThreads;
+  };
+  if (const char* forced = std::getenv("DIFFUSION_KERNELS_GN_CHUNK")) {
+    const int64_t n = std::atoll(forced);
+    if (fits(n)) {
+      return static_cast<int>(n);
+    }
+  }
+  int64_t chunk = 1;
+  while (chunk < a.groups && !fits(chunk)) {
+    chunk *= 2;
+  }
+  if (!fits(chunk)) {
+    return 0;
+  }
+  while (fits(chunk * 2) && chunk * 2 * a.cg * element_size <= 64 && a.batch * (a.groups / (chunk * 2)) >= 2 * sm_count) {
+    chunk *= 2;
   }
   return static_cast<int>(chunk);
 }
@@ -525,6 +779,10 @@ at::Tensor group_norm_act_cuda(
     const auto stream = c10::cuda::getCurrentCUDAStream();
     if (a.cg > kGnPartials) {  // more channels per group than partials: the one-group kernel's general indexing
       group_norm_act_kernel<T><<<static_cast<unsigned int>(blocks), kGnPartials, 0, stream>>>(a);
+    } else if (const int rows = gn_rows_chunk(a, x.element_size(), sm_count(x.get_device())); rows > 0) {
+      const auto threads = static_cast<unsigned int>(gn_rows_threads(a, rows, 16 / x.element_size()));
+      const size_t shared = (rows * kGnPartials + rows) * sizeof(float);
+      group_norm_act_rows_kernel<T><<<static_cast<unsigned int>(blocks / rows), threads, shared, stream>>>(a, rows);
     } else {
       const int chunk = gn_chunk(a, x.element_size(), sm_count(x.get_device()));
       const auto threads = static_cast<unsigned int>(chunk * kGnPartials);

@@ -22,9 +22,11 @@
 #                with MFU and build seconds (OUTDIR/rows_<size>_b<batch>.json)
 #   gpu_tests_runner  pytest -m gpu on the kernels, the sampler and the runner (what `cuda` runs on a GPU), the
 #                auto choice and training on cuda: the part of gpu_tests that a change to them needs
-#   memcheck_runner   compute-sanitizer memcheck on group_norm_act's chunked kernel, bias_add_ and the runner (eager:
+#   memcheck_runner   compute-sanitizer memcheck on group_norm_act's rows kernel, bias_add_ and the runner (eager:
 #                without the caching allocator a CUDA graph cannot capture)
 #   rows_mnist_b64_fp32  cuda_steps against cuda_fused_unet in fp32 (where the runner is not the GPU default)
+#   training_bench  --bench training on digits at 32x32, batch 128: fp32 eager (the baseline) against fp32 compile and
+#                bf16 (+ fused AdamW + channels-last) eager and compiled (OUTDIR/training_bench.json; TRAIN_ROWS)
 #   seed_benchmark  the seed's command, `main.py --mode benchmark --n_samples 8 --img_size 32 --channels 3`, its
 #                wall time (OUTDIR/seed_benchmark.json)
 #   students     scripts/gpu_students.py: a 1/2/4-step student's images/s against its teacher's 20 steps and
@@ -177,7 +179,7 @@ run_stage gpu_tests_runner "$PYTHON" -m pytest -m gpu -q -rs tests/test_diffusio
 run_stage memcheck_runner env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py tests/test_optimized_diffusion.py \
-  -k "(any_groups_per_block and bfloat16) or bias_add or the_fused_unet_on_cuda"
+  -k "(any_groups_per_block and bfloat16 and rows) or rows_kernel_on or bias_add or the_fused_unet_on_cuda"
 run_stage memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py
@@ -198,6 +200,8 @@ done
 run_stage rows_mnist_b64_fp32 "$PYTHON" main.py --mode benchmark --device cuda --img_size 28 --channels 1 \
   --n_samples 64 --precision fp32 --timesteps 1000 --sampler ddpm --sampling_steps 200 --repeats 3 \
   --rows cuda_steps,cuda_fused_unet --json "$OUTDIR/rows_mnist_b64_fp32.json"
+run_stage training_bench "$PYTHON" main.py --mode benchmark --bench training --device cuda --dataset digits \
+  --img_size 32 --batch_size 128 --rows "${TRAIN_ROWS:-fp32_compile,amp,amp_compile}" --json "$OUTDIR/training_bench.json"
 run_stage seed_benchmark seed_benchmark
 run_stage sample_default sample_default
 run_stage students "$PYTHON" scripts/gpu_students.py --out "$OUTDIR" --batches "${STUDENT_BATCHES:-8,64}"

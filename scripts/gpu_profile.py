@@ -187,15 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {},
     }
     with torch.no_grad(), backend_policy(args.precision):
-        runs = [("fused_unet", lambda: runner(x, t), None), ("eager_autocast", eager, None)]
-        if device.type == "cuda":  # group_norm_act's kernel with 1, 2 and 4 groups per block (same bits)
-            for chunk in ("4", "2", "1"):
-                runs.insert(1, (f"fused_unet_{chunk}_groups_per_block", lambda: runner(x, t), chunk))
-        for name, forward, chunk in runs:
-            if chunk is None:
-                os.environ.pop("DIFFUSION_KERNELS_GN_CHUNK", None)
-            else:
-                os.environ["DIFFUSION_KERNELS_GN_CHUNK"] = chunk
+        runs = [("fused_unet", lambda: runner(x, t), {}), ("eager_autocast", eager, {})]
+        if device.type == "cuda":  # group_norm_act's kernels (same bits): the rows kernel's groups per block, the
+            # kernel before it (one thread per value) at its default
+            variants = [(f"fused_unet_rows_{n}_groups_per_block", {"DIFFUSION_KERNELS_GN_CHUNK": n}) for n in "248"]
+            variants.append(("fused_unet_chunk_kernel", {"DIFFUSION_KERNELS_GN_KERNEL": "chunk"}))
+            runs[1:1] = [(name, lambda: runner(x, t), env) for name, env in variants]
+        for name, forward, env in runs:
+            for knob in ("DIFFUSION_KERNELS_GN_CHUNK", "DIFFUSION_KERNELS_GN_KERNEL"):
+                os.environ.pop(knob, None)
+            os.environ.update(env)
             run = profile_forward(forward, device=device, repeats=args.repeats)
             for norm in run["group_norm_act"]:
                 norm["gbs"] = (norm["elements"] + norm["out_elements"]) * bytes_per_element / (norm["ms"] / 1000) / 1e9

@@ -794,6 +794,16 @@ GROUP_NORM_CHUNK_CASES = {  # the runner's shapes and the kernel's edges, channe
     "a skip connection across the chunk": dict(shape=(2, 64, 14, 14), c2=64, groups=32, layout="channels_last"),
     "512 channels in one group (more than the partial sums)": dict(shape=(1, 512, 3, 3), groups=1),
     "NCHW": dict(shape=(3, 64, 7, 7), groups=16),
+    "a skip of 192 channels (6 per group: 252 partial sums)": dict(
+        shape=(2, 128, 14, 14), c2=64, groups=32, layout="channels_last"
+    ),
+    "3-D channels-last, 8 channels per group": dict(shape=(2, 64, 4, 6, 6), groups=8, layout="channels_last"),
+    "no modulation, no convolution bias": dict(
+        shape=(2, 64, 7, 7), groups=32, layout="channels_last", modulate=False, x_bias=False
+    ),
+    "a skip whose x has 12 channels (a bf16 vector would straddle x and x2)": dict(
+        shape=(2, 12, 6, 6), c2=52, groups=32, layout="channels_last"
+    ),
 }
 
 
@@ -802,10 +812,16 @@ GROUP_NORM_CHUNK_CASES = {  # the runner's shapes and the kernel's edges, channe
 @pytest.mark.parametrize("case", GROUP_NORM_CHUNK_CASES)
 @pytest.mark.parametrize("chunk", ["1", "2", "4", "auto"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block(monkeypatch, case, chunk, dtype):
-    """However many groups a block normalizes (DIFFUSION_KERNELS_GN_CHUNK, read at launch), the sums run in the
-    twin's one order: the same bits."""
+@pytest.mark.parametrize("kernel", ["rows", "chunk"])
+def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block(monkeypatch, case, chunk, dtype, kernel):
+    """Whichever kernel runs (DIFFUSION_KERNELS_GN_KERNEL=chunk: the one before the rows kernel) and however many
+    groups a block normalizes (DIFFUSION_KERNELS_GN_CHUNK; both read at launch), the sums run in the twin's one
+    order: the same bits."""
     _require_cuda_kernels()
+    if kernel == "chunk":
+        monkeypatch.setenv("DIFFUSION_KERNELS_GN_KERNEL", "chunk")
+    else:
+        monkeypatch.delenv("DIFFUSION_KERNELS_GN_KERNEL", raising=False)
     if chunk == "auto":
         monkeypatch.delenv("DIFFUSION_KERNELS_GN_CHUNK", raising=False)
     else:
@@ -815,6 +831,38 @@ def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block
     for silu in (True, False):
         expected = od.group_norm_act(**args, silu=silu)
         torch.testing.assert_close(od.group_norm_act(**on_gpu, silu=silu).cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize(
+    "case, kernel",
+    [
+        ("the small U-Net's 128 channels at 28x28 (4 per group, values kept in registers)", "rows_kernel"),
+        ("a skip of 192 channels (6 per group: 252 partial sums)", "rows_kernel"),
+        ("NCHW", "chunk_kernel"),
+        ("512 channels in one group (more than the partial sums)", "group_norm_act_kernel"),
+    ],
+)
+def test_group_norm_act_runs_the_rows_kernel_on_aligned_channels_last_rows(monkeypatch, case, kernel):
+    """The runner's layout (channels-last bf16, 16-byte rows) gets the rows kernel; other layouts the kernels before
+    it; DIFFUSION_KERNELS_GN_KERNEL=chunk turns the rows kernel off (the profile's comparison)."""
+    _require_cuda_kernels()
+    monkeypatch.delenv("DIFFUSION_KERNELS_GN_KERNEL", raising=False)
+    args = group_norm_case(**GROUP_NORM_CHUNK_CASES[case], dtype=torch.bfloat16, device="cuda")
+
+    def launched() -> list[str]:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            od.group_norm_act(**args)
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if "group_norm_act" in e.name and "kernel" in e.name]
+
+    names = launched()
+    assert len(names) == 1 and kernel in names[0], names
+    if kernel == "rows_kernel":
+        monkeypatch.setenv("DIFFUSION_KERNELS_GN_KERNEL", "chunk")
+        names = launched()
+        assert len(names) == 1 and "chunk_kernel" in names[0], names
 
 
 # ---------------------------------------------------------------------------------------------
