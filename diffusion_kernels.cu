@@ -634,7 +634,7 @@ int sm_count(int device) {
 // Groups per block for group_norm_act_chunk_kernel: the most (a divisor of groups, at most 512 threads: two blocks
 // fit an SM's registers, where one 1024-thread block would leave it idle at each of its barriers) whose chunk of
 // channels spans at most 64 bytes (two 32-byte sectors of a channels-last row), then fewer while that would leave
-// under two blocks per SM. Measured (BENCHMARKS.md, "Speed on a GPU"): 2 groups per block beat 1 and 4. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob:
+// under two blocks per SM. Measured (BENCHMARKS.md, "The default path on a GPU"): 2 groups per block beat 1 and 4. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob:
 // the result is the same bits for any chunk).
 int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
   auto fits = [&](int64_t n, int64_t threads) { return n >= 1 && a.groups % n == 0 && n * kGnPartials <= threads; };

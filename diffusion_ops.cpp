@@ -751,7 +751,7 @@ at::Tensor group_norm_act_cpu(
 // (M[k] = V[k] @ U[k], a register-blocked kernel of 6 tiles x 64 output channels) and the output transform
 // (plus the bias) into the NHWC output. oneDNN has Winograd kernels of its own, but PyTorch always asks
 // it for direct convolution and does not export it to extensions; NNPACK's (F(6x6, 3x3), NCHW) is slower here
-// and further from float64 (BENCHMARKS.md, "Winograd convolutions"). Not a twin of anything on the GPU (cuDNN
+// and further from float64 (results/cpu-2026-11-25-winograd/HISTORY.md). Not a twin of anything on the GPU (cuDNN
 // picks its own algorithms there).
 //
 // B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0; 0 1 -1 -1]: additions only, so rounding

@@ -28,7 +28,7 @@ What it changes, step by step:
   under autocast and feed its half-precision eps straight to the fused op (the sampler state
   stays float32). On CUDA cuDNN autotunes the convolutions. The U-Net runs NCHW by default:
   channels-last made a graphed step slower on an H100, because PyTorch's GroupNorm copies
-  channels-last inputs back to NCHW (BENCHMARKS.md, "GPU: NVIDIA H100 80GB HBM3").
+  channels-last inputs back to NCHW (BENCHMARKS.md, "The step kernels on a GPU").
   ``compile_model=True`` (``--compile``) runs the U-Net through torch.compile inside the graph,
   which fuses GroupNorm + SiLU: faster per step, after a compile of tens of seconds (same section).
 * **Robust capture, own stream.** Sampling runs on a dedicated CUDA stream (not the legacy
@@ -305,7 +305,7 @@ def conv3x3_winograd(
 ) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
     Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; faster than oneDNN's at the
-    U-Net's shapes: BENCHMARKS.md, "Winograd convolutions"). x: (B, Cin, H, W) float32 channels-last; Cin and
+    U-Net's shapes: results/cpu-2026-11-25-winograd/HISTORY.md). x: (B, Cin, H, W) float32 channels-last; Cin and
     Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
     ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
     each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
@@ -316,14 +316,14 @@ def conv3x3_winograd(
 
 
 # Faster than oneDNN up to 256 channels in and out; wider, the 16 (Cin, Cout) kernels no longer fit the cache and
-# 512 -> 512 was slower (BENCHMARKS.md, "Winograd convolutions"). Wider layers stay on oneDNN.
+# 512 -> 512 was slower (results/cpu-2026-11-25-winograd/HISTORY.md). Wider layers stay on oneDNN.
 WINOGRAD_MAX_CHANNELS = 256
 
 
 def winograd_is_fast() -> bool:
     """Whether this CPU runs conv3x3_winograd faster than oneDNN: its register blocking is written for AVX-512
-    (on an AVX2-only CPU it was several times slower than oneDNN's direct convolution: BENCHMARKS.md, "Speed on
-    the CPU: the default path")."""
+    (on an AVX2-only CPU it was several times slower than oneDNN's direct convolution: BENCHMARKS.md, "The default
+    path on an AVX2 CPU")."""
     return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
@@ -542,7 +542,7 @@ class FusedUNet(nn.Module):
         CPU only for now: there the 2.25x fewer multiply-adds (2-D) pay for the extra copies; on a GPU at batch 8,
         where kernel count is the cost, it is unmeasured. Where the runner uses Winograd, the phases are
         conv3x3_winograd's upsample mode instead (F(2x2, 2x2) per phase, written in place, faster still). Both:
-        BENCHMARKS.md, "Winograd convolutions"."""
+        results/cpu-2026-11-25-winograd/HISTORY.md."""
         if up in self.winograd_upsample:
             _, bias = self.packed[up.conv]
             return conv3x3_winograd(

@@ -8,9 +8,9 @@ One process, one model, the same DDPM timesteps (``--steps`` of the folder's sch
 uniform spacing, handed to DDPMScheduler as custom timesteps), the same batch and the same generator
 seed for every row: diffusers' ``UNet2DModel`` + ``DDPMScheduler.step`` (what ``DDPMPipeline`` runs, without
 its PIL conversion), then the folder imported by this tool (formats/diffusers_io.py) and sampled by the
-``original`` loop and the ``cuda`` implementation (fused step ops; on a CPU their CPU twins). Warm-up runs
-are excluded; the median of ``--repeats`` runs is reported, with each row's largest difference from
-diffusers' images (same noise). Needs diffusers (``pip install diffusers``).
+``original`` loop and the ``cuda_steps`` implementation (the fused step ops around the eager U-Net; on a CPU
+their CPU twins). Warm-up runs are excluded; the median of ``--repeats`` runs is reported, with each row's
+largest difference from diffusers' images (same noise). Needs diffusers (``pip install diffusers``).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> None:
         "original (this tool)": lambda: basic_diffusion.sample(
             model, plan, shape=shape, generator=torch.Generator().manual_seed(args.seed)
         ),
-        "cuda (this tool)": lambda: cuda(generator=torch.Generator().manual_seed(args.seed)),
+        "cuda_steps (this tool)": lambda: cuda(generator=torch.Generator().manual_seed(args.seed)),
     }
     results, reference = [], None
     for name, fn in rows.items():

@@ -252,17 +252,37 @@ def test_code_comments_say_why_not_when():
 
 
 def test_comments_cite_sections_benchmarks_md_has():
-    """A comment that cites a figure's section (BENCHMARKS.md, then the quoted title) names part of a heading there."""
-    headings = [
-        line.lstrip("#").strip() for line in (ROOT / "BENCHMARKS.md").read_text().splitlines() if line.startswith("#")
-    ]
-    cited = {
-        (path.relative_to(ROOT).as_posix(), " ".join(title.split()))
-        for path in code_files()
-        for title in re.findall(r'BENCHMARKS\.md,\s*(?:#|//)?\s*"([^"]+)"', path.read_text())
+    """A comment that cites a figure's section (BENCHMARKS.md or results/HISTORY.md, then the quoted title) names
+    part of a heading there, and a file or folder under results/ that a comment names exists."""
+    headings = {
+        document: [
+            line.lstrip("#").strip() for line in (ROOT / document).read_text().splitlines() if line.startswith("#")
+        ]
+        for document in ("BENCHMARKS.md", "results/HISTORY.md")
     }
-    assert cited  # the pattern still finds the citations
-    assert sorted(f"{path}: {title}" for path, title in cited if not any(title in h for h in headings)) == []
+    cited = {
+        (path.relative_to(ROOT).as_posix(), document, " ".join(title.split()))
+        for path in code_files()
+        for document, title in re.findall(
+            r'(BENCHMARKS\.md|results/HISTORY\.md),\s*(?:#|//)?\s*"([^"]+)"', path.read_text()
+        )
+    }
+    assert {document for _, document, _ in cited} == set(headings)  # the pattern still finds the citations
+    assert (
+        sorted(
+            f"{path}: {document}, {title}"
+            for path, document, title in cited
+            if not any(title in heading for heading in headings[document])
+        )
+        == []
+    )
+    named = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in code_files()
+        for name in re.findall(r"(?<![\w./-])results/[\w./-]*\w(?![\w\\])", path.read_text())
+    }
+    assert named  # the pattern still finds them
+    assert sorted(f"{path}: {name}" for path, name in named if not (ROOT / name).exists()) == []
 
 
 def test_only_the_cli_reads_an_argparse_namespace():
@@ -531,6 +551,37 @@ def test_sampling_steps_keep_one_name_from_the_flag_to_make_plan():
         )
     )
     assert checks == ["noise_schedule: sampling steps must be between"]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces made hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_docs_links_resolve():
+    """Every relative link in the README, BENCHMARKS.md, docs/ and results/ reaches a file or folder that exists,
+    and a #anchor into a Markdown file reaches one of its headings (BENCHMARKS.md's sections move; the links
+    into them must follow)."""
+    pages = [
+        ROOT / "README.md",
+        ROOT / "BENCHMARKS.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "results").rglob("*.md"),
+    ]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            name, _, anchor = target.partition("#")
+            linked = (page.parent / name) if name else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and linked.suffix == ".md":
+                lines = linked.read_text().splitlines()
+                if anchor not in {github_anchor(line.lstrip("#")) for line in lines if line.startswith("#")}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
 
 
 # Flags of other programs the docs and docstrings show (torchrun, SLURM, TensorBoard, pip, nvidia-smi, setup.py, nvcc,

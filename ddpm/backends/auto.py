@@ -4,7 +4,8 @@
     print(choice.line)      # implementation: cuda in fp32 (fused U-Net runner, Winograd convolutions; the fastest ...)
 
 :data:`VERIFIED` is the one table the choice comes from: each entry names a kind of device, the precisions
-and models it covers, the implementation, why, and the BENCHMARKS.md section whose measurement it rests on.
+and models it covers, the implementation, why, and the BENCHMARKS.md section whose measurement it rests on (with
+its raw results under results/, where they were kept).
 The first entry that matches (and whose implementation runs the file) wins; where none does, the first
 sample-mode implementation that runs the request is used, and the line says so. :func:`choose` is a pure
 function of its arguments (tests hand it fake devices); :meth:`DeviceKind.of` is the only part that looks at
@@ -31,7 +32,7 @@ class Verified:
     precisions: tuple[str, ...]
     implementation: str
     why: str
-    evidence: str  # the BENCHMARKS.md section the choice rests on
+    evidence: str  # the BENCHMARKS.md section the choice rests on, and its raw results (a folder under results/)
     kinds: tuple[str, ...] = ("checkpoint",)
     dims: tuple[int, ...] = (2, 3)
     capabilities: tuple[str, ...] | None = None  # a CPU's vector capabilities it covers (None: any)
@@ -53,7 +54,7 @@ VERIFIED: tuple[Verified, ...] = (
         ("fp32",),
         "cuda",
         "fused U-Net runner, Winograd convolutions; the fastest verified on an AVX-512 CPU",
-        evidence="BENCHMARKS.md: 'The fused U-Net runner on the CPU, third pass: Winograd convolutions'",
+        evidence="BENCHMARKS.md: 'The default path on an AVX-512 CPU: the quick plan' (results/cpu-2026-11-27-seed/)",
         dims=(2,),
         capabilities=("AVX512",),
     ),
@@ -63,7 +64,8 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused U-Net runner, oneDNN convolutions (Winograd's are slower without AVX-512); the fastest verified on an "
         "AVX2 CPU",
-        evidence="BENCHMARKS.md: 'Speed on the CPU: the default path'",
+        evidence="BENCHMARKS.md: 'The default path on an AVX2 CPU, against the runtimes a user would pick' "
+        "(results/cpu-2026-11-26-auto/)",
         dims=(2,),
         capabilities=("AVX2",),
     ),
@@ -73,7 +75,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused U-Net runner in a CUDA graph (NHWC, one-pass GroupNorm kernels, weights cast once); the fastest "
         "verified on a GPU, torch.compile's build time counted",
-        evidence="BENCHMARKS.md: 'Speed on a GPU: the default path'",
+        evidence="BENCHMARKS.md: 'The default path on a GPU, against torch.compile' (results/h200-2026-11-27/)",
         dims=(2,),
     ),
     Verified(
@@ -82,7 +84,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused step kernels in a CUDA graph around the eager U-Net; the fused U-Net runner is verified on a GPU for "
         "2-D U-Nets in bf16 and fp16 only",
-        evidence="BENCHMARKS.md: 'Speed on a GPU: the default path'",
+        evidence="BENCHMARKS.md: 'The default path on a GPU, against torch.compile' (results/h200-2026-11-27/)",
         kinds=("checkpoint", "torchscript"),
     ),
     Verified(
@@ -90,7 +92,7 @@ VERIFIED: tuple[Verified, ...] = (
         ("bf16", "fp16"),
         "cuda",
         "fused step kernels under autocast; the original runs fp32 only",
-        evidence="BENCHMARKS.md: 'Lower precision against fp32 (CPU)'",
+        evidence="BENCHMARKS.md: 'Lower precision against fp32 on a CPU'",
         kinds=("checkpoint", "torchscript"),
     ),
 )

@@ -9,7 +9,7 @@ same graph; made static, OpenVINO 2026.4 crashed compiling it on the build machi
 the latency hint and as many threads as PyTorch uses.
 openvino is optional and imported when used (``pip install openvino``).
 
-Compiling can crash the whole process on some CPUs (BENCHMARKS.md: 'Speed on the CPU: the default path'), so
+Compiling can crash the whole process on some CPUs (BENCHMARKS.md, "OpenVINO on this tool's ONNX export"), so
 the graph is compiled first in a child process; only if the child survives is it compiled here. A crash or a
 failure in the child becomes a one-line ValueError saying what happened (the benchmark reports it in the row
 and times the others).
@@ -70,7 +70,7 @@ def compile_config(hint: str | None) -> dict[str, str]:
     (None: OpenVINO's default for this CPU)."""
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": str(torch.get_num_threads())}
     # No pinning: OpenVINO otherwise pins the process's threads to cores, and every row timed after it in the same
-    # process ran slower (BENCHMARKS.md, "Speed on the CPU: the default path").
+    # process ran slower (BENCHMARKS.md, "OpenVINO on this tool's ONNX export").
     config["ENABLE_CPU_PINNING"] = "NO"
     if hint is not None:
         config["INFERENCE_PRECISION_HINT"] = hint

@@ -13,11 +13,12 @@ import importlib.util
 from dataclasses import dataclass
 
 # Where the cuda implementation runs the fused U-Net runner: (device type, precision, U-Net dims). Measured in
-# BENCHMARKS.md, "Speed on the CPU: the default path" (fp32, 2-D; its Winograd convolutions only where they are
-# faster: optimized_diffusion.winograd_is_fast) and "Speed on a GPU: the default path" (bf16, 2-D, against the eager
-# U-Net in a CUDA graph and torch.compile in the same run; fp16 verified against the eager U-Net by the GPU tests,
-# the same kernels in the other 16-bit type). Not on a GPU in fp32 nor for 3-D U-Nets there: verified against the
-# eager U-Net by the GPU tests, never timed against the step kernels.
+# BENCHMARKS.md, "The default path on an AVX2 CPU" and "The default path on an AVX-512 CPU" (fp32, 2-D; its
+# Winograd convolutions only where they are faster: optimized_diffusion.winograd_is_fast) and
+# "The default path on a GPU" (bf16, 2-D, against the eager U-Net in a CUDA graph and torch.compile in the same
+# run; fp16 verified against the eager U-Net by the GPU tests, the same kernels in the other 16-bit type). Not on
+# a GPU in fp32 nor for 3-D U-Nets there: verified against the eager U-Net by the GPU tests, never timed against
+# the step kernels.
 RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2), ("cuda", "bf16", 2), ("cuda", "fp16", 2)})
 
 

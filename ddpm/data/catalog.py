@@ -18,7 +18,7 @@ TEST_SPLITS = ("mnist", "fashion_mnist", "cifar10", "spheres")  # the others: ev
 # (image_size, channels) each dataset trains at by default: the native size (the 8x8 digits too:
 # at 8x8 a training step costs a fraction of one at an upscaled 16x16, and evaluate's DPM-Solver++
 # 20-step samples of a model trained 3x longer at 8x8 beat the 16x16 model's;
-# BENCHMARKS.md, "Sample quality: the demo model").
+# BENCHMARKS.md, "The demo's image size and loss weighting").
 DEFAULT_SHAPE = {
     "mnist": (28, 1),
     "fashion_mnist": (28, 1),

@@ -69,12 +69,19 @@ def test_auto_falls_back_to_the_original_where_nothing_faster_is_verified():
 
 
 def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered_implementation():
-    headings = {
-        line.lstrip("#").strip() for line in (ROOT / "BENCHMARKS.md").read_text().splitlines() if line[:1] == "#"
-    }
+    sections, heading = {}, None  # BENCHMARKS.md's headings -> the text under each
+    for line in (ROOT / "BENCHMARKS.md").read_text().splitlines():
+        if line[:1] == "#":
+            heading = line.lstrip("#").strip()
+            sections[heading] = ""
+        elif heading is not None:
+            sections[heading] += line + "\n"
     for entry in VERIFIED:
         assert entry.evidence.startswith("BENCHMARKS.md: '") and entry.implementation in registry.REGISTRY
-        assert entry.evidence.split("'")[1] in headings, entry.evidence  # a section that exists
+        heading = entry.evidence.split("'")[1]
+        assert heading in sections, entry.evidence  # a section that exists
+        for path in re.findall(r"results/[\w./-]*", entry.evidence):  # its raw results exist and it cites them
+            assert (ROOT / path).exists() and path in sections[heading], entry.evidence
         assert not re.search(r"\d(\.\d+)?\s*(x|ms|s|%)(\W|$)", entry.why)  # the measurements live in BENCHMARKS.md
 
 

@@ -1,8 +1,11 @@
-"""How benchmarks/cpu-2026-11-25-fused-unet/paired_interleaved_16x16_b64_ddim50.json was measured (kept beside the
-data).
+"""Time benchmark rows interleaved in one process, pair by pair against the first row.
 
-    OMP_NUM_THREADS=2 python benchmarks/cpu-2026-11-25-fused-unet/paired_rows.py
-    cuda_fused_unet,diffusers,compile,torchscript,original 5 OUT.json
+    OMP_NUM_THREADS=2 python scripts/paired_rows.py cuda_fused_unet,diffusers,compile,torchscript,original 5 OUT.json
+
+How results/cpu-2026-11-25-fused-unet/paired_interleaved_16x16_b64_ddim50.json and
+results/cpu-2026-11-25-winograd/paired_rows_16x16_b64_ddim50.json were measured (the rows as they were named
+then: results/HISTORY.md). Benchmark mode's ``--interleave`` now does the same for any configuration; this
+script keeps the one it timed: the small U-Net, 64x1x16x16, DDIM 50, fp32, on the CPU.
 
 Benchmark mode times its rows one after another, so a machine whose speed drifts over minutes (this
 shared 2-core VM: the same row moved by 15% between runs) favours whichever row ran in a fast spell.
@@ -11,6 +14,7 @@ warms each up, then runs them in turn, A B C ... A B C ..., and reports each row
 row's pair by pair, so drift cancels.
 """
 
+import argparse
 import datetime
 import json
 import statistics
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's flat layout
 
 from basic_diffusion import UNet, unet_preset  # noqa: E402
 from ddpm.benchmarks import sampling_bench  # noqa: E402
@@ -28,9 +32,20 @@ from ddpm.util.cpu_memory import keep_freed_memory  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig  # noqa: E402
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "rows", help="comma-separated benchmark rows; the first is the one the others are timed against"
+    )
+    parser.add_argument("rounds", type=int, help="timed rounds (each row once per round, after one warm-up run)")
+    parser.add_argument("out", help="the JSON file to write")
+    return parser.parse_args()
+
+
 def main() -> None:
+    args = parse_args()
     keep_freed_memory()  # as benchmark mode does on the CPU
-    rows, rounds, out = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
+    rows, rounds, out = args.rows.split(","), args.rounds, args.out
     torch.manual_seed(0)
     model = UNet(unet_preset("small", image_size=16, in_channels=1)).eval()
     sampling_bench.perturb_zero_init(model, seed=0)
