@@ -54,8 +54,18 @@ TRAINING_DEFAULTS = {
     "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
     "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
 }
-# --mode train_autoencoder's recipe (images only).
-AUTOENCODER_DEFAULTS = dict(batch_size=64, lr=1e-3)
+# --mode train's length without --max_steps: passes over the data.
+TRAIN_EPOCHS = 10
+# --mode train_autoencoder's recipe (images only) and the autoencoder's shape (latent/autoencoder.py's config): its
+# length without --max_steps or --n_epochs (BENCHMARKS.md, "Latent diffusion"), the latent's channels, the base width
+# (--ae_channels) and the KL term's weight against L1.
+AUTOENCODER_DEFAULTS = dict(batch_size=64, lr=1e-3, max_steps=2000, latent_channels=4, ae_channels=32, kl_weight=1e-3)
+# An INT8 export's calibration without --calibration_samples or --sampler: trajectories of the few-step sampler users
+# run (formats/quantization.py).
+CALIBRATION_DEFAULTS = dict(samples=16, sampler="dpm_solver_sde", sampling_steps=20)
+# The ONNX opset an export writes without --opset (formats/unet_io.py says why): fp32/fp16 graphs, and bf16 graphs
+# (bfloat16 convolutions need opset 22).
+ONNX_OPSETS = dict(default=21, bf16=22)
 
 # training/distill.py: the U-Net calls per image a student may be distilled for, and --mode distill's recipe
 # (its flags' defaults, where they differ from --mode train's; chosen on the demo model: BENCHMARKS.md,

@@ -167,7 +167,8 @@ class TrainRequest:
         None  # fine-tuning: a new run starting from these weights (checkpoint, safetensors, diffusers folder)
     )
     seed: int = 0
-    n_epochs: int | None = None  # with max_steps None: the run's length is n_epochs (default 10) epochs
+    # with max_steps None: the run's length is n_epochs (default choices.TRAIN_EPOCHS) epochs
+    n_epochs: int | None = None
     max_steps: int | None = None  # alone: the run's length; with n_epochs: its cap
     batch_size: int = 64
     lr: float = 2e-4
@@ -321,7 +322,7 @@ class AutoencoderTrainRequest:
     channels: int
     seed: int = 0
     n_epochs: int | None = None
-    max_steps: int | None = None  # neither: autoencoder_trainer.DEFAULT_STEPS
+    max_steps: int | None = None  # neither: choices.AUTOENCODER_DEFAULTS["max_steps"]
     batch_size: int  # the defaults: the flag table's (ddpm/choices.py: AUTOENCODER_DEFAULTS)
     lr: float
     # None: AutoencoderConfig's default

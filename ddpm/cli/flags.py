@@ -18,12 +18,14 @@ from ddpm.choices import (
     ALL_PRECISIONS,
     AUTOENCODER_DEFAULTS,
     BACKENDS,
+    CALIBRATION_DEFAULTS,
     DEFAULT_IMPLEMENTATION,
     DEFAULT_MAX_BATCH,
     DISTILL_DEFAULTS,
     DRAW_BATCH,
     FORMATS,
     IMPLEMENTATION_CHOICES,
+    ONNX_OPSETS,
     OPT_LEVELS,
     PRESETS,
     SAMPLERS,
@@ -31,6 +33,7 @@ from ddpm.choices import (
     STUDENT_STEPS,
     TIME_CONDITIONING,
     TIMESTEP_SAMPLERS,
+    TRAIN_EPOCHS,
     TRAINING_DEFAULTS,
 )
 from ddpm.cli.checks import finite_float, int_list, name_list, seed
@@ -50,6 +53,7 @@ MODE_SUMMARIES = {
 MODES = tuple(MODE_SUMMARIES)
 
 # The modes that read a family of flags.
+AE = AUTOENCODER_DEFAULTS  # short, for the help lines below
 DRAW = ("sample", "evaluate")  # a model file drawn by an implementation
 TRAIN = ("train", "distill")  # a training run with checkpoints and curves
 RUNTIME = ("sample", "evaluate", "export")  # ONNX and TensorRT built from a model file
@@ -229,7 +233,14 @@ def _model() -> tuple[Flag, ...]:
 def _autoencoder() -> tuple[Flag, ...]:
     ae = ("train_autoencoder",)
     return (
-        flag("latent_channels", ae, type=int, default=None, help="channels of the latent (default 4)"),
+        *(
+            flag(name, ae, type=kind, default=None, help=f"{what} (default {AE[name]:g})")
+            for name, kind, what in (
+                ("latent_channels", int, "channels of the latent"),
+                ("ae_channels", int, "the autoencoder's base width"),
+                ("kl_weight", finite_float, "weight of the KL term against L1"),
+            )
+        ),
         flag(
             "downsample",
             ae,
@@ -238,8 +249,6 @@ def _autoencoder() -> tuple[Flag, ...]:
             choices=(2, 4, 8),
             help="image side / latent side (default 4 from 16 pixels up, else 2; sides are padded to an even latent)",
         ),
-        flag("ae_channels", ae, type=int, default=None, help="the autoencoder's base width (default 32)"),
-        flag("kl_weight", ae, type=finite_float, default=None, help="weight of the KL term against L1 (default 1e-3)"),
     )
 
 
@@ -247,7 +256,16 @@ def _training() -> tuple[Flag, ...]:
     steps = ("train", "train_autoencoder", "distill")
     return (
         flag(
-            "n_epochs", ("train", "train_autoencoder"), type=int, default=None, help="passes over the data (default 10)"
+            "n_epochs",
+            ("train", "train_autoencoder"),
+            type=int,
+            default=None,
+            help=f"passes over the data (default {TRAIN_EPOCHS} where --max_steps is not given)",
+            per_mode={
+                "train_autoencoder": dict(
+                    help=f"passes over the data (without it or --max_steps: {AE['max_steps']} steps)"
+                )
+            },
         ),
         flag(
             "max_steps",
@@ -442,7 +460,10 @@ def _sampling() -> tuple[Flag, ...]:
                     default=DISTILL_DEFAULTS["sampling_steps"],
                     help="the student's U-Net calls per image",
                 ),
-                "export": dict(help="--precision int8: the calibrating sampler's steps (default 20)"),
+                "export": dict(
+                    help="--precision int8: the calibrating sampler's steps "
+                    f"(default {CALIBRATION_DEFAULTS['sampling_steps']})"
+                ),
             },
         ),
         flag(
@@ -529,15 +550,17 @@ def _export() -> tuple[Flag, ...]:
             type=int,
             default=None,
             metavar="N",
-            help="--precision int8: the seeded trajectories of --sampler (default dpm_solver_sde, 20 steps) whose "
-            "U-Net inputs set the activation ranges (default 16)",
+            help="--precision int8: the seeded trajectories of --sampler (default "
+            f"{CALIBRATION_DEFAULTS['sampler']}, {CALIBRATION_DEFAULTS['sampling_steps']} steps) whose U-Net inputs "
+            f"set the activation ranges (default {CALIBRATION_DEFAULTS['samples']})",
         ),
         flag(
             "opset",
             RUNTIME,
             type=int,
             default=None,
-            help="ONNX opset, 18-25 (default: 21, native GroupNormalization; 22 for bf16 graphs; for TensorRT, "
+            help=f"ONNX opset, 18-25 (default: {ONNX_OPSETS['default']}, native GroupNormalization; "
+            f"{ONNX_OPSETS['bf16']} for bf16 graphs; for TensorRT, "
             "chosen from its version)",
         ),
         flag(

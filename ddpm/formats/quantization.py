@@ -42,13 +42,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from ddpm.choices import CALIBRATION_DEFAULTS
 from ddpm.conditioning import Guidance
 from noise_schedule import SamplingPlan
 
 QUANTIZED_OPS = ("Conv",)  # the op types given Q/DQ pairs
 KEPT_FP32_WEIGHTS = ("conv_in.weight", "conv_out.weight")  # the first and the last convolution stay fp32
-DEFAULT_CALIBRATION_SAMPLES = 16
-DEFAULT_CALIBRATION_SAMPLER = ("dpm_solver_sde", 20)  # without --sampler: the few-step sampler users run
+DEFAULT_CALIBRATION_SAMPLES = CALIBRATION_DEFAULTS["samples"]
+DEFAULT_CALIBRATION_SAMPLER = (CALIBRATION_DEFAULTS["sampler"], CALIBRATION_DEFAULTS["sampling_steps"])
 MAX_CALIBRATION_SAMPLES = 1024
 
 

@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from ddpm.choices import DEFAULT_MAX_BATCH
+from ddpm.choices import DEFAULT_MAX_BATCH, ONNX_OPSETS
 
 
 class UNetShape(Protocol):
@@ -58,8 +58,8 @@ DEFAULT_OPT_BATCH = 16  # the batch an engine is tuned for (the CLI's default --
 # MAX_OPSET is the newest that torch.onnx's dynamo exporter (torch 2.14.1, onnxscript 0.7.2) writes for
 # this U-Net and onnxruntime 1.31.1 runs (matching PyTorch to float rounding at 18 and 21 to 25);
 # at 26 the exporter's version conversion fails (no Attention adapter from 22).
-DEFAULT_OPSET = 21
-BF16_MIN_OPSET = 22  # ONNX allows bfloat16 convolutions and GroupNormalization from opset 22
+DEFAULT_OPSET = ONNX_OPSETS["default"]
+BF16_MIN_OPSET = ONNX_OPSETS["bf16"]  # ONNX allows bfloat16 convolutions and GroupNormalization from opset 22
 MIN_OPSET = 18
 MAX_OPSET = 25
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from basic_diffusion import Downsample, Upsample, _norm
+from ddpm.choices import AUTOENCODER_DEFAULTS
 from ddpm.formats.torch_files import check_dense, load_pt, load_weights
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import read_limited
@@ -56,12 +57,12 @@ class AutoencoderConfig:
 
     image_size: int
     in_channels: int
-    latent_channels: int = 4
+    latent_channels: int = AUTOENCODER_DEFAULTS["latent_channels"]
     downsample: int = 0  # 0: 4 for images of 16 pixels or more, 2 for smaller ones (resolved here)
-    base_channels: int = 32
+    base_channels: int = AUTOENCODER_DEFAULTS["ae_channels"]
     # See autoencoder_loss. The paper's KL-f4/f8 models use 1e-6. On the 8x8 digits (2,000 steps), 1e-6, 1e-4 and 1e-3
     # reconstruct alike (39 dB) and 1e-3 decodes noisy latents best of them; 1e-2 costs 2.5 dB for centred latents.
-    kl_weight: float = 1e-3
+    kl_weight: float = AUTOENCODER_DEFAULTS["kl_weight"]
 
     def __post_init__(self) -> None:
         for name, low, high in (("image_size", 4, 1024), ("latent_channels", 1, 64), ("base_channels", 4, 256)):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from basic_diffusion import count_parameters
 from ddpm.batch_memory import check_batch_fits
+from ddpm.choices import TRAIN_EPOCHS
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
@@ -237,11 +238,11 @@ def new_trainer(request: TrainRequest):
                 "sub-folders: put every image in one)"
             )
         model_config = replace(model_config, num_classes=len(images.class_names))
-    # --max_steps alone sets the length; with --n_epochs (default 10) it caps it.
+    # --max_steps alone sets the length; with --n_epochs (default TRAIN_EPOCHS) it caps it.
     if request.n_epochs is None and request.max_steps:
         total = request.max_steps
     else:
-        total = (request.n_epochs or 10) * images.steps_per_epoch(request.batch_size)
+        total = (request.n_epochs or TRAIN_EPOCHS) * images.steps_per_epoch(request.batch_size)
         total = min(total, request.max_steps) if request.max_steps else total
     config = TrainConfig(
         dataset=spec.dataset,

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ddpm.choices import AUTOENCODER_DEFAULTS
 from ddpm.data.catalog import TEST_SPLITS
 from ddpm.data.datasets import ImageSet, load_images
 from ddpm.data.image_files import save_grid, to_uint8
@@ -41,7 +42,7 @@ from ddpm.training.trainer import TrainingDiverged, lr_factor
 from ddpm.util import interrupts
 from ddpm.util.safe_files import atomic_write
 
-DEFAULT_STEPS = 2000  # the run's length without --max_steps or --n_epochs (BENCHMARKS.md, "Latent diffusion")
+DEFAULT_STEPS = AUTOENCODER_DEFAULTS["max_steps"]  # the run's length without --max_steps or --n_epochs
 GRAD_CLIP = 1.0
 HOLDOUT_SHARE, HOLDOUT_SEED = 0.1, 0  # digits and folders: this share, drawn from this seed, is never trained on
 MAX_SCORED = 1000  # held-out images scored (the first ones: a test split's order is fixed)

@@ -261,3 +261,29 @@ def test_other_modes_help_shows_the_batch_and_rate_their_request_gets(mode, extr
     _, request = resolve.parse(["--mode", mode, "--device", "cpu", "--dataset", "digits", *extra])
     assert f"(default: {getattr(request, field)})" in help_of(mode, field)
     assert "None" not in help_of(mode, "batch_size") + help_of(mode, "dataset")
+
+
+def test_help_names_the_defaults_the_code_runs_with():
+    """Defaults applied past the flags (the autoencoder's shape and length, the epochs of a run without --max_steps,
+    an INT8 export's calibration, the ONNX opset): the help says the values the code then uses."""
+    from ddpm.formats import quantization, unet_io
+    from ddpm.latent.autoencoder import AutoencoderConfig
+    from ddpm.modes import train
+    from ddpm.training import autoencoder_trainer
+
+    ae = AutoencoderConfig(image_size=8, in_channels=1)
+    assert f"(default {ae.latent_channels})" in help_of("train_autoencoder", "latent_channels")
+    assert f"(default {ae.base_channels})" in help_of("train_autoencoder", "ae_channels")
+    assert f"(default {ae.kl_weight:g})" in help_of("train_autoencoder", "kl_weight")
+    steps = autoencoder_trainer.total_steps(n_epochs=None, max_steps=None, steps_per_epoch=7)
+    assert f"{steps} steps" in help_of("train_autoencoder", "n_epochs")
+    assert f"(default {train.TRAIN_EPOCHS} " in help_of("train", "n_epochs")
+    sampler, sampler_steps = quantization.DEFAULT_CALIBRATION_SAMPLER
+    assert f"(default {quantization.DEFAULT_CALIBRATION_SAMPLES})" in help_of("export", "calibration_samples")
+    assert f"{sampler}, {sampler_steps} steps" in help_of("export", "calibration_samples")
+    assert f"(default {sampler_steps})" in help_of("export", "sampling_steps")
+    opset_help = help_of("export", "opset")
+    assert (
+        f"default: {unet_io.default_opset('fp32')}" in opset_help
+        and f"{unet_io.default_opset('bf16')} for bf16" in opset_help
+    )
