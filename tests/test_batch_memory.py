@@ -26,7 +26,7 @@ TINY = UNetConfig(
     dropout=0.1,
 )
 
-DEMO = unet_preset("small", image_size=16, in_channels=1, model_channels=32)  # make demo's model (digits)
+DEMO = unet_preset("small", image_size=16, in_channels=1, model_channels=32)  # the digits at 16x16
 
 
 def profiled_peak(fn) -> int:
@@ -187,7 +187,9 @@ def test_check_batch_fits_refuses_an_empty_batch_naming_the_flag():
 def test_legitimate_runs_fit_a_24_gib_machine(monkeypatch):
     monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 20 * GiB)  # what 24 GiB leaves
     cpu = torch.device("cpu")
-    check_batch_fits(DEMO, batch_size=64, device=cpu, training=True)  # make demo
+    check_batch_fits(DEMO, batch_size=64, device=cpu, training=True)
+    demo = unet_preset("small", image_size=8, in_channels=1, model_channels=32, num_res_blocks=1)
+    check_batch_fits(demo, batch_size=128, device=cpu, training=True)  # make demo
     check_batch_fits(DEMO, batch_size=64, device=cpu, training=False)
     check_batch_fits(unet_preset("small", image_size=28, in_channels=1), batch_size=64, device=cpu, training=True)
     check_batch_fits(
