@@ -419,9 +419,9 @@ __global__ void __launch_bounds__(1024) group_norm_act_chunk_kernel(const GroupN
 // reduces group w: lane l holds partials l + 32 i (i < 8), adds levels 128, 64 and 32 of the tree in its registers
 // (the tree's own pairs: k + 128 = l + 32 (i + 4), ...) and levels 16 to 1 by __shfl_down_sync. Same bits as the CPU
 // twin for any chunk, with three barriers and a fraction of group_norm_act_chunk_kernel's threads (one per V values
-// of a row instead of one per value): its latency was the cost, not its bytes. Up to kGnRowCached vectors stay in
-// registers; past that the two later passes read again (mostly from L1/L2). Opt-in (gn_rows_chunk) until it has run
-// on a GPU.
+// of a row instead of one per value): its latency was the cost, not its bytes. Up to kGnRowCachedValues values (64 / V
+// vectors) stay in registers; past that the two later passes read again (mostly from L1/L2). Opt-in (gn_rows_chunk)
+// until it has run on a GPU.
 constexpr int kGnRowCachedValues = 64;
 constexpr int kGnRowThreads = 512;
 
@@ -575,11 +575,11 @@ __global__ void __launch_bounds__(kGnRowThreads, 1) group_norm_act_rows_kernel(c
   // The output, each channel's affine, scale and shift read once: the cached vectors turned into outputs in place.
   const bool modulate = a.scale != nullptr;
   const int64_t row = b * a.modulation_stride + c;
+  auto scale1 = [&](int j) { return modulate ? add_rn(1.0f, a.scale[row + j]) : 0.0f; };
+  auto shift = [&](int j) { return modulate ? a.shift[row + j] : 0.0f; };
   auto output = [&](float v, int j) {
-    const float scale1 = modulate ? add_rn(1.0f, a.scale[row + j]) : 0.0f;
-    const float shift = modulate ? a.shift[row + j] : 0.0f;
-    return static_cast<T>(
-        group_norm_act_element(v, mean[j], rstd[j], a.weight[c + j], a.bias[c + j], scale1, shift, modulate, a.silu));
+    return static_cast<T>(group_norm_act_element(
+        v, mean[j], rstd[j], a.weight[c + j], a.bias[c + j], scale1(j), shift(j), modulate, a.silu));
   };
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -587,15 +587,13 @@ __global__ void __launch_bounds__(kGnRowThreads, 1) group_norm_act_rows_kernel(c
   }
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const float xb = x_bias(j);
-    const float scale1 = modulate ? add_rn(1.0f, a.scale[row + j]) : 0.0f;
-    const float shift = modulate ? a.shift[row + j] : 0.0f;
+    const float xb = x_bias(j), scale1_j = scale1(j), shift_j = shift(j);
     const float weight = a.weight[c + j], bias = a.bias[c + j];
 #pragma unroll
     for (int i = 0; i < kGnRowCached; ++i) {
       if (i < mine) {
         cache[i].v[j] = static_cast<T>(group_norm_act_element(
-            value(cache[i], j, xb), mean[j], rstd[j], weight, bias, scale1, shift, modulate, a.silu));
+            value(cache[i], j, xb), mean[j], rstd[j], weight, bias, scale1_j, shift_j, modulate, a.silu));
       }
     }
   }
@@ -635,8 +633,8 @@ int sm_count(int device) {
 // Groups per block for group_norm_act_chunk_kernel: the most (a divisor of groups, at most 512 threads: two blocks
 // fit an SM's registers, where one 1024-thread block would leave it idle at each of its barriers) whose chunk of
 // channels spans at most 64 bytes (two 32-byte sectors of a channels-last row), then fewer while that would leave
-// under two blocks per SM. Measured (BENCHMARKS.md, "The default path on a GPU"): 2 groups per block beat 1 and 4. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob:
-// the result is the same bits for any chunk).
+// under two blocks per SM. Measured (BENCHMARKS.md, "The default path on a GPU"): 2 groups per block beat 1 and 4.
+// DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (a measuring knob: the result is the same bits for any chunk).
 int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
   auto fits = [&](int64_t n, int64_t threads) { return n >= 1 && a.groups % n == 0 && n * kGnPartials <= threads; };
   if (const char* forced = std::getenv("DIFFUSION_KERNELS_GN_CHUNK")) {
@@ -657,14 +655,14 @@ int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
 
 // Groups per block for group_norm_act_rows_kernel, or 0 where it does not run: unless DIFFUSION_KERNELS_GN_KERNEL=rows
 // (it has not yet run on a GPU: opt-in until the GPU tests and sanitizers have passed it), and where it does not
-// apply (not channels-last with 16-byte aligned rows, a vector of V channels straddling x and x2, more than
-// kGnPartials channels per group). The fewest groups whose channels
-// make whole vectors, then twice as many while the block's piece of a row stays within 64 bytes (two 32-byte
-// sectors) and at least two blocks per SM remain. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (the same
+// apply (not channels-last with 16-byte aligned rows, or a vector of V channels straddling x and x2; groups of more
+// than kGnPartials channels never get here: group_norm_act_cuda gives them the one-group kernel). The fewest groups
+// whose channels make whole vectors, then twice as many while the block's piece of a row stays within 64 bytes
+// (two 32-byte sectors) and at least two blocks per SM remain. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (the same
 // bits for any N).
 int gn_rows_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
   const char* kernel = std::getenv("DIFFUSION_KERNELS_GN_KERNEL");
-  if (kernel == nullptr || std::string(kernel) != "rows" || a.cg > kGnPartials) {
+  if (kernel == nullptr || std::string(kernel) != "rows") {
     return 0;
   }
   const int64_t vec = 16 / element_size;
