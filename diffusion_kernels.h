@@ -365,6 +365,17 @@ BiasAdd prepare_bias_add(
     const std::optional<at::Tensor>& residual,
     const std::optional<at::Tensor>& residual2);
 
+// seeded_dropout's mask: element i of a tensor is kept when bit-half (i & 1) of SplitMix64's output number
+// i / 2 for `seed` (Steele, Lea & Flood 2014, the generator of java.util.SplittableRandom; passes BigCrush) is at
+// least p * 2^32. A pure function of (seed, i): no generator state per element, the same mask whatever the
+// threads or blocks, and a backward pass that recomputes the mask instead of storing it.
+C10_HOST_DEVICE inline uint64_t splitmix64(uint64_t seed, uint64_t n) {
+  uint64_t z = seed + (n + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
 // Calls f(tag) with a value of the C++ type matching `dtype` (float, c10::Half or
 // c10::BFloat16); anything else is a TORCH_CHECK error naming `what`.
 template <typename F>

@@ -36,6 +36,12 @@
 //       memory (on a GPU cuDNN leaves the bias to a separate broadcast add). Arithmetic in diffusion_kernels.h
 //       (bias_add_element); the CUDA kernel matches this CPU twin bit for bit.
 //
+//   seeded_dropout(x, seed, p) -> Tensor
+//       Dropout: x * keep / (1 - p) in x's dtype, as a new contiguous tensor, where keep for element i (in
+//       row-major order) is a pure function of (seed, i) (splitmix64 in diffusion_kernels.h). The same call on
+//       the gradient is the backward pass (optimized_diffusion.SeededDropout). CPU only: on a CPU torch's
+//       dropout draws one Bernoulli variable at a time (~24 ns an element), on a GPU it is fused already.
+//
 //   conv3x3_winograd(x, weight, bias, *, upsample=False) -> Tensor
 //       A 3x3 convolution (stride 1, padding 1) of a channels-last float32 x, CPU only, in Winograd's
 //       F(2x2, 3x3): 2.25x fewer multiply-adds than oneDNN's direct convolution. weight is the kernel's
@@ -290,22 +296,33 @@ void fused_step_cpu_kernel(
     int64_t numel,
     bool clip_denoised,
     bool use_prev) {
-  // use_prev implies a stored xstart (checked), so (kPrev, kStore) = (true, false) never runs.
-  dispatch_flag(clip_denoised, [&](auto clip) {
-    dispatch_flag(eps_uncond != nullptr, [&](auto guided) {
-      dispatch_flag(noise != nullptr, [&](auto has_noise) {
-        dispatch_flag(xstart != nullptr, [&](auto store) {
-          dispatch_flag(use_prev && store, [&](auto prev) {
-            at::parallel_for(0, numel, kCpuGrain, [&](int64_t begin, int64_t end) {
-              fused_step_cpu_range<T, E, decltype(clip)::value, decltype(guided)::value, decltype(has_noise)::value,
-                                   decltype(prev)::value, decltype(store)::value>(
-                  x, eps, eps_uncond, guidance, noise, xstart, c, begin, end);
+  if constexpr (!std::is_same_v<T, float>) {
+    // x in half precision is rare (the samplers keep x_t in float32): one loop with the flags read at run time,
+    // the same arithmetic. A loop per flag combination and dtype pair would triple the extension's build time.
+    at::parallel_for(0, numel, kCpuGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        step_at(c, i, x, eps, eps_uncond, guidance, noise, xstart, clip_denoised, eps_uncond != nullptr,
+                noise != nullptr, use_prev && xstart != nullptr, xstart != nullptr);
+      }
+    });
+  } else {
+    // use_prev implies a stored xstart (checked), so (kPrev, kStore) = (true, false) never runs.
+    dispatch_flag(clip_denoised, [&](auto clip) {
+      dispatch_flag(eps_uncond != nullptr, [&](auto guided) {
+        dispatch_flag(noise != nullptr, [&](auto has_noise) {
+          dispatch_flag(xstart != nullptr, [&](auto store) {
+            dispatch_flag(use_prev && store, [&](auto prev) {
+              at::parallel_for(0, numel, kCpuGrain, [&](int64_t begin, int64_t end) {
+                fused_step_cpu_range<T, E, decltype(clip)::value, decltype(guided)::value, decltype(has_noise)::value,
+                                     decltype(prev)::value, decltype(store)::value>(
+                    x, eps, eps_uncond, guidance, noise, xstart, c, begin, end);
+              });
             });
           });
         });
       });
     });
-  });
+  }
 }
 
 void fused_step_cpu(
@@ -1087,6 +1104,43 @@ void bias_add_cpu(
   dispatch_step_dtype(h.scalar_type(), "h", [&](auto tag) { bias_add_cpu_impl<decltype(tag)>(a); });
 }
 
+template <typename T>
+void seeded_dropout_cpu_impl(const T* __restrict__ x, T* __restrict__ y, int64_t numel, uint64_t seed, double p) {
+  // keep when the 32 bits are >= p * 2^32 (exact in double; below 2^32 for p < 1), scaled by 1 / (1 - p).
+  const auto threshold = static_cast<uint32_t>(std::ldexp(p, 32));
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  const int64_t pairs = (numel + 1) / 2;
+  const auto element = [&](int64_t i, uint32_t bits) {
+    y[i] = bits >= threshold ? static_cast<T>(static_cast<float>(x[i]) * scale) : static_cast<T>(0.0f);
+  };
+  at::parallel_for(0, pairs, kCpuGrain / 2, [&](int64_t begin, int64_t end) {
+    const int64_t whole = std::min(end, numel / 2);  // pairs with both elements in the tensor
+    for (int64_t j = begin; j < whole; ++j) {
+      const uint64_t z = splitmix64(seed, static_cast<uint64_t>(j));
+      element(2 * j, static_cast<uint32_t>(z));
+      element(2 * j + 1, static_cast<uint32_t>(z >> 32));
+    }
+    if (end > whole && whole >= begin) {  // an odd numel's last element: the low half of its pair's number
+      element(2 * whole, static_cast<uint32_t>(splitmix64(seed, static_cast<uint64_t>(whole))));
+    }
+  });
+}
+
+at::Tensor seeded_dropout_cpu(const at::Tensor& x, int64_t seed, double p) {
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "seeded_dropout: p must be in [0, 1), got ", p);
+  const at::Tensor input = x.contiguous();  // the mask is indexed in row-major order, whatever x's layout
+  at::Tensor out = at::empty(input.sizes(), input.options());
+  if (input.numel() == 0) {
+    return out;
+  }
+  dispatch_step_dtype(input.scalar_type(), "x", [&](auto tag) {
+    using T = decltype(tag);
+    seeded_dropout_cpu_impl<T>(
+        input.const_data_ptr<T>(), out.mutable_data_ptr<T>(), input.numel(), static_cast<uint64_t>(seed), p);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(diffusion_kernels, m) {
@@ -1099,6 +1153,7 @@ TORCH_LIBRARY(diffusion_kernels, m) {
       "Tensor? shift, *, int groups, float eps, bool silu) -> Tensor");
   m.def("conv3x3_winograd(Tensor x, Tensor weight, Tensor? bias, *, bool upsample=False) -> Tensor");
   m.def("bias_add_(Tensor(a!) h, Tensor bias, Tensor? residual, Tensor? residual2) -> ()");
+  m.def("seeded_dropout(Tensor x, int seed, float p) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
@@ -1107,6 +1162,7 @@ TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
   m.impl("group_norm_act", &group_norm_act_cpu);
   m.impl("conv3x3_winograd", &conv3x3_winograd_cpu);
   m.impl("bias_add_", &bias_add_cpu);
+  m.impl("seeded_dropout", &seeded_dropout_cpu);
 }
 
 }  // namespace diffusion_kernels

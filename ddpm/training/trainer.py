@@ -39,6 +39,7 @@ from ddpm.data.image_files import save_grid
 from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
 from ddpm.latent.first_stage import FirstStage, clips_x0
 from ddpm.requests import own_sampling
+from ddpm.training.dropout import use_seeded_dropout
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
 from ddpm.util import distributed, interrupts
 from ddpm.util.distributed import Ranks
@@ -177,10 +178,17 @@ class Trainer:
         self.memory_format = torch.channels_last if cuda and model_config.dims == 2 else torch.contiguous_format
         self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
         self.model.grad_checkpoint = config.grad_checkpoint
+        if self.device.type == "cpu":  # torch's CPU dropout draws one variable at a time (dropout.py)
+            use_seeded_dropout(self.model)
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
+        # Fused AdamW: one kernel per tensor instead of ~10 per-tensor ops each (on a CPU, 2.9 against 13 ms a
+        # step for the demo's 166 tensors: BENCHMARKS.md, "A faster CPU training step").
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=cuda or None
+            self.model.parameters(),
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            fused=cuda or self.device.type == "cpu" or None,
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.generator = torch.Generator(self.device).manual_seed(config.seed)  # timesteps and noise
