@@ -28,8 +28,9 @@ demo: install
 	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --sampler dpm_solver_sde --sampling_steps 20 \
 		--n_samples 64 --output digits_samples.png
 
+# The suite on up to 4 workers, one per core (each one thread: tests/conftest.py); serially: python -m pytest -q.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 test-slow: install  # the tests marked slow (minutes each on 2 cores)
 	$(BIN)/python -m pytest -q -m slow

@@ -2,10 +2,17 @@
 
 import contextlib
 import io
+import os
 import signal
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N: N workers share the cores, so each runs (and its subprocesses run) one thread; N workers of two
+    # threads each on two cores would oversubscribe them.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
