@@ -1,0 +1,156 @@
+"""Where a CPU training step of the demo's U-Net goes, part by part, and the trainer against its previous self.
+
+    OMP_NUM_THREADS=2 python scripts/cpu_train_step.py OUT.json [--rounds 12]
+
+How results/cpu-2026-11-27-train-step/ was measured. Three parts, on the demo's model (the small preset at 8x8,
+32 base channels, one residual block per level, batch 128, fp32, the offline digits):
+
+1. AdamW's step, gradient clipping and the EMA update on the model's 166 tensors: torch's default (foreach) AdamW
+   against ``fused=True``, each timed over 200 calls.
+2. Dropout on the residual blocks' shapes: ``torch.nn.functional.dropout`` against the extension's
+   ``seeded_dropout`` (ddpm/training/dropout.py).
+3. Whole training steps, interleaved (A B C D, A B C D, ...: a machine whose speed drifts over minutes moves every
+   variant alike), each variant's median ms/step and its time over the previous trainer's, round by round:
+   "previous" (foreach AdamW, torch's dropout: the trainer before fused AdamW and seeded dropout), "fused AdamW"
+   (torch's dropout), "now" (what the trainer runs) and "now, no dropout" (the floor dropout could reach).
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's flat layout
+
+from basic_diffusion import unet_preset  # noqa: E402
+from ddpm.benchmarks.report import environment  # noqa: E402
+from ddpm.data.datasets import load_images  # noqa: E402
+from ddpm.training.dropout import SeededDropout, seeded_dropout_available  # noqa: E402
+from ddpm.training.trainer import TrainConfig, Trainer  # noqa: E402
+from noise_schedule import ScheduleConfig  # noqa: E402
+
+BATCH, LR = 128, 1.5e-3
+DROPOUT_SHAPES = ((128, 32, 8, 8), (128, 64, 4, 4), (128, 64, 2, 2))
+
+
+def model_config(**overrides):
+    return unet_preset("small", image_size=8, in_channels=1, model_channels=32, num_res_blocks=1, **overrides)
+
+
+def ms_per_call(fn, calls: int = 200) -> float:
+    for _ in range(5):
+        fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def optimizer_parts() -> dict:
+    model = model_config().build()
+    ema = [p.detach().clone() for p in model.parameters()]
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    result = {"tensors": len(params), "parameters": sum(p.numel() for p in params)}
+    for name, fused in (("foreach", None), ("fused", True)):
+        optimizer = torch.optim.AdamW(params, lr=LR, fused=fused)
+        result[f"adamw_{name}_ms"] = ms_per_call(optimizer.step)
+    result["clip_grad_norm_ms"] = ms_per_call(lambda: nn.utils.clip_grad_norm_(params, 1.0))
+    result["ema_lerp_ms"] = ms_per_call(lambda: torch._foreach_lerp_(ema, params, 1e-3))
+    return result
+
+
+def dropout_parts() -> list[dict]:
+    rows = []
+    for shape in DROPOUT_SHAPES:
+        x = torch.randn(shape)
+        rows.append(
+            {
+                "shape": list(shape),
+                "torch_dropout_ms": ms_per_call(lambda x=x: F.dropout(x, 0.1, training=True)),
+                "seeded_dropout_ms": ms_per_call(lambda x=x: torch.ops.diffusion_kernels.seeded_dropout(x, 1, 0.1)),
+            }
+        )
+    return rows
+
+
+def previous_trainer(trainer: Trainer, *, fused: bool) -> None:
+    """Undo what the trainer now does on a CPU: torch's dropout back, and (unless ``fused``) foreach AdamW."""
+    for parent in trainer.model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, SeededDropout):
+                setattr(parent, name, nn.Dropout(child.p))
+    if not fused:
+        trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=LR)
+
+
+def paired_steps(rounds: int, steps: int = 5) -> list[dict]:
+    images = load_images("digits", data_dir="data", image_size=8)
+    variants = {
+        "previous": (model_config(), dict(fused=False)),
+        "fused AdamW": (model_config(), dict(fused=True)),
+        "now": (model_config(), None),
+        "now, no dropout": (model_config(dropout=0.0), None),
+    }
+    trainers = {}
+    for name, (config, undo) in variants.items():
+        train = TrainConfig(dataset="digits", total_steps=10**6, batch_size=BATCH, lr=LR, save_every=0, sample_every=0)
+        trainer = Trainer(train, config, ScheduleConfig(), images=images, device="cpu")
+        if undo is not None:
+            previous_trainer(trainer, **undo)
+        for _ in range(3):
+            trainer.train_step()
+        trainers[name] = trainer
+    times = {name: [] for name in trainers}
+    for _ in range(rounds):
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                trainer.train_step()
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
+    base = times["previous"]
+    return [
+        {
+            "variant": name,
+            "median_ms_per_step": statistics.median(t),
+            "min_ms_per_step": min(t),
+            "speedup_vs_previous": statistics.median(b / x for b, x in zip(base, t)),
+            "ms_per_step": t,
+        }
+        for name, t in times.items()
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="JSON file to write")
+    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds of 5 steps per variant")
+    args = parser.parse_args()
+    if not seeded_dropout_available():
+        sys.exit("the extension is not built, or predates seeded_dropout: make install")
+    result = {
+        "environment": environment(torch.device("cpu")),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "optimizer": optimizer_parts(),
+        "dropout": dropout_parts(),
+        "paired_steps": paired_steps(args.rounds),
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "paired_steps"}, indent=1))
+    for row in result["paired_steps"]:
+        print(
+            f"{row['variant']:<18} median {row['median_ms_per_step']:6.1f} ms/step, "
+            f"min {row['min_ms_per_step']:6.1f}, {row['speedup_vs_previous']:.3f}x the previous trainer"
+        )
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
