@@ -85,8 +85,12 @@ class SeededDropout(nn.Module):
 def use_seeded_dropout(model: nn.Module) -> int:
     """Replace every ``nn.Dropout`` of ``model`` by a :class:`SeededDropout` of the same rate, when the extension
     has the op; returns how many were replaced. Dropout holds no weights, so the state dict is unchanged."""
-    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
-    targets = [(parent, name, child) for parent, name, child in targets if type(child) is nn.Dropout]
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Dropout
+    ]
     if not targets or not seeded_dropout_available():
         return 0
     for parent, name, child in targets:
