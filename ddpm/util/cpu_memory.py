@@ -1,9 +1,9 @@
-"""Keep freed CPU memory in the process, so that a sampling loop on the CPU stops paying page faults.
+"""Keep freed CPU memory in the process, so that a sampling or training loop on the CPU stops paying page faults.
 
     from ddpm.util.cpu_memory import keep_freed_memory
-    keep_freed_memory()  # once, before a CPU sampling loop: every implementation gains alike
+    keep_freed_memory()  # once, before a CPU sampling or training loop: every implementation gains alike
 
-A U-Net forward on the CPU allocates and frees the same few-megabyte activations every step. glibc's
+A U-Net forward (and backward) on the CPU allocates and frees the same few-megabyte activations every step. glibc's
 malloc hands large freed blocks back to the kernel (its heap is trimmed past a threshold that it keeps
 moving, and blocks above the mmap threshold are unmapped), so the next step touches fresh pages: about
 2,300 page faults per forward of the benchmark's 16x16 U-Net at batch 64, each a kernel entry and a
@@ -13,7 +13,7 @@ blocks up to 32 MiB (glibc's largest mmap threshold) come from it. The price is 
 process keeps its peak heap until it exits, which is what a sampling or benchmark run holds anyway.
 
 It changes malloc for the whole process, which is why the benchmark applies it once, before any row is
-timed (every implementation runs under it), and why the sample mode applies it only for the CPU. Does
+timed (every implementation runs under it), and why the sample mode and the trainer apply it only for the CPU. Does
 nothing (returns False) where the C library is not glibc.
 """
 

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from helpers import make_trainer
 
 from ddpm.util.cpu_memory import keep_freed_memory
 
@@ -28,3 +29,14 @@ def test_keep_freed_memory_stops_page_faults_on_repeated_steps():
     # median, since another thread's allocation can land in one step's count (321 seen once on 2 cores).
     median = sorted(repeats)[1]
     assert median < 200, f"{repeats} page faults on repeated steps: freed memory was returned to the kernel"
+
+
+def test_the_cpu_trainer_keeps_freed_memory(tmp_path, monkeypatch):
+    # A training step frees and reallocates its activations like a sampling step (BENCHMARKS.md, "A faster CPU
+    # training step"): the trainer asks for the same malloc setting on a CPU.
+    import ddpm.training.trainer as trainer_module
+
+    calls = []
+    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append("cpu") or True)
+    make_trainer(tmp_path)
+    assert calls == ["cpu"]
