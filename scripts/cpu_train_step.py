@@ -1,9 +1,9 @@
 """Where a CPU training step of the demo's U-Net goes, part by part, and the trainer against its previous self.
 
-    OMP_NUM_THREADS=2 python scripts/cpu_train_step.py OUT.json [--rounds 12]
+    OMP_NUM_THREADS=2 python scripts/cpu_train_step.py OUT.json [--rounds 12] [--allocator-pairs 5]
 
-How results/cpu-2026-11-27-train-step/ was measured. Three parts, on the demo's model (the small preset at 8x8,
-32 base channels, one residual block per level, batch 128, fp32, the offline digits):
+How results/cpu-2026-11-27-train-step/ was measured. Three parts (four with --allocator-pairs), on the demo's
+model (the small preset at 8x8, 32 base channels, one residual block per level, batch 128, fp32, the offline digits):
 
 1. AdamW's step, gradient clipping and the EMA update on the model's 166 tensors: torch's default (foreach) AdamW
    against ``fused=True``, each timed over 200 calls.
@@ -13,12 +13,17 @@ How results/cpu-2026-11-27-train-step/ was measured. Three parts, on the demo's 
    variant alike), each variant's median ms/step and its time over the previous trainer's, round by round:
    "previous" (foreach AdamW, torch's dropout: the trainer before fused AdamW and seeded dropout), "fused AdamW"
    (torch's dropout), "now" (what the trainer runs) and "now, no dropout" (the floor dropout could reach).
+4. With ``--allocator-pairs N``: the trainer with and without keep_freed_memory (ddpm/util/cpu_memory.py), which
+   changes malloc for the whole process, so each run is its own process: N pairs, one after the other, each 5 warm-up
+   and 15 timed steps, reporting wall ms/step, minor page faults, user and system CPU ms per step.
 """
 
 import argparse
 import datetime
 import json
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,11 +134,59 @@ def paired_steps(rounds: int, steps: int = 5) -> list[dict]:
     ]
 
 
+def allocator_run(mode: str, steps: int = 15) -> dict:
+    """One process's measurement: glibc's default malloc ("default") or the trainer's kept memory ("kept")."""
+    import ddpm.training.trainer as trainer_module
+
+    if mode == "default":
+        trainer_module.keep_freed_memory = lambda: False
+    images = load_images("digits", data_dir="data", image_size=8)
+    train = TrainConfig(dataset="digits", total_steps=10**6, batch_size=BATCH, lr=LR, save_every=0, sample_every=0)
+    trainer = Trainer(train, model_config(), ScheduleConfig(), images=images, device="cpu")
+    for _ in range(5):
+        trainer.train_step()
+    before, times = resource.getrusage(resource.RUSAGE_SELF), []
+    for _ in range(steps):
+        start = time.perf_counter()
+        trainer.train_step()
+        times.append((time.perf_counter() - start) * 1e3)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "mode": mode,
+        "median_ms_per_step": statistics.median(times),
+        "faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
+        "user_ms_per_step": (after.ru_utime - before.ru_utime) * 1e3 / steps,
+        "sys_ms_per_step": (after.ru_stime - before.ru_stime) * 1e3 / steps,
+    }
+
+
+def allocator_pairs(pairs: int) -> dict:
+    runs = []
+    for _ in range(pairs):
+        for mode in ("default", "kept"):
+            out = subprocess.run(
+                [sys.executable, __file__, "-", "--allocator-run", mode], capture_output=True, text=True, check=True
+            ).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+    by_mode = {mode: [r for r in runs if r["mode"] == mode] for mode in ("default", "kept")}
+    summary = {
+        mode: {key: statistics.median(r[key] for r in rows) for key in rows[0] if key != "mode"}
+        for mode, rows in by_mode.items()
+    }
+    ratios = [d["median_ms_per_step"] / k["median_ms_per_step"] for d, k in zip(by_mode["default"], by_mode["kept"])]
+    return {"runs": runs, "median": summary, "pair_speedups": ratios, "median_pair_speedup": statistics.median(ratios)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="JSON file to write")
     parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds of 5 steps per variant")
+    parser.add_argument("--allocator-pairs", type=int, default=0, help="process pairs timing keep_freed_memory")
+    parser.add_argument("--allocator-run", choices=("default", "kept"), help=argparse.SUPPRESS)  # one such process
     args = parser.parse_args()
+    if args.allocator_run:
+        print(json.dumps(allocator_run(args.allocator_run)))
+        return
     if not seeded_dropout_available():
         sys.exit("the extension is not built, or predates seeded_dropout: make install")
     result = {
@@ -143,12 +196,21 @@ def main() -> None:
         "dropout": dropout_parts(),
         "paired_steps": paired_steps(args.rounds),
     }
+    if args.allocator_pairs:
+        result["allocator"] = allocator_pairs(args.allocator_pairs)
     print(json.dumps({k: v for k, v in result.items() if k != "paired_steps"}, indent=1))
     for row in result["paired_steps"]:
         print(
             f"{row['variant']:<18} median {row['median_ms_per_step']:6.1f} ms/step, "
             f"min {row['min_ms_per_step']:6.1f}, {row['speedup_vs_previous']:.3f}x the previous trainer"
         )
+    if "allocator" in result:
+        for mode, row in result["allocator"]["median"].items():
+            print(
+                f"malloc {mode:<8} median {row['median_ms_per_step']:6.1f} ms/step, {row['faults_per_step']:6.0f} "
+                f"page faults, user {row['user_ms_per_step']:.1f} ms, sys {row['sys_ms_per_step']:.1f} ms per step"
+            )
+        print(f"kept memory: {result['allocator']['median_pair_speedup']:.3f}x (median of the pairs)")
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 
