@@ -15,7 +15,7 @@ model (the small preset at 8x8, 32 base channels, one residual block per level, 
    (torch's dropout), "now" (what the trainer runs) and "now, no dropout" (the floor dropout could reach).
 4. With ``--allocator-pairs N``: the trainer with and without keep_freed_memory (ddpm/util/cpu_memory.py), which
    changes malloc for the whole process, so each run is its own process: N pairs, one after the other, each 5 warm-up
-   and 15 timed steps, reporting wall ms/step, minor page faults, user and system CPU ms per step.
+   and 15 timed steps, reporting wall ms/step, minor page faults, user and system CPU ms per step and peak RSS.
 """
 
 import argparse
@@ -157,6 +157,7 @@ def allocator_run(mode: str, steps: int = 15) -> dict:
         "faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
         "user_ms_per_step": (after.ru_utime - before.ru_utime) * 1e3 / steps,
         "sys_ms_per_step": (after.ru_stime - before.ru_stime) * 1e3 / steps,
+        "max_rss_mb": after.ru_maxrss / 1024,  # Linux: KiB
     }
 
 
@@ -208,7 +209,8 @@ def main() -> None:
         for mode, row in result["allocator"]["median"].items():
             print(
                 f"malloc {mode:<8} median {row['median_ms_per_step']:6.1f} ms/step, {row['faults_per_step']:6.0f} "
-                f"page faults, user {row['user_ms_per_step']:.1f} ms, sys {row['sys_ms_per_step']:.1f} ms per step"
+                f"page faults, user {row['user_ms_per_step']:.1f} ms, sys {row['sys_ms_per_step']:.1f} ms per step, "
+                f"peak RSS {row['max_rss_mb']:.0f} MB"
             )
         print(f"kept memory: {result['allocator']['median_pair_speedup']:.3f}x (median of the pairs)")
     Path(args.out).write_text(json.dumps(result, indent=1))
