@@ -32,8 +32,8 @@ def test_keep_freed_memory_stops_page_faults_on_repeated_steps():
 
 
 def test_the_cpu_trainer_keeps_freed_memory(tmp_path, monkeypatch):
-    # A training step frees and reallocates its activations like a sampling step (BENCHMARKS.md, "A faster CPU
-    # training step"): the trainer asks for the same malloc setting on a CPU.
+    # A training step frees and reallocates its activations like a sampling step: the trainer asks for the same
+    # malloc setting on a CPU (BENCHMARKS.md, "A faster CPU training step").
     import ddpm.training.trainer as trainer_module
 
     calls = []
