@@ -18,6 +18,7 @@ from ddpm.benchmarks.report import PeakRSS, environment, times_text
 from ddpm.requests import BenchmarkRequest
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
 from ddpm.util import distributed
+from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import atomic_write
 
@@ -248,6 +249,9 @@ def benchmark_training(
 ) -> list[dict]:
     warmup = max(args.warmup, 3)  # compile and cuDNN autotuning happen in the first steps
     ranks = distributed.current()
+    allocator = None
+    if device.type == "cpu":  # before any row, as the trainer does anyway: no row pays a trimmed heap's page faults
+        allocator = "glibc malloc keeps freed memory (cpu_memory.py)" if keep_freed_memory() else "default"
     rows = time_variants(
         model_config,
         schedule_config,
@@ -264,9 +268,12 @@ def benchmark_training(
     if not ranks.is_main:
         return rows
     env = environment(device)
+    if allocator is not None:
+        env["cpu_allocator"] = allocator
     print()
-    for key in ("date", "device", "torch", "cuda"):
-        print(f"{key:>10}: {env[key]}")
+    for key in ("date", "device", "torch", "cuda", "cpu_allocator"):
+        if key in env:
+            print(f"{key.removeprefix('cpu_'):>10}: {env[key]}")
     shape = "x".join(map(str, model_config.sample_shape(1)[1:]))
     print(
         f"{'model':>10}: {model_config.model_channels} base channels, {shape}{' latents' if latent else ''}, batch "
