@@ -97,6 +97,12 @@ def previous_trainer(trainer: Trainer, *, fused: bool) -> None:
         trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=LR)
 
 
+def demo_trainer(config, images) -> Trainer:
+    """A CPU trainer of the demo's recipe (batch 128, lr 1.5e-3) for the U-Net ``config``."""
+    train = TrainConfig(dataset="digits", total_steps=10**6, batch_size=BATCH, lr=LR, save_every=0, sample_every=0)
+    return Trainer(train, config, ScheduleConfig(), images=images, device="cpu")
+
+
 def paired_steps(rounds: int, steps: int = 5) -> list[dict]:
     images = load_images("digits", data_dir="data", image_size=8)
     variants = {
@@ -107,8 +113,7 @@ def paired_steps(rounds: int, steps: int = 5) -> list[dict]:
     }
     trainers = {}
     for name, (config, undo) in variants.items():
-        train = TrainConfig(dataset="digits", total_steps=10**6, batch_size=BATCH, lr=LR, save_every=0, sample_every=0)
-        trainer = Trainer(train, config, ScheduleConfig(), images=images, device="cpu")
+        trainer = demo_trainer(config, images)
         if undo is not None:
             previous_trainer(trainer, **undo)
         for _ in range(3):
@@ -140,9 +145,7 @@ def allocator_run(mode: str, steps: int = 15) -> dict:
 
     if mode == "default":
         trainer_module.keep_freed_memory = lambda: False
-    images = load_images("digits", data_dir="data", image_size=8)
-    train = TrainConfig(dataset="digits", total_steps=10**6, batch_size=BATCH, lr=LR, save_every=0, sample_every=0)
-    trainer = Trainer(train, model_config(), ScheduleConfig(), images=images, device="cpu")
+    trainer = demo_trainer(model_config(), load_images("digits", data_dir="data", image_size=8))
     for _ in range(5):
         trainer.train_step()
     before, times = resource.getrusage(resource.RUSAGE_SELF), []

@@ -45,7 +45,7 @@ from ddpm.benchmarks.report import (
 from ddpm.conditioning import Guidance
 from ddpm.latent.first_stage import FirstStage
 from ddpm.requests import BenchmarkRequest
-from ddpm.util.cpu_memory import keep_freed_memory
+from ddpm.util.cpu_memory import allocator_description
 from ddpm.util.messages import first_line
 from ddpm.util.precision import backend_policy
 from noise_schedule import SamplingPlan
@@ -268,7 +268,7 @@ def run_environment(
     device = plan.coefficients.device
     env = environment(device)
     if device.type == "cpu":  # before any row: every row runs without the page faults of a trimmed heap
-        env["cpu_allocator"] = "glibc malloc keeps freed memory (cpu_memory.py)" if keep_freed_memory() else "default"
+        env["cpu_allocator"] = allocator_description()
     flops = unet_flops(model, shape=shape, device=device, guidance=guidance)
     env.update(
         parameters=count_parameters(model),

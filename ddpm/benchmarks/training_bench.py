@@ -18,7 +18,7 @@ from ddpm.benchmarks.report import PeakRSS, environment, times_text
 from ddpm.requests import BenchmarkRequest
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
 from ddpm.util import distributed
-from ddpm.util.cpu_memory import keep_freed_memory
+from ddpm.util.cpu_memory import allocator_description
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import atomic_write
 
@@ -251,7 +251,7 @@ def benchmark_training(
     ranks = distributed.current()
     allocator = None
     if device.type == "cpu":  # before any row, as the trainer does anyway: no row pays a trimmed heap's page faults
-        allocator = "glibc malloc keeps freed memory (cpu_memory.py)" if keep_freed_memory() else "default"
+        allocator = allocator_description()
     rows = time_variants(
         model_config,
         schedule_config,

@@ -45,3 +45,8 @@ def keep_freed_memory() -> bool:
     trimmed = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # glibc returns 1 on success, 0 on failure
     mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
     return bool(trimmed and mapped)
+
+
+def allocator_description() -> str:
+    """Apply :func:`keep_freed_memory` and say what malloc does now: the benchmarks' ``cpu_allocator`` entry."""
+    return "glibc malloc keeps freed memory (cpu_memory.py)" if keep_freed_memory() else "default"
