@@ -1,5 +1,5 @@
 # Two commands on a fresh machine (Python 3.10+; no GPU or network needed beyond the package index):
-#   make demo   # set up .venv, train on the offline digits (8x8, 1,800 steps of 128), draw a grid (SDE-DPM-Solver++, 20 steps)
+#   make demo   # set up .venv, train on the offline digits (8x8, 1,200 steps of 128), draw a grid (SDE-DPM-Solver++, 20 steps)
 #   make test   # set up .venv, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,7 +24,7 @@ $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu 
 
 demo: install
 	$(BIN)/python main.py --mode train --dataset digits --model_channels 32 --num_res_blocks 1 --batch_size 128 \
-		--lr 1.5e-3 --max_steps 1800 --sample_every 0 --save_every 900 --overwrite
+		--lr 1.5e-3 --max_steps 1200 --timestep_sampling importance --sample_every 0 --save_every 600 --overwrite
 	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --sampler dpm_solver_sde --sampling_steps 20 \
 		--n_samples 64 --output digits_samples.png
 
