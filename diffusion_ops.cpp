@@ -48,6 +48,8 @@
 //       (16, Cin, Cout) transform (optimized_diffusion.winograd_weight); channel counts multiples of 16.
 //       upsample: the convolution of x upsampled 2x (nearest), without the upsampled tensor: each output
 //       phase's 2x2 kernel in F(2x2, 2x2), weight (36, Cin, Cout), output (B, Cout, 2H, 2W).
+//       A bfloat16 x takes the transform in bfloat16 pairs, (16 or 36, Cin / 2, Cout, 2), and returns bfloat16:
+//       the GEMMs on AVX512-BF16's dot product where the CPU has it (plain C++ elsewhere), float32 sums.
 #include <Python.h>
 
 #include <ATen/MemoryOverlap.h>
@@ -57,7 +59,12 @@
 
 #include "diffusion_kernels.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <type_traits>
@@ -391,6 +398,62 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
 #define DIFFUSION_KERNELS_CLONES
 #endif
 
+typedef float Vec16 __attribute__((vector_size(64)));  // 16 channels; one AVX-512 register (two AVX2 ones)
+
+inline __attribute__((always_inline)) Vec16 load16(const float* p) {
+  Vec16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline __attribute__((always_inline)) void store16(float* p, Vec16 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// bfloat16 <-> float32, 16 channels at a time. bf16 is float32's upper half: widening is a shift; narrowing rounds
+// to nearest even (as torch's and oneDNN's conversions do), NaN kept a quiet NaN.
+typedef uint16_t Bf16x16 __attribute__((vector_size(32)));
+typedef uint32_t U32x16 __attribute__((vector_size(64)));
+typedef int32_t I32x16 __attribute__((vector_size(64)));
+
+inline __attribute__((always_inline)) Vec16 load16(const uint16_t* p) {
+  Bf16x16 h;
+  std::memcpy(&h, p, sizeof(h));
+  return (Vec16)(__builtin_convertvector(h, U32x16) << 16);
+}
+
+inline __attribute__((always_inline)) void store16(uint16_t* p, Vec16 v) {
+  U32x16 u = (U32x16)v;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  const I32x16 nan = v != v;  // all ones where v is NaN
+  const Bf16x16 h = __builtin_convertvector((u >> 16) | ((U32x16)nan & 0x7FC0u), Bf16x16);
+  std::memcpy(p, &h, sizeof(h));
+}
+
+// Rows of bf16 widened to float32 and back, 16 elements at a time (vectorized; torch's scalar conversions are not):
+// the group norm's bf16 input and output.
+DIFFUSION_KERNELS_CLONES
+void widen_bf16(const uint16_t* __restrict__ src, int64_t n, float* __restrict__ dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    store16(dst + i, load16(src + i));
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<float>(c10::bit_cast<c10::BFloat16>(src[i]));
+  }
+}
+
+DIFFUSION_KERNELS_CLONES
+void narrow_bf16(const float* __restrict__ src, int64_t n, uint16_t* __restrict__ dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    store16(dst + i, load16(src + i));
+  }
+  for (; i < n; ++i) {
+    dst[i] = c10::BFloat16(src[i]).x;
+  }
+}
+
 // partial[j % period] += v[j] for j = 0, 1, ..., n - 1 (square: (v[j] - mean)^2 instead).
 DIFFUSION_KERNELS_CLONES
 void add_to_partials(const float* __restrict__ v, int64_t n, int64_t period, float mean, bool square, float* __restrict__ partial) {
@@ -626,6 +689,13 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
         const T* x2 = c1 < C ? static_cast<const T*>(s.x2) + b * s.stride_b2 : nullptr;
         for (int64_t p = 0; p < P; ++p) {
           float* row = converted.data() + p * C;
+          if constexpr (std::is_same_v<T, c10::BFloat16>) {
+            widen_bf16(reinterpret_cast<const uint16_t*>(x + p * s.stride_p1), c1, row);
+            if (c1 < C) {
+              widen_bf16(reinterpret_cast<const uint16_t*>(x2 + p * s.stride_p2), C - c1, row + c1);
+            }
+            continue;
+          }
           for (int64_t c = 0; c < c1; ++c) {
             row[c] = static_cast<float>(x[p * s.stride_p1 + c]);
           }
@@ -661,7 +731,11 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
             a.bias + g.c0, a.scale != nullptr ? scale1.data() + g.c0 : nullptr, shift != nullptr ? shift + g.c0 : nullptr,
             a.silu, y + g.c0, y_stride);
       }
-      if constexpr (!kFloat) {
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        for (int64_t p = 0; p < P; ++p) {
+          narrow_bf16(normalized.data() + p * C, C, reinterpret_cast<uint16_t*>(out + p * a.out_stride_p));
+        }
+      } else if constexpr (!kFloat) {
         for (int64_t p = 0; p < P; ++p) {
           for (int64_t c = 0; c < C; ++c) {
             out[p * a.out_stride_p + c] = static_cast<T>(normalized[p * C + c]);
@@ -789,18 +863,6 @@ int64_t winograd_block_tiles(int64_t products, int64_t cin, int64_t cout) {
   return std::clamp<int64_t>(fit / 6 * 6, 6, 24);
 }
 
-typedef float Vec16 __attribute__((vector_size(64)));  // 16 channels; one AVX-512 register (two AVX2 ones)
-
-inline __attribute__((always_inline)) Vec16 load16(const float* p) {
-  Vec16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline __attribute__((always_inline)) void store16(float* p, Vec16 v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-
 // M[r][0, 16 * Q) = sum over c < K of V[r][c] * U[c][0, 16 * Q) for R rows: R * Q accumulators in registers.
 template <int R, int Q>
 inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __restrict__ V, int64_t ldv,
@@ -841,39 +903,27 @@ inline __attribute__((always_inline)) void winograd_gemm_rows(int64_t q, const f
   }
 }
 
+// The operands of one conv3x3_winograd call. x and out hold float32, or bfloat16 (bits as uint16_t) for the bf16
+// path; weight is U in float32 (products, Cin, Cout), or in bfloat16 pairs (products, Cin / 2, Cout, 2) for the bf16
+// GEMM (two input channels side by side, the operand layout of AVX512-BF16's dot product).
 struct WinogradConv {
-  const float* x;       // (B, H, W, Cin)
-  const float* weight;  // (products, Cin, Cout): U
+  const void* x;        // (B, H, W, Cin)
+  const void* weight;   // U
   const float* bias;    // (Cout,) or nullptr
-  float* out;           // (B, H, W, Cout), upsample: (B, 2H, 2W, Cout)
+  void* out;            // (B, H, W, Cout), upsample: (B, 2H, 2W, Cout)
   int64_t H, W, cin, cout, tiles_h, tiles_w;
   bool upsample;
   int64_t products;  // 16, upsample: 4 phases x 9
 };
 
-// The same clones as the twins' loops, but with a * b + c contracted into fused multiply-adds (GCC: the optimize
-// attribute; clang: the pragma in the body), which the GEMMs are made of.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
-#define DIFFUSION_KERNELS_FMA_CLONES \
-  __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
-#elif defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
-#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((target_clones("avx512f", "default")))
-#elif defined(__GNUC__) && !defined(__clang__)
-#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((optimize("fp-contract=fast")))
-#else
-#define DIFFUSION_KERNELS_FMA_CLONES
-#endif
-
-// Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..): all three stages.
-// V: (16, n, Cin) and M: (16, n, Cout) scratch.
-DIFFUSION_KERNELS_FMA_CLONES
-void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
-#if defined(__clang__)
-#pragma clang fp contract(fast)
-#endif
-  const int64_t H = a.H, W = a.W, cin = a.cin, cout = a.cout, P = a.products;
-  // 1. V[k][t] = B^T d B for the tile's 4x4 window (upsample: each phase's 3x3 part of it), 16 channels at a
-  //    time; positions outside the image are the zero padding.
+// 1. V[k][t] = B^T d B for each tile's 4x4 window (upsample: each phase's 3x3 part of it), 16 channels at a
+//    time; positions outside the image are the zero padding. In: x's element type; VT: V's (float32, or bf16 for
+//    the bf16 GEMM).
+template <typename In, typename VT>
+inline __attribute__((always_inline)) void winograd_input_transform(
+    const WinogradConv& a, int64_t t0, int64_t n, VT* __restrict__ V) {
+  const In* x_in = static_cast<const In*>(a.x);
+  const int64_t H = a.H, W = a.W, cin = a.cin;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
     for (int64_t c = 0; c < cin; c += 16) {
@@ -882,10 +932,10 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
         const int64_t y = 2 * ty - 1 + i;
         for (int j = 0; j < 4; ++j) {
           const int64_t x = 2 * tx - 1 + j;
-          d[i][j] = (y >= 0 && y < H && x >= 0 && x < W) ? load16(a.x + ((b * H + y) * W + x) * cin + c) : Vec16{};
+          d[i][j] = (y >= 0 && y < H && x >= 0 && x < W) ? load16(x_in + ((b * H + y) * W + x) * cin + c) : Vec16{};
         }
       }
-      float* v = V + t * cin + c;  // product k at v + k * n * cin
+      VT* v = V + t * cin + c;  // product k at v + k * n * cin
       if (!a.upsample) {
         Vec16 s[4][4];
         for (int j = 0; j < 4; ++j) {  // B^T d
@@ -911,7 +961,7 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
           s[2][j] = d[pa + 2][pb + j] - d[pa + 1][pb + j];
         }
         for (int i = 0; i < 3; ++i) {  // (B2^T d) B2
-          float* w = v + (9 * phase + 3 * i) * n * cin;
+          VT* w = v + (9 * phase + 3 * i) * n * cin;
           store16(w, s[i][0] - s[i][1]);
           store16(w + n * cin, s[i][1]);
           store16(w + 2 * n * cin, s[i][2] - s[i][1]);
@@ -919,24 +969,15 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
       }
     }
   }
-  // 2. M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout), 6 tiles x 64 channels per register block.
-  for (int64_t k = 0; k < P; ++k) {
-    const float* Vk = V + k * n * cin;
-    const float* Uk = a.weight + k * cin * cout;
-    float* Mk = M + k * n * cout;
-    for (int64_t co = 0; co < cout; co += 64) {
-      const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
-      int64_t t = 0;
-      for (; t + 6 <= n; t += 6) {
-        winograd_gemm_rows<6>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
-      }
-      for (; t < n; ++t) {
-        winograd_gemm_rows<1>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
-      }
-    }
-  }
-  // 3. The 2x2 outputs A^T m A (+ bias) of each tile (upsample: of each phase, at 2 (2ty + r) + a, 2 (2tx + c) + b);
-  //    a tile past the image's last odd row or column writes what is inside.
+}
+
+// 3. The 2x2 outputs A^T m A (+ bias) of each tile (upsample: of each phase, at 2 (2ty + r) + a, 2 (2tx + c) + b)
+//    into the NHWC output of element type Out; a tile past the image's last odd row or column writes what is inside.
+template <typename Out>
+inline __attribute__((always_inline)) void winograd_output_transform(
+    const WinogradConv& a, int64_t t0, int64_t n, const float* __restrict__ M) {
+  Out* out = static_cast<Out*>(a.out);
+  const int64_t H = a.H, W = a.W, cout = a.cout;
   const int64_t out_w = a.upsample ? 2 * W : W, out_h = a.upsample ? 2 * H : H;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
@@ -945,7 +986,7 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
       const float* m = M + t * cout + c;  // product k at m + k * n * cout
       auto put = [&](int64_t y, int64_t x, Vec16 value) {  // y, x: x's positions (upsample: each phase's own)
         if (y < H && x < W) {
-          store16(a.out + ((b * out_h + y) * out_w + x) * cout + c, value + bias);
+          store16(out + ((b * out_h + y) * out_w + x) * cout + c, value + bias);
         }
       };
       if (!a.upsample) {
@@ -974,10 +1015,10 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
         for (int i = 0; i < 2; ++i) {  // (A2^T m) A2, at the phase's output positions
           const int64_t y = 2 * ty + i, x0 = 2 * tx;
           if (y < H && x0 < W) {
-            store16(a.out + ((b * out_h + 2 * y + pa) * out_w + 2 * x0 + pb) * cout + c, s[i][0] + s[i][1] + bias);
+            store16(out + ((b * out_h + 2 * y + pa) * out_w + 2 * x0 + pb) * cout + c, s[i][0] + s[i][1] + bias);
           }
           if (y < H && x0 + 1 < W) {
-            store16(a.out + ((b * out_h + 2 * y + pa) * out_w + 2 * (x0 + 1) + pb) * cout + c, s[i][1] + s[i][2] + bias);
+            store16(out + ((b * out_h + 2 * y + pa) * out_w + 2 * (x0 + 1) + pb) * cout + c, s[i][1] + s[i][2] + bias);
           }
         }
       }
@@ -985,16 +1026,189 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
   }
 }
 
+// The same clones as the twins' loops, but with a * b + c contracted into fused multiply-adds (GCC: the optimize
+// attribute; clang: the pragma in the body), which the GEMMs are made of.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_FMA_CLONES \
+  __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
+#elif defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((target_clones("avx512f", "default")))
+#elif defined(__GNUC__) && !defined(__clang__)
+#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((optimize("fp-contract=fast")))
+#else
+#define DIFFUSION_KERNELS_FMA_CLONES
+#endif
+
+// Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..), float32: all three stages.
+// V: (products, n, Cin) and M: (products, n, Cout) scratch.
+DIFFUSION_KERNELS_FMA_CLONES
+void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#endif
+  const int64_t cin = a.cin, cout = a.cout, P = a.products;
+  winograd_input_transform<float, float>(a, t0, n, V);
+  // 2. M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout), 6 tiles x 64 channels per register block.
+  for (int64_t k = 0; k < P; ++k) {
+    const float* Vk = V + k * n * cin;
+    const float* Uk = static_cast<const float*>(a.weight) + k * cin * cout;
+    float* Mk = M + k * n * cout;
+    for (int64_t co = 0; co < cout; co += 64) {
+      const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
+      int64_t t = 0;
+      for (; t + 6 <= n; t += 6) {
+        winograd_gemm_rows<6>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+      }
+      for (; t < n; ++t) {
+        winograd_gemm_rows<1>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+      }
+    }
+  }
+  winograd_output_transform<float>(a, t0, n, M);
+}
+
+// ----- The bf16 path: bf16 activations, V and U; float32 transforms, accumulation, bias and M ---------------------
+// On a CPU with AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake, Sapphire Rapids and later) the GEMMs run on
+// its dot-product instruction: per instruction 16 output channels x 2 input channels (32 multiply-adds into float32
+// accumulators), twice an fp32 FMA's 16, on operands half the bytes. V and U are rounded to bf16 once, after the
+// transforms in float32, so the error is a bf16 direct convolution's (tests compare both with float64). Elsewhere
+// the same arithmetic in plain C++ (the twin the tests read on any CPU; slow, and never chosen by the runner, which
+// keeps bf16 Winograd to CPUs with the instruction: optimized_diffusion.winograd_is_fast).
+
+// M[k] (n, Cout) = V[k] (n, Cin) @ U[k], V and U bf16 (U in pairs: (Cin / 2, Cout, 2)), sums in float32.
+inline __attribute__((always_inline)) void winograd_gemm_bf16_emulated(const WinogradConv& a, int64_t n,
+    const uint16_t* __restrict__ V, float* __restrict__ M) {
+  auto widen = [](uint16_t h) {
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  };
+  const int64_t cin = a.cin, cout = a.cout;
+  const uint16_t* U = static_cast<const uint16_t*>(a.weight);
+  for (int64_t k = 0; k < a.products; ++k) {
+    for (int64_t t = 0; t < n; ++t) {
+      const uint16_t* v = V + (k * n + t) * cin;
+      float* m = M + (k * n + t) * cout;
+      for (int64_t co = 0; co < cout; ++co) {
+        float acc = 0.0f;
+        for (int64_t c2 = 0; c2 < cin / 2; ++c2) {
+          const uint16_t* u = U + ((k * cin / 2 + c2) * cout + co) * 2;
+          acc += widen(v[2 * c2]) * widen(u[0]) + widen(v[2 * c2 + 1]) * widen(u[1]);
+        }
+        m[co] = acc;
+      }
+    }
+  }
+}
+
+void winograd_tiles_bf16_emulated(const WinogradConv& a, int64_t t0, int64_t n, uint16_t* V, float* M) {
+  winograd_input_transform<uint16_t, uint16_t>(a, t0, n, V);
+  winograd_gemm_bf16_emulated(a, n, V, M);
+  winograd_output_transform<uint16_t>(a, t0, n, M);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
+#define DIFFUSION_KERNELS_AVX512_BF16 1
+#define DIFFUSION_KERNELS_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// M[r][0, 16 * Q) = sum over input channel pairs of V[r][2c, 2c + 1] . U[c][0, 16 * Q)[2]: R * Q accumulators.
+template <int R, int Q>
+DIFFUSION_KERNELS_BF16_TARGET inline __attribute__((always_inline)) void winograd_gemm_tile_bf16(
+    const uint16_t* __restrict__ V, int64_t ldv, const uint16_t* __restrict__ U, int64_t ldu, int64_t K2,
+    float* __restrict__ M, int64_t ldm) {
+  __m512 acc[R][Q];
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < Q; ++q) {
+      acc[r][q] = _mm512_setzero_ps();
+    }
+  }
+  for (int64_t c = 0; c < K2; ++c) {
+    __m512i u[Q];
+    for (int q = 0; q < Q; ++q) {
+      u[q] = _mm512_loadu_si512(U + (c * ldu + 16 * q) * 2);
+    }
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;  // input channels 2c and 2c + 1 of row r, broadcast to every output channel
+      std::memcpy(&pair, V + r * ldv + 2 * c, sizeof(pair));
+      const __m512i v = _mm512_set1_epi32(pair);
+      for (int q = 0; q < Q; ++q) {
+        acc[r][q] = _mm512_dpbf16_ps(acc[r][q], (__m512bh)v, (__m512bh)u[q]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < Q; ++q) {
+      _mm512_storeu_ps(M + r * ldm + 16 * q, acc[r][q]);
+    }
+  }
+}
+
+template <int R>
+DIFFUSION_KERNELS_BF16_TARGET inline __attribute__((always_inline)) void winograd_gemm_rows_bf16(int64_t q,
+    const uint16_t* V, int64_t ldv, const uint16_t* U, int64_t ldu, int64_t K2, float* M, int64_t ldm) {
+  switch (q) {
+    case 4: winograd_gemm_tile_bf16<R, 4>(V, ldv, U, ldu, K2, M, ldm); break;
+    case 3: winograd_gemm_tile_bf16<R, 3>(V, ldv, U, ldu, K2, M, ldm); break;
+    case 2: winograd_gemm_tile_bf16<R, 2>(V, ldv, U, ldu, K2, M, ldm); break;
+    default: winograd_gemm_tile_bf16<R, 1>(V, ldv, U, ldu, K2, M, ldm); break;
+  }
+}
+
+// All three stages on the AVX512-BF16 dot product; the GEMMs blocked as the float32 path's (6 tiles x 64 channels).
+DIFFUSION_KERNELS_BF16_TARGET
+void winograd_tiles_bf16_native(const WinogradConv& a, int64_t t0, int64_t n, uint16_t* __restrict__ V, float* __restrict__ M) {
+  const int64_t cin = a.cin, cout = a.cout;
+  winograd_input_transform<uint16_t, uint16_t>(a, t0, n, V);
+  for (int64_t k = 0; k < a.products; ++k) {
+    const uint16_t* Vk = V + k * n * cin;
+    const uint16_t* Uk = static_cast<const uint16_t*>(a.weight) + k * cin * cout;
+    float* Mk = M + k * n * cout;
+    for (int64_t co = 0; co < cout; co += 64) {
+      const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
+      int64_t t = 0;
+      for (; t + 6 <= n; t += 6) {
+        winograd_gemm_rows_bf16<6>(q, Vk + t * cin, cin, Uk + 2 * co, cout, cin / 2, Mk + t * cout + co, cout);
+      }
+      for (; t < n; ++t) {
+        winograd_gemm_rows_bf16<1>(q, Vk + t * cin, cin, Uk + 2 * co, cout, cin / 2, Mk + t * cout + co, cout);
+      }
+    }
+  }
+  winograd_output_transform<uint16_t>(a, t0, n, M);
+}
+#endif
+
+// Whether this CPU has the AVX512-BF16 dot product (read once, from CPUID).
+bool cpu_has_avx512_bf16() {
+#if defined(DIFFUSION_KERNELS_AVX512_BF16)
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
 at::Tensor conv3x3_winograd_cpu(
     const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool upsample) {
-  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(at::MemoryFormat::ChannelsLast),
-      "conv3x3_winograd: x must be a channels-last float32 (B, Cin, H, W) tensor, got ", x.scalar_type(), " ", x.sizes(),
-      " with strides ", x.strides());
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 4 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(at::MemoryFormat::ChannelsLast),
+      "conv3x3_winograd: x must be a channels-last float32 or bfloat16 (B, Cin, H, W) tensor, got ", x.scalar_type(), " ",
+      x.sizes(), " with strides ", x.strides());
   const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), products = upsample ? 36 : 16;
-  TORCH_CHECK(weight.dim() == 3 && weight.size(0) == products && weight.size(1) == cin && weight.scalar_type() == at::kFloat &&
-      weight.is_contiguous() && weight.device() == x.device(),
-      "conv3x3_winograd: weight must be the contiguous float32 (", products, ", Cin=", cin, ", Cout) transform of ",
-      upsample ? "winograd_weight(..., upsample=True)" : "winograd_weight", ", got ", weight.scalar_type(), " ", weight.sizes());
+  const char* transform = upsample ? "winograd_weight(..., upsample=True" : "winograd_weight(...";
+  if (bf16) {
+    TORCH_CHECK(weight.dim() == 4 && weight.size(0) == products && weight.size(1) * 2 == cin && weight.size(3) == 2 &&
+        weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() && weight.device() == x.device(),
+        "conv3x3_winograd: for a bfloat16 x, weight must be the contiguous bfloat16 (", products, ", Cin/2=", cin / 2,
+        ", Cout, 2) transform of ", transform, ", dtype=torch.bfloat16), got ", weight.scalar_type(), " ", weight.sizes());
+  } else {
+    TORCH_CHECK(weight.dim() == 3 && weight.size(0) == products && weight.size(1) == cin && weight.scalar_type() == at::kFloat &&
+        weight.is_contiguous() && weight.device() == x.device(),
+        "conv3x3_winograd: weight must be the contiguous float32 (", products, ", Cin=", cin, ", Cout) transform of ",
+        transform, "), got ", weight.scalar_type(), " ", weight.sizes());
+  }
   const int64_t cout = weight.size(2);
   TORCH_CHECK(cin % 16 == 0 && cout % 16 == 0 && cin > 0 && cout > 0,
       "conv3x3_winograd: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
@@ -1005,14 +1219,25 @@ at::Tensor conv3x3_winograd_cpu(
   }
   const int64_t scale = upsample ? 2 : 1;  // (B, Cout, H, W), upsample (B, Cout, 2H, 2W), channels-last
   at::Tensor out = at::empty({B, scale * H, scale * W, cout}, x.options()).permute({0, 3, 1, 2});
-  const WinogradConv a{x.data_ptr<float>(), weight.data_ptr<float>(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
-      out.data_ptr<float>(), H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, upsample, products};
+  const WinogradConv a{x.data_ptr(), weight.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
+      out.data_ptr(), H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, upsample, products};
   const int64_t per_block = winograd_block_tiles(products, cin, cout), tiles = B * a.tiles_h * a.tiles_w;
+  const bool native = bf16 && cpu_has_avx512_bf16();
   at::parallel_for(0, (tiles + per_block - 1) / per_block, 1, [&](int64_t begin, int64_t end) {
-    std::unique_ptr<float[]> V(new float[products * per_block * cin]), M(new float[products * per_block * cout]);
+    std::unique_ptr<float[]> M(new float[products * per_block * cout]);
+    std::unique_ptr<float[]> V(new float[bf16 ? 0 : products * per_block * cin]);
+    std::unique_ptr<uint16_t[]> V16(new uint16_t[bf16 ? products * per_block * cin : 0]);
     for (int64_t block = begin; block < end; ++block) {
-      const int64_t t0 = block * per_block;
-      winograd_tiles(a, t0, std::min(per_block, tiles - t0), V.get(), M.get());
+      const int64_t t0 = block * per_block, n = std::min(per_block, tiles - t0);
+      if (!bf16) {
+        winograd_tiles(a, t0, n, V.get(), M.get());
+      } else if (native) {
+#if defined(DIFFUSION_KERNELS_AVX512_BF16)
+        winograd_tiles_bf16_native(a, t0, n, V16.get(), M.get());
+#endif
+      } else {
+        winograd_tiles_bf16_emulated(a, t0, n, V16.get(), M.get());
+      }
     }
   });
   return out;

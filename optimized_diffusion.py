@@ -58,6 +58,7 @@ from torch import nn
 
 from ddpm.conditioning import Guidance, unet_batch
 from ddpm.util import build_flags
+from ddpm.util import precision as precision_policy
 from ddpm.util.messages import first_line
 from ddpm.util.precision import LOW_DTYPES, autocast, backend_policy, check_precision
 from ddpm.util.profiling import phase
@@ -283,21 +284,32 @@ _WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.
 _WINOGRAD_G2 = ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0))
 
 
-def winograd_weight(weight: torch.Tensor, *, upsample: bool = False) -> torch.Tensor:
-    """A 3x3 convolution's weight (Cout, Cin, 3, 3) as :func:`conv3x3_winograd`'s float32 operand, computed in
-    float64: (16, Cin, Cout), U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci]; or, for the
+def winograd_weight(
+    weight: torch.Tensor, *, upsample: bool = False, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A 3x3 convolution's weight (Cout, Cin, 3, 3) as :func:`conv3x3_winograd`'s operand, computed in float64:
+    (16, Cin, Cout), U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci]; or, for the
     convolution of the input upsampled 2x, (36, Cin, Cout): for each output phase p (upsample_phase_weights'
-    order) its 2x2 kernel k's G2 k G2^T at rows 9p .. 9p + 8."""
+    order) its 2x2 kernel k's G2 k G2^T at rows 9p .. 9p + 8. float32; or, with ``dtype=torch.bfloat16`` (for a
+    bfloat16 x), rounded to bfloat16 once and laid out in input-channel pairs, (16 or 36, Cin / 2, Cout, 2): the
+    operand of AVX512-BF16's dot product."""
     if not upsample:
         G = torch.tensor(_WINOGRAD_G, dtype=torch.float64, device=weight.device)
         u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
-        return u.reshape(16, weight.shape[1], weight.shape[0]).float().contiguous()
-    G2 = torch.tensor(_WINOGRAD_G2, dtype=torch.float64, device=weight.device)
-    phases = [
-        torch.einsum("ai,ocij,bj->abco", G2, kernel, G2).reshape(9, weight.shape[1], weight.shape[0])
-        for _, kernel in upsample_phase_weights(weight.detach())
-    ]
-    return torch.cat(phases).float().contiguous()
+        u = u.reshape(16, weight.shape[1], weight.shape[0])
+    else:
+        G2 = torch.tensor(_WINOGRAD_G2, dtype=torch.float64, device=weight.device)
+        phases = [
+            torch.einsum("ai,ocij,bj->abco", G2, kernel, G2).reshape(9, weight.shape[1], weight.shape[0])
+            for _, kernel in upsample_phase_weights(weight.detach())
+        ]
+        u = torch.cat(phases)
+    if dtype == torch.float32:
+        return u.float().contiguous()
+    if dtype != torch.bfloat16:
+        raise ValueError(f"conv3x3_winograd runs in float32 or bfloat16, not {dtype}")
+    P, cin, cout = u.shape  # (P, Cin, Cout) -> (P, Cin / 2, Cout, 2): input channels 2c, 2c + 1 side by side
+    return u.view(P, cin // 2, 2, cout).transpose(2, 3).to(torch.bfloat16).contiguous()
 
 
 def conv3x3_winograd(
@@ -320,11 +332,14 @@ def conv3x3_winograd(
 WINOGRAD_MAX_CHANNELS = 256
 
 
-def winograd_is_fast() -> bool:
-    """Whether this CPU runs conv3x3_winograd faster than oneDNN: its register blocking is written for AVX-512
-    (on an AVX2-only CPU it was several times slower than oneDNN's direct convolution: BENCHMARKS.md, "The default
-    path on an AVX2 CPU")."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+def winograd_is_fast(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this CPU runs conv3x3_winograd in ``dtype`` faster than oneDNN: float32's register blocking is
+    written for AVX-512 (on an AVX2-only CPU it was several times slower than oneDNN's direct convolution:
+    BENCHMARKS.md, "The default path on an AVX2 CPU"); bfloat16's GEMMs are AVX512-BF16 dot products (elsewhere
+    they are plain C++, for the tests: BENCHMARKS.md, "bf16 on a CPU that computes it")."""
+    if dtype == torch.bfloat16:
+        return precision_policy.cpu_has_native_bf16()
+    return dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def winograd_applies(conv: nn.Module) -> bool:
@@ -388,7 +403,8 @@ class FusedUNet(nn.Module):
     table, ``projections(t, y)``: one GEMM per step instead of one per block, and for an unconditional model
     a function of the timestep alone, so a sampler computes it once per plan step (``projections(timesteps)``)
     and hands the forward a row (``forward(..., projections=row)``; (1, D) rows are expanded, not copied).
-    On the CPU in float32 channels-last, the 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3)
+    On the CPU in channels-last float32 (AVX-512) or bfloat16 (a CPU with native bf16: AVX512-BF16 dot products),
+    the 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3)
     (:func:`conv3x3_winograd`; ``winograd=False`` keeps them on oneDNN), an upsampling's convolution included (its
     output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with oneDNN (:meth:`_upsample_conv`).
     Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
@@ -453,7 +469,8 @@ class FusedUNet(nn.Module):
         }
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
 
-        # On the CPU in float32 channels-last, the 3x3 stride-1 convolutions in Winograd's F(2x2, 3x3)
+        # On the CPU in channels-last float32 or (native) bf16 (winograd_is_fast), the 3x3 stride-1 convolutions in
+        # Winograd's F(2x2, 3x3)
         # (conv3x3_winograd: 2.25x fewer multiply-adds, faster than oneDNN's direct ones up to 256 channels), and
         # an upsampling's convolution with it, in F(2x2, 2x2) per output phase (no upsampled tensor); elsewhere
         # (GPUs: cuDNN chooses its own algorithm) the packed weights above.
@@ -465,21 +482,20 @@ class FusedUNet(nn.Module):
         use_winograd = (
             winograd
             and on_cpu
-            and dtype == torch.float32
             and channels_last
             and self.config.dims == 2
-            and winograd_is_fast()
+            and winograd_is_fast(dtype)
             and _has_op("conv3x3_winograd")
         )
         ups = [up for up in unet.upsample if not isinstance(up, nn.Identity)]
         self.winograd_upsample = {
-            up: winograd_weight(up.conv.weight, upsample=True)
+            up: winograd_weight(up.conv.weight, upsample=True, dtype=dtype)
             for up in ups
             if use_winograd and winograd_applies(up.conv)
         }
         upsampling_convs = {up.conv for up in self.winograd_upsample}  # computed upsampling and all, above
         self.winograd = {
-            conv: winograd_weight(conv.weight)
+            conv: winograd_weight(conv.weight, dtype=dtype)
             for conv in unet.modules()
             if use_winograd and winograd_applies(conv) and conv not in upsampling_convs
         }
@@ -514,7 +530,8 @@ class FusedUNet(nn.Module):
         weight, bias = self.packed[conv]
         separate = with_bias and self.separate_bias and conv in self.float_biases  # added below, by bias_add_
         bias = bias if with_bias and not separate else None
-        if conv in self.winograd:
+        if conv in self.winograd:  # its bias in float32 (added to the float32 sums before rounding)
+            bias = self.float_biases[conv] if bias is not None else None
             out = conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias)
         else:
             op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
@@ -544,7 +561,7 @@ class FusedUNet(nn.Module):
         conv3x3_winograd's upsample mode instead (F(2x2, 2x2) per phase, written in place, faster still). Both:
         results/cpu-2026-11-25-winograd/HISTORY.md."""
         if up in self.winograd_upsample:
-            _, bias = self.packed[up.conv]
+            bias = self.float_biases.get(up.conv)
             return conv3x3_winograd(
                 x.contiguous(memory_format=torch.channels_last), self.winograd_upsample[up], bias, upsample=True
             )

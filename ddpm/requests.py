@@ -200,6 +200,7 @@ class DrawRequest:
     source: ModelSource
     implementation: str  # "auto" (chosen once the file is read: backends/auto.chosen_for) or a registry name
     implementation_line: str = ""  # --implementation auto: which it chose and why (set and printed by the mode)
+    precision_auto: bool = False  # --precision auto: auto may draw in fp32 what no faster path draws in bf16
     n_samples: int = 16
     batch_size: int = 64
     seed: int = 0

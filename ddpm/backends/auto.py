@@ -36,12 +36,15 @@ class Verified:
     kinds: tuple[str, ...] = ("checkpoint",)
     dims: tuple[int, ...] = (2, 3)
     capabilities: tuple[str, ...] | None = None  # a CPU's vector capabilities it covers (None: any)
+    native_bf16: bool = False  # only on a CPU that computes bf16 in hardware
+    faster_than_fp32: bool = True  # False: verified to run, but slower than fp32 here (not auto precision's choice)
 
     def matches(self, device: DeviceKind, *, precision: str, kind: str, dims: int) -> bool:
         return (
             device.type == self.device
             and device.extension  # every entry is a custom-kernel path
             and (self.capabilities is None or device.capability in self.capabilities)
+            and (device.native_bf16 or not self.native_bf16)
             and precision in self.precisions
             and kind in self.kinds
             and dims in self.dims
@@ -49,6 +52,16 @@ class Verified:
 
 
 VERIFIED: tuple[Verified, ...] = (
+    Verified(
+        "cpu",
+        ("bf16",),
+        "cuda",
+        "fused U-Net runner in bf16, Winograd convolutions on the CPU's bf16 dot products; the fastest verified on a "
+        "CPU with native bf16",
+        evidence="BENCHMARKS.md: 'bf16 on a CPU that computes it' (results/cpu-2026-11-28-bf16/)",
+        dims=(2,),
+        native_bf16=True,
+    ),
     Verified(
         "cpu",
         ("fp32",),
@@ -94,6 +107,7 @@ VERIFIED: tuple[Verified, ...] = (
         "fused step kernels under autocast; the original runs fp32 only",
         evidence="BENCHMARKS.md: 'Lower precision against fp32 on a CPU'",
         kinds=("checkpoint", "torchscript"),
+        faster_than_fp32=False,
     ),
 )
 
@@ -103,6 +117,7 @@ class Choice:
     implementation: str  # a registry name
     why: str
     precision: str = "fp32"
+    faster_than_fp32: bool = True  # where precision is lower: whether this path was measured faster than fp32's
 
     @property
     def line(self) -> str:
@@ -134,7 +149,7 @@ def choose(
 
     for entry in VERIFIED:
         if entry.matches(device, precision=precision, kind=kind, dims=dims) and runs(entry.implementation):
-            return Choice(entry.implementation, entry.why, precision)
+            return Choice(entry.implementation, entry.why, precision, entry.faster_than_fp32)
     for name in registry.SAMPLE_IMPLEMENTATIONS:
         if runs(name):
             reason = (
@@ -142,7 +157,7 @@ def choose(
                 if not device.extension
                 else f"nothing faster is verified for {precision} {dims}-D {kind} files on a {device.type.upper()}"
             )
-            return Choice(name, reason, precision)
+            return Choice(name, reason, precision, precision == "fp32")
     registry.get("original").check(kind=kind, precision=precision, conditional=conditional, latent=latent)
     raise ValueError(f"no implementation here runs --precision {precision} for this file")
 
@@ -169,11 +184,14 @@ def chosen_for(request, artifact) -> Choice | None:
     from ddpm.formats.kinds import artifact_kind
 
     config = artifact.model_config
-    return choose(
-        DeviceKind.of(request.device),
-        precision=request.precision,
+    device = DeviceKind.of(request.device)
+    facts = dict(
         kind=artifact_kind(request.source.path),
         dims=config.dims,
         conditional=bool(config.num_classes),
         latent=artifact.first_stage is not None,
     )
+    choice = choose(device, precision=request.precision, **facts)
+    if request.precision_auto and not choice.faster_than_fp32:  # auto: a lower precision only where it is faster
+        return choose(device, precision="fp32", **facts)
+    return choice

@@ -1,6 +1,6 @@
 """What this device is, and where the fused U-Net runner is verified: the facts backends/auto.py chooses from.
 
-    DeviceKind.of(torch.device("cpu"))       # DeviceKind(type="cpu", extension=True, capability="AVX2")
+    DeviceKind.of(torch.device("cpu"))   # DeviceKind(type="cpu", extension=True, capability="AVX2", native_bf16=False)
     runner_verified(device_type="cpu", precision="fp32", dims=2)   # True: cuda runs the fused U-Net runner there
 
 A leaf module (it imports the extension only when asked about the device), so the registry, the choice of
@@ -20,10 +20,18 @@ from dataclasses import dataclass
 # a GPU in fp32 nor for 3-D U-Nets there: verified against the eager U-Net by the GPU tests, never timed against
 # the step kernels.
 RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2), ("cuda", "bf16", 2), ("cuda", "fp16", 2)})
+# ... and in bf16 on a CPU that computes bf16 natively (AVX512-BF16 or AMX), its 3x3 convolutions in Winograd on bf16
+# dot products: BENCHMARKS.md, "bf16 on a CPU that computes it". Where bf16 is emulated it is slower than fp32.
+NATIVE_BF16_RUNNER = ("cpu", "bf16", 2)
 
 
-def runner_verified(*, device_type: str, precision: str, dims: int) -> bool:
-    """Whether the cuda implementation uses the fused U-Net runner for this device, precision and U-Net."""
+def runner_verified(*, device_type: str, precision: str, dims: int, native_bf16: bool | None = None) -> bool:
+    """Whether the cuda implementation uses the fused U-Net runner for this device, precision and U-Net.
+    ``native_bf16``: whether this CPU computes bf16 in hardware (None: ask it)."""
+    if (device_type, precision, dims) == NATIVE_BF16_RUNNER:
+        from ddpm.util.precision import cpu_has_native_bf16
+
+        return cpu_has_native_bf16() if native_bf16 is None else native_bf16
     return (device_type, precision, dims) in RUNNER_VERIFIED
 
 
@@ -34,14 +42,18 @@ class DeviceKind:
     type: str  # "cpu" or "cuda"
     extension: bool  # the diffusion_kernels extension is built for it (no JIT compile on first use)
     capability: str = ""  # a CPU's vector capability as PyTorch names it ("AVX512", "AVX2")
+    native_bf16: bool = False  # a CPU that computes bf16 in hardware (AVX512-BF16, AMX)
 
     @classmethod
     def of(cls, device) -> DeviceKind:
         """This machine's ``device`` (a torch.device); loads the extension if it is built."""
         import torch
 
-        capability = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else ""
-        return cls(device.type, _extension_built(device.type), capability)
+        from ddpm.util.precision import cpu_has_native_bf16
+
+        on_cpu = device.type == "cpu"
+        capability = torch.backends.cpu.get_cpu_capability() if on_cpu else ""
+        return cls(device.type, _extension_built(device.type), capability, on_cpu and cpu_has_native_bf16())
 
 
 def _extension_built(device_type: str) -> bool:

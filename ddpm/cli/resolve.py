@@ -228,6 +228,7 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     return dict(
         device=device,
         precision=precision,
+        precision_auto=args.precision == "auto",
         source=source,
         implementation=implementation,
         n_samples=args.n_samples,
@@ -249,6 +250,8 @@ def _sampling_precision(args: argparse.Namespace, device: torch.device, implemen
     precision = _precision(args, "sampling", device)
     if args.precision != "auto" or precision == "fp32":
         return precision
+    if device.type == "cpu":  # only the runner's bf16 is faster than fp32 on a CPU: auto's choice, for a checkpoint
+        return precision if implementation == "auto" and kind == "checkpoint" else "fp32"
     runs = kind == "checkpoint" if implementation == "auto" else registry.get(implementation).runs(kind, precision)
     return precision if runs else "fp32"
 

@@ -123,5 +123,6 @@ def with_implementation(opened: Opened, choice) -> Opened:
     if choice is None:
         return opened
     distributed.say(choice.line)
-    request = replace(opened.request, implementation=choice.implementation, implementation_line=choice.line)
+    chosen = dict(implementation=choice.implementation, implementation_line=choice.line, precision=choice.precision)
+    request = replace(opened.request, **chosen)
     return replace(opened, request=request)

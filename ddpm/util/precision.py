@@ -35,6 +35,29 @@ from ddpm.choices import PRECISIONS, QUANTIZED
 LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware: AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake) or AMX
+    (Intel Sapphire Rapids and later), where oneDNN's bf16 convolutions and the runner's bf16 Winograd GEMMs run on
+    bf16 dot products. Elsewhere bf16 is emulated (converted to float32 and back) and slower than float32."""
+    import torch.cpu
+
+    try:  # torch's own CPUID reading (private, but stable since 2.3); the kernel flags where it is gone
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:
+        return bool(_cpuinfo_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def check_precision(precision: str) -> str:
     """``precision`` if it is one of :data:`PRECISIONS`; ValueError naming the choices otherwise."""
     if precision not in PRECISIONS:
@@ -44,8 +67,11 @@ def check_precision(precision: str) -> str:
 
 def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
     """The precision ``--precision`` names: "auto" is bf16 for training and sampling on a GPU that supports it
-    (there the fused U-Net runner draws in bf16 what fp32 draws, to bf16's rounding, several times faster), and
-    fp32 on a CPU and for export (an exported graph is lowered to another precision only when asked).
+    (there the fused U-Net runner draws in bf16 what fp32 draws, to bf16's rounding, several times faster), bf16
+    for sampling on a CPU that computes bf16 natively (cpu_has_native_bf16: the runner's bf16 Winograd
+    convolutions; the caller keeps it only where that runner draws the file: backends/auto.chosen_for), and fp32
+    otherwise: on other CPUs (emulated bf16 is slower) and for export (an exported graph is lowered to another
+    precision only when asked).
     int8 and fp8 are quantized graphs: exported (``purpose`` "export") and sampled, never trained."""
     if requested in QUANTIZED:
         if purpose == "training":
@@ -57,6 +83,8 @@ def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
     if requested != "auto":
         return check_precision(requested)
     if purpose in ("training", "sampling") and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    if purpose == "sampling" and device.type == "cpu" and cpu_has_native_bf16():
         return "bf16"
     return "fp32"
 

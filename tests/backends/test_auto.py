@@ -17,11 +17,23 @@ from helpers import ROOT, TINY_SCHEDULE, perturbed_unet, tiny_unet_config
 from ddpm.backends import registry
 from ddpm.backends.auto import VERIFIED, choose
 from ddpm.backends.verified import DeviceKind, runner_verified
+from ddpm.util import precision
 from noise_schedule import NoiseSchedule
 
 CPU = DeviceKind("cpu", extension=True, capability="AVX512")
 AVX2_CPU = DeviceKind("cpu", extension=True, capability="AVX2")
+BF16_CPU = DeviceKind("cpu", extension=True, capability="AVX512", native_bf16=True)  # Zen 4, Sapphire Rapids
 GPU = DeviceKind("cuda", extension=True)
+
+
+@pytest.fixture
+def native_bf16(monkeypatch):
+    """Set whether this CPU computes bf16 natively: set(True) or set(False), whatever it is."""
+
+    def set_native(native: bool) -> None:
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+
+    return set_native
 
 
 def test_auto_is_the_fused_runner_on_a_cpu_in_fp32():
@@ -52,6 +64,48 @@ def test_auto_on_a_gpu_is_the_step_kernels_where_the_runner_is_not_verified(prec
     assert choice.implementation == "cuda" and "fused step kernels" in choice.why
     if kind == "checkpoint":  # a traced U-Net never runs through the runner, which rebuilds a PyTorch U-Net
         assert not runner_verified(device_type="cuda", precision=precision, dims=dims)
+
+
+def test_auto_on_a_cpu_with_native_bf16_is_the_runner_in_bf16_and_elsewhere_bf16_is_not_the_runner():
+    choice = choose(BF16_CPU, precision="bf16", kind="checkpoint", dims=2)
+    assert choice.line.startswith("implementation: cuda in bf16 (fused U-Net runner in bf16, Winograd")
+    assert choice.faster_than_fp32
+    assert runner_verified(device_type="cpu", precision="bf16", dims=2, native_bf16=True)
+    for device in (CPU, AVX2_CPU):  # emulated bf16: the step kernels under autocast, slower than fp32
+        emulated = choose(device, precision="bf16", kind="checkpoint", dims=2)
+        assert "under autocast" in emulated.why and not emulated.faster_than_fp32
+        assert not runner_verified(device_type="cpu", precision="bf16", dims=2, native_bf16=False)
+    volumes = choose(BF16_CPU, precision="bf16", kind="checkpoint", dims=3)  # the runner is verified for 2-D only
+    assert "under autocast" in volumes.why and not volumes.faster_than_fp32
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_precision_auto_samples_in_bf16_only_on_a_cpu_that_computes_it_and_only_through_the_runner(native_bf16, native):
+    from ddpm.backends.auto import chosen_for
+    from ddpm.cli import resolve
+
+    class Artifact:  # what chosen_for reads of an opened file
+        model_config = tiny_unet_config()
+        first_stage = None
+
+    class Volume:
+        model_config = tiny_unet_config(dims=3)
+        first_stage = None
+
+    native_bf16(native)
+    cpu = torch.device("cpu")
+    assert precision.resolve("auto", purpose="sampling", device=cpu) == ("bf16" if native else "fp32")
+    assert precision.resolve("auto", purpose="training", device=cpu) == "fp32"
+    assert precision.resolve("auto", purpose="export", device=cpu) == "fp32"
+    _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
+    expected = "bf16" if native else "fp32"
+    assert chosen_for(auto, Artifact()).line.startswith(f"implementation: cuda in {expected} (fused U-Net runner")
+    assert chosen_for(auto, Volume()).precision == "fp32"  # no faster bf16 path for a 3-D U-Net: fp32
+    _, named = resolve.parse(["--mode", "sample", "--device", "cpu", "--precision", "bf16"])
+    assert chosen_for(named, Volume()).line.startswith("implementation: cuda in bf16")  # asked for: as asked
+    for name in ("original", "cuda", "onnxruntime"):  # auto's precision is auto's implementation's
+        _, explicit = resolve.parse(["--mode", "sample", "--device", "cpu", "--implementation", name])
+        assert explicit.precision == "fp32"
 
 
 def test_auto_never_compiles():
@@ -85,9 +139,11 @@ def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered
         assert not re.search(r"\d(\.\d+)?\s*(x|ms|s|%)(\W|$)", entry.why)  # the measurements live in BENCHMARKS.md
 
 
-def test_an_explicit_implementation_wins_over_auto():
+def test_an_explicit_implementation_wins_over_auto(native_bf16):
     from ddpm.backends.auto import chosen_for
     from ddpm.cli import resolve
+
+    native_bf16(False)
 
     class Artifact:  # what chosen_for reads of an opened file
         model_config = tiny_unet_config()
@@ -130,11 +186,13 @@ def test_cuda_draws_the_originals_images_to_float_tolerance_and_cuda_steps_bit_f
     assert not torch.equal(cuda, original)  # a different computation, not the same one twice
 
 
-def test_cuda_is_the_step_kernels_where_the_runner_is_not_verified():
+@pytest.mark.parametrize("native", [True, False])
+def test_cuda_is_the_step_kernels_where_the_runner_is_not_verified(native_bf16, native):
+    native_bf16(native)
     model = perturbed_unet(tiny_unet_config())
     plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", sampling_steps=2)
     bf16 = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions("bf16"))
-    assert bf16.unet_runner is None
+    assert (bf16.unet_runner is not None) == native  # bf16 through the runner only where the CPU computes it
     steps = registry.get("cuda_steps").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())
     assert steps.unet_runner is None
 
