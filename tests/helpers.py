@@ -100,6 +100,25 @@ TINY_TRAIN = [
     "--sample_every",
     "0",
 ]
+# A tiny distillation: 8 trajectories of 8 teacher steps, students trained on batches of 4.
+TINY_DISTILL = ["--distill_samples", "8", "--teacher_steps", "8", "--batch_size", "4", "--seed", "3"]
+
+
+def tiny_teacher(folder: Path, name: str, *args: str) -> Path:
+    """folder/name: a :data:`TINY_TRAIN` digits checkpoint; ``args`` add flags (another --seed: another model)."""
+    result = run_here(*TINY_TRAIN, "--model_path", name, *args, cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder / name
+
+
+def tiny_student(folder: Path, teacher: Path, name: str, *args: str) -> Path:
+    """folder/name: a :data:`TINY_DISTILL` student of ``teacher``, one step; ``args`` add flags."""
+    result = run_here(
+        "--mode", "distill", "--model_path", str(teacher), "--output", name, *TINY_DISTILL, "--max_steps", "1", *args,
+        cwd=folder,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return folder / name
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:

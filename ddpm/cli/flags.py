@@ -252,8 +252,16 @@ def _autoencoder() -> tuple[Flag, ...]:
     )
 
 
+TRAINING_STEPS = ("train", "train_autoencoder", "distill")  # the modes that take optimizer steps
+
+
 def _training() -> tuple[Flag, ...]:
-    steps = ("train", "train_autoencoder", "distill")
+    return (*_training_length(), *_training_objective(), *_training_files())
+
+
+def _training_length() -> tuple[Flag, ...]:
+    """How long a training run is, and its optimizer."""
+    steps = TRAINING_STEPS
     return (
         flag(
             "n_epochs",
@@ -324,6 +332,12 @@ def _training() -> tuple[Flag, ...]:
                 "distill": dict(default=DISTILL_DEFAULTS["ema_decay"], help="the decay of the student's EMA weights")
             },
         ),
+    )
+
+
+def _training_objective() -> tuple[Flag, ...]:
+    """What each step learns and how: the loss's weights and timesteps, clipping, labels dropped, checkpoints."""
+    return (
         flag(
             "min_snr_gamma",
             ("train",),
@@ -376,6 +390,13 @@ def _training() -> tuple[Flag, ...]:
             },
         ),
         flag("sample_every", ("train",), type=int, default=1000, help="sample grid every N steps (0: only at the end)"),
+    )
+
+
+def _training_files() -> tuple[Flag, ...]:
+    """Where a run starts from and what it writes besides its checkpoint."""
+    steps = TRAINING_STEPS
+    return (
         flag(
             "resume",
             TRAIN,
@@ -502,6 +523,13 @@ def _sampling() -> tuple[Flag, ...]:
             action="store_true",
             help="sample (or export) the raw weights instead of the EMA",
         ),
+        *_drawn_outputs(),
+    )
+
+
+def _drawn_outputs() -> tuple[Flag, ...]:
+    """What sample, export and distill write, and the consent a TorchScript model file needs."""
+    return (
         flag(
             "output",
             ("sample", "export", "distill"),

@@ -239,26 +239,38 @@ def add_calls(rows: list[dict], *, doubled: bool) -> list[dict]:
     return rows
 
 
+def row_label(row: dict) -> str:
+    """A row's name in the tables: its sampler, and a distilled student's file as the user named it (two students
+    of 4 steps are two files)."""
+    return f"{row['sampler']} {row['model_path']}" if row.get("model_path") else str(row["sampler"])
+
+
+def label_width(rows: list[dict]) -> int:
+    """The tables' first column: 16 characters, or as wide as the longest label and two spaces."""
+    return max([16, *(len(row_label(row)) + 2 for row in rows)])
+
+
 def format_table(result: dict) -> str:
     if result.get("metric") == "inception":
         return _inception_table(result)
     if result.get("metric") == "voxels":
         from ddpm.evaluation import voxels
 
-        return voxels.voxel_table(result)
-    head = f"{'sampler':<16}{'steps':>6}{'confident':>11}{'classes':>9}{'Frechet':>10}{'memorised':>11}{'seconds':>9}"
+        return voxels.voxel_table(result, labels=[row_label(row) for row in result["rows"]])
+    w = label_width(result["rows"])
+    head = f"{'sampler':<{w}}{'steps':>6}{'confident':>11}{'classes':>9}{'Frechet':>10}{'memorised':>11}{'seconds':>9}"
     lines = [head]
 
     def line(label: str, steps: str, s: dict) -> str:
         memorised = "-" if math.isnan(s["memorised"]) else f"{100 * s['memorised']:.1f}%"
         seconds = "-" if s.get("seconds") is None else f"{s['seconds']:.1f}"
         return (
-            f"{label:<16}{steps:>6}{100 * s['confident']:>10.1f}%{s['classes']:>9}{s['frechet']:>10.3f}"
+            f"{label:<{w}}{steps:>6}{100 * s['confident']:>10.1f}%{s['classes']:>9}{s['frechet']:>10.3f}"
             f"{memorised:>11}{seconds:>9}"
         )
 
     for row in result["rows"]:
-        lines.append(line(row["sampler"], str(row["steps"]), row))
+        lines.append(line(row_label(row), str(row["steps"]), row))
     lines.append(line("real digits", "-", result["ceiling"]) + "   (ceiling: held-out real digits)")
     lines.append(line("noise", "-", result["floor"]) + "   (floor: uniform noise)")
     conditional = [row for row in result["rows"] if row.get("on_label") is not None]
@@ -266,23 +278,24 @@ def format_table(result: dict) -> str:
         lines += [
             "",
             f"drawn as the requested digit (guidance {result.get('guidance_scale')}):",
-            f"{'sampler':<16}{'steps':>6}{'all':>7}" + "".join(f"{d:>6}" for d in range(10)),
+            f"{'sampler':<{w}}{'steps':>6}{'all':>7}" + "".join(f"{d:>6}" for d in range(10)),
         ]
         for row in conditional:
             cells = "".join("     -" if v is None else f"{100 * v:>5.0f}%" for v in row["per_label"])
-            lines.append(f"{row['sampler']:<16}{row['steps']:>6}{100 * row['on_label']:>6.1f}%{cells}")
+            lines.append(f"{row_label(row):<{w}}{row['steps']:>6}{100 * row['on_label']:>6.1f}%{cells}")
     return "\n".join(lines)
 
 
 def _inception_table(result: dict) -> str:
-    lines = [f"{'sampler':<16}{'steps':>6}{'FID':>10}{'KID x1000':>16}{'seconds':>9}"]
+    w = label_width(result["rows"])
+    lines = [f"{'sampler':<{w}}{'steps':>6}{'FID':>10}{'KID x1000':>16}{'seconds':>9}"]
 
     def line(label: str, steps: str, s: dict) -> str:
         seconds = "-" if s.get("seconds") is None else f"{s['seconds']:.1f}"
         kid = f"{1000 * s['kid']:.2f} ± {1000 * s['kid_std']:.2f}"
-        return f"{label:<16}{steps:>6}{s['fid']:>10.2f}{kid:>16}{seconds:>9}"
+        return f"{label:<{w}}{steps:>6}{s['fid']:>10.2f}{kid:>16}{seconds:>9}"
 
-    lines += [line(row["sampler"], str(row["steps"]), row) for row in result["rows"]]
+    lines += [line(row_label(row), str(row["steps"]), row) for row in result["rows"]]
     lines.append(line("real images", "-", result["ceiling"]) + "   (ceiling: held-out real images)")
     lines.append(line("noise", "-", result["floor"]) + "   (floor: uniform noise)")
     return "\n".join(lines)

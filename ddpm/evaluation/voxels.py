@@ -208,10 +208,13 @@ class VoxelJudge:
         return self.score(noise, name="uniform noise (floor)")
 
 
-def voxel_table(result: dict) -> str:
-    """evaluate's table for volumes: one line per (sampler, steps), then the ceiling and the floor."""
+def voxel_table(result: dict, *, labels: list[str] | None = None) -> str:
+    """evaluate's table for volumes: one line per (sampler, steps), then the ceiling and the floor; ``labels`` name
+    the rows (quality.row_label: a student's file too; default: their samplers)."""
+    labels = labels or [str(row["sampler"]) for row in result["rows"]]
+    w = max([16, *(len(label) + 2 for label in labels)])
     head = (
-        f"{'sampler':<16}{'steps':>6}{'IoU (median)':>14}{'IoU>=0.8':>10}{'PSNR':>8}{'SSIM':>8}"
+        f"{'sampler':<{w}}{'steps':>6}{'IoU (median)':>14}{'IoU>=0.8':>10}{'PSNR':>8}{'SSIM':>8}"
         f"{'radius mean±std':>18}{'seconds':>9}"
     )
     lines = [head]
@@ -227,13 +230,13 @@ def voxel_table(result: dict) -> str:
         if radius != "-":
             radius += f" ± {number(s.get('radius_std'), '.2f')}"
         return (
-            f"{label:<16}{steps:>6}{number(s.get('iou'), '.3f'):>14}{share + ('%' if share != '-' else ''):>10}"
+            f"{label:<{w}}{steps:>6}{number(s.get('iou'), '.3f'):>14}{share + ('%' if share != '-' else ''):>10}"
             f"{number(s.get('psnr'), '.2f'):>8}{number(s.get('ssim'), '.3f'):>8}{radius:>18}"
             f"{number(s.get('seconds'), '.1f'):>9}"
         )
 
-    for row in result["rows"]:
-        lines.append(line(str(row["sampler"]), str(row["steps"]), row))
+    for label, row in zip(labels, result["rows"]):
+        lines.append(line(label, str(row["steps"]), row))
     lines.append(line("real volumes", "-", result["ceiling"]) + "   (ceiling: held-out real volumes)")
     lines.append(line("noise", "-", result["floor"]) + "   (floor: uniform noise)")
     return "\n".join(lines)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -39,8 +41,59 @@ def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
     )
 
 
-def open_student(request: EvaluateRequest, path: str, *, like):
-    """A distilled student for the same table: the same kind of images, drawn with its own sampler and steps."""
+def model_identity(opened) -> str | None:
+    """The evaluated model's content hash as a student records its teacher's (training/distill.py's
+    teacher_identity: the EMA weights and the configs), or None for a file holding no PyTorch weights to hash."""
+    from ddpm.backends.artifacts import load_artifact
+    from ddpm.modes.distill import TEACHER_KINDS
+    from ddpm.training.distill import teacher_identity
+
+    artifact, source = opened.artifact, opened.request.source
+    if artifact.kind not in TEACHER_KINDS:
+        return None
+    if source.weights != "ema":  # --no_ema draws the raw weights; a teacher is known by its EMA weights
+        artifact = load_artifact(source.path, device=opened.request.device, autoencoder=source.autoencoder)
+    return teacher_identity(artifact)
+
+
+def check_teacher(path: str, student, *, like, identity: Callable[[], str | None]) -> None:
+    """A student's checkpoint records its teacher by content (``distill_config``'s teacher_sha256): a student of
+    another model is refused; one whose teacher cannot be compared (an exported student records none, an exported
+    teacher holds no weights to hash, an older run records a path) is said in one line, never passed silently."""
+    from ddpm.formats.checkpoints import load_checkpoint
+    from ddpm.training.distill import DistillConfig
+    from ddpm.util.safe_files import resolved
+
+    ours = like.artifact.path
+    state = load_checkpoint(path) if student.artifact.kind == "checkpoint" else {}
+    if "distill_config" not in state:
+        distributed.say(f"--students {path} records no teacher (an export of a student): not checked against {ours}")
+        return
+    try:
+        recorded = DistillConfig.from_dict(state["distill_config"])
+    except ValueError as exc:
+        raise ValueError(f"--students {path}: {exc}") from None
+    teacher = Path(recorded.teacher).name
+    if not recorded.teacher_sha256:  # a run that predates the teacher's hash knows it by path only
+        if resolved(recorded.teacher) != resolved(ours):
+            distributed.say(f"--students {path} records its teacher by path only ({teacher}): not checked")
+        return
+    ours_hash = identity()
+    if ours_hash is None:
+        distributed.say(
+            f"--students {path}: {ours} holds no PyTorch weights to compare with its teacher's: not checked"
+        )
+    elif ours_hash != recorded.teacher_sha256:
+        raise ValueError(
+            f"--students {path} is a student of another model ({teacher}, whose weights and configs hash to "
+            f"{recorded.teacher_sha256[:16]}), not of --model_path {ours} ({ours_hash[:16]}); compare a student with "
+            "its own teacher"
+        )
+
+
+def open_student(request: EvaluateRequest, path: str, *, like, identity: Callable[[], str | None]):
+    """A distilled student for the same table: the same kind of images, drawn with its own sampler and steps, and a
+    student of ``like`` (``identity``: its content hash, check_teacher)."""
     from dataclasses import replace
 
     student = open_for_drawing(
@@ -64,6 +117,7 @@ def open_student(request: EvaluateRequest, path: str, *, like):
         )
     if ours != theirs:
         raise ValueError(f"--students {path} draws other classes than --model_path {like.artifact.path}")
+    check_teacher(path, student, like=like, identity=identity)
     check_mode_outputs("evaluate", request.outputs(), inputs={"--students": path, **student.artifact.inputs})
     return student
 
@@ -92,32 +146,67 @@ def estimate(opened, row_steps: list[int], students: list) -> str:
     )
 
 
+def judged_dataset(request: EvaluateRequest, artifact) -> str:
+    """The training data the model is judged against: recorded in a checkpoint and in an export; --dataset names it
+    for exported files too old to record it, and may not contradict a recorded one (the real images for FID/KID are
+    read from --data_dir)."""
+    path = request.source.path
+    if request.dataset and artifact.dataset and request.dataset != artifact.dataset:
+        raise ValueError(
+            f"--dataset {request.dataset} contradicts {path}, which was trained on {artifact.dataset}; drop --dataset"
+        )
+    dataset = artifact.dataset or request.dataset
+    if dataset is None:  # guessing would judge the model against data it never saw
+        raise ValueError(
+            f"{path} records no training dataset; name the data to judge it against with --dataset "
+            "(and --data_dir for a folder of images)"
+        )
+    if (artifact.model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly
+        kind_of = "a 3-D (volume)" if artifact.model_config.dims == 3 else "a 2-D (image)"
+        raise ValueError(
+            f"{path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset"
+        )
+    return dataset
+
+
+def draw_row(sampler: str, sampling_steps: int | None, *, request: EvaluateRequest, opened) -> tuple[torch.Tensor, int]:
+    """One row's samples (float32, on the CPU) and its steps: ``opened``'s model (the evaluated one or a student)
+    drawn by ``sampler`` from the same noise as every other row (one generator seeded with --seed)."""
+    device = request.device
+    schedule = opened.schedule()
+    _, timesteps = own_sampling(schedule.config, sampler=sampler, sampling_steps=sampling_steps)
+    plan = schedule.make_plan(
+        sampler,
+        sampling_steps=sampling_steps,
+        timesteps=timesteps,
+        eta=request.eta if sampler == "ddim" else 0.0,
+        clip_denoised=opened.clips_x0(request.clip_denoised),
+        device=device,
+    )
+    drawer = opened.drawer(plan)
+    generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
+    sizes, batch_size = opened.batch_sizes, opened.batch_size
+    batches = [
+        drawer(
+            opened.artifact.model_config.sample_shape(size),
+            generator,
+            False,
+            opened.guidance.rows(i * batch_size, i * batch_size + size) if opened.guidance else None,
+        )
+        .float()
+        .cpu()  # sync: the batch leaves the device
+        for i, size in enumerate(tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False))
+    ]
+    return torch.cat(batches), plan.num_steps
+
+
 def run_evaluate(request: EvaluateRequest) -> None:
     source, device, n = request.source, request.device, request.n_samples
     opened = open_for_drawing(request)
     opened = with_implementation(opened, chosen_for(request, opened.artifact))  # auto: chosen for this model
     artifact, guidance = opened.artifact, opened.guidance
-    # The training data: recorded in a checkpoint and in an export; --dataset names it for exported files
-    # too old to record it, and may not contradict a recorded one. The real images for FID/KID are read from --data_dir.
-    if request.dataset and artifact.dataset and request.dataset != artifact.dataset:
-        raise ValueError(
-            f"--dataset {request.dataset} contradicts {source.path}, which was trained on {artifact.dataset}; drop "
-            "--dataset"
-        )
-    dataset = artifact.dataset or request.dataset
-    if dataset is None:  # guessing would judge the model against data it never saw
-        raise ValueError(
-            f"{source.path} records no training dataset; name the data to judge it against with --dataset "
-            "(and --data_dir for a folder of images)"
-        )
-    model_config = artifact.model_config
+    dataset = judged_dataset(request, artifact)
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
-    if (model_config.dims == 3) != (dataset in VOLUME_DATASETS):  # an exported file's --dataset named wrongly
-        kind_of = "a 3-D (volume)" if model_config.dims == 3 else "a 2-D (image)"
-        raise ValueError(
-            f"{source.path} is {kind_of} model but {dataset} is not its kind of data; name its training data with "
-            "--dataset"
-        )
     check_samples_fit(n, artifact.output_shape)
     schedule = opened.schedule()
     samplers = [own_sampling(schedule.config, sampler=s, sampling_steps=None)[0] for s in request.samplers]
@@ -128,7 +217,10 @@ def run_evaluate(request: EvaluateRequest) -> None:
         for sampler in samplers
         for sampling_steps in request.sampling_steps
     ]
-    students = [open_student(request, path, like=opened) for path in request.students]  # before any row is drawn
+    identity = functools.cache(lambda: model_identity(opened))  # hashed once, for the students that record one
+    students = [  # before any row is drawn
+        open_student(request, path, like=opened, identity=identity) for path in request.students
+    ]
     distributed.say(estimate(opened, row_steps, students))
     # The real data it is judged against is an input too.
     check_mode_outputs("evaluate", request.outputs(), inputs={"--data_dir": data_input(dataset, request.data_dir)})
@@ -142,34 +234,6 @@ def run_evaluate(request: EvaluateRequest) -> None:
         device=device,
         inception_weights=request.inception_weights,
     )
-    sizes, batch_size = opened.batch_sizes, opened.batch_size
-
-    def draw(sampler: str, sampling_steps: int | None, *, opened=opened) -> tuple[torch.Tensor, int]:
-        schedule = opened.schedule()
-        _, timesteps = own_sampling(schedule.config, sampler=sampler, sampling_steps=sampling_steps)
-        plan = schedule.make_plan(
-            sampler,
-            sampling_steps=sampling_steps,
-            timesteps=timesteps,
-            eta=request.eta if sampler == "ddim" else 0.0,
-            clip_denoised=opened.clips_x0(request.clip_denoised),
-            device=device,
-        )
-        drawer = opened.drawer(plan)
-        generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
-        batches = [
-            drawer(
-                model_config.sample_shape(size),
-                generator,
-                False,
-                opened.guidance.rows(i * batch_size, i * batch_size + size) if opened.guidance else None,
-            )
-            .float()
-            .cpu()  # sync: the batch leaves the device
-            for i, size in enumerate(tqdm(sizes, desc=f"{sampler} {plan.num_steps} steps", unit="batch", leave=False))
-        ]
-        return torch.cat(batches), plan.num_steps
-
     sweep = functools.partial(
         quality.run_sweep,
         judge=judge,
@@ -178,13 +242,14 @@ def run_evaluate(request: EvaluateRequest) -> None:
         image_size=s,
         requested=guidance and guidance.labels,
     )
+    draw = functools.partial(draw_row, request=request, opened=opened)
     result = sweep(draw, samplers=samplers, sampling_steps=request.sampling_steps)
     quality.add_calls(result["rows"], doubled=guidance is not None and guidance.doubled)
-    for student in students:  # each its own sampler and steps; one U-Net call per step (guidance folded in)
+    for path, student in zip(request.students, students):  # its own sampler and steps; one call a step
         own = student.artifact.schedule_config.student_sampler
         rows = sweep(functools.partial(draw, opened=student), samplers=[own], sampling_steps=[None])["rows"]
         for row in rows:
-            row.update(sampler="distilled", model_path=str(student.artifact.path))
+            row.update(sampler="distilled", model_path=path)  # the file as the user named it: the table's label
         result["rows"] += quality.add_calls(rows, doubled=False)
     result.update(
         model_path=str(source.path), implementation=opened.request.implementation, precision=request.precision

@@ -253,3 +253,66 @@ def test_a_model_that_records_no_dataset_asks_for_dataset_instead_of_guessing(tm
     save_checkpoint(tmp_path / "m.pt", state | {"model": weights, "ema": weights, "step": 0})  # no train_config
     result = run_here("--mode", "evaluate", "--model_path", "m.pt", "--n_samples", "2", cwd=tmp_path)
     assert_user_error(result, "m.pt records no training dataset; name the data to judge it against with --dataset")
+
+
+# ----- issue 58: a student is evaluated beside its own teacher only, and its row names its file -----------------
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory):
+    """A folder with two tiny digits models (a.pt; b.pt, another seed) and two 2-step students of a.pt."""
+    from helpers import tiny_student, tiny_teacher
+
+    folder = tmp_path_factory.mktemp("teachers")
+    a = tiny_teacher(folder, "a.pt")
+    tiny_teacher(folder, "b.pt", "--seed", "1")
+    for name, seed in (("sa.pt", "3"), ("sa2.pt", "4")):
+        tiny_student(folder, a, name, "--sampling_steps", "2", "--seed", seed)
+    return folder
+
+
+def test_evaluate_refuses_a_student_of_another_teacher_before_drawing_a_row(teachers):
+    from helpers import assert_user_error, run_here
+
+    result = run_here(
+        "--mode", "evaluate", "--model_path", "b.pt", "--students", "sa.pt", "--n_samples", "8", cwd=teachers
+    )  # fmt: skip
+    assert_user_error(result, "--students sa.pt is a student of another model (a.pt, whose weights and configs hash")
+    assert "not of --model_path b.pt" in result.stderr
+    assert "evaluate: " not in result.stdout and "drawing" not in result.stdout  # before the estimate and any row
+
+
+def test_each_students_row_in_the_table_names_its_file(teachers):
+    from helpers import run_here
+
+    # --no_ema draws a.pt's raw weights: it is still the students' teacher, known by its EMA weights.
+    result = run_here(
+        "--mode", "evaluate", "--model_path", "a.pt", "--no_ema", "--students", "sa.pt,sa2.pt", "--sampler", "ddim",
+        "--sampling_steps", "2", "--n_samples", "8", "--json", "q.json", cwd=teachers,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    labels = [line.split("  ")[0] for line in result.stdout.split("\nsampler ")[1].splitlines()[1:4]]
+    assert labels == ["ddim", "distilled sa.pt", "distilled sa2.pt"]  # two 2-step students, two files
+    rows = json.loads((teachers / "q.json").read_text())["rows"]
+    assert [(r["sampler"], r["steps"], r.get("model_path")) for r in rows] == [
+        ("ddim", 2, None),
+        ("distilled", 2, "sa.pt"),
+        ("distilled", 2, "sa2.pt"),
+    ]
+
+
+def test_a_student_whose_teacher_cannot_be_compared_is_said_in_one_line(teachers, tmp_path, capsys):
+    """An older run records its teacher by path, an exported teacher has no weights to hash: evaluate says it does not
+    check them rather than passing them over in silence."""
+    from types import SimpleNamespace
+
+    from ddpm.formats.checkpoints import save_checkpoint
+    from ddpm.modes.evaluate import check_teacher
+
+    state = torch.load(teachers / "sa.pt", weights_only=True)
+    state["distill_config"].update(teacher="elsewhere/a0.pt", teacher_sha256="")  # written before the hash
+    save_checkpoint(tmp_path / "old.pt", state)
+    student = SimpleNamespace(artifact=SimpleNamespace(kind="checkpoint"))
+    like = SimpleNamespace(artifact=SimpleNamespace(path=teachers / "a.pt"))
+    check_teacher(str(tmp_path / "old.pt"), student, like=like, identity=lambda: pytest.fail("hashed"))
+    assert "records its teacher by path only (a0.pt): not checked" in capsys.readouterr().out
+    check_teacher(str(teachers / "sa.pt"), student, like=like, identity=lambda: None)  # like: an ONNX export, say
+    assert "holds no PyTorch weights to compare with its teacher's: not checked" in capsys.readouterr().out

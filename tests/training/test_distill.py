@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_TRAIN, assert_user_error, needs_onnx, run_here
+from helpers import TINY_DISTILL, TINY_TRAIN, assert_user_error, needs_onnx, run_here
 
 from ddpm.training.distill import (
     DistillConfig,
@@ -22,8 +22,6 @@ from ddpm.training.distill import (
 from noise_schedule import NoiseSchedule, ScheduleConfig, make_betas
 
 F64 = torch.float64
-# A tiny distillation: 8 trajectories of 8 teacher steps, 3 student steps of 4 images.
-TINY_DISTILL = ["--distill_samples", "8", "--teacher_steps", "8", "--batch_size", "4", "--seed", "3"]
 
 
 @pytest.fixture(scope="module")
