@@ -6,9 +6,7 @@ Same calling convention and, in fp32 with the same seed, the same images as the 
     from optimized_diffusion import sample
     images = sample(model, plan, shape=(64, 1, 28, 28), generator=g, precision="bf16")
 
-Build the extension first (otherwise it is JIT-compiled on first use, which takes a minute):
-
-    pip install -e . --no-build-isolation        # or: python setup.py build_ext --inplace
+Build the extension first (otherwise it is JIT-compiled on first use): ``pip install -e . --no-build-isolation``.
 
 What it changes, step by step:
 
@@ -24,16 +22,12 @@ What it changes, step by step:
   fused step, counter advance) is warmed up, captured once and replayed for every step. Steps
   of the other kind (with or without noise; for DDPM only the last, noise-free one) run the
   same code eagerly, so the generator is consumed exactly as by the original loop.
-* **Precision and layout.** ``precision`` is "fp32", "bf16" or "fp16"; bf16/fp16 run the U-Net
-  under autocast and feed its half-precision eps straight to the fused op (the sampler state
-  stays float32). On CUDA cuDNN autotunes the convolutions. The U-Net runs NCHW by default:
-  channels-last made a graphed step slower on an H100, because PyTorch's GroupNorm copies
-  channels-last inputs back to NCHW (BENCHMARKS.md, "The step kernels on a GPU").
-  ``compile_model=True`` (``--compile``) runs the U-Net through torch.compile inside the graph,
-  which fuses GroupNorm + SiLU: faster per step, after a compile of tens of seconds (same section).
-* **Robust capture, own stream.** Sampling runs on a dedicated CUDA stream (not the legacy
-  default stream). Capture uses ``capture_error_mode="thread_local"``; if the step cannot be
-  captured (a model with work capture refuses), the sampler says so in one line and runs eagerly.
+* **Precision and layout.** ``precision`` is "fp32", "bf16" or "fp16" (the sampler state stays float32): the fused
+  U-Net runner (:class:`FusedUNet`, NHWC, weights cast once) where asked, else the U-Net under autocast, NCHW
+  (channels-last made a graphed step slower on an H100: BENCHMARKS.md, "The step kernels on a GPU").
+  ``compile_model=True`` (``--compile``) runs the U-Net through torch.compile inside the graph.
+* **Robust capture, own stream.** Sampling runs on a dedicated CUDA stream; if the step cannot be captured, the
+  sampler says so in one line and runs eagerly.
 
 TF32 policy: with ``precision="fp32"`` TF32 is switched off for cuDNN convolutions and cuBLAS
 matmuls while sampling, so fp32 results match an fp32 original (run the original under
@@ -64,9 +58,7 @@ from ddpm.util.precision import LOW_DTYPES, autocast, backend_policy, check_prec
 from ddpm.util.profiling import phase
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 
-# --------------------------------------------------------------------------------------------
-# Loading the extension
-# --------------------------------------------------------------------------------------------
+# ----- Loading the extension ----------------------------------------------------------------------
 
 EXTENSION_NAME = "_diffusion_kernels"
 BUILD_COMMAND = "pip install -e . --no-build-isolation (or: python setup.py build_ext --inplace)"
@@ -185,9 +177,7 @@ def _register_fakes() -> None:
         return None
 
 
-# --------------------------------------------------------------------------------------------
-# Op wrappers
-# --------------------------------------------------------------------------------------------
+# ----- Op wrappers --------------------------------------------------------------------------------
 
 
 def fused_step_(
@@ -306,8 +296,6 @@ def winograd_weight(
         u = torch.cat(phases)
     if dtype == torch.float32:
         return u.float().contiguous()
-    if dtype != torch.bfloat16:
-        raise ValueError(f"conv3x3_winograd runs in float32 or bfloat16, not {dtype}")
     P, cin, cout = u.shape  # (P, Cin, Cout) -> (P, Cin / 2, Cout, 2): input channels 2c, 2c + 1 side by side
     return u.view(P, cin // 2, 2, cout).transpose(2, 3).to(torch.bfloat16).contiguous()
 
@@ -333,10 +321,9 @@ WINOGRAD_MAX_CHANNELS = 256
 
 
 def winograd_is_fast(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this CPU runs conv3x3_winograd in ``dtype`` faster than oneDNN: float32's register blocking is
-    written for AVX-512 (on an AVX2-only CPU it was several times slower than oneDNN's direct convolution:
-    BENCHMARKS.md, "The default path on an AVX2 CPU"); bfloat16's GEMMs are AVX512-BF16 dot products (elsewhere
-    they are plain C++, for the tests: BENCHMARKS.md, "bf16 on a CPU that computes it")."""
+    """Whether this CPU runs conv3x3_winograd in ``dtype`` faster than oneDNN: float32's blocking is written for
+    AVX-512 (several times slower on AVX2: BENCHMARKS.md, "The default path on an AVX2 CPU"); bf16's GEMMs are
+    AVX512-BF16 dot products (plain C++ elsewhere: BENCHMARKS.md, "bf16 on a CPU that computes it")."""
     if dtype == torch.bfloat16:
         return precision_policy.cpu_has_native_bf16()
     return dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() == "AVX512"
@@ -359,9 +346,7 @@ def winograd_applies(conv: nn.Module) -> bool:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# The fused U-Net runner
-# --------------------------------------------------------------------------------------------
+# ----- The fused U-Net runner ---------------------------------------------------------------------
 
 
 # Nearest 2x upsampling then a 3-tap convolution (padding 1): output position 2i + a of each dimension reads
@@ -678,9 +663,7 @@ class FusedUNet(nn.Module):
         return depth_to_space(out, p) if p > 1 else out  # x_t's shape, float32
 
 
-# --------------------------------------------------------------------------------------------
-# The sampler
-# --------------------------------------------------------------------------------------------
+# ----- The sampler --------------------------------------------------------------------------------
 
 
 def _default_generator(device: torch.device) -> torch.Generator:
