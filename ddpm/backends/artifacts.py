@@ -38,6 +38,7 @@ from ddpm.formats.exporters import (
 )
 from ddpm.formats.kinds import KIND_NAMES, artifact_kind
 from ddpm.formats.model_files import load_model_parts
+from ddpm.formats.torch_files import check_zip
 from ddpm.formats.unet_io import DEFAULT_MAX_BATCH, BatchRange
 from ddpm.latent.first_stage import FirstStage, check_latent_unet, linked_first_stage
 from ddpm.util.messages import first_line
@@ -203,6 +204,7 @@ def load_exported_decoder(
         engine = tensorrt_integration.Engine.load(data, io=stage.io, batch=BatchRange(*batch_range), device=device)
         decoder = tensorrt_integration.TensorRTDecoder(engine)
     else:  # TorchScript: trusted with the U-Net (load_torchscript refused it otherwise)
+        check_zip(data, source=str(file), what="a TorchScript file")
         try:
             with _quiet_torchscript():
                 decoder = torch.jit.load(io.BytesIO(data), map_location=device).eval()

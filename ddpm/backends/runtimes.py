@@ -40,6 +40,7 @@ from ddpm.formats.exporters import (
     import_onnx,
     onnx_io_mismatches,
 )
+from ddpm.formats.torch_files import check_zip
 from ddpm.formats.unet_io import (
     DEFAULT_MAX_BATCH,
     DEFAULT_OPSET,
@@ -467,8 +468,8 @@ def load_torchscript(
 ) -> tuple[TorchScriptUNet, UNetConfig, ScheduleConfig, dict]:
     """A TorchScript U-Net, only when ``trusted`` (loading runs the file's code); ValueError otherwise.
 
-    The file is read within its size limit and its metadata (the extra file, read from the zip
-    without torch) is checked before torch.jit.load runs anything.
+    The file is read within its size limit, its zip held to its directory and CRC-32s (torch_files.check_zip),
+    and its metadata (the extra file, read from the zip without torch) checked before torch.jit.load runs anything.
     """
     if not trusted:
         raise ValueError(
@@ -476,6 +477,7 @@ def load_torchscript(
             "pass --trust_torchscript if it comes from a source you trust"
         )
     data = read_limited(path, kind="torchscript")
+    check_zip(data, source=str(path), what="a TorchScript file")  # no bomb, no flipped bit
     raw = torchscript_extra_file(data, path=path)
     model_config, schedule_config, meta = parse_artifact_metadata(raw, source=path)
     if meta.get("traced_on") not in ("cpu", "cuda"):

@@ -1,6 +1,7 @@
-"""FID and KID for models of MNIST, Fashion-MNIST, CIFAR-10 and image folders (evaluate mode).
+"""FID and KID for models of Fashion-MNIST, CIFAR-10 and image folders (evaluate mode; MNIST's digits have a judge
+that needs no download, quality.MnistJudge).
 
-    python main.py --mode evaluate --model_path checkpoints/mnist.pt --n_samples 1000
+    python main.py --mode evaluate --model_path checkpoints/cifar10.pt --n_samples 1000
 
 The features are torch-fidelity's InceptionV3 (the TensorFlow FID network, ported bit-exact: the
 2048-d pool features of images bilinearly resized to 299x299), and the distances are
@@ -31,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ddpm.formats.torch_files import load_pt
+from ddpm.util.messages import first_line
+from ddpm.util.safe_files import read_limited
 
 WEIGHTS_NAME = "weights-inception-2015-12-05-6726825d.pth"
 FEATURE = "2048"
@@ -94,11 +99,11 @@ def weights_file(path: str | Path | None = None, *, download: bool = True) -> Pa
                     f"FID/KID need the Inception weights and the download failed ({reason}); download {url} "
                     f"and place it at {path}, or pass --inception_weights FILE"
                 ) from exc
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable or unsafe file gets the same one line
+    try:  # within the size limit, its zip checked (no bomb, no flipped bit) before torch or torch-fidelity inflate it
+        state = load_pt(read_limited(path, kind="checkpoint"), source="the file", kind="Inception weights")
+    except ValueError as exc:
         raise ValueError(
-            f"{path} is not a readable weights file ({type(exc).__name__}); fetch it again from {url}"
+            f"{path} is not a readable weights file ({first_line(exc)}); fetch it again from {url}"
         ) from exc
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path} is not a state dict of tensors; fetch it again from {url}")

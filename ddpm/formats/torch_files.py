@@ -3,6 +3,10 @@
 Checkpoints (formats/checkpoints.py) and autoencoders (latent/autoencoder.py) are both read here,
 from bytes their callers read within a size limit (safe_files.read_limited):
 
+* :func:`check_zip` holds a zip (a checkpoint, a TorchScript file) to its central directory before torch
+  inflates anything: a directory of sane size, entries stored or deflated, a bounded inflated total
+  (:func:`max_inflated_bytes`), and every entry's CRC-32, so a zip bomb or a flipped bit is refused
+  unread, in one line;
 * :func:`load_pt` refuses a TorchScript archive (a program) before torch sees it, loads everything
   else with ``weights_only=True`` (so no code from the file runs), and owns every failure: whatever
   torch or the zip and pickle readers raise on junk (``KeyError``, ``IndexError``, ``struct.error``,
@@ -21,8 +25,97 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ddpm.util.messages import clipped, first_line
+from ddpm.util.messages import clipped, first_line, format_bytes
 from noise_schedule import short_repr
+
+# torch.save and torch.jit.save store tensors uncompressed (only TorchScript's small code files are deflated), so
+# a real file's entries inflate to less than the file itself. The bound leaves room for a file re-zipped with
+# deflate (weights shrink ~1.1x, pickles ~5x) and for small files whose pickles compress well: what inflates
+# beyond it is a zip bomb (a 1.5 MB file whose data.pkl inflated to 1.5 GB once took 14 s and 3.5 GB to refuse).
+MAX_INFLATION = 4  # inflated total / file size
+INFLATION_ALLOWANCE = 16 << 20  # bytes any file may inflate to, whatever its size
+MAX_INFLATED_BYTES = 4 << 30  # and never more than the largest checkpoint read at all (safe_files.MAX_FILE_BYTES)
+# A checkpoint's directory holds ~100 bytes per tensor (a few thousand tensors); zipfile builds an object per
+# entry (~10x the directory's bytes), so a directory of millions of empty entries is refused before it is parsed.
+MAX_ZIP_DIRECTORY_BYTES = 16 << 20
+ZIP_MAGIC = b"PK\x03\x04"  # torch.load's own test of the zip format (anything else is its legacy pickle format)
+_CHUNK = 1 << 20
+
+
+def max_inflated_bytes(file_bytes: int) -> int:
+    """The most a zip of ``file_bytes`` may inflate to: :data:`MAX_INFLATION` times its size plus
+    :data:`INFLATION_ALLOWANCE`, at most :data:`MAX_INFLATED_BYTES`."""
+    return min(MAX_INFLATION * file_bytes + INFLATION_ALLOWANCE, MAX_INFLATED_BYTES)
+
+
+def check_zip(data: bytes, *, source: str, what: str = "a PyTorch file") -> None:
+    """Refuse, in one ValueError naming ``source``, a zip that is not what PyTorch writes, before anything is
+    inflated for torch: a central directory over :data:`MAX_ZIP_DIRECTORY_BYTES`, an entry neither stored nor
+    deflated (the two methods torch's reader knows), a stored entry whose sizes differ, entries that would inflate
+    beyond :func:`max_inflated_bytes` (their sizes come from the directory, and zipfile never inflates an entry
+    past its size), or an entry whose bytes fail its CRC-32 (a flipped bit; torch's reader does not check it).
+    ``what`` says what the file should be."""
+    directory = _directory_bytes(data)
+    if directory is not None and directory > MAX_ZIP_DIRECTORY_BYTES:
+        raise ValueError(
+            f"{source}: its zip directory is {format_bytes(directory)}, over the "
+            f"{format_bytes(MAX_ZIP_DIRECTORY_BYTES)} a PyTorch file needs; refusing to read it"
+        )
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except Exception as exc:  # noqa: BLE001 -- BadZipFile, a name that is not UTF-8, ...: the file's fault
+        raise ValueError(f"{source} is corrupt or not {what} ({_reason(exc)})") from exc
+    with archive:
+        entries = archive.infolist()
+        _check_entry_sizes(entries, file_bytes=len(data), source=source, what=what)
+        for entry in entries:
+            try:
+                with archive.open(entry) as member:  # zipfile checks the CRC-32 when the entry's end is read
+                    while member.read(_CHUNK):
+                        pass
+            except Exception as exc:  # noqa: BLE001 -- BadZipFile (a bad CRC-32, a bad header), zlib.error, EOFError
+                problem = "fails its CRC-32 check" if "CRC" in str(exc) else f"cannot be read ({_reason(exc)})"
+                raise ValueError(
+                    f"{source} is corrupt or not {what} (its entry {short_repr(entry.filename)} {problem})"
+                ) from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """What a zip reader's error says, in a few words: zipfile's own message, else the exception's type."""
+    return clipped(first_line(exc), limit=120) if isinstance(exc, zipfile.BadZipFile) else type(exc).__name__
+
+
+def _check_entry_sizes(entries: list[zipfile.ZipInfo], *, file_bytes: int, source: str, what: str) -> None:
+    """The sizes and methods :func:`check_zip` holds each entry to, from the directory alone."""
+    for entry in entries:
+        name = short_repr(entry.filename)
+        if entry.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ValueError(
+                f"{source} is corrupt or not {what} (its entry {name} uses zip method {entry.compress_type}; "
+                "PyTorch's files are stored or deflated)"
+            )
+        if entry.compress_type == zipfile.ZIP_STORED and entry.compress_size != entry.file_size:
+            raise ValueError(f"{source} is corrupt or not {what} (its stored entry {name} has two sizes)")
+    inflated, bound = sum(entry.file_size for entry in entries), max_inflated_bytes(file_bytes)
+    if inflated > bound:
+        raise ValueError(
+            f"{source}: its zip entries would inflate to {format_bytes(inflated)} from {format_bytes(file_bytes)}, "
+            f"over the {format_bytes(bound)} a PyTorch file of its size can hold (torch stores tensors "
+            "uncompressed); refused before inflating it"
+        )
+
+
+def _directory_bytes(data: bytes) -> int | None:
+    """The size of a zip's central directory, as its end record says (zip64's where the classic field
+    overflows); None without an end record (zipfile then says the file is not a zip)."""
+    end = data.rfind(b"PK\x05\x06", max(0, len(data) - 22 - 0xFFFF))  # the record, then a comment of <= 64 KiB
+    if end < 0 or end + 22 > len(data):
+        return None
+    size = int.from_bytes(data[end + 12 : end + 16], "little")
+    record = end - 20 - 56  # zip64: its end record (56 bytes) and locator (20) precede the classic one
+    if size == 0xFFFFFFFF and record >= 0 and data[record : record + 4] == b"PK\x06\x06":
+        size = int.from_bytes(data[record + 40 : record + 48], "little")
+    return size
 
 
 def is_torchscript_archive(data: bytes) -> bool:
@@ -41,6 +134,8 @@ def load_pt(data: bytes, *, source: str, kind: str, program_hint: str = "") -> o
     beyond tensors and plain data are refused (loading them could run code); anything torch cannot
     read is "corrupt or not a PyTorch file", whatever exception the readers raised on it.
     """
+    if data[:4] == ZIP_MAGIC:
+        check_zip(data, source=source)
     if is_torchscript_archive(data):
         raise ValueError(f"{source} is a TorchScript archive (a program), not {kind}, and was not loaded{program_hint}")
     try:

@@ -17,7 +17,9 @@ Four rules, applied by every mode before any work starts:
   then renamed over the target), so a file holds either its old or its whole new content; signals
   arriving during the write wait until the rename is done. A symlinked output keeps its link: the
   file it points to is replaced. Temporaries are named ``.<name>.tmp-<pid>-<random>``; the next
-  check of that output removes those whose process is gone (a killed save).
+  check of that output removes those whose process is gone (a killed save). A write the file system
+  refuses (a full disk, a read-only or failing one; also torch.save's RuntimeError wrapping it) ends in
+  one :class:`WriteError` line naming the output and saying that the previous file is untouched.
   A folder is replaced whole the same way (:func:`replaced_folder`: written beside it, then swapped in).
 * :func:`run_lock` takes an advisory lock beside a checkpoint, so two training runs never write
   into the same file; the lock file goes when the run ends.
@@ -26,6 +28,7 @@ Four rules, applied by every mode before any work starts:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -237,7 +240,8 @@ def replaced_folder(target: PathLike) -> Iterator[Path]:
     """A new, empty folder beside ``target`` to write into; when the block ends without an exception it replaces
     ``target`` whole (swapped in one step where the system can, RENAME_EXCHANGE; else two renames with signals
     held), so ``target`` holds the old folder or the new one, never a mix; on an exception it vanishes."""
-    target = resolved(target)
+    given, target = target, resolved(target)
+    existed = target.exists()
     remove_stale_temporaries(target)
     new = sibling_temporary(target)
     shutil.rmtree(new, ignore_errors=True)
@@ -246,9 +250,12 @@ def replaced_folder(target: PathLike) -> Iterator[Path]:
         yield new
         with interrupts.deferred():
             old = _swap_folders(new, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(new, ignore_errors=True)
-        raise
+        failure = write_failure(exc.__cause__ if isinstance(exc, WriteError) else exc)  # named the temporary folder
+        if failure is None:
+            raise
+        raise write_error(given, failure, existed=existed, what="folder") from exc
     shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(target.parent)
 
@@ -282,6 +289,36 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+class WriteError(OSError):
+    """A write the file system refused, in one line: the output as given, why, and that nothing was lost."""
+
+
+# What a write meets when the file system refuses it: a full disk or quota, a file too large, a read-only or
+# failing disk, a permission taken away meanwhile.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM})
+
+
+def write_failure(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed write: ``exc`` itself, or the one a library's own error wraps (torch.save raises
+    "RuntimeError: [enforce fail at inline_container.cc] ..." with the OSError its writer met as context); None
+    for any other error, and for a :class:`WriteError` (already one line)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain; never a cycle
+        if seen is None or isinstance(seen, WriteError) or not isinstance(seen, (OSError, RuntimeError)):
+            return None
+        if isinstance(seen, OSError) and seen.errno in WRITE_ERRNOS:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def write_error(path: PathLike, exc: BaseException, *, existed: bool, what: str = "file") -> WriteError:
+    """One line for a write to ``path`` (as the user gave it) that failed with ``exc``, saying what is intact."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+    intact = f"the previous {what} is untouched" if existed else f"no {what} was created"
+    return WriteError(f"cannot write {path}: {reason}; {intact} and nothing partial was left")
+
+
 def atomic_write(path: PathLike, write: Callable[[IO[bytes]], None]) -> Path:
     """Write a file through ``write(f)`` so that ``path`` holds either the old or the whole new file.
 
@@ -297,14 +334,17 @@ def atomic_open(path: PathLike) -> Iterator[IO[bytes]]:
     """A binary file that replaces ``path`` when the block ends without an exception (else it vanishes).
 
     For writes that span other work (a stream of samples); the final fsync and rename are not cut
-    by signals. An OSError (a full disk, a vanished folder) names ``path``, not the temporary file.
+    by signals. A write the file system refuses (:func:`write_failure`: a full disk, also through
+    torch.save's RuntimeError), and any OSError of the final flush and rename (a vanished folder), end
+    in one :class:`WriteError` naming ``path``, not the temporary file, which is removed.
     """
     target = check_target(path)
+    existed = target.exists()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target))
     except OSError as exc:
-        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise write_error(path, exc, existed=existed) from exc
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode instead
         with os.fdopen(fd, "wb") as f:
@@ -315,10 +355,13 @@ def atomic_open(path: PathLike) -> Iterator[IO[bytes]]:
                     os.fsync(f.fileno())
                     os.replace(tmp, target)
                 except OSError as exc:
-                    raise OSError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    except BaseException:
+                    raise write_error(path, exc, existed=existed) from exc
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        failure = write_failure(exc)  # the file's own close can fail too, after a failed write (its buffer)
+        if failure is None:
+            raise
+        raise write_error(path, failure, existed=existed) from exc
     _fsync_dir(target.parent)
 
 

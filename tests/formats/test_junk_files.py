@@ -5,8 +5,10 @@ exported decoders, trusted TorchScript, engine metadata, image folders, .npy vol
 junk (empty, text, empty and junk zips, truncated and bit-flipped real files, huge headers) is refused with a
 one-line ValueError naming the file; no other exception escapes. Only the junk each test lists may load, and
 it must load as the real file does: bits flipped in a weight or a voxel are data no loader can tell from the
-real thing without a checksum (the same structure, other values), and a file whose cut-off last byte nothing
-needed (a JSON file's final newline, a PNG's end-chunk checksum) is the real file.
+real thing without a checksum (the same structure, other values: safetensors and .npy files have none; a zip's
+entries have CRC-32s, so a flipped bit in a checkpoint loads only where no reader reads it), and a file whose
+cut-off last byte nothing needed (a JSON file's final newline, a PNG's end-chunk checksum) is the real file.
+Zip inputs are also held to their directory: an entry that inflates far beyond the file is refused unread.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import random
 import re
 import struct
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +32,8 @@ import tensorrt_integration
 from ddpm.backends.artifacts import Artifact, load_artifact
 from ddpm.data.datasets import ImageSet, load_images
 from ddpm.formats.checkpoints import FORMAT_VERSION, save_checkpoint
+from ddpm.formats.exporters import save_torchscript, trace_torchscript
+from ddpm.formats.unet_io import artifact_metadata
 from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state, load_autoencoder
 from ddpm.util.safe_files import atomic_write
 
@@ -143,8 +148,106 @@ def test_junk_checkpoints_end_in_one_line(tmp_path):
         tmp_path / "real.pt",
         tmp_path,
         name="junk.pt",
-        may_load={"bit flips": SAME_STRUCTURE},  # a flipped bit in a weight's bytes
+        may_load={"bit flips": SAME},  # bits no reader reads (a timestamp); a weight's bytes fail their CRC-32
     )
+
+
+def inflating(real: bytes, *, inflated: int) -> bytes:
+    """``real`` (a PyTorch zip) with its ``data.pkl`` deflated from ``inflated`` bytes (the real pickle, then
+    zeros): a small file whose directory says, truly, that it inflates to far more than it holds. Built in
+    1 MiB chunks, so the test never holds the inflated bytes."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(real)) as source, zipfile.ZipFile(out, "w") as bomb:
+        for entry in source.infolist():
+            if not entry.filename.endswith("/data.pkl"):
+                bomb.writestr(entry, source.read(entry))
+                continue
+            deflated = zipfile.ZipInfo(entry.filename, date_time=entry.date_time)
+            deflated.compress_type = zipfile.ZIP_DEFLATED
+            with bomb.open(deflated, "w") as pickle_file:
+                pickle_file.write(source.read(entry))
+                for _ in range(inflated >> 20):
+                    pickle_file.write(bytes(1 << 20))
+    return out.getvalue()
+
+
+def flipped(real: bytes) -> bytes:
+    """``real`` (a PyTorch zip) with one bit flipped in the middle of its largest tensor's bytes: a valid zip,
+    the same structure, one weight changed (a failing disk, a bad copy)."""
+    with zipfile.ZipFile(io.BytesIO(real)) as archive:
+        entry = max((e for e in archive.infolist() if "/data/" in e.filename), key=lambda e: e.file_size)
+    name_length, extra_length = struct.unpack_from("<HH", real, entry.header_offset + 26)  # its local header
+    at = entry.header_offset + 30 + name_length + extra_length + entry.file_size // 2
+    data = bytearray(real)
+    data[at] ^= 0x10
+    return bytes(data)
+
+
+ZIP_INPUTS = ("checkpoint", "autoencoder", "torchscript")
+
+
+def real_zip(kind: str, folder) -> tuple:
+    """The real file of ``kind`` (one of ZIP_INPUTS) in ``folder`` and how a run loads it."""
+    if kind == "checkpoint":
+        write_checkpoint(folder / "real.pt")
+        return folder / "real.pt", lambda p: load_artifact(p, device=CPU)
+    if kind == "autoencoder":
+        write_autoencoder(folder / "real.pt")
+        return folder / "real.pt", lambda p: load_autoencoder(p, device=CPU)
+    meta = artifact_metadata(model_config=CONFIG, schedule_config=TINY_SCHEDULE, weights="ema", traced_on="cpu")
+    save_torchscript(trace_torchscript(perturbed_unet(CONFIG)), folder / "real.ts", metadata=meta)
+    return folder / "real.ts", lambda p: load_artifact(p, device=CPU, trust_torchscript=True)
+
+
+@pytest.mark.parametrize("kind", ZIP_INPUTS)
+def test_an_inflating_zip_is_refused_from_its_directory_before_anything_inflates(tmp_path, monkeypatch, kind):
+    """A small zip whose data.pkl inflates to 64 MiB (the issue's 1.5 MB file inflated to 1.5 GB, taking 14 s
+    and 3.5 GB before it was refused): refused in one line from its directory's sizes; torch never reads it."""
+    real, load = real_zip(kind, tmp_path)
+    bomb = inflating(real.read_bytes(), inflated=64 << 20)
+    assert len(bomb) < (1 << 20)  # a small file
+    (tmp_path / f"bomb{real.suffix}").write_bytes(bomb)
+
+    def inflated(*args, **kwargs):
+        raise AssertionError("torch read the inflating zip")
+
+    monkeypatch.setattr(torch, "load", inflated)
+    monkeypatch.setattr(torch.jit, "load", inflated)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"would inflate to 6\d\.\d MiB .* refused before inflating it") as info:
+        load(Path(f"bomb{real.suffix}"))
+    assert "\n" not in str(info.value) and f"bomb{real.suffix}" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ZIP_INPUTS)
+def test_a_bit_flipped_zip_is_refused_by_its_crc_before_use(tmp_path, monkeypatch, kind):
+    """One bit flipped in a weight inside a valid zip (it loaded and trained): refused by the entry's CRC-32 in
+    one line naming the file as given, never the machine's absolute path."""
+    real, load = real_zip(kind, tmp_path)
+    (tmp_path / f"flipped{real.suffix}").write_bytes(flipped(real.read_bytes()))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"flipped\.\w+ is corrupt .*fails its CRC-32 check") as info:
+        load(Path(f"flipped{real.suffix}"))
+    assert "\n" not in str(info.value) and str(tmp_path) not in str(info.value)
+
+
+def test_a_zip_directory_too_large_to_parse_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    """zipfile builds an object per directory entry (~10x its bytes): a directory over the bound is refused from
+    the size its end record gives, before zipfile or torch parses it (here the bound is lowered under the real
+    checkpoint's 8 KiB directory)."""
+    from ddpm.formats import torch_files
+
+    write_checkpoint(tmp_path / "real.pt")
+    monkeypatch.setattr(torch_files, "MAX_ZIP_DIRECTORY_BYTES", 256)
+
+    def parsed(*args, **kwargs):
+        raise AssertionError("the directory was parsed")
+
+    monkeypatch.setattr(zipfile, "ZipFile", parsed)
+    monkeypatch.setattr(torch, "load", parsed)
+    with pytest.raises(ValueError, match=r"real\.pt: its zip directory is [\d.]+ KiB, over the 256 B") as info:
+        load_artifact(tmp_path / "real.pt", device=CPU)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -223,7 +326,7 @@ def test_junk_autoencoders_end_in_one_line_directly_and_through_a_link(tmp_path)
         tmp_path / "ae.pt",
         tmp_path,
         name="junk_ae.pt",
-        may_load={"bit flips": SAME_STRUCTURE},
+        may_load={"bit flips": SAME},
     )
     # A checkpoint whose link names an arbitrary file: refused in one line, whatever that file holds.
     write_checkpoint(tmp_path / "linked.pt", autoencoder={"path": str(tmp_path / "junk_ae.pt"), "sha256": "0" * 64})

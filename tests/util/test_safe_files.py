@@ -14,6 +14,7 @@ subprocesses.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -573,6 +574,97 @@ def test_save_checkpoint_names_the_path_on_os_errors(tmp_path):
             tmp_path / "file" / "x.pt",
             {"format_version": 1, "model_config": {}, "schedule_config": {}, "model": {}, "ema": {}, "step": 0},
         )
+
+
+def ended_in_one_line(result: tuple[int, str], match: str) -> None:
+    """A run that failed once at work (after its progress bars): exit 2, its last line the one error, no traceback."""
+    code, err = result
+    assert code == 2, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("main.py: error:"), err
+    assert match in err.strip().splitlines()[-1] and err.count("main.py: error:") == 1, err
+
+
+class FullDisk:
+    """A file whose disk fills after ``room`` bytes: every later write raises ENOSPC, as a real full disk's does."""
+
+    def __init__(self, file, *, room: int = 4096, error: int = errno.ENOSPC) -> None:
+        self.file, self.room, self.error = file, room, error
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(self.error, os.strerror(self.error))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+def test_a_full_disk_during_a_checkpoint_save_ends_in_one_line_and_keeps_the_previous_checkpoint(
+    cli, work, tmp_path, monkeypatch
+):
+    """torch.save meeting a full disk raised "RuntimeError: [enforce fail at inline_container.cc]" (a traceback,
+    exit 1): one line naming the checkpoint as typed and what is intact; the old checkpoint is byte-identical."""
+    (tmp_path / "ck.pt").write_bytes((work / "m.pt").read_bytes())
+    save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *args, **kwargs: save(obj, FullDisk(f), *args, **kwargs))
+    with unchanged(tmp_path / "ck.pt"):
+        result = cli(*TINY_TRAIN, "--max_steps", "2", "--model_path", "ck.pt", "--overwrite", cwd=tmp_path)
+    ended_in_one_line(result, "cannot write ck.pt: No space left on device; the previous file is untouched and nothing")
+    assert str(tmp_path) not in result[1] and "enforce fail" not in result[1]
+    assert not list(tmp_path.glob(".ck.pt.tmp-*"))
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO])
+@pytest.mark.parametrize("existing", [True, False])
+def test_a_refused_write_ends_in_one_line_naming_the_output_and_leaves_nothing_partial(
+    tmp_path, monkeypatch, error, existing
+):
+    """Any write (a grid, an ONNX graph, a report) whose file system refuses it: one WriteError line naming the
+    output as given and saying what is intact; the previous file is untouched, no temporary is left."""
+    monkeypatch.chdir(tmp_path)
+    if existing:
+        Path("out.onnx").write_bytes(b"old graph")
+
+    def write(f) -> None:
+        disk = FullDisk(f, room=4, error=error)
+        disk.write(b"part")
+        disk.write(b"the rest of the graph")
+
+    with pytest.raises(safe_files.WriteError) as info:
+        safe_files.atomic_write("out.onnx", write)
+    intact = "the previous file is untouched" if existing else "no file was created"
+    assert str(info.value) == f"cannot write out.onnx: {os.strerror(error)}; {intact} and nothing partial was left"
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["out.onnx"] if existing else [])
+    if existing:
+        assert Path("out.onnx").read_bytes() == b"old graph"
+
+
+def test_a_folder_replaced_on_a_full_disk_is_named_as_given_and_stays_as_it_was(tmp_path, monkeypatch):
+    """A folder export (written beside its target, then swapped in) meeting a full disk names the folder as given,
+    not the temporary one it was writing, and leaves the old folder whole."""
+    monkeypatch.chdir(tmp_path)
+    Path("d").mkdir()
+    Path("d/old.json").write_text("{}")
+    with pytest.raises(safe_files.WriteError) as info:
+        with safe_files.replaced_folder("d") as new:
+            safe_files.atomic_write(new / "unet.json", lambda f: FullDisk(f, room=0).write(b"{}"))
+    assert str(info.value) == (
+        "cannot write d: No space left on device; the previous folder is untouched and nothing partial was left"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and os.listdir("d") == ["old.json"]
+
+
+def test_a_sample_grid_on_a_full_disk_ends_in_one_line(cli, work, tmp_path, monkeypatch):
+    """PIL meeting a full disk while writing the grid: one line, exit 2, no partial PNG."""
+    (tmp_path / "m.pt").write_bytes((work / "m.pt").read_bytes())
+    save = Image.Image.save
+    monkeypatch.setattr(
+        Image.Image, "save", lambda self, f, *args, **kwargs: save(self, FullDisk(f, room=16), *args, **kwargs)
+    )
+    result = cli(*SAMPLE, "--model_path", "m.pt", "--output", "grid.png", cwd=tmp_path)
+    ended_in_one_line(result, "cannot write grid.png: No space left on device; no file was created and nothing partial")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
 
 
 def test_cpu_out_of_memory_ends_in_one_line(cli, work, monkeypatch):
