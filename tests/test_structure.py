@@ -399,6 +399,10 @@ def test_precision_and_device_refusals_are_one_line_and_name_the_way_out():
 
 
 def test_auto_precision_is_bf16_for_training_and_sampling_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
+    """... and bf16 for sampling on a CPU that computes it (tests/backends/test_auto.py: only through the runner)."""
+    from ddpm.util import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     cpu = torch.device("cpu")
     gpu = torch.device("cuda")  # a device name only: nothing is allocated on it
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)

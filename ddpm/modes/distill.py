@@ -18,8 +18,6 @@ from pathlib import Path
 from ddpm.requests import DistillRequest
 from ddpm.util import distributed
 
-TEACHER_KINDS = ("checkpoint", "safetensors", "diffusers")  # files holding PyTorch weights a student starts from
-
 
 def distill_config(request: DistillRequest, teacher_path: str, scale: float, *, identity: str = ""):
     """What the run learns from (training/distill.py's DistillConfig, validated), as the checkpoint keeps it."""
@@ -59,6 +57,7 @@ def load_teacher(request: DistillRequest, path: str):
     """The teacher as an Artifact (backends/artifacts.py): PyTorch weights the student can start from."""
     from ddpm.backends.artifacts import load_artifact
     from ddpm.outputs import check_mode_outputs
+    from ddpm.training.distill import TEACHER_KINDS
 
     artifact = load_artifact(
         path, device=request.device, weights="ema", autoencoder=request.teacher.autoencoder, max_batch=512
@@ -176,8 +175,9 @@ def new_student(request: DistillRequest):
 def resumed_student(request: DistillRequest):
     from ddpm.formats.checkpoints import load_checkpoint, read_configs
     from ddpm.latent.first_stage import clips_x0
+    from ddpm.modes.training_run import resumed_config
     from ddpm.training.distill import DistillConfig, DistillObjective, student_schedule, teacher_identity
-    from ddpm.training.trainer import Trainer, resume_config
+    from ddpm.training.trainer import Trainer
     from ddpm.util.safe_files import resolved
 
     checkpoint = request.checkpoint
@@ -191,34 +191,22 @@ def resumed_student(request: DistillRequest):
     except ValueError as exc:
         raise ValueError(f"{checkpoint}: {exc}") from None
     asked = distill_config(request, request.teacher.path, stored.guidance_scale)
-    kept = {  # the teacher itself is compared by content below, whatever its name now
+    kept = {  # besides the recipe's (training_run.RESUME_KEEPS); the teacher itself is compared by content below
         "sampling_steps": (asked.sampling_steps, stored.sampling_steps),
         "distill_samples": (asked.samples, stored.samples),
         "teacher_steps": (asked.teacher_steps, stored.teacher_steps),
         "guidance_scale": (request.guidance_scale, stored.guidance_scale),
         "seed": (asked.seed, stored.seed),
     }
-    contradicted = [
-        f"--{f} {ours} (the checkpoint's {theirs})"
-        for f, (ours, theirs) in kept.items()
-        if f in request.given and ours != theirs
-    ]
-    honoured = {f: getattr(request, f) for f in ("precision", "compile", "save_every") if f in request.given}
-    config = resume_config(
+    config = resumed_config(
         state,
-        total_steps=request.max_steps if "max_steps" in request.given else None,
+        request,
         checkpoint=checkpoint,
+        kept=lambda _: kept,
+        start_over="start over with --overwrite",
+        total_steps=request.max_steps if "max_steps" in request.given else None,
         world_size=distributed.current().world_size,
-        **honoured,
     )
-    for flag, ours, theirs in (("batch_size", request.batch_size, config.batch_size), ("lr", request.lr, config.lr)):
-        if flag in request.given and ours != theirs:
-            contradicted.append(f"--{flag} {ours} (the checkpoint's {theirs})")
-    if contradicted:
-        raise ValueError(
-            f"{checkpoint} is resumed with its own settings, and {'; '.join(contradicted)} differ from them; "
-            "drop those flags, or start over with --overwrite"
-        )
     if config.total_steps <= state["step"]:
         raise ValueError(
             f"{checkpoint} is at step {state['step']} of {config.total_steps}; to train on, pass --max_steps above "

@@ -45,8 +45,7 @@ def model_identity(opened) -> str | None:
     """The evaluated model's content hash as a student records its teacher's (training/distill.py's
     teacher_identity: the EMA weights and the configs), or None for a file holding no PyTorch weights to hash."""
     from ddpm.backends.artifacts import load_artifact
-    from ddpm.modes.distill import TEACHER_KINDS
-    from ddpm.training.distill import teacher_identity
+    from ddpm.training.distill import TEACHER_KINDS, teacher_identity
 
     artifact, source = opened.artifact, opened.request.source
     if artifact.kind not in TEACHER_KINDS:

@@ -55,6 +55,7 @@ MAX_SAMPLES = 1 << 20
 MAX_TEACHER_STEPS = 1000
 MAX_PAIR_BYTES = 4 << 30  # the trajectories are held in memory for the whole run
 TEACHER_BATCH = 256  # trajectories solved together
+TEACHER_KINDS = ("checkpoint", "safetensors", "diffusers")  # files holding PyTorch weights a student starts from
 
 
 @dataclass(frozen=True)
