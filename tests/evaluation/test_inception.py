@@ -1,4 +1,4 @@
-"""FID/KID in evaluate mode (MNIST, Fashion-MNIST, CIFAR-10, folders), through torch-fidelity.
+"""FID/KID in evaluate mode (Fashion-MNIST, CIFAR-10, folders), through torch-fidelity.
 
 Specification: the FID torch-fidelity computes from our features is the closed form for Gaussians
 and zero for identical sets; real images score near the ceiling and noise far above it; the
