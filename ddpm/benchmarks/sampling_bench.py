@@ -47,7 +47,7 @@ from ddpm.latent.first_stage import FirstStage
 from ddpm.requests import BenchmarkRequest
 from ddpm.util.cpu_memory import allocator_description
 from ddpm.util.messages import first_line
-from ddpm.util.precision import backend_policy
+from ddpm.util.precision import backend_policy, cpu_has_native_bf16
 from noise_schedule import SamplingPlan
 
 ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmark-only
@@ -299,11 +299,13 @@ def _forward(model: UNet, plan: SamplingPlan, *, shape: tuple[int, ...], seed: i
 
 def _peak_rates(forward: Callable, model: UNet, *, device: torch.device) -> dict[str, dict[str, float]]:
     """peaks.measure_peaks under the fp32 policy every fp32 row runs with (no TF32)."""
-    # On a CPU only fp32: PyTorch's own bf16/fp16 CPU matmuls and convolutions are not the fast library paths a
-    # runtime's low precision uses (OpenVINO's bf16), so they would be no peak of it; such rows show no MFU.
+    # On a CPU fp32, and bf16 where the CPU computes it (oneDNN's bf16 convolutions and matmuls then run on its dot
+    # products: the library path the runner's bf16 rows use); emulated bf16 or fp16 would be no peak: no MFU there.
     dtypes = {"fp32": torch.float32}
     if device.type == "cuda":
         dtypes.update(bf16=torch.bfloat16, fp16=torch.float16)
+    elif cpu_has_native_bf16():
+        dtypes.update(bf16=torch.bfloat16)
     with torch.no_grad(), backend_policy("fp32"):
         return measure_peaks(forward, model, device=device, dtypes=dtypes)
 
@@ -534,7 +536,7 @@ def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in ROWS]
     if unknown or not names:
-        raise ValueError(f"unknown benchmark rows {unknown or text!r}; choose from {', '.join(ROWS)}")
+        raise ValueError(f"unknown benchmark rows {unknown or text!r}; choose from {', '.join(ROWS)}, or all (alone)")
     return names
 
 

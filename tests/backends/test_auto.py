@@ -108,6 +108,32 @@ def test_precision_auto_samples_in_bf16_only_on_a_cpu_that_computes_it_and_only_
         assert explicit.precision == "fp32"
 
 
+def test_ddpm_native_bf16_overrides_what_the_cpu_says(monkeypatch):
+    for value, native in (("1", True), ("0", False)):
+        monkeypatch.setenv("DDPM_NATIVE_BF16", value)
+        assert precision.cpu_has_native_bf16() is native
+
+
+def test_sample_on_a_cpu_with_native_bf16_draws_in_bf16_by_default_what_fp32_draws(tmp_path, monkeypatch):
+    """The user's view: on such a CPU `sample` says it runs the runner in bf16 and draws the fp32 images to bf16's
+    rounding (on any CPU: without AVX512-BF16 the Winograd GEMMs' plain C++ twin computes the same); --precision
+    fp32 keeps the fp32 path."""
+    import numpy as np
+    from helpers import TINY_TRAIN, run_here
+
+    assert run_here(*TINY_TRAIN, "--model_path", "m.pt", cwd=tmp_path).returncode == 0
+    draw = ["--mode", "sample", "--model_path", "m.pt", "--sampler", "ddim", "--sampling_steps", "4"]
+    draw += ["--n_samples", "4", "--no_grid"]
+    monkeypatch.setenv("DDPM_NATIVE_BF16", "1")
+    bf16 = run_here(*draw, "--save_npz", "bf16.npz", cwd=tmp_path)
+    fp32 = run_here(*draw, "--save_npz", "fp32.npz", "--precision", "fp32", cwd=tmp_path)
+    assert bf16.returncode == 0 and fp32.returncode == 0, bf16.stderr + fp32.stderr
+    assert "implementation: cuda in bf16 (fused U-Net runner in bf16, Winograd convolutions" in bf16.stdout
+    assert "implementation: cuda in fp32 (fused U-Net runner" in fp32.stdout
+    low, high = (np.load(tmp_path / f"{name}.npz")["images"].astype(np.float64) for name in ("bf16", "fp32"))
+    assert low.shape == high.shape and 0 < np.abs(low - high).max() <= 8  # uint8 levels: close, not the same path
+
+
 def test_auto_never_compiles():
     assert all(not entry.implementation.startswith(("compile", "cuda_compile")) for entry in VERIFIED)
 
