@@ -208,6 +208,7 @@ class DrawRequest:
     engine: EngineFlags = EngineFlags()
     class_label: str | None = None  # --class_label as given: resolved against the model's class names
     guidance_scale: float | None = None  # None: conditioning.DEFAULT_GUIDANCE for a conditional model
+    dataset: str | None = None  # --dataset as given: the model's training data (a file that records another: refused)
 
     def outputs(self) -> dict[str, str | None]:
         """The files the run writes, by flag (checked again against the inputs the model file names)."""
@@ -231,7 +232,6 @@ class EvaluateRequest(DrawRequest):
     samplers: list  # evaluate sweeps samplers x sampling_steps (None: the model's own, a student's)
     sampling_steps: list
     students: tuple[str, ...] = ()  # distilled students, each a row of its own sampler and steps
-    dataset: str | None  # --dataset: the training data; None: the one the model file records (else mnist)
     data_dir: str = "./data"  # ... and where it lies (FID/KID read the real images)
     inception_weights: str | None = None  # FID/KID: a local copy of torch-fidelity's Inception weights
     eta: float = 0.0

@@ -61,7 +61,9 @@ def select_variants(rows: str | None, device: torch.device) -> list[tuple[str, s
     wanted = [r.strip() for r in rows.split(",") if r.strip()]
     unknown = [r for r in wanted if r not in variant_keys()]
     if unknown:
-        raise ValueError(f"--rows: {', '.join(unknown)} not a training row; choose from {', '.join(variant_keys())}")
+        raise ValueError(
+            f"--rows: {', '.join(unknown)} not a training row; choose from {', '.join(variant_keys())}, or all (alone)"
+        )
     return [v for v in variants if v[0] == "fp32" or v[0] in wanted]
 
 

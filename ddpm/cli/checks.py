@@ -41,6 +41,11 @@ def check_empty(given: dict[str, object]) -> None:
             raise ValueError(f"--{name} is empty; give a value, or leave the flag out for its default")
 
 
+# AdamW moves each weight by about lr per step whatever the gradient's scale, and the U-Net's weights are of order
+# 0.01-1: at lr 1 a single step can replace them, so a larger rate only diverges (the runs here use 1e-4 to 2e-3).
+MAX_LR = 1.0
+
+
 def check_training_numbers(
     *,
     lr: float | None = None,
@@ -53,8 +58,8 @@ def check_training_numbers(
     """The optimizer's numbers of train, distill and train_autoencoder (and a new U-Net's dropout), checked
     with the flags: the trainers check them again, in words that name no flag, only after the data are read or
     the teacher's trajectories drawn."""
-    if lr is not None and not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"--lr must be a positive learning rate, got {lr:g}")
+    if lr is not None and not (math.isfinite(lr) and 0 < lr <= MAX_LR):
+        raise ValueError(f"--lr must be a learning rate above 0 and at most {MAX_LR:g}, got {lr:g}")
     if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
         raise ValueError(f"--ema_decay must be at least 0 and below 1, got {ema_decay:g}")
     if grad_clip is not None and not grad_clip > 0:
@@ -94,10 +99,28 @@ def parse_students(text: str | None, *, teacher: str) -> list[str]:
     paths = [path.strip() for path in text.split(",")]
     if not all(paths):
         raise ValueError(f"--students {text!r} has an empty item; name each student's file once, comma-separated")
+    seen: dict[str, str] = {}
     for path in paths:
-        if os.path.realpath(path) == os.path.realpath(teacher):
+        real = os.path.realpath(path)
+        if real == os.path.realpath(teacher):
             raise ValueError(f"--students {path} is --model_path itself, the teacher; name its distilled students")
+        if real in seen:  # one file, however spelled, would draw the same row twice
+            same = "twice" if seen[real] == path else f"twice ({seen[real]} and {path})"
+            raise ValueError(f"--students names {seen[real]} {same}; name each student once")
+        seen[real] = path
     return paths
+
+
+def check_log_dir(log_dir: str, *, checkpoint: str, flag: str) -> None:
+    """--log_dir (given or the default beside the checkpoint): a folder of its own, never a file and never the path
+    of the checkpoint the run writes (named by ``flag``)."""
+    if os.path.realpath(log_dir) == os.path.realpath(checkpoint):
+        raise ValueError(
+            f"--log_dir {log_dir} and {flag} {checkpoint} name the same path; the training curves go into a folder "
+            "of their own (leave --log_dir out for one beside the checkpoint)"
+        )
+    if Path(log_dir).exists() and not Path(log_dir).is_dir():
+        raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
 
 
 def check_profile_dir(profile: str | None) -> None:
@@ -106,8 +129,8 @@ def check_profile_dir(profile: str | None) -> None:
         return
     if Path(profile).exists() and not Path(profile).is_dir():
         raise ValueError(f"--profile {profile} is a file; it names the folder the traces go into")
-    existing = Path(profile).absolute()
-    while not existing.exists():  # the folder, or the nearest one that exists (the rest is made)
+    existing = Path(profile)  # as typed: a message names no path of the machine the user did not type
+    while not existing.exists():  # the folder, or the nearest one that exists (the rest is made; "." exists)
         existing = existing.parent
     try:  # a probe, as for every output: modes, read-only file systems and /proc all answer it
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".profile-probe-")

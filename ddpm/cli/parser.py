@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from ddpm.cli.flags import FLAGS, GROUPS, MODE_SUMMARIES, MODES, READ_BY, not_read
+from ddpm.cli.flags import FLAGS, GROUPS, MODE_SUMMARIES, MODES, READ_BY, READ_BY_RUN, not_read
 
 PROG = "main.py"
 DESCRIPTION = "Train a DDPM on small images, draw sample grids, and compare sampling implementations."
@@ -108,6 +108,20 @@ def _asks_for_help(argv: list[str]) -> bool:
 
 def _is_switch(options) -> bool:
     return options.get("action") == "store_true"
+
+
+def not_read_by_run(mode: str, values: Mapping[str, object], given: Collection[str]) -> str | None:
+    """The line refusing the first flag in ``given`` that ``mode``'s run, told apart by ``values`` (the flags' values
+    by name), does not read (the flag table's READ_BY_RUN: a TensorRT flag given to an ONNX export, a sampling flag to
+    --bench training); None when the run reads every flag given. cli/resolve.py raises it, after the values' checks."""
+    for name, (selector, readers) in READ_BY_RUN.get(mode, {}).items():
+        if name in given and values[selector] not in readers:
+            which = " or ".join(readers)
+            return (
+                f"--{name} is read by --mode {mode} with --{selector} {which}, not --{selector} {values[selector]}; "
+                f"pass --{selector} {which}, or drop --{name}"
+            )
+    return None
 
 
 def _refusal(unread: list[str], mode: str) -> str:

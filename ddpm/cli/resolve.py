@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ddpm.cli.checks import (
     check_at_most,
     check_empty,
+    check_log_dir,
     check_not_negative,
     check_positive,
     check_profile_dir,
@@ -29,7 +30,7 @@ from ddpm.cli.checks import (
     parse_students,
 )
 from ddpm.cli.flags import FLAGS, NEW_MODEL
-from ddpm.cli.parser import parse_args
+from ddpm.cli.parser import not_read_by_run, parse_args
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.outputs import (  # every output checked, by its kind, before any work
@@ -100,6 +101,9 @@ def request_for(args: argparse.Namespace) -> object:
         train_steps=args.train_steps,
     )
     check_at_most(1000, "timings settle within a few repeats", repeats=args.repeats, warmup=args.warmup)
+    unread = not_read_by_run(args.mode, vars(args), args.given)  # e.g. a TensorRT flag given to an ONNX export
+    if unread:
+        raise ValueError(unread)
     return REQUESTS[args.mode](args, resolve_device(args.device))
 
 
@@ -146,10 +150,6 @@ def _model_path(args: argparse.Namespace) -> str:
 # Flags that describe a new model (its shape, network, schedule, conditioning): a run from a model file
 # (benchmark --model_path, train --init_from) takes all of that from the file, so one given would be ignored.
 NEW_MODEL_FLAGS = tuple(name for name, flag in FLAGS.items() if flag.note == NEW_MODEL)
-
-
-# The TensorRT engine's flags (sample and evaluate read them for --implementation tensorrt only).
-ENGINE_FLAGS = ("trt_backend", "max_batch", "trt_opt_level")
 
 
 def _refuse_ignored(args: argparse.Namespace, flags: tuple[str, ...], why: str) -> None:
@@ -224,7 +224,7 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         check_runnable(kind=kind, precision=precision)
     else:
         registry.get(implementation).check(kind=kind, precision=precision)
-    _refuse_unread_runtime_flags(args, implementation, kind=kind)
+    _refuse_unread_runtime_flags(args, kind=kind)
     return dict(
         device=device,
         precision=precision,
@@ -238,6 +238,7 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         engine=_engine(args),
         class_label=args.class_label,
         guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
+        dataset=args.dataset if "dataset" in args.given else None,  # else the data the model file records
     )
 
 
@@ -256,16 +257,9 @@ def _sampling_precision(args: argparse.Namespace, device: torch.device, implemen
     return precision if runs else "fp32"
 
 
-def _refuse_unread_runtime_flags(args: argparse.Namespace, implementation: str, *, kind: str) -> None:
-    """The TensorRT flags are read only by --implementation tensorrt, and --opset only where an ONNX graph is made
-    from the model (onnxruntime or tensorrt, from a file that is not already a graph or an engine)."""
-    if implementation != "tensorrt":
-        _refuse_ignored(args, ENGINE_FLAGS, f"builds a TensorRT engine; --implementation {implementation} reads none")
-    if "opset" in args.given and implementation not in ("onnxruntime", "tensorrt"):
-        raise ValueError(
-            f"--opset sets the ONNX graph that --implementation onnxruntime or tensorrt makes from the model; "
-            f"--implementation {implementation} makes none (drop it)"
-        )
+def _refuse_unread_runtime_flags(args: argparse.Namespace, *, kind: str) -> None:
+    """--opset is read only where an ONNX graph is made from the model: by the implementations that make one
+    (the flag table's READ_BY_RUN, checked with the flags), from a file that is not already a graph or an engine."""
     if "opset" in args.given and kind in ("onnx", "tensorrt"):
         raise ValueError(f"--opset sets the ONNX graph made from a model; {args.model_path} is one already (drop it)")
 
@@ -290,11 +284,13 @@ def dataset_channels(args: argparse.Namespace) -> int:
 def train_request(args: argparse.Namespace, device: torch.device) -> TrainRequest:
     from ddpm.data.catalog import VOLUME_DATASETS
     from ddpm.training.curves import CSV_NAME, default_log_dir
+    from ddpm.training.trainer import check_warmup
 
     recipe = training_defaults(args.dataset)
     batch_size = recipe["batch_size"] if args.batch_size is None else args.batch_size
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=batch_size, log_every=args.log_every)
     check_training_numbers(lr=args.lr, ema_decay=args.ema_decay, grad_clip=args.grad_clip, dropout=args.dropout)
+    check_warmup(args.warmup_steps, run_steps=args.max_steps)  # a length from --n_epochs: checked once it is known
     checkpoint = _model_path(args)
     if Path(checkpoint).suffix != ".pt" or Path(checkpoint).is_dir():
         raise ValueError(
@@ -335,8 +331,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         "--init_from": as_input(args.init_from),
     }
     log_dir = args.log_dir or default_log_dir(checkpoint)  # checked again once the run's inputs are all known
-    if Path(log_dir).exists() and not Path(log_dir).is_dir():
-        raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
+    check_log_dir(log_dir, checkpoint=checkpoint, flag="--model_path")
     check_mode_outputs("train", {"--model_path": checkpoint, CURVES: Path(log_dir) / CSV_NAME}, inputs=inputs)
     check_output_folder("--profile", args.profile, inputs=inputs)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
@@ -402,6 +397,7 @@ MAX_EVALUATE_SAMPLES = 50_000
 
 
 def evaluate_request(args: argparse.Namespace, device: torch.device) -> EvaluateRequest:
+    from ddpm.formats.kinds import artifact_kind
     from noise_schedule import SAMPLERS
 
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
@@ -423,13 +419,15 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
     if args.inception_weights is not None and not Path(args.inception_weights).is_file():
         raise ValueError(f"--inception_weights {args.inception_weights} is not a file")
     own = "sampler" not in args.given and "sampling_steps" not in args.given  # a student's own sampler and steps
-    students = tuple(_source(args, path).path for path in parse_students(args.students, teacher=source.path))
+    students = parse_students(args.students, teacher=source.path)
+    for path in students:  # by its name, as --model_path's kind was (_draw_fields)
+        artifact_kind(path, flag="--students")
+    students = tuple(_source(args, path).path for path in students)
     return EvaluateRequest(
         **_draw_fields(args, device, source),
         samplers=[None] if own else parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
         sampling_steps=[None] if own else parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
         students=students,
-        dataset=args.dataset if "dataset" in args.given else None,  # else the data the model file records
         data_dir=args.data_dir,
         inception_weights=args.inception_weights,
         eta=args.eta,
@@ -440,7 +438,10 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
 
 
 def _check_rows(rows: str, *, bench: str, device: torch.device) -> None:
-    """--rows: names the benchmark knows (checked now: the timing run starts with minutes of building)."""
+    """--rows: names the benchmark knows (checked now: the timing run starts with minutes of building); all, alone."""
+    names = [row.strip() for row in rows.split(",")]
+    if "all" in names and len(names) > 1:
+        raise ValueError(f"--rows {rows}: all names every row and stands alone; give all, or a list without it")
     if bench == "training":
         from ddpm.benchmarks.training_bench import select_variants
 
@@ -496,9 +497,7 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
                 f"--precision fp8 writes an FP8 Q/DQ graph for TensorRT on Hopper and newer GPUs, and {problem}; "
                 "nothing was written"
             )
-    if precision not in QUANTIZED:
-        if args.calibration_samples is not None:
-            raise ValueError("--calibration_samples calibrates an INT8 export; add --precision int8, or drop it")
+    if precision not in QUANTIZED:  # (its flags, given, were refused with the others: flags.READ_BY_RUN)
         return None
     if args.format != "onnx":
         raise ValueError(
@@ -532,8 +531,6 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         )
     if args.model_path and artifact_kind(args.model_path) != "checkpoint":
         raise ValueError(f"benchmark mode measures a checkpoint (.pt) in every implementation; got {args.model_path}")
-    if args.bench != "sampling":
-        _refuse_ignored(args, ("interleave",), "times sampling rows (--bench sampling), not training steps")
     rows = [row.strip() for row in args.rows.split(",")]
     repeated = next((row for i, row in enumerate(rows) if row and row in rows[:i]), None)
     if repeated:  # a row is timed once (per round, with --interleave); twice would only cost time
@@ -633,6 +630,7 @@ def distill_request(args: argparse.Namespace, device: torch.device):
     from ddpm.requests import DistillRequest, default_student_path
     from ddpm.training.curves import CSV_NAME, default_log_dir
     from ddpm.training.distill import DistillConfig
+    from ddpm.training.trainer import check_warmup
 
     if args.model_path is None:
         raise ValueError("--mode distill needs --model_path: the teacher model (a checkpoint, .safetensors or folder)")
@@ -646,6 +644,8 @@ def distill_request(args: argparse.Namespace, device: torch.device):
         raise ValueError("--resume continues a distillation and --overwrite starts a new one; choose one")
     check_positive(max_steps=args.max_steps, batch_size=args.batch_size, log_every=args.log_every)
     check_training_numbers(lr=args.lr, ema_decay=args.ema_decay, grad_clip=args.grad_clip)
+    # (a resumed run without --max_steps keeps its own length, and its own warm-up unless the flag contradicts it)
+    check_warmup(args.warmup_steps, run_steps=args.max_steps if "max_steps" in args.given or not args.resume else None)
     steps = args.sampling_steps
     DistillConfig(  # the ranges of --sampling_steps, --distill_samples, --teacher_steps and --guidance_scale
         teacher=args.model_path,
@@ -658,8 +658,7 @@ def distill_request(args: argparse.Namespace, device: torch.device):
     if Path(output).suffix != ".pt" or Path(output).is_dir():
         raise ValueError(f"--output must name a .pt checkpoint file for the student, got {output}")
     log_dir = args.log_dir if args.log_dir is not None else default_log_dir(output)
-    if Path(log_dir).exists() and not Path(log_dir).is_dir():
-        raise ValueError(f"--log_dir {log_dir} is a file; it names the folder the training curves go into (move it)")
+    check_log_dir(log_dir, checkpoint=output, flag="--output")
     teacher = _source(args, args.model_path)
     outputs = {"--output": output, CURVES: Path(log_dir) / CSV_NAME}
     check_mode_outputs("distill", outputs, inputs=teacher.inputs())  # the teacher is only read

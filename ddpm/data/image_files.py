@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ddpm.util.safe_files import atomic_open, atomic_write, resolved
+from ddpm.util.safe_files import atomic_open, atomic_write
 
 GRID_PADDING = 2  # torchvision's default: 2 black pixels between tiles
 MAX_GRID_PIXELS = 4096 * 4096  # one PNG; its pixels are held in memory while it is encoded
@@ -140,7 +140,7 @@ class SampleOutputs:
         if self.npz is not None:
             each = math.prod(self.image_shape)
             need = n * each + (1 << 20)  # stored pixels (compression only shrinks them) + headers
-            folder = next(p for p in (resolved(self.npz).parent, *resolved(self.npz).parents) if p.exists())
+            folder = next(p for p in Path(self.npz).parents if p.exists())  # as typed ("." exists)
             free = shutil.disk_usage(folder).free
             if need > free:
                 raise ValueError(

@@ -35,13 +35,15 @@ KIND_NAMES = {"checkpoint": "checkpoint", "torchscript": "TorchScript", "onnx": 
 KIND_ARTICLES = {"torchscript": "a TorchScript program", "onnx": "an ONNX graph", "tensorrt": "a TensorRT engine"}
 
 
-def artifact_kind(path: str | Path) -> str:
+def artifact_kind(path: str | Path, *, flag: str = "--model_path") -> str:
+    """The kind of model file ``path`` names, by its name alone (a folder: a diffusers model); a name of no kind is
+    refused naming ``flag``, the flag that gave it."""
     if Path(path).is_dir():
         return "checkpoint"  # a diffusers model folder
     kind = ARTIFACT_KINDS.get(Path(path).suffix)
     if kind is None:
         raise ValueError(
-            f"--model_path {path}: expected a diffusers model folder or a file ending in {', '.join(ARTIFACT_KINDS)}"
+            f"{flag} {path}: expected a diffusers model folder or a file ending in {', '.join(ARTIFACT_KINDS)}"
         )
     return kind
 

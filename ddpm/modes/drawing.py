@@ -70,6 +70,15 @@ class Opened:
         )
 
 
+def check_recorded_dataset(dataset: str | None, artifact: Artifact) -> None:
+    """--dataset as given (None: left out) against the training data ``artifact`` records (checkpoints and exports
+    do): a contradiction is refused, in sample as in evaluate, rather than read as the default --model_path's name."""
+    if dataset and artifact.dataset and dataset != artifact.dataset:
+        raise ValueError(
+            f"--dataset {dataset} contradicts {artifact.path}, which was trained on {artifact.dataset}; drop --dataset"
+        )
+
+
 def folded_scale(artifact: Artifact, scale: float | None) -> float | None:
     """A student with classifier-free guidance folded in runs its conditional U-Net once per step (scale 1);
     another scale on top of it is refused rather than applied twice."""
@@ -96,6 +105,7 @@ def open_for_drawing(request: DrawRequest) -> Opened:
         autoencoder=source.autoencoder,
         max_batch=2 * min(request.batch_size, request.n_samples),  # guided: twice the images
     )
+    check_recorded_dataset(request.dataset, artifact)
     # The files the model named (a latent model's autoencoder, an exported decoder) are inputs too.
     mode = "sample" if isinstance(request, SampleRequest) else "evaluate"
     check_mode_outputs(mode, request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})

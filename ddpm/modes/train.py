@@ -20,9 +20,9 @@ from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
-from ddpm.modes.training_run import train_logged, training_run
+from ddpm.modes.training_run import resumed_config, train_logged, training_run
 from ddpm.requests import NewModel, TrainRequest
-from ddpm.training.trainer import TrainConfig, Trainer, resume_config
+from ddpm.training.trainer import TrainConfig, Trainer, check_warmup
 from ddpm.util import distributed
 from ddpm.util.safe_files import as_input
 
@@ -62,25 +62,16 @@ def resumed_trainer(request: TrainRequest):
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
     # Any number of ranks continues a run: the checkpoint holds no rank's own state. How the run goes on
     # (its end, precision, compile, checkpoint and preview cadence) may change; what it learns may not.
-    honoured = {
-        flag: getattr(request, flag)
-        for flag in ("precision", "compile", "save_every", "sample_every")
-        if flag in request.given
-    }
-    config = resume_config(
+    config = resumed_config(
         state,
-        total_steps=request.max_steps,
+        request,
         checkpoint=checkpoint,
+        kept=lambda config: model_kept(request, config, model_config, schedule_config),
+        start_over="start a new run (another --model_path, or --overwrite)",
+        total_steps=request.max_steps,
         world_size=ranks.world_size,
         grad_checkpoint=request.grad_checkpoint or None,  # memory, not math: a resumed run may turn it on
-        **honoured,
     )
-    contradicted = resume_contradictions(request, config, model_config, schedule_config)
-    if contradicted:
-        raise ValueError(
-            f"{checkpoint} is resumed with its own settings, and {'; '.join(contradicted)} differ from them; "
-            "drop those flags, or start a new run (another --model_path, or --overwrite)"
-        )
     if request.timestep_sampling not in (None, config.timestep_sampling):
         raise ValueError(
             f"{checkpoint} trains with --timestep_sampling {config.timestep_sampling}, and a resumed run keeps it; "
@@ -125,11 +116,11 @@ def resumed_trainer(request: TrainRequest):
     return trainer
 
 
-def resume_contradictions(request: TrainRequest, config, model_config, schedule_config) -> list[str]:
-    """The flags given with --resume whose values differ from the checkpoint's ("--lr 0.001 (the
-    checkpoint's 0.0002)"): a resumed run keeps its model, schedule, data and optimizer settings."""
+def model_kept(request: TrainRequest, config, model_config, schedule_config) -> dict:
+    """What --resume compares besides the recipe (modes/training_run.resumed_config), {flag: (ours, the
+    checkpoint's)}: a resumed run keeps its data, model and schedule."""
     spec = request.model
-    kept = {
+    return {
         "dataset": (spec.dataset, config.dataset),
         "img_size": (spec.image_size, model_config.image_size),
         "channels": (spec.channels, model_config.in_channels),
@@ -138,20 +129,7 @@ def resume_contradictions(request: TrainRequest, config, model_config, schedule_
         "dropout": (spec.dropout, model_config.dropout),
         "timesteps": (spec.timesteps, schedule_config.num_timesteps),
         "beta_schedule": (spec.beta_schedule, schedule_config.kind),
-        "batch_size": (request.batch_size, config.batch_size),
-        "lr": (request.lr, config.lr),
-        "warmup_steps": (request.warmup_steps, config.warmup_steps),
-        "ema_decay": (request.ema_decay, config.ema_decay),
-        "min_snr_gamma": (request.min_snr_gamma, config.min_snr_gamma),
-        "grad_clip": (request.grad_clip, config.grad_clip),
-        "cond_drop": (request.cond_drop, config.cond_drop),
-        "seed": (request.seed, config.seed),
     }
-    return [
-        f"--{flag} {ours} (the checkpoint's {theirs})"
-        for flag, (ours, theirs) in kept.items()
-        if flag in request.given and ours != theirs
-    ]
 
 
 def training_images(dataset: str, **kwargs):
@@ -242,8 +220,10 @@ def new_trainer(request: TrainRequest):
     if request.n_epochs is None and request.max_steps:
         total = request.max_steps
     else:
-        total = (request.n_epochs or TRAIN_EPOCHS) * images.steps_per_epoch(request.batch_size)
+        epochs = request.n_epochs or TRAIN_EPOCHS
+        total = epochs * images.steps_per_epoch(request.batch_size)
         total = min(total, request.max_steps) if request.max_steps else total
+        check_warmup(request.warmup_steps, run_steps=total, run=f"{epochs} epoch{'s' * (epochs > 1)}: {total:,} steps")
     config = TrainConfig(
         dataset=spec.dataset,
         total_steps=total,

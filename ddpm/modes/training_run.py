@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -75,6 +76,38 @@ def run_locks(checkpoint: str, *, flag: str = "--model_path", log_dir: str | Non
             if log_dir is not None:
                 locks.enter_context(run_lock(log_dir, flag="--log_dir"))
         yield
+
+
+# --resume: how the rest of the run goes may change (its end, --max_steps, and these); what it learns may not.
+RESUME_HONOURS = ("precision", "compile", "save_every", "sample_every")
+# The recipe flags of train and distill, each compared on --resume with the checkpoint's TrainConfig field of its
+# name (a mode that does not read one is never given it: the parser refuses it).
+RESUME_KEEPS = ("batch_size", "lr", "warmup_steps", "ema_decay", "min_snr_gamma", "grad_clip", "cond_drop", "seed")
+
+
+def resumed_config(state: dict, request, *, checkpoint: str, kept: Callable, start_over: str, **overrides):
+    """The checkpoint's TrainConfig as a --resume continues it, for train and distill alike: the flags of
+    RESUME_HONOURS given now replace the checkpoint's (so do ``overrides``: the run's end, its ranks), and every
+    other flag given that shapes the run is compared with the checkpoint, a difference refused in one line naming
+    both values: RESUME_KEEPS, and the mode's own (``kept(config)`` -> {flag: (ours, the checkpoint's)}: a model's
+    shape and data, a student's teacher trajectories). ``start_over``: how the line offers a new run instead."""
+    from ddpm.training.trainer import resume_config
+
+    honoured = {flag: getattr(request, flag) for flag in RESUME_HONOURS if flag in request.given}
+    config = resume_config(state, checkpoint=checkpoint, **honoured, **overrides)
+    compared = {flag: (getattr(request, flag), getattr(config, flag)) for flag in RESUME_KEEPS if flag in request.given}
+    compared.update(kept(config))
+    contradicted = [
+        f"--{flag} {ours} (the checkpoint's {theirs})"
+        for flag, (ours, theirs) in compared.items()
+        if flag in request.given and ours != theirs
+    ]
+    if contradicted:
+        raise ValueError(
+            f"{checkpoint} is resumed with its own settings, and {'; '.join(contradicted)} differ from them; "
+            f"drop those flags, or {start_over}"
+        )
+    return config
 
 
 PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")

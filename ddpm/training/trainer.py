@@ -139,6 +139,16 @@ class TrainConfig:
         return path.with_name(f"{path.stem}_samples")
 
 
+def check_warmup(warmup_steps: int | None, *, run_steps: int | None, run: str | None = None) -> None:
+    """--warmup_steps no longer than the run it warms (``run_steps``; ``run`` says where that length comes from,
+    default --max_steps): a longer warm-up never reaches --lr, and its cosine decay never starts."""
+    if warmup_steps is not None and run_steps is not None and warmup_steps > run_steps:
+        raise ValueError(
+            f"--warmup_steps {warmup_steps:,} is longer than the run ({run or f'--max_steps {run_steps:,}'}); the "
+            "learning rate would never reach --lr: lower it, or leave it out for 5% of the run"
+        )
+
+
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
     """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
     if step < warmup_steps:

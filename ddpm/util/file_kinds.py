@@ -29,7 +29,7 @@ class FileKind:
 
 
 # The kinds this tool writes. A "text" file (no NUL bytes) is what a CSV is found as; "zip" is a zip archive of
-# none of the kinds below; "binary" a file of no kind recognized here.
+# none of the kinds below; "broken_zip" a zip cut short or damaged; "binary" a file of no kind recognized here.
 KINDS = {
     "json": FileKind("a JSON file", (".json",)),
     "csv": FileKind("a CSV table", (".csv",)),
@@ -41,7 +41,12 @@ KINDS = {
     "tensorrt": FileKind("a TensorRT engine", (".engine", ".plan")),
     "safetensors": FileKind("a safetensors file", (".safetensors",)),
 }
-FOUND_NAMES = {"text": "a text file", "zip": "a zip archive", "binary": "a binary file"}
+FOUND_NAMES = {
+    "text": "a text file",
+    "zip": "a zip archive",
+    "broken_zip": "a truncated or corrupt zip archive (a checkpoint cut short?)",
+    "binary": "a binary file",
+}
 
 
 def expected_kind(path: str | os.PathLike) -> str | None:
@@ -55,7 +60,7 @@ def _zip_kind(path: Path) -> str:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-        return "binary"
+        return "broken_zip"  # a zip's first bytes without its directory: cut short (a checkpoint's copy) or damaged
     if names and all(name.endswith(".npy") for name in names):
         return "npz"
     if any("/code/" in name for name in names):
@@ -67,7 +72,7 @@ def _zip_kind(path: Path) -> str:
 
 def found_kind(path: str | os.PathLike) -> str | None:
     """What an existing regular file holds, from its first bytes: one of :data:`KINDS`, or "text", "zip",
-    "binary"; None for an empty file (nothing to lose)."""
+    "broken_zip", "binary"; None for an empty file (nothing to lose)."""
     path = Path(path)
     with open(path, "rb") as f:
         head = f.read(HEAD_BYTES)

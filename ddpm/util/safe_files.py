@@ -51,6 +51,13 @@ def resolved(path: PathLike) -> Path:
     return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
 
 
+def as_typed(raw: PathLike, folder: Path) -> str:
+    """``folder`` (a resolved folder on the way to ``raw``'s target) as the user wrote it: the part of ``raw`` that
+    resolves to it ("." for the working folder), so a message names no path of the machine the user did not type;
+    ``folder`` itself where a symlink took the path elsewhere."""
+    return next((str(typed) for typed in Path(os.fspath(raw)).parents if resolved(typed) == folder), str(folder))
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     """(device, inode) of an existing path, so hard links and bind mounts compare equal."""
     try:
@@ -85,9 +92,9 @@ def check_target(path: PathLike, *, flag: str = "output") -> Path:
     folder = target.parent
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is None or not existing.is_dir():
-        raise ValueError(f"{flag} {raw}: {existing} is not a folder, so the file cannot be written")
+        raise ValueError(f"{flag} {raw}: {as_typed(raw, existing)} is not a folder, so the file cannot be written")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {raw}: the folder {existing} is not writable")
+        raise ValueError(f"{flag} {raw}: the folder {as_typed(raw, existing)} is not writable")
     return target
 
 
@@ -188,7 +195,7 @@ def _probe_folder(target: Path, *, flag: str, raw: PathLike) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target))
     except OSError as exc:
-        raise ValueError(f"{flag} {raw}: cannot write in {target.parent} ({exc.strerror})") from exc
+        raise ValueError(f"{flag} {raw}: cannot write in {as_typed(raw, target.parent)} ({exc.strerror})") from exc
     os.close(fd)
     os.unlink(tmp)
 
@@ -400,18 +407,19 @@ def run_lock(path: PathLike, *, flag: str = "--model_path") -> Iterator[Path]:
         return
     target = resolved(path)
     lock_path = target.with_name(f"{target.name}.lock")
+    shown_lock = Path(as_typed(path, target.parent)) / lock_path.name  # as the user would write it
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         except OSError as exc:
-            raise ValueError(f"{flag} {path}: cannot create the lock file {lock_path} ({exc.strerror})") from exc
+            raise ValueError(f"{flag} {path}: cannot create its lock file {shown_lock} ({exc.strerror})") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise ValueError(
-                f"another run is training into {path} (it holds {lock_path}); wait for it, or choose another {flag}"
+                f"another run is training into {path} (it holds {shown_lock}); wait for it, or choose another {flag}"
             ) from None
         if _identity(lock_path) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
             break  # the lock is on the file the path names

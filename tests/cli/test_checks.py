@@ -19,3 +19,24 @@ def test_counts_and_steps_name_the_flag():
         checks.check_positive(n_samples=0)
     with pytest.raises(ValueError, match="--warmup_steps"):
         checks.check_not_negative(warmup_steps=-1)
+
+
+def test_learning_rates_are_bounded_above_by_one():
+    checks.check_training_numbers(lr=checks.MAX_LR)
+    for lr in (0.0, 1.0001, 1e30, float("nan")):
+        with pytest.raises(ValueError, match="--lr must be a learning rate above 0 and at most 1"):
+            checks.check_training_numbers(lr=lr)
+
+
+def test_a_student_named_twice_is_refused_however_it_is_spelled():
+    assert checks.parse_students("a.pt,b.pt", teacher="t.pt") == ["a.pt", "b.pt"]
+    with pytest.raises(ValueError, match="--students names a.pt twice; name each student once"):
+        checks.parse_students("a.pt,a.pt", teacher="t.pt")
+    with pytest.raises(ValueError, match=r"--students names a.pt twice \(a.pt and sub/../a.pt\)"):
+        checks.parse_students("a.pt,sub/../a.pt", teacher="t.pt")
+
+
+def test_a_log_dir_is_a_folder_of_its_own(tmp_path):
+    checks.check_log_dir(str(tmp_path / "run_logs"), checkpoint=str(tmp_path / "run.pt"), flag="--model_path")
+    with pytest.raises(ValueError, match="--log_dir .*run.pt and --model_path .*run.pt name the same path"):
+        checks.check_log_dir(str(tmp_path / "run.pt"), checkpoint=str(tmp_path / "run.pt"), flag="--model_path")

@@ -13,7 +13,8 @@ import pytest
 from helpers import assert_user_error, run_here
 
 import main
-from ddpm.cli.flags import FLAGS, MODES, flags_of
+from ddpm.cli.flags import FLAGS, MODES, READ_BY_RUN, flags_of
+from ddpm.cli.parser import not_read_by_run
 
 # A value of each flag that no run can take, whatever its files hold ({mode: value} where modes differ).
 INVALID: dict[str, object] = {
@@ -149,3 +150,162 @@ def test_a_benchmark_row_named_twice_is_refused_with_or_without_interleave(tmp_p
     for extra in ([], ["--interleave"]):  # without --interleave, cuda was timed twice
         result = run_here("--device", "cpu", *BASE["benchmark"], "--rows", "original,cuda,cuda", *extra, cwd=tmp_path)
         assert_user_error(result, "--rows names cuda twice")
+
+
+# ----- issue 58: flags a run of the mode does not read, values no run can use, words that name the flag -----
+def other_value(mode: str, selector: str, readers: tuple[str, ...]) -> str:
+    """A value of ``selector`` (from its choices) whose runs do not read the flags ``readers`` read."""
+    return next(str(v) for v in FLAGS[selector].options_for(mode)["choices"] if str(v) not in readers)
+
+
+# A value each flag of flags.READ_BY_RUN takes (None: a switch), valid for the runs that read it.
+VALID = {
+    **dict.fromkeys(("trt_backend",), "native"),
+    **dict.fromkeys(("max_batch", "sampling_steps", "calibration_samples", "batch_size", "n_samples"), "4"),
+    **dict.fromkeys(("train_steps", "repeats"), "2"),
+    "trt_opt_level": "2",
+    "opset": "21",
+    "sampler": "ddim",
+    "eta": "0.5",
+    "guidance_scale": "2",
+    "precision": "fp32",
+    "csv": "t.csv",
+    "chart": "t.png",
+    "no_clip": None,
+    "interleave": None,
+}
+RUN_CASES = [(mode, name) for mode, table in READ_BY_RUN.items() for name in table]
+
+
+def test_every_flag_read_by_some_runs_has_a_value_here():
+    assert {name for _, name in RUN_CASES} == set(VALID)
+
+
+@pytest.mark.parametrize("mode,name", RUN_CASES)
+def test_a_flag_a_run_of_its_mode_does_not_read_is_refused_naming_it(tmp_path, no_mode_runs, mode, name):
+    """The table walked whole: each flag given to a run (an export format, a bench kind, an implementation) that
+    does not read it is refused in one line naming the flag and the runs that read it; those runs take it."""
+    selector, readers = READ_BY_RUN[mode][name]
+    written = [f"--{name}"] if VALID[name] is None else [f"--{name}", VALID[name]]
+    other = other_value(mode, selector, readers)
+    result = run_here("--device", "cpu", *BASE[mode], f"--{selector}", other, *written, cwd=tmp_path)
+    assert_user_error(result, f"--{name} is read by --mode {mode} with --{selector} {' or '.join(readers)}")
+    assert f"not --{selector} {other}" in result.stderr
+    assert not_read_by_run(mode, {selector: readers[0]}, {name}) is None
+
+
+@pytest.mark.parametrize(
+    "args,named",
+    [  # each as the adversarial pass found it (issue 58, item 7)
+        (["--mode", "export", "--model_path", "m.pt", "--format", "onnx", "--trt_opt_level", "5"], "--trt_opt_level"),
+        (["--mode", "export", "--model_path", "m.pt", "--format", "onnx", "--max_batch", "8"], "--max_batch"),
+        (["--mode", "export", "--model_path", "m.pt", "--format", "onnx", "--sampler", "ddim"], "--sampler"),
+        (["--mode", "export", "--model_path", "m.pt", "--format", "safetensors", "--opset", "20"], "--opset"),
+        (["--mode", "benchmark", "--bench", "training", "--sampling_steps", "5"], "--sampling_steps"),
+        (["--mode", "benchmark", "--train_steps", "5"], "--train_steps"),
+        (["--mode", "benchmark", "--bench", "training", "--interleave"], "--interleave"),
+        (["--mode", "export", "--model_path", "m.pt", "--calibration_samples", "4"], "--calibration_samples"),
+    ],
+)
+def test_flags_that_would_change_nothing_are_refused(tmp_path, no_mode_runs, args, named):
+    result = run_here("--device", "cpu", *args, cwd=tmp_path)
+    assert_user_error(result, f"{named} is read by")
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--mode", "train", "--dataset", "digits", "--lr", "1e30"],
+            "--lr must be a learning rate above 0 and at most 1",
+        ),
+        (
+            ["--mode", "distill", "--model_path", "t.pt", "--lr", "2"],
+            "--lr must be a learning rate above 0 and at most 1",
+        ),
+        (
+            ["--mode", "train_autoencoder", "--dataset", "digits", "--lr", "1e30"],
+            "--lr must be a learning rate above 0 and at most 1",
+        ),
+        (
+            ["--mode", "train", "--dataset", "digits", "--warmup_steps", "500", "--max_steps", "2"],
+            "--warmup_steps 500 is longer than the run (--max_steps 2)",
+        ),
+        (
+            ["--mode", "distill", "--model_path", "t.pt", "--warmup_steps", "500", "--max_steps", "2"],
+            "--warmup_steps 500 is longer than the run (--max_steps 2)",
+        ),
+        (
+            ["--mode", "train", "--dataset", "digits", "--resume", "--warmup_steps", "500", "--max_steps", "2"],
+            "--warmup_steps 500 is longer than the run",
+        ),
+    ],
+)
+def test_absurd_learning_rates_and_warm_ups_are_refused(tmp_path, no_mode_runs, args, message):
+    assert_user_error(run_here("--device", "cpu", *args, cwd=tmp_path), message)
+
+
+@pytest.mark.parametrize(
+    "students,message",
+    [
+        ("a.pt,a.pt", "--students names a.pt twice; name each student once"),
+        ("a.pt,./a.pt", "--students names a.pt twice (a.pt and ./a.pt)"),
+        ("st4.png", "--students st4.png: expected a diffusers model folder or a file ending in"),
+    ],
+)
+def test_students_are_refused_by_their_names_naming_students(tmp_path, no_mode_runs, students, message):
+    result = run_here("--device", "cpu", *BASE["evaluate"], "--students", students, cwd=tmp_path)
+    assert_user_error(result, message)
+    assert "--model_path" not in result.stderr
+
+
+@pytest.mark.parametrize("rows", ["all,original", "original,all", "all,fp32"])
+def test_rows_all_in_a_list_says_all_stands_alone(tmp_path, no_mode_runs, rows):
+    bench = ["--bench", "training"] if "fp32" in rows else []
+    result = run_here("--device", "cpu", *BASE["benchmark"], *bench, "--rows", rows, cwd=tmp_path)
+    assert_user_error(result, f"--rows {rows}: all names every row and stands alone")
+
+
+@pytest.mark.parametrize("bench,row", [("sampling", "warp"), ("training", "warp")])
+def test_an_unknown_row_lists_all_among_the_choices(tmp_path, no_mode_runs, bench, row):
+    result = run_here("--device", "cpu", *BASE["benchmark"], "--bench", bench, "--rows", row, cwd=tmp_path)
+    assert_user_error(result, "or all (alone)")
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--mode", "train", "--dataset", "digits", "--model_path", "same.pt", "--log_dir", "same.pt"],
+            "--log_dir same.pt and --model_path same.pt name the same path",
+        ),
+        (
+            ["--mode", "distill", "--model_path", "t.pt", "--output", "same.pt", "--log_dir", "./same.pt"],
+            "--log_dir ./same.pt and --output same.pt name the same path",
+        ),
+    ],
+)
+def test_a_log_dir_that_is_the_checkpoint_says_the_two_flags_name_one_path(tmp_path, no_mode_runs, args, message):
+    result = run_here("--device", "cpu", *args, cwd=tmp_path)
+    assert_user_error(result, message)
+    assert "another run" not in result.stderr
+
+
+def test_a_truncated_checkpoint_is_called_truncated_not_a_binary_file(tmp_path, no_mode_runs):
+    import torch
+
+    torch.save({"weights": torch.zeros(4096)}, tmp_path / "whole.pt")
+    whole = (tmp_path / "whole.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(whole[: len(whole) // 2])  # a copy cut short: no zip directory
+    result = run_here(
+        "--device", "cpu", "--mode", "distill", "--model_path", "t.pt", "--output", "cut.pt", cwd=tmp_path
+    )
+    assert_user_error(result, "--output cut.pt already holds a truncated or corrupt zip archive")
+    assert "binary file" not in result.stderr
+
+
+def test_messages_name_paths_as_typed_not_the_machines(tmp_path, no_mode_runs):
+    (tmp_path / "afile").write_text("not a folder\n")
+    result = run_here("--device", "cpu", *BASE["sample"], "--output", "afile/x.png", cwd=tmp_path)
+    assert_user_error(result, "--output afile/x.png: afile is not a folder")
+    assert str(tmp_path) not in result.stderr

@@ -259,7 +259,7 @@ def test_the_export_writes_a_quantized_file_with_its_calibration_and_quality_tha
             ["--mode", "export", "--precision", "int8", "--calibration_samples", "0"],
             "--calibration_samples must be between 1",
         ),
-        (["--mode", "export", "--calibration_samples", "4"], "add --precision int8"),
+        (["--mode", "export", "--calibration_samples", "4"], "pass --precision int8 or fp8"),
         (["--mode", "sample", "--precision", "int8", "--implementation", "cuda"], "use --implementation onnxruntime"),
         (["--mode", "sample", "--calibration_samples", "4"], "calibrates an INT8 export"),
         (["--mode", "train", "--dataset", "digits", "--precision", "int8"], "training runs in fp32, bf16 or fp16"),

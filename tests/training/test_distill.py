@@ -405,10 +405,35 @@ def test_a_resumed_distillation_refuses_a_changed_teacher_naming_both_hashes(tmp
     assert (tmp_path / "s.pt").read_bytes() == student
 
 
+def test_a_resumed_distillation_refuses_every_changed_recipe_flag_naming_both_values(tmp_path, teacher, monkeypatch):
+    """--resume compares every flag that shapes the run with the checkpoint, as --mode train does (one comparison:
+    modes/training_run.resumed_config): the optimizer's, the EMA's, the warm-up's, the trajectories'."""
+    flags = ["--mode", "distill", "--model_path", str(teacher), "--output", "s.pt", *TINY_DISTILL]
+    assert run_here(*flags, "--max_steps", "1", "--warmup_steps", "0", cwd=tmp_path).returncode == 0
+    student = (tmp_path / "s.pt").read_bytes()
+    stored = torch.load(tmp_path / "s.pt", weights_only=True)["train_config"]
+    refuse_trajectories(monkeypatch)
+    for flag, value in (
+        ("ema_decay", "0.9"),
+        ("grad_clip", "0.5"),
+        ("warmup_steps", "1"),
+        ("lr", "0.001"),
+        ("batch_size", "2"),
+        ("teacher_steps", "16"),
+    ):
+        result = run_here(*flags, "--max_steps", "2", "--resume", f"--{flag}", value, cwd=tmp_path)
+        theirs = stored.get(flag, 8)  # --teacher_steps: the distillation's own config (TINY_DISTILL's 8)
+        assert_user_error(result, f"--{flag} {float(value) if '.' in value else value} (the checkpoint's {theirs})")
+        assert (tmp_path / "s.pt").read_bytes() == student
+    monkeypatch.undo()  # the trajectories of a resumed run, drawn again
+    same = run_here(*flags, "--max_steps", "2", "--resume", "--ema_decay", str(stored["ema_decay"]), cwd=tmp_path)
+    assert same.returncode == 0, same.stderr  # a flag given with the checkpoint's own value is no contradiction
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--lr", "0"], "--lr must be a positive"),
+        (["--lr", "0"], "--lr must be a learning rate above 0"),
         (["--precision", "int8"], "--precision int8 is for exported ONNX graphs"),
         (["--log_dir", "a_file"], "--log_dir a_file is a file"),
         (["--ema_decay", "2"], "--ema_decay must be"),

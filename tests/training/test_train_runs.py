@@ -33,8 +33,8 @@ def test_a_second_live_run_writing_into_the_same_log_dir_is_refused_in_one_line(
     try:
         assert holder.stdout.readline().strip() == "held"
         result = run_here(*TINY_TRAIN, "--model_path", "b.pt", "--log_dir", "logs", cwd=tmp_path)
-        assert_user_error(result, "another run is training into logs")
-        assert "--log_dir" in result.stderr
+        assert_user_error(result, "another run is training into logs (it holds logs.lock)")
+        assert "--log_dir" in result.stderr and str(tmp_path) not in result.stderr  # the path as typed
         assert not (tmp_path / "b.pt").exists() and not (logs / "metrics.csv").exists()
     finally:
         holder.communicate("", timeout=30)
@@ -69,3 +69,12 @@ def test_training_on_cuda_writes_its_preview_grid_and_the_export_reads_its_weigh
     exported = run_here(*export, "--output", "m.safetensors", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert "bit for bit" in exported.stdout
+
+
+def test_a_warm_up_longer_than_a_run_of_epochs_is_refused_once_its_length_is_known(tmp_path):
+    """With --max_steps the length is known with the flags (tests/cli/test_early_refusals.py); with --n_epochs only
+    once the data say how many steps an epoch holds, before the first step."""
+    args = [*TINY_TRAIN[: TINY_TRAIN.index("--max_steps")], *TINY_TRAIN[TINY_TRAIN.index("--max_steps") + 2 :]]
+    result = run_here(*args, "--n_epochs", "1", "--warmup_steps", "100000", "--model_path", "m.pt", cwd=tmp_path)
+    assert_user_error(result, "--warmup_steps 100,000 is longer than the run (1 epoch: ")
+    assert not (tmp_path / "m.pt").exists()

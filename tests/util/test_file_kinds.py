@@ -74,3 +74,12 @@ def test_the_estimate_line_says_calls_time_and_memory():
     assert line == "calibration: 4,096 U-Net calls, about 1 min 20 s; 3.0 MiB held, 20.0 GiB available"
     calls = []
     assert seconds_per_call(lambda: calls.append(1), device=torch.device("cpu")) >= 0 and len(calls) == 2
+
+
+def test_a_checkpoint_cut_short_is_found_truncated_and_named_so(tmp_path):
+    buffer = io.BytesIO()
+    torch.save({"model": {"w": torch.zeros(2048)}}, buffer)
+    cut = written(tmp_path, "student.pt", lambda p: p.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2]))
+    assert found_kind(cut) == "broken_zip"
+    with pytest.raises(ValueError, match="student.pt already holds a truncated or corrupt zip archive"):
+        check_kind("--output", cut, kind="checkpoint")
