@@ -388,9 +388,8 @@ class FusedUNet(nn.Module):
     table, ``projections(t, y)``: one GEMM per step instead of one per block, and for an unconditional model
     a function of the timestep alone, so a sampler computes it once per plan step (``projections(timesteps)``)
     and hands the forward a row (``forward(..., projections=row)``; (1, D) rows are expanded, not copied).
-    On the CPU in channels-last float32 (AVX-512) or bfloat16 (a CPU with native bf16: AVX512-BF16 dot products),
-    the 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3)
-    (:func:`conv3x3_winograd`; ``winograd=False`` keeps them on oneDNN), an upsampling's convolution included (its
+    On the CPU in channels-last float32 (AVX-512) or bfloat16 (native bf16), the 3x3 stride-1 convolutions run in
+    Winograd's F(2x2, 3x3) (:func:`conv3x3_winograd`; ``winograd=False``: oneDNN), an upsampling's included (its
     output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with oneDNN (:meth:`_upsample_conv`).
     Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
     from the U-Net's modules (it shares nothing it would change: the packed weights are copies, so the
@@ -618,7 +617,9 @@ class FusedUNet(nn.Module):
         q, k, v = (
             qkv.view(B, -1, 3, heads, C // heads).permute(2, 0, 3, 1, 4).unbind(0)
         )  # each (B, heads, positions, C/heads)
-        h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        if x.device.type == "cpu" and self.dtype == torch.bfloat16:  # PyTorch's bf16 CPU attention: 2.7x its fp32
+            q, k, v = q.float(), k.float(), v.float()
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v).to(self.dtype)
         h = h.transpose(1, 2).reshape(-1, C)  # (B * positions, C)
         weight, bias = self.packed[block.proj]
         out = torch.addmm(bias, h, weight).add_(self._rows(x))  # proj(h) + x (x may be a skip still to be read)
