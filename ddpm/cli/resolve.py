@@ -664,7 +664,7 @@ def distill_request(args: argparse.Namespace, device: torch.device):
     check_mode_outputs("distill", outputs, inputs=teacher.inputs())  # the teacher is only read
     return DistillRequest(
         device=device,
-        precision=_precision(args, "training", device),
+        precision=_precision(args, "distillation", device),
         teacher=teacher,
         checkpoint=output,
         resume=args.resume,

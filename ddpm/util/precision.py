@@ -73,15 +73,17 @@ def check_precision(precision: str) -> str:
 
 
 def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
-    """The precision ``--precision`` names: "auto" is bf16 for training and sampling on a GPU that supports it
-    (there the fused U-Net runner draws in bf16 what fp32 draws, to bf16's rounding, several times faster), bf16
-    for sampling on a CPU that computes bf16 natively (cpu_has_native_bf16: the runner's bf16 Winograd
-    convolutions; the caller keeps it only where that runner draws the file: backends/auto.chosen_for), and fp32
+    """The precision ``--precision`` names for ``purpose`` ("training", "distillation", "sampling" or "export"):
+    "auto" is bf16 for training, distillation and sampling on a GPU that supports it (there the fused U-Net runner
+    draws in bf16 what fp32 draws, to bf16's rounding, several times faster); on a CPU that computes bf16 natively
+    (cpu_has_native_bf16) bf16 for training (autocast) and sampling (the runner's bf16 Winograd convolutions; the
+    caller keeps it only where that runner draws the file: backends/auto.chosen_for), both measured faster at the
+    same quality there (BENCHMARKS.md, "bf16 on a CPU that computes it"; a student's distillation was not); fp32
     otherwise: on other CPUs (emulated bf16 is slower) and for export (an exported graph is lowered to another
     precision only when asked).
     int8 and fp8 are quantized graphs: exported (``purpose`` "export") and sampled, never trained."""
     if requested in QUANTIZED:
-        if purpose == "training":
+        if purpose in ("training", "distillation"):
             raise ValueError(
                 f"--precision {requested} is for exported ONNX graphs (--mode export --format onnx); "
                 "training runs in fp32, bf16 or fp16"
@@ -89,9 +91,9 @@ def resolve(requested: str, *, purpose: str, device: torch.device) -> str:
         return requested
     if requested != "auto":
         return check_precision(requested)
-    if purpose in ("training", "sampling") and device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if purpose in ("training", "distillation", "sampling") and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return "bf16"
-    if purpose == "sampling" and device.type == "cpu" and cpu_has_native_bf16():
+    if purpose in ("training", "sampling") and device.type == "cpu" and cpu_has_native_bf16():
         return "bf16"
     return "fp32"
 
