@@ -8,6 +8,8 @@ import io
 
 import pytest
 import torch
+from helpers import assert_user_error, run_here
+from PIL import Image
 
 from ddpm.cli import parser, resolve
 from ddpm.cli.flags import FLAGS
@@ -110,7 +112,7 @@ def test_an_output_of_the_same_kind_is_accepted(tmp_path):
 
 
 def test_every_mode_has_its_outputs_in_the_table():
-    from ddpm.cli.flags import MODES
+    from ddpm.cli.reads import MODES
 
     assert set(OUTPUTS) == set(MODES)
     with pytest.raises(KeyError):  # an output no table lists is a programming error, not a silent pass
@@ -173,3 +175,79 @@ def test_profile_traces_are_never_written_inside_an_input_folder(tmp_path, mode,
     (tmp_path / "imgs").mkdir()
     with pytest.raises(ValueError, match="--profile .*/traces is inside the folder"):
         request(tmp_path, mode, *args)
+
+
+# ----- derived outputs: the previews' folder beside the checkpoint, checked with the checkpoint --------------------
+@pytest.mark.parametrize(
+    "mode,args,message",
+    [
+        (
+            "train",
+            ["--dataset", "folder", "--data_dir", "m_samples", "--model_path", "m.pt"],
+            "the training previews of --model_path m.pt go into m_samples, inside the folder --data_dir reads",
+        ),
+        (
+            "train",
+            ["--dataset", "folder", "--data_dir", "imgs", "--model_path", "link.pt"],  # link_samples -> imgs
+            "the training previews of --model_path link.pt go into link_samples, inside the folder --data_dir reads",
+        ),
+        (
+            "train",
+            ["--init_from", "m_samples", "--model_path", "m.pt"],
+            "go into m_samples, inside the folder --init_from reads",
+        ),
+        (
+            "distill",
+            ["--model_path", "s_samples", "--output", "s.pt"],
+            "the training previews of --output s.pt go into s_samples, inside the folder --model_path reads",
+        ),
+        (
+            "distill",
+            ["--model_path", "m_samples", "--sampling_steps", "2"],  # the default --output: m_samples_student2.pt
+            "--output m_samples_student2.pt go into m_samples_student2_samples, inside the folder --model_path",
+        ),
+    ],
+)
+def test_the_previews_folder_is_never_an_input_folder_and_is_refused_before_anything_is_read(
+    tmp_path, mode, args, message
+):
+    """Found by the adversarial pass: <model stem>_samples/ was checked against no input, so a --data_dir, a
+    diffusers teacher or an --init_from folder of that name gained a preview PNG each --sample_every (the next run
+    trained on them). The folder is derived from the checkpoint's name and checked with it, while the request is
+    built: before any data or model is read."""
+    for name in ("m_samples", "s_samples", "imgs"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.png").write_bytes(PNG)
+    (tmp_path / "link_samples").symlink_to("imgs")
+    (tmp_path / "m_samples_student2_samples").symlink_to("m_samples")
+    with pytest.raises(ValueError, match=message):
+        request(tmp_path, mode, *args)
+    for name in ("m_samples", "s_samples", "imgs"):
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["a.png"]
+
+
+@pytest.mark.parametrize("mode,flag", [("train", "--model_path"), ("distill", "--output")])
+def test_a_file_where_the_previews_folder_goes_is_refused_before_anything_is_read(tmp_path, mode, flag):
+    """It was refused only after the dataset was loaded and the model built."""
+    (tmp_path / "t_diff").mkdir()
+    (tmp_path / "m_samples").write_bytes(PNG)
+    args = ["--model_path", "t_diff", "--output", "m.pt"] if mode == "distill" else ["--model_path", "m.pt"]
+    with pytest.raises(ValueError, match=f"the training previews of {flag} m.pt go into m_samples, which is a file"):
+        request(tmp_path, mode, *args)
+    assert (tmp_path / "m_samples").read_bytes() == PNG
+
+
+def test_training_into_a_data_folder_named_like_its_previews_ends_in_one_line_and_adds_nothing(tmp_path):
+    """The user's view of the class above: exit code 2, one line, no traceback, the images as they were, no
+    checkpoint (run_here: main.main in this process)."""
+    data = tmp_path / "m_samples"
+    data.mkdir()
+    for i in range(4):
+        Image.new("L", (8, 8), color=i * 60).save(data / f"img{i}.png")
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    result = run_here(
+        "--mode", "train", "--dataset", "folder", "--data_dir", "m_samples", "--img_size", "8", "--channels", "1",
+        "--max_steps", "1", "--batch_size", "4", "--sample_every", "1", "--model_path", "m.pt", cwd=tmp_path,
+    )  # fmt: skip
+    assert_user_error(result, "the training previews of --model_path m.pt go into m_samples")
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before and not (tmp_path / "m.pt").exists()

@@ -1,5 +1,7 @@
 """Every flag once: its type, default, help, and the modes that read it (``READ_BY``, the table that
-per-mode help and the refusal of a flag a mode does not read are both made from).
+per-mode help and the refusal of a flag a mode does not read are both made from). The training group is
+declared in training_flags.py; the modes, the ``Flag`` record and the flags only some runs of a mode read
+(``READ_BY_RUN``) in reads.py.
 
     READ_BY["json"]                     # -> ("evaluate", "benchmark")
     FLAGS["eta"].options_for("sample")  # add_argument's keywords for sample's parser
@@ -11,9 +13,6 @@ resolve.py's and the requests'. This module imports nothing heavy: ``--help`` ne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 from ddpm.choices import (
     ALL_PRECISIONS,
     AUTOENCODER_DEFAULTS,
@@ -22,70 +21,27 @@ from ddpm.choices import (
     DEFAULT_IMPLEMENTATION,
     DEFAULT_MAX_BATCH,
     DISTILL_DEFAULTS,
-    DRAW_BATCH,
     FORMATS,
     IMPLEMENTATION_CHOICES,
     ONNX_OPSETS,
     OPT_LEVELS,
     PRESETS,
-    QUANTIZED,
     SAMPLERS,
     SCHEDULES,
     STUDENT_STEPS,
     TIME_CONDITIONING,
-    TIMESTEP_SAMPLERS,
-    TRAIN_EPOCHS,
-    TRAINING_DEFAULTS,
 )
 from ddpm.cli.checks import finite_float, int_list, name_list, seed
+from ddpm.cli.reads import DRAW, MODES, RUNTIME, Flag, flag
+from ddpm.cli.training_flags import training_flags
 from ddpm.conditioning import DEFAULT_GUIDANCE
 from ddpm.data.catalog import DATASETS, DEFAULT_DATASET
 
-# Each mode and what it does (the top-level --help lists them in this order).
-MODE_SUMMARIES = {
-    "train": "train a U-Net on a dataset (the default mode)",
-    "sample": "draw a PNG grid (or an .npz) from a checkpoint or an exported model",
-    "evaluate": "sample quality against the training data, for a list of samplers and steps",
-    "benchmark": "time the sampling implementations, or training steps",
-    "export": "write a checkpoint as ONNX, TorchScript, a TensorRT engine, safetensors or a diffusers folder",
-    "train_autoencoder": "train the first stage of a latent model",
-    "distill": "train a few-step student from a teacher model",
-}
-MODES = tuple(MODE_SUMMARIES)
-
-# The modes that read a family of flags.
 AE = AUTOENCODER_DEFAULTS  # short, for the help lines below
-DRAW = ("sample", "evaluate")  # a model file drawn by an implementation
-TRAIN = ("train", "distill")  # a training run with checkpoints and curves
-RUNTIME = ("sample", "evaluate", "export")  # ONNX and TensorRT built from a model file
 NEW_MODEL = "describes a new model"  # said to a mode that takes the whole model from its file
 
 
-def by_data(name: str, *, shown=str) -> str:
-    """A new training run's default of ``--name`` for images and for volumes, as --help says it."""
-    images, volumes = (shown(TRAINING_DEFAULTS[kind][name]) for kind in ("images", "volumes"))
-    return f"{images} images, {volumes} volumes"
-
-
 # ----- the table -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Flag:
-    """One flag: ``--name``, the modes that read it, and add_argument's keywords (a mode's own in ``per_mode``)."""
-
-    name: str  # without the dashes: argparse's dest
-    modes: tuple[str, ...]
-    options: Mapping[str, object]
-    per_mode: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
-    note: str | None = None  # what the flag is, said when a mode that does not read it is given it
-
-    def options_for(self, mode: str | None) -> dict:
-        return {**self.options, **self.per_mode.get(mode, {})}
-
-
-def flag(name: str, modes: tuple[str, ...], *, per_mode=None, note=None, **options) -> Flag:
-    return Flag(name, modes, options, per_mode or {}, note)
-
-
 def _common() -> tuple[Flag, ...]:
     return (
         flag(
@@ -249,198 +205,6 @@ def _autoencoder() -> tuple[Flag, ...]:
             default=None,
             choices=(2, 4, 8),
             help="image side / latent side (default 4 from 16 pixels up, else 2; sides are padded to an even latent)",
-        ),
-    )
-
-
-TRAINING_STEPS = ("train", "train_autoencoder", "distill")  # the modes that take optimizer steps
-
-
-def _training() -> tuple[Flag, ...]:
-    return (*_training_length(), *_training_objective(), *_training_files())
-
-
-def _training_length() -> tuple[Flag, ...]:
-    """How long a training run is, and its optimizer."""
-    steps = TRAINING_STEPS
-    return (
-        flag(
-            "n_epochs",
-            ("train", "train_autoencoder"),
-            type=int,
-            default=None,
-            help=f"passes over the data (default {TRAIN_EPOCHS} where --max_steps is not given)",
-            per_mode={
-                "train_autoencoder": dict(
-                    help=f"passes over the data (without it or --max_steps: {AE['max_steps']} steps)"
-                )
-            },
-        ),
-        flag(
-            "max_steps",
-            steps,
-            type=int,
-            default=None,
-            help="optimizer steps: the run's length, or its cap with --n_epochs",
-            per_mode={"distill": dict(default=DISTILL_DEFAULTS["max_steps"], help="the student's optimizer steps")},
-        ),
-        flag(
-            "batch_size",
-            ("train", "sample", "evaluate", "benchmark", "train_autoencoder", "distill", "export"),
-            type=int,
-            default=None,
-            help=f"training batch (default {by_data('batch_size')}); sampling draws --n_samples in batches of this "
-            f"size (default {DRAW_BATCH})",
-            per_mode={
-                "train": dict(help=f"training batch (default {by_data('batch_size')})"),
-                "train_autoencoder": dict(default=AUTOENCODER_DEFAULTS["batch_size"], help="training batch"),
-                "sample": dict(default=DRAW_BATCH, help="draw --n_samples in batches of this size"),
-                "evaluate": dict(default=DRAW_BATCH, help="draw --n_samples in batches of this size"),
-                "benchmark": dict(
-                    default=TRAINING_DEFAULTS["images"]["batch_size"], help="--bench training: the batch of each step"
-                ),
-                "distill": dict(default=DISTILL_DEFAULTS["batch_size"], help="the student's training batch"),
-                "export": dict(
-                    default=DRAW_BATCH, help="--precision int8: calibration trajectories run this many at a time"
-                ),
-            },
-        ),
-        flag(
-            "lr",
-            steps,
-            type=finite_float,
-            default=None,
-            help=f"peak AdamW learning rate (default {by_data('lr', shown='{:g}'.format)})",
-            per_mode={
-                "train_autoencoder": dict(default=AUTOENCODER_DEFAULTS["lr"], help="peak AdamW learning rate"),
-                "distill": dict(default=DISTILL_DEFAULTS["lr"], help="the student's peak AdamW learning rate"),
-            },
-        ),
-        flag(
-            "warmup_steps",
-            TRAIN,
-            type=int,
-            default=None,
-            help="linear warm-up (default: 5%% of the run, at most 500)",
-        ),
-        flag(
-            "ema_decay",
-            TRAIN,
-            type=finite_float,
-            default=None,
-            help=f"the decay of the EMA weights (default {by_data('ema_decay')})",
-            per_mode={
-                "distill": dict(default=DISTILL_DEFAULTS["ema_decay"], help="the decay of the student's EMA weights")
-            },
-        ),
-    )
-
-
-def _training_objective() -> tuple[Flag, ...]:
-    """What each step learns and how: the loss's weights and timesteps, clipping, labels dropped, checkpoints."""
-    return (
-        flag(
-            "min_snr_gamma",
-            ("train",),
-            type=finite_float,
-            default=None,
-            help="weight each timestep's loss by min(SNR, gamma)/SNR (Min-SNR weighting; 5 is the paper's choice); "
-            f"0: unweighted (default {by_data('min_snr_gamma', shown='{:g}'.format)})",
-        ),
-        flag("grad_clip", TRAIN, type=finite_float, default=1.0, help="gradient-norm clipping"),
-        flag(
-            "timestep_sampling",
-            ("train",),
-            choices=TIMESTEP_SAMPLERS,
-            default=None,
-            help="which timesteps each step trains on (a resumed run keeps its own): uniform (DDPM, the default); "
-            "importance (loss-aware, Nichol & Dhariwal 2021, unbiased); topk (mostly the K timesteps with the "
-            "largest loss, unbiased); speed (SpeeD-style: fewer draws where the loss has converged, reweighted)",
-        ),
-        flag(
-            "compile",
-            ("train", "sample", "evaluate", "distill"),
-            action="store_true",
-            help="torch.compile the U-Net (training; and sampling with --implementation cuda)",
-        ),
-        flag(
-            "cond_drop",
-            ("train",),
-            type=finite_float,
-            default=0.1,
-            help="with --class_cond: share of labels replaced by the null label, so the model also learns "
-            "unconditional eps",
-        ),
-        flag(
-            "grad_checkpoint",
-            ("train",),
-            action="store_true",
-            help="recompute the residual blocks' activations in the backward pass: less memory (for 64^3 volumes on "
-            "a small GPU), about a third more compute",
-        ),
-        flag(
-            "save_every",
-            TRAIN,
-            type=int,
-            default=1000,
-            help="checkpoint every N steps (0: only at the end)",
-            per_mode={
-                "distill": dict(
-                    default=DISTILL_DEFAULTS["save_every"], help="checkpoint every N steps (0: only at the end)"
-                )
-            },
-        ),
-        flag("sample_every", ("train",), type=int, default=1000, help="sample grid every N steps (0: only at the end)"),
-    )
-
-
-def _training_files() -> tuple[Flag, ...]:
-    """Where a run starts from and what it writes besides its checkpoint."""
-    steps = TRAINING_STEPS
-    return (
-        flag(
-            "resume",
-            TRAIN,
-            action="store_true",
-            help="continue the run saved in --model_path exactly",
-            per_mode={"distill": dict(help="continue the distillation saved in --output exactly")},
-        ),
-        flag(
-            "init_from",
-            ("train",),
-            default=None,
-            metavar="MODEL",
-            help="fine-tune: a new run (into --model_path) that starts from MODEL's weights and takes its U-Net and "
-            "noise schedule: a checkpoint, a .safetensors export or a diffusers model folder (fresh optimizer, step 0)",
-        ),
-        flag(
-            "overwrite",
-            (*steps, "export"),
-            action="store_true",
-            help="start over and replace an existing --model_path and its training curves (without it, refused)",
-            per_mode={
-                "distill": dict(help="start over and replace an existing --output (without it, refused)"),
-                "export": dict(help="--format diffusers: replace an --output folder that holds a model, whole"),
-            },
-        ),
-        flag(
-            "log_dir",
-            TRAIN,
-            default=None,
-            metavar="DIR",
-            help="training curves: DIR/metrics.csv (step, loss, lr, grad_norm, images_per_s, skipped_steps, "
-            "wall_time) and, with the tensorboard package, TensorBoard event files with the preview grids (view: "
-            "tensorboard --logdir DIR); --resume appends to them (default: <model_path stem>_logs beside the "
-            "checkpoint)",
-            per_mode={"distill": dict(help="the student's training curves (metrics.csv; TensorBoard events)")},
-        ),
-        flag(
-            "log_every",
-            TRAIN,
-            type=int,
-            default=10,
-            help="a row of training curves every N steps (loss and gradient norm: the means over those steps) and at "
-            "the end",
         ),
     )
 
@@ -694,7 +458,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
     ("data", _data()),
     ("model and schedule", _model()),
     ("autoencoder (the first stage of a latent model)", _autoencoder()),
-    ("training", _training()),
+    ("training", training_flags()),
     ("sampling", _sampling()),
     ("export and TensorRT", _export()),
     ("benchmark", _benchmark()),
@@ -704,32 +468,6 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
 FLAGS: dict[str, Flag] = {f.name: f for _, flags in GROUPS for f in flags}
 # The table: each flag and the modes that read it; any other mode refuses it.
 READ_BY: dict[str, tuple[str, ...]] = {name: f.modes for name, f in FLAGS.items()}
-
-
-# Within a mode, flags only some of its runs read: {mode: {flag: (the flag telling its runs apart, the values whose
-# runs read it)}}. Given to another run, a flag is refused as one of another mode is (parser.not_read_by_run, while
-# the request is built); a flag not listed is read by every run of its mode.
-ENGINE = ("trt_backend", "max_batch", "trt_opt_level")  # a TensorRT engine's build
-CALIBRATION = ("sampler", "sampling_steps", "calibration_samples", "batch_size")  # an INT8/FP8 export's trajectories
-TIMED_SAMPLING = ("n_samples", "sampler", "sampling_steps", "eta", "no_clip", "guidance_scale", "precision", "repeats")
-READ_BY_RUN: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
-    **{
-        mode: {
-            **dict.fromkeys(ENGINE, ("implementation", ("tensorrt",))),
-            "opset": ("implementation", ("onnxruntime", "tensorrt")),
-        }
-        for mode in DRAW
-    },
-    "export": {
-        **dict.fromkeys(ENGINE, ("format", ("tensorrt",))),
-        "opset": ("format", ("onnx", "tensorrt")),
-        **dict.fromkeys(CALIBRATION, ("precision", QUANTIZED)),
-    },
-    "benchmark": {
-        **dict.fromkeys((*TIMED_SAMPLING, "interleave", "csv", "chart"), ("bench", ("sampling",))),
-        **dict.fromkeys(("train_steps", "batch_size"), ("bench", ("training",))),
-    },
-}
 
 
 def flags_of(mode: str) -> tuple[str, ...]:

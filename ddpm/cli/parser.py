@@ -1,4 +1,4 @@
-"""The command line's parser: one argparse parser per mode, made from the flag table (cli/flags.py).
+"""The command line's parser: one argparse parser per mode, made from the flag table (cli/flags.py, cli/reads.py).
 
     args = parse_args(["--mode", "sample", "--n_samples", "4"])
     request = resolve.request_for(args)            # cli/resolve.py: flags checked, one typed request
@@ -15,7 +15,8 @@ import argparse
 import sys
 from collections.abc import Collection, Mapping, Sequence
 
-from ddpm.cli.flags import FLAGS, GROUPS, MODE_SUMMARIES, MODES, READ_BY, READ_BY_RUN, not_read
+from ddpm.cli.flags import FLAGS, GROUPS, READ_BY, not_read
+from ddpm.cli.reads import MODE_SUMMARIES, MODES, READ_BY_RUN
 
 PROG = "main.py"
 DESCRIPTION = "Train a DDPM on small images, draw sample grids, and compare sampling implementations."

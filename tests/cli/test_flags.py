@@ -10,8 +10,9 @@ from helpers import ROOT
 
 from ddpm.choices import SAMPLERS
 from ddpm.cli import parser
-from ddpm.cli.flags import FLAGS, MODES, READ_BY, flags_of
+from ddpm.cli.flags import FLAGS, READ_BY, flags_of
 from ddpm.cli.parser import not_read_by_run
+from ddpm.cli.reads import MODES
 from ddpm.requests import EvaluateRequest, ModelSource, SamplingChoice
 
 REQUIRED = {"distill": ["--model_path", "teacher.pt"]}  # a mode's required flags, given with every other
