@@ -251,3 +251,18 @@ def test_training_into_a_data_folder_named_like_its_previews_ends_in_one_line_an
     )  # fmt: skip
     assert_user_error(result, "the training previews of --model_path m.pt go into m_samples")
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before and not (tmp_path / "m.pt").exists()
+
+
+def test_a_latent_exports_decoder_beside_it_is_checked_before_the_model_is_read(tmp_path):
+    """X.decoder.onnx, derived from --output, was checked only once the model and its autoencoder were loaded; with
+    --autoencoder given the model is a latent one, and its decoder's path is checked with --output, before the model
+    file is read (m.pt is junk here: read, it would be called corrupt)."""
+    (tmp_path / "m.pt").write_bytes(b"junk, never read")
+    (tmp_path / "ae.pt").write_bytes(checkpoint_bytes())
+    (tmp_path / "t.decoder.onnx").symlink_to("ae.pt")
+    result = run_here(
+        "--mode", "export", "--format", "onnx", "--model_path", "m.pt", "--autoencoder", "ae.pt", "--output", "t.onnx",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert_user_error(result, "--output's decoder t.decoder.onnx is the same file as --autoencoder")
+    assert (tmp_path / "ae.pt").read_bytes() == checkpoint_bytes() and not (tmp_path / "t.onnx").exists()

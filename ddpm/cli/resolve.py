@@ -497,7 +497,7 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
                 f"--precision fp8 writes an FP8 Q/DQ graph for TensorRT on Hopper and newer GPUs, and {problem}; "
                 "nothing was written"
             )
-    if precision not in QUANTIZED:  # (its flags, given, were refused with the others: flags.READ_BY_RUN)
+    if precision not in QUANTIZED:  # (its flags, given, were refused with the others: reads.READ_BY_RUN)
         return None
     if args.format != "onnx":
         raise ValueError(

@@ -126,7 +126,7 @@ def check_before_trajectories(request: DistillRequest, config, artifact, *, star
     from ddpm.training.curves import CSV_NAME
 
     inputs = {**artifact.inputs, **request.teacher.inputs(), "--output": request.checkpoint}
-    check_preview_outputs(config, start=start, inputs=inputs)
+    check_preview_outputs(config, start=start, inputs=inputs, flag="--output")
     if request.log_dir is not None:
         check_mode_outputs("distill", {CURVES: Path(request.log_dir) / CSV_NAME}, inputs=inputs)
 

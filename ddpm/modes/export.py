@@ -29,7 +29,7 @@ from ddpm.backends.runtimes import (
     onnxruntime_session,
 )
 from ddpm.choices import FORMATS
-from ddpm.formats.diffusers_io import diffusers_folder_files, present
+from ddpm.formats.diffusers_io import diffusers_folder_files
 from ddpm.formats.engine_cache import metadata_path
 from ddpm.formats.exporters import (
     _quiet_torchscript,
@@ -44,17 +44,17 @@ from ddpm.formats.kinds import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.model_files import load_model_state
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage
-from ddpm.outputs import EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
+from ddpm.outputs import DECODER_KINDS, EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
 from ddpm.requests import Calibration, ExportRequest
 from ddpm.util.memory_budget import is_out_of_memory
 from ddpm.util.precision import QUANTIZED
 from ddpm.util.safe_files import (
     as_input,
     atomic_write,
+    check_folder_output,
     check_outputs,
     check_target,
-    replaced_folder,
-    resolved,
+    replaced_files,
     sibling_temporary,
 )
 from tensorrt_integration import TensorRTOptions
@@ -145,9 +145,13 @@ def export_decoder(
 # --------------------------------------------------------------------------------------------
 
 
-def check_export_paths(source: Path, output: Path, fmt: str, *, overwrite: bool = False) -> bool:
-    """Refuse, before any work, an export that would destroy an input or change what an existing folder means;
-    returns whether a diffusers --output is to be replaced whole (:func:`check_diffusers_output`)."""
+def check_export_paths(
+    source: Path, output: Path, fmt: str, *, overwrite: bool = False, autoencoder: str | None = None
+) -> bool:
+    """Refuse, before any work, an export that would destroy an input or change what an existing folder means
+    (with ``autoencoder`` given, the model is a latent one: its decoder beside --output is checked too; a linked
+    autoencoder's once the model is read, :func:`checked_decoder_target`); returns whether a diffusers --output holds
+    an earlier export to replace (:func:`check_diffusers_output`)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt != "tensorrt" and artifact_kind(source) != "checkpoint":  # an engine is also built from an ONNX file
@@ -161,43 +165,46 @@ def check_export_paths(source: Path, output: Path, fmt: str, *, overwrite: bool 
         raise ValueError(
             f"--format {fmt} needs an --output ending in {' or '.join(FORMAT_SUFFIXES[fmt])}, got {output}"
         )
-    check_mode_outputs("export", {"--output": output}, inputs={"--model_path": as_input(source)}, fmt=fmt)
+    outputs = {"--output": output}
+    if autoencoder and fmt in DECODER_KINDS:
+        outputs[EXPORT_DECODER] = decoder_path(output)
+    check_mode_outputs(
+        "export", outputs, inputs={"--model_path": as_input(source), "--autoencoder": autoencoder}, fmt=fmt
+    )
     return False
 
 
 KIND_ARTICLES = {"onnx": "an ONNX file", "torchscript": "a TorchScript file", "tensorrt": "a TensorRT engine"}
-MODEL_NAMES = ("model_index.json", "config.json", "unet", "scheduler")  # what makes a folder a diffusers model
+
+
+def diffusers_names(output: Path) -> list[str]:
+    """The files a diffusers export writes, as paths inside ``output`` (model_index.json, the folder's marker, last)."""
+    return [path.relative_to(output).as_posix() for path in diffusers_folder_files(output).values()]
 
 
 def check_diffusers_output(source: Path, output: Path, *, overwrite: bool) -> bool:
-    """A diffusers --output folder that already holds a model (a pipeline or a bare UNet2DModel), or is the folder
-    --model_path names, changes meaning only with ``overwrite``, and is then replaced whole (returns True): the new
-    folder is written beside it and swapped in, so nothing in it may be an input. Otherwise its files are checked
-    as any output is (returns False)."""
+    """A diffusers --output folder (util/safe_files.check_folder_output): new, or holding only the files this export
+    writes, and those replaced only with ``overwrite`` (returns True: written beside it, read back, then moved in);
+    never the working folder, an input, a folder holding one, nor a folder of the user's files. Each file is then
+    checked as any output is."""
     files = diffusers_folder_files(output)  # refuses an --output that is a file
-    same = resolved(output) == resolved(source)
-    holds_model = output.is_dir() and any(present(output / name) for name in MODEL_NAMES)
-    if not (same or holds_model):
-        check_outputs(files, inputs={"--model_path": as_input(source)})
-        return False
-    if not overwrite:
-        what = "is the model --model_path names" if same else "already holds a diffusers model"
-        raise ValueError(
-            f"--output {output} {what}; writing into it would change which model it loads: pass --overwrite to "
-            "replace it whole, or choose another --output"
-        )
-    if not same and resolved(source).is_relative_to(resolved(output)):
-        raise ValueError(f"--output {output} holds --model_path {source}; replacing the folder would delete it")
-    check_target(sibling_temporary(output), flag="--output")  # its folder must take the new one
-    return True
+    inputs = {"--model_path": as_input(source)}
+    replace = check_folder_output(
+        "--output", output, writes=diffusers_names(output), writer="--format diffusers", inputs=inputs,
+        overwrite=overwrite,
+    )  # fmt: skip
+    check_outputs(files, inputs=inputs)
+    if replace:
+        check_target(sibling_temporary(output), flag="--output")  # its folder must take the new files first
+    return replace
 
 
 def export_weights(
     model, schedule_config, *, fmt: str, source: Path, output: Path, weights: str, labels: dict, replace: bool = False
 ) -> list[str]:
     """``--format safetensors`` (the weights and this tool's metadata) or ``diffusers`` (a DDPMPipeline
-    folder, with ``replace`` written beside ``output`` and swapped in whole once read back); each read back and
-    compared with the model it came from before the report says so."""
+    folder; with ``replace``, an earlier export's files replaced: written beside ``output``, read back, then moved
+    in); each read back and compared with the model it came from before the report says so."""
     from ddpm.formats import model_files, safetensors_io
 
     if fmt == "safetensors":
@@ -209,9 +216,10 @@ def export_weights(
             f"wrote {output} (safetensors, {weights} weights, this tool's configs in its metadata)",
             read_back(model, output),
         ]
-    with replaced_folder(output) if replace else contextlib.nullcontext(output) as folder:
+    replaced = replaced_files(output, diffusers_names(output)) if replace else contextlib.nullcontext(output)
+    with replaced as folder:
         files = model_files.write_diffusers_folder(model, schedule_config, folder, source=str(source))
-        checked = read_back(model, folder)  # before the swap: a folder that differs never replaces the old one
+        checked = read_back(model, folder)  # before the move: files that differ never replace the old ones
     names = ", ".join(str(f.relative_to(folder)) for f in files)
     written = f"{'replaced' if replace else 'wrote'} {output}/ ({names}; diffusers' DDPMPipeline loads it)"
     if model.config.num_classes:
@@ -249,7 +257,9 @@ def export_checkpoint(
     """
     source, output = Path(source), Path(output)
     # 1. Every flag and path checked before anything is read.
-    replace = check_export_request(source, output, fmt=fmt, precision=precision, overwrite=overwrite)
+    replace = check_export_request(
+        source, output, fmt=fmt, precision=precision, overwrite=overwrite, autoencoder=autoencoder
+    )
     opset = default_opset(precision) if opset is None else opset
     if fmt == "onnx":
         device = torch.device("cpu")  # an ONNX graph holds no device; export and compare on the CPU
@@ -309,14 +319,16 @@ def export_checkpoint(
     return [*lines, *report]
 
 
-def check_export_request(source: Path, output: Path, *, fmt: str, precision: str, overwrite: bool) -> bool:
+def check_export_request(
+    source: Path, output: Path, *, fmt: str, precision: str, overwrite: bool, autoencoder: str | None = None
+) -> bool:
     """The format's precision and packages, and the paths (:func:`check_export_paths`): True when a diffusers
-    --output is replaced whole."""
+    --output holds an earlier export to replace."""
     if fmt in ("torchscript", "safetensors", "diffusers") and precision != "fp32":
         raise ValueError(
             f"--format {fmt} holds fp32 weights; --precision fp16/bf16 applies to --format onnx and tensorrt"
         )
-    replace = check_export_paths(source, output, fmt, overwrite=overwrite)
+    replace = check_export_paths(source, output, fmt, overwrite=overwrite, autoencoder=autoencoder)
     if fmt == "tensorrt":
         raise ValueError("build TensorRT engines with tensorrt_integration.export_engine")
     if fmt == "onnx":
@@ -549,7 +561,7 @@ def export_artifact(
     import tensorrt_integration
 
     source, output = Path(source), Path(output)
-    check_export_paths(source, output, "tensorrt")
+    check_export_paths(source, output, "tensorrt", autoencoder=autoencoder)
     options = tensorrt_options or tensorrt_integration.TensorRTOptions(opset=opset)
     if options.backend != "native":
         raise ValueError("--format tensorrt writes native engines; torch_tensorrt compiles when sampling")

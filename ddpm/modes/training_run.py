@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ddpm.outputs import PREVIEW, check_mode_outputs
+from ddpm.outputs import PREVIEW, check_mode_outputs, check_previews_folder
 from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.util import distributed, interrupts
 from ddpm.util.profiling import ProfileConfig, make_profiler
@@ -57,7 +57,7 @@ def training_run(
 def train_logged(trainer, request, *, inputs: dict) -> None:
     """The loop of a built ``trainer`` with its previews and curves, each checked as an output against the run's
     ``inputs`` (every file it reads) before the first step; the curves closed however the loop ends."""
-    check_previews(trainer, inputs=inputs)
+    check_previews(trainer, inputs=inputs, flag="--output" if "--output" in inputs else "--model_path")
     curves = training_log(trainer, request, inputs=inputs)
     try:
         train(trainer, profile=request.profile, curves=curves)
@@ -113,20 +113,19 @@ def resumed_config(state: dict, request, *, checkpoint: str, kept: Callable, sta
 PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")
 
 
-def check_previews(trainer, *, inputs: dict) -> None:
+def check_previews(trainer, *, inputs: dict, flag: str = "--model_path") -> None:
     """The preview grids this run will write (<model_path stem>_samples/step_NNNNNNN.png, every
     --sample_every steps and at the end) are outputs too: checked before the first step against the
-    run's ``inputs`` (:func:`run_inputs`), like every other output. Only names that
-    already exist can be an input (through a symlink or a hard link); a folder name taken by a file is refused."""
-    check_preview_outputs(trainer.config, start=trainer.step, inputs=inputs)
+    run's ``inputs`` (:func:`run_inputs`), like every other output (their folder was checked with the flags:
+    outputs.check_previews_folder; again here, against the inputs the model file named). Only names that
+    already exist can be an input (through a symlink or a hard link)."""
+    check_preview_outputs(trainer.config, start=trainer.step, inputs=inputs, flag=flag)
 
 
-def check_preview_outputs(config, *, start: int, inputs: dict) -> None:
+def check_preview_outputs(config, *, start: int, inputs: dict, flag: str = "--model_path") -> None:
     """:func:`check_previews` for a run of ``config`` (a TrainConfig) from step ``start``, before its trainer
-    exists (distill checks its previews before the teacher's trajectories)."""
-    folder = config.samples_dir
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{folder} is a file, but the training previews go into a folder of that name; move it")
+    exists (distill checks its previews before the teacher's trajectories); ``flag`` names the checkpoint."""
+    folder = check_previews_folder(config.checkpoint, flag=flag, inputs=inputs)
     if not folder.is_dir():
         return
     end, every = config.total_steps, config.sample_every

@@ -38,6 +38,7 @@ from ddpm.data.datasets import ImageSet
 from ddpm.data.image_files import save_grid
 from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
 from ddpm.latent.first_stage import FirstStage, clips_x0
+from ddpm.outputs import previews_folder
 from ddpm.requests import own_sampling
 from ddpm.training.dropout import use_seeded_dropout
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
@@ -135,8 +136,7 @@ class TrainConfig:
 
     @property
     def samples_dir(self) -> Path:
-        path = Path(self.checkpoint)
-        return path.with_name(f"{path.stem}_samples")
+        return previews_folder(self.checkpoint)
 
 
 def check_warmup(warmup_steps: int | None, *, run_steps: int | None, run: str | None = None) -> None:

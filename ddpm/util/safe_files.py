@@ -20,7 +20,9 @@ Four rules, applied by every mode before any work starts:
   check of that output removes those whose process is gone (a killed save). A write the file system
   refuses (a full disk, a read-only or failing one; also torch.save's RuntimeError wrapping it) ends in
   one :class:`WriteError` line naming the output and saying that the previous file is untouched.
-  A folder is replaced whole the same way (:func:`replaced_folder`: written beside it, then swapped in).
+  A model folder a mode writes (:func:`check_folder_output`) is never one holding the user's files, an input or
+  the working folder; an earlier export in it is replaced file by file (:func:`replaced_files`: written beside
+  it, read back, then moved in), and nothing else in it is touched.
 * :func:`run_lock` takes an advisory lock beside a checkpoint, so two training runs never write
   into the same file; the lock file goes when the run ends.
 """
@@ -34,14 +36,14 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from ddpm.util import interrupts
 from ddpm.util.file_kinds import check_kind
-from ddpm.util.messages import first_line, format_bytes
+from ddpm.util.messages import first_line, format_bytes, printable
 
 PathLike = str | os.PathLike
 
@@ -72,6 +74,8 @@ def check_target(path: PathLike, *, flag: str = "output") -> Path:
     raw = os.fspath(path)
     if not raw:
         raise ValueError(f"{flag} is an empty path; give a file name")
+    if raw.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):  # resolved() would drop it: "x.png/" -> x.png
+        raise ValueError(f"{flag} {raw} ends in a slash, which names a folder; {flag} names a file: drop the slash")
     target = resolved(raw)
     try:
         st = os.stat(target)
@@ -215,7 +219,7 @@ def remove_stale_temporaries(target: PathLike) -> list[Path]:
         pid = tmp.name[len(f".{target.name}.tmp-") :].split("-", 1)[0]
         if pid.isdigit() and not _process_alive(int(pid)):
             with contextlib.suppress(OSError):
-                if tmp.is_dir() and not tmp.is_symlink():  # a folder export's (safe_files.replaced_folder)
+                if tmp.is_dir() and not tmp.is_symlink():  # a folder export's (safe_files.replaced_files)
                     shutil.rmtree(tmp)
                 else:
                     tmp.unlink()
@@ -242,58 +246,136 @@ def sibling_temporary(target: PathLike) -> Path:
     return target.with_name(f"{temp_prefix(target)}new")
 
 
+def check_folder_output(
+    flag: str,
+    folder: PathLike,
+    *,
+    writes: Sequence[str],
+    writer: str,
+    inputs: Mapping[str, Input | None],
+    overwrite: bool,
+) -> bool:
+    """A folder a mode writes as a whole (a model folder: ``writes``, its files' paths inside it, the folder's marker
+    last), checked before any work. Refused in one line naming ``flag``: a path that is a file; the working folder
+    or one that holds it; an input, a folder holding one or lying inside an input folder; a folder holding anything
+    but ``writes`` and their folders (the user's files: never merged into, never removed); a folder holding an earlier
+    export, unless ``overwrite``. Returns whether it holds files of an earlier export (replaced by
+    :func:`replaced_files`, which touches nothing else)."""
+    raw = os.fspath(folder)
+    if not raw:
+        raise ValueError(f"{flag} is an empty path; give a folder name")
+    target = resolved(raw)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag} {raw} is a file; {writer} writes a folder")
+    if resolved(os.getcwd()).is_relative_to(target):
+        what = "is the working folder" if resolved(os.getcwd()) == target else "holds the working folder"
+        raise ValueError(f"{flag} {raw} {what}; {writer} writes a folder of its own: name a new one")
+    for in_flag, item in inputs.items():
+        if item is None:
+            continue
+        root = resolved(item.root if isinstance(item, InputFolder) else item)
+        if root == target:
+            raise ValueError(
+                f"{flag} {raw} is the model {in_flag} names; an input is never written: choose another {flag}"
+            )
+        if root.is_relative_to(target):
+            raise ValueError(f"{flag} {raw} holds {in_flag}, an input, never written: choose another {flag}")
+        if isinstance(item, InputFolder) and target.is_relative_to(root):
+            raise ValueError(f"{flag} {raw} is inside the folder {in_flag} reads, never written: choose another {flag}")
+    try:
+        foreign = _foreign_entries(target, writes=writes)
+    except OSError as exc:
+        raise ValueError(f"{flag} {raw}: cannot list what it holds ({exc.strerror or first_line(exc)})") from exc
+    if foreign:
+        more = f" and {len(foreign) - 1}{'+' if len(foreign) == FOREIGN_SHOWN else ''} more" if len(foreign) > 1 else ""
+        raise ValueError(
+            f"{flag} {raw} holds {printable(foreign[0])}{more}, which {writer} does not write; it writes a new folder "
+            f"or replaces its own earlier export, never touching other files: choose another {flag}"
+        )
+    earlier = [name for name in writes if (target / name).is_file()]
+    if earlier and not overwrite:
+        raise ValueError(
+            f"{flag} {raw} already holds an export ({earlier[0]}); pass --overwrite to replace its files, or choose "
+            f"another {flag}"
+        )
+    return bool(earlier)
+
+
+FOREIGN_SHOWN = 100  # the other entries of a folder output counted, at most (a home folder holds thousands)
+
+
+def _foreign_entries(target: Path, *, writes: Sequence[str]) -> list[str]:
+    """What ``target`` holds besides ``writes`` (regular files, never links), their folders and the writer's
+    temporaries, as paths inside it (at most :data:`FOREIGN_SHOWN`; only the writer's own folders are walked)."""
+    files = set(writes)
+    folders = {str(parent) for name in writes for parent in Path(name).parents if str(parent) != "."}
+    foreign: list[str] = []
+    pending = [""]
+    while pending and len(foreign) < FOREIGN_SHOWN:
+        inside = pending.pop()
+        try:
+            entries = sorted(os.scandir(target / inside), key=lambda e: e.name)
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            name = f"{inside}/{entry.name}" if inside else entry.name
+            if name in folders and entry.is_dir(follow_symlinks=False):
+                pending.append(name)
+            elif not (name in files and entry.is_file(follow_symlinks=False)) and not _is_temporary(name, files):
+                foreign.append(name)
+    return foreign[:FOREIGN_SHOWN]
+
+
+def _is_temporary(name: str, files: set[str]) -> bool:
+    """Whether ``name`` is an atomic write's temporary of one of ``files`` (``.<file>.tmp-<pid>-...``)."""
+    head, _, base = name.rpartition("/")
+    return any(base.startswith(f".{Path(file).name}.tmp-") and Path(file).parent == Path(head or ".") for file in files)
+
+
 @contextlib.contextmanager
-def replaced_folder(target: PathLike) -> Iterator[Path]:
-    """A new, empty folder beside ``target`` to write into; when the block ends without an exception it replaces
-    ``target`` whole (swapped in one step where the system can, RENAME_EXCHANGE; else two renames with signals
-    held), so ``target`` holds the old folder or the new one, never a mix; on an exception it vanishes."""
+def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
+    """A new, empty folder beside ``target`` into which a block writes ``names`` (paths inside ``target``; the last
+    is the folder's marker, written last). When the block ends without an exception each file replaces its namesake
+    in ``target`` (the old marker removed first and the new one put in place last, signals held meanwhile: until then
+    the folder reads as an interrupted export), and a name the block did not write is removed; nothing else in
+    ``target`` is touched, nor ``target`` itself. On an exception the new folder vanishes and ``target`` stays as
+    it was."""
     given, target = target, resolved(target)
-    existed = target.exists()
     remove_stale_temporaries(target)
     new = sibling_temporary(target)
     shutil.rmtree(new, ignore_errors=True)
     new.mkdir()
     try:
         yield new
-        with interrupts.deferred():
-            old = _swap_folders(new, target)
     except BaseException as exc:
         shutil.rmtree(new, ignore_errors=True)
         failure = write_failure(exc.__cause__ if isinstance(exc, WriteError) else exc)  # named the temporary folder
         if failure is None:
             raise
-        raise write_error(given, failure, existed=existed, what="folder") from exc
-    shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(target.parent)
-
-
-def _swap_folders(new: Path, target: Path) -> Path:
-    """Put ``new`` at ``target``; returns where the old folder now is (to be removed)."""
-    if not target.exists():
-        os.rename(new, target)
-        return new  # nothing there now
-    if _exchange(new, target):
-        return new
-    old = target.with_name(f"{temp_prefix(target)}old")
-    os.rename(target, old)
+        raise write_error(given, failure, existed=True, what="folder") from exc
     try:
-        os.rename(new, target)
-    except OSError:
-        os.rename(old, target)  # the old folder back where it was
-        raise
-    return old
+        with interrupts.deferred():
+            _move_files(new, target, names)
+    except OSError as exc:
+        raise WriteError(
+            f"cannot write {given}: {exc.strerror or first_line(exc)}; it holds part of the new export and no "
+            f"{Path(names[-1]).name}: export again"
+        ) from exc
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Linux's renameat2(RENAME_EXCHANGE): both names swapped atomically; False where it is not available."""
-    try:
-        import ctypes
-
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+def _move_files(new: Path, target: Path, names: Sequence[str]) -> None:
+    """``names`` moved from ``new`` into ``target`` (renames in one file system), the marker (last) removed first."""
+    (target / names[-1]).unlink(missing_ok=True)
+    for name in names:
+        source, destination = new / name, target / name
+        if source.is_file():
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, destination)
+        else:
+            destination.unlink(missing_ok=True)
+        _fsync_dir(destination.parent)
 
 
 class WriteError(OSError):

@@ -13,8 +13,9 @@ import pytest
 from helpers import assert_user_error, run_here
 
 import main
-from ddpm.cli.flags import FLAGS, MODES, READ_BY_RUN, flags_of
+from ddpm.cli.flags import FLAGS, flags_of
 from ddpm.cli.parser import not_read_by_run
+from ddpm.cli.reads import MODES, READ_BY_RUN
 
 # A value of each flag that no run can take, whatever its files hold ({mode: value} where modes differ).
 INVALID: dict[str, object] = {
@@ -158,7 +159,7 @@ def other_value(mode: str, selector: str, readers: tuple[str, ...]) -> str:
     return next(str(v) for v in FLAGS[selector].options_for(mode)["choices"] if str(v) not in readers)
 
 
-# A value each flag of flags.READ_BY_RUN takes (None: a switch), valid for the runs that read it.
+# A value each flag of reads.READ_BY_RUN takes (None: a switch), valid for the runs that read it.
 VALID = {
     **dict.fromkeys(("trt_backend",), "native"),
     **dict.fromkeys(("max_batch", "sampling_steps", "calibration_samples", "batch_size", "n_samples"), "4"),

@@ -367,7 +367,7 @@ def test_the_training_previews_are_outputs_never_written_over_an_input(files, tm
         [*runs[0][0], "--model_path", str(tmp_path / "m.pt")],
         tmp_path / "m_samples",
         capsys,
-        "the training previews go into a folder",
+        "m_samples, which is a file",
     )
 
 

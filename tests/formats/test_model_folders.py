@@ -302,47 +302,125 @@ def _siblings(folder) -> list[str]:
     return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
 
 
-def test_an_export_into_a_bare_unet_folder_needs_overwrite_and_then_replaces_it_whole(folder, checkpoint, tmp_path):
+def _export(checkpoint, output, *flags: str) -> list[str]:
+    return [
+        "--mode",
+        "export",
+        "--format",
+        "diffusers",
+        "--model_path",
+        str(checkpoint),
+        "--output",
+        str(output),
+        *flags,
+    ]
+
+
+def _user_files(folder) -> dict:
+    """A folder of the user's own files (notes, a picture in a sub-folder, a file named like an export's folder)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "notes.txt").write_text("my notes")
+    (folder / "pics").mkdir()
+    (folder / "pics" / "cat.png").write_bytes(b"\x89PNG not really")
+    return _snapshot(folder)
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_an_export_into_a_folder_of_the_users_files_is_refused_and_deletes_nothing(checkpoint, tmp_path, overwrite):
+    """Found by the adversarial pass: the export merged into such a folder (exit 0), and with --overwrite deleted
+    every file in it. A folder export writes a new folder or its own earlier export, nothing else, in either case."""
+    mine = tmp_path / "mine"
+    before = _user_files(mine)
+    result = run_here(*_export(checkpoint, "mine", *(["--overwrite"] if overwrite else [])), cwd=tmp_path)
+    assert_user_error(result, "--output mine holds notes.txt and 1 more, which --format diffusers does not write")
+    assert str(tmp_path) not in result.stderr  # the path as the user typed it
+    assert _snapshot(mine) == before and _siblings(mine) == []
+
+
+@pytest.mark.parametrize("output, what", [(".", "is the working folder"), ("..", "holds the working folder")])
+def test_an_export_onto_the_working_folder_or_above_it_is_refused(checkpoint, tmp_path, output, what):
+    """--output . with --overwrite removed the working folder itself."""
+    work = tmp_path / "work"
+    before = _user_files(work)
+    identity = os.stat(work).st_ino
+    result = run_here(*_export(checkpoint, output, "--overwrite"), cwd=work)
+    assert_user_error(result, f"--output {output} {what}")
+    assert os.stat(work).st_ino == identity and _snapshot(work) == before and checkpoint.is_file()
+
+
+def test_an_export_into_another_tools_model_folder_is_refused_even_with_overwrite(folder, checkpoint, tmp_path):
+    """A bare UNet2DModel folder (config.json and weights at its top) holds files this export does not write:
+    --overwrite would have to delete them, so it is refused as any folder of other files is."""
     bare = tmp_path / "bare"
-    shutil.copytree(folder / "unet", bare)  # a UNet2DModel folder alone: config.json and its weights
+    shutil.copytree(folder / "unet", bare)
     before = _snapshot(bare)
-    export = ["--mode", "export", "--format", "diffusers", "--model_path", str(checkpoint), "--output", str(bare)]
-    assert_user_error(run_here(*export, cwd=tmp_path), "already holds a diffusers model")
-    assert _snapshot(bare) == before
-    result = run_here(*export, "--overwrite", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in bare.iterdir()) == ["model_index.json", "scheduler", "unet"]  # nothing old left
-    assert _same_weights(bare, checkpoint) and _siblings(bare) == []
+    for flags in ([], ["--overwrite"]):
+        assert_user_error(run_here(*_export(checkpoint, bare, *flags), cwd=tmp_path), "does not write")
+        assert _snapshot(bare) == before and _siblings(bare) == []
 
 
-def test_an_export_onto_the_folder_it_reads_needs_overwrite(folder, tmp_path):
+def test_an_export_onto_the_folder_it_reads_is_refused(folder, tmp_path):
     before = _snapshot(folder)
-    export = ["--mode", "export", "--format", "diffusers", "--model_path", str(folder), "--output", str(folder)]
-    result = run_here(*export, cwd=tmp_path)
-    assert result.returncode == 2 and "--output" in result.stderr and len(result.stderr.splitlines()) == 1
-    assert _snapshot(folder) == before
-    assert run_here(*export, "--overwrite", cwd=tmp_path).returncode == 0
-    assert model_files.load_model_state(folder)["model_config"]["norm_groups"] == 8 and _siblings(folder) == []
+    for flags in ([], ["--overwrite"]):
+        assert_user_error(run_here(*_export(folder, folder, *flags), cwd=tmp_path), "is the model --model_path names")
+        assert _snapshot(folder) == before and _siblings(folder) == []
 
 
-def test_an_overwrite_that_would_delete_its_own_input_is_refused(checkpoint, tmp_path):
+def test_an_export_into_a_folder_holding_its_input_is_refused(checkpoint, tmp_path):
     (tmp_path / "model_index.json").write_text("{}")  # tmp_path now looks like a model folder, and holds m.pt
-    export = ["--mode", "export", "--format", "diffusers", "--model_path", str(checkpoint), "--output", str(tmp_path)]
-    assert_user_error(run_here(*export, "--overwrite", cwd=tmp_path), "replacing the folder would delete it")
-    assert checkpoint.is_file()
+    elsewhere = tmp_path.parent
+    result = run_here(*_export(checkpoint, tmp_path, "--overwrite"), cwd=elsewhere)
+    assert_user_error(result, "holds --model_path, an input")
+    assert checkpoint.is_file() and (tmp_path / "model_index.json").read_text() == "{}"
 
 
-def test_an_interrupted_replacement_leaves_the_old_folder(folder):
-    from ddpm.util.safe_files import replaced_folder
+def test_overwrite_replaces_only_the_exports_own_files_in_the_same_folder(checkpoint, tmp_path):
+    """An earlier export needs --overwrite; then its files are replaced (written beside the folder, read back, moved
+    in): the folder itself stays (same inode, same mode), and nothing is left beside it."""
+    assert run_here(*_export(checkpoint, "out"), cwd=tmp_path).returncode == 0
+    out = tmp_path / "out"
+    out.chmod(0o750)
+    identity = os.stat(out).st_ino
+    assert_user_error(run_here(*_export(checkpoint, "out"), cwd=tmp_path), "already holds an export")
+    other = perturbed_unet(tiny_unet_config(norm_groups=8), std=0.2)  # another model, so the weights change
+    state = load_checkpoint(checkpoint) | {"model": other.state_dict(), "ema": other.state_dict()}
+    save_checkpoint(tmp_path / "n.pt", state)
+    result = run_here(*_export(tmp_path / "n.pt", "out", "--overwrite"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert os.stat(out).st_ino == identity and stat.S_IMODE(os.stat(out).st_mode) == 0o750
+    assert sorted(_snapshot(out)) == [
+        "model_index.json",
+        "scheduler/scheduler_config.json",
+        "unet/config.json",
+        f"unet/{WEIGHTS}",
+    ]
+    assert _same_weights(out, tmp_path / "n.pt") and _siblings(out) == []
 
+
+def test_an_interrupted_replacement_leaves_the_old_files_and_touches_no_other(folder):
+    from ddpm.util.safe_files import replaced_files
+
+    names = ["unet/config.json", "model_index.json"]
+    (folder / "keep.txt").write_text(
+        "not the writer's"
+    )  # (an export refuses such a folder; the helper never touches it)
     before = _snapshot(folder)
-    with pytest.raises(KeyboardInterrupt), replaced_folder(folder) as new:
+    with pytest.raises(KeyboardInterrupt), replaced_files(folder, names) as new:
         (new / "model_index.json").write_text("{}")
         raise KeyboardInterrupt  # stopped mid-export
     assert _snapshot(folder) == before and _siblings(folder) == []
-    with replaced_folder(folder) as new:
-        (new / "model_index.json").write_text("{}")
-    assert _snapshot(folder) == {"model_index.json": b"{}"} and _siblings(folder) == []
+    with replaced_files(folder, names) as new:
+        (new / "model_index.json").write_text("{}")  # unet/config.json not written this time: removed
+    after = _snapshot(folder)
+    assert (
+        after["model_index.json"] == b"{}"
+        and "unet/config.json" not in after
+        and after["keep.txt"] == b"not the writer's"
+    )
+    assert {name: data for name, data in after.items() if name not in names} == {
+        name: data for name, data in before.items() if name not in names
+    }
+    assert _siblings(folder) == []
 
 
 def test_an_onnx_file_given_to_export_is_called_an_onnx_file(tmp_path):

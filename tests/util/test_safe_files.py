@@ -184,6 +184,23 @@ def test_an_output_through_a_symlink_replaces_the_target_and_keeps_the_link(cli,
     assert link.is_symlink() and target.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.parametrize(
+    "args, flag, name",
+    [
+        ([*SAMPLE, "--model_path", "m.pt", "--output", "x.png/"], "--output", "x.png"),
+        ([*SAMPLE, "--model_path", "m.pt", "--no_grid", "--save_npz", "s.npz/"], "--save_npz", "s.npz"),
+        (["--mode", "export", "--format", "onnx", "--model_path", "m.pt", "--output", "t.onnx/"], "--output", "t.onnx"),
+        ([*TINY_TRAIN, "--max_steps", "1", "--model_path", "n.pt/"], "--model_path", "n.pt"),
+    ],
+)
+def test_a_file_output_ending_in_a_slash_is_refused_and_writes_nothing(cli, work, args, flag, name):
+    """Found by the adversarial pass: --output x.png/ and t.onnx/ (a folder's spelling) wrote the files x.png and
+    t.onnx; a slash names a folder, and a file output is refused with it, before any work."""
+    before = sorted(p.name for p in work.iterdir())
+    refused(cli(*args, cwd=work), f"{flag} {name}/ ends in a slash, which names a folder")
+    assert sorted(p.name for p in work.iterdir()) == before
+
+
 # ----- training never replaces a checkpoint by accident ----------------------------------------------
 def test_training_onto_an_existing_checkpoint_needs_resume_or_overwrite(cli, work):
     with unchanged(work / "m.pt"):
@@ -641,18 +658,19 @@ def test_a_refused_write_ends_in_one_line_naming_the_output_and_leaves_nothing_p
 
 
 def test_a_folder_replaced_on_a_full_disk_is_named_as_given_and_stays_as_it_was(tmp_path, monkeypatch):
-    """A folder export (written beside its target, then swapped in) meeting a full disk names the folder as given,
-    not the temporary one it was writing, and leaves the old folder whole."""
+    """A folder export's files (written beside the folder, then moved in) meeting a full disk name the folder as
+    given, not the temporary one being written, and leave the old files whole."""
     monkeypatch.chdir(tmp_path)
     Path("d").mkdir()
-    Path("d/old.json").write_text("{}")
+    Path("d/unet.json").write_text("{}")
     with pytest.raises(safe_files.WriteError) as info:
-        with safe_files.replaced_folder("d") as new:
-            safe_files.atomic_write(new / "unet.json", lambda f: FullDisk(f, room=0).write(b"{}"))
+        with safe_files.replaced_files("d", ["unet.json"]) as new:
+            safe_files.atomic_write(new / "unet.json", lambda f: FullDisk(f, room=0).write(b"{new}"))
     assert str(info.value) == (
         "cannot write d: No space left on device; the previous folder is untouched and nothing partial was left"
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and os.listdir("d") == ["old.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and os.listdir("d") == ["unet.json"]
+    assert Path("d/unet.json").read_text() == "{}"
 
 
 def test_a_sample_grid_on_a_full_disk_ends_in_one_line(cli, work, tmp_path, monkeypatch):
