@@ -64,7 +64,10 @@ def check_zip(data: bytes, *, source: str, what: str = "a PyTorch file") -> None
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except Exception as exc:  # noqa: BLE001 -- BadZipFile, a name that is not UTF-8, ...: the file's fault
-        raise ValueError(f"{source} is corrupt or not {what} ({_reason(exc)})") from exc
+        raise ValueError(
+            f"{source} is corrupt or not {what} (its zip directory cannot be read, as in a copy cut short: "
+            f"{_reason(exc).rstrip('.')}.)"
+        ) from exc
     with archive:
         entries = archive.infolist()
         _check_entry_sizes(entries, file_bytes=len(data), source=source, what=what)
@@ -76,7 +79,7 @@ def check_zip(data: bytes, *, source: str, what: str = "a PyTorch file") -> None
             except Exception as exc:  # noqa: BLE001 -- BadZipFile (a bad CRC-32, a bad header), zlib.error, EOFError
                 problem = "fails its CRC-32 check" if "CRC" in str(exc) else f"cannot be read ({_reason(exc)})"
                 raise ValueError(
-                    f"{source} is corrupt or not {what} (its entry {short_repr(entry.filename)} {problem})"
+                    f"{source} is corrupt or not {what} (its entry {short_repr(entry.filename)} {problem}.)"
                 ) from exc
 
 
