@@ -95,7 +95,7 @@ def test_precision_auto_samples_in_bf16_only_on_a_cpu_that_computes_it_and_only_
     native_bf16(native)
     cpu = torch.device("cpu")
     assert precision.resolve("auto", purpose="sampling", device=cpu) == ("bf16" if native else "fp32")
-    assert precision.resolve("auto", purpose="training", device=cpu) == ("bf16" if native else "fp32")
+    assert precision.resolve("auto", purpose="training", device=cpu) == "fp32"  # 1.31x on the demo: under the bar
     assert precision.resolve("auto", purpose="distillation", device=cpu) == "fp32"  # a student's: not measured
     assert precision.resolve("auto", purpose="export", device=cpu) == "fp32"
     _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
