@@ -1078,12 +1078,7 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
 // M[k] (n, Cout) = V[k] (n, Cin) @ U[k], V and U bf16 (U in pairs: (Cin / 2, Cout, 2)), sums in float32.
 inline __attribute__((always_inline)) void winograd_gemm_bf16_emulated(const WinogradConv& a, int64_t n,
     const uint16_t* __restrict__ V, float* __restrict__ M) {
-  auto widen = [](uint16_t h) {
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof(f));
-    return f;
-  };
+  auto widen = [](uint16_t h) { return static_cast<float>(c10::bit_cast<c10::BFloat16>(h)); };
   const int64_t cin = a.cin, cout = a.cout;
   const uint16_t* U = static_cast<const uint16_t*>(a.weight);
   for (int64_t k = 0; k < a.products; ++k) {

@@ -297,7 +297,7 @@ def winograd_weight(
     if dtype == torch.float32:
         return u.float().contiguous()
     P, cin, cout = u.shape  # (P, Cin, Cout) -> (P, Cin / 2, Cout, 2): input channels 2c, 2c + 1 side by side
-    return u.view(P, cin // 2, 2, cout).transpose(2, 3).to(torch.bfloat16).contiguous()
+    return u.view(P, cin // 2, 2, cout).transpose(2, 3).to(dtype).contiguous()
 
 
 def conv3x3_winograd(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -43,11 +44,16 @@ def cpu_has_native_bf16() -> bool:
     expectations hold on every CPU; set 0 to keep a native CPU on its fp32 defaults)."""
     import os
 
-    import torch.cpu
-
     forced = os.environ.get("DDPM_NATIVE_BF16", "").strip()
     if forced in ("0", "1"):
         return forced == "1"
+    return _hardware_bf16()
+
+
+@functools.cache  # the CPU does not change under a running process; the choice and the runner ask several times
+def _hardware_bf16() -> bool:
+    import torch.cpu
+
     try:  # torch's own CPUID reading (private, but stable since 2.3); the kernel flags where it is gone
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError:
