@@ -78,6 +78,13 @@ class NewModel:
             patch_size=self.patch_size,
         )
 
+    @property
+    def pixels(self) -> int:
+        """A training image's pixels as the flags give them; 0 for a latent or 3-D model (--precision auto)."""
+        from ddpm.data.catalog import VOLUME_DATASETS
+
+        return 0 if self.dataset in VOLUME_DATASETS else self.image_size**2
+
     def schedule_config(self) -> ScheduleConfig:
         from noise_schedule import ScheduleConfig
 

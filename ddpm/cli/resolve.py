@@ -125,10 +125,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _precision(args: argparse.Namespace, purpose: str, device: torch.device) -> str:
+def _precision(args: argparse.Namespace, purpose: str, device: torch.device, *, pixels: int = 0) -> str:
     from ddpm.util.precision import resolve
 
-    return resolve(args.precision, purpose=purpose, device=device)
+    return resolve(args.precision, purpose=purpose, device=device, pixels=pixels)
+
 
 
 def _single(args: argparse.Namespace) -> SamplingChoice:
@@ -343,7 +344,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         _new_model(args).model_config()  # its size, width and depth, before the data are read
     return TrainRequest(
         device=device,
-        precision=_precision(args, "training", device),
+        precision=_precision(args, "training", device, pixels=_new_model(args).pixels),
         checkpoint=checkpoint,
         resume=args.resume,
         overwrite=args.overwrite,

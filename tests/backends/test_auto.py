@@ -94,8 +94,14 @@ def test_precision_auto_samples_in_bf16_only_on_a_cpu_that_computes_it_and_only_
 
     native_bf16(native)
     cpu = torch.device("cpu")
+    expected_28 = "bf16" if native else "fp32"
     assert precision.resolve("auto", purpose="sampling", device=cpu) == ("bf16" if native else "fp32")
-    assert precision.resolve("auto", purpose="training", device=cpu) == "fp32"  # 1.31x on the demo: under the bar
+    assert precision.resolve("auto", purpose="training", device=cpu, pixels=8 * 8) == "fp32"  # 1.31x: under the bar
+    assert precision.resolve("auto", purpose="training", device=cpu, pixels=28 * 28) == expected_28  # 1.58x
+    assert precision.resolve("auto", purpose="training", device=cpu) == "fp32"  # a latent or 3-D model
+    for dataset, train_expected in (("mnist_5k", expected_28), ("digits", "fp32"), ("spheres", "fp32")):
+        _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", dataset])
+        assert request.precision == train_expected, dataset
     assert precision.resolve("auto", purpose="distillation", device=cpu) == "fp32"  # a student's: not measured
     assert precision.resolve("auto", purpose="export", device=cpu) == "fp32"
     _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
