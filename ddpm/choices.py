@@ -14,6 +14,11 @@ tests/test_structure.py checks that each agrees with the list here.
 # noise_schedule.py's SCHEDULES and SAMPLERS: beta schedules and the samplers' update rules.
 SCHEDULES = ("linear", "cosine")
 SAMPLERS = ("ddpm", "ddim", "dpm_solver", "dpm_solver_sde", "consistency")
+# What sample and evaluate draw with where --sampler is not given (a distilled student: its own sampler and steps),
+# in its default 20 steps: on the demo model it drew as well as DDPM in 250 steps (74% against 75% of samples read
+# confidently by a held-out digit judge: docs/samplers.md) in 20 U-Net calls, where DDPM takes all T (1,000).
+# Benchmark times DDPM.
+DEFAULT_SAMPLER = "dpm_solver_sde"
 
 # basic_diffusion.py: U-Net presets and how a residual block takes the timestep.
 PRESETS = ("small", "ddpm_cifar10")
@@ -54,6 +59,11 @@ TRAINING_DEFAULTS = {
     "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
     "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
 }
+# A new model of the handwritten digits (CPU_RECIPE_DATASETS) trained on a CPU with none of these flags given: the
+# recipe measured there on real 28x28 digits (BENCHMARKS.md, "Real digits at 28×28"; cli/recipes.py applies it and
+# the run says so); the small preset's U-Net costs about 6x more per image. A GPU keeps the preset.
+CPU_RECIPE = dict(model_channels=32, num_res_blocks=1, batch_size=128, lr=1.5e-3, timestep_sampling="importance")
+CPU_RECIPE_DATASETS = ("digits", "mnist", "mnist_5k")
 # --mode train's length without --max_steps: passes over the data.
 TRAIN_EPOCHS = 10
 # --mode train_autoencoder's recipe (images only) and the autoencoder's shape (latent/autoencoder.py's config): its
@@ -71,8 +81,14 @@ ONNX_OPSETS = dict(default=21, bf16=22)
 # (its flags' defaults, where they differ from --mode train's; chosen on the demo model: BENCHMARKS.md,
 # "Distillation").
 STUDENT_STEPS = (1, 2, 4, 8)
+# How the student learns (training/distill.py, training/distill_losses.py): the regression onto the teacher's ODE
+# ends alone, or with a GAN term, or with DMD's distribution-matching term.
+DISTILL_METHODS = ("regression", "adversarial", "dmd")
 DISTILL_DEFAULTS = {
     "sampling_steps": 4,
+    "distill_method": "regression",
+    "adv_weight": 0.5,  # the GAN term's gradient at the student's output, as a share of the regression's
+    "dmd_weight": 1.0,  # the distribution-matching term beside the regression
     "distill_samples": 4096,  # teacher trajectories the student learns from
     "teacher_steps": 32,  # teacher solver steps per trajectory
     "max_steps": 1000,

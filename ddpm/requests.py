@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddpm.choices import DEFAULT_SAMPLER
+
 if TYPE_CHECKING:
     import torch
 
@@ -97,25 +99,29 @@ def check_sampling(sampler: str | None, *, eta: float) -> None:
     if not 0.0 <= eta <= 1.0:  # beyond 1 the images saturate; also False for NaN
         raise ValueError(f"--eta must be between 0 (deterministic DDIM) and 1 (DDPM's posterior variance), got {eta:g}")
     if eta != 0.0 and sampler != "ddim":
-        named = f"--sampler {sampler}" if sampler else "the model's own sampler (name --sampler ddim)"
+        named = f"--sampler {sampler}" if sampler else "the default sampler (name --sampler ddim)"
         raise ValueError(f"--eta only applies to the ddim sampler, got --eta {eta:g} with {named}")
 
 
 @dataclass(frozen=True)
 class SamplingChoice:
-    """Which sampler (None: the model's own, :func:`own_sampling`), how many steps (--sampling_steps; None: its
-    default), DDIM's eta, and whether x0 is clipped."""
+    """Which sampler (None: the model's own, else ``default``: :func:`own_sampling`), how many steps
+    (--sampling_steps; None: the sampler's default), DDIM's eta, and whether x0 is clipped. ``default`` is the
+    tool's few-step sampler (sample, evaluate); benchmark times DDPM."""
 
     sampler: str | None = None
     sampling_steps: int | None = None
     eta: float = 0.0
     clip_denoised: bool = True
+    default: str = DEFAULT_SAMPLER  # the sampler of a model with none of its own, where ``sampler`` is None
 
     def __post_init__(self) -> None:
         check_sampling(self.sampler, eta=self.eta)
 
     def plan(self, schedule: NoiseSchedule, *, device: torch.device) -> SamplingPlan:
-        sampler, timesteps = own_sampling(schedule.config, sampler=self.sampler, sampling_steps=self.sampling_steps)
+        sampler, timesteps = own_sampling(
+            schedule.config, sampler=self.sampler, sampling_steps=self.sampling_steps, default=self.default
+        )
         return schedule.make_plan(
             sampler,
             sampling_steps=self.sampling_steps,
@@ -127,14 +133,15 @@ class SamplingChoice:
 
 
 def own_sampling(
-    config: ScheduleConfig, *, sampler: str | None, sampling_steps: int | None
+    config: ScheduleConfig, *, sampler: str | None, sampling_steps: int | None, default: str = DEFAULT_SAMPLER
 ) -> tuple[str, tuple | None]:
     """(sampler, timesteps or None) for a request of ``sampler`` (None: the model's own) in ``sampling_steps``
     (None: its default). A distilled student's own is the sampler and timesteps it was trained for; asked for another
-    sampler or step count, it draws as asked, and one warning line says what it was trained for. Any other
-    model's own is DDPM."""
+    sampler or step count, it draws as asked, and one warning line says what it was trained for. Any other model has
+    none of its own and draws with ``default``: sample and evaluate's few-step sampler (choices.DEFAULT_SAMPLER, at
+    its default 20 steps), or DDPM where the caller keeps it (benchmark, training's previews)."""
     if not config.is_student:
-        return sampler or "ddpm", None
+        return sampler or default, None
     own, timesteps = config.student_sampler, config.student_timesteps
     if (sampler or own) == own and sampling_steps in (None, len(timesteps)):
         return own, timesteps
@@ -183,6 +190,7 @@ class TrainRequest:
     ema_decay: float = 0.999
     min_snr_gamma: float | None = None
     timestep_sampling: str | None = None  # None: uniform for a new run, the checkpoint's own on --resume
+    cpu_recipe: bool = False  # the flags left the model and recipe to choices.CPU_RECIPE (said when the run starts)
     class_cond: bool = False  # a class-conditional model on the dataset's labels
     cond_drop: float = 0.1  # with class_cond: share of labels trained as the null label
     grad_checkpoint: bool = False  # activation checkpointing in the residual blocks
@@ -369,6 +377,9 @@ class DistillRequest:
     guidance_scale: float | None = None  # None: a conditional teacher's default guidance
     samples: int  # --distill_samples: teacher trajectories
     teacher_steps: int
+    method: str  # --distill_method (training/distill_losses.py)
+    adv_weight: float
+    dmd_weight: float
     seed: int = 0
     max_steps: int
     batch_size: int

@@ -20,7 +20,9 @@ from ddpm.choices import (
     CALIBRATION_DEFAULTS,
     DEFAULT_IMPLEMENTATION,
     DEFAULT_MAX_BATCH,
+    DEFAULT_SAMPLER,
     DISTILL_DEFAULTS,
+    DISTILL_METHODS,
     FORMATS,
     IMPLEMENTATION_CHOICES,
     ONNX_OPSETS,
@@ -59,7 +61,8 @@ def _common() -> tuple[Flag, ...]:
             choices=("auto", *ALL_PRECISIONS),
             default="auto",
             help="autocast precision; auto = bf16 on a GPU that supports it (training, and sampling where the "
-            "implementation runs bf16: the fused runner), fp32 on a CPU and for export; int8: an ONNX graph with INT8 "
+            "implementation runs bf16: the fused runner) and on a CPU that computes bf16 natively (sampling through "
+            "the runner, training from 28x28 up), fp32 otherwise and for export; int8: an ONNX graph with INT8 "
             "convolutions (--mode export --format onnx, or --implementation onnxruntime), calibrated on the "
             "model's own sampling trajectories; fp8: the same for TensorRT on Hopper GPUs",
         ),
@@ -136,7 +139,9 @@ def _model() -> tuple[Flag, ...]:
             note=NEW_MODEL,
             choices=PRESETS,
             default="small",
-            help="small suits MNIST; ddpm_cifar10 = Ho et al.'s 35.7M U-Net",
+            help="small suits MNIST; ddpm_cifar10 = Ho et al.'s 35.7M U-Net. On a CPU a new model of digits, mnist "
+            "or mnist_5k given none of the model and recipe flags trains the CPU's measured recipe instead: small "
+            "with --model_channels 32 --num_res_blocks 1 --batch_size 128 --lr 1.5e-3 --timestep_sampling importance",
         ),
         flag("model_channels", new, note=NEW_MODEL, type=int, default=None, help="override the preset's base width"),
         flag(
@@ -224,12 +229,20 @@ def _sampling() -> tuple[Flag, ...]:
             "sampler",
             (*drawn, "export"),
             type=name_list(SAMPLERS),
-            default="ddpm",
-            help=f"{', '.join(SAMPLERS)}; --mode evaluate takes a comma-separated list",
+            default=None,  # sample, evaluate: DEFAULT_SAMPLER or a student's own (requests.own_sampling)
+            help=f"{', '.join(SAMPLERS)}; default: a distilled student's own sampler and steps, any other model "
+            f"{DEFAULT_SAMPLER} (SDE-DPM-Solver++) in its 20 steps or in --sampling_steps; --sampler ddpm draws "
+            "DDPM, in all T steps (1,000 U-Net calls a sample for T = 1000)",
             per_mode={
+                "evaluate": dict(
+                    help=f"a comma-separated list of {', '.join(SAMPLERS)}, one row each; default: a distilled "
+                    f"student's own sampler and steps, any other model {DEFAULT_SAMPLER} (SDE-DPM-Solver++) in its 20 "
+                    "steps or in each of --sampling_steps"
+                ),
+                "benchmark": dict(default="ddpm", help=f"{', '.join(SAMPLERS)}"),
                 "export": dict(
                     help="--precision int8: the sampler whose trajectories calibrate (default dpm_solver_sde)"
-                )
+                ),
             },
         ),
         flag(
@@ -435,6 +448,29 @@ def _evaluate() -> tuple[Flag, ...]:
 def _distill() -> tuple[Flag, ...]:
     distill = ("distill",)
     return (
+        flag(
+            "distill_method",
+            distill,
+            choices=DISTILL_METHODS,
+            default=DISTILL_DEFAULTS["distill_method"],
+            help="how the student learns: the regression onto the teacher's ODE ends alone, with a GAN term "
+            "(adversarial), or with DMD's distribution matching (dmd) (docs/distillation.md)",
+        ),
+        flag(
+            "adv_weight",
+            distill,
+            type=finite_float,
+            default=DISTILL_DEFAULTS["adv_weight"],
+            help="--distill_method adversarial: the GAN term's gradient at the student's output, as a share of the "
+            "regression's",
+        ),
+        flag(
+            "dmd_weight",
+            distill,
+            type=finite_float,
+            default=DISTILL_DEFAULTS["dmd_weight"],
+            help="--distill_method dmd: the weight of the distribution-matching term beside the regression",
+        ),
         flag(
             "distill_samples",
             distill,

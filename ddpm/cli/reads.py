@@ -75,4 +75,8 @@ READ_BY_RUN: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         **dict.fromkeys((*TIMED_SAMPLING, "interleave", "csv", "chart"), ("bench", ("sampling",))),
         **dict.fromkeys(("train_steps", "batch_size"), ("bench", ("training",))),
     },
+    "distill": {  # each method's weight (training/distill_losses.py)
+        "adv_weight": ("distill_method", ("adversarial",)),
+        "dmd_weight": ("distill_method", ("dmd",)),
+    },
 }

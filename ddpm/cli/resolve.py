@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddpm.choices import DEFAULT_SAMPLER
 from ddpm.cli.checks import (
     check_at_most,
     check_empty,
@@ -31,6 +32,7 @@ from ddpm.cli.checks import (
 )
 from ddpm.cli.flags import FLAGS, NEW_MODEL
 from ddpm.cli.parser import not_read_by_run, parse_args
+from ddpm.cli.recipes import training_recipe
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.outputs import (  # every output checked, by its kind, before any work
@@ -107,14 +109,6 @@ def request_for(args: argparse.Namespace) -> object:
     return REQUESTS[args.mode](args, resolve_device(args.device))
 
 
-def training_defaults(dataset: str) -> dict:
-    """A new training run's recipe for ``dataset``'s kind of data (ddpm/choices.py: TRAINING_DEFAULTS)."""
-    from ddpm.choices import TRAINING_DEFAULTS
-    from ddpm.data.catalog import VOLUME_DATASETS
-
-    return TRAINING_DEFAULTS["volumes" if dataset in VOLUME_DATASETS else "images"]
-
-
 def resolve_device(name: str) -> torch.device:
     import torch
 
@@ -131,9 +125,8 @@ def _precision(args: argparse.Namespace, purpose: str, device: torch.device, *, 
     return resolve(args.precision, purpose=purpose, device=device, pixels=pixels)
 
 
-
-def _single(args: argparse.Namespace) -> SamplingChoice:
-    """Outside --mode evaluate, --sampler and --sampling_steps name one value."""
+def _single(args: argparse.Namespace, *, default: str = DEFAULT_SAMPLER) -> SamplingChoice:
+    """Outside --mode evaluate, --sampler and --sampling_steps name one value (``default``: SamplingChoice's)."""
     for flag, value in (("--sampler", args.sampler), ("--sampling_steps", args.sampling_steps)):
         if value is not None and "," in value:
             raise ValueError(
@@ -141,7 +134,9 @@ def _single(args: argparse.Namespace) -> SamplingChoice:
             )
     steps = int(args.sampling_steps) if args.sampling_steps is not None else None
     sampler = args.sampler if "sampler" in args.given else None  # None: the model's own (a student's)
-    return SamplingChoice(sampler=sampler, sampling_steps=steps, eta=args.eta, clip_denoised=not args.no_clip)
+    return SamplingChoice(
+        sampler=sampler, sampling_steps=steps, eta=args.eta, clip_denoised=not args.no_clip, default=default
+    )
 
 
 def _model_path(args: argparse.Namespace) -> str:
@@ -287,7 +282,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     from ddpm.training.curves import CSV_NAME, default_log_dir
     from ddpm.training.trainer import check_warmup
 
-    recipe = training_defaults(args.dataset)
+    recipe = training_recipe(args, device)
     batch_size = recipe["batch_size"] if args.batch_size is None else args.batch_size
     check_positive(n_epochs=args.n_epochs, max_steps=args.max_steps, batch_size=batch_size, log_every=args.log_every)
     check_training_numbers(lr=args.lr, ema_decay=args.ema_decay, grad_clip=args.grad_clip, dropout=args.dropout)
@@ -360,6 +355,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         ema_decay=recipe["ema_decay"] if args.ema_decay is None else args.ema_decay,
         min_snr_gamma=min_snr_gamma or None,  # 0: unweighted
         timestep_sampling=args.timestep_sampling,
+        cpu_recipe=recipe.get("cpu_recipe", False),
         class_cond=args.class_cond,
         cond_drop=args.cond_drop,
         grad_checkpoint=args.grad_checkpoint,
@@ -419,15 +415,14 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
             raise ImportError(f"--chart needs matplotlib ({exc}); install it: pip install matplotlib") from exc
     if args.inception_weights is not None and not Path(args.inception_weights).is_file():
         raise ValueError(f"--inception_weights {args.inception_weights} is not a file")
-    own = "sampler" not in args.given and "sampling_steps" not in args.given  # a student's own sampler and steps
     students = parse_students(args.students, teacher=source.path)
     for path in students:  # by its name, as --model_path's kind was (_draw_fields)
         artifact_kind(path, flag="--students")
     students = tuple(_source(args, path).path for path in students)
     return EvaluateRequest(
         **_draw_fields(args, device, source),
-        samplers=[None] if own else parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),
-        sampling_steps=[None] if own else parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
+        samplers=parse_list(args.sampler, kind=str, flag="--sampler", choices=SAMPLERS),  # not given: [None]
+        sampling_steps=parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
         students=students,
         data_dir=args.data_dir,
         inception_weights=args.inception_weights,
@@ -524,7 +519,7 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
 def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:
     from ddpm.formats.kinds import artifact_kind
 
-    sampling = _single(args)
+    sampling = _single(args, default="ddpm")  # benchmark times DDPM (benchmarks/plan.py may respace it)
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
     if args.autoencoder and not args.model_path:
         raise ValueError(
@@ -648,12 +643,14 @@ def distill_request(args: argparse.Namespace, device: torch.device):
     # (a resumed run without --max_steps keeps its own length, and its own warm-up unless the flag contradicts it)
     check_warmup(args.warmup_steps, run_steps=args.max_steps if "max_steps" in args.given or not args.resume else None)
     steps = args.sampling_steps
-    DistillConfig(  # the ranges of --sampling_steps, --distill_samples, --teacher_steps and --guidance_scale
+    method = dict(method=args.distill_method, adv_weight=args.adv_weight, dmd_weight=args.dmd_weight)
+    DistillConfig(  # the ranges of --sampling_steps, --distill_samples, --teacher_steps, --guidance_scale, the method's
         teacher=args.model_path,
         sampling_steps=steps,
         samples=args.distill_samples,
         teacher_steps=args.teacher_steps,
         guidance_scale=0.0 if args.guidance_scale is None else args.guidance_scale,
+        **method,
     )
     output = args.output or default_student_path(args.model_path, steps)
     if Path(output).suffix != ".pt" or Path(output).is_dir():
@@ -674,6 +671,7 @@ def distill_request(args: argparse.Namespace, device: torch.device):
         guidance_scale=args.guidance_scale,
         samples=args.distill_samples,
         teacher_steps=args.teacher_steps,
+        **method,
         seed=args.seed,
         max_steps=args.max_steps,
         batch_size=args.batch_size,

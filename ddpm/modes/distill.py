@@ -3,12 +3,12 @@
     python main.py --mode distill --model_path checkpoints/digits.pt      # -> checkpoints/digits_student4.pt
     python main.py --mode sample --model_path checkpoints/digits_student4.pt   # its own sampler and 4 steps
 
-The method is training/distill.py's; the loop is training/trainer.py's (the same optimizer, EMA, precision,
-checkpoints, --resume, Ctrl-C saving, curves and ranks as --mode train). The teacher is any PyTorch model
-this tool samples (a checkpoint, a .safetensors export, a diffusers folder); it is only read. Everything that
-can refuse the run (the flags, the teacher, the outputs, the memory) is checked before the teacher's
-trajectories, which take minutes; a resumed run finds its teacher by content (training/distill.py's
-teacher_identity), under whatever name it is given now.
+The method is training/distill.py's (and --distill_method's term, training/distill_losses.py's); the loop is
+training/trainer.py's (the same optimizer, EMA, precision, checkpoints, --resume, Ctrl-C saving, curves and
+ranks as --mode train). The teacher is any PyTorch model this tool samples (a checkpoint, a .safetensors
+export, a diffusers folder); it is only read. Everything that can refuse the run (the flags, the teacher, the
+outputs, the memory) is checked before the teacher's trajectories, which take minutes; a resumed run finds its
+teacher by content (training/distill.py's teacher_identity), under whatever name it is given now.
 """
 
 from __future__ import annotations
@@ -31,7 +31,19 @@ def distill_config(request: DistillRequest, teacher_path: str, scale: float, *, 
         teacher_steps=request.teacher_steps,
         guidance_scale=scale,
         seed=request.seed,
+        method=request.method,
+        adv_weight=request.adv_weight,
+        dmd_weight=request.dmd_weight,
     )
+
+
+def method_words(config) -> str:
+    """How the student learns, in the run's first line (training/distill_losses.py)."""
+    return {
+        "regression": "regression onto the teacher's ODE ends",
+        "adversarial": f"regression with a GAN term (--adv_weight {config.adv_weight:g})",
+        "dmd": f"regression with distribution matching (--dmd_weight {config.dmd_weight:g})",
+    }[config.method]
 
 
 def run_distill(request: DistillRequest) -> None:
@@ -147,8 +159,8 @@ def new_student(request: DistillRequest):
     guided = f", guidance {config.guidance_scale:g} folded in" if config.guidance_scale else ""
     distributed.say(
         f"distilling {request.teacher.path} ({count_parameters(artifact.model) / 1e6:.2f}M parameters) into a "
-        f"{config.sampling_steps}-step student{guided}: {config.samples} teacher trajectories, {request.max_steps} "
-        f"steps on {request.device.type}, {request.precision}"
+        f"{config.sampling_steps}-step student{guided} by {method_words(config)}: {config.samples} teacher "
+        f"trajectories, {request.max_steps} steps on {request.device.type}, {request.precision}"
     )
     objective = DistillObjective.build(
         artifact,
@@ -156,6 +168,8 @@ def new_student(request: DistillRequest):
         device=request.device,
         clip_denoised=clips_x0(True, artifact.first_stage),
         say=distributed.say,
+        lr=train_config.lr,
+        precision=train_config.precision,
     )
     trainer = Trainer(
         train_config,
@@ -197,6 +211,9 @@ def resumed_student(request: DistillRequest):
         "teacher_steps": (asked.teacher_steps, stored.teacher_steps),
         "guidance_scale": (request.guidance_scale, stored.guidance_scale),
         "seed": (asked.seed, stored.seed),
+        "distill_method": (asked.method, stored.method),
+        "adv_weight": (asked.adv_weight, stored.adv_weight),
+        "dmd_weight": (asked.dmd_weight, stored.dmd_weight),
     }
     config = resumed_config(
         state,
@@ -230,7 +247,13 @@ def resumed_student(request: DistillRequest):
         raise ValueError(f"{checkpoint} is not a student of {request.teacher.path}; start over with --overwrite")
     check_before_trajectories(request, config, artifact, start=state["step"])
     objective = DistillObjective.build(
-        artifact, stored, device=request.device, clip_denoised=clips_x0(True, artifact.first_stage), say=distributed.say
+        artifact,
+        stored,
+        device=request.device,
+        clip_denoised=clips_x0(True, artifact.first_stage),
+        say=distributed.say,
+        lr=config.lr,
+        precision=config.precision,
     )
     trainer = Trainer(
         config,

@@ -5,8 +5,9 @@
 
 Both modes check the implementation against the file and precision once, load any artifact
 (backends/artifacts.py), resolve a class-conditional model's labels and guidance, and refuse a batch
-that cannot fit before any sampling; they differ only in what they do with the images (write a grid,
-or judge them).
+that cannot fit before any sampling, and say in one line which sampler draws in how many steps (sampling_line:
+without --sampler, a student's own, any other model's SDE-DPM-Solver++ in 20 steps); they differ only in what they
+do with the images (write a grid, or judge them).
 """
 
 from __future__ import annotations
@@ -125,6 +126,24 @@ def open_for_drawing(request: DrawRequest) -> Opened:
         artifact.model_config, batch_size=unet_batch(batch_size, guidance), device=request.device, training=False
     )
     return Opened(request, artifact, guidance, columns, batch_size)
+
+
+def sampling_line(opened: Opened, rows: list[tuple[str, int]], *, named_sampler: bool, named_steps: bool) -> str:
+    """What the run draws with, in one line before it draws: each (sampler, steps) of ``rows``, and why where
+    --sampler was left out (``named_sampler``, ``named_steps``: whether the flags were given), e.g.
+    ``sampling: dpm_solver_sde, 20 steps (default; --sampler ddpm for the 1,000-step DDPM)``."""
+    steps: dict[str, list[int]] = {}
+    for sampler, count in rows:
+        steps.setdefault(sampler, []).append(count)
+    said = "; ".join(f"{sampler}, {', '.join(f'{n:,}' for n in counts)} steps" for sampler, counts in steps.items())
+    config = opened.artifact.schedule_config
+    if named_sampler:
+        return f"sampling: {said}"
+    if config.is_student:
+        return f"sampling: {said} (the student's own)"
+    if named_steps:
+        return f"sampling: {said} (the default sampler; --sampler ddpm for DDPM)"
+    return f"sampling: {said} (default; --sampler ddpm for the {config.num_timesteps:,}-step DDPM)"
 
 
 def with_implementation(opened: Opened, choice) -> Opened:

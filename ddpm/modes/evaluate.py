@@ -1,5 +1,6 @@
 """--mode evaluate: sample quality for each --sampler x --sampling_steps, with its ceiling and floor.
 
+    python main.py --mode evaluate --model_path checkpoints/digits.pt      # one row: SDE-DPM-Solver++, 20 steps
     python main.py --mode evaluate --model_path checkpoints/digits.pt --sampler ddpm,dpm_solver --sampling_steps 10,20
     python main.py --mode evaluate --model_path checkpoints/cifar10.pt --n_samples 10000 --json q.json --chart q.png
 
@@ -23,7 +24,7 @@ from ddpm.data.catalog import VOLUME_DATASETS
 from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
-from ddpm.modes.drawing import open_for_drawing, with_implementation
+from ddpm.modes.drawing import open_for_drawing, sampling_line, with_implementation
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util import distributed
@@ -164,20 +165,25 @@ def judged_dataset(request: EvaluateRequest, artifact) -> str:
     return dataset
 
 
-def draw_row(sampler: str, sampling_steps: int | None, *, request: EvaluateRequest, opened) -> tuple[torch.Tensor, int]:
-    """One row's samples (float32, on the CPU) and its steps: ``opened``'s model (the evaluated one or a student)
-    drawn by ``sampler`` from the same noise as every other row (one generator seeded with --seed)."""
-    device = request.device
+def row_plan(sampler: str, sampling_steps: int | None, *, request: EvaluateRequest, opened):
+    """A row's plan on the request's device: ``opened``'s model drawn by ``sampler`` in ``sampling_steps`` (None: a
+    student's own timesteps for its own sampler, else the sampler's default steps)."""
     schedule = opened.schedule()
     _, timesteps = own_sampling(schedule.config, sampler=sampler, sampling_steps=sampling_steps)
-    plan = schedule.make_plan(
+    return schedule.make_plan(
         sampler,
         sampling_steps=sampling_steps,
         timesteps=timesteps,
         eta=request.eta if sampler == "ddim" else 0.0,
         clip_denoised=opened.clips_x0(request.clip_denoised),
-        device=device,
     )
+
+
+def draw_row(sampler: str, sampling_steps: int | None, *, request: EvaluateRequest, opened) -> tuple[torch.Tensor, int]:
+    """One row's samples (float32, on the CPU) and its steps: ``opened``'s model (the evaluated one or a student)
+    drawn by ``sampler`` from the same noise as every other row (one generator seeded with --seed)."""
+    device = request.device
+    plan = row_plan(sampler, sampling_steps, request=request, opened=opened)
     drawer = opened.drawer(plan)
     generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
     sizes, batch_size = opened.batch_sizes, opened.batch_size
@@ -203,15 +209,17 @@ def run_evaluate(request: EvaluateRequest) -> None:
     dataset = judged_dataset(request, artifact)
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
     check_samples_fit(n, artifact.output_shape)
-    schedule = opened.schedule()
-    samplers = [own_sampling(schedule.config, sampler=s, sampling_steps=None)[0] for s in request.samplers]
-    row_steps = [  # every row's plan before the first is drawn (a bad step count ends it now)
-        schedule.make_plan(
-            sampler, sampling_steps=sampling_steps, eta=request.eta if sampler == "ddim" else 0.0
-        ).num_steps
+    # None (no --sampler): a student's own sampler, any other model's choices.DEFAULT_SAMPLER
+    config = artifact.schedule_config
+    samplers = [s or own_sampling(config, sampler=None, sampling_steps=None)[0] for s in request.samplers]
+    rows = [  # every row's plan before the first is drawn (a bad step count ends it now)
+        (sampler, row_plan(sampler, steps, request=request, opened=opened).num_steps)
         for sampler in samplers
-        for sampling_steps in request.sampling_steps
+        for steps in request.sampling_steps
     ]
+    named = dict(named_sampler=request.samplers != [None], named_steps=request.sampling_steps != [None])
+    distributed.say(sampling_line(opened, rows, **named))
+    row_steps = [steps for _, steps in rows]
     identity = functools.cache(lambda: model_identity(opened))  # hashed once, for the students that record one
     students = [  # before any row is drawn
         open_student(request, path, like=opened, identity=identity) for path in request.students

@@ -1,10 +1,13 @@
 """--mode sample: draw --n_samples images from any model file and write a PNG grid (and/or a .npz).
 
+    python main.py --mode sample --model_path checkpoints/mnist.pt --n_samples 16   # SDE-DPM-Solver++, 20 steps
     python main.py --mode sample --model_path checkpoints/mnist.pt --n_samples 16 --sampler ddim
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
 
 --implementation auto (the default) runs the fastest implementation verified on the device for the precision
-and model (backends/auto.py) and says which in one line.
+and model (backends/auto.py) and says which in one line; the next says which sampler in how many steps. Without
+--sampler a distilled student draws with its own sampler and steps, any other model with SDE-DPM-Solver++ in 20 steps
+(choices.DEFAULT_SAMPLER; --sampler ddpm draws DDPM's T steps).
 
 Batches of --batch_size are drawn in order, batch i from its own generator (seed, i): memory stays that
 of one batch whatever --n_samples is, and under torchrun rank r draws batches r, r + N, ... which rank 0
@@ -21,7 +24,7 @@ from tqdm.auto import tqdm
 from ddpm.backends import registry
 from ddpm.backends.auto import chosen_for
 from ddpm.data.image_files import SampleOutputs, SampleWriter
-from ddpm.modes.drawing import open_for_drawing, with_implementation
+from ddpm.modes.drawing import open_for_drawing, sampling_line, with_implementation
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.cpu_memory import keep_freed_memory
@@ -47,6 +50,8 @@ def run_sample(request: SampleRequest) -> None:
     outputs.check()
     sampling = replace(request.sampling, clip_denoised=opened.clips_x0(request.sampling.clip_denoised))
     plan = sampling.plan(opened.schedule(), device=device)
+    named = dict(named_sampler=sampling.sampler is not None, named_steps=sampling.sampling_steps is not None)
+    distributed.say(sampling_line(opened, [(plan.sampler, plan.num_steps)], **named))
     draw = opened.drawer(plan)
     sizes, batch_size = opened.batch_sizes, opened.batch_size
     rounds = range(0, len(sizes), ranks.world_size)

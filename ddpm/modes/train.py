@@ -15,7 +15,7 @@ from pathlib import Path
 
 from basic_diffusion import count_parameters
 from ddpm.batch_memory import check_batch_fits
-from ddpm.choices import TRAIN_EPOCHS
+from ddpm.choices import CPU_RECIPE, TRAIN_EPOCHS
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
@@ -249,6 +249,9 @@ def new_trainer(request: TrainRequest):
         trainer.model.load_state_dict(start.state_dict())
         trainer.ema.load_state_dict(start.state_dict())
     what = "volumes" if model_config.dims == 3 else "images" if stage is None else "images' latents"
+    if request.cpu_recipe:
+        recipe = ", ".join(f"--{name} {value}" for name, value in CPU_RECIPE.items())
+        distributed.say(f"the CPU's recipe for digits (no model or recipe flag given): {recipe}")
     distributed.say(
         f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} "
         f"{what} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "

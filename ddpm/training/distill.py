@@ -18,6 +18,10 @@ The method (chosen by measurement; BENCHMARKS.md, "Distillation" has every metho
 3. It samples with the multistep consistency sampler (noise_schedule.py): predict x_0, noise it afresh
    to the next timestep, predict again. The fresh noise corrects part of each step's error, as an SDE
    sampler's does, which is what lets a few-step student beat its teacher's deterministic few-step samplers.
+4. ``--distill_method`` adds a term to the regression, which onto a many-to-one target averages the modes a
+   1- or 2-call student cannot tell apart (and blurs): ``adversarial``, a GAN term from a small discriminator
+   of the teacher's ODE ends against the student's x_0, or ``dmd``, distribution matching against a fake
+   score trained on the student's x_0 (distill_losses.py, which trains those networks for the run only).
 
 The trajectories are a function of the teacher, the config and its seed, so a resumed run draws them
 again, bit for bit, instead of storing them; the config records the teacher by its content
@@ -37,8 +41,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from basic_diffusion import eps_of, guided_model_eps
-from ddpm.choices import STUDENT_STEPS  # what --sampling_steps offers distill
+from ddpm.choices import (
+    DISTILL_DEFAULTS,
+    DISTILL_METHODS,
+    STUDENT_STEPS,
+)  # what --distill_method and --sampling_steps offer
 from ddpm.conditioning import Guidance
+from ddpm.training.distill_losses import make_method
 from noise_schedule import (
     MAX_GUIDANCE,
     NoiseSchedule,
@@ -54,6 +63,7 @@ STUDENT_PREDICTION = "v"  # x_0 from eps is ill-conditioned at the few, noisy ti
 MAX_SAMPLES = 1 << 20
 MAX_TEACHER_STEPS = 1000
 MAX_PAIR_BYTES = 4 << 30  # the trajectories are held in memory for the whole run
+MAX_METHOD_WEIGHT = 100.0  # --adv_weight and --dmd_weight: beyond it the regression is noise beside the term
 TEACHER_BATCH = 256  # trajectories solved together
 TEACHER_KINDS = ("checkpoint", "safetensors", "diffusers")  # files holding PyTorch weights a student starts from
 
@@ -69,8 +79,13 @@ class DistillConfig:
     guidance_scale: float = 0.0  # a class-conditional teacher's guidance, folded into the student (0: none)
     seed: int = 0
     teacher_sha256: str = ""  # teacher_identity(): its weights and configs ("": a run that predates it)
+    method: str = "regression"  # --distill_method: the regression alone, or with distill_losses.py's term
+    adv_weight: float = DISTILL_DEFAULTS["adv_weight"]  # --adv_weight (method "adversarial")
+    dmd_weight: float = DISTILL_DEFAULTS["dmd_weight"]  # --dmd_weight (method "dmd")
 
-    ADDED_LATER = {"teacher_sha256": ""}  # checkpoints written before the teacher was recorded by content
+    # Checkpoints written before a field: the values that reproduce their runs (the regression alone; the weights
+    # of the terms it has not are any valid number).
+    ADDED_LATER = {"teacher_sha256": "", "method": "regression", "adv_weight": 0.5, "dmd_weight": 1.0}
 
     def __post_init__(self) -> None:
         if self.sampling_steps not in STUDENT_STEPS:
@@ -85,6 +100,11 @@ class DistillConfig:
             )
         if not 0.0 <= self.guidance_scale <= MAX_GUIDANCE:  # also False for NaN
             raise ValueError(f"--guidance_scale must be between 0 and {MAX_GUIDANCE:g}, got {self.guidance_scale}")
+        if self.method not in DISTILL_METHODS:
+            raise ValueError(f"--distill_method must be one of {', '.join(DISTILL_METHODS)}, got {self.method!r}")
+        for flag, weight in (("--adv_weight", self.adv_weight), ("--dmd_weight", self.dmd_weight)):
+            if not 0.0 < weight <= MAX_METHOD_WEIGHT:  # also False for NaN
+                raise ValueError(f"{flag} must be above 0 and at most {MAX_METHOD_WEIGHT:g}, got {weight:g}")
 
     @classmethod
     def from_dict(cls, data: object) -> DistillConfig:
@@ -295,7 +315,9 @@ def _time_one_call(forward: nn.Module, model_config, *, batch: int, guided: bool
 
 
 class DistillObjective:
-    """The student's loss on the teacher's trajectories, for the trainer's loop (trainer.py)."""
+    """The student's loss on the teacher's trajectories, for the trainer's loop (trainer.py): the regression, and
+    the term of ``config.method`` (distill_losses.py's ``method``: None for the regression alone), which trains
+    its own network inside :meth:`loss` and keeps it in :meth:`state_dict` (the checkpoint's objective_state)."""
 
     def __init__(
         self,
@@ -305,11 +327,13 @@ class DistillObjective:
         schedule_config: ScheduleConfig,
         class_names: tuple[str, ...],
         device: torch.device,
+        method=None,
     ) -> None:
         self.config, self.trajectories, self.class_names = config, trajectories, class_names
         self.schedule_config = schedule_config  # the student's
         self.schedule = NoiseSchedule(schedule_config).to(device)
         self.timesteps = torch.tensor(schedule_config.student_timesteps, device=device)
+        self.method = method
 
     @classmethod
     def build(
@@ -321,9 +345,12 @@ class DistillObjective:
         clip_denoised: bool,
         progress: bool = True,
         say: Callable[[str], None] | None = None,
+        lr: float = DISTILL_DEFAULTS["lr"],
+        precision: str = "fp32",
     ) -> DistillObjective:
         """The objective of distilling ``teacher`` (backends/artifacts.py's Artifact) as ``config`` says: the
-        trajectories' budget (:func:`trajectory_budget`, said through ``say``), then the trajectories."""
+        trajectories' budget (:func:`trajectory_budget`, said through ``say``), then the trajectories. ``lr`` and
+        ``precision`` (the student's) are those of the network a method trains beside the student."""
         model_config = teacher.model_config
         shape = model_config.sample_shape(1)[1:]
         schedule_config = student_schedule(teacher.schedule_config, config)
@@ -353,21 +380,27 @@ class DistillObjective:
             progress=progress,
         )
         return cls(
-            config, trajectories, schedule_config=schedule_config, class_names=teacher.class_names, device=device
+            config,
+            trajectories,
+            schedule_config=schedule_config,
+            class_names=teacher.class_names,
+            device=device,
+            method=make_method(config, teacher, device=device, lr=lr, precision=precision),
         )
 
     def batch(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:
         """The whole global batch's draw (every rank draws it, so the generator stays in step): which
-        trajectory, and which of the student's timesteps, for each sample."""
+        trajectory, and which of the student's timesteps, for each sample; then the method's own draws."""
         n, S = self.trajectories.x_t.shape[:2]
         which = torch.randint(0, n, (batch_size,), generator=generator, device=device)
         step = torch.randint(0, S, (batch_size,), generator=generator, device=device)
-        return which, step
+        extra = () if self.method is None else self.method.draw(batch_size, generator=generator, device=device)
+        return which, step, *extra
 
     def examples(self, batch: tuple, *, rows: slice) -> tuple[torch.Tensor, ...]:
         """(x_t, t, labels or None, target) of this rank's rows: each state, its timestep, its class, and the
         student's output that maps the state to its trajectory's end (v for a v-student)."""
-        which, step = (part[rows] for part in batch)
+        which, step = (part[rows] for part in batch[:2])
         x_t = self.trajectories.x_t[which, step]  # (B / ranks, *shape)
         x_start = self.trajectories.x_start[which]
         t = self.timesteps[step]
@@ -376,6 +409,24 @@ class DistillObjective:
         return x_t, t, y, self.schedule.training_target(x_start, eps, t)
 
     def loss(self, forward: nn.Module, batch: tuple, *, rows: slice) -> torch.Tensor:
-        """MSE between the student's output and :meth:`examples`' target."""
+        """MSE between the student's output and :meth:`examples`' target; with a method, its term added (on the
+        student's x_0, its network stepped first)."""
         x_t, t, y, target = self.examples(batch, rows=rows)
-        return F.mse_loss(eps_of(forward, x_t, t, y).float(), target.float())
+        out = eps_of(forward, x_t, t, y).float()
+        regression = F.mse_loss(out, target.float())
+        if self.method is None:
+            return regression
+        x0 = self.schedule.predict_xstart(x_t.float(), t, out)  # (B / ranks, *shape), differentiable
+        x_start = self.trajectories.x_start[batch[0][rows]]  # the teacher's ends: a discriminator's real images
+        draws = tuple(part[rows] for part in batch[2:])
+        return self.method.loss(regression, out=out, x0=x0, x_start=x_start, y=y, draws=draws)
+
+    def state_dict(self) -> dict:
+        """The method's network, optimizer and scaler ({} for the regression alone): the checkpoint keeps it."""
+        return {} if self.method is None else self.method.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.method is not None:
+            if not state:
+                raise ValueError(f"it holds no state of the {self.config.method} method's network")
+            self.method.load_state_dict(state)

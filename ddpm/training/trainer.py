@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 class Objective(Protocol):
     """What the loop asks of an objective that replaces the noise-prediction loss (training/distill.py's
     DistillObjective, which sits above this loop: it runs a teacher): its settings, the class names its data
-    has, a global batch drawn in step on every rank, and this rank's loss on its rows of it."""
+    has, a global batch drawn in step on every rank, this rank's loss on its rows of it (which may step a
+    network of the objective's own first), and that network's state ({} for none), kept by the checkpoint."""
 
     config: object  # a dataclass: the checkpoint keeps it (distill_config)
     class_names: tuple[str, ...]
@@ -64,6 +65,10 @@ class Objective(Protocol):
     def batch(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple: ...
 
     def loss(self, forward: nn.Module, batch: tuple, *, rows: slice) -> torch.Tensor: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 MAX_CONSECUTIVE_NONFINITE = 20
@@ -236,6 +241,7 @@ class Trainer:
 
     # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        objective_state = self.objective.state_dict() if self.objective is not None else {}
         return {
             "format_version": FORMAT_VERSION,
             "model_config": self.model_config.to_dict(),
@@ -249,6 +255,7 @@ class Trainer:
             "timestep_sampler": self.timesteps.state_dict(),
             "class_names": list(self.class_names) if self.model_config.num_classes else [],
             **({"distill_config": asdict(self.objective.config)} if self.objective is not None else {}),
+            **({"objective_state": objective_state} if objective_state else {}),  # a distill method's network
             **({LINK_KEY: self.first_stage.link} if self.first_stage is not None else {}),
             "rng": {
                 "torch": torch.get_rng_state(),
@@ -271,6 +278,8 @@ class Trainer:
             self.scaler.load_state_dict(state["grad_scaler"])
             if "timestep_sampler" in state:  # checkpoints before it existed trained with uniform t
                 self.timesteps.load_state_dict(state["timestep_sampler"])
+            if self.objective is not None:
+                self.objective.load_state_dict(state.get("objective_state", {}))
             rng = state["rng"]
             torch.set_rng_state(rng["torch"])
             if rng["cuda"] and torch.cuda.is_available():
@@ -294,7 +303,7 @@ class Trainer:
         """A grid from the EMA weights with a fixed seed, so grids of successive steps compare."""
         clip = clips_x0(True, self.first_stage)
         # The model's own sampling (a distilled student's sampler and timesteps), else DDPM in preview_steps.
-        sampler, timesteps = own_sampling(self.schedule_config, sampler=None, sampling_steps=None)
+        sampler, timesteps = own_sampling(self.schedule_config, sampler=None, sampling_steps=None, default="ddpm")
         plan = self.schedule.make_plan(
             sampler,
             sampling_steps=None if timesteps else min(self.config.preview_steps, self.schedule.num_timesteps),

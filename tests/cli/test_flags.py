@@ -40,6 +40,7 @@ def test_every_mode_reads_the_common_flags_and_distill_reads_the_leads_list():
     assert set(flags_of("distill")) == {
         *("mode", "device", "seed", "precision", "profile", "model_path", "autoencoder", "output"),
         *("sampling_steps", "guidance_scale", "distill_samples", "teacher_steps", "compile"),
+        *("distill_method", "adv_weight", "dmd_weight"),
         *("max_steps", "batch_size", "lr", "warmup_steps", "ema_decay", "grad_clip", "save_every"),
         *("resume", "overwrite", "log_dir", "log_every"),
     }
@@ -196,6 +197,9 @@ def test_distills_help_shows_the_recipe_a_distillation_runs_with():
     _, request = resolve.parse(["--mode", "distill", "--model_path", "teacher.pt", "--device", "cpu"])
     fields = {
         "sampling_steps": request.sampling_steps,
+        "distill_method": request.method,
+        "adv_weight": request.adv_weight,
+        "dmd_weight": request.dmd_weight,
         "distill_samples": request.samples,
         "teacher_steps": request.teacher_steps,
         "max_steps": request.max_steps,
@@ -206,6 +210,9 @@ def test_distills_help_shows_the_recipe_a_distillation_runs_with():
     }
     assert fields == {
         "sampling_steps": 4,
+        "distill_method": "regression",
+        "adv_weight": 0.5,
+        "dmd_weight": 1.0,
         "distill_samples": 4096,
         "teacher_steps": 32,
         "max_steps": 1000,
@@ -242,7 +249,7 @@ def test_trainings_help_shows_the_recipe_each_kind_of_data_trains_with():
     assert mnist.model.dataset == "mnist" and mnist.checkpoint == "checkpoints/mnist.pt"
     runs = {
         kind: resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", dataset])[1]
-        for kind, dataset in (("images", "digits"), ("volumes", "spheres"))
+        for kind, dataset in (("images", "cifar10"), ("volumes", "spheres"))  # the digits: the CPU's recipe
     }
     assert (runs["images"].batch_size, runs["volumes"].batch_size) == (64, 16)
     for name, shown in (("batch_size", str), ("lr", "{:g}".format), ("ema_decay", str)):

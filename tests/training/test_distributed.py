@@ -231,12 +231,18 @@ def test_each_sampling_batch_draws_from_its_own_seed():
 
 
 @pytest.mark.slow  # three launches, one under torchrun
-def test_two_ranks_distill_the_student_of_one_process(runs, tmp_path):
+@pytest.mark.parametrize("method", ["regression", "adversarial", "dmd"])
+def test_two_ranks_distill_the_student_of_one_process(runs, tmp_path, method):
+    """Each --distill_method: a method's own network (discriminator, fake score) is stepped with gradients averaged
+    over the ranks, so it stays one process's too."""
     distill = ["--mode", "distill", "--model_path", str(runs / "uniform1.pt"), "--distill_samples", "8"]
     distill += ["--teacher_steps", "8", "--batch_size", "8", "--max_steps", "3", "--sampling_steps", "2"]
+    distill += ["--distill_method", method]
     for ranks in (1, 2):
         result = launch(*distill, "--output", f"student{ranks}.pt", cwd=tmp_path, ranks=ranks)
         assert result.returncode == 0, result.stderr[-3000:]
     one, two = weights(tmp_path / "student1.pt"), weights(tmp_path / "student2.pt")
     assert one["step"] == two["step"] == 3
     assert max_difference(one["model"], two["model"]) < 1e-5
+    for name, state in one.get("objective_state", {}).items():
+        assert max_difference(state["network"], two["objective_state"][name]["network"]) < 1e-5, name

@@ -1,0 +1,39 @@
+"""A new training run's recipe where the flags leave it out: ddpm/choices.py's TRAINING_DEFAULTS for the kind of data,
+and on a CPU the measured CPU_RECIPE for the digits."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def training_recipe(args: argparse.Namespace, device: torch.device) -> dict:
+    """The defaults of --batch_size, --lr, --ema_decay and --min_snr_gamma for this run, with "cpu_recipe": True where
+    choices.CPU_RECIPE applies (then also written into ``args`` for the model's flags and the timestep sampler)."""
+    return {**training_defaults(args.dataset), **_cpu_recipe(args, device)}
+
+
+def _cpu_recipe(args: argparse.Namespace, device: torch.device) -> dict:
+    """choices.CPU_RECIPE where it applies (a new pixel model of the digits on a CPU, none of its flags given),
+    written into ``args`` for the model's flags; {} elsewhere."""
+    from ddpm.choices import CPU_RECIPE, CPU_RECIPE_DATASETS
+
+    new = not (args.resume or args.init_from or args.autoencoder)
+    if device.type != "cpu" or args.dataset not in CPU_RECIPE_DATASETS or not new:
+        return {}
+    if args.given & {*CPU_RECIPE, "model_preset"}:
+        return {}
+    args.model_channels, args.num_res_blocks = CPU_RECIPE["model_channels"], CPU_RECIPE["num_res_blocks"]
+    args.timestep_sampling = CPU_RECIPE["timestep_sampling"]
+    return {**CPU_RECIPE, "cpu_recipe": True}
+
+
+def training_defaults(dataset: str) -> dict:
+    """A new training run's recipe for ``dataset``'s kind of data (ddpm/choices.py: TRAINING_DEFAULTS)."""
+    from ddpm.choices import TRAINING_DEFAULTS
+    from ddpm.data.catalog import VOLUME_DATASETS
+
+    return TRAINING_DEFAULTS["volumes" if dataset in VOLUME_DATASETS else "images"]

@@ -1,0 +1,260 @@
+"""The terms --distill_method adds to distillation's regression (training/distill.py), each with the network it
+trains beside the student for the run only (a student stays a normal model file).
+
+    method = make_method(config, teacher, device=device, lr=1e-4, precision="fp32")   # None for "regression"
+    loss = method.loss(regression, out=v, x0=x0, x_start=ends, y=labels, draws=draws)  # steps its own network
+
+* ``adversarial`` (the GAN term of CTM, ADD and DMD2): a small convolutional discriminator
+  (:class:`Discriminator`) learns to tell the teacher's ODE ends (the trajectories' ``x_start``: no dataset)
+  from the student's predicted x_0, with the non-saturating loss; the student adds
+  ``--adv_weight`` x the adaptive weight x softplus(-D(x_0)). The adaptive weight (VQGAN's, taken at the
+  student's output instead of its last layer) is |d regression / d out| / |d adversarial / d out| over the
+  global batch, so the GAN term's gradient at the output is ``--adv_weight`` times the regression's.
+* ``dmd`` (Distribution Matching Distillation, Yin et al. 2023, arXiv 2311.18828; DMD2, arXiv 2405.14867): a
+  "fake score" network (a copy of the teacher's U-Net, trained with the teacher's own denoising loss on the
+  student's detached x_0) and the teacher (the "real score", guided as the student's trajectories are, run
+  without autograd) denoise the student's x_0 noised to a random t; the student moves along the difference,
+  :func:`matching_gradient`, applied as 0.5 |x_0 - (x_0 - grad).detach()|^2 and weighted by ``--dmd_weight``
+  beside the regression (DMD1 keeps one; DMD2 drops it for a GAN term).
+
+Each method's network has its own Adam optimizer at the student's --lr (constant), stepped inside
+:meth:`loss` once per student step (clipped at norm 1; under --precision fp16 with its own loss scaler), in
+float32 for the discriminator and in the student's precision for the fake score. Its state (weights,
+optimizer, scaler) is the checkpoint's ``objective_state`` (trainer.py), so --resume continues it exactly.
+Under torchrun every rank holds the same network (seeded the same, stepped with gradients averaged over the
+ranks, as DistributedDataParallel averages the student's): N ranks train what one process trains with
+the same global batch. Its random draws (DMD's timesteps and noise) are the global batch's
+(:meth:`draw`, from the trainer's generator), so they are in step on every rank and resumed exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from basic_diffusion import eps_of, guided_model_eps
+from ddpm.conditioning import Guidance
+from ddpm.util import distributed
+from noise_schedule import NoiseSchedule
+
+AUX_GRAD_CLIP = 1.0  # the auxiliary networks' gradient norm, clipped
+MAX_ADAPTIVE_WEIGHT = 1e4  # VQGAN's bound on the adaptive weight (a vanishing GAN gradient)
+DMD_T_RANGE = (0.02, 0.98)  # the share of the timesteps the distribution-matching gradient noises x_0 to (DMD2's)
+DISCRIMINATOR_WIDTH = (32, 128)  # its first and widest layers' channels
+
+
+class Discriminator(nn.Module):
+    """A small convolutional critic of x_0 (2-D or 3-D, any channels): a 3x3 stem, then stride-2 4x4
+    convolutions after GroupNorm and SiLU while the side is above 4 (28 -> 14 -> 7 -> 3, 8 -> 4), channels
+    doubling to 128; the mean over positions gives one logit per sample. A class-conditional teacher's labels
+    enter by projection (Miyato & Koyama 2018): the logit adds <embedding(y), features>. Per image 0.5M
+    multiply-adds at 8x8 (the demo U-Net's 3.5%) and 15M at 28x28 (the small preset's 1.4%)."""
+
+    def __init__(self, *, sample_shape: tuple[int, ...], num_classes: int = 0) -> None:
+        super().__init__()
+        channels, *spatial = sample_shape
+        conv = {2: nn.Conv2d, 3: nn.Conv3d}[len(spatial)]
+        width, widest = DISCRIMINATOR_WIDTH
+        layers: list[nn.Module] = [conv(channels, width, 3, padding=1)]
+        side = min(spatial)
+        while side > 4:
+            wider = min(2 * width, widest)
+            layers += [nn.GroupNorm(8, width), nn.SiLU(), conv(width, wider, 4, stride=2, padding=1)]
+            width, side = wider, side // 2
+        layers += [nn.GroupNorm(8, width), nn.SiLU()]
+        self.features = nn.Sequential(*layers)
+        self.logit = nn.Linear(width, 1)
+        self.embedding = nn.Embedding(num_classes, width) if num_classes else None
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) logits: above 0 says "a teacher's image"."""
+        h = self.features(x).flatten(2).mean(2)  # (B, width)
+        logit = self.logit(h).squeeze(1)
+        if self.embedding is not None and y is not None:
+            logit = logit + (self.embedding(y) * h).sum(1)
+        return logit
+
+
+class AuxiliaryStep:
+    """One network's optimizer step inside the student's loss: its gradients (averaged over the ranks), clipped,
+    through a loss scaler under fp16; a non-finite gradient skips the step."""
+
+    def __init__(self, network: nn.Module, *, lr: float, betas: tuple[float, float], fp16: bool, device) -> None:
+        self.network = network
+        self.params = list(network.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=lr, betas=betas)
+        self.scaler = torch.amp.GradScaler(torch.device(device).type, enabled=fp16)
+
+    def __call__(self, loss: torch.Tensor) -> None:
+        ranks = distributed.current()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(loss.device.type, enabled=False):  # the backward outside the student's autocast
+            self.scaler.scale(loss).backward()
+        if ranks.distributed:  # every rank's network stays the same: the gradient of the global batch's loss
+            for p in self.params:
+                if p.grad is not None:
+                    distributed.all_reduce_sum(p.grad, ranks=ranks).div_(ranks.world_size)
+        self.scaler.unscale_(self.optimizer)
+        norm = nn.utils.clip_grad_norm_(self.params, AUX_GRAD_CLIP)
+        if self.scaler.is_enabled() or bool(norm.isfinite()):  # sync: a NaN step would poison the network
+            self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradient held between steps (a fake score's: a U-Net's worth)
+
+    def state_dict(self) -> dict:
+        return {
+            "network": self.network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.network.load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["grad_scaler"])
+
+
+def adaptive_weight(regression: torch.Tensor, term: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    """|d regression / d out| / |d term / d out| over the global batch (VQGAN's balance, at the student's output
+    ``out``: no parameter's gradient is taken, so DistributedDataParallel sees one backward), detached."""
+    (g_regression,) = torch.autograd.grad(regression, out, retain_graph=True)
+    (g_term,) = torch.autograd.grad(term, out, retain_graph=True)
+    squares = torch.stack([g_regression.float().square().sum(), g_term.float().square().sum()])
+    distributed.all_reduce_sum(squares)  # each rank's rows: the global batch's norms (their ratio is one process's)
+    norms = squares.sqrt()
+    return (norms[0] / norms[1].clamp_min(1e-12)).clamp(max=MAX_ADAPTIVE_WEIGHT).detach()
+
+
+class Adversarial:
+    """``--distill_method adversarial``: the regression plus ``weight`` x the adaptive weight x the non-saturating
+    GAN loss of :class:`Discriminator`, stepped once per student step on the teacher's ends and the student's x_0."""
+
+    def __init__(self, discriminator: Discriminator, *, weight: float, lr: float, device) -> None:
+        self.discriminator = discriminator.to(device).requires_grad_(False)  # only its own step takes gradients
+        self.weight = weight
+        # GAN practice (StyleGAN2): no momentum, a short second moment. float32 always: it is small.
+        self.step = AuxiliaryStep(self.discriminator, lr=lr, betas=(0.0, 0.99), fp16=False, device=device)
+
+    def draw(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:
+        return ()
+
+    def discriminator_loss(self, real: torch.Tensor, fake: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        """softplus(-D(real)) + softplus(D(fake)), each a mean over the rows."""
+        return F.softplus(-self.discriminator(real, y)).mean() + F.softplus(self.discriminator(fake, y)).mean()
+
+    def loss(self, regression, *, out, x0, x_start, y, draws) -> torch.Tensor:
+        with torch.autocast(x0.device.type, enabled=False):
+            self.discriminator.requires_grad_(True)  # its step: the teacher's ends against the student's x_0
+            self.step(self.discriminator_loss(x_start.float(), x0.detach().float(), y))
+            self.discriminator.requires_grad_(False)  # the student's term: gradients reach x_0, not D
+            adversarial = F.softplus(-self.discriminator(x0.float(), y)).mean()
+        return regression + self.weight * adaptive_weight(regression, adversarial, out=out) * adversarial
+
+    def state_dict(self) -> dict:
+        return {"discriminator": self.step.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step.load_state_dict(state["discriminator"])
+
+
+def matching_gradient(x0: torch.Tensor, *, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """DMD's gradient of the student's x_0 (DMD2's code; DMD eq. 7-8): the fake score's denoised estimate minus
+    the real one's, over the mean |x_0 - real| of each sample. Descending it moves x_0 toward where the teacher
+    denoises it and away from where the student's own distribution does; it is 0 where the two scores agree."""
+    scale = (x0 - real).abs().mean(dim=tuple(range(1, x0.ndim)), keepdim=True)
+    return torch.nan_to_num((fake - real) / scale)
+
+
+class DistributionMatching:
+    """``--distill_method dmd``: the regression plus ``weight`` x 0.5 |x_0 - (x_0 - grad).detach()|^2 with
+    :func:`matching_gradient`'s grad; the fake score learns the student's x_0 once per student step, after."""
+
+    def __init__(
+        self,
+        real: nn.Module,  # the teacher: (x_t, t[, y]) -> its prediction, in eval mode (any callable does)
+        fake: nn.Module,  # the fake score's network, predicting what the teacher predicts
+        schedule: NoiseSchedule,  # the teacher's
+        *,
+        sample_shape: tuple[int, ...],  # (C, H, W) or (C, D, H, W)
+        weight: float,
+        guidance_scale: float,
+        null_label: int,
+        lr: float,
+        fp16: bool,
+        device,
+    ) -> None:
+        self.real, self.schedule, self.sample_shape, self.weight = real, schedule, tuple(sample_shape), weight
+        self.guidance_scale, self.null_label = guidance_scale, null_label
+        # No dropout (eval mode): deterministic, the same on every rank. Adam as DMD2's guidance model's.
+        self.fake = fake.to(device).eval().requires_grad_(True)
+        self.step = AuxiliaryStep(self.fake, lr=lr, betas=(0.9, 0.999), fp16=fp16, device=device)
+
+    def draw(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:
+        """The global batch's (t, noise) of the matching gradient, then of the fake score's step."""
+        T = self.schedule.num_timesteps
+        low, high = (max(0, min(T - 1, int(share * T))) for share in DMD_T_RANGE)
+        t_matching = torch.randint(low, high + 1, (batch_size,), generator=generator, device=device)
+        t_fake = torch.randint(0, T, (batch_size,), generator=generator, device=device)
+        noise = torch.randn((2, batch_size, *self.sample_shape), generator=generator, device=device)
+        return t_matching, noise[0], t_fake, noise[1]
+
+    def fake_prediction(self, x_t, t, y) -> torch.Tensor:
+        return eps_of(self.fake, x_t, t, y).float()
+
+    @torch.no_grad()
+    def gradient(self, x0: torch.Tensor, *, t: torch.Tensor, noise: torch.Tensor, y) -> torch.Tensor:
+        """:func:`matching_gradient` at x_0 noised to ``t`` with ``noise`` (the real score guided as the
+        trajectories were)."""
+        x_t = self.schedule.q_sample(x0, t, noise)
+        guidance = None if y is None else Guidance(labels=y, null_label=self.null_label, scale=self.guidance_scale)
+        real = self.schedule.predict_xstart(x_t, t, guided_model_eps(self.real, x_t, t, guidance))
+        fake = self.schedule.predict_xstart(x_t, t, self.fake_prediction(x_t, t, y))
+        return matching_gradient(x0, real=real, fake=fake)
+
+    def fake_loss(self, x0: torch.Tensor, *, t: torch.Tensor, noise: torch.Tensor, y) -> torch.Tensor:
+        """The teacher's denoising loss on the student's (detached) x_0: what the fake score learns."""
+        x_t = self.schedule.q_sample(x0, t, noise)
+        return F.mse_loss(self.fake_prediction(x_t, t, y), self.schedule.training_target(x0, noise, t).float())
+
+    def loss(self, regression, *, out, x0, x_start, y, draws) -> torch.Tensor:
+        t_matching, noise_matching, t_fake, noise_fake = draws
+        sample = x0.detach()
+        grad = self.gradient(sample, t=t_matching, noise=noise_matching, y=y)
+        matching = 0.5 * F.mse_loss(x0, (x0 - grad).detach())
+        self.step(self.fake_loss(sample, t=t_fake, noise=noise_fake, y=y))  # after: DMD's Algorithm 1
+        return regression + self.weight * matching
+
+    def state_dict(self) -> dict:
+        return {"fake_score": self.step.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step.load_state_dict(state["fake_score"])
+
+
+def make_method(config, teacher, *, device, lr: float, precision: str):
+    """The term ``config.method`` (training/distill.py's DistillConfig) adds for ``teacher`` (an Artifact), or
+    None for the plain regression. ``lr``: its network's (the student's --lr); ``precision``: the student's."""
+    model_config = teacher.model_config
+    shape = tuple(model_config.sample_shape(1)[1:])
+    if config.method == "adversarial":
+        with torch.random.fork_rng(devices=[]):  # the same weights on every rank, and the global RNG untouched
+            torch.manual_seed(config.seed)
+            discriminator = Discriminator(sample_shape=shape, num_classes=model_config.num_classes)
+        return Adversarial(discriminator, weight=config.adv_weight, lr=lr, device=device)
+    if config.method == "dmd":
+        return DistributionMatching(
+            teacher.model,
+            copy.deepcopy(teacher.model),
+            NoiseSchedule(teacher.schedule_config).to(device),
+            sample_shape=shape,
+            weight=config.dmd_weight,
+            guidance_scale=config.guidance_scale,
+            null_label=model_config.null_label,
+            lr=lr,
+            fp16=precision == "fp16",
+            device=device,
+        )
+    return None
