@@ -84,9 +84,11 @@ STUDENT_STEPS = (1, 2, 4, 8)
 # How the student learns (training/distill.py, training/distill_losses.py): the regression onto the teacher's ODE
 # ends alone, or with a GAN term, or with DMD's distribution-matching term.
 DISTILL_METHODS = ("regression", "adversarial", "dmd")
+# --distill_method's default per --sampling_steps: the best measured on the demo teacher (BENCHMARKS.md,
+# "Distillation"); a step count not measured with the others keeps the regression.
+DISTILL_METHOD_BY_STEPS = {1: "adversarial", 2: "adversarial", 4: "regression", 8: "regression"}
 DISTILL_DEFAULTS = {
     "sampling_steps": 4,
-    "distill_method": "regression",
     "adv_weight": 0.5,  # the GAN term's gradient at the student's output, as a share of the regression's
     "dmd_weight": 1.0,  # the distribution-matching term beside the regression
     "distill_samples": 4096,  # teacher trajectories the student learns from

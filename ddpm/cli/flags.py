@@ -452,9 +452,10 @@ def _distill() -> tuple[Flag, ...]:
             "distill_method",
             distill,
             choices=DISTILL_METHODS,
-            default=DISTILL_DEFAULTS["distill_method"],
+            default=None,
             help="how the student learns: the regression onto the teacher's ODE ends alone, with a GAN term "
-            "(adversarial), or with DMD's distribution matching (dmd) (docs/distillation.md)",
+            "(adversarial), or with DMD's distribution matching (dmd) (docs/distillation.md); default: the best "
+            "measured for the step count, adversarial for 1 and 2 calls, regression for 4 and 8",
         ),
         flag(
             "adv_weight",

@@ -1,5 +1,5 @@
 """A new training run's recipe where the flags leave it out: ddpm/choices.py's TRAINING_DEFAULTS for the kind of data,
-and on a CPU the measured CPU_RECIPE for the digits."""
+and on a CPU the measured CPU_RECIPE for the digits; a distillation's method for its step count."""
 
 from __future__ import annotations
 
@@ -37,3 +37,13 @@ def training_defaults(dataset: str) -> dict:
     from ddpm.data.catalog import VOLUME_DATASETS
 
     return TRAINING_DEFAULTS["volumes" if dataset in VOLUME_DATASETS else "images"]
+
+
+def default_method(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with --mode distill's --distill_method, where not given, the measured best for its --sampling_steps
+    (choices.DISTILL_METHOD_BY_STEPS)."""
+    from ddpm.choices import DISTILL_METHOD_BY_STEPS
+
+    if args.mode == "distill" and args.distill_method is None:
+        args.distill_method = DISTILL_METHOD_BY_STEPS.get(args.sampling_steps, "regression")
+    return args

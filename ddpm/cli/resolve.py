@@ -32,7 +32,7 @@ from ddpm.cli.checks import (
 )
 from ddpm.cli.flags import FLAGS, NEW_MODEL
 from ddpm.cli.parser import not_read_by_run, parse_args
-from ddpm.cli.recipes import training_recipe
+from ddpm.cli.recipes import default_method, training_recipe
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.outputs import (  # every output checked, by its kind, before any work
@@ -103,8 +103,7 @@ def request_for(args: argparse.Namespace) -> object:
         train_steps=args.train_steps,
     )
     check_at_most(1000, "timings settle within a few repeats", repeats=args.repeats, warmup=args.warmup)
-    unread = not_read_by_run(args.mode, vars(args), args.given)  # e.g. a TensorRT flag given to an ONNX export
-    if unread:
+    if unread := not_read_by_run(args.mode, vars(default_method(args)), args.given):  # a TensorRT flag to ONNX
         raise ValueError(unread)
     return REQUESTS[args.mode](args, resolve_device(args.device))
 

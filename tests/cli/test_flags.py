@@ -195,9 +195,9 @@ def test_distills_help_shows_the_recipe_a_distillation_runs_with():
     from ddpm.cli import resolve
 
     _, request = resolve.parse(["--mode", "distill", "--model_path", "teacher.pt", "--device", "cpu"])
+    assert request.method == "regression"  # at 4 steps; the method's default depends on the steps (below)
     fields = {
         "sampling_steps": request.sampling_steps,
-        "distill_method": request.method,
         "adv_weight": request.adv_weight,
         "dmd_weight": request.dmd_weight,
         "distill_samples": request.samples,
@@ -210,7 +210,6 @@ def test_distills_help_shows_the_recipe_a_distillation_runs_with():
     }
     assert fields == {
         "sampling_steps": 4,
-        "distill_method": "regression",
         "adv_weight": 0.5,
         "dmd_weight": 1.0,
         "distill_samples": 4096,
@@ -223,6 +222,23 @@ def test_distills_help_shows_the_recipe_a_distillation_runs_with():
     }
     for name, value in fields.items():
         assert f"(default: {value})" in help_of("distill", name), name
+
+
+@pytest.mark.parametrize("steps,method", [(1, "adversarial"), (2, "adversarial"), (4, "regression"), (8, "regression")])
+def test_distill_picks_the_method_measured_best_for_its_step_count_unless_one_is_named(steps, method):
+    from ddpm.cli import resolve
+
+    argv = ["--mode", "distill", "--model_path", "teacher.pt", "--device", "cpu", "--sampling_steps", str(steps)]
+    assert resolve.parse(argv)[1].method == method
+    assert resolve.parse([*argv, "--distill_method", "dmd"])[1].method == "dmd"
+    weight = ["--adv_weight", "1"]  # read by the adversarial method, whether named or the step count's default
+    if method == "adversarial":
+        assert resolve.parse([*argv, *weight])[1].adv_weight == 1.0
+    else:
+        with pytest.raises(
+            ValueError, match="--adv_weight is read by --mode distill with --distill_method adversarial"
+        ):
+            resolve.parse([*argv, *weight])
 
 
 def test_a_students_step_counts_are_the_flags_choices():
