@@ -75,6 +75,10 @@ def test_resume_appends_from_the_checkpoints_step_and_drops_what_a_killed_run_wr
     with SummaryWriter(str(log_dir)) as killed:
         for step in (4, 5):
             killed.add_scalar("train/loss", 99.0, global_step=step)
+    # TensorBoard reads a folder's event files in name order, and names start with the second they were opened:
+    # the killed run's file is named after the first run's, as a killed run's always sorts, whatever the clock says.
+    first_file, killed_file = sorted(log_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns)
+    killed_file.rename(log_dir / f"{first_file.name}.killed")
     resumed = run_here(
         "--mode",
         "train",
