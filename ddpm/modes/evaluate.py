@@ -176,6 +176,7 @@ def row_plan(sampler: str, sampling_steps: int | None, *, request: EvaluateReque
         timesteps=timesteps,
         eta=request.eta if sampler == "ddim" else 0.0,
         clip_denoised=opened.clips_x0(request.clip_denoised),
+        device=request.device,
     )
 
 
