@@ -46,6 +46,23 @@ def method_words(config) -> str:
     }[config.method]
 
 
+def build_objective(request: DistillRequest, artifact, config, train_config):
+    """The DistillObjective of distilling ``artifact`` as ``config`` (a DistillConfig) says, its trajectories drawn
+    now; a method's network trains at the student's lr and precision (``train_config``'s)."""
+    from ddpm.latent.first_stage import clips_x0
+    from ddpm.training.distill import DistillObjective
+
+    return DistillObjective.build(
+        artifact,
+        config,
+        device=request.device,
+        clip_denoised=clips_x0(True, artifact.first_stage),
+        say=distributed.say,
+        lr=train_config.lr,
+        precision=train_config.precision,
+    )
+
+
 def run_distill(request: DistillRequest) -> None:
     from ddpm.modes.training_run import train_logged, training_run
     from ddpm.outputs import check_mode_outputs
@@ -146,8 +163,7 @@ def check_before_trajectories(request: DistillRequest, config, artifact, *, star
 def new_student(request: DistillRequest):
     from basic_diffusion import count_parameters
     from ddpm.batch_memory import check_batch_fits
-    from ddpm.latent.first_stage import clips_x0
-    from ddpm.training.distill import DistillObjective, teacher_identity
+    from ddpm.training.distill import teacher_identity
     from ddpm.training.trainer import Trainer
 
     artifact = load_teacher(request, request.teacher.path)
@@ -162,15 +178,7 @@ def new_student(request: DistillRequest):
         f"{config.sampling_steps}-step student{guided} by {method_words(config)}: {config.samples} teacher "
         f"trajectories, {request.max_steps} steps on {request.device.type}, {request.precision}"
     )
-    objective = DistillObjective.build(
-        artifact,
-        config,
-        device=request.device,
-        clip_denoised=clips_x0(True, artifact.first_stage),
-        say=distributed.say,
-        lr=train_config.lr,
-        precision=train_config.precision,
-    )
+    objective = build_objective(request, artifact, config, train_config)
     trainer = Trainer(
         train_config,
         artifact.model_config,
@@ -188,9 +196,8 @@ def new_student(request: DistillRequest):
 
 def resumed_student(request: DistillRequest):
     from ddpm.formats.checkpoints import load_checkpoint, read_configs
-    from ddpm.latent.first_stage import clips_x0
     from ddpm.modes.training_run import resumed_config
-    from ddpm.training.distill import DistillConfig, DistillObjective, student_schedule, teacher_identity
+    from ddpm.training.distill import DistillConfig, student_schedule, teacher_identity
     from ddpm.training.trainer import Trainer
     from ddpm.util.safe_files import resolved
 
@@ -246,15 +253,7 @@ def resumed_student(request: DistillRequest):
     if (model_config, schedule_config) != (artifact.model_config, student_schedule(artifact.schedule_config, stored)):
         raise ValueError(f"{checkpoint} is not a student of {request.teacher.path}; start over with --overwrite")
     check_before_trajectories(request, config, artifact, start=state["step"])
-    objective = DistillObjective.build(
-        artifact,
-        stored,
-        device=request.device,
-        clip_denoised=clips_x0(True, artifact.first_stage),
-        say=distributed.say,
-        lr=config.lr,
-        precision=config.precision,
-    )
+    objective = build_objective(request, artifact, stored, config)
     trainer = Trainer(
         config,
         model_config,

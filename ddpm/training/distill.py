@@ -85,7 +85,12 @@ class DistillConfig:
 
     # Checkpoints written before a field: the values that reproduce their runs (the regression alone; the weights
     # of the terms it has not are any valid number).
-    ADDED_LATER = {"teacher_sha256": "", "method": "regression", "adv_weight": 0.5, "dmd_weight": 1.0}
+    ADDED_LATER = {
+        "teacher_sha256": "",
+        "method": "regression",
+        "adv_weight": DISTILL_DEFAULTS["adv_weight"],
+        "dmd_weight": DISTILL_DEFAULTS["dmd_weight"],
+    }
 
     def __post_init__(self) -> None:
         if self.sampling_steps not in STUDENT_STEPS:
