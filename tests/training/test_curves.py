@@ -72,12 +72,14 @@ def test_resume_appends_from_the_checkpoints_step_and_drops_what_a_killed_run_wr
     # the last row cut short mid-line.
     with open(log_dir / "metrics.csv", "a") as f:
         f.write("4,99,0.001,99,100.0,0,1\n5,99,0.0")
+    (first_file,) = log_dir.glob("events.out.tfevents.*")
     with SummaryWriter(str(log_dir)) as killed:
         for step in (4, 5):
             killed.add_scalar("train/loss", 99.0, global_step=step)
-    # TensorBoard reads a folder's event files in name order, and names start with the second they were opened:
-    # the killed run's file is named after the first run's, as a killed run's always sorts, whatever the clock says.
-    first_file, killed_file = sorted(log_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns)
+    # TensorBoard reads a folder's event files in name order: second, host, pid. Written in the first run's second
+    # by a process whose pid sorts first, the killed run's file would be read before the first run's, which no
+    # killed run's is; named after the first run's, it sorts between it and the resumed run's.
+    (killed_file,) = set(log_dir.glob("events.out.tfevents.*")) - {first_file}
     killed_file.rename(log_dir / f"{first_file.name}.killed")
     resumed = run_here(
         "--mode",
