@@ -87,6 +87,20 @@ DISTILL_METHODS = ("regression", "adversarial", "dmd")
 # --distill_method's default per --sampling_steps: the best measured on the demo teacher (BENCHMARKS.md,
 # "Distillation"); a step count not measured with the others keeps the regression.
 DISTILL_METHOD_BY_STEPS = {1: "adversarial", 2: "adversarial", 4: "regression", 8: "regression"}
+# What the adversarial method's discriminator takes for real images: the teacher's training data (DMD2's and CTM's
+# practice: a student of the ODE's ends alone stops at the ODE, which draws worse than the teacher's SDE sampler), or
+# the teacher's ODE ends. Default: "data" where the teacher records a dataset read without a download
+# (REAL_DATA_OFFLINE), "teacher" elsewhere (cli/recipes.py's adv_real).
+ADV_REAL = ("data", "teacher")
+REAL_DATA_OFFLINE = ("digits", "mnist_5k", "spheres")
+# The student's noise levels sigma = sqrt((1 - abar) / abar) after its first call at t = T - 1, per --sampling_steps
+# (training/distill.py's student_timesteps maps them to the schedule's nearest timesteps); a step count not listed
+# takes the even spacing, T (S - i) / S - 1. Two calls: the second at sigma 0.83 (t = 224 of the linear 1,000), where
+# the even spacing's t = 499 (sigma 3.4) left most of the image to the first call (BENCHMARKS.md, "Distillation").
+STUDENT_NOISE_LEVELS = {2: (0.83,)}
+# --max_steps of --mode distill per --sampling_steps where it is not given (DISTILL_DEFAULTS["max_steps"] elsewhere):
+# the adversarial term of 1- and 2-call students kept improving past 1,000 steps.
+DISTILL_MAX_STEPS_BY_STEPS = {1: 3000, 2: 3000}
 DISTILL_DEFAULTS = {
     "sampling_steps": 4,
     "adv_weight": 0.5,  # the GAN term's gradient at the student's output, as a share of the regression's

@@ -380,6 +380,8 @@ class DistillRequest:
     method: str  # --distill_method (training/distill_losses.py)
     adv_weight: float
     dmd_weight: float
+    adv_real: str | None = None  # None: cli/recipes.adv_real's default for the teacher, once it is read
+    data_dir: str = "./data"  # --adv_real data: where the teacher's training data lies (a torchvision set, a folder)
     seed: int = 0
     max_steps: int
     batch_size: int

@@ -14,6 +14,7 @@ resolve.py's and the requests'. This module imports nothing heavy: ``--help`` ne
 from __future__ import annotations
 
 from ddpm.choices import (
+    ADV_REAL,
     ALL_PRECISIONS,
     AUTOENCODER_DEFAULTS,
     BACKENDS,
@@ -114,7 +115,7 @@ def _data() -> tuple[Flag, ...]:
         ),
         flag(
             "data_dir",
-            ("train", "evaluate", "train_autoencoder"),
+            ("train", "evaluate", "train_autoencoder", "distill"),
             default="./data",
             help="download folder, or your images with --dataset folder",
         ),
@@ -464,6 +465,15 @@ def _distill() -> tuple[Flag, ...]:
             default=DISTILL_DEFAULTS["adv_weight"],
             help="--distill_method adversarial: the GAN term's gradient at the student's output, as a share of the "
             "regression's",
+        ),
+        flag(
+            "adv_real",
+            distill,
+            choices=ADV_REAL,
+            default=None,
+            help="--distill_method adversarial: the discriminator's real images, the teacher's training data (data) "
+            "or its ODE ends (teacher); default: data where the teacher records digits, mnist_5k or spheres, "
+            "teacher elsewhere (give data and --data_dir for a torchvision set or a folder; latent teachers: teacher)",
         ),
         flag(
             "dmd_weight",

@@ -77,6 +77,8 @@ READ_BY_RUN: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     },
     "distill": {  # each method's weight (training/distill_losses.py)
         "adv_weight": ("distill_method", ("adversarial",)),
+        "adv_real": ("distill_method", ("adversarial",)),  # and its data's folder
+        "data_dir": ("distill_method", ("adversarial",)),
         "dmd_weight": ("distill_method", ("dmd",)),
     },
 }

@@ -651,6 +651,7 @@ def distill_request(args: argparse.Namespace, device: torch.device):
         guidance_scale=0.0 if args.guidance_scale is None else args.guidance_scale,
         **method,
     )
+    method.update(adv_real=args.adv_real, data_dir=args.data_dir)
     output = args.output or default_student_path(args.model_path, steps)
     if Path(output).suffix != ".pt" or Path(output).is_dir():
         raise ValueError(f"--output must name a .pt checkpoint file for the student, got {output}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ddpm.choices import (
     AUTOENCODER_DEFAULTS,
     DISTILL_DEFAULTS,
+    DISTILL_MAX_STEPS_BY_STEPS,
     DRAW_BATCH,
     TIMESTEP_SAMPLERS,
     TRAIN_EPOCHS,
@@ -50,7 +51,14 @@ def _training_length() -> tuple[Flag, ...]:
             type=int,
             default=None,
             help="optimizer steps: the run's length, or its cap with --n_epochs",
-            per_mode={"distill": dict(default=DISTILL_DEFAULTS["max_steps"], help="the student's optimizer steps")},
+            per_mode={
+                "distill": dict(
+                    default=DISTILL_DEFAULTS["max_steps"],
+                    help="the student's optimizer steps: "
+                    + ", ".join(f"{n} for {s} U-Net call(s)" for s, n in DISTILL_MAX_STEPS_BY_STEPS.items())
+                    + ", otherwise (default: %(default)s)",
+                )
+            },
         ),
         flag(
             "batch_size",

@@ -96,12 +96,20 @@ class ImageSet:
         flips = torch.rand(len(self), generator=gen) < 0.5
         take = order[index * batch_size : (index + 1) * batch_size]
         take = take if rows is None else take[rows]
-        x = self.images[take].to(device, non_blocking=True).float()  # (B, C, H, W[, D])
-        if self.images.dtype == torch.uint8:  # pixels to [-1, 1]; float data (a latent model's latents) as stored
-            x = x.div_(127.5).sub_(1.0)
+        x, labels = self.rows(take, device=device)
         if self.hflip:
             flip = flips[take].to(device).view(-1, *[1] * (x.ndim - 1))
             x = torch.where(flip, x.flip(-1), x)
+        return x, labels
+
+    def rows(
+        self, take: torch.Tensor, *, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The images at the indices ``take`` (B,), in [-1, 1] and unflipped, and their labels (None: no classes)."""
+        take = take.cpu()
+        x = self.images[take].to(device, non_blocking=True).float()  # (B, C, H, W[, D])
+        if self.images.dtype == torch.uint8:  # pixels to [-1, 1]; float data (a latent model's latents) as stored
+            x = x.div_(127.5).sub_(1.0)
         labels = None if self.labels is None else self.labels[take].to(device, non_blocking=True)
         return x, labels
 

@@ -19,11 +19,12 @@ from ddpm.requests import DistillRequest
 from ddpm.util import distributed
 
 
-def distill_config(request: DistillRequest, teacher_path: str, scale: float, *, identity: str = ""):
+def distill_config(request: DistillRequest, teacher_path: str, scale: float, *, identity: str = "", adv_real: str):
     """What the run learns from (training/distill.py's DistillConfig, validated), as the checkpoint keeps it."""
     from ddpm.training.distill import DistillConfig
 
     return DistillConfig(
+        adv_real=adv_real,
         teacher=teacher_path,
         teacher_sha256=identity,
         sampling_steps=request.sampling_steps,
@@ -37,18 +38,20 @@ def distill_config(request: DistillRequest, teacher_path: str, scale: float, *, 
     )
 
 
-def method_words(config) -> str:
-    """How the student learns, in the run's first line (training/distill_losses.py)."""
+def method_words(config, *, dataset: str | None = None) -> str:
+    """How the student learns, in the run's first line (training/distill_losses.py); ``dataset``: the teacher's."""
+    real = f"the {dataset} training images" if config.adv_real == "data" else "the teacher's ODE ends"
     return {
         "regression": "regression onto the teacher's ODE ends",
-        "adversarial": f"regression with a GAN term (--adv_weight {config.adv_weight:g})",
+        "adversarial": f"regression with a GAN term against {real} (--adv_weight {config.adv_weight:g})",
         "dmd": f"regression with distribution matching (--dmd_weight {config.dmd_weight:g})",
     }[config.method]
 
 
-def build_objective(request: DistillRequest, artifact, config, train_config):
+def build_objective(request: DistillRequest, artifact, config, train_config, *, data=None):
     """The DistillObjective of distilling ``artifact`` as ``config`` (a DistillConfig) says, its trajectories drawn
-    now; a method's network trains at the student's lr and precision (``train_config``'s)."""
+    now; a method's network trains at the student's lr and precision (``train_config``'s); ``data``: the
+    discriminator's real images (:func:`real_images`)."""
     from ddpm.latent.first_stage import clips_x0
     from ddpm.training.distill import DistillObjective
 
@@ -60,7 +63,66 @@ def build_objective(request: DistillRequest, artifact, config, train_config):
         say=distributed.say,
         lr=train_config.lr,
         precision=train_config.precision,
+        data=data,
     )
+
+
+def resolved_adv_real(request: DistillRequest, artifact) -> str:
+    """--adv_real for this teacher (cli/recipes.py's default where not given); "data" refused in one line where the
+    teacher's training data cannot be named or is not in its pixel space."""
+    from ddpm.cli.recipes import adv_real
+
+    value = adv_real(
+        request.adv_real, method=request.method, dataset=artifact.dataset, latent=artifact.first_stage is not None
+    )
+    if value == "data" and artifact.first_stage is not None:
+        raise ValueError(
+            f"--adv_real data: {artifact.path} is a latent model, whose discriminator sees latents, not images; "
+            "use --adv_real teacher"
+        )
+    if value == "data" and artifact.dataset is None:
+        raise ValueError(f"--adv_real data: {artifact.path} does not record its training data; use --adv_real teacher")
+    return value
+
+
+def data_inputs(request: DistillRequest, config, artifact) -> dict:
+    """The training data's files under --data_dir where the discriminator reads them: an input of the output check."""
+    from ddpm.data.datasets import data_input
+
+    if config.method != "adversarial" or config.adv_real != "data":
+        return {}
+    found = data_input(artifact.dataset, request.data_dir)
+    return {} if found is None else {"--data_dir": found}
+
+
+def real_images(request: DistillRequest, config, artifact):
+    """The teacher's training data at its size (an ImageSet), read before the trajectories, for the adversarial
+    method's discriminator (None for other methods, or its ODE ends); unreadable: one line naming --adv_real teacher."""
+    from ddpm.data.datasets import load_images
+
+    if config.method != "adversarial" or config.adv_real != "data":
+        return None
+    model_config, dataset = artifact.model_config, artifact.dataset
+    shape = tuple(model_config.sample_shape(1)[1:])
+    try:
+        images = load_images(
+            dataset,
+            data_dir=request.data_dir,
+            image_size=model_config.image_size,
+            channels=model_config.in_channels,
+            download=False,
+        )
+    except ValueError as exc:
+        raise ValueError(
+            f"--adv_real data: {artifact.path}'s training data ({dataset}) cannot be read ({exc}); give --data_dir "
+            "where it lies, or use --adv_real teacher"
+        ) from None
+    if tuple(images.images.shape[1:]) != shape:
+        raise ValueError(
+            f"--adv_real data: {dataset} images are {'x'.join(map(str, images.images.shape[1:]))} and "
+            f"{artifact.path} draws {'x'.join(map(str, shape))}; use --adv_real teacher"
+        )
+    return images
 
 
 def run_distill(request: DistillRequest) -> None:
@@ -74,7 +136,10 @@ def run_distill(request: DistillRequest) -> None:
     )
     with training_run(checkpoint, flag="--output", **run):
         trainer, teacher = resumed_student(request) if request.resume else new_student(request)
-        train_logged(trainer, request, inputs={**teacher.inputs, **request.teacher.inputs(), "--output": checkpoint})
+        data = data_inputs(request, trainer.objective.config, teacher)
+        train_logged(
+            trainer, request, inputs={**teacher.inputs, **request.teacher.inputs(), **data, "--output": checkpoint}
+        )
     steps = trainer.schedule_config.student_timesteps
     distributed.say(
         f"student: {checkpoint} ({len(steps)} U-Net call{'s' if len(steps) > 1 else ''} per image at t = "
@@ -146,15 +211,15 @@ def _train_config(request: DistillRequest, artifact, *, total: int):
     )
 
 
-def check_before_trajectories(request: DistillRequest, config, artifact, *, start: int = 0) -> None:
+def check_before_trajectories(request: DistillRequest, config, artifact, *, start: int = 0, data: dict) -> None:
     """What the run will write, checked against every file it reads (the teacher, and the files the teacher names)
     before the trajectories: the preview grid's folder and its curves (modes/train.py checks them again once the
-    trainer exists)."""
+    trainer exists). ``data``: the discriminator's training data (:func:`data_inputs`), read too."""
     from ddpm.modes.training_run import check_preview_outputs
     from ddpm.outputs import CURVES, check_mode_outputs
     from ddpm.training.curves import CSV_NAME
 
-    inputs = {**artifact.inputs, **request.teacher.inputs(), "--output": request.checkpoint}
+    inputs = {**artifact.inputs, **request.teacher.inputs(), **data, "--output": request.checkpoint}
     check_preview_outputs(config, start=start, inputs=inputs, flag="--output")
     if request.log_dir is not None:
         check_mode_outputs("distill", {CURVES: Path(request.log_dir) / CSV_NAME}, inputs=inputs)
@@ -168,17 +233,22 @@ def new_student(request: DistillRequest):
 
     artifact = load_teacher(request, request.teacher.path)
     scale = _guidance(request, artifact)
-    config = distill_config(request, request.teacher.path, scale, identity=teacher_identity(artifact))
+    adv_real = resolved_adv_real(request, artifact)
+    config = distill_config(
+        request, request.teacher.path, scale, identity=teacher_identity(artifact), adv_real=adv_real
+    )
     check_batch_fits(artifact.model_config, batch_size=request.batch_size, device=request.device, training=True)
     train_config = _train_config(request, artifact, total=request.max_steps)
-    check_before_trajectories(request, train_config, artifact)
+    check_before_trajectories(request, train_config, artifact, data=data_inputs(request, config, artifact))
+    data = real_images(request, config, artifact)
     guided = f", guidance {config.guidance_scale:g} folded in" if config.guidance_scale else ""
     distributed.say(
         f"distilling {request.teacher.path} ({count_parameters(artifact.model) / 1e6:.2f}M parameters) into a "
-        f"{config.sampling_steps}-step student{guided} by {method_words(config)}: {config.samples} teacher "
-        f"trajectories, {request.max_steps} steps on {request.device.type}, {request.precision}"
+        f"{config.sampling_steps}-step student{guided} by {method_words(config, dataset=artifact.dataset)}: "
+        f"{config.samples} teacher trajectories, {request.max_steps} steps on {request.device.type}, "
+        f"{request.precision}"
     )
-    objective = build_objective(request, artifact, config, train_config)
+    objective = build_objective(request, artifact, config, train_config, data=data)
     trainer = Trainer(
         train_config,
         artifact.model_config,
@@ -211,7 +281,7 @@ def resumed_student(request: DistillRequest):
         stored = DistillConfig.from_dict(state["distill_config"])
     except ValueError as exc:
         raise ValueError(f"{checkpoint}: {exc}") from None
-    asked = distill_config(request, request.teacher.path, stored.guidance_scale)
+    asked = distill_config(request, request.teacher.path, stored.guidance_scale, adv_real=stored.adv_real)
     kept = {  # besides the recipe's (training_run.RESUME_KEEPS); the teacher itself is compared by content below
         "sampling_steps": (asked.sampling_steps, stored.sampling_steps),
         "distill_samples": (asked.samples, stored.samples),
@@ -221,6 +291,7 @@ def resumed_student(request: DistillRequest):
         "distill_method": (asked.method, stored.method),
         "adv_weight": (asked.adv_weight, stored.adv_weight),
         "dmd_weight": (asked.dmd_weight, stored.dmd_weight),
+        "adv_real": (request.adv_real, stored.adv_real),
     }
     config = resumed_config(
         state,
@@ -252,8 +323,10 @@ def resumed_student(request: DistillRequest):
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
     if (model_config, schedule_config) != (artifact.model_config, student_schedule(artifact.schedule_config, stored)):
         raise ValueError(f"{checkpoint} is not a student of {request.teacher.path}; start over with --overwrite")
-    check_before_trajectories(request, config, artifact, start=state["step"])
-    objective = build_objective(request, artifact, stored, config)
+    check_before_trajectories(
+        request, config, artifact, start=state["step"], data=data_inputs(request, stored, artifact)
+    )
+    objective = build_objective(request, artifact, stored, config, data=real_images(request, stored, artifact))
     trainer = Trainer(
         config,
         model_config,

@@ -42,10 +42,12 @@ from tqdm.auto import tqdm
 
 from basic_diffusion import eps_of, guided_model_eps
 from ddpm.choices import (
+    ADV_REAL,
     DISTILL_DEFAULTS,
     DISTILL_METHODS,
+    STUDENT_NOISE_LEVELS,
     STUDENT_STEPS,
-)  # what --distill_method and --sampling_steps offer
+)  # what --distill_method, --adv_real and --sampling_steps offer
 from ddpm.conditioning import Guidance
 from ddpm.training.distill_losses import make_method
 from noise_schedule import (
@@ -66,6 +68,7 @@ MAX_PAIR_BYTES = 4 << 30  # the trajectories are held in memory for the whole ru
 MAX_METHOD_WEIGHT = 100.0  # --adv_weight and --dmd_weight: beyond it the regression is noise beside the term
 TEACHER_BATCH = 256  # trajectories solved together
 TEACHER_KINDS = ("checkpoint", "safetensors", "diffusers")  # files holding PyTorch weights a student starts from
+SPACINGS = ("noise_levels", "even")  # the student's timesteps (spaced_timesteps)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class DistillConfig:
     method: str = "regression"  # --distill_method: the regression alone, or with distill_losses.py's term
     adv_weight: float = DISTILL_DEFAULTS["adv_weight"]  # --adv_weight (method "adversarial")
     dmd_weight: float = DISTILL_DEFAULTS["dmd_weight"]  # --dmd_weight (method "dmd")
+    adv_real: str = "teacher"  # --adv_real: the discriminator's real images, the training data or the ODE ends
+    spacing: str = "noise_levels"  # the student's timesteps: choices.STUDENT_NOISE_LEVELS', or "even"
 
     # Checkpoints written before a field: the values that reproduce their runs (the regression alone; the weights
     # of the terms it has not are any valid number).
@@ -90,6 +95,8 @@ class DistillConfig:
         "method": "regression",
         "adv_weight": DISTILL_DEFAULTS["adv_weight"],
         "dmd_weight": DISTILL_DEFAULTS["dmd_weight"],
+        "adv_real": "teacher",
+        "spacing": "even",
     }
 
     def __post_init__(self) -> None:
@@ -107,6 +114,12 @@ class DistillConfig:
             raise ValueError(f"--guidance_scale must be between 0 and {MAX_GUIDANCE:g}, got {self.guidance_scale}")
         if self.method not in DISTILL_METHODS:
             raise ValueError(f"--distill_method must be one of {', '.join(DISTILL_METHODS)}, got {self.method!r}")
+        if self.adv_real not in ADV_REAL:
+            raise ValueError(f"--adv_real must be one of {', '.join(ADV_REAL)}, got {self.adv_real!r}")
+        if self.spacing not in SPACINGS:
+            raise ValueError(
+                f"the student's timestep spacing must be one of {', '.join(SPACINGS)}, got {self.spacing!r}"
+            )
         for flag, weight in (("--adv_weight", self.adv_weight), ("--dmd_weight", self.dmd_weight)):
             if not 0.0 < weight <= MAX_METHOD_WEIGHT:  # also False for NaN
                 raise ValueError(f"{flag} must be above 0 and at most {MAX_METHOD_WEIGHT:g}, got {weight:g}")
@@ -138,14 +151,29 @@ def teacher_identity(teacher) -> str:
     return digest.hexdigest()
 
 
+def spaced_timesteps(schedule: ScheduleConfig, *, steps: int, spacing: str) -> tuple[int, ...]:
+    """The student's timesteps: t = T - 1, then the timesteps whose noise level sigma = sqrt((1 - abar) / abar) is
+    nearest choices.STUDENT_NOISE_LEVELS' for ``steps`` (the same noise on any schedule); the even spacing
+    (noise_schedule.consistency_timesteps) for a step count not listed there, or ``spacing`` "even"."""
+    levels = STUDENT_NOISE_LEVELS.get(steps)
+    if spacing == "even" or levels is None:
+        return tuple(consistency_timesteps(schedule.num_timesteps, steps).tolist())
+    alphas_cumprod = torch.cumprod(1.0 - make_betas(schedule), dim=0)  # float64
+    sigma = ((1.0 - alphas_cumprod) / alphas_cumprod).sqrt()
+    nearest = [int((sigma - level).abs().argmin()) for level in levels]
+    timesteps = (schedule.num_timesteps - 1, *nearest)
+    if any(a <= b for a, b in zip(timesteps, timesteps[1:])):  # a schedule too short to tell the levels apart
+        return tuple(consistency_timesteps(schedule.num_timesteps, steps).tolist())
+    return timesteps
+
+
 def student_schedule(teacher: ScheduleConfig, config: DistillConfig) -> ScheduleConfig:
     """The teacher's schedule, predicting v, with the sampler, timesteps and guidance the student records."""
-    timesteps = consistency_timesteps(teacher.num_timesteps, config.sampling_steps)
     return replace(
         teacher,
         prediction=STUDENT_PREDICTION,
         student_sampler=STUDENT_SAMPLER,
-        student_timesteps=tuple(timesteps.tolist()),
+        student_timesteps=spaced_timesteps(teacher, steps=config.sampling_steps, spacing=config.spacing),
         folded_guidance=config.guidance_scale,
     )
 
@@ -352,10 +380,12 @@ class DistillObjective:
         say: Callable[[str], None] | None = None,
         lr: float = DISTILL_DEFAULTS["lr"],
         precision: str = "fp32",
+        data=None,
     ) -> DistillObjective:
         """The objective of distilling ``teacher`` (backends/artifacts.py's Artifact) as ``config`` says: the
         trajectories' budget (:func:`trajectory_budget`, said through ``say``), then the trajectories. ``lr`` and
-        ``precision`` (the student's) are those of the network a method trains beside the student."""
+        ``precision`` (the student's) are those of the network a method trains beside the student; ``data`` (an
+        ImageSet) the adversarial method's real images where ``config.adv_real`` is "data"."""
         model_config = teacher.model_config
         shape = model_config.sample_shape(1)[1:]
         schedule_config = student_schedule(teacher.schedule_config, config)
@@ -390,7 +420,7 @@ class DistillObjective:
             schedule_config=schedule_config,
             class_names=teacher.class_names,
             device=device,
-            method=make_method(config, teacher, device=device, lr=lr, precision=precision),
+            method=make_method(config, teacher, device=device, lr=lr, precision=precision, data=data),
         )
 
     def batch(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:

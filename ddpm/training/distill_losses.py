@@ -5,8 +5,9 @@ trains beside the student for the run only (a student stays a normal model file)
     loss = method.loss(regression, out=v, x0=x0, x_start=ends, y=labels, draws=draws)  # steps its own network
 
 * ``adversarial`` (the GAN term of CTM, ADD and DMD2): a small convolutional discriminator
-  (:class:`Discriminator`) learns to tell the teacher's ODE ends (the trajectories' ``x_start``: no dataset)
-  from the student's predicted x_0, with the non-saturating loss; the student adds
+  (:class:`Discriminator`) learns to tell real images (``--adv_real``: the teacher's training data, as DMD2 and
+  CTM do, or the teacher's ODE ends, the trajectories' ``x_start``) from the student's predicted x_0, with the
+  non-saturating loss; the student adds
   ``--adv_weight`` x the adaptive weight x softplus(-D(x_0)). The adaptive weight (VQGAN's, taken at the
   student's output instead of its last layer) is |d regression / d out| / |d adversarial / d out| over the
   global batch, so the GAN term's gradient at the output is ``--adv_weight`` times the regression's.
@@ -130,25 +131,38 @@ def adaptive_weight(regression: torch.Tensor, term: torch.Tensor, *, out: torch.
 
 class Adversarial:
     """``--distill_method adversarial``: the regression plus ``weight`` x the adaptive weight x the non-saturating
-    GAN loss of :class:`Discriminator`, stepped once per student step on the teacher's ends and the student's x_0."""
+    GAN loss of :class:`Discriminator`, stepped once per student step on real images and the student's x_0. The
+    real images are ``data``'s (an ImageSet: the teacher's training data, with its labels for a class-conditional
+    teacher), a batch drawn per step, or without it the teacher's ODE ends of the student's own rows."""
 
-    def __init__(self, discriminator: Discriminator, *, weight: float, lr: float, device) -> None:
+    def __init__(self, discriminator: Discriminator, *, weight: float, lr: float, device, data=None) -> None:
         self.discriminator = discriminator.to(device).requires_grad_(False)  # only its own step takes gradients
-        self.weight = weight
+        self.weight, self.data = weight, data
         # GAN practice (StyleGAN2): no momentum, a short second moment. float32 always: it is small.
         self.step = AuxiliaryStep(self.discriminator, lr=lr, betas=(0.0, 0.99), fp16=False, device=device)
 
     def draw(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:
-        return ()
+        """The global batch's real images: indices into ``data`` (none for the ODE ends)."""
+        if self.data is None:
+            return ()
+        return (torch.randint(0, len(self.data), (batch_size,), generator=generator, device=device),)
 
-    def discriminator_loss(self, real: torch.Tensor, fake: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
-        """softplus(-D(real)) + softplus(D(fake)), each a mean over the rows."""
-        return F.softplus(-self.discriminator(real, y)).mean() + F.softplus(self.discriminator(fake, y)).mean()
+    def discriminator_loss(
+        self, real: torch.Tensor, fake: torch.Tensor, y: torch.Tensor | None, y_real: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """softplus(-D(real)) + softplus(D(fake)), each a mean over the rows; ``y_real``: the real rows' labels
+        where they are not the fake rows' ``y``."""
+        y_real = y if y_real is None else y_real
+        return F.softplus(-self.discriminator(real, y_real)).mean() + F.softplus(self.discriminator(fake, y)).mean()
 
     def loss(self, regression, *, out, x0, x_start, y, draws) -> torch.Tensor:
+        real, y_real = x_start, y  # the teacher's ends of the same rows, or a batch of its training data
+        if self.data is not None:
+            real, labels = self.data.rows(draws[0], device=x0.device)
+            y_real = labels if y is not None else None
         with torch.autocast(x0.device.type, enabled=False):
-            self.discriminator.requires_grad_(True)  # its step: the teacher's ends against the student's x_0
-            self.step(self.discriminator_loss(x_start.float(), x0.detach().float(), y))
+            self.discriminator.requires_grad_(True)  # its step: the real images against the student's x_0
+            self.step(self.discriminator_loss(real.float(), x0.detach().float(), y, y_real))
             self.discriminator.requires_grad_(False)  # the student's term: gradients reach x_0, not D
             adversarial = F.softplus(-self.discriminator(x0.float(), y)).mean()
         return regression + self.weight * adaptive_weight(regression, adversarial, out=out) * adversarial
@@ -234,16 +248,17 @@ class DistributionMatching:
         self.step.load_state_dict(state["fake_score"])
 
 
-def make_method(config, teacher, *, device, lr: float, precision: str):
+def make_method(config, teacher, *, device, lr: float, precision: str, data=None):
     """The term ``config.method`` (training/distill.py's DistillConfig) adds for ``teacher`` (an Artifact), or
-    None for the plain regression. ``lr``: its network's (the student's --lr); ``precision``: the student's."""
+    None for the plain regression. ``lr``: its network's (the student's --lr); ``precision``: the student's;
+    ``data``: the adversarial method's real images (an ImageSet; None: the teacher's ODE ends)."""
     model_config = teacher.model_config
     shape = tuple(model_config.sample_shape(1)[1:])
     if config.method == "adversarial":
         with torch.random.fork_rng(devices=[]):  # the same weights on every rank, and the global RNG untouched
             torch.manual_seed(config.seed)
             discriminator = Discriminator(sample_shape=shape, num_classes=model_config.num_classes)
-        return Adversarial(discriminator, weight=config.adv_weight, lr=lr, device=device)
+        return Adversarial(discriminator, weight=config.adv_weight, lr=lr, device=device, data=data)
     if config.method == "dmd":
         return DistributionMatching(
             teacher.model,

@@ -40,7 +40,7 @@ def test_every_mode_reads_the_common_flags_and_distill_reads_the_leads_list():
     assert set(flags_of("distill")) == {
         *("mode", "device", "seed", "precision", "profile", "model_path", "autoencoder", "output"),
         *("sampling_steps", "guidance_scale", "distill_samples", "teacher_steps", "compile"),
-        *("distill_method", "adv_weight", "dmd_weight"),
+        *("distill_method", "adv_weight", "dmd_weight", "adv_real", "data_dir"),
         *("max_steps", "batch_size", "lr", "warmup_steps", "ema_decay", "grad_clip", "save_every"),
         *("resume", "overwrite", "log_dir", "log_every"),
     }

@@ -80,7 +80,7 @@ def test_teacher_trajectories_follow_the_exact_ode_of_gaussian_data():
 
 def test_the_students_target_is_the_v_that_maps_a_state_to_its_trajectorys_end():
     teacher = ScheduleConfig(num_timesteps=100)
-    config = DistillConfig(teacher="t", sampling_steps=2, samples=3, teacher_steps=4)
+    config = DistillConfig(teacher="t", sampling_steps=2, samples=3, teacher_steps=4, spacing="even")
     schedule_config = student_schedule(teacher, config)
     assert (schedule_config.prediction, schedule_config.student_sampler) == ("v", "consistency")
     assert schedule_config.student_timesteps == (99, 49)
@@ -108,7 +108,7 @@ def test_a_few_distillation_steps_lower_the_students_loss(tmp_path, teacher):
 
     device = torch.device("cpu")
     artifact = load_artifact(teacher, device=device)
-    config = DistillConfig(teacher=str(teacher), sampling_steps=2, samples=16, teacher_steps=8)
+    config = DistillConfig(teacher=str(teacher), sampling_steps=2, samples=16, teacher_steps=8, spacing="even")
     objective = DistillObjective.build(artifact, config, device=device, clip_denoised=True, progress=False)
     train = TrainConfig(
         dataset="digits",
@@ -207,7 +207,7 @@ def test_a_student_asked_for_other_steps_says_what_it_was_trained_for(tmp_path, 
     assert drawn.returncode == 0, drawn.stderr
     warning = [line for line in drawn.stderr.splitlines() if "warning" in line]
     assert warning == [
-        "main.py: warning: this student was trained for the consistency sampler in 2 steps (t = 49, 24); "
+        "main.py: warning: this student was trained for the consistency sampler in 2 steps (t = 49, 10); "
         "drawing with consistency in 3 steps as asked"
     ]
 

@@ -1,0 +1,197 @@
+"""What a 1- or 2-call student learns against, beyond the teacher's ODE: the adversarial method's discriminator on the
+teacher's training data (--adv_real data, the default where that data is read without a download), with the data's
+own labels for a class-conditional teacher; the student's timesteps at choices.STUDENT_NOISE_LEVELS' noise levels on
+any schedule; the longer default run for 1 and 2 calls. Each refusal is one line, before the trajectories."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import TINY_DISTILL, TINY_TRAIN, assert_user_error, run_here, tiny_teacher
+
+from ddpm.choices import DISTILL_DEFAULTS, DISTILL_MAX_STEPS_BY_STEPS, STUDENT_NOISE_LEVELS
+from ddpm.data.datasets import ImageSet
+from ddpm.training.distill import DistillConfig, spaced_timesteps, student_schedule
+from ddpm.training.distill_losses import Adversarial, Discriminator
+from noise_schedule import ScheduleConfig, consistency_timesteps
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A tiny digits checkpoint (16x16, 50 timesteps) as the teacher."""
+    return tiny_teacher(tmp_path_factory.mktemp("teacher"), "teacher.pt")
+
+
+def distill(folder, teacher, *args: str, output: str = "student.pt"):
+    return run_here(
+        "--mode", "distill", "--model_path", str(teacher), "--output", output, *TINY_DISTILL, *args, cwd=folder
+    )  # fmt: skip
+
+
+# ----- the student's timesteps ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "schedule",
+    [ScheduleConfig(), ScheduleConfig(kind="cosine"), ScheduleConfig(num_timesteps=200)],
+    ids=["linear-1000", "cosine-1000", "linear-200"],
+)
+def test_a_two_call_students_second_timestep_is_the_one_nearest_its_noise_level_on_any_schedule(schedule):
+    T = schedule.num_timesteps
+    if schedule.kind == "linear":  # float64 by hand: Ho et al.'s betas, scaled to T
+        betas = torch.linspace(1e-4 * 1000 / T, 0.02 * 1000 / T, T, dtype=torch.float64)
+    else:
+        s = torch.arange(T + 1, dtype=torch.float64) / T
+        f = torch.cos((s + 0.008) / 1.008 * torch.pi / 2) ** 2
+        betas = (1 - f[1:] / f[:-1]).clamp(max=0.999)
+    abar = torch.cumprod(1 - betas, 0)
+    sigma = ((1 - abar) / abar).sqrt()
+    (level,) = STUDENT_NOISE_LEVELS[2]
+    expected = (T - 1, int((sigma - level).abs().argmin()))
+    assert spaced_timesteps(schedule, steps=2, spacing="noise_levels") == expected
+    assert abs(sigma[expected[1]] - level) < 0.05 * level
+    assert spaced_timesteps(schedule, steps=2, spacing="even") == tuple(consistency_timesteps(T, 2).tolist())
+    for steps in (1, 4, 8):  # not listed: the even spacing
+        assert spaced_timesteps(schedule, steps=steps, spacing="noise_levels") == tuple(
+            consistency_timesteps(T, steps).tolist()
+        )
+
+
+def test_the_linear_1000_schedules_two_call_student_draws_at_t_999_and_224():
+    config = DistillConfig(teacher="t.pt", sampling_steps=2, samples=8, teacher_steps=8)
+    assert student_schedule(ScheduleConfig(), config).student_timesteps == (999, 224)
+
+
+def test_an_old_students_config_keeps_the_even_spacing_and_the_teachers_ends():
+    old = dict(teacher="t.pt", sampling_steps=2, samples=8, teacher_steps=8, guidance_scale=0.0, seed=0)
+    config = DistillConfig.from_dict(old)  # written before --adv_real and the noise levels
+    assert (config.spacing, config.adv_real) == ("even", "teacher")
+    assert student_schedule(ScheduleConfig(), config).student_timesteps == (999, 499)
+    with pytest.raises(ValueError, match="--adv_real must be one of data, teacher"):
+        DistillConfig.from_dict({**old, "adv_real": "both"})
+
+
+# ----- the discriminator's real images -------------------------------------------------------------------------
+def test_the_discriminator_learns_the_training_data_not_the_teachers_ends():
+    """Real images from ``data``: the discriminator tells them from the student's x_0 even where the teacher's ends
+    (passed as x_start) are the student's own x_0, which it could never tell apart."""
+    gen = torch.Generator().manual_seed(1)
+    data = ImageSet(name="t", images=torch.full((32, 1, 8, 8), 230, dtype=torch.uint8))  # bright: 0.8 in [-1, 1]
+    torch.manual_seed(0)
+    method = Adversarial(Discriminator(sample_shape=(1, 8, 8)), weight=0.5, lr=1e-3, device="cpu", data=data)
+    fake = -0.5 + 0.1 * torch.randn(16, 1, 8, 8, generator=gen)
+    for _ in range(30):
+        draws = method.draw(16, generator=gen, device=torch.device("cpu"))
+        out = fake.clone().requires_grad_(True)
+        method.loss(out.square().mean(), out=out, x0=out, x_start=fake, y=None, draws=draws)
+    with torch.no_grad():
+        says_real, says_fake = method.discriminator(data.rows(torch.arange(16))[0]).mean(), method.discriminator(fake)
+    assert says_real > 1 and says_fake.mean() < -1
+
+
+def test_a_class_conditional_discriminator_gets_the_datas_own_labels_for_the_real_rows():
+    labels = torch.arange(10).repeat(2)
+    data = ImageSet(name="t", images=torch.zeros((20, 1, 8, 8), dtype=torch.uint8), labels=labels)
+    method = Adversarial(Discriminator(sample_shape=(1, 8, 8), num_classes=10), weight=0.5, lr=1e-3, device="cpu")
+    method.data = data
+    seen = []
+    forward = method.discriminator.forward
+    method.discriminator.forward = lambda x, y=None: seen.append(y) or forward(x, y)
+    index = torch.tensor([3, 14, 7])
+    out = torch.zeros(3, 1, 8, 8, requires_grad=True)
+    y = torch.tensor([9, 9, 9])  # the student's rows: the trajectories' classes
+    method.loss(out.square().mean() + 1, out=out, x0=out, x_start=out, y=y, draws=(index,))
+    assert torch.equal(seen[0], labels[index]) and torch.equal(seen[1], y)  # real rows, then the student's
+
+
+# ----- the runs ------------------------------------------------------------------------------------------------
+def test_an_adversarial_student_of_the_digits_learns_against_the_digits_by_default(tmp_path, teacher):
+    result = distill(tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert "GAN term against the digits training images" in result.stdout + result.stderr
+    state = torch.load(tmp_path / "student.pt", weights_only=True)
+    config = state["distill_config"]
+    assert (config["method"], config["adv_real"], config["spacing"]) == ("adversarial", "data", "noise_levels")
+    teacher_T = torch.load(teacher, weights_only=True)["schedule_config"]["num_timesteps"]
+    assert tuple(state["schedule_config"]["student_timesteps"]) == spaced_timesteps(
+        ScheduleConfig(num_timesteps=teacher_T), steps=2, spacing="noise_levels"
+    )
+    ends = distill(tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "2", "--adv_real", "teacher", output="e.pt")
+    assert ends.returncode == 0 and "GAN term against the teacher's ODE ends" in ends.stdout + ends.stderr
+
+
+def test_a_resumed_run_refuses_a_changed_adv_real(tmp_path, teacher, monkeypatch):
+    from ddpm.training import distill as method_module
+
+    assert distill(tmp_path, teacher, "--max_steps", "1", "--sampling_steps", "1").returncode == 0
+    before = (tmp_path / "student.pt").read_bytes()
+    monkeypatch.setattr(method_module, "teacher_trajectories", lambda *a, **k: pytest.fail("trajectories drawn"))
+    result = distill(tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "1", "--resume", "--adv_real", "teacher")
+    assert_user_error(result, "--adv_real teacher (the checkpoint's data)")
+    assert (tmp_path / "student.pt").read_bytes() == before
+
+
+def test_data_that_cannot_be_read_is_refused_in_one_line_before_the_trajectories(tmp_path, monkeypatch):
+    """A teacher of your own images (--dataset folder) whose folder is not there now: --adv_real data names it;
+    by default a folder's teacher takes its ODE ends."""
+    from ddpm.training import distill as method_module
+
+    images = tmp_path / "images"
+    images.mkdir()
+    from PIL import Image
+
+    for i in range(8):
+        Image.new("L", (16, 16), color=30 * i).save(images / f"{i}.png")
+    base = [a for a in TINY_TRAIN if a not in ("digits",)]
+    base[base.index("--dataset") + 1 : base.index("--dataset") + 1] = ["folder"]
+    trained = run_here(*base, "--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--model_path", "f.pt",
+                       cwd=tmp_path)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    default = distill(tmp_path, "f.pt", "--max_steps", "1", "--sampling_steps", "1", output="d.pt")
+    assert default.returncode == 0 and "the teacher's ODE ends" in default.stdout + default.stderr
+    monkeypatch.setattr(method_module, "teacher_trajectories", lambda *a, **k: pytest.fail("trajectories drawn"))
+    args = ("--max_steps", "1", "--sampling_steps", "1", "--adv_real", "data", "--data_dir", str(tmp_path / "gone"))
+    assert_user_error(distill(tmp_path, "f.pt", *args, output="x.pt"), "use --adv_real teacher")
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_the_student_may_not_be_written_into_the_data_it_reads(tmp_path, monkeypatch):
+    images = tmp_path / "images"
+    images.mkdir()
+    from PIL import Image
+
+    for i in range(8):
+        Image.new("L", (16, 16), color=30 * i).save(images / f"{i}.png")
+    base = [a for a in TINY_TRAIN if a not in ("digits",)]
+    base[base.index("--dataset") + 1 : base.index("--dataset") + 1] = ["folder"]
+    trained = run_here(*base, "--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--model_path", "f.pt",
+                       cwd=tmp_path)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    listing = sorted(p.name for p in images.iterdir())
+    args = ("--max_steps", "1", "--sampling_steps", "1", "--adv_real", "data", "--data_dir", str(images))
+    result = distill(tmp_path, "f.pt", *args, output=str(images / "student.pt"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert sorted(p.name for p in images.iterdir()) == listing
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--adv_real", "data"], "--adv_real is read by --mode distill with --distill_method adversarial"),
+        (["--sampling_steps", "1", "--adv_real", "real"], "invalid choice: 'real'"),
+        (["--data_dir", "d"], "--data_dir is read by --mode distill with --distill_method adversarial"),
+    ],
+)
+def test_a_bad_adv_real_flag_is_refused_in_one_line_before_anything_is_read(tmp_path, args, message):
+    result = run_here("--mode", "distill", "--model_path", "missing.pt", *args, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_the_default_length_is_longer_for_one_and_two_calls_and_a_given_max_steps_wins(steps):
+    from ddpm.cli import parser, resolve
+
+    flags = ["--mode", "distill", "--model_path", "t.pt", "--sampling_steps", str(steps)]
+    request = resolve.request_for(parser.parse_args(flags))
+    assert request.max_steps == DISTILL_MAX_STEPS_BY_STEPS.get(steps, DISTILL_DEFAULTS["max_steps"])
+    assert resolve.request_for(parser.parse_args([*flags, "--max_steps", "7"])).max_steps == 7
