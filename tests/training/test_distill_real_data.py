@@ -114,7 +114,9 @@ def test_an_adversarial_student_of_the_digits_learns_against_the_digits_by_defau
     assert tuple(state["schedule_config"]["student_timesteps"]) == spaced_timesteps(
         ScheduleConfig(num_timesteps=teacher_T), steps=2, spacing="noise_levels"
     )
-    ends = distill(tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "2", "--adv_real", "teacher", output="e.pt")
+    ends = distill(
+        tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "2", "--adv_real", "teacher", output="e.pt"
+    )
     assert ends.returncode == 0 and "GAN term against the teacher's ODE ends" in ends.stdout + ends.stderr
 
 
@@ -124,7 +126,9 @@ def test_a_resumed_run_refuses_a_changed_adv_real(tmp_path, teacher, monkeypatch
     assert distill(tmp_path, teacher, "--max_steps", "1", "--sampling_steps", "1").returncode == 0
     before = (tmp_path / "student.pt").read_bytes()
     monkeypatch.setattr(method_module, "teacher_trajectories", lambda *a, **k: pytest.fail("trajectories drawn"))
-    result = distill(tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "1", "--resume", "--adv_real", "teacher")
+    result = distill(
+        tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "1", "--resume", "--adv_real", "teacher"
+    )
     assert_user_error(result, "--adv_real teacher (the checkpoint's data)")
     assert (tmp_path / "student.pt").read_bytes() == before
 
