@@ -82,8 +82,9 @@ ONNX_OPSETS = dict(default=21, bf16=22)
 # "Distillation").
 STUDENT_STEPS = (1, 2, 4, 8)
 # How the student learns (training/distill.py, training/distill_losses.py): the regression onto the teacher's ODE
-# ends alone, or with a GAN term, or with DMD's distribution-matching term.
-DISTILL_METHODS = ("regression", "adversarial", "dmd")
+# ends alone, or with a GAN term, or with DMD's distribution-matching term, or consistency distillation (the
+# regression onto an EMA target network's x_0 at the next state of the teacher's ODE).
+DISTILL_METHODS = ("regression", "adversarial", "dmd", "consistency")
 # --distill_method's default per --sampling_steps: the best measured on the demo teacher (BENCHMARKS.md,
 # "Distillation"); a step count not measured with the others keeps the regression.
 DISTILL_METHOD_BY_STEPS = {1: "adversarial", 2: "adversarial", 4: "regression", 8: "regression"}

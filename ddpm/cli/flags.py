@@ -455,7 +455,8 @@ def _distill() -> tuple[Flag, ...]:
             choices=DISTILL_METHODS,
             default=None,
             help="how the student learns: the regression onto the teacher's ODE ends alone, with a GAN term "
-            "(adversarial), or with DMD's distribution matching (dmd) (docs/distillation.md); default: the best "
+            "(adversarial), with DMD's distribution matching (dmd), or consistency distillation onto an EMA target "
+            "network one ODE step on (consistency) (docs/distillation.md); default: the best "
             "measured for the step count, adversarial for 1 and 2 calls, regression for 4 and 8",
         ),
         flag(

@@ -45,6 +45,7 @@ def method_words(config, *, dataset: str | None = None) -> str:
         "regression": "regression onto the teacher's ODE ends",
         "adversarial": f"regression with a GAN term against {real} (--adv_weight {config.adv_weight:g})",
         "dmd": f"regression with distribution matching (--dmd_weight {config.dmd_weight:g})",
+        "consistency": "consistency distillation (an EMA target network's x_0 one teacher ODE step on)",
     }[config.method]
 
 

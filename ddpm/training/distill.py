@@ -20,8 +20,13 @@ The method (chosen by measurement; BENCHMARKS.md, "Distillation" has every metho
    sampler's does, which is what lets a few-step student beat its teacher's deterministic few-step samplers.
 4. ``--distill_method`` adds a term to the regression, which onto a many-to-one target averages the modes a
    1- or 2-call student cannot tell apart (and blurs): ``adversarial``, a GAN term from a small discriminator
-   of the teacher's ODE ends against the student's x_0, or ``dmd``, distribution matching against a fake
-   score trained on the student's x_0 (distill_losses.py, which trains those networks for the run only).
+   of real images (the teacher's training data, or its ODE ends) against the student's x_0, or ``dmd``,
+   distribution matching against a fake score trained on the student's x_0 (distill_losses.py, which trains
+   those networks for the run only). ``consistency`` (consistency distillation) changes the target instead:
+   the trajectories keep every solver state, and each state's target is an EMA target network's x_0 at the
+   next one (the end after the last), the self-consistency between adjacent times of Song et al. 2023.
+5. The student's timesteps start at T - 1; those after it sit at measured noise levels where choices.py lists
+   them (:func:`spaced_timesteps`), evenly spaced elsewhere.
 
 The trajectories are a function of the teacher, the config and its seed, so a resumed run draws them
 again, bit for bit, instead of storing them; the config records the teacher by its content
@@ -49,7 +54,7 @@ from ddpm.choices import (
     STUDENT_STEPS,
 )  # what --distill_method, --adv_real and --sampling_steps offer
 from ddpm.conditioning import Guidance
-from ddpm.training.distill_losses import make_method
+from ddpm.training.distill_losses import Consistency, make_method
 from noise_schedule import (
     MAX_GUIDANCE,
     NoiseSchedule,
@@ -193,14 +198,27 @@ def teacher_grid(schedule: ScheduleConfig, student_timesteps: tuple[int, ...], t
     return sorted(grid, reverse=True)
 
 
+def recorded_timesteps(
+    schedule: ScheduleConfig, *, student_timesteps: tuple[int, ...], config: DistillConfig
+) -> tuple[int, ...]:
+    """The timesteps of the teacher's trajectories the student learns at: its own, or for the consistency method
+    every state the solver visits above t = 0 (:func:`teacher_grid` without its last point, 0: the trajectory's
+    end x_start stands for the state there, the boundary of the consistency function)."""
+    if config.method != "consistency":
+        return tuple(student_timesteps)
+    return tuple(teacher_grid(schedule, student_timesteps, config.teacher_steps)[:-1])
+
+
 @dataclass(frozen=True)
 class Trajectories:
-    """The teacher's ODE at the student's timesteps: ``x_t`` (N, S, *shape), its end ``x_start`` (N, *shape),
-    and each trajectory's class (N,) for a class-conditional teacher."""
+    """The teacher's ODE at the recorded timesteps: ``x_t`` (N, S, *shape), its end ``x_start`` (N, *shape),
+    each trajectory's class (N,) for a class-conditional teacher, and the ``timesteps`` of x_t's second axis
+    (descending; (): the student's, as :func:`teacher_trajectories` records by default)."""
 
     x_t: torch.Tensor
     x_start: torch.Tensor
     labels: torch.Tensor | None
+    timesteps: tuple[int, ...] = ()
 
 
 @torch.no_grad()
@@ -216,12 +234,18 @@ def teacher_trajectories(
     clip_denoised: bool = True,
     device: torch.device,
     progress: bool = True,
+    record: tuple[int, ...] | None = None,
 ) -> Trajectories:
-    """Solve the teacher's ODE (DPM-Solver++(2M) on :func:`teacher_grid`) from ``config.samples`` seeded noise draws."""
+    """Solve the teacher's ODE (DPM-Solver++(2M) on :func:`teacher_grid`) from ``config.samples`` seeded noise draws,
+    keeping the state at the timesteps ``record`` (points of the grid, descending; default: the student's,
+    :func:`recorded_timesteps` says which a method learns from). What is recorded changes no state."""
     grid = teacher_grid(schedule.config, student_timesteps, config.teacher_steps)
     plan = schedule.make_plan("dpm_solver", timesteps=grid, clip_denoised=clip_denoised, device=device)
-    record = {grid.index(t): k for k, t in enumerate(student_timesteps)}  # solver step -> student timestep
-    n, S = config.samples, len(student_timesteps)
+    kept = tuple(student_timesteps if record is None else record)
+    if not set(kept) <= set(grid) or list(kept) != sorted(set(kept), reverse=True):
+        raise ValueError(f"the recorded timesteps must be distinct points of the teacher's grid {grid}, got {kept}")
+    record_at = {grid.index(t): k for k, t in enumerate(kept)}  # solver step -> recorded timestep
+    n, S = config.samples, len(kept)
     x_t = torch.empty((n, S, *sample_shape), device=device)
     x_start = torch.empty((n, *sample_shape), device=device)
     labels = torch.empty(n, dtype=torch.long, device=device) if num_classes else None
@@ -237,15 +261,15 @@ def teacher_trajectories(
             guidance = Guidance(labels=labels[rows], null_label=null_label, scale=config.guidance_scale)
         prev = None
         for i in range(plan.num_steps):
-            if i in record:
-                x_t[rows, record[i]] = x
+            if i in record_at:
+                x_t[rows, record_at[i]] = x
             t = plan.timesteps[i].expand(b)
             out = guided_model_eps(teacher, x, t, guidance)
             x, prev = p_step(plan, i, x, out, prev_xstart=prev if plan.uses_prev_xstart else None)
         x_start[rows] = x
         bar.update(b)
     bar.close()
-    return Trajectories(x_t=x_t, x_start=x_start, labels=labels)
+    return Trajectories(x_t=x_t, x_start=x_start, labels=labels, timesteps=kept)
 
 
 def fastest_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
@@ -294,15 +318,18 @@ def trajectory_budget(
     model_config,
     device: torch.device,
     guided: bool,
+    record: tuple[int, ...] | None = None,
 ) -> TrajectoryBudget:
     """The memory and time of :func:`teacher_trajectories` for ``config``, refused (one line naming
     --distill_samples and the most that fit) beyond :data:`MAX_PAIR_BYTES` or the memory available on ``device``.
-    The time is one teacher batch, timed, times the batches and solver steps to come."""
+    ``record``: the timesteps it keeps (default: the student's). The time is one teacher batch, timed, times the
+    batches and solver steps to come."""
     from ddpm.batch_memory import ALLOCATOR_OVERHEAD, estimate_peak_bytes
     from ddpm.util.memory_budget import SAFETY_FRACTION, available_bytes
 
     shape = model_config.sample_shape(1)[1:]
-    per_sample = (len(student_timesteps) + 1) * torch.Size(shape).numel() * 4 + (8 if model_config.num_classes else 0)
+    states = len(student_timesteps if record is None else record) + 1  # the recorded states and the end
+    per_sample = states * torch.Size(shape).numel() * 4 + (8 if model_config.num_classes else 0)
     held = config.samples * per_sample
     shape_text = "x".join(map(str, shape))
     if held > MAX_PAIR_BYTES:
@@ -350,7 +377,8 @@ def _time_one_call(forward: nn.Module, model_config, *, batch: int, guided: bool
 class DistillObjective:
     """The student's loss on the teacher's trajectories, for the trainer's loop (trainer.py): the regression, and
     the term of ``config.method`` (distill_losses.py's ``method``: None for the regression alone), which trains
-    its own network inside :meth:`loss` and keeps it in :meth:`state_dict` (the checkpoint's objective_state)."""
+    its own network inside :meth:`loss` and keeps it in :meth:`state_dict` (the checkpoint's objective_state); the
+    consistency method's network (its target network) replaces the regression's target instead."""
 
     def __init__(
         self,
@@ -365,7 +393,10 @@ class DistillObjective:
         self.config, self.trajectories, self.class_names = config, trajectories, class_names
         self.schedule_config = schedule_config  # the student's
         self.schedule = NoiseSchedule(schedule_config).to(device)
-        self.timesteps = torch.tensor(schedule_config.student_timesteps, device=device)
+        # The timesteps of the trajectories' states: the student's, or every grid point (the consistency method).
+        self.timesteps = torch.tensor(trajectories.timesteps or schedule_config.student_timesteps, device=device)
+        if len(self.timesteps) != trajectories.x_t.shape[1]:
+            raise ValueError(f"trajectories of {trajectories.x_t.shape[1]} states but {len(self.timesteps)} timesteps")
         self.method = method
 
     @classmethod
@@ -391,6 +422,7 @@ class DistillObjective:
         schedule_config = student_schedule(teacher.schedule_config, config)
         forward = fastest_forward(teacher.model, device=device)
         schedule = NoiseSchedule(teacher.schedule_config).to(device)
+        record = recorded_timesteps(schedule.config, student_timesteps=schedule_config.student_timesteps, config=config)
         budget = trajectory_budget(
             forward,
             schedule,
@@ -399,6 +431,7 @@ class DistillObjective:
             model_config=model_config,
             device=device,
             guided=bool(model_config.num_classes) and config.guidance_scale != 1.0,
+            record=record,
         )
         if say is not None:
             say(budget.line(config))
@@ -413,6 +446,10 @@ class DistillObjective:
             clip_denoised=clip_denoised,
             device=device,
             progress=progress,
+            record=record,
+        )
+        method = make_method(
+            config, teacher, device=device, lr=lr, precision=precision, data=data, clip_denoised=clip_denoised
         )
         return cls(
             config,
@@ -420,36 +457,55 @@ class DistillObjective:
             schedule_config=schedule_config,
             class_names=teacher.class_names,
             device=device,
-            method=make_method(config, teacher, device=device, lr=lr, precision=precision, data=data),
+            method=method,
         )
 
     def batch(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:
         """The whole global batch's draw (every rank draws it, so the generator stays in step): which
-        trajectory, and which of the student's timesteps, for each sample; then the method's own draws."""
+        trajectory, and which of its recorded timesteps (the student's; the consistency method's: the grid's,
+        uniformly), for each sample; then the method's own draws."""
         n, S = self.trajectories.x_t.shape[:2]
         which = torch.randint(0, n, (batch_size,), generator=generator, device=device)
         step = torch.randint(0, S, (batch_size,), generator=generator, device=device)
         extra = () if self.method is None else self.method.draw(batch_size, generator=generator, device=device)
         return which, step, *extra
 
-    def examples(self, batch: tuple, *, rows: slice) -> tuple[torch.Tensor, ...]:
+    def examples(self, batch: tuple, *, rows: slice, ends: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """(x_t, t, labels or None, target) of this rank's rows: each state, its timestep, its class, and the
-        student's output that maps the state to its trajectory's end (v for a v-student)."""
+        student's output that maps the state to its trajectory's end (v for a v-student), or to ``ends`` where
+        given (the consistency method's x_0 targets, :meth:`consistency_ends`)."""
         which, step = (part[rows] for part in batch[:2])
         x_t = self.trajectories.x_t[which, step]  # (B / ranks, *shape)
-        x_start = self.trajectories.x_start[which]
+        x_start = self.trajectories.x_start[which] if ends is None else ends
         t = self.timesteps[step]
         y = self.trajectories.labels[which] if self.trajectories.labels is not None else None
         eps = self.schedule.predict_eps_from_xstart(x_t, t, x_start)  # the noise that state holds, given its end
         return x_t, t, y, self.schedule.training_target(x_start, eps, t)
 
+    def consistency_ends(self, forward: nn.Module, batch: tuple, *, rows: slice) -> torch.Tensor:
+        """The consistency method's x_0 targets of this rank's rows (B / ranks, *shape), its target network first
+        moved toward the student ``forward``: the target's x_0 at the same trajectory's next grid state (less
+        noisy), or the trajectory's end after the last state (t = 0: the boundary, f(x, 0) = x)."""
+        which, step = (part[rows] for part in batch[:2])
+        self.method.follow(forward)
+        last = len(self.timesteps) - 1
+        following = (step + 1).clamp(max=last)  # the last state's is computed and replaced: the batch keeps its shape
+        y = self.trajectories.labels[which] if self.trajectories.labels is not None else None
+        x0 = self.method.x0(
+            self.trajectories.x_t[which, following], self.timesteps[following], y, schedule=self.schedule
+        )
+        boundary = (step == last).view(-1, *[1] * (x0.ndim - 1))
+        return torch.where(boundary, self.trajectories.x_start[which], x0)
+
     def loss(self, forward: nn.Module, batch: tuple, *, rows: slice) -> torch.Tensor:
         """MSE between the student's output and :meth:`examples`' target; with a method, its term added (on the
-        student's x_0, its network stepped first)."""
-        x_t, t, y, target = self.examples(batch, rows=rows)
+        student's x_0, its network stepped first), or for the consistency method the target its network gives."""
+        consistency = isinstance(self.method, Consistency)
+        ends = self.consistency_ends(forward, batch, rows=rows) if consistency else None
+        x_t, t, y, target = self.examples(batch, rows=rows, ends=ends)
         out = eps_of(forward, x_t, t, y).float()
         regression = F.mse_loss(out, target.float())
-        if self.method is None:
+        if self.method is None or consistency:
             return regression
         x0 = self.schedule.predict_xstart(x_t.float(), t, out)  # (B / ranks, *shape), differentiable
         x_start = self.trajectories.x_start[batch[0][rows]]  # the teacher's ends: a discriminator's real images
@@ -457,7 +513,8 @@ class DistillObjective:
         return self.method.loss(regression, out=out, x0=x0, x_start=x_start, y=y, draws=draws)
 
     def state_dict(self) -> dict:
-        """The method's network, optimizer and scaler ({} for the regression alone): the checkpoint keeps it."""
+        """The method's network, optimizer and scaler (the consistency method's: its target network; {} for the
+        regression alone): the checkpoint keeps it."""
         return {} if self.method is None else self.method.state_dict()
 
     def load_state_dict(self, state: dict) -> None:

@@ -1,5 +1,5 @@
-"""The terms --distill_method adds to distillation's regression (training/distill.py), each with the network it
-trains beside the student for the run only (a student stays a normal model file).
+"""The terms --distill_method adds to distillation's regression (training/distill.py), or the target it gives it,
+each with the network it keeps beside the student for the run only (a student stays a normal model file).
 
     method = make_method(config, teacher, device=device, lr=1e-4, precision="fp32")   # None for "regression"
     loss = method.loss(regression, out=v, x0=x0, x_start=ends, y=labels, draws=draws)  # steps its own network
@@ -17,15 +17,25 @@ trains beside the student for the run only (a student stays a normal model file)
   without autograd) denoise the student's x_0 noised to a random t; the student moves along the difference,
   :func:`matching_gradient`, applied as 0.5 |x_0 - (x_0 - grad).detach()|^2 and weighted by ``--dmd_weight``
   beside the regression (DMD1 keeps one; DMD2 drops it for a GAN term).
+* ``consistency`` (consistency distillation, Song et al. 2023, arXiv 2303.01469): no term; the regression's
+  target changes. The trajectories hold the teacher's state at every solver step, and the student at a state
+  x_{t_n} learns the x_0 that a target network theta^- (:class:`Consistency`: an EMA of the student, in eval
+  mode, without autograd) predicts at the same trajectory's next, less noisy state x_{t_{n+1}}, or the
+  trajectory's end where t_{n+1} = 0 (the boundary condition). The target's x_0 is clipped to [-1, 1] where the
+  teacher's trajectories clip theirs (their ends, the other targets, are clipped by the same rule). theta^-
+  follows the student lazily: each loss call first moves it to mu theta^- + (1 - mu) theta with the student's
+  current weights (the first call copies them). It takes no optimizer and no communication: every rank's student
+  is the same after DDP's step, so every rank's target is too.
 
-Each method's network has its own Adam optimizer at the student's --lr (constant), stepped inside
-:meth:`loss` once per student step (clipped at norm 1; under --precision fp16 with its own loss scaler), in
-float32 for the discriminator and in the student's precision for the fake score. Its state (weights,
-optimizer, scaler) is the checkpoint's ``objective_state`` (trainer.py), so --resume continues it exactly.
-Under torchrun every rank holds the same network (seeded the same, stepped with gradients averaged over the
-ranks, as DistributedDataParallel averages the student's): N ranks train what one process trains with
-the same global batch. Its random draws (DMD's timesteps and noise) are the global batch's
-(:meth:`draw`, from the trainer's generator), so they are in step on every rank and resumed exactly.
+Each trained network (the discriminator, the fake score) has its own Adam optimizer at the student's --lr
+(constant), stepped inside :meth:`loss` once per student step (clipped at norm 1; under --precision fp16 with its
+own loss scaler), in float32 for the discriminator and in the student's precision for the fake score (and the
+target network). Its state (weights, optimizer, scaler; the target network's weights) is the checkpoint's
+``objective_state`` (trainer.py), so --resume continues it exactly. Under torchrun every rank holds the same
+network (seeded the same, stepped with gradients averaged over the ranks, as DistributedDataParallel averages the
+student's): N ranks train what one process trains with the same global batch. Its random draws (DMD's timesteps
+and noise) are the global batch's (:meth:`draw`, from the trainer's generator), so they are in step on every rank
+and resumed exactly.
 """
 
 from __future__ import annotations
@@ -45,6 +55,11 @@ AUX_GRAD_CLIP = 1.0  # the auxiliary networks' gradient norm, clipped
 MAX_ADAPTIVE_WEIGHT = 1e4  # VQGAN's bound on the adaptive weight (a vanishing GAN gradient)
 DMD_T_RANGE = (0.02, 0.98)  # the share of the timesteps the distribution-matching gradient noises x_0 to (DMD2's)
 DISCRIMINATOR_WIDTH = (32, 128)  # its first and widest layers' channels
+# The consistency method's target network: theta^- <- mu theta^- + (1 - mu) theta once per student step. Song et
+# al. 2023 use mu = 0.95 for consistency distillation on CIFAR-10 (their Table 3); a target that trails the student
+# by about 1 / (1 - mu) = 20 steps keeps the bootstrapped target from moving with each step the student takes
+# toward it. Not measured here yet (BENCHMARKS.md, "Distillation").
+TARGET_EMA = 0.95
 
 
 class Discriminator(nn.Module):
@@ -248,10 +263,66 @@ class DistributionMatching:
         self.step.load_state_dict(state["fake_score"])
 
 
-def make_method(config, teacher, *, device, lr: float, precision: str, data=None):
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The student's own module inside torch.compile's wrapper (``_orig_mod``) and DistributedDataParallel's
+    (``module``): the trainer hands the loss its forward, ``torch.compile(DistributedDataParallel(model))``."""
+    module = getattr(module, "_orig_mod", module)
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
+class Consistency:
+    """``--distill_method consistency``: the target network theta^- of consistency distillation, an EMA of the
+    student (:data:`TARGET_EMA`). The objective (training/distill.py) calls :meth:`follow` with the student at the
+    start of each loss call, then :meth:`x0` at each state's next grid state for the regression's target."""
+
+    def __init__(self, target: nn.Module, *, clip: bool, mu: float = TARGET_EMA) -> None:
+        # A network of the student's architecture (a copy of the teacher's U-Net, which the student starts from);
+        # its weights are the student's from the first loss call on. Eval mode: no dropout, the same on every rank.
+        self.target = target.eval().requires_grad_(False)
+        self.clip, self.mu = clip, mu
+        self.started = False  # whether it holds the student's weights yet (the first follow copies them)
+
+    def draw(self, batch_size: int, *, generator: torch.Generator, device: torch.device) -> tuple:
+        """Nothing of its own: the grid indices are the objective's draw."""
+        return ()
+
+    @torch.no_grad()
+    def follow(self, student: nn.Module) -> None:
+        """theta^- <- mu theta^- + (1 - mu) theta, with ``student`` (the trainer's forward, wrapped or not) as it is
+        now, after the last optimizer step; the first call copies it. Buffers are copied, as the trainer's EMA's."""
+        student = unwrapped(student)
+        own = dict(student.named_parameters())
+        pairs = [(p, own[name]) for name, p in self.target.named_parameters()]  # by name: a renamed layer fails
+        mine, theirs = [p for p, _ in pairs], [q.detach() for _, q in pairs]
+        if self.started:
+            torch._foreach_lerp_(mine, theirs, 1.0 - self.mu)
+        else:
+            torch._foreach_copy_(mine, theirs)
+            self.started = True
+        for buffer, source in zip(self.target.buffers(), student.buffers()):
+            buffer.copy_(source)
+
+    @torch.no_grad()
+    def x0(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None, *, schedule: NoiseSchedule):
+        """The target network's x_0 at (x_t, t) through ``schedule`` (the student's: its output is v), in the
+        caller's autocast, clipped to [-1, 1] where the teacher's trajectories clip theirs (``clip``)."""
+        out = eps_of(self.target, x_t, t, y).float()
+        x0 = schedule.predict_xstart(x_t.float(), t, out)  # (B, *shape)
+        return x0.clamp(-1.0, 1.0) if self.clip else x0
+
+    def state_dict(self) -> dict:
+        return {"target": {"network": self.target.state_dict(), "started": self.started}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.target.load_state_dict(state["target"]["network"])
+        self.started = bool(state["target"]["started"])
+
+
+def make_method(config, teacher, *, device, lr: float, precision: str, data=None, clip_denoised: bool = True):
     """The term ``config.method`` (training/distill.py's DistillConfig) adds for ``teacher`` (an Artifact), or
     None for the plain regression. ``lr``: its network's (the student's --lr); ``precision``: the student's;
-    ``data``: the adversarial method's real images (an ImageSet; None: the teacher's ODE ends)."""
+    ``data``: the adversarial method's real images (an ImageSet; None: the teacher's ODE ends); ``clip_denoised``:
+    whether the teacher's trajectories clip their x_0 (the consistency method's target clips alike)."""
     model_config = teacher.model_config
     shape = tuple(model_config.sample_shape(1)[1:])
     if config.method == "adversarial":
@@ -272,4 +343,6 @@ def make_method(config, teacher, *, device, lr: float, precision: str, data=None
             fp16=precision == "fp16",
             device=device,
         )
+    if config.method == "consistency":
+        return Consistency(copy.deepcopy(teacher.model).to(device), clip=clip_denoised)
     return None
