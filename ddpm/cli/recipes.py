@@ -50,16 +50,3 @@ def default_method(args: argparse.Namespace) -> argparse.Namespace:
     if args.mode == "distill" and "max_steps" not in args.given and not args.resume:
         args.max_steps = DISTILL_MAX_STEPS_BY_STEPS.get(args.sampling_steps, args.max_steps)
     return args
-
-
-def adv_real(given: str | None, *, method: str, dataset: str | None, latent: bool) -> str:
-    """What the adversarial method's discriminator takes for real images (choices.ADV_REAL), where --adv_real is
-    left out: the teacher's training data where it is read without a download (choices.REAL_DATA_OFFLINE), else
-    the teacher's ODE ends. Any other method: "teacher" (no discriminator; the config records the value)."""
-    from ddpm.choices import REAL_DATA_OFFLINE
-
-    if method != "adversarial":
-        return "teacher"
-    if given is not None:
-        return given
-    return "data" if dataset in REAL_DATA_OFFLINE and not latent else "teacher"

@@ -69,14 +69,17 @@ def build_objective(request: DistillRequest, artifact, config, train_config, *, 
 
 
 def resolved_adv_real(request: DistillRequest, artifact) -> str:
-    """--adv_real for this teacher (cli/recipes.py's default where not given); "data" refused in one line where the
-    teacher's training data cannot be named or is not in its pixel space."""
-    from ddpm.cli.recipes import adv_real
+    """What the adversarial method's discriminator takes for real images (choices.ADV_REAL), where --adv_real is left
+    out: the teacher's training data where it is read without a download (choices.REAL_DATA_OFFLINE) and in the
+    teacher's pixel space, else the teacher's ODE ends; any other method: "teacher" (no discriminator; the config
+    records the value). "data" asked for is refused in one line where the data cannot be named or is not pixels."""
+    from ddpm.choices import REAL_DATA_OFFLINE
 
-    value = adv_real(
-        request.adv_real, method=request.method, dataset=artifact.dataset, latent=artifact.first_stage is not None
-    )
-    if value == "data" and artifact.first_stage is not None:
+    if request.method != "adversarial":
+        return "teacher"
+    latent = artifact.first_stage is not None
+    value = request.adv_real or ("data" if artifact.dataset in REAL_DATA_OFFLINE and not latent else "teacher")
+    if value == "data" and latent:
         raise ValueError(
             f"--adv_real data: {artifact.path} is a latent model, whose discriminator sees latents, not images; "
             "use --adv_real teacher"

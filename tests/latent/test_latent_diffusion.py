@@ -781,6 +781,20 @@ def test_an_autoencoder_given_for_a_pixel_model_is_refused_in_one_line_wherever_
     assert pixel.read_bytes() == before and not (tmp_path / "x.png").exists()
 
 
+def test_a_latent_teachers_discriminator_takes_its_ode_ends_and_refuses_the_data(latent_model, tmp_path):
+    """A latent student's x_0 is a latent: the digits' pixels are no real images for its discriminator."""
+    from helpers import assert_user_error, run_here
+
+    flags = ["--mode", "distill", "--model_path", str(latent_model / "lat.pt"), "--sampling_steps", "1"]
+    flags += ["--distill_samples", "4", "--teacher_steps", "4", "--batch_size", "4", "--max_steps", "1"]
+    result = run_here(*flags, "--output", "adv.pt", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "GAN term against the teacher's ODE ends" in result.stdout + result.stderr
+    refused = run_here(*flags, "--output", "data.pt", "--adv_real", "data", cwd=tmp_path)
+    assert_user_error(refused, "is a latent model, whose discriminator sees latents, not images")
+    assert not (tmp_path / "data.pt").exists()
+
+
 def test_a_latent_teacher_distills_its_latent_unet_and_the_student_keeps_the_autoencoder_link(latent_model):
     from ddpm.formats.checkpoints import LINK_KEY
 
@@ -799,7 +813,7 @@ def test_a_latent_teacher_distills_its_latent_unet_and_the_student_keeps_the_aut
     assert main.main([*args, *tiny]) == 0  # --output defaults to beside the teacher
     teacher_state, student_state = (torch.load(p, weights_only=True) for p in (latent_model / "lat.pt", student))
     assert student_state[LINK_KEY] == teacher_state[LINK_KEY]
-    assert list(student_state["schedule_config"]["student_timesteps"]) == [19, 9]
+    assert list(student_state["schedule_config"]["student_timesteps"]) == [19, 4]  # at sigma 0.83 of its 20 steps
     out = latent_model / "student.npz"
     drawn = ["--device", "cpu", "--mode", "sample", "--model_path", str(student), "--n_samples", "2"]
     assert main.main([*drawn, "--no_grid", "--save_npz", str(out)]) == 0

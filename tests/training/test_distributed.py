@@ -231,10 +231,11 @@ def test_each_sampling_batch_draws_from_its_own_seed():
 
 
 @pytest.mark.slow  # three launches, one under torchrun
-@pytest.mark.parametrize("method", ["regression", "adversarial", "dmd"])
+@pytest.mark.parametrize("method", ["regression", "adversarial", "dmd", "consistency"])
 def test_two_ranks_distill_the_student_of_one_process(runs, tmp_path, method):
     """Each --distill_method: a method's own network (discriminator, fake score) is stepped with gradients averaged
-    over the ranks, so it stays one process's too."""
+    over the ranks, so it stays one process's too; the consistency method's target follows the same student; the
+    adversarial method's real digits are the same global batch's."""
     distill = ["--mode", "distill", "--model_path", str(runs / "uniform1.pt"), "--distill_samples", "8"]
     distill += ["--teacher_steps", "8", "--batch_size", "8", "--max_steps", "3", "--sampling_steps", "2"]
     distill += ["--distill_method", method]
