@@ -111,6 +111,13 @@ def tiny_teacher(folder: Path, name: str, *args: str) -> Path:
     return folder / name
 
 
+def distill_here(folder: Path, teacher, *args: str, output: str = "student.pt") -> subprocess.CompletedProcess:
+    """A :data:`TINY_DISTILL` run of ``teacher`` in ``folder`` (:func:`run_here`), writing ``output``."""
+    return run_here(
+        "--mode", "distill", "--model_path", str(teacher), "--output", output, *TINY_DISTILL, *args, cwd=folder
+    )  # fmt: skip
+
+
 def tiny_student(folder: Path, teacher: Path, name: str, *args: str) -> Path:
     """folder/name: a :data:`TINY_DISTILL` student of ``teacher``, one step; ``args`` add flags."""
     result = run_here(

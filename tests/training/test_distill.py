@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import TINY_DISTILL, TINY_TRAIN, assert_user_error, needs_onnx, run_here
+from helpers import distill_here as distill
 
 from ddpm.training.distill import (
     DistillConfig,
@@ -31,12 +32,6 @@ def teacher(tmp_path_factory):
     result = run_here(*TINY_TRAIN, "--model_path", "teacher.pt", cwd=folder)
     assert result.returncode == 0, result.stderr
     return folder / "teacher.pt"
-
-
-def distill(folder, teacher, *args: str, output: str = "student.pt"):
-    return run_here(
-        "--mode", "distill", "--model_path", str(teacher), "--output", output, *TINY_DISTILL, *args, cwd=folder
-    )
 
 
 def test_teacher_grid_holds_the_students_timesteps_and_spends_its_steps_between_them():

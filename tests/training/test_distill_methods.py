@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import TINY_DISTILL, TINY_TRAIN, assert_user_error, run_here, tiny_teacher
+from helpers import distill_here as distill
 from torch import nn
 
 from ddpm.training.distill import (
@@ -48,12 +49,6 @@ STATE_KEY = {"adversarial": "discriminator", "dmd": "fake_score", "consistency":
 def teacher(tmp_path_factory):
     """A tiny digits checkpoint (3 training steps, 50 timesteps) as the teacher."""
     return tiny_teacher(tmp_path_factory.mktemp("teacher"), "teacher.pt")
-
-
-def distill(folder, teacher, *args: str, output: str = "student.pt"):
-    return run_here(
-        "--mode", "distill", "--model_path", str(teacher), "--output", output, *TINY_DISTILL, *args, cwd=folder
-    )
 
 
 # ----- the discriminator ---------------------------------------------------------------------------------------

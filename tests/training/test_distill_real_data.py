@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TINY_DISTILL, TINY_TRAIN, assert_user_error, run_here, tiny_teacher
+from helpers import TINY_TRAIN, assert_user_error, run_here, tiny_teacher
+from helpers import distill_here as distill
 
 from ddpm.choices import DISTILL_DEFAULTS, DISTILL_MAX_STEPS_BY_STEPS, STUDENT_NOISE_LEVELS
 from ddpm.data.datasets import ImageSet
@@ -20,12 +21,6 @@ from noise_schedule import ScheduleConfig, consistency_timesteps
 def teacher(tmp_path_factory):
     """A tiny digits checkpoint (16x16, 50 timesteps) as the teacher."""
     return tiny_teacher(tmp_path_factory.mktemp("teacher"), "teacher.pt")
-
-
-def distill(folder, teacher, *args: str, output: str = "student.pt"):
-    return run_here(
-        "--mode", "distill", "--model_path", str(teacher), "--output", output, *TINY_DISTILL, *args, cwd=folder
-    )  # fmt: skip
 
 
 # ----- the student's timesteps ---------------------------------------------------------------------------------
@@ -133,46 +128,48 @@ def test_a_resumed_run_refuses_a_changed_adv_real(tmp_path, teacher, monkeypatch
     assert (tmp_path / "student.pt").read_bytes() == before
 
 
-def test_data_that_cannot_be_read_is_refused_in_one_line_before_the_trajectories(tmp_path, monkeypatch):
-    """A teacher of your own images (--dataset folder) whose folder is not there now: --adv_real data names it;
-    by default a folder's teacher takes its ODE ends."""
-    from ddpm.training import distill as method_module
-
-    images = tmp_path / "images"
-    images.mkdir()
+@pytest.fixture(scope="module")
+def folder_teacher(tmp_path_factory):
+    """(a teacher of your own images, --dataset folder: 8 grey 16x16 PNGs, the folder it was trained on)."""
     from PIL import Image
 
+    root = tmp_path_factory.mktemp("folder_teacher")
+    images = root / "images"
+    images.mkdir()
     for i in range(8):
         Image.new("L", (16, 16), color=30 * i).save(images / f"{i}.png")
-    base = [a for a in TINY_TRAIN if a not in ("digits",)]
-    base[base.index("--dataset") + 1 : base.index("--dataset") + 1] = ["folder"]
-    trained = run_here(*base, "--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--model_path", "f.pt",
-                       cwd=tmp_path)  # fmt: skip
+    flags = list(TINY_TRAIN)
+    flags[flags.index("digits")] = "folder"
+    flags += ["--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--model_path", "f.pt"]
+    trained = run_here(*flags, cwd=root)
     assert trained.returncode == 0, trained.stderr
-    default = distill(tmp_path, "f.pt", "--max_steps", "1", "--sampling_steps", "1", output="d.pt")
+    return root / "f.pt", images
+
+
+def test_a_folder_teachers_discriminator_reads_the_folder_only_when_asked(tmp_path, folder_teacher):
+    teacher, images = folder_teacher
+    one_call = ("--max_steps", "1", "--sampling_steps", "1")
+    default = distill(tmp_path, teacher, *one_call, output="d.pt")
     assert default.returncode == 0 and "the teacher's ODE ends" in default.stdout + default.stderr
+    asked = distill(tmp_path, teacher, *one_call, "--adv_real", "data", "--data_dir", str(images), output="a.pt")
+    assert asked.returncode == 0 and "the folder training images" in asked.stdout + asked.stderr
+
+
+def test_data_that_cannot_be_read_is_refused_in_one_line_before_the_trajectories(tmp_path, folder_teacher, monkeypatch):
+    from ddpm.training import distill as method_module
+
     monkeypatch.setattr(method_module, "teacher_trajectories", lambda *a, **k: pytest.fail("trajectories drawn"))
     args = ("--max_steps", "1", "--sampling_steps", "1", "--adv_real", "data", "--data_dir", str(tmp_path / "gone"))
-    assert_user_error(distill(tmp_path, "f.pt", *args, output="x.pt"), "use --adv_real teacher")
+    assert_user_error(distill(tmp_path, folder_teacher[0], *args, output="x.pt"), "use --adv_real teacher")
     assert not (tmp_path / "x.pt").exists()
 
 
-def test_the_student_may_not_be_written_into_the_data_it_reads(tmp_path, monkeypatch):
-    images = tmp_path / "images"
-    images.mkdir()
-    from PIL import Image
-
-    for i in range(8):
-        Image.new("L", (16, 16), color=30 * i).save(images / f"{i}.png")
-    base = [a for a in TINY_TRAIN if a not in ("digits",)]
-    base[base.index("--dataset") + 1 : base.index("--dataset") + 1] = ["folder"]
-    trained = run_here(*base, "--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--model_path", "f.pt",
-                       cwd=tmp_path)  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
+def test_the_student_may_not_be_written_into_the_data_it_reads(tmp_path, folder_teacher):
+    teacher, images = folder_teacher
     listing = sorted(p.name for p in images.iterdir())
     args = ("--max_steps", "1", "--sampling_steps", "1", "--adv_real", "data", "--data_dir", str(images))
-    result = distill(tmp_path, "f.pt", *args, output=str(images / "student.pt"))
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    result = distill(tmp_path, teacher, *args, output=str(images / "student.pt"))
+    assert_user_error(result, "--output")
     assert sorted(p.name for p in images.iterdir()) == listing
 
 
