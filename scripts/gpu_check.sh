@@ -36,7 +36,8 @@
 #   modes        every mode end to end on CUDA (OUTDIR/modes/): bf16 training with --compile (fused AdamW),
 #                every sampler guided and unguided, a 3-D and a latent model, --profile with CUDA activity,
 #                NVTX and the memory snapshot, torchrun with NCCL on one GPU, the training benchmark, a diffusers
-#                export sampled back on cuda, a short distillation and its student on original and cuda
+#                export sampled back on cuda, a short distillation and its student on original and cuda, each
+#                1-2 call --distill_method and a class-conditional 2-call student
 # OUTDIR/summary.txt lists each stage's status and time. Exit status: 0 if every stage passed,
 # 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200), ROWS (the rows
 # stages' --rows, default the whole staircase), STUDENT_BATCHES (default 8,64), STAGE_TIMEOUT seconds (each command stage's limit, default none),
@@ -131,6 +132,18 @@ modes() {
       "$PYTHON" "$main" --mode sample --device "$device" --model_path student.pt --implementation "$impl" \
         --n_samples 16 --output "student_${impl}.png"
     done
+    # Each 1-2 call method on the device: the discriminator on the training digits (and on a class-conditional
+    # teacher's, with their labels), the fake score, the consistency target network.
+    for method in adversarial dmd consistency; do
+      "$PYTHON" "$main" --mode distill --device "$device" --model_path digits.pt --sampling_steps 1 \
+        --distill_method "$method" --max_steps 30 --distill_samples 256 --teacher_steps 8 --output "student1_${method}.pt"
+      "$PYTHON" "$main" --mode sample --device "$device" --model_path "student1_${method}.pt" --implementation cuda \
+        --n_samples 16 --output "student1_${method}.png"
+    done
+    "$PYTHON" "$main" --mode distill --device "$device" --model_path cond.pt --sampling_steps 2 --max_steps 30 \
+      --distill_samples 256 --teacher_steps 8 --output cond_student2.pt
+    "$PYTHON" "$main" --mode sample --device "$device" --model_path cond_student2.pt --implementation cuda \
+      --n_samples 16 --class_label 3 --output cond_student2.png
     "$PYTHON" "$main" --mode train --device "$device" --dataset spheres --img_size 16 --max_steps 30 --batch_size 8 \
       --precision bf16 --model_path spheres.pt
     "$PYTHON" "$main" --mode sample --device "$device" --model_path spheres.pt --implementation cuda --precision bf16 \
