@@ -94,11 +94,15 @@ DISTILL_METHOD_BY_STEPS = {1: "adversarial", 2: "adversarial", 4: "regression", 
 # (REAL_DATA_OFFLINE), "teacher" elsewhere (cli/recipes.py's adv_real).
 ADV_REAL = ("data", "teacher")
 REAL_DATA_OFFLINE = ("digits", "mnist_5k", "spheres")
-# The student's noise levels sigma = sqrt((1 - abar) / abar) after its first call at t = T - 1, per --sampling_steps
-# (training/distill.py's student_timesteps maps them to the schedule's nearest timesteps); a step count not listed
-# takes the even spacing, T (S - i) / S - 1. Two calls: the second at sigma 0.83 (t = 224 of the linear 1,000), where
-# the even spacing's t = 499 (sigma 3.4) left most of the image to the first call (BENCHMARKS.md, "Distillation").
+# The student's noise levels sigma = sqrt((1 - abar) / abar) after its first call at t = T - 1, per --sampling_steps,
+# for images NOISE_LEVEL_SIDE pixels a side; a side s takes them times s / NOISE_LEVEL_SIDE (the same content is less
+# destroyed by the same sigma at a higher resolution: the shift of simple diffusion, Hoogeboom et al. 2023).
+# training/distill.py's spaced_timesteps maps them to the schedule's nearest timesteps; a step count not listed takes
+# the even spacing, T (S - i) / S - 1. Two calls on the 8x8 digits: the second at sigma 0.83 (t = 224 of the linear
+# 1,000) drew better than the even spacing's t = 499 (sigma 3.4); on the 28x28 digits t = 499 drew better than 224,
+# as the shift says (BENCHMARKS.md, "One and two calls").
 STUDENT_NOISE_LEVELS = {2: (0.83,)}
+NOISE_LEVEL_SIDE = 8
 # --max_steps of --mode distill per --sampling_steps where it is not given (DISTILL_DEFAULTS["max_steps"] elsewhere):
 # the adversarial term of 1- and 2-call students kept improving past 1,000 steps.
 DISTILL_MAX_STEPS_BY_STEPS = {1: 3000, 2: 3000}

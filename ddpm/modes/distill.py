@@ -325,7 +325,10 @@ def resumed_student(request: DistillRequest):
             "from where the run started, or start over with --overwrite"
         )
     model_config, schedule_config = read_configs(state, source=f"checkpoint {checkpoint}")
-    if (model_config, schedule_config) != (artifact.model_config, student_schedule(artifact.schedule_config, stored)):
+    if (model_config, schedule_config) != (
+        artifact.model_config,
+        student_schedule(artifact.schedule_config, stored, side=artifact.model_config.image_size),
+    ):
         raise ValueError(f"{checkpoint} is not a student of {request.teacher.path}; start over with --overwrite")
     check_before_trajectories(
         request, config, artifact, start=state["step"], data=data_inputs(request, stored, artifact)

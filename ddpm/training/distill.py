@@ -50,6 +50,7 @@ from ddpm.choices import (
     ADV_REAL,
     DISTILL_DEFAULTS,
     DISTILL_METHODS,
+    NOISE_LEVEL_SIDE,
     STUDENT_NOISE_LEVELS,
     STUDENT_STEPS,
 )  # what --distill_method, --adv_real and --sampling_steps offer
@@ -156,29 +157,33 @@ def teacher_identity(teacher) -> str:
     return digest.hexdigest()
 
 
-def spaced_timesteps(schedule: ScheduleConfig, *, steps: int, spacing: str) -> tuple[int, ...]:
+def spaced_timesteps(schedule: ScheduleConfig, *, steps: int, spacing: str, side: int) -> tuple[int, ...]:
     """The student's timesteps: t = T - 1, then the timesteps whose noise level sigma = sqrt((1 - abar) / abar) is
-    nearest choices.STUDENT_NOISE_LEVELS' for ``steps`` (the same noise on any schedule); the even spacing
-    (noise_schedule.consistency_timesteps) for a step count not listed there, or ``spacing`` "even"."""
+    nearest choices.STUDENT_NOISE_LEVELS' for ``steps``, scaled to images ``side`` pixels (or voxels) a side (the
+    same noise on any schedule); the even spacing (noise_schedule.consistency_timesteps) for a step count not listed
+    there, or ``spacing`` "even"."""
     levels = STUDENT_NOISE_LEVELS.get(steps)
     if spacing == "even" or levels is None:
         return tuple(consistency_timesteps(schedule.num_timesteps, steps).tolist())
     alphas_cumprod = torch.cumprod(1.0 - make_betas(schedule), dim=0)  # float64
     sigma = ((1.0 - alphas_cumprod) / alphas_cumprod).sqrt()
-    nearest = [int((sigma - level).abs().argmin()) for level in levels]
+    shift = side / NOISE_LEVEL_SIDE
+    nearest = [int((sigma - level * shift).abs().argmin()) for level in levels]
     timesteps = (schedule.num_timesteps - 1, *nearest)
     if any(a <= b for a, b in zip(timesteps, timesteps[1:])):  # a schedule too short to tell the levels apart
         return tuple(consistency_timesteps(schedule.num_timesteps, steps).tolist())
     return timesteps
 
 
-def student_schedule(teacher: ScheduleConfig, config: DistillConfig) -> ScheduleConfig:
-    """The teacher's schedule, predicting v, with the sampler, timesteps and guidance the student records."""
+def student_schedule(teacher: ScheduleConfig, config: DistillConfig, *, side: int) -> ScheduleConfig:
+    """The teacher's schedule, predicting v, with the sampler, timesteps and guidance the student records; ``side``:
+    the side of what the U-Net draws (its image_size)."""
+    timesteps = spaced_timesteps(teacher, steps=config.sampling_steps, spacing=config.spacing, side=side)
     return replace(
         teacher,
         prediction=STUDENT_PREDICTION,
         student_sampler=STUDENT_SAMPLER,
-        student_timesteps=spaced_timesteps(teacher, steps=config.sampling_steps, spacing=config.spacing),
+        student_timesteps=timesteps,
         folded_guidance=config.guidance_scale,
     )
 
@@ -419,7 +424,7 @@ class DistillObjective:
         ImageSet) the adversarial method's real images where ``config.adv_real`` is "data"."""
         model_config = teacher.model_config
         shape = model_config.sample_shape(1)[1:]
-        schedule_config = student_schedule(teacher.schedule_config, config)
+        schedule_config = student_schedule(teacher.schedule_config, config, side=model_config.image_size)
         forward = fastest_forward(teacher.model, device=device)
         schedule = NoiseSchedule(teacher.schedule_config).to(device)
         record = recorded_timesteps(schedule.config, student_timesteps=schedule_config.student_timesteps, config=config)

@@ -76,7 +76,7 @@ def test_teacher_trajectories_follow_the_exact_ode_of_gaussian_data():
 def test_the_students_target_is_the_v_that_maps_a_state_to_its_trajectorys_end():
     teacher = ScheduleConfig(num_timesteps=100)
     config = DistillConfig(teacher="t", sampling_steps=2, samples=3, teacher_steps=4, spacing="even")
-    schedule_config = student_schedule(teacher, config)
+    schedule_config = student_schedule(teacher, config, side=8)
     assert (schedule_config.prediction, schedule_config.student_sampler) == ("v", "consistency")
     assert schedule_config.student_timesteps == (99, 49)
     gen = torch.Generator().manual_seed(0)
@@ -202,7 +202,7 @@ def test_a_student_asked_for_other_steps_says_what_it_was_trained_for(tmp_path, 
     assert drawn.returncode == 0, drawn.stderr
     warning = [line for line in drawn.stderr.splitlines() if "warning" in line]
     assert warning == [
-        "main.py: warning: this student was trained for the consistency sampler in 2 steps (t = 49, 10); "
+        "main.py: warning: this student was trained for the consistency sampler in 2 steps (t = 49, 17); "
         "drawing with consistency in 3 steps as asked"
     ]
 
@@ -477,7 +477,7 @@ def test_the_trajectories_are_estimated_before_they_start_and_refused_beyond_fre
     )
     schedule = ScheduleConfig(num_timesteps=50)
     config = DistillConfig(teacher="t", sampling_steps=4, samples=4096, teacher_steps=32)  # the defaults
-    timesteps = student_schedule(schedule, config).student_timesteps
+    timesteps = student_schedule(schedule, config, side=16).student_timesteps
     steps = len(teacher_grid(schedule, timesteps, 32)) - 1
     assert steps == 31 and "8 x 31 solver steps (248 U-Net calls), about " in line and "held for the run" in line
     from ddpm.util import memory_budget

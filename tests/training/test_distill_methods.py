@@ -230,7 +230,7 @@ def test_the_consistency_trajectories_hold_every_solver_state_bit_for_bit():
     config = DistillConfig(
         teacher="gaussian", sampling_steps=2, samples=5, teacher_steps=8, spacing="even", method="consistency"
     )
-    students = student_schedule(teacher_schedule.config, config).student_timesteps
+    students = student_schedule(teacher_schedule.config, config, side=8).student_timesteps
     grid = teacher_grid(teacher_schedule.config, students, config.teacher_steps)
     record = recorded_timesteps(teacher_schedule.config, student_timesteps=students, config=config)
     assert record == tuple(grid[:-1]) and grid[-1] == 0 and set(students) < set(record)
@@ -297,7 +297,7 @@ def consistency_objective(trajectories: Trajectories, student: nn.Module, *, cli
     config = DistillConfig(
         teacher="t", sampling_steps=2, samples=len(trajectories.x_start), teacher_steps=8, method="consistency"
     )
-    schedule_config = student_schedule(ScheduleConfig(num_timesteps=100), config)
+    schedule_config = student_schedule(ScheduleConfig(num_timesteps=100), config, side=8)
     target = copy.deepcopy(student)
     with torch.no_grad():
         for p in target.parameters():

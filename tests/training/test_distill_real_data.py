@@ -29,7 +29,8 @@ def teacher(tmp_path_factory):
     [ScheduleConfig(), ScheduleConfig(kind="cosine"), ScheduleConfig(num_timesteps=200)],
     ids=["linear-1000", "cosine-1000", "linear-200"],
 )
-def test_a_two_call_students_second_timestep_is_the_one_nearest_its_noise_level_on_any_schedule(schedule):
+@pytest.mark.parametrize("side", [8, 28])
+def test_a_two_call_students_second_timestep_is_the_one_nearest_its_noise_level_on_any_schedule(schedule, side):
     T = schedule.num_timesteps
     if schedule.kind == "linear":  # float64 by hand: Ho et al.'s betas, scaled to T
         betas = torch.linspace(1e-4 * 1000 / T, 0.02 * 1000 / T, T, dtype=torch.float64)
@@ -40,26 +41,29 @@ def test_a_two_call_students_second_timestep_is_the_one_nearest_its_noise_level_
     abar = torch.cumprod(1 - betas, 0)
     sigma = ((1 - abar) / abar).sqrt()
     (level,) = STUDENT_NOISE_LEVELS[2]
+    level *= side / 8  # sigma in proportion to the side, the 8x8 digits' level at 8
     expected = (T - 1, int((sigma - level).abs().argmin()))
-    assert spaced_timesteps(schedule, steps=2, spacing="noise_levels") == expected
+    assert spaced_timesteps(schedule, steps=2, spacing="noise_levels", side=side) == expected
     assert abs(sigma[expected[1]] - level) < 0.05 * level
-    assert spaced_timesteps(schedule, steps=2, spacing="even") == tuple(consistency_timesteps(T, 2).tolist())
+    even = tuple(consistency_timesteps(T, 2).tolist())
+    assert spaced_timesteps(schedule, steps=2, spacing="even", side=side) == even
     for steps in (1, 4, 8):  # not listed: the even spacing
-        assert spaced_timesteps(schedule, steps=steps, spacing="noise_levels") == tuple(
+        assert spaced_timesteps(schedule, steps=steps, spacing="noise_levels", side=side) == tuple(
             consistency_timesteps(T, steps).tolist()
         )
 
 
-def test_the_linear_1000_schedules_two_call_student_draws_at_t_999_and_224():
-    config = DistillConfig(teacher="t.pt", sampling_steps=2, samples=8, teacher_steps=8)
-    assert student_schedule(ScheduleConfig(), config).student_timesteps == (999, 224)
+def test_the_linear_1000_schedules_two_call_student_draws_at_t_999_and_224_at_8x8_and_later_when_larger():
+    config = DistillConfig(teacher="t", sampling_steps=2, samples=8, teacher_steps=8)
+    seconds = [student_schedule(ScheduleConfig(), config, side=side).student_timesteps[1] for side in (8, 16, 28, 32)]
+    assert seconds[0] == 224 and seconds == sorted(seconds) and 440 < seconds[2] < 499
 
 
 def test_an_old_students_config_keeps_the_even_spacing_and_the_teachers_ends():
     old = dict(teacher="t.pt", sampling_steps=2, samples=8, teacher_steps=8, guidance_scale=0.0, seed=0)
     config = DistillConfig.from_dict(old)  # written before --adv_real and the noise levels
     assert (config.spacing, config.adv_real) == ("even", "teacher")
-    assert student_schedule(ScheduleConfig(), config).student_timesteps == (999, 499)
+    assert student_schedule(ScheduleConfig(), config, side=8).student_timesteps == (999, 499)
     with pytest.raises(ValueError, match="--adv_real must be one of data, teacher"):
         DistillConfig.from_dict({**old, "adv_real": "both"})
 
@@ -107,7 +111,7 @@ def test_an_adversarial_student_of_the_digits_learns_against_the_digits_by_defau
     assert (config["method"], config["adv_real"], config["spacing"]) == ("adversarial", "data", "noise_levels")
     teacher_T = torch.load(teacher, weights_only=True)["schedule_config"]["num_timesteps"]
     assert tuple(state["schedule_config"]["student_timesteps"]) == spaced_timesteps(
-        ScheduleConfig(num_timesteps=teacher_T), steps=2, spacing="noise_levels"
+        ScheduleConfig(num_timesteps=teacher_T), steps=2, spacing="noise_levels", side=16
     )
     ends = distill(
         tmp_path, teacher, "--max_steps", "2", "--sampling_steps", "2", "--adv_real", "teacher", output="e.pt"
