@@ -25,8 +25,8 @@ The method (chosen by measurement; BENCHMARKS.md, "Distillation" has every metho
    those networks for the run only). ``consistency`` (consistency distillation) changes the target instead:
    the trajectories keep every solver state, and each state's target is an EMA target network's x_0 at the
    next one (the end after the last), the self-consistency between adjacent times of Song et al. 2023.
-5. The student's timesteps start at T - 1; those after it sit at measured noise levels where choices.py lists
-   them (:func:`spaced_timesteps`), evenly spaced elsewhere.
+5. The student's timesteps start at T - 1; those after it sit at measured noise levels, scaled with the image
+   side, where choices.py lists them (:func:`spaced_timesteps`), evenly spaced elsewhere.
 
 The trajectories are a function of the teacher, the config and its seed, so a resumed run draws them
 again, bit for bit, instead of storing them; the config records the teacher by its content
