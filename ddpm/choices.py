@@ -64,6 +64,12 @@ TRAINING_DEFAULTS = {
 # the run says so); the small preset's U-Net costs about 6x more per image. A GPU keeps the preset.
 CPU_RECIPE = dict(model_channels=32, num_res_blocks=1, batch_size=128, lr=1.5e-3, timestep_sampling="importance")
 CPU_RECIPE_DATASETS = ("digits", "mnist", "mnist_5k")
+# Of those, the 28x28 digits train a latent model on a CPU: the run first trains a small autoencoder with this recipe
+# (written beside the checkpoint as <stem>_autoencoder.pt), then the U-Net above on its latents, which learns the
+# digits in a fraction of the pixel model's time (BENCHMARKS.md, "Real digits at 28×28").
+CPU_LATENT_DATASETS = ("mnist", "mnist_5k")
+CPU_FIRST_STAGE = dict(ae_channels=8, max_steps=800, batch_size=64, lr=2e-3)
+CPU_LATENT_RECIPE = dict(CPU_RECIPE, lr=5e-3)  # the U-Net on those latents
 # --mode train's length without --max_steps: passes over the data.
 TRAIN_EPOCHS = 10
 # --mode train_autoencoder's recipe (images only) and the autoencoder's shape (latent/autoencoder.py's config): its

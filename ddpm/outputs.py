@@ -19,12 +19,19 @@ from ddpm.util.safe_files import Input, InputFolder, PathLike, check_outputs, re
 PREVIEW = "the training preview"  # <checkpoint stem>_samples/step_NNNNNNN.png
 CURVES = "--log_dir's metrics.csv"
 RECONSTRUCTIONS = "the reconstructions PNG"
+FIRST_STAGE = "its autoencoder"  # the CPU recipe's latent model: <checkpoint stem>_autoencoder.pt, trained first
 EXPORT_METADATA = "--output's metadata"  # beside a TensorRT engine
 EXPORT_DECODER = "--output's decoder"  # beside a latent model's export
 
 # mode -> output -> kind. Export's --output and its decoder are of the kind --format writes (EXPORT_KINDS).
 OUTPUTS: dict[str, dict[str, str]] = {
-    "train": {"--model_path": "checkpoint", PREVIEW: "png", CURVES: "csv"},
+    "train": {
+        "--model_path": "checkpoint",
+        PREVIEW: "png",
+        CURVES: "csv",
+        FIRST_STAGE: "checkpoint",
+        RECONSTRUCTIONS: "png",
+    },
     "distill": {"--output": "checkpoint", PREVIEW: "png", CURVES: "csv"},
     "train_autoencoder": {"--model_path": "checkpoint", RECONSTRUCTIONS: "png"},
     "sample": {"--output": "png", "--save_npz": "npz"},
@@ -65,7 +72,7 @@ def check_mode_outputs(
     checked = check_outputs(outputs, inputs=inputs, kinds=kinds_of(mode, fmt=fmt))
     if PREVIEW in OUTPUTS[mode]:
         for flag, path in outputs.items():
-            if path is not None and OUTPUTS[mode][flag] == "checkpoint":
+            if path is not None and OUTPUTS[mode][flag] == "checkpoint" and flag != FIRST_STAGE:  # it has none
                 check_previews_folder(path, flag=flag, inputs=inputs or {})
     return checked
 

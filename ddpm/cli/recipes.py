@@ -18,8 +18,10 @@ def training_recipe(args: argparse.Namespace, device: torch.device) -> dict:
 
 def _cpu_recipe(args: argparse.Namespace, device: torch.device) -> dict:
     """choices.CPU_RECIPE where it applies (a new pixel model of the digits on a CPU, none of its flags given),
-    written into ``args`` for the model's flags; {} elsewhere."""
-    from ddpm.choices import CPU_RECIPE, CPU_RECIPE_DATASETS
+    written into ``args`` for the model's flags, with "first_stage": True where the run is a latent model whose
+    autoencoder it trains first (CPU_LATENT_DATASETS at their own size); {} elsewhere."""
+    from ddpm.choices import CPU_LATENT_DATASETS, CPU_LATENT_RECIPE, CPU_RECIPE, CPU_RECIPE_DATASETS
+    from ddpm.data.catalog import default_shape
 
     new = not (args.resume or args.init_from or args.autoencoder)
     if device.type != "cpu" or args.dataset not in CPU_RECIPE_DATASETS or not new:
@@ -28,7 +30,16 @@ def _cpu_recipe(args: argparse.Namespace, device: torch.device) -> dict:
         return {}
     args.model_channels, args.num_res_blocks = CPU_RECIPE["model_channels"], CPU_RECIPE["num_res_blocks"]
     args.timestep_sampling = CPU_RECIPE["timestep_sampling"]
-    return {**CPU_RECIPE, "cpu_recipe": True}
+    # The latent recipe was measured on the digits at their own shape; another --img_size, --channels or
+    # --patch_size asks for a pixel model.
+    size, channels = default_shape(args.dataset)
+    latent = (
+        args.dataset in CPU_LATENT_DATASETS
+        and args.img_size in (None, size)
+        and args.channels in (None, channels)
+        and args.patch_size in (None, 1)
+    )
+    return {**(CPU_LATENT_RECIPE if latent else CPU_RECIPE), "cpu_recipe": True, "first_stage": latent}
 
 
 def training_defaults(dataset: str) -> dict:

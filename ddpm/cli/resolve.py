@@ -15,6 +15,7 @@ flags each mode reads at all is the flag table's (cli/flags.py), refused while p
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.outputs import (  # every output checked, by its kind, before any work
     CURVES,
     EXPORT_METADATA,
+    FIRST_STAGE,
     RECONSTRUCTIONS,
     check_mode_outputs,
 )
@@ -325,25 +327,35 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         "--data_dir": _data_input(args),
         "--init_from": as_input(args.init_from),
     }
+    first_stage = first_stage_request(args, device, checkpoint=checkpoint) if recipe.get("first_stage") else None
+    outputs = {"--model_path": checkpoint}
+    if first_stage is not None:
+        outputs.update({FIRST_STAGE: first_stage.checkpoint, RECONSTRUCTIONS: first_stage.reconstructions})
     log_dir = args.log_dir or default_log_dir(checkpoint)  # checked again once the run's inputs are all known
     check_log_dir(log_dir, checkpoint=checkpoint, flag="--model_path")
-    check_mode_outputs("train", {"--model_path": checkpoint, CURVES: Path(log_dir) / CSV_NAME}, inputs=inputs)
+    check_mode_outputs("train", {**outputs, CURVES: Path(log_dir) / CSV_NAME}, inputs=inputs)
     check_output_folder("--profile", args.profile, inputs=inputs)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma
     if min_snr_gamma < 0:
         raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
     if not args.resume:
         dataset_channels(args)
-    if not (args.resume or args.init_from or args.autoencoder):
-        _new_model(args).model_config()  # its size, width and depth, before the data are read
+    model = _new_model(args)
+    if first_stage is not None:  # a latent model: its U-Net's shape is the autoencoder's latent's
+        latent_channels, side = first_stage.config().latent_shape[0], first_stage.config().latent_side
+        replace(model, image_size=side, channels=latent_channels).model_config()
+        model = replace(model, image_size=0, channels=0)
+    elif not (args.resume or args.init_from or args.autoencoder):
+        model.model_config()  # its size, width and depth, before the data are read
     return TrainRequest(
         device=device,
-        precision=_precision(args, "training", device, pixels=_new_model(args).pixels),
+        precision=_precision(args, "training", device, pixels=model.pixels),
         checkpoint=checkpoint,
         resume=args.resume,
         overwrite=args.overwrite,
-        model=_new_model(args),
-        autoencoder=args.autoencoder,
+        model=model,
+        autoencoder=first_stage.checkpoint if first_stage is not None else args.autoencoder,
+        first_stage=first_stage,
         init_from=args.init_from,
         seed=args.seed,
         n_epochs=args.n_epochs,
@@ -564,6 +576,33 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         sampling=sampling,
         n_samples=args.n_samples,
         guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
+    )
+
+
+def first_stage_request(args: argparse.Namespace, device: torch.device, *, checkpoint: str) -> AutoencoderTrainRequest:
+    """The autoencoder that a run of the CPU recipe's latent model trains before its U-Net (choices.CPU_FIRST_STAGE),
+    written beside ``checkpoint``: checkpoints/mnist.pt -> checkpoints/mnist_autoencoder.pt."""
+    from ddpm.choices import CPU_FIRST_STAGE
+    from ddpm.data.catalog import default_shape
+    from ddpm.training.autoencoder_trainer import reconstructions_path
+
+    path = Path(checkpoint)
+    autoencoder = str(path.with_name(f"{path.stem}_autoencoder.pt"))
+    size, channels = default_shape(args.dataset)
+    return AutoencoderTrainRequest(
+        device=device,
+        checkpoint=autoencoder,
+        reconstructions=reconstructions_path(autoencoder),
+        overwrite=args.overwrite,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        image_size=size,
+        channels=channels,
+        seed=args.seed,
+        max_steps=CPU_FIRST_STAGE["max_steps"],
+        batch_size=CPU_FIRST_STAGE["batch_size"],
+        lr=CPU_FIRST_STAGE["lr"],
+        base_channels=CPU_FIRST_STAGE["ae_channels"],
     )
 
 

@@ -15,13 +15,14 @@ from pathlib import Path
 
 from basic_diffusion import count_parameters
 from ddpm.batch_memory import check_batch_fits
-from ddpm.choices import CPU_RECIPE, TRAIN_EPOCHS
+from ddpm.choices import CPU_LATENT_RECIPE, CPU_RECIPE, TRAIN_EPOCHS
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
 from ddpm.modes.training_run import resumed_config, train_logged, training_run
-from ddpm.requests import NewModel, TrainRequest
+from ddpm.requests import AutoencoderTrainRequest, NewModel, TrainRequest
+from ddpm.training.autoencoder_trainer import train_autoencoder
 from ddpm.training.trainer import TrainConfig, Trainer, check_warmup
 from ddpm.util import distributed
 from ddpm.util.safe_files import as_input
@@ -30,9 +31,38 @@ from ddpm.util.safe_files import as_input
 def run_train(request: TrainRequest) -> None:
     run = dict(overwrite=request.overwrite, resume=request.resume, continues="it", log_dir=request.log_dir)
     with training_run(request.checkpoint, flag="--model_path", **run):
+        if request.cpu_recipe:
+            distributed.say(recipe_line(request))
+        if request.first_stage is not None:
+            train_first_stage(request.first_stage)
         trainer = resumed_trainer(request) if request.resume else new_trainer(request)
         train_logged(trainer, request, inputs=run_inputs(trainer, request))
     distributed.say(f"checkpoint: {request.checkpoint}")
+
+
+def recipe_line(request: TrainRequest) -> str:
+    """What the CPU's recipe trains, in one line (the flags left it to choices.CPU_RECIPE)."""
+    applied = CPU_RECIPE if request.first_stage is None else CPU_LATENT_RECIPE
+    recipe = ", ".join(
+        f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}" for name, value in applied.items()
+    )
+    if request.first_stage is None:
+        return f"the CPU's recipe for digits (no model or recipe flag given): {recipe}"
+    stage = request.first_stage
+    return (
+        f"the CPU's recipe for 28x28 digits (no model or recipe flag given): a latent model, first an autoencoder of "
+        f"{stage.base_channels} base channels ({stage.max_steps} steps of {stage.batch_size}) into {stage.checkpoint}, "
+        f"then the U-Net on its latents: {recipe}"
+    )
+
+
+def train_first_stage(stage: AutoencoderTrainRequest) -> None:
+    """The CPU recipe's autoencoder, trained before the U-Net in the same run: an existing one is replaced only with
+    --overwrite; under torchrun rank 0 trains it while the others wait, then every rank reads it."""
+    if distributed.current().is_main:
+        with training_run(stage.checkpoint, flag="its autoencoder", overwrite=stage.overwrite):
+            train_autoencoder(stage)  # Ctrl-C: what was trained is saved, and the U-Net is not started
+    distributed.barrier()
 
 
 def check_batch_fills(batch_size: int, images, *, dataset: str) -> None:
@@ -249,9 +279,6 @@ def new_trainer(request: TrainRequest):
         trainer.model.load_state_dict(start.state_dict())
         trainer.ema.load_state_dict(start.state_dict())
     what = "volumes" if model_config.dims == 3 else "images" if stage is None else "images' latents"
-    if request.cpu_recipe:
-        recipe = ", ".join(f"--{name} {value}" for name, value in CPU_RECIPE.items())
-        distributed.say(f"the CPU's recipe for digits (no model or recipe flag given): {recipe}")
     distributed.say(
         f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} "
         f"{what} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "

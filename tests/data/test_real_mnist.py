@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import urllib.error
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import run_here
+from helpers import assert_user_error, run_here
 
 from ddpm.data import datasets
 from ddpm.data.datasets import load_images
@@ -157,9 +160,13 @@ def test_a_new_digits_model_on_a_cpu_trains_the_measured_cpu_recipe_unless_a_mod
 
     for dataset in ("mnist", "mnist_5k", "digits"):
         _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", dataset])
-        config = request.model.model_config()
+        latent = request.first_stage is not None  # the 28x28 digits: a U-Net on the 4x8x8 latents
+        config = (
+            replace(request.model, image_size=8, channels=4).model_config() if latent else request.model.model_config()
+        )
         assert request.cpu_recipe and (config.model_channels, config.num_res_blocks) == (32, 1), dataset
-        assert (request.batch_size, request.lr, request.timestep_sampling) == (128, 1.5e-3, "importance")
+        lr = 5e-3 if latent else 1.5e-3  # choices.CPU_LATENT_RECIPE, CPU_RECIPE
+        assert (request.batch_size, request.lr, request.timestep_sampling) == (128, lr, "importance")
         assert config.norm_groups == 8  # groups of 4 channels: one a group drew 28x28 blobs
     assert set(CPU_RECIPE) == {"model_channels", "num_res_blocks", "batch_size", "lr", "timestep_sampling"}
     for given in (["--model_preset", "small"], ["--batch_size", "32"], ["--timestep_sampling", "uniform"]):
@@ -170,6 +177,59 @@ def test_a_new_digits_model_on_a_cpu_trains_the_measured_cpu_recipe_unless_a_mod
     for other in ("cifar10", "fashion_mnist", "spheres"):  # not measured there: the preset's recipe
         _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", other])
         assert not request.cpu_recipe and request.timestep_sampling is None, other
+
+
+def test_the_cpu_recipe_of_the_28x28_digits_is_a_latent_model_whose_autoencoder_the_run_trains_first():
+    from ddpm.choices import CPU_FIRST_STAGE
+    from ddpm.cli import resolve
+
+    for dataset in ("mnist", "mnist_5k"):
+        _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", dataset])
+        stage = request.first_stage
+        assert stage.checkpoint == request.autoencoder == f"checkpoints/{dataset}_autoencoder.pt", dataset
+        assert (stage.base_channels, stage.max_steps, stage.batch_size, stage.lr) == tuple(
+            CPU_FIRST_STAGE[k] for k in ("ae_channels", "max_steps", "batch_size", "lr")
+        )
+        assert stage.config().latent_shape == (4, 8, 8) and stage.dataset == dataset
+    _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--model_path", "runs/m.pt"])
+    assert request.first_stage.checkpoint == "runs/m_autoencoder.pt"
+    for pixel in (
+        ["--dataset", "digits"],  # 8x8: the pixel recipe
+        ["--dataset", "mnist", "--img_size", "16"],  # another shape than the one measured
+        ["--dataset", "mnist", "--lr", "1e-3"],  # a recipe flag: the preset, in pixels
+    ):
+        _, request = resolve.parse(["--mode", "train", "--device", "cpu", *pixel])
+        assert request.first_stage is None and request.autoencoder is None, pixel
+
+
+def test_the_latent_cpu_recipe_trains_its_autoencoder_then_the_u_net_and_replaces_neither_without_overwrite(
+    tmp_path, monkeypatch
+):
+    from ddpm.choices import CPU_FIRST_STAGE
+    from ddpm.formats.checkpoints import load_checkpoint
+
+    monkeypatch.setitem(CPU_FIRST_STAGE, "max_steps", 2)  # the recipe's shape, a few steps
+    train = ["--mode", "train", "--dataset", "mnist_5k", "--device", "cpu", "--timesteps", "5", "--max_steps", "1"]
+    result = run_here(*train, "--sample_every", "0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "a latent model, first an autoencoder of 8 base channels (2 steps of 64)" in result.stdout, result.stdout
+    model, autoencoder = tmp_path / "checkpoints/mnist_5k.pt", tmp_path / "checkpoints/mnist_5k_autoencoder.pt"
+    state = load_checkpoint(str(model))
+    assert Path(state["autoencoder"]["path"]).resolve() == autoencoder.resolve()
+    assert state["model_config"]["in_channels"] == 4 and state["model_config"]["image_size"] == 8
+    assert (tmp_path / "checkpoints/mnist_5k_autoencoder_reconstructions.png").is_file()
+    before = autoencoder.read_bytes()
+    # Again without --overwrite: refused before the autoencoder is touched; with only the autoencoder left, too.
+    assert_user_error(run_here(*train, cwd=tmp_path), "already holds a checkpoint")
+    model.unlink()
+    shutil.rmtree(tmp_path / "checkpoints/mnist_5k_logs")  # its curves would be refused first
+    assert_user_error(run_here(*train, cwd=tmp_path), f"its autoencoder {Path('checkpoints/mnist_5k_autoencoder.pt')}")
+    assert autoencoder.read_bytes() == before and not model.exists()
+    result = run_here(*train, "--sample_every", "0", "--overwrite", "--seed", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert autoencoder.read_bytes() != before and model.is_file()
+    resumed = run_here(*train[:-1], "2", "--resume", "--sample_every", "0", cwd=tmp_path)  # the linked autoencoder
+    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stderr
 
 
 def test_the_cpu_recipe_is_said_in_one_line_when_the_run_starts(tmp_path):
