@@ -47,6 +47,9 @@ WEIGHTS_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model
 SCHEDULER_FILE = "scheduler_config.json"
 # The diffusers release whose format the exports follow (written into the configs; diffusers reads older ones).
 DIFFUSERS_VERSION = "0.42.1"
+# The file an export writes last into its folder, recording the sha256 of each file it wrote: a later export
+# replaces only a folder whose files it records (diffusers' own save_pretrained writes the same names).
+EXPORT_MARKER = "ddpm_export.json"
 
 # UNet2DModel settings this U-Net computes only at one value: key -> that value (None: absent or null).
 _FIXED = {
@@ -579,6 +582,7 @@ def diffusers_folder_files(output: Path) -> dict[str, Path]:
         "--output's unet config": output / "unet" / "config.json",
         "--output's scheduler config": output / "scheduler" / SCHEDULER_FILE,
         "--output's model_index.json": output / "model_index.json",
+        "--output's export marker": output / EXPORT_MARKER,  # last: util/safe_files.marker_bytes
     }
 
 

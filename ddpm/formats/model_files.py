@@ -38,7 +38,7 @@ from ddpm.formats.diffusers_io import (
 )
 from ddpm.formats.safetensors_io import METADATA_KEY, read_safetensors, safetensors_bytes
 from ddpm.formats.torch_files import load_pt, weight_mismatches
-from ddpm.util.safe_files import atomic_write, read_limited
+from ddpm.util.safe_files import atomic_write, marker_bytes, read_limited
 from noise_schedule import ScheduleConfig
 
 
@@ -147,8 +147,9 @@ def _folder_weights(folder: Path, unet: Path) -> tuple[dict, str]:
 
 
 def write_diffusers_folder(model: UNet, schedule: ScheduleConfig, output: Path, *, source: str) -> list[Path]:
-    """A folder ``DDPMPipeline.from_pretrained`` loads: each file written atomically, model_index.json last
-    (a folder without it is an interrupted export). Returns the files written."""
+    """A folder ``DDPMPipeline.from_pretrained`` loads: each file written atomically, then the export's marker
+    recording what each holds (util/safe_files.marker_bytes: a folder without it is no export of this tool's).
+    Returns the files written."""
     unet_config = diffusers_unet_config(model.config, source=source)
     scheduler_config = diffusers_scheduler_config(schedule, source=source)
     weights = to_diffusers_weights(model.state_dict())
@@ -164,7 +165,9 @@ def write_diffusers_folder(model: UNet, schedule: ScheduleConfig, output: Path, 
         (files["--output's unet config"], lambda: json_bytes(unet_config)),
         (files["--output's scheduler config"], lambda: json_bytes(scheduler_config)),
         (files["--output's model_index.json"], lambda: json_bytes(index)),
+        (files["--output's export marker"], lambda: marker_bytes(output, names, writer="--format diffusers")),
     ]
+    names = [path.relative_to(output).as_posix() for path, _ in contents]
     for path, make in contents:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = make()

@@ -10,7 +10,6 @@ The writers are formats/exporters.py's; loading any of the files back is backend
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 from collections.abc import Callable, Mapping
@@ -183,10 +182,10 @@ def diffusers_names(output: Path) -> list[str]:
 
 
 def check_diffusers_output(source: Path, output: Path, *, overwrite: bool) -> bool:
-    """A diffusers --output folder (util/safe_files.check_folder_output): new, or holding only the files this export
-    writes, and those replaced only with ``overwrite`` (returns True: written beside it, read back, then moved in);
-    never the working folder, an input, a folder holding one, nor a folder of the user's files. Each file is then
-    checked as any output is."""
+    """A diffusers --output folder (util/safe_files.check_folder_output): new, or holding only the files an earlier
+    export wrote (recorded in its marker, diffusers_io.EXPORT_MARKER: another tool's model under the same names is
+    refused), and those replaced only with ``overwrite`` (returns True); never the working folder, an input, a folder
+    holding one, nor a folder of the user's files. Each file is then checked as any output is."""
     files = diffusers_folder_files(output)  # refuses an --output that is a file
     inputs = {"--model_path": as_input(source)}
     replace = check_folder_output(
@@ -194,8 +193,7 @@ def check_diffusers_output(source: Path, output: Path, *, overwrite: bool) -> bo
         overwrite=overwrite,
     )  # fmt: skip
     check_outputs(files, inputs=inputs)
-    if replace:
-        check_target(sibling_temporary(output), flag="--output")  # its folder must take the new files first
+    check_target(sibling_temporary(output), flag="--output")  # its folder must take the new files first
     return replace
 
 
@@ -216,8 +214,8 @@ def export_weights(
             f"wrote {output} (safetensors, {weights} weights, this tool's configs in its metadata)",
             read_back(model, output),
         ]
-    replaced = replaced_files(output, diffusers_names(output)) if replace else contextlib.nullcontext(output)
-    with replaced as folder:
+    # Written beside --output, then moved in: a failed export leaves neither a folder nor a file of its own.
+    with replaced_files(output, diffusers_names(output)) as folder:
         files = model_files.write_diffusers_folder(model, schedule_config, folder, source=str(source))
         checked = read_back(model, folder)  # before the move: files that differ never replace the old ones
     names = ", ".join(str(f.relative_to(folder)) for f in files)

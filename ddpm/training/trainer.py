@@ -24,7 +24,7 @@ import copy
 import math
 import signal
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -45,9 +45,10 @@ from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sam
 from ddpm.util import distributed, interrupts
 from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.distributed import Ranks
+from ddpm.util.messages import first_line
 from ddpm.util.precision import autocast, check_precision
 from ddpm.util.profiling import NullProfiler, Profiler, phase
-from noise_schedule import NoiseSchedule, ScheduleConfig
+from noise_schedule import NoiseSchedule, ScheduleConfig, short_repr
 
 if TYPE_CHECKING:
     from ddpm.training.curves import TrainingLog
@@ -266,7 +267,8 @@ class Trainer:
         }
 
     def _restore(self, state: dict) -> None:
-        saved_on = state.get("rng", {}).get("device", self.device.type)
+        check_resumable(state, optimizer=self.optimizer, generator=self.generator, source=self.config.checkpoint)
+        saved_on = state["rng"].get("device", self.device.type)
         if saved_on != self.device.type:
             raise ValueError(
                 f"this run was trained on {saved_on}; resume it there (--device {saved_on}) to continue it exactly"
@@ -526,9 +528,137 @@ class Trainer:
 
 
 def resume_config(state: dict, **overrides) -> TrainConfig:
-    """The stored training config of a checkpoint, with the given fields replaced."""
+    """The stored training config of a checkpoint, with the given fields replaced; every field checked for its
+    kind first (a crafted file ends in one line naming the field, for --resume)."""
+    source = overrides.get("checkpoint") or "this checkpoint"
+    if "train_config" not in state:
+        raise ValueError(
+            f"{source} holds no train_config, so --resume cannot continue it (--mode train writes one into every "
+            "checkpoint; start a new run with --overwrite, or train from it with --init_from)"
+        )
     try:
-        stored = TrainConfig(**state["train_config"])
-    except (KeyError, TypeError) as exc:
-        raise ValueError("this checkpoint holds no training state to resume from (was it exported?)") from exc
+        stored = TrainConfig(**typed_fields(TrainConfig, state["train_config"]))
+    except ValueError as exc:
+        raise ValueError(f"{source} cannot be resumed: its train_config is unusable ({first_line(exc)})") from exc
     return replace(stored, **{k: v for k, v in overrides.items() if v is not None})
+
+
+_FIELD_KINDS = {  # a TrainConfig annotation -> (what it must be, the check)
+    "int": ("an integer", lambda v: type(v) is int),
+    "float": ("a finite number", lambda v: type(v) in (int, float) and math.isfinite(v)),
+    "float | None": ("a finite number or null", lambda v: v is None or (type(v) in (int, float) and math.isfinite(v))),
+    "str": ("a string", lambda v: type(v) is str and len(v) <= 4096),
+    "bool": ("true or false", lambda v: type(v) is bool),
+}
+
+
+def typed_fields(cls: type, data: object) -> dict:
+    """The fields of the config dataclass ``cls`` (TrainConfig) that ``data`` holds, each of its kind; ValueError
+    naming the first unknown or mistyped one (a missing one takes the class's default)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a {type(data).__name__} instead of a dict of settings")
+    kinds = {field.name: field.type for field in fields(cls)}
+    for key, value in data.items():
+        if key not in kinds:
+            raise ValueError(f"unknown key {short_repr(key)}")
+        wanted, valid = _FIELD_KINDS[kinds[key]]
+        if not valid(value):
+            raise ValueError(f"{key} must be {wanted}, got {short_repr(value)}")
+    return data
+
+
+def check_resumable(state: dict, *, optimizer: torch.optim.Optimizer, generator: torch.Generator, source) -> None:
+    """Every field of a checkpoint that --resume restores besides the weights (load_state_dict checks those), checked
+    for its kind and shape against this run's own: the RNG states, AdamW's state and groups, the grad scaler and the
+    timestep sampler. ValueError in one line naming the checkpoint and the field."""
+
+    def refuse(field: str, problem: str) -> ValueError:
+        return ValueError(f"{source} cannot be resumed: its {field} {problem}")
+
+    def byte_state(field: str, value: object, like: torch.Tensor) -> None:
+        if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.shape == like.shape):
+            got = f"{value.dtype} of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else "a "
+            got += "" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise refuse(field, f"is {got}, not a uint8 RNG state of shape {tuple(like.shape)}")
+
+    rng = state.get("rng")
+    if not isinstance(rng, dict) or not {"torch", "cuda", "generator"} <= set(rng) <= {
+        "torch",
+        "cuda",
+        "generator",
+        "device",
+    }:
+        raise refuse("rng", "is not the RNG states this tool saves (torch, cuda, generator, device)")
+    byte_state("rng.torch", rng["torch"], torch.get_rng_state())
+    byte_state("rng.generator", rng["generator"], generator.get_state())
+    if rng.get("device", "cpu") not in ("cpu", "cuda", "mps", "xpu"):  # checkpoints before it was saved lack it
+        raise refuse("rng.device", f"is {short_repr(rng['device'])}, not a device type")
+    cuda = rng["cuda"]
+    if not isinstance(cuda, list) or len(cuda) > 1024:
+        raise refuse("rng.cuda", "is not a list of CUDA RNG states")
+    for i, value in enumerate(cuda):
+        like = torch.cuda.get_rng_state(i) if torch.cuda.is_available() and i < torch.cuda.device_count() else value
+        byte_state(f"rng.cuda[{i}]", value, like if isinstance(like, torch.Tensor) else torch.empty(0))
+    _check_optimizer(state.get("optimizer"), optimizer=optimizer, refuse=refuse)
+    scaler = state.get("grad_scaler")
+    if not isinstance(scaler, dict) or not all(
+        isinstance(k, str) and type(v) in (int, float) and math.isfinite(v) for k, v in scaler.items()
+    ):
+        raise refuse("grad_scaler", "is not a dict of finite numbers")
+    sampler = state.get("timestep_sampler", {})
+    if not isinstance(sampler, dict) or any(
+        isinstance(v, torch.Tensor) and (not v.is_floating_point() or not torch.isfinite(v).all())
+        for v in sampler.values()
+    ):
+        raise refuse("timestep_sampler", "is not a state of finite float tensors")
+
+
+def _check_optimizer(saved: object, *, optimizer: torch.optim.Optimizer, refuse) -> None:
+    """A saved AdamW state against ``optimizer``'s: the same groups (their settings of the same kinds, the same
+    parameters) and, per parameter, a scalar step and moments of the parameter's shape."""
+    if not isinstance(saved, dict) or set(saved) != {"state", "param_groups"}:
+        raise refuse("optimizer", "is not an optimizer state (state and param_groups)")
+    ours = optimizer.state_dict()["param_groups"]
+    groups = saved["param_groups"]
+    if not isinstance(groups, list) or len(groups) != len(ours):
+        raise refuse("optimizer.param_groups", f"is not a list of {len(ours)} parameter group(s)")
+    for i, (group, mine) in enumerate(zip(groups, ours)):
+        # Flags a newer torch added may be missing from an older file (AdamW's __setstate__ fills them in); the
+        # numbers every step reads may not.
+        core = {"params", "lr", "betas", "eps", "weight_decay"} & set(mine)
+        if not isinstance(group, dict) or not core <= set(group) <= set(mine):
+            raise refuse(f"optimizer.param_groups[{i}]", f"does not hold AdamW's settings ({', '.join(sorted(mine))})")
+        for key, value in group.items():
+            ref = mine[key]
+            if key == "params":
+                ok = value == ref
+            elif isinstance(ref, bool) or ref is None:
+                ok = value is None or isinstance(value, bool)
+            elif isinstance(ref, (int, float)):
+                ok = type(value) in (int, float) and math.isfinite(value)
+            else:  # betas
+                ok = isinstance(value, (tuple, list)) and len(value) == len(ref)
+                ok = ok and all(type(v) in (int, float) and math.isfinite(v) for v in value)
+            if not ok:
+                raise refuse(f"optimizer.param_groups[{i}].{key}", f"is {short_repr(value)}, unlike AdamW's {ref!r}")
+    shapes = {index: p.shape for group in optimizer.param_groups for index, p in enumerate(group["params"])}
+    moments = {"step", "exp_avg", "exp_avg_sq"}
+    if not isinstance(saved["state"], dict):
+        raise refuse("optimizer.state", "is not a dict of parameter states")
+    for index, entry in saved["state"].items():
+        field = f"optimizer.state[{short_repr(index)}]"
+        if index not in shapes:
+            raise refuse(field, f"names no parameter of this model (it has {len(shapes)})")
+        if not isinstance(entry, dict) or set(entry) != moments:
+            raise refuse(field, f"does not hold AdamW's {', '.join(sorted(moments))}")
+        for key, value in entry.items():
+            shape = () if key == "step" else shapes[index]
+            if not (isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.shape == shape):
+                got = (
+                    f"of shape {tuple(value.shape)} ({value.dtype})"
+                    if isinstance(value, torch.Tensor)
+                    else "not a tensor"
+                )
+                raise refuse(f"{field}.{key}", f"is {got}, not float32 of shape {tuple(shape)}")
+            if not torch.isfinite(value).all():
+                raise refuse(f"{field}.{key}", "holds NaN or inf")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -293,12 +294,59 @@ def check_folder_output(
             f"or replaces its own earlier export, never touching other files: choose another {flag}"
         )
     earlier = [name for name in writes if (target / name).is_file()]
+    unrecognised = _unrecognised(target, writes=writes) if earlier else None
+    if unrecognised is not None:
+        raise ValueError(
+            f"{flag} {raw} holds {printable(unrecognised)}, which {writer} did not write (its {writes[-1]} does not "
+            f"record it): another tool's model is never replaced, even with --overwrite; choose another {flag}"
+        )
     if earlier and not overwrite:
         raise ValueError(
             f"{flag} {raw} already holds an export ({earlier[0]}); pass --overwrite to replace its files, or choose "
             f"another {flag}"
         )
     return bool(earlier)
+
+
+def file_sha256(path: PathLike) -> str:
+    """The sha256 of a file, read in chunks (a model's weights)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def marker_bytes(folder: Path, names: Sequence[str], *, writer: str) -> bytes:
+    """The marker of a folder export (the last of its names): the sha256 of every other file it wrote into
+    ``folder``, so a later export recognises its own files by what they hold, never by their names (another tool
+    saves a model under the same names)."""
+    files = {name: [file_sha256(folder / name)] for name in names[:-1] if (folder / name).is_file()}
+    return (json.dumps({"written_by": writer, "files": files}, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _recorded(marker: Path) -> dict[str, list[str]] | None:
+    """What a folder's marker records, {name: [sha256, ...]}; None where it is missing or not one."""
+    try:
+        value = parse_json(read_limited(marker, kind="metadata"), source=marker)
+    except (OSError, ValueError):
+        return None
+    files = value.get("files") if isinstance(value, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(hashes, list) and all(isinstance(h, str) for h in hashes) for hashes in files.values()
+    ):
+        return None
+    return files
+
+
+def _unrecognised(target: Path, *, writes: Sequence[str]) -> str | None:
+    """The first of ``writes`` present in ``target`` that its marker (``writes[-1]``) does not record with the
+    sha256 it holds now (every one, without a marker); None when all of them are the writer's own."""
+    present = [name for name in writes[:-1] if (target / name).is_file()]
+    recorded = _recorded(target / writes[-1])
+    if recorded is None:
+        return present[0] if present else writes[-1]
+    try:
+        return next((name for name in present if file_sha256(target / name) not in recorded.get(name, [])), None)
+    except OSError:
+        return present[0]
 
 
 FOREIGN_SHOWN = 100  # the other entries of a folder output counted, at most (a home folder holds thousands)
@@ -335,39 +383,73 @@ def _is_temporary(name: str, files: set[str]) -> bool:
 @contextlib.contextmanager
 def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
     """A new, empty folder beside ``target`` into which a block writes ``names`` (paths inside ``target``; the last
-    is the folder's marker, written last). When the block ends without an exception each file replaces its namesake
-    in ``target`` (the old marker removed first and the new one put in place last, signals held meanwhile: until then
-    the folder reads as an interrupted export), and a name the block did not write is removed; nothing else in
-    ``target`` is touched, nor ``target`` itself. On an exception the new folder vanishes and ``target`` stays as
-    it was."""
+    is the folder's marker, :func:`marker_bytes`, written last). When the block ends without an exception, a
+    ``target`` that does not exist is the new folder, renamed into place (with the folders above it this created);
+    else each file replaces its namesake in ``target`` (the marker first records the old files and the new ones, and
+    the new marker is put in place last, signals held meanwhile: at every moment the folder's files are recorded),
+    and a name the block did not write is removed; nothing else in ``target`` is touched, nor ``target`` itself. On
+    an exception the new folder vanishes, with any folder this created, and ``target`` stays as it was."""
     given, target = target, resolved(target)
+    existed = target.exists()
+    created = [folder for folder in (target.parent, *target.parent.parents) if not folder.exists()]
     remove_stale_temporaries(target)
     new = sibling_temporary(target)
     shutil.rmtree(new, ignore_errors=True)
-    new.mkdir()
+    try:
+        new.parent.mkdir(parents=True, exist_ok=True)
+        new.mkdir()
+    except OSError as exc:
+        _remove_created(created)
+        failure = write_failure(exc)
+        if failure is None:
+            raise
+        raise write_error(given, failure, existed=existed, what="folder") from exc
     try:
         yield new
     except BaseException as exc:
         shutil.rmtree(new, ignore_errors=True)
+        _remove_created(created)
         failure = write_failure(exc.__cause__ if isinstance(exc, WriteError) else exc)  # named the temporary folder
         if failure is None:
             raise
-        raise write_error(given, failure, existed=True, what="folder") from exc
+        raise write_error(given, failure, existed=existed, what="folder") from exc
     try:
         with interrupts.deferred():
-            _move_files(new, target, names)
+            if existed:
+                _move_files(new, target, names)
+            else:
+                os.rename(new, target)  # the whole folder at once: never half of one
+                _fsync_dir(target.parent)
     except OSError as exc:
+        if not existed:
+            _remove_created(created)
+            raise write_error(given, exc, existed=False, what="folder") from exc
         raise WriteError(
-            f"cannot write {given}: {exc.strerror or first_line(exc)}; it holds part of the new export and no "
-            f"{Path(names[-1]).name}: export again"
+            f"cannot write {given}: {exc.strerror or first_line(exc)}; it holds part of the new export, each file "
+            "recorded in its marker: export again with --overwrite"
         ) from exc
     finally:
         shutil.rmtree(new, ignore_errors=True)
 
 
+def _remove_created(folders: Sequence[Path]) -> None:
+    """The folders a failed write created on the way to its output (nearest first), removed while empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def _move_files(new: Path, target: Path, names: Sequence[str]) -> None:
-    """``names`` moved from ``new`` into ``target`` (renames in one file system), the marker (last) removed first."""
-    (target / names[-1]).unlink(missing_ok=True)
+    """``names`` moved from ``new`` into ``target`` (renames in one file system): the old marker (last) first
+    records the new files too, so an interrupted move leaves a folder whose files are all recorded."""
+    marker = target / names[-1]
+    old, fresh = _recorded(marker), _recorded(new / names[-1])
+    if old is not None and fresh is not None:
+        both = {name: sorted({*old.get(name, []), *fresh.get(name, [])}) for name in {*old, *fresh}}
+        data = (json.dumps({"files": both}, indent=2, sort_keys=True) + "\n").encode()
+        atomic_write(marker, lambda f: f.write(data))
+    else:
+        marker.unlink(missing_ok=True)  # read as no export's folder until the new marker is in place
     for name in names:
         source, destination = new / name, target / name
         if source.is_file():

@@ -389,6 +389,7 @@ def test_overwrite_replaces_only_the_exports_own_files_in_the_same_folder(checkp
     assert result.returncode == 0, result.stderr
     assert os.stat(out).st_ino == identity and stat.S_IMODE(os.stat(out).st_mode) == 0o750
     assert sorted(_snapshot(out)) == [
+        "ddpm_export.json",
         "model_index.json",
         "scheduler/scheduler_config.json",
         "unet/config.json",
