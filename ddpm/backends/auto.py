@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddpm.backends.verified import DeviceKind
+from ddpm.backends.verified import FORCED_BF16, DeviceKind
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,12 @@ class Verified:
     capabilities: tuple[str, ...] | None = None  # a CPU's vector capabilities it covers (None: any)
     native_bf16: bool = False  # only on a CPU that computes bf16 in hardware
     faster_than_fp32: bool = True  # False: verified to run, but slower than fp32 here (not auto precision's choice)
+    forced_why: str = ""  # native_bf16 entries: the why where DDPM_NATIVE_BF16=1 forced bf16 on a CPU emulating it
+
+    def why_on(self, device: DeviceKind) -> str:
+        """The reason the line gives on ``device``: a native-bf16 entry forced on a CPU that emulates bf16 does not
+        claim the CPU's bf16 hardware."""
+        return self.forced_why if self.native_bf16 and device.bf16_forced else self.why
 
     def matches(self, device: DeviceKind, *, precision: str, kind: str, dims: int) -> bool:
         return (
@@ -61,6 +67,7 @@ VERIFIED: tuple[Verified, ...] = (
         evidence="BENCHMARKS.md: 'bf16 on a CPU that computes it' (results/cpu-2026-11-28-bf16/)",
         dims=(2,),
         native_bf16=True,
+        forced_why=f"fused U-Net runner in bf16, Winograd convolutions; {FORCED_BF16}",
     ),
     Verified(
         "cpu",
@@ -149,7 +156,7 @@ def choose(
 
     for entry in VERIFIED:
         if entry.matches(device, precision=precision, kind=kind, dims=dims) and runs(entry.implementation):
-            return Choice(entry.implementation, entry.why, precision, entry.faster_than_fp32)
+            return Choice(entry.implementation, entry.why_on(device), precision, entry.faster_than_fp32)
     for name in registry.SAMPLE_IMPLEMENTATIONS:
         if runs(name):
             reason = (

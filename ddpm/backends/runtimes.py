@@ -21,6 +21,7 @@ share the checks of size, metadata and I/O spec, and the onnxruntime session set
 from __future__ import annotations
 
 import math
+import re
 import zipfile
 from collections.abc import Sequence
 from io import BytesIO
@@ -203,8 +204,10 @@ def onnxruntime_session(
     trt_cache_dir: Path | None = None,
     source: Path | None = None,
     memory_cap: int | None = None,
+    precision: str | None = None,
 ):
-    """An onnxruntime session for an ONNX file or serialized model; ValueError if it is not valid ONNX.
+    """An onnxruntime session for an ONNX file or serialized model; ValueError if it is not valid ONNX, or (saying
+    so, naming ``precision``: the graph's, from its metadata) if this onnxruntime has no kernel for one of its nodes.
 
     Files are validated by :func:`load_onnx` first, which passes their checked bytes, ``source`` and a
     ``memory_cap``: the bytes the session's tensors may take (CPU arena and CUDA arena alike), so that a
@@ -237,7 +240,29 @@ def onnxruntime_session(
         )
     except Exception as exc:  # onnxruntime raises its own classes (InvalidProtobuf, InvalidGraph, Fail, ...)
         name = source or ("the exported model" if isinstance(model, bytes) else model)
+        missing = missing_kernel_line(str(exc), name=name, precision=precision, device=device)
+        if missing:
+            raise ValueError(missing) from exc
         raise ValueError(f"{name} is corrupt or not an ONNX model onnxruntime can run ({first_line(exc)})") from exc
+
+
+def missing_kernel_line(error: str, *, name, precision: str | None, device: torch.device) -> str | None:
+    """The one line for onnxruntime's "Could not find an implementation for OP(opset) node" (a valid graph this
+    build cannot run: its CPU provider has no bf16 convolution), or None for any other error."""
+    found = re.search(r"Could not find an implementation for (\w+)\((\d+)\) node", error)
+    if found is None:
+        return None
+    where = "GPU" if device.type == "cuda" else "CPU"
+    if precision and precision != "fp32":
+        return (
+            f"{name} is a {precision} graph, and onnxruntime here has no {precision} {found[1]} kernel on the {where}, "
+            f"so it cannot run it; sample the checkpoint it was exported from (--precision {precision} runs there), "
+            "or export it with --precision fp32"
+        )
+    return (
+        f"{name} is a valid graph, but onnxruntime here has no {where} kernel for its {found[1]} nodes (opset "
+        f"{found[2]}), so it cannot run it; sample the checkpoint it was exported from, or export it again"
+    )
 
 
 def as_onnxruntime(
@@ -298,7 +323,9 @@ def load_onnx(
     check_onnx_graph(proto, io=io, source=path)
     trt_cache_dir = path.with_name(f"{path.stem}_ort_trt")
     cap = unet_memory_cap(model_config, max_batch=max_batch, file_bytes=len(data))
-    session = onnxruntime_session(data, device=device, trt_cache_dir=trt_cache_dir, source=path, memory_cap=cap)
+    session = onnxruntime_session(
+        data, device=device, trt_cache_dir=trt_cache_dir, source=path, memory_cap=cap, precision=meta.get("precision")
+    )
     return OnnxRuntimeUNet(session, io=io, path=path, metadata=meta), model_config, schedule_config, meta
 
 

@@ -23,6 +23,8 @@ RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2), ("cuda", "bf16", 2), ("cuda", "
 # ... and in bf16 on a CPU that computes bf16 natively (AVX512-BF16 or AMX), its 3x3 convolutions in Winograd on bf16
 # dot products: BENCHMARKS.md, "bf16 on a CPU that computes it". Where bf16 is emulated it is slower than fp32.
 NATIVE_BF16_RUNNER = ("cpu", "bf16", 2)
+# What a line says of bf16 where DDPM_NATIVE_BF16=1 claims what the CPU lacks (precision.bf16_forced).
+FORCED_BF16 = "bf16 forced by DDPM_NATIVE_BF16=1; this CPU emulates it"
 
 
 def runner_verified(*, device_type: str, precision: str, dims: int, native_bf16: bool | None = None) -> bool:
@@ -43,17 +45,19 @@ class DeviceKind:
     extension: bool  # the diffusion_kernels extension is built for it (no JIT compile on first use)
     capability: str = ""  # a CPU's vector capability as PyTorch names it ("AVX512", "AVX2")
     native_bf16: bool = False  # a CPU that computes bf16 in hardware (AVX512-BF16, AMX)
+    bf16_forced: bool = False  # native_bf16 only by DDPM_NATIVE_BF16=1: the CPU emulates bf16 (lines say so)
 
     @classmethod
     def of(cls, device) -> DeviceKind:
         """This machine's ``device`` (a torch.device); loads the extension if it is built."""
         import torch
 
-        from ddpm.util.precision import cpu_has_native_bf16
+        from ddpm.util.precision import bf16_forced, cpu_has_native_bf16
 
         on_cpu = device.type == "cpu"
         capability = torch.backends.cpu.get_cpu_capability() if on_cpu else ""
-        return cls(device.type, _extension_built(device.type), capability, on_cpu and cpu_has_native_bf16())
+        native = on_cpu and cpu_has_native_bf16()
+        return cls(device.type, _extension_built(device.type), capability, native, native and bf16_forced())
 
 
 def _extension_built(device_type: str) -> bool:

@@ -8,7 +8,9 @@ A peak measured through one library is not the machine's peak (MKL's fp32 matmul
 convolutions): so the peak of a precision is the fastest of a large square matmul and of the U-Net's own
 largest convolution in both layouts, each timed through the library the rows use (MKL or cuBLAS for the
 matmul, oneDNN or cuDNN for the convolution). A row computing its convolutions directly then cannot pass 100%
-MFU; a row that does fewer multiply-adds (Winograd) reports its direct-equivalent rate and says so.
+MFU; a row that does fewer multiply-adds (Winograd) reports its direct-equivalent rate and says so. Each
+measurement is bounded (MEASURE_BUDGET_S, and a CPU's matmul sized by a small probe), so a CPU that emulates a
+precision spends seconds here, and a signal is handled within one short call.
 """
 
 from __future__ import annotations
@@ -65,12 +67,38 @@ def this_cpu() -> str:
         return ""
 
 
-def median_seconds(fn: Callable[[], object], *, device: torch.device, warmup: int = 3, repeats: int = 10) -> float:
-    """The median time of ``fn`` after ``warmup`` untimed calls (CUDA events on a GPU)."""
-    for _ in range(warmup):
+# Each measurement stops repeating once it has run this long (after at least one warm-up and one timed call), and
+# a CPU's matmul is sized so that one call stays under MATMUL_CALL_S: where bf16 is emulated a 2048^3 matmul takes
+# seconds a call, and a signal is only handled between calls, so an unbounded peak was minutes of silence.
+MEASURE_BUDGET_S = 1.5
+MATMUL_CALL_S = 0.25
+MATMUL_PROBE_N = 256
+CPU_MATMUL_N, GPU_MATMUL_N = 2048, 8192
+
+
+def median_seconds(
+    fn: Callable[[], object],
+    *,
+    device: torch.device,
+    warmup: int = 3,
+    repeats: int = 10,
+    deadline: float | None = None,
+) -> float:
+    """The median time of ``fn`` after ``warmup`` untimed calls (CUDA events on a GPU). With ``deadline`` (a
+    ``time.perf_counter()`` value) the calls stop once it has passed, after at least one warm-up and one timed
+    call."""
+
+    def over() -> bool:
+        return deadline is not None and time.perf_counter() >= deadline
+
+    for i in range(warmup):
+        if i and over():
+            break
         fn()
-    times = []
+    times: list[float] = []
     for _ in range(repeats):
+        if times and over():
+            break
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -85,12 +113,38 @@ def median_seconds(fn: Callable[[], object], *, device: torch.device, warmup: in
     return statistics.median(times)
 
 
-def matmul_tflops(dtype: torch.dtype, *, device: torch.device, n: int | None = None, repeats: int = 10) -> float:
-    """A square matmul's achieved TFLOP/s (MKL on a CPU, cuBLAS on a GPU); n: 8192 on a GPU, 2048 on a CPU."""
-    n = n or (8192 if device.type == "cuda" else 2048)
+def matmul_size(probe_seconds: float, *, probe_n: int = MATMUL_PROBE_N, max_n: int = CPU_MATMUL_N) -> int:
+    """The largest power-of-two size up to ``max_n`` (at least ``probe_n``) whose matmul should take at most
+    MATMUL_CALL_S, from one ``probe_n``-sized call's time (the work grows as n^3)."""
+    n = probe_n
+    while n * 2 <= max_n and probe_seconds * ((n * 2) / probe_n) ** 3 <= MATMUL_CALL_S:
+        n *= 2
+    return n
+
+
+def cpu_matmul_size(dtype: torch.dtype, *, max_n: int = CPU_MATMUL_N) -> int:
+    """:func:`matmul_size` for ``dtype`` on this CPU: one warm-up and one timed call at MATMUL_PROBE_N."""
+    a = torch.randn(MATMUL_PROBE_N, MATMUL_PROBE_N, dtype=dtype)
+    a @ a  # the first call builds the library's kernels
+    t0 = time.perf_counter()
+    a @ a
+    return matmul_size(time.perf_counter() - t0, max_n=max_n)
+
+
+def matmul_tflops(
+    dtype: torch.dtype,
+    *,
+    device: torch.device,
+    n: int | None = None,
+    repeats: int = 10,
+    deadline: float | None = None,
+) -> float:
+    """A square matmul's achieved TFLOP/s (MKL on a CPU, cuBLAS on a GPU); n: 8192 on a GPU, on a CPU the
+    largest up to 2048 whose call stays short (:func:`cpu_matmul_size`)."""
+    n = n or (GPU_MATMUL_N if device.type == "cuda" else cpu_matmul_size(dtype))
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / median_seconds(lambda: a @ b, device=device, repeats=repeats) / 1e12
+    return 2 * n**3 / median_seconds(lambda: a @ b, device=device, repeats=repeats, deadline=deadline) / 1e12
 
 
 @dataclass(frozen=True)
@@ -143,7 +197,9 @@ def largest_convolution(forward: Callable[[], object], model: torch.nn.Module) -
     return max(seen, key=lambda s: s.flops, default=None)
 
 
-def conv_tflops(shape: ConvShape, dtype: torch.dtype, *, device: torch.device, channels_last: bool) -> float:
+def conv_tflops(
+    shape: ConvShape, dtype: torch.dtype, *, device: torch.device, channels_last: bool, deadline: float | None = None
+) -> float:
     """The convolution's achieved TFLOP/s (oneDNN on a CPU, cuDNN on a GPU) in one layout, on random data."""
     x = torch.randn(shape.input_shape, device=device, dtype=dtype)
     weight = shape.conv.weight.detach().to(device, dtype)
@@ -151,7 +207,7 @@ def conv_tflops(shape: ConvShape, dtype: torch.dtype, *, device: torch.device, c
         layout = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
         x, weight = x.contiguous(memory_format=layout), weight.contiguous(memory_format=layout)
     with torch.no_grad():
-        seconds = median_seconds(lambda: shape._call(x, weight), device=device)
+        seconds = median_seconds(lambda: shape._call(x, weight), device=device, deadline=deadline)
     return shape.flops / seconds / 1e12
 
 
@@ -159,18 +215,21 @@ def measure_peaks(
     forward: Callable[[], object], model: torch.nn.Module, *, device: torch.device, dtypes: dict[str, torch.dtype]
 ) -> dict[str, dict[str, float]]:
     """precision -> {what was timed: TFLOP/s}: a square matmul and the U-Net's largest convolution (found by
-    running ``forward`` once) in NCHW and NHWC, through the libraries the rows use. Call under the fp32
-    backend policy (no TF32), as the fp32 rows run."""
+    running ``forward`` once) in NCHW and NHWC, through the libraries the rows use, each for about
+    MEASURE_BUDGET_S (a CPU's matmul as large as stays within MATMUL_CALL_S a call). Call under the fp32 backend
+    policy (no TF32), as the fp32 rows run."""
     biggest = largest_convolution(forward, model)
     matmul_lib, conv_lib = ("cuBLAS", "cuDNN") if device.type == "cuda" else ("MKL", "oneDNN")
     peaks: dict[str, dict[str, float]] = {}
     for name, dtype in dtypes.items():
-        n = 8192 if device.type == "cuda" else 2048
-        rates = {f"matmul {n}^3 ({matmul_lib})": matmul_tflops(dtype, device=device, n=n)}
+        n = GPU_MATMUL_N if device.type == "cuda" else cpu_matmul_size(dtype)
+        deadline = time.perf_counter() + MEASURE_BUDGET_S
+        rates = {f"matmul {n}^3 ({matmul_lib})": matmul_tflops(dtype, device=device, n=n, deadline=deadline)}
         if biggest is not None:
             for layout, channels_last in (("NCHW", False), ("NHWC", True)):
+                deadline = time.perf_counter() + MEASURE_BUDGET_S
                 rates[biggest.label(layout, conv_lib)] = conv_tflops(
-                    biggest, dtype, device=device, channels_last=channels_last
+                    biggest, dtype, device=device, channels_last=channels_last, deadline=deadline
                 )
         peaks[name] = rates
     return peaks

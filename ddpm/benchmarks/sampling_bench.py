@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from basic_diffusion import UNet, count_parameters, guided_model_eps
 from ddpm.backends import registry
+from ddpm.backends.verified import FORCED_BF16
 from ddpm.benchmarks.peaks import measure_peaks, median_seconds, mfu, peak
 from ddpm.benchmarks.plan import estimate_line
 from ddpm.benchmarks.report import (
@@ -47,7 +48,7 @@ from ddpm.latent.first_stage import FirstStage
 from ddpm.requests import BenchmarkRequest
 from ddpm.util.cpu_memory import allocator_description
 from ddpm.util.messages import first_line
-from ddpm.util.precision import backend_policy, cpu_has_native_bf16
+from ddpm.util.precision import backend_policy, bf16_forced, cpu_has_native_bf16
 from noise_schedule import SamplingPlan
 
 ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmark-only
@@ -269,6 +270,8 @@ def run_environment(
     env = environment(device)
     if device.type == "cpu":  # before any row: every row runs without the page faults of a trimmed heap
         env["cpu_allocator"] = allocator_description()
+        if bf16_forced():  # the bf16 rows and peak are the emulation's, not the CPU's bf16 hardware
+            env["bf16"] = f"{FORCED_BF16} (bf16 rows and peak: emulated)"
     flops = unet_flops(model, shape=shape, device=device, guidance=guidance)
     env.update(
         parameters=count_parameters(model),
@@ -589,6 +592,7 @@ def benchmark_sampling(
         "openvino",
         "python",
         "cpu_allocator",
+        "bf16",
         "timing",
         "plan",
     ):

@@ -50,6 +50,15 @@ def cpu_has_native_bf16() -> bool:
     return _hardware_bf16()
 
 
+def bf16_forced() -> bool:
+    """Whether cpu_has_native_bf16 says yes only because DDPM_NATIVE_BF16=1 says so: this CPU reports no bf16
+    hardware and emulates it. Lines that say how bf16 runs then say backends/verified.FORCED_BF16, not the CPU's
+    dot products."""
+    import os
+
+    return os.environ.get("DDPM_NATIVE_BF16", "").strip() == "1" and not _hardware_bf16()
+
+
 @functools.cache  # the CPU does not change under a running process; the choice and the runner ask several times
 def _hardware_bf16() -> bool:
     import torch.cpu

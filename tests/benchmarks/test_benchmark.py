@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -106,7 +107,7 @@ def test_benchmark_rows_draw_the_same_images(bench):
 def test_benchmark_says_its_estimate_before_timing_and_names_the_peak_it_used(bench):
     _, stdout, _, _ = bench
     assert stdout.index("estimated time: about ") < stdout.index("===== BENCHMARK RESULTS")
-    assert "fp32 peak: " in stdout and "the fastest of: matmul 2048^3 (MKL)" in stdout
+    assert "fp32 peak: " in stdout and re.search(r"the fastest of: matmul \d+\^3 \(MKL\)", stdout)
 
 
 def test_benchmark_prints_the_summary_and_writes_csv_and_chart(bench):

@@ -3,6 +3,8 @@ cannot pass 100% MFU), the header names the CPU and its vector extensions, a CPU
 planned to take minutes and says how to ask for the full run, and the estimate is said before anything runs.
 Timings here are fake: nothing is asserted about this machine's speed."""
 
+import time
+
 import pytest
 import torch
 from helpers import perturbed_unet, tiny_unet_config
@@ -48,12 +50,41 @@ def test_measure_peaks_times_a_matmul_and_the_unets_largest_convolution_in_both_
     assert biggest.conv in convs and biggest.input_shape[0] == 2
     assert biggest.flops == 2 * 2 * 16 * 16 * 32 * 32 * 9  # the 32->32 3x3 convolutions at 16x16 (batch 2)
     seconds = iter([1.0, 0.5, 0.25])  # fake timings: matmul, NCHW conv, NHWC conv
-    monkeypatch.setattr(peaks, "median_seconds", lambda fn, **_: next(seconds))
+    deadlines = []
+
+    def fake_median(fn, *, deadline, **_):
+        deadlines.append(deadline - time.perf_counter())
+        return next(seconds)
+
+    monkeypatch.setattr(peaks, "median_seconds", fake_median)
+    monkeypatch.setattr(peaks, "cpu_matmul_size", lambda dtype, **_: 512)  # what the probe chose
     rates = peaks.measure_peaks(lambda: model(x, t), model, device=torch.device("cpu"), dtypes={"fp32": torch.float32})
     names = list(rates["fp32"])
-    assert names[0] == "matmul 2048^3 (MKL)" and rates["fp32"][names[0]] == pytest.approx(2 * 2048**3 / 1e12)
+    assert names[0] == "matmul 512^3 (MKL)" and rates["fp32"][names[0]] == pytest.approx(2 * 512**3 / 1e12)
+    assert len(deadlines) == 3 and all(0 < left <= peaks.MEASURE_BUDGET_S for left in deadlines)  # each bounded
     assert "NCHW (oneDNN)" in names[1] and "NHWC (oneDNN)" in names[2]
     assert rates["fp32"][names[2]] == pytest.approx(biggest.flops / 0.25 / 1e12)
+
+
+def test_a_cpu_matmul_for_the_peak_is_sized_so_that_one_call_stays_short():
+    # A 256^3 probe as fast as a native CPU's fp32 gets the full 2048^3; as slow as emulated bf16, no larger than
+    # keeps a call under MATMUL_CALL_S (a signal waits for the call in progress).
+    assert peaks.matmul_size(1e-4) == peaks.CPU_MATMUL_N
+    for probe in (1e-4, 1e-3, 0.0136, 0.1, 10.0):
+        n = peaks.matmul_size(probe)
+        assert peaks.MATMUL_PROBE_N <= n <= peaks.CPU_MATMUL_N
+        assert n == peaks.MATMUL_PROBE_N or probe * (n / peaks.MATMUL_PROBE_N) ** 3 <= peaks.MATMUL_CALL_S
+    assert peaks.matmul_size(0.0136) == 512  # emulated bf16 here: 2048^3 would be seconds a call
+
+
+def test_a_measurement_stops_at_its_deadline_after_one_warm_up_and_one_timed_call():
+    calls = []
+    cpu = torch.device("cpu")
+    peaks.median_seconds(lambda: calls.append(1), device=cpu, warmup=3, repeats=10, deadline=time.perf_counter())
+    assert len(calls) == 2
+    calls.clear()
+    peaks.median_seconds(lambda: calls.append(1), device=cpu, warmup=3, repeats=10, deadline=time.perf_counter() + 60)
+    assert len(calls) == 13
 
 
 def test_a_winograd_row_says_its_rate_is_direct_equivalent():
