@@ -114,8 +114,12 @@ def _is_switch(options) -> bool:
 def not_read_by_run(mode: str, values: Mapping[str, object], given: Collection[str]) -> str | None:
     """The line refusing the first flag in ``given`` that ``mode``'s run, told apart by ``values`` (the flags' values
     by name), does not read (the flag table's READ_BY_RUN: a TensorRT flag given to an ONNX export, a sampling flag to
-    --bench training); None when the run reads every flag given. cli/resolve.py raises it, after the values' checks."""
+    --bench training); None when the run reads every flag given. cli/resolve.py raises it, after the values' checks.
+    A distillation's --resume without --distill_method continues its checkpoint's method, unknown here (the default
+    for the step count is not it): modes/distill.py checks those flags once it has read the checkpoint."""
     for name, (selector, readers) in READ_BY_RUN.get(mode, {}).items():
+        if selector == "distill_method" and values.get("resume") and selector not in given:
+            continue
         if name in given and values[selector] not in readers:
             which = " or ".join(readers)
             return (

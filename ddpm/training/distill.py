@@ -93,6 +93,8 @@ class DistillConfig:
     dmd_weight: float = DISTILL_DEFAULTS["dmd_weight"]  # --dmd_weight (method "dmd")
     adv_real: str = "teacher"  # --adv_real: the discriminator's real images, the training data or the ODE ends
     spacing: str = "noise_levels"  # the student's timesteps: choices.STUDENT_NOISE_LEVELS', or "even"
+    data_dir: str = ""  # --data_dir as given, where the discriminator's real images come from a folder ("": none)
+    data_sha256: str = ""  # those images' content (modes/distill.py's images_identity): what --resume compares
 
     # Checkpoints written before a field: the values that reproduce their runs (the regression alone; the weights
     # of the terms it has not are any valid number).
@@ -103,6 +105,8 @@ class DistillConfig:
         "dmd_weight": DISTILL_DEFAULTS["dmd_weight"],
         "adv_real": "teacher",
         "spacing": "even",
+        "data_dir": "",
+        "data_sha256": "",
     }
 
     def __post_init__(self) -> None:

@@ -316,3 +316,22 @@ def test_a_student_whose_teacher_cannot_be_compared_is_said_in_one_line(teachers
     assert "records its teacher by path only (a0.pt): not checked" in capsys.readouterr().out
     check_teacher(str(teachers / "sa.pt"), student, like=like, identity=lambda: None)  # like: an ONNX export, say
     assert "holds no PyTorch weights to compare with its teacher's: not checked" in capsys.readouterr().out
+
+
+# ----- issue 67: an exported student draws its row, with one line saying its teacher cannot be checked ---------
+@pytest.mark.parametrize("fmt,name", [("safetensors", "sa.safetensors"), ("diffusers", "sa_diffusers")])
+def test_an_exported_student_draws_its_row_and_says_its_teacher_cannot_be_checked(teachers, tmp_path, fmt, name):
+    from helpers import run_here
+
+    exported = run_here(
+        "--mode", "export", "--model_path", str(teachers / "sa.pt"), "--format", fmt, "--output", name, cwd=tmp_path
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    result = run_here(
+        "--mode", "evaluate", "--model_path", str(teachers / "a.pt"), "--students", name, "--sampler", "ddim",
+        "--sampling_steps", "2", "--n_samples", "8", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stdout.splitlines() if line.startswith(f"--students {name}")]
+    assert notes == [f"--students {name} records no teacher (an export of a student): its teacher cannot be checked"]
+    assert f"distilled {name}" in result.stdout.split("\nsampler ")[1]

@@ -200,3 +200,122 @@ def test_the_default_length_is_longer_for_one_and_two_calls_and_a_given_max_step
     request = resolve.request_for(parser.parse_args(flags))
     assert request.max_steps == DISTILL_MAX_STEPS_BY_STEPS.get(steps, DISTILL_DEFAULTS["max_steps"])
     assert resolve.request_for(parser.parse_args([*flags, "--max_steps", "7"])).max_steps == 7
+
+
+# ----- issue 67: the discriminator's data, checked against the teacher like a model file ---------------------------
+def _image_folder(root, classes: tuple[str, ...] = (), *, per_class: int = 2, shade: int = 0):
+    """root: grey 16x16 PNGs, ``per_class`` in each of the sub-folders ``classes`` (none: in root itself)."""
+    from PIL import Image
+
+    for i, name in enumerate(classes or ("",)):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for j in range(per_class):
+            Image.new("L", (16, 16), color=shade + 60 * i + 20 * j).save(root / name / f"{j}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def class_teacher(tmp_path_factory):
+    """(a class-conditional teacher of a folder with two classes, a/ and b/, the folder it was trained on)."""
+    root = tmp_path_factory.mktemp("class_teacher")
+    images = _image_folder(root / "images", ("a", "b"))
+    flags = list(TINY_TRAIN)
+    flags[flags.index("digits")] = "folder"
+    flags += ["--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--class_cond", "--model_path", "c.pt"]
+    trained = run_here(*flags, cwd=root)
+    assert trained.returncode == 0, trained.stderr
+    return root / "c.pt", images
+
+
+@pytest.mark.parametrize(
+    "classes,message",
+    [
+        ((), "its images have no classes (no class folders)"),
+        (("a",), "holds fewer classes than the teacher (1: a)"),
+        (("a", "b", "c"), "holds more classes than the teacher (3: a, b, c)"),
+        (("a", "c"), "holds other classes than the teacher (2: a, c)"),
+    ],
+    ids=["none", "fewer", "more", "other"],
+)
+def test_a_class_conditional_teachers_real_images_hold_its_classes_or_are_refused_before_the_trajectories(
+    tmp_path, class_teacher, monkeypatch, classes, message
+):
+    from ddpm.training import distill as method_module
+
+    teacher, _ = class_teacher
+    data = _image_folder(tmp_path / "data", classes)
+    monkeypatch.setattr(method_module, "teacher_trajectories", lambda *a, **k: pytest.fail("trajectories drawn"))
+    args = ("--max_steps", "1", "--sampling_steps", "1", "--adv_real", "data", "--data_dir", str(data))
+    result = distill(tmp_path, teacher, *args, output="s.pt")
+    assert_user_error(result, message)
+    assert "c.pt draws 2 classes (a, b)" in result.stderr
+    assert "give the folder of the teacher's classes, or use --adv_real teacher" in result.stderr
+    assert not (tmp_path / "s.pt").exists()
+
+
+def test_a_class_conditional_teacher_learns_against_a_folder_of_its_own_classes(tmp_path, class_teacher):
+    teacher, images = class_teacher
+    args = ("--max_steps", "1", "--sampling_steps", "1", "--adv_real", "data", "--data_dir", str(images))
+    result = distill(tmp_path, teacher, *args)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_profile_may_not_be_written_into_the_data_it_reads(tmp_path, folder_teacher):
+    teacher, images = folder_teacher
+    listing = sorted(p.name for p in images.iterdir())
+    args = ("--max_steps", "1", "--sampling_steps", "1", "--adv_real", "data", "--data_dir", str(images))
+    result = distill(tmp_path, teacher, *args, "--profile", str(images / "trace"))
+    assert_user_error(result, f"--profile {images / 'trace'} is inside the folder --data_dir reads")
+    assert sorted(p.name for p in images.iterdir()) == listing and not (tmp_path / "student.pt").exists()
+
+
+def test_a_data_dir_nothing_reads_is_refused(tmp_path, teacher, folder_teacher):
+    one_call = ("--max_steps", "1", "--sampling_steps", "1", "--data_dir", str(tmp_path))
+    digits = distill(tmp_path, teacher, *one_call)  # the digits come from scikit-learn
+    assert_user_error(digits, f"--data_dir {tmp_path}: {teacher}'s training data (digits) is not read from a folder")
+    ends = distill(tmp_path, folder_teacher[0], *one_call)  # a folder teacher's default: its ODE ends
+    assert_user_error(ends, "(--adv_real teacher) and reads no data; pass --adv_real data to read it")
+    assert not (tmp_path / "student.pt").exists()
+
+
+def test_a_resumed_run_reads_the_data_it_started_with_however_it_is_spelled(tmp_path, folder_teacher, monkeypatch):
+    import shutil
+
+    from ddpm.training import distill as method_module
+
+    teacher, images = folder_teacher
+    adversarial = ("--sampling_steps", "1", "--adv_real", "data")
+    assert distill(tmp_path, teacher, *adversarial, "--max_steps", "1", "--data_dir", str(images)).returncode == 0
+    recorded = torch.load(tmp_path / "student.pt", weights_only=True)["distill_config"]
+    assert recorded["data_dir"] == str(images) and len(recorded["data_sha256"]) == 64
+    other = shutil.copytree(images, tmp_path / "other")
+    _image_folder(other, per_class=1, shade=7)  # one image changed
+    before = (tmp_path / "student.pt").read_bytes()
+    with monkeypatch.context() as patched:
+        patched.setattr(method_module, "teacher_trajectories", lambda *a, **k: pytest.fail("trajectories drawn"))
+        result = distill(tmp_path, teacher, *adversarial, "--max_steps", "2", "--resume", "--data_dir", str(other))
+    assert_user_error(result, f"--data_dir {other} is not the data student.pt learns from")
+    assert f"those of --data_dir {images} it started with" in result.stderr
+    assert (tmp_path / "student.pt").read_bytes() == before
+    copy = shutil.copytree(images, tmp_path / "copy")  # the same images elsewhere: the same data
+    resumed = distill(tmp_path, teacher, *adversarial, "--max_steps", "2", "--resume", "--data_dir", str(copy))
+    assert resumed.returncode == 0, resumed.stderr
+    assert torch.load(tmp_path / "student.pt", weights_only=True)["step"] == 2
+
+
+def test_a_resumed_runs_refusals_name_its_own_method_not_the_default(tmp_path, teacher, monkeypatch):
+    from ddpm.training import distill as method_module
+
+    four = ("--sampling_steps", "4")  # the default method at 4 calls: regression
+    assert (
+        distill(tmp_path, teacher, *four, "--max_steps", "1", "--distill_method", "dmd", output="d.pt").returncode == 0
+    )
+    gan = ("--distill_method", "adversarial", "--adv_real", "teacher")
+    assert distill(tmp_path, teacher, *four, *gan, "--max_steps", "1", output="a.pt").returncode == 0
+    monkeypatch.setattr(method_module, "teacher_trajectories", lambda *a, **k: pytest.fail("trajectories drawn"))
+    resume = (*four, "--max_steps", "2", "--resume", "--adv_weight", "0.3")
+    assert_user_error(
+        distill(tmp_path, teacher, *resume, output="d.pt"),
+        "--adv_weight is read by --distill_method adversarial, and d.pt continues a --distill_method dmd run",
+    )
+    assert_user_error(distill(tmp_path, teacher, *resume, output="a.pt"), "--adv_weight 0.3 (the checkpoint's 0.5)")
