@@ -606,11 +606,11 @@ def check_resumable(state: dict, *, optimizer: torch.optim.Optimizer, generator:
     ):
         raise refuse("grad_scaler", "is not a dict of finite numbers")
     sampler = state.get("timestep_sampler", {})
+    # Its buffers: running losses (floats) and counts (integers); their shapes are checked when they are loaded.
     if not isinstance(sampler, dict) or any(
-        isinstance(v, torch.Tensor) and (not v.is_floating_point() or not torch.isfinite(v).all())
-        for v in sampler.values()
+        isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all() for v in sampler.values()
     ):
-        raise refuse("timestep_sampler", "is not a state of finite float tensors")
+        raise refuse("timestep_sampler", "is not a state of finite tensors")
 
 
 def _check_optimizer(saved: object, *, optimizer: torch.optim.Optimizer, refuse) -> None:

@@ -56,6 +56,21 @@ def test_the_untouched_state_resumes(trained, tmp_path):
     assert make_trainer(tmp_path, total_steps=4, state=copy.deepcopy(trained)).step == 1
 
 
+def test_an_importance_samplers_state_resumes_and_a_non_finite_one_is_refused(tmp_path):
+    """Its buffers are running losses (floats) and counts (integers): both kinds are a sampler's own."""
+    trainer = make_trainer(tmp_path / "run", total_steps=2, timestep_sampling="importance")
+    trainer.train_step()
+    state = trainer.state_dict()
+    assert not state["timestep_sampler"]["counts"].is_floating_point()
+    resumed = make_trainer(
+        tmp_path / "again", total_steps=4, timestep_sampling="importance", state=copy.deepcopy(state)
+    )
+    assert resumed.step == 1
+    state["timestep_sampler"]["losses"][0, 0] = float("nan")
+    with pytest.raises(ValueError, match="cannot be resumed: its timestep_sampler "):
+        make_trainer(tmp_path / "nan", total_steps=4, timestep_sampling="importance", state=state)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli")
