@@ -282,6 +282,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     from ddpm.data.catalog import VOLUME_DATASETS
     from ddpm.training.curves import CSV_NAME, default_log_dir
     from ddpm.training.trainer import check_warmup
+    from ddpm.util.file_kinds import check_resumable
 
     recipe = training_recipe(args, device)
     batch_size = recipe["batch_size"] if args.batch_size is None else args.batch_size
@@ -316,6 +317,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
             "drop it"
         )
     if args.resume:
+        check_resumable("--model_path", checkpoint)  # read, not replaced: before the output checks call it destroyed
         resumed_keeps = "makes a new model; a resumed run keeps the one in its checkpoint"
         _refuse_ignored(args, ("time_conditioning", "patch_size", "model_preset"), resumed_keeps)
     if args.resume and args.n_epochs is not None:

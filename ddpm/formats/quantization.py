@@ -132,8 +132,8 @@ def quantize_unet(
     excluded = [
         node.name for node in proto.graph.node if node.op_type in QUANTIZED_OPS and set(node.input) & set(keep_fp32)
     ]
-    with tempfile.TemporaryDirectory(prefix="ddpm-int8-") as folder, _quiet_root_logger():
-        source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
+    with _temporary_folder() as folder, _quiet_root_logger():
+        source, target = folder / "fp32.onnx", folder / "int8.onnx"
         onnx.save(proto, source)
         quantization.quantize_static(
             str(source),
@@ -155,6 +155,32 @@ def quantize_unet(
     del quantized.metadata_props[:]
     quantized.metadata_props.extend(proto.metadata_props)
     return quantized
+
+
+@contextlib.contextmanager
+def _temporary_folder() -> Iterator[Path]:
+    """The quantizer's working folder (it reads and writes files only), in TMPDIR, removed however the block ends. A
+    write the file system refuses there (a full TMPDIR, also one that onnx's writers meet without saying so) ends in
+    the one line every refused write ends in (util/safe_files.write_error), never in onnx's or onnxruntime's
+    traceback."""
+    from ddpm.util.safe_files import full_disk, write_error, write_failure
+
+    where = f"the INT8 calibration's temporary files in {tempfile.gettempdir()} (TMPDIR)"
+    try:
+        with tempfile.TemporaryDirectory(prefix="ddpm-int8-") as folder:
+            try:
+                yield Path(folder)
+            except Exception as exc:
+                # onnx's C++ shape inference writes a file cut short without a word, then its reader fails on it
+                failure = write_failure(exc) or full_disk(folder)
+                if failure is None:
+                    raise
+                raise write_error(where, failure, existed=False) from exc
+    except Exception as exc:  # creating or removing the folder; a WriteError from the block is already one line
+        failure = write_failure(exc)
+        if failure is None:
+            raise
+        raise write_error(where, failure, existed=False) from exc
 
 
 @contextlib.contextmanager

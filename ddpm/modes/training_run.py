@@ -56,14 +56,19 @@ def training_run(
 
 def train_logged(trainer, request, *, inputs: dict) -> None:
     """The loop of a built ``trainer`` with its previews and curves, each checked as an output against the run's
-    ``inputs`` (every file it reads) before the first step; the curves closed however the loop ends."""
+    ``inputs`` (every file it reads) before the first step; the curves closed however the loop ends (removed with
+    the log folder this run created when it fails: curves.py)."""
     check_previews(trainer, inputs=inputs, flag="--output" if "--output" in inputs else "--model_path")
     curves = training_log(trainer, request, inputs=inputs)
+    failed = False
     try:
         train(trainer, profile=request.profile, curves=curves)
+    except Exception:  # not Ctrl-C or SIGTERM: train() saved that run, and its curves go with the checkpoint
+        failed = True
+        raise
     finally:
         if curves is not None:
-            curves.close()
+            curves.close(failed=failed)  # a failed run leaves no log folder it created (its line: nothing partial)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,9 @@ leaves the folder as it was. A new run refuses a folder that already holds curve
 replaces them (``overwrite``); a resumed run keeps the rows up to its checkpoint's step, drops any
 written after it (a run killed between a row and its next checkpoint), and appends; TensorBoard
 continues the same curve (``purge_step``). Rows are appended a line at a time and flushed, so a
-killed run leaves a CSV that is valid up to its last whole line.
+killed run leaves a CSV that is valid up to its last whole line. A run that fails (``close(failed=True)``:
+an error, not Ctrl-C or SIGTERM, which save the run and keep its curves) removes the log folder it created,
+with the folders above it that it created; a folder that was there before keeps what it holds.
 
     log = TrainingLog("checkpoints/digits_logs", start_step=0, every=10, inputs={"--model_path": "ck.pt"})
     log.add_step(1, loss=0.8, lr=2e-4, grad_norm=1.3, images=64, seconds=0.05)   # a row every 10 steps
@@ -29,12 +31,13 @@ killed run leaves a CSV that is valid up to its last whole line.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddpm.outputs import CURVES, check_mode_outputs
-from ddpm.util.safe_files import Input, atomic_write
+from ddpm.util.safe_files import Input, atomic_write, missing_folders, remove_created
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "images_per_s", "skipped_steps", "wall_time")
 HEADER = ",".join(COLUMNS)
@@ -115,6 +118,7 @@ class TrainingLog:
                     f"({TENSORBOARD_INSTALL})"
                 )
         self._writer_class, self._writer, self._file = SummaryWriter, None, None
+        self._created: list[Path] = []  # the log folder and those above it, when this run made them
         self._pending_text: list[tuple[str, str]] = []
         self._window: list[
             tuple[float, float, int, float]
@@ -172,17 +176,24 @@ class TrainingLog:
         else:  # written with the first row: no file before the first step
             self._pending_text.append(("config", table))
 
-    def close(self) -> None:
-        """Write the steps since the last row (the run's last step), then close the files."""
+    def close(self, *, failed: bool = False) -> None:
+        """Write the steps since the last row (the run's last step), then close the files. A ``failed`` run (or one
+        whose last row cannot be written) writes nothing more and removes the log folder if it created it."""
         try:
-            if self._window:
+            if self._window and not failed:
                 self._write_window()
+        except BaseException:
+            failed = True
+            raise
         finally:
             if self._writer is not None:
                 self._writer.close()
             if self._file is not None:
                 self._file.close()
             self._writer = self._file = None
+            if failed and self._created:
+                shutil.rmtree(self._created[0], ignore_errors=True)  # this run's own folder: only its curves
+                remove_created(self._created[1:])
 
     # ----- files ------------------------------------------------------------------------------------
     def _write_window(self) -> None:
@@ -224,6 +235,7 @@ class TrainingLog:
         """Start the files at the first write: the CSV (fresh, trimmed or appended to) and the event writer."""
         if self._file is not None:
             return
+        self._created = missing_folders(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.resume:
             # --overwrite: the replaced run's event files go too, or TensorBoard would draw its curve over this

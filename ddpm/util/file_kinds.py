@@ -4,6 +4,7 @@ file it was not made for.
     expected_kind("bench.json")          # -> "json" (by the ending)
     found_kind("t.pt")                   # -> "checkpoint" (by the content: a torch zip with data.pkl)
     check_kind("--json", "t.pt", kind="json")   # ValueError: --json needs a file name ending in .json, got t.pt
+    check_resumable("--model_path", "grid.pt")  # ValueError: --model_path grid.pt is not a checkpoint (it holds ...)
 
 Every output of every mode has a kind (ddpm/outputs.py has the table); util/safe_files.check_outputs calls
 :func:`check_kind` for each: the name must end as its kind's files do, and an existing file must already hold
@@ -128,3 +129,19 @@ def check_kind(flag: str, raw: str | os.PathLike, *, kind: str | None, target: P
         raise ValueError(
             f"{flag} {raw} already holds {what}, not {KINDS[kind].name}; it would be destroyed, choose another path"
         )
+
+
+def check_resumable(flag: str, raw: str | os.PathLike) -> None:
+    """Refuse a file that ``--resume`` would continue when it holds no checkpoint, naming what it holds: the run reads
+    it first, so it is no output about to be destroyed (what :func:`check_kind` would say). A missing file is left to
+    the loader, which names it."""
+    target = Path(raw)
+    if not target.is_file():
+        return
+    try:
+        found = found_kind(target)
+    except OSError as exc:
+        raise ValueError(f"{flag} {raw}: cannot inspect it ({exc.strerror})") from exc
+    if found != "checkpoint":
+        what = "is empty" if found is None else f"holds {KINDS[found].name if found in KINDS else FOUND_NAMES[found]}"
+        raise ValueError(f"{flag} {raw} is not a checkpoint (it {what}); --resume continues one")

@@ -25,14 +25,23 @@ untraced, the next ``warmup`` are traced and discarded, the next ``active`` are 
 before it writes nothing and says so in one line. A Ctrl-C (any ``BaseException`` that is not an
 ``Exception``) stops the profiler and writes nothing more; an error still writes, since a trace and a
 memory snapshot leading up to an out-of-memory error are what one profiles for.
+
+A write the file system refuses (a full disk) ends in the one line of every refused write
+(util/safe_files.write_error), the trace's and the summary's as the run's own (a checkpoint's): the profile
+folder the run created is removed, with the folders above it that it created, so nothing partial is left.
+The trace is exported to a temporary name beside it, then renamed: torch.profiler's writer stops short on
+a full disk without a word, leaving no file, which is named as the full disk it is when ``os.statvfs``
+shows no room.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import re
+import shutil
 import socket
 import time
 import warnings
@@ -43,6 +52,17 @@ from types import TracebackType
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from ddpm.util.safe_files import (
+    WriteError,
+    atomic_write,
+    full_disk,
+    missing_folders,
+    remove_created,
+    sibling_temporary,
+    write_error,
+    write_failure,
+)
 
 TRACE_SUFFIX = ".pt.trace.json"  # what torch-tb-profiler looks for (it also takes .pt.trace.json.gz)
 SUMMARY_ROWS = 15
@@ -106,7 +126,9 @@ class Profiler:
         self._snapshotting = self._cuda and config.record_memory
         self._prof: profile | None = None
         self._steps = 0
-        self._keep = True  # False after Ctrl-C: write nothing more
+        self._keep = True  # False after Ctrl-C or a refused write: write nothing more
+        self._failed = False  # a write of this profile's own was refused
+        self._created: list[Path] = []  # the folders above the session folder that this run made
         self.folder: Path | None = None
         self.trace_path: Path | None = None
         self.summary_path: Path | None = None
@@ -117,6 +139,7 @@ class Profiler:
         return tuple(p for p in (self.trace_path, self.summary_path, self.memory_snapshot_path) if p is not None)
 
     def __enter__(self) -> Profiler:  # noqa: PYI034 (typing.Self is 3.11+; setup.py allows 3.10)
+        self._created = missing_folders(self.config.sessions_root)
         self.folder = _new_session_folder(self.config.sessions_root)
         wait, warmup, active = self.config.fitted()
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self._cuda else [])]
@@ -157,21 +180,37 @@ class Profiler:
     ) -> None:
         global _active
         _active = None
-        self._keep = exc_type is None or issubclass(exc_type, Exception)
+        # A refused write, this profile's or the run's own (a checkpoint on a full disk): nothing partial is left.
+        refused = exc is not None and (self._failed or isinstance(exc, WriteError) or write_failure(exc) is not None)
+        self._keep = (exc_type is None or issubclass(exc_type, Exception)) and not refused
         assert self._prof is not None and self.folder is not None
         try:
-            self._prof.__exit__(exc_type, exc, tb)  # flushes a run that stopped inside the active window
-        finally:
-            if self._snapshotting:
-                try:
-                    if self._keep:
-                        snapshot = self.folder / "memory_snapshot.pickle"
-                        torch.cuda.memory._dump_snapshot(str(snapshot))
-                        self.memory_snapshot_path = snapshot
-                finally:
-                    torch.cuda.memory._record_memory_history(enabled=None)
-        if self._keep:
-            self._report()
+            try:
+                self._prof.__exit__(exc_type, exc, tb)  # flushes a run that stopped inside the active window
+            finally:
+                if self._snapshotting:
+                    try:
+                        if self._keep:
+                            snapshot = self.folder / "memory_snapshot.pickle"
+                            torch.cuda.memory._dump_snapshot(str(snapshot))
+                            self.memory_snapshot_path = snapshot
+                    finally:
+                        torch.cuda.memory._record_memory_history(enabled=None)
+            if self._keep:
+                self._report()
+        except Exception:
+            self._discard()
+            raise
+        if refused:
+            self._discard()
+
+    def _discard(self) -> None:
+        """The session folder (this run's own: made by an exclusive mkdir) and the folders above it that this run
+        created, removed: what a run whose writes were refused leaves of its profile."""
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        remove_created(self._created)
+        self.trace_path = self.summary_path = self.memory_snapshot_path = None
 
     def _write_trace(self, prof: profile) -> None:
         wait, warmup, _ = self.config.fitted()
@@ -180,9 +219,18 @@ class Profiler:
         assert self.folder is not None
         host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"  # a "." would end the worker name
         path = self.folder / f"{host}{TRACE_SUFFIX}"
-        partial = self.folder / f".{path.name}.partial"  # not a trace name, so never read half-written
-        prof.export_chrome_trace(str(partial))
-        os.replace(partial, path)
+        temporary = sibling_temporary(path)  # not a trace name, so never read half-written
+        try:
+            prof.export_chrome_trace(str(temporary))
+            if not temporary.is_file():  # kineto's writer stops short on a full disk without raising
+                raise FileNotFoundError(errno.ENOENT, "torch.profiler wrote no trace", str(temporary))
+            os.replace(temporary, path)
+        except Exception as exc:
+            failure = write_failure(exc) or full_disk(self.folder) or exc  # before the removal frees the room
+            for left in (temporary, temporary.with_name(f"{temporary.name}.tmp")):  # kineto writes <name>.tmp first
+                left.unlink(missing_ok=True)
+            self._failed = True
+            raise write_error(path, failure, existed=False) from exc
         self.trace_path = path
 
     def _report(self) -> None:
@@ -197,8 +245,8 @@ class Profiler:
             sorts = ["self_cpu_time_total", *(["self_device_time_total"] if self._cuda else [])]
             averages = self._prof.key_averages()
             table = "\n\n".join(f"sorted by {k}:\n{averages.table(sort_by=k, row_limit=SUMMARY_ROWS)}" for k in sorts)
-            self.summary_path = self.folder / "summary.txt"
-            self.summary_path.write_text(table + "\n", encoding="utf-8")
+            summary = (table + "\n").encode()
+            self.summary_path = atomic_write(self.folder / "summary.txt", lambda f: f.write(summary))
             self._log(table)
         if self.written:  # on CUDA the memory snapshot is written even without a trace
             self._log(

@@ -391,7 +391,7 @@ def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
     an exception the new folder vanishes, with any folder this created, and ``target`` stays as it was."""
     given, target = target, resolved(target)
     existed = target.exists()
-    created = [folder for folder in (target.parent, *target.parent.parents) if not folder.exists()]
+    created = missing_folders(target.parent)
     remove_stale_temporaries(target)
     new = sibling_temporary(target)
     shutil.rmtree(new, ignore_errors=True)
@@ -399,7 +399,7 @@ def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
         new.parent.mkdir(parents=True, exist_ok=True)
         new.mkdir()
     except OSError as exc:
-        _remove_created(created)
+        remove_created(created)
         failure = write_failure(exc)
         if failure is None:
             raise
@@ -408,7 +408,7 @@ def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
         yield new
     except BaseException as exc:
         shutil.rmtree(new, ignore_errors=True)
-        _remove_created(created)
+        remove_created(created)
         failure = write_failure(exc.__cause__ if isinstance(exc, WriteError) else exc)  # named the temporary folder
         if failure is None:
             raise
@@ -422,7 +422,7 @@ def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
                 _fsync_dir(target.parent)
     except OSError as exc:
         if not existed:
-            _remove_created(created)
+            remove_created(created)
             raise write_error(given, exc, existed=False, what="folder") from exc
         raise WriteError(
             f"cannot write {given}: {exc.strerror or first_line(exc)}; it holds part of the new export, each file "
@@ -432,8 +432,9 @@ def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
         shutil.rmtree(new, ignore_errors=True)
 
 
-def _remove_created(folders: Sequence[Path]) -> None:
-    """The folders a failed write created on the way to its output (nearest first), removed while empty."""
+def remove_created(folders: Sequence[Path]) -> None:
+    """The folders a failed write created on the way to its output (nearest first), removed while empty (what
+    :func:`missing_folders` listed before the write)."""
     for folder in folders:
         with contextlib.suppress(OSError):
             folder.rmdir()
@@ -481,6 +482,31 @@ def write_failure(exc: BaseException) -> OSError | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+LOW_SPACE_BYTES = 1 << 20  # less room than this, and a write that stopped short without saying why met a full disk
+
+
+def full_disk(folder: PathLike) -> OSError | None:
+    """ENOSPC as an OSError when the file system holding ``folder`` has (almost) no room left (os.statvfs, the room
+    this process may use), else None: for a library whose writer stops short without saying why (torch.profiler's
+    and onnx's C++ writers leave a missing or cut file), so its failure is named as the full disk it is. Call it
+    before removing what the failed write left, which frees the room."""
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):  # statvfs is POSIX-only
+        return None
+    free = st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail  # root may use the reserve
+    if free * st.f_frsize >= LOW_SPACE_BYTES:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def missing_folders(path: PathLike) -> list[Path]:
+    """``path`` and the folders above it that do not exist yet (nearest first): those a write creating ``path`` makes,
+    for :func:`remove_created` to remove if it fails."""
+    path = Path(path)
+    return [folder for folder in (path, *path.parents) if not folder.exists()]
 
 
 def write_error(path: PathLike, exc: BaseException, *, existed: bool, what: str = "file") -> WriteError:

@@ -4,7 +4,10 @@ onnxruntime's INT8 kernels keep, the export, the TensorRT build plans, and what 
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -283,6 +286,58 @@ def test_what_cannot_run_or_means_nothing_is_refused_in_one_line(tmp_path, args,
     )
     assert_user_error(run_here(*args, "--model_path", "ck.pt", cwd=tmp_path), named)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
+
+
+def full_tmpdir_line(folder) -> str:
+    return (
+        f"cannot write the INT8 calibration's temporary files in {folder} (TMPDIR): No space left on device; no file "
+        "was created and nothing partial was left"
+    )
+
+
+def test_a_full_temporary_folder_ends_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """Found by the adversarial pass: the quantizer's files in a full TMPDIR ended in onnx's traceback ("DecodeError:
+    Wire format was corrupt": its C++ shape inference stops writing short without a word); now the one line of every
+    refused write, exit 2, and neither the export nor the temporary folder is left."""
+    model = tiny_unet_config(image_size=8, norm_groups=8)
+    state = perturbed_unet(model).state_dict()
+    save_checkpoint(
+        tmp_path / "ck.pt",
+        {"format_version": 1, "model_config": model.to_dict(), "schedule_config": vars(SCHEDULE)}
+        | {"model": state, "ema": state, "step": 0},
+    )
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+    def cut_short(source, target, *args, **kwargs):  # what onnx's shape inference leaves on a full disk
+        with open(target, "wb") as f:
+            f.write(b"\x08\x0a\x12")
+        monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((4096, 4096, 256, 0, 0, 64, 0, 0, 0, 255)))
+
+    monkeypatch.setattr(quantization.import_quantizer(), "quantize_static", cut_short)
+    args = ["--precision", "int8", "--calibration_samples", "2", "--sampler", "ddim", "--sampling_steps", "2"]
+    result = run_here("--mode", "export", "--model_path", "ck.pt", "--output", "q.onnx", *args, cwd=tmp_path)
+    assert_user_error(result, full_tmpdir_line(tmp_path / "tmp"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt", "tmp"]
+    assert not list((tmp_path / "tmp").glob("ddpm-int8-*"))
+
+
+def test_a_full_temporary_folder_met_by_onnx_save_names_no_temporary_file(tmp_path, monkeypatch):
+    """onnx.save's own OSError named the temporary file, in a folder already removed: the same one line instead."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y")]
+    proto = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", io[:1], io[1:]))
+
+    def refused(proto, path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(onnx, "save", refused)
+    with pytest.raises(OSError) as info:
+        quantization.quantize_unet(proto, [])
+    assert str(info.value) == full_tmpdir_line(tmp_path) and not list(tmp_path.iterdir())
 
 
 def test_tensorrt_builds_quantized_graphs_explicitly_and_strongly_typed():

@@ -7,11 +7,14 @@ Runs go through ``main.main`` in this process (helpers.run_here): a few steps of
 from __future__ import annotations
 
 import csv
+import errno
 import math
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import TINY_TRAIN, assert_user_error, run_here
 
 from ddpm.training.curves import COLUMNS, TrainingLog
@@ -105,6 +108,31 @@ def test_resume_appends_from_the_checkpoints_step_and_drops_what_a_killed_run_wr
     logged = scalars(log_dir, "train/loss")
     assert [step for step, _ in logged] == [1, 2, 3, 4, 5]  # TensorBoard continues the same curve, purged past step 3
     assert [value for _, value in logged] == pytest.approx([float(row["loss"]) for row in after], rel=1e-5)
+
+
+NOTHING_LEFT = "no file was created and nothing partial was left"
+
+
+@pytest.mark.parametrize("log_dir", [None, "logs"])
+def test_a_failed_run_removes_the_log_folder_it_created_and_only_that(tmp_path, monkeypatch, log_dir):
+    """Found by the adversarial pass: a run failing at its save (a full disk) said nothing partial was left and left
+    m_logs/ with its rows; now a folder the run created goes, one that was there keeps what it held."""
+    if log_dir is not None:
+        (tmp_path / log_dir).mkdir()
+        (tmp_path / log_dir / "notes.txt").write_text("mine")
+
+    def full(obj, f, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", full)
+    flags = ["--log_dir", log_dir] if log_dir is not None else []
+    result = run_here(*TRAIN, "--max_steps", "2", "--log_every", "1", "--model_path", "m.pt", *flags, cwd=tmp_path)
+    last = result.stderr.strip().splitlines()[-1]  # after the progress bar
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert last == f"main.py: error: cannot write m.pt: {os.strerror(errno.ENOSPC)}; {NOTHING_LEFT}"
+    assert not (tmp_path / "m_logs").exists()
+    if log_dir is not None:
+        assert (tmp_path / log_dir / "notes.txt").read_text() == "mine"
 
 
 def test_a_log_dir_that_is_a_file_is_refused_in_one_line_before_anything_is_written(tmp_path):

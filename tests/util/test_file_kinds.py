@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_TRAIN, assert_user_error, run_here
 from PIL import Image
 
 from ddpm.util.estimates import phase_line, seconds_per_call
@@ -83,3 +84,16 @@ def test_a_checkpoint_cut_short_is_found_truncated_and_named_so(tmp_path):
     assert found_kind(cut) == "broken_zip"
     with pytest.raises(ValueError, match="student.pt already holds a truncated or corrupt zip archive"):
         check_kind("--output", cut, kind="checkpoint")
+
+
+@pytest.mark.parametrize(
+    "content,held",
+    [(b"\x89PNG\r\n\x1a\n" + bytes(8), "holds a PNG image"), (b"notes\n", "holds a text file"), (b"", "is empty")],
+)
+def test_resuming_a_file_that_is_no_checkpoint_names_what_it_holds(tmp_path, content, held):
+    """--resume reads --model_path before it writes it: a PNG or a text file there is no checkpoint to continue, not
+    an output that "would be destroyed"; the file stays as it was."""
+    (tmp_path / "ck.pt").write_bytes(content)
+    result = run_here(*TINY_TRAIN, "--resume", "--model_path", "ck.pt", cwd=tmp_path)
+    assert_user_error(result, f"--model_path ck.pt is not a checkpoint (it {held}); --resume continues one")
+    assert (tmp_path / "ck.pt").read_bytes() == content

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from ddpm.util.profiling import (
     make_profiler,
     tensorboard_hint,
 )
+from ddpm.util.safe_files import WriteError
 
 # torch-tb-profiler's consts.WORKER_PATTERN: a folder holding a file matching it is a run, the match a worker
 TB_PLUGIN_TRACE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")
@@ -122,6 +125,71 @@ def test_ctrl_c_inside_the_active_window_stops_the_profiler_without_writing(tmp_
         raise KeyboardInterrupt
     assert prof.written == () and logs == []
     assert list(tmp_path.rglob("*.pt.trace.json*")) == []
+
+
+FULL = os.statvfs_result((4096, 4096, 256, 0, 0, 64, 0, 0, 0, 255))  # a file system with no block free
+FULL_DISK_LINE = re.compile(
+    r"cannot write prof/train/plugins/profile/[0-9_]+/[A-Za-z0-9_-]+\.pt\.trace\.json: No space left on device; "
+    r"no file was created and nothing partial was left"
+)
+
+
+def kineto_on_a_full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.profiler's writer on a full disk: it stops short in its own ``<path>.tmp`` and raises nothing."""
+
+    def export(self, path: str) -> None:
+        Path(f"{path}.tmp").write_text('{"traceEvents": [')
+        monkeypatch.setattr(os, "statvfs", lambda folder: FULL)
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", export)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_trace_on_a_full_disk_ends_in_one_line_and_leaves_only_what_was_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing: bool
+) -> None:
+    """Found by the adversarial pass: the trace's rename named ENOENT, not the full disk, and left a half-written
+    ``.partial.tmp``; now the one line of every refused write, and the folders the run made are gone (a --profile
+    folder that was there stays, with what it held)."""
+    monkeypatch.chdir(tmp_path)
+    if existing:
+        Path("prof").mkdir()
+        Path("prof/notes.txt").write_text("mine")
+    kineto_on_a_full_disk(monkeypatch)
+    with pytest.raises(WriteError) as info:
+        run_steps(ProfileConfig("prof", "train", wait=0, warmup=0, active=1), 2)
+    assert FULL_DISK_LINE.fullmatch(str(info.value)), str(info.value)
+    assert sorted(str(p) for p in Path().rglob("*")) == (["prof", "prof/notes.txt"] if existing else [])
+
+
+def test_a_summary_on_a_full_disk_leaves_no_profile_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """summary.txt is written like every output (safe_files.atomic_write): a refused write is one line naming it, and
+    the trace written before it goes with the folder."""
+    monkeypatch.chdir(tmp_path)
+
+    def full(fd: int) -> None:  # the buffered summary reaching a full disk
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(WriteError, match=r"cannot write prof/.*/summary\.txt: No space left on device; no file"):
+        run_steps(ProfileConfig("prof", "train", wait=0, warmup=0, active=1), 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_whose_own_write_is_refused_leaves_no_profile(tmp_path: Path) -> None:
+    """A run ending in a refused write (its checkpoint on a full disk) says nothing partial was left: its profile,
+    written or not, goes too; any other error still writes the trace leading up to it."""
+    config = ProfileConfig(str(tmp_path / "prof"), "train", wait=0, warmup=0, active=1)
+    with pytest.raises(OSError, match="No space left"), Profiler(config, device="cpu", log=[].append) as prof:
+        prof.step()
+        prof.step()  # the trace is written here
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert prof.written == () and list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError), Profiler(config, device="cpu", log=[].append) as prof:
+        prof.step()
+        prof.step()
+        raise ValueError("a bug")
+    assert prof.trace_path is not None and prof.trace_path.is_file()
 
 
 def test_a_directory_that_is_a_file_is_refused(tmp_path: Path) -> None:
