@@ -39,6 +39,8 @@ def _cpu_recipe(args: argparse.Namespace, device: torch.device) -> dict:
         and args.channels in (None, channels)
         and args.patch_size in (None, 1)
     )
+    if latent and "dropout" not in args.given:
+        args.dropout = CPU_LATENT_RECIPE["dropout"]
     return {**(CPU_LATENT_RECIPE if latent else CPU_RECIPE), "cpu_recipe": True, "first_stage": latent}
 
 

@@ -42,7 +42,7 @@ def run_train(request: TrainRequest) -> None:
 
 def recipe_line(request: TrainRequest) -> str:
     """What the CPU's recipe trains, in one line (the flags left it to choices.CPU_RECIPE)."""
-    applied = CPU_RECIPE if request.first_stage is None else CPU_LATENT_RECIPE
+    applied = CPU_RECIPE if request.first_stage is None else {**CPU_LATENT_RECIPE, "dropout": request.model.dropout}
     recipe = ", ".join(
         f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}" for name, value in applied.items()
     )

@@ -165,8 +165,9 @@ def test_a_new_digits_model_on_a_cpu_trains_the_measured_cpu_recipe_unless_a_mod
             replace(request.model, image_size=8, channels=4).model_config() if latent else request.model.model_config()
         )
         assert request.cpu_recipe and (config.model_channels, config.num_res_blocks) == (32, 1), dataset
-        lr = 5e-3 if latent else 1.5e-3  # choices.CPU_LATENT_RECIPE, CPU_RECIPE
+        lr, dropout = (3e-3, 0.0) if latent else (1.5e-3, 0.1)  # choices.CPU_LATENT_RECIPE, CPU_RECIPE
         assert (request.batch_size, request.lr, request.timestep_sampling) == (128, lr, "importance")
+        assert config.dropout == dropout, dataset
         assert config.norm_groups == 8  # groups of 4 channels: one a group drew 28x28 blobs
     assert set(CPU_RECIPE) == {"model_channels", "num_res_blocks", "batch_size", "lr", "timestep_sampling"}
     for given in (["--model_preset", "small"], ["--batch_size", "32"], ["--timestep_sampling", "uniform"]):
@@ -193,6 +194,8 @@ def test_the_cpu_recipe_of_the_28x28_digits_is_a_latent_model_whose_autoencoder_
         assert stage.config().latent_shape == (4, 8, 8) and stage.dataset == dataset
     _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--model_path", "runs/m.pt"])
     assert request.first_stage.checkpoint == "runs/m_autoencoder.pt"
+    _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dropout", "0.2"])  # a flag given: taken
+    assert request.first_stage is not None and request.model.dropout == 0.2
     for pixel in (
         ["--dataset", "digits"],  # 8x8: the pixel recipe
         ["--dataset", "mnist", "--img_size", "16"],  # another shape than the one measured
