@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ddpm.choices import PRESETS, TIME_CONDITIONING
 from ddpm.conditioning import Guidance
-from ddpm.util.profiling import phase
+from ddpm.util.phases import phase
 from noise_schedule import MAX_LIST_ITEMS, NoiseSchedule, SamplingPlan, config_fields, guided_eps, p_step, short_repr
 
 # Sane bounds of each integer setting (inclusive); ddpm_cifar10 is 128 channels, (1, 2, 2, 2), 2 blocks, 1 head.

@@ -54,8 +54,8 @@ from ddpm.conditioning import Guidance, unet_batch
 from ddpm.util import build_flags
 from ddpm.util import precision as precision_policy
 from ddpm.util.messages import first_line
+from ddpm.util.phases import phase
 from ddpm.util.precision import LOW_DTYPES, autocast, backend_policy, check_precision
-from ddpm.util.profiling import phase
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 
 # ----- Loading the extension ----------------------------------------------------------------------

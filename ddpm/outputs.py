@@ -77,6 +77,12 @@ def check_mode_outputs(
     return checked
 
 
+def reconstructions_path(checkpoint: str | Path) -> str:
+    """The PNG beside a checkpoint: ``<stem>_reconstructions.png``."""
+    path = Path(checkpoint)
+    return str(path.with_name(f"{path.stem}_reconstructions.png"))
+
+
 def previews_folder(checkpoint: PathLike) -> Path:
     """Where a training run's preview grids go: ``checkpoints/mnist.pt`` -> ``checkpoints/mnist_samples``."""
     path = Path(checkpoint)

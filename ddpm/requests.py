@@ -398,6 +398,9 @@ class DistillRequest:
     log_dir: str | None = None
     log_every: int = 10
     given: frozenset[str] = frozenset()
+    # The method flags given, each with the --distill_method values that read it (the flag table's): a resumed run's
+    # method is its checkpoint's, so they are checked once it is read.
+    method_flags: dict[str, tuple[str, ...]] | None = None
 
 
 def default_student_path(teacher: str, steps: int) -> str:

@@ -28,8 +28,8 @@ from torch import nn
 from ddpm.conditioning import Guidance
 from ddpm.formats.kinds import KIND_NAMES
 from ddpm.formats.unet_io import DEFAULT_OPSET
+from ddpm.util.phases import phase
 from ddpm.util.precision import PRECISIONS, QUANTIZED, backend_policy
-from ddpm.util.profiling import phase
 
 if TYPE_CHECKING:
     from ddpm.latent.first_stage import FirstStage

@@ -1,13 +1,17 @@
 """A new training run's recipe where the flags leave it out: ddpm/choices.py's TRAINING_DEFAULTS for the kind of data,
-and on a CPU the measured CPU_RECIPE for the digits; a distillation's method for its step count."""
+and on a CPU the measured CPU_RECIPE for the digits (for the 28x28 digits, a latent model and the autoencoder its run
+trains first); a distillation's method for its step count."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+    from ddpm.requests import AutoencoderTrainRequest, NewModel
 
 
 def training_recipe(args: argparse.Namespace, device: torch.device) -> dict:
@@ -42,6 +46,60 @@ def _cpu_recipe(args: argparse.Namespace, device: torch.device) -> dict:
     if latent and "dropout" not in args.given:
         args.dropout = CPU_LATENT_RECIPE["dropout"]
     return {**(CPU_LATENT_RECIPE if latent else CPU_RECIPE), "cpu_recipe": True, "first_stage": latent}
+
+
+def first_stage_request(args: argparse.Namespace, device: torch.device, *, checkpoint: str) -> AutoencoderTrainRequest:
+    """The autoencoder that a run of the CPU recipe's latent model trains before its U-Net (choices.CPU_FIRST_STAGE),
+    written beside ``checkpoint``: checkpoints/mnist.pt -> checkpoints/mnist_autoencoder.pt."""
+    from ddpm.choices import CPU_FIRST_STAGE
+    from ddpm.data.catalog import default_shape
+    from ddpm.outputs import reconstructions_path
+    from ddpm.requests import AutoencoderTrainRequest
+
+    path = Path(checkpoint)
+    autoencoder = str(path.with_name(f"{path.stem}_autoencoder.pt"))
+    size, channels = default_shape(args.dataset)
+    return AutoencoderTrainRequest(
+        device=device,
+        checkpoint=autoencoder,
+        reconstructions=reconstructions_path(autoencoder),
+        overwrite=args.overwrite,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        image_size=size,
+        channels=channels,
+        seed=args.seed,
+        max_steps=CPU_FIRST_STAGE["max_steps"],
+        batch_size=CPU_FIRST_STAGE["batch_size"],
+        lr=CPU_FIRST_STAGE["lr"],
+        base_channels=CPU_FIRST_STAGE["ae_channels"],
+    )
+
+
+def new_model(args: argparse.Namespace) -> NewModel:
+    """The new U-Net and schedule the flags describe (a latent model's size and channels: 0, its autoencoder's)."""
+    from ddpm.data.catalog import default_shape
+    from ddpm.requests import NewModel
+
+    size, channels = default_shape(args.dataset)
+    if getattr(args, "autoencoder", None):
+        size = channels = (
+            0  # a latent model's: its autoencoder's, unless the flags name others (refused if they differ)
+        )
+    return NewModel(
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        image_size=size if args.img_size is None else args.img_size,
+        channels=channels if args.channels is None else args.channels,
+        preset=args.model_preset,
+        model_channels=args.model_channels,
+        num_res_blocks=args.num_res_blocks,
+        dropout=args.dropout,
+        time_conditioning=args.time_conditioning,
+        patch_size=args.patch_size,
+        beta_schedule=args.beta_schedule,
+        timesteps=args.timesteps,
+    )
 
 
 def training_defaults(dataset: str) -> dict:

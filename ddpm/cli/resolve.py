@@ -33,7 +33,8 @@ from ddpm.cli.checks import (
 )
 from ddpm.cli.flags import FLAGS, NEW_MODEL
 from ddpm.cli.parser import not_read_by_run, parse_args
-from ddpm.cli.recipes import default_method, training_recipe
+from ddpm.cli.reads import READ_BY_RUN
+from ddpm.cli.recipes import default_method, first_stage_request, new_model, training_recipe
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.outputs import (  # every output checked, by its kind, before any work
@@ -52,7 +53,6 @@ from ddpm.requests import (
     EvaluateRequest,
     ExportRequest,
     ModelSource,
-    NewModel,
     SampleRequest,
     SamplingChoice,
     TrainRequest,
@@ -166,30 +166,6 @@ def _source(args: argparse.Namespace, path: str | None = None) -> ModelSource:
         weights="model" if args.no_ema else "ema",
         trust_torchscript=args.trust_torchscript,
         autoencoder=args.autoencoder,
-    )
-
-
-def _new_model(args: argparse.Namespace) -> NewModel:
-    from ddpm.data.catalog import default_shape
-
-    size, channels = default_shape(args.dataset)
-    if getattr(args, "autoencoder", None):
-        size = channels = (
-            0  # a latent model's: its autoencoder's, unless the flags name others (refused if they differ)
-        )
-    return NewModel(
-        dataset=args.dataset,
-        data_dir=args.data_dir,
-        image_size=size if args.img_size is None else args.img_size,
-        channels=channels if args.channels is None else args.channels,
-        preset=args.model_preset,
-        model_channels=args.model_channels,
-        num_res_blocks=args.num_res_blocks,
-        dropout=args.dropout,
-        time_conditioning=args.time_conditioning,
-        patch_size=args.patch_size,
-        beta_schedule=args.beta_schedule,
-        timesteps=args.timesteps,
     )
 
 
@@ -342,7 +318,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         raise ValueError(f"--min_snr_gamma must be positive, or 0 for the unweighted loss, got {min_snr_gamma}")
     if not args.resume:
         dataset_channels(args)
-    model = _new_model(args)
+    model = new_model(args)
     if first_stage is not None:  # a latent model: its U-Net's shape is the autoencoder's latent's
         latent_channels, side = first_stage.config().latent_shape[0], first_stage.config().latent_side
         replace(model, image_size=side, channels=latent_channels).model_config()
@@ -547,7 +523,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
     _check_rows(args.rows, bench=args.bench, device=device)
     if not args.model_path:
         check_training_numbers(dropout=args.dropout)
-        _new_model(args).model_config()  # the fresh U-Net's shape, before anything is built
+        new_model(args).model_config()  # the fresh U-Net's shape, before anything is built
     request = BenchmarkRequest(
         rows=args.rows,
         repeats=args.repeats,
@@ -574,43 +550,16 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
         bench=args.bench,
         request=request,
         source=_source(args, args.model_path) if args.model_path else None,
-        model=_new_model(args),
+        model=new_model(args),
         sampling=sampling,
         n_samples=args.n_samples,
         guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
     )
 
 
-def first_stage_request(args: argparse.Namespace, device: torch.device, *, checkpoint: str) -> AutoencoderTrainRequest:
-    """The autoencoder that a run of the CPU recipe's latent model trains before its U-Net (choices.CPU_FIRST_STAGE),
-    written beside ``checkpoint``: checkpoints/mnist.pt -> checkpoints/mnist_autoencoder.pt."""
-    from ddpm.choices import CPU_FIRST_STAGE
-    from ddpm.data.catalog import default_shape
-    from ddpm.training.autoencoder_trainer import reconstructions_path
-
-    path = Path(checkpoint)
-    autoencoder = str(path.with_name(f"{path.stem}_autoencoder.pt"))
-    size, channels = default_shape(args.dataset)
-    return AutoencoderTrainRequest(
-        device=device,
-        checkpoint=autoencoder,
-        reconstructions=reconstructions_path(autoencoder),
-        overwrite=args.overwrite,
-        dataset=args.dataset,
-        data_dir=args.data_dir,
-        image_size=size,
-        channels=channels,
-        seed=args.seed,
-        max_steps=CPU_FIRST_STAGE["max_steps"],
-        batch_size=CPU_FIRST_STAGE["batch_size"],
-        lr=CPU_FIRST_STAGE["lr"],
-        base_channels=CPU_FIRST_STAGE["ae_channels"],
-    )
-
-
 def train_autoencoder_request(args: argparse.Namespace, device: torch.device) -> AutoencoderTrainRequest:
     from ddpm.data.catalog import VOLUME_DATASETS, default_shape
-    from ddpm.training.autoencoder_trainer import reconstructions_path
+    from ddpm.outputs import reconstructions_path
 
     if args.dataset in VOLUME_DATASETS:
         raise ValueError(f"--mode train_autoencoder is for images; {args.dataset} holds 3-D volumes")
@@ -726,6 +675,7 @@ def distill_request(args: argparse.Namespace, device: torch.device):
         log_dir=log_dir,
         log_every=args.log_every,
         given=args.given,
+        method_flags={name: readers for name, (_, readers) in READ_BY_RUN["distill"].items() if name in args.given},
     )
 
 

@@ -582,7 +582,7 @@ def diffusers_folder_files(output: Path) -> dict[str, Path]:
         "--output's unet config": output / "unet" / "config.json",
         "--output's scheduler config": output / "scheduler" / SCHEDULER_FILE,
         "--output's model_index.json": output / "model_index.json",
-        "--output's export marker": output / EXPORT_MARKER,  # last: util/safe_files.marker_bytes
+        "--output's export marker": output / EXPORT_MARKER,  # last: util/model_folders.marker_bytes
     }
 
 

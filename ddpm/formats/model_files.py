@@ -38,7 +38,8 @@ from ddpm.formats.diffusers_io import (
 )
 from ddpm.formats.safetensors_io import METADATA_KEY, read_safetensors, safetensors_bytes
 from ddpm.formats.torch_files import load_pt, weight_mismatches
-from ddpm.util.safe_files import atomic_write, marker_bytes, read_limited
+from ddpm.util.model_folders import marker_bytes
+from ddpm.util.safe_files import atomic_write, read_limited
 from noise_schedule import ScheduleConfig
 
 
@@ -148,7 +149,7 @@ def _folder_weights(folder: Path, unet: Path) -> tuple[dict, str]:
 
 def write_diffusers_folder(model: UNet, schedule: ScheduleConfig, output: Path, *, source: str) -> list[Path]:
     """A folder ``DDPMPipeline.from_pretrained`` loads: each file written atomically, then the export's marker
-    recording what each holds (util/safe_files.marker_bytes: a folder without it is no export of this tool's).
+    recording what each holds (util/model_folders.marker_bytes: a folder without it is no export of this tool's).
     Returns the files written."""
     unet_config = diffusers_unet_config(model.config, source=source)
     scheduler_config = diffusers_scheduler_config(schedule, source=source)

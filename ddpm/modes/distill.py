@@ -98,13 +98,11 @@ def data_dir(request: DistillRequest, config) -> str:
 def check_method_flags(request: DistillRequest, config) -> None:
     """A resumed run's method is its checkpoint's (``config``), which the flag table could not know
     (cli/parser.py's not_read_by_run): a flag of another method is refused in one line naming the run's own."""
-    from ddpm.cli.reads import READ_BY_RUN
-
-    for name, (selector, readers) in READ_BY_RUN["distill"].items():  # each selected by --distill_method
-        if name in request.given and config.method not in readers:
+    for name, readers in (request.method_flags or {}).items():
+        if config.method not in readers:
             raise ValueError(
-                f"--{name} is read by --{selector} {' or '.join(readers)}, and {request.checkpoint} continues a "
-                f"--{selector} {config.method} run; drop --{name}"
+                f"--{name} is read by --distill_method {' or '.join(readers)}, and {request.checkpoint} continues a "
+                f"--distill_method {config.method} run; drop --{name}"
             )
 
 

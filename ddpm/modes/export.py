@@ -46,16 +46,9 @@ from ddpm.latent.first_stage import FirstStage
 from ddpm.outputs import DECODER_KINDS, EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
 from ddpm.requests import Calibration, ExportRequest
 from ddpm.util.memory_budget import is_out_of_memory
+from ddpm.util.model_folders import check_folder_output, replaced_files
 from ddpm.util.precision import QUANTIZED
-from ddpm.util.safe_files import (
-    as_input,
-    atomic_write,
-    check_folder_output,
-    check_outputs,
-    check_target,
-    replaced_files,
-    sibling_temporary,
-)
+from ddpm.util.safe_files import as_input, atomic_write, check_outputs, check_target, sibling_temporary
 from tensorrt_integration import TensorRTOptions
 
 
@@ -182,7 +175,7 @@ def diffusers_names(output: Path) -> list[str]:
 
 
 def check_diffusers_output(source: Path, output: Path, *, overwrite: bool) -> bool:
-    """A diffusers --output folder (util/safe_files.check_folder_output): new, or holding only the files an earlier
+    """A diffusers --output folder (util/model_folders.check_folder_output): new, or holding only the files an earlier
     export wrote (recorded in its marker, diffusers_io.EXPORT_MARKER: another tool's model under the same names is
     refused), and those replaced only with ``overwrite`` (returns True); never the working folder, an input, a folder
     holding one, nor a folder of the user's files. Each file is then checked as any output is."""

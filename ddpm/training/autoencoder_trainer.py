@@ -50,12 +50,6 @@ PNG_IMAGES = 16  # held-out images in the reconstructions PNG
 PSNR_CAP = 100.0  # dB: an exact copy (infinite PSNR) scores this
 
 
-def reconstructions_path(checkpoint: str | Path) -> str:
-    """The PNG beside a checkpoint: ``<stem>_reconstructions.png``."""
-    path = Path(checkpoint)
-    return str(path.with_name(f"{path.stem}_reconstructions.png"))
-
-
 def total_steps(*, n_epochs: int | None, max_steps: int | None, steps_per_epoch: int) -> int:
     """--max_steps alone sets the length; --n_epochs sets it in passes over the data, capped by --max_steps."""
     if n_epochs is None:

@@ -46,8 +46,9 @@ from ddpm.util import distributed, interrupts
 from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.distributed import Ranks
 from ddpm.util.messages import first_line
+from ddpm.util.phases import phase
 from ddpm.util.precision import autocast, check_precision
-from ddpm.util.profiling import NullProfiler, Profiler, phase
+from ddpm.util.profiling import NullProfiler, Profiler
 from noise_schedule import NoiseSchedule, ScheduleConfig, short_repr
 
 if TYPE_CHECKING:

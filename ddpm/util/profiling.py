@@ -53,16 +53,7 @@ from types import TracebackType
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from ddpm.util.safe_files import (
-    WriteError,
-    atomic_write,
-    full_disk,
-    missing_folders,
-    remove_created,
-    sibling_temporary,
-    write_error,
-    write_failure,
-)
+from ddpm.util import phases, safe_files
 
 TRACE_SUFFIX = ".pt.trace.json"  # what torch-tb-profiler looks for (it also takes .pt.trace.json.gz)
 SUMMARY_ROWS = 15
@@ -139,7 +130,7 @@ class Profiler:
         return tuple(p for p in (self.trace_path, self.summary_path, self.memory_snapshot_path) if p is not None)
 
     def __enter__(self) -> Profiler:  # noqa: PYI034 (typing.Self is 3.11+; setup.py allows 3.10)
-        self._created = missing_folders(self.config.sessions_root)
+        self._created = safe_files.missing_folders(self.config.sessions_root)
         self.folder = _new_session_folder(self.config.sessions_root)
         wait, warmup, active = self.config.fitted()
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self._cuda else [])]
@@ -155,8 +146,7 @@ class Profiler:
             with_stack=False,
         )
         self._prof.__enter__()
-        global _active
-        _active = self
+        phases.active = self
         if self._snapshotting:
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
         return self
@@ -178,10 +168,11 @@ class Profiler:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        global _active
-        _active = None
+        phases.active = None
         # A refused write, this profile's or the run's own (a checkpoint on a full disk): nothing partial is left.
-        refused = exc is not None and (self._failed or isinstance(exc, WriteError) or write_failure(exc) is not None)
+        refused = exc is not None and (
+            self._failed or isinstance(exc, safe_files.WriteError) or safe_files.write_failure(exc) is not None
+        )
         self._keep = (exc_type is None or issubclass(exc_type, Exception)) and not refused
         assert self._prof is not None and self.folder is not None
         try:
@@ -209,7 +200,7 @@ class Profiler:
         created, removed: what a run whose writes were refused leaves of its profile."""
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
-        remove_created(self._created)
+        safe_files.remove_created(self._created)
         self.trace_path = self.summary_path = self.memory_snapshot_path = None
 
     def _write_trace(self, prof: profile) -> None:
@@ -219,18 +210,20 @@ class Profiler:
         assert self.folder is not None
         host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"  # a "." would end the worker name
         path = self.folder / f"{host}{TRACE_SUFFIX}"
-        temporary = sibling_temporary(path)  # not a trace name, so never read half-written
+        temporary = safe_files.sibling_temporary(path)  # not a trace name, so never read half-written
         try:
             prof.export_chrome_trace(str(temporary))
             if not temporary.is_file():  # kineto's writer stops short on a full disk without raising
                 raise FileNotFoundError(errno.ENOENT, "torch.profiler wrote no trace", str(temporary))
             os.replace(temporary, path)
         except Exception as exc:
-            failure = write_failure(exc) or full_disk(self.folder) or exc  # before the removal frees the room
+            failure = (
+                safe_files.write_failure(exc) or safe_files.full_disk(self.folder) or exc
+            )  # before the removal frees the room
             for left in (temporary, temporary.with_name(f"{temporary.name}.tmp")):  # kineto writes <name>.tmp first
                 left.unlink(missing_ok=True)
             self._failed = True
-            raise write_error(path, failure, existed=False) from exc
+            raise safe_files.write_error(path, failure, existed=False) from exc
         self.trace_path = path
 
     def _report(self) -> None:
@@ -246,21 +239,12 @@ class Profiler:
             averages = self._prof.key_averages()
             table = "\n\n".join(f"sorted by {k}:\n{averages.table(sort_by=k, row_limit=SUMMARY_ROWS)}" for k in sorts)
             summary = (table + "\n").encode()
-            self.summary_path = atomic_write(self.folder / "summary.txt", lambda f: f.write(summary))
+            self.summary_path = safe_files.atomic_write(self.folder / "summary.txt", lambda f: f.write(summary))
             self._log(table)
         if self.written:  # on CUDA the memory snapshot is written even without a trace
             self._log(
                 f"profile: wrote {', '.join(map(str, self.written))}; view: {tensorboard_hint(self.config.directory)}"
             )
-
-
-_active: Profiler | None = None  # the profiler whose with-block is running, if any
-
-
-def phase(name: str) -> contextlib.AbstractContextManager[None]:
-    """A named phase of a step ("unet", "noise", "step", "forward", ...) for the running profiler's
-    trace and NVTX; nothing (not even a record_function) when no profiler runs."""
-    return _active.range(name) if _active is not None else contextlib.nullcontext()
 
 
 class NullProfiler:

@@ -399,7 +399,7 @@ def test_overwrite_replaces_only_the_exports_own_files_in_the_same_folder(checkp
 
 
 def test_an_interrupted_replacement_leaves_the_old_files_and_touches_no_other(folder):
-    from ddpm.util.safe_files import replaced_files
+    from ddpm.util.model_folders import replaced_files
 
     names = ["unet/config.json", "model_index.json"]
     (folder / "keep.txt").write_text(

@@ -32,7 +32,7 @@ import main
 from ddpm.backends import registry
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
 from ddpm.modes import training_run as train_mode
-from ddpm.util import interrupts, safe_files
+from ddpm.util import interrupts, model_folders, safe_files
 from ddpm.util.safe_files import check_outputs, remove_stale_temporaries
 
 TINY_TRAIN = [
@@ -664,7 +664,7 @@ def test_a_folder_replaced_on_a_full_disk_is_named_as_given_and_stays_as_it_was(
     Path("d").mkdir()
     Path("d/unet.json").write_text("{}")
     with pytest.raises(safe_files.WriteError) as info:
-        with safe_files.replaced_files("d", ["unet.json"]) as new:
+        with model_folders.replaced_files("d", ["unet.json"]) as new:
             safe_files.atomic_write(new / "unet.json", lambda f: FullDisk(f, room=0).write(b"{new}"))
     assert str(info.value) == (
         "cannot write d: No space left on device; the previous folder is untouched and nothing partial was left"
