@@ -69,7 +69,7 @@ CPU_RECIPE_DATASETS = ("digits", "mnist", "mnist_5k")
 # digits in a fraction of the pixel model's time (BENCHMARKS.md, "Real digits at 28×28").
 CPU_LATENT_DATASETS = ("mnist", "mnist_5k")
 CPU_FIRST_STAGE = dict(ae_channels=8, max_steps=800, batch_size=64, lr=2e-3)
-CPU_LATENT_RECIPE = dict(CPU_RECIPE, lr=3e-3, dropout=0.0)  # the U-Net on those latents
+CPU_LATENT_RECIPE = dict(CPU_RECIPE, lr=3e-3, dropout=0.0, min_snr_gamma=5.0)  # the U-Net on those latents
 # --mode train's length without --max_steps: passes over the data.
 TRAIN_EPOCHS = 10
 # --mode train_autoencoder's recipe (images only) and the autoencoder's shape (latent/autoencoder.py's config): its

@@ -42,9 +42,19 @@ def run_train(request: TrainRequest) -> None:
 
 def recipe_line(request: TrainRequest) -> str:
     """What the CPU's recipe trains, in one line (the flags left it to choices.CPU_RECIPE)."""
-    applied = CPU_RECIPE if request.first_stage is None else {**CPU_LATENT_RECIPE, "dropout": request.model.dropout}
+    applied = CPU_RECIPE if request.first_stage is None else CPU_LATENT_RECIPE
+    spec = request.model
+    ran = {  # as the run takes them: a flag the recipe leaves to the user (--dropout, --min_snr_gamma) may be given
+        "model_channels": spec.model_channels,
+        "num_res_blocks": spec.num_res_blocks,
+        "batch_size": request.batch_size,
+        "lr": request.lr,
+        "timestep_sampling": request.timestep_sampling,
+        "dropout": spec.dropout,
+        "min_snr_gamma": request.min_snr_gamma or 0,
+    }
     recipe = ", ".join(
-        f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}" for name, value in applied.items()
+        f"--{name} {ran[name]:g}" if isinstance(ran[name], float) else f"--{name} {ran[name]}" for name in applied
     )
     if request.first_stage is None:
         return f"the CPU's recipe for digits (no model or recipe flag given): {recipe}"

@@ -167,7 +167,7 @@ def test_a_new_digits_model_on_a_cpu_trains_the_measured_cpu_recipe_unless_a_mod
         assert request.cpu_recipe and (config.model_channels, config.num_res_blocks) == (32, 1), dataset
         lr, dropout = (3e-3, 0.0) if latent else (1.5e-3, 0.1)  # choices.CPU_LATENT_RECIPE, CPU_RECIPE
         assert (request.batch_size, request.lr, request.timestep_sampling) == (128, lr, "importance")
-        assert config.dropout == dropout, dataset
+        assert config.dropout == dropout and request.min_snr_gamma == (5.0 if latent else None), dataset
         assert config.norm_groups == 8  # groups of 4 channels: one a group drew 28x28 blobs
     assert set(CPU_RECIPE) == {"model_channels", "num_res_blocks", "batch_size", "lr", "timestep_sampling"}
     for given in (["--model_preset", "small"], ["--batch_size", "32"], ["--timestep_sampling", "uniform"]):
@@ -194,8 +194,9 @@ def test_the_cpu_recipe_of_the_28x28_digits_is_a_latent_model_whose_autoencoder_
         assert stage.config().latent_shape == (4, 8, 8) and stage.dataset == dataset
     _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--model_path", "runs/m.pt"])
     assert request.first_stage.checkpoint == "runs/m_autoencoder.pt"
-    _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dropout", "0.2"])  # a flag given: taken
-    assert request.first_stage is not None and request.model.dropout == 0.2
+    given = ["--dropout", "0.2", "--min_snr_gamma", "0"]  # flags the recipe sets but leaves to the user: taken
+    _, request = resolve.parse(["--mode", "train", "--device", "cpu", *given])
+    assert request.first_stage is not None and request.model.dropout == 0.2 and request.min_snr_gamma is None
     for pixel in (
         ["--dataset", "digits"],  # 8x8: the pixel recipe
         ["--dataset", "mnist", "--img_size", "16"],  # another shape than the one measured
@@ -216,6 +217,7 @@ def test_the_latent_cpu_recipe_trains_its_autoencoder_then_the_u_net_and_replace
     result = run_here(*train, "--sample_every", "0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "a latent model, first an autoencoder of 8 base channels (2 steps of 64)" in result.stdout, result.stdout
+    assert "--lr 0.003, --timestep_sampling importance, --dropout 0, --min_snr_gamma 5\n" in result.stdout
     model, autoencoder = tmp_path / "checkpoints/mnist_5k.pt", tmp_path / "checkpoints/mnist_5k_autoencoder.pt"
     state = load_checkpoint(str(model))
     assert Path(state["autoencoder"]["path"]).resolve() == autoencoder.resolve()
