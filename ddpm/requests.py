@@ -251,6 +251,7 @@ class EvaluateRequest(DrawRequest):
     sampling_steps: list
     students: tuple[str, ...] = ()  # distilled students, each a row of its own sampler and steps
     data_dir: str = "./data"  # ... and where it lies (FID/KID read the real images)
+    data_dir_given: bool = False  # --data_dir written: refused for a model whose data no folder holds
     inception_weights: str | None = None  # FID/KID: a local copy of torch-fidelity's Inception weights
     eta: float = 0.0
     clip_denoised: bool = True

@@ -414,6 +414,7 @@ def evaluate_request(args: argparse.Namespace, device: torch.device) -> Evaluate
         sampling_steps=parse_list(args.sampling_steps, kind=int, flag="--sampling_steps"),
         students=students,
         data_dir=args.data_dir,
+        data_dir_given="data_dir" in args.given,
         inception_weights=args.inception_weights,
         eta=args.eta,
         clip_denoised=not args.no_clip,

@@ -165,6 +165,11 @@ def judged_dataset(request: EvaluateRequest, artifact) -> str:
         raise ValueError(
             f"{path} is {kind_of} model but {dataset} is not its kind of data; name its training data with --dataset"
         )
+    if request.data_dir_given and data_input(dataset, request.data_dir) is None:  # it would be ignored
+        raise ValueError(
+            f"--data_dir {request.data_dir}: {path} is a model of {dataset}, which no folder holds (it comes with the "
+            "tool); drop --data_dir"
+        )
     return dataset
 
 
