@@ -310,7 +310,8 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     if first_stage is not None:
         outputs.update({FIRST_STAGE: first_stage.checkpoint, RECONSTRUCTIONS: first_stage.reconstructions})
     log_dir = args.log_dir or default_log_dir(checkpoint)  # checked again once the run's inputs are all known
-    check_log_dir(log_dir, checkpoint=checkpoint, flag="--model_path")
+    for flag, path in outputs.items():  # the checkpoint, and the autoencoder a first stage writes
+        check_log_dir(log_dir, checkpoint=path, flag=flag)
     check_mode_outputs("train", {**outputs, CURVES: Path(log_dir) / CSV_NAME}, inputs=inputs)
     check_output_folder("--profile", args.profile, inputs=inputs)
     min_snr_gamma = recipe["min_snr_gamma"] if args.min_snr_gamma is None else args.min_snr_gamma

@@ -21,6 +21,7 @@ from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_con
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
 from ddpm.modes.training_run import resumed_config, train_logged, training_run
+from ddpm.outputs import FIRST_STAGE
 from ddpm.requests import AutoencoderTrainRequest, NewModel, TrainRequest
 from ddpm.training.autoencoder_trainer import train_autoencoder
 from ddpm.training.trainer import TrainConfig, Trainer, check_warmup
@@ -70,7 +71,7 @@ def train_first_stage(stage: AutoencoderTrainRequest) -> None:
     """The CPU recipe's autoencoder, trained before the U-Net in the same run: an existing one is replaced only with
     --overwrite; under torchrun rank 0 trains it while the others wait, then every rank reads it."""
     if distributed.current().is_main:
-        with training_run(stage.checkpoint, flag="its autoencoder", overwrite=stage.overwrite):
+        with training_run(stage.checkpoint, flag=FIRST_STAGE, overwrite=stage.overwrite):
             train_autoencoder(stage)  # Ctrl-C: what was trained is saved, and the U-Net is not started
     distributed.barrier()
 

@@ -40,6 +40,7 @@ from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
 from ddpm.latent.first_stage import FirstStage, clips_x0
 from ddpm.outputs import previews_folder
 from ddpm.requests import own_sampling
+from ddpm.training.compiled import CompileTrial
 from ddpm.training.dropout import use_seeded_dropout
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
 from ddpm.util import distributed, interrupts
@@ -196,8 +197,10 @@ class Trainer:
         self.memory_format = torch.channels_last if cuda and model_config.dims == 2 else torch.contiguous_format
         self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
         self.model.grad_checkpoint = config.grad_checkpoint
-        if self.device.type == "cpu":
-            use_seeded_dropout(self.model)  # torch's CPU dropout draws one variable at a time (dropout.py)
+        if self.device.type == "cpu" and not config.compile:
+            # torch's CPU dropout draws one variable at a time (dropout.py); compiled, the op's integer seed would
+            # break the graph and vary its shapes each step, and Inductor's own dropout is fused instead.
+            use_seeded_dropout(self.model)
             # Every step frees and reallocates the same activations: without this, glibc hands them back to the
             # kernel and the next step page-faults them in again (cpu_memory.py).
             keep_freed_memory()
@@ -221,7 +224,10 @@ class Trainer:
             wrapped = DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
-        self.forward = torch.compile(wrapped) if config.compile else wrapped
+        self.forward = wrapped
+        self.compile_trial = CompileTrial(wrapped) if config.compile else None  # settled by the first step
+        if self.compile_trial is not None:
+            self.forward = self.compile_trial.compiled
         self.stop_requested = False  # a rank was asked to stop (Ctrl-C, SIGTERM): every rank stops after this step
         self.step = 0
         self.grad_norm = math.nan  # the last step's gradient norm, before clipping (for the training curves)
@@ -390,6 +396,12 @@ class Trainer:
 
     def train_step(self) -> float:
         """One optimizer step on the batch of ``self.step``; returns the loss (NaN if skipped)."""
+        if self.compile_trial is not None and self.compile_trial.pending:  # compiles, or falls back in one line
+            return self.compile_trial.first_step(self)
+        return self.one_step()
+
+    def one_step(self) -> float:
+        """train_step through ``self.forward`` as it is (compiled or eager)."""
         cfg, ranks = self.config, self.ranks
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr

@@ -389,6 +389,7 @@ def run_lock(path: PathLike, *, flag: str = "--model_path") -> Iterator[Path]:
     target = resolved(path)
     lock_path = target.with_name(f"{target.name}.lock")
     shown_lock = Path(as_typed(path, target.parent)) / lock_path.name  # as the user would write it
+    created = missing_folders(lock_path.parent)  # removed again if the run leaves them empty (a refused run)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         try:
@@ -411,6 +412,7 @@ def run_lock(path: PathLike, *, flag: str = "--model_path") -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(lock_path)  # still held: no other run can hold this file's lock now
         os.close(fd)  # releases the lock
+        remove_created(created)
 
 
 # The largest file of each kind that is read at all, with a wide margin over the largest legitimate

@@ -228,13 +228,30 @@ def test_the_latent_cpu_recipe_trains_its_autoencoder_then_the_u_net_and_replace
     assert_user_error(run_here(*train, cwd=tmp_path), "already holds a checkpoint")
     model.unlink()
     shutil.rmtree(tmp_path / "checkpoints/mnist_5k_logs")  # its curves would be refused first
-    assert_user_error(run_here(*train, cwd=tmp_path), f"its autoencoder {Path('checkpoints/mnist_5k_autoencoder.pt')}")
+    assert_user_error(run_here(*train, cwd=tmp_path), "--model_path's autoencoder checkpoints/mnist_5k_autoencoder.pt")
     assert autoencoder.read_bytes() == before and not model.exists()
     result = run_here(*train, "--sample_every", "0", "--overwrite", "--seed", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert autoencoder.read_bytes() != before and model.is_file()
     resumed = run_here(*train[:-1], "2", "--resume", "--sample_every", "0", cwd=tmp_path)  # the linked autoencoder
     assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stderr
+
+
+def test_the_first_stages_autoencoder_is_an_output_like_the_checkpoint(tmp_path):
+    train = ["--mode", "train", "--dataset", "mnist_5k", "--device", "cpu", "--max_steps", "1"]
+    (tmp_path / "runs/m_autoencoder.pt").mkdir(parents=True)
+    assert_user_error(run_here(*train, "--model_path", "runs/m.pt", cwd=tmp_path), "m_autoencoder.pt is a folder")
+    result = run_here(*train, "--model_path", "new/m.pt", "--log_dir", "new/m_autoencoder.pt", cwd=tmp_path)
+    assert_user_error(result, "--log_dir new/m_autoencoder.pt and --model_path's autoencoder new/m_autoencoder.pt")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_refused_run_leaves_no_folder_it_made(tmp_path):
+    """The data cannot be read (no such folder): nothing written, not even the checkpoint's folder."""
+    train = ["--mode", "train", "--dataset", "folder", "--data_dir", "nowhere", "--img_size", "16", "--max_steps", "1"]
+    result = run_here(*train, "--device", "cpu", "--model_path", "a/b/m.pt", cwd=tmp_path)
+    assert result.returncode == 2 and "nowhere" in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_the_cpu_recipe_is_said_in_one_line_when_the_run_starts(tmp_path):
