@@ -20,22 +20,31 @@ from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
 from ddpm.util import distributed
 from ddpm.util.cpu_memory import allocator_description
 from ddpm.util.messages import first_line
+from ddpm.util.precision import resolve
 from ddpm.util.safe_files import atomic_write
 
 PROFILED_STEPS = 3  # with --profile: 1 warm-up + 2 recorded steps per variant (profiling.ProfileConfig.fitted)
 
 
-def training_variants(device: torch.device) -> list[tuple[str, str, dict]]:
+DIFFUSERS = "diffusers"  # the row trained by diffusers' own model and loop (DiffusersTrainer), not by a Trainer
+
+
+def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[str, str, dict]]:
     """(key for --rows, name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last,
     +/- compile; each precision with activation checkpointing (--grad_checkpoint: the memory it saves, the
     time it costs); then fp32 eager with each adaptive timestep sampler (their cost per step: a draw and
-    a history update)."""
+    a history update). Beside them, two peers: ``default``, what --mode train runs on this device without flags
+    (--precision auto for images of ``pixels``, resolved as train resolves it), and ``diffusers``, diffusers'
+    UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
     fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
     eager = dict(precision="fp32", compile=False, cuda_fast_path=False)
     mixed = dict(precision=amp, compile=False, cuda_fast_path=True)
+    auto = resolve("auto", purpose="training", device=device, pixels=pixels)
     return [
         ("fp32", "fp32 eager", eager),
+        ("default", f"default: {auto}{fast} eager", dict(precision=auto, compile=False, cuda_fast_path=True)),
+        (DIFFUSERS, "diffusers UNet2DModel fp32 eager", dict(precision="fp32", compile=False)),
         ("fp32_compile", "fp32 compile", dict(eager, compile=True)),
         ("amp", f"{amp}{fast} eager", mixed),
         ("amp_compile", f"{amp}{fast} compile", dict(mixed, compile=True)),
@@ -53,9 +62,9 @@ def variant_keys() -> tuple[str, ...]:
     return tuple(key for key, _, _ in training_variants(torch.device("cpu")))
 
 
-def select_variants(rows: str | None, device: torch.device) -> list[tuple[str, str, dict]]:
+def select_variants(rows: str | None, device: torch.device, *, pixels: int = 0) -> list[tuple[str, str, dict]]:
     """The variants --rows names (default "all"); fp32 eager always runs first: the speedups' baseline."""
-    variants = training_variants(device)
+    variants = training_variants(device, pixels=pixels)
     if rows in (None, "all"):
         return variants
     wanted = [r.strip() for r in rows.split(",") if r.strip()]
@@ -102,6 +111,7 @@ def time_variants(
     reports images/s per rank and the scaling efficiency (per-rank throughput over the lone rank's).
     """
     from ddpm.data.datasets import ImageSet
+    from ddpm.training.trainer import Trainer
 
     ranks = distributed.current()
     distributed.check_global_batch(batch_size, world_size=ranks.world_size)
@@ -124,7 +134,8 @@ def time_variants(
         seed=seed,
     )
     results = []
-    for key, name, fields in select_variants(rows, device):
+    pixels = 0 if latent or model_config.dims == 3 else model_config.image_size**2  # as train's --precision auto
+    for key, name, fields in select_variants(rows, device, pixels=pixels):
         gc.collect()  # the previous variant's trainer (model, EMA, optimizer state) is gone before this one
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -134,8 +145,8 @@ def time_variants(
         failure = None
         if ranks.distributed and ranks.is_main:  # the baseline: one rank alone, one rank's share of the batch
             try:
-                alone, _, _ = time_variant(
-                    fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed
+                alone, _, _, _ = time_variant(
+                    key, fields, batch_size=batch_size // ranks.world_size, ranks=distributed.SINGLE, **timed
                 )
                 row["single_rank_images_per_s"] = steps * (batch_size // ranks.world_size) / alone
             except Exception as exc:  # the other ranks learn of it in the next all-reduce
@@ -144,8 +155,11 @@ def time_variants(
         failed = any_failed(failure is not None, ranks=ranks, device=device)
         if not failed:
             try:
-                elapsed, peak_mb, trainer = time_variant(fields, batch_size=batch_size, ranks=ranks, **timed)
-                if profile:
+                elapsed, peak_mb, first, trainer = time_variant(
+                    key, fields, batch_size=batch_size, ranks=ranks, **timed
+                )
+                row["first_step_s"] = first  # compiling included: apart from the timed steps
+                if profile and isinstance(trainer, Trainer):
                     suffix = f"-rank{ranks.rank}" if ranks.distributed else ""
                     trace_steps(
                         trainer,
@@ -153,7 +167,7 @@ def time_variants(
                         directory=profile,
                     )
                 del trainer  # freed before the next variant is built: its memory is measured alone
-            except Exception as exc:  # e.g. torch.compile without a working compiler: report, go on
+            except Exception as exc:  # e.g. diffusers missing, or a model it cannot represent: report, go on
                 if distributed.is_collective_failure(exc, ranks=ranks):
                     raise
                 failure = exc
@@ -189,6 +203,7 @@ def any_failed(failed: bool, *, ranks: distributed.Ranks, device: torch.device) 
 
 
 def time_variant(
+    key: str,
     fields: dict,
     *,
     model_config,
@@ -200,23 +215,38 @@ def time_variant(
     warmup: int,
     seed: int,
     ranks: distributed.Ranks,
-) -> tuple[float, float | None, object]:
-    """(seconds for ``steps`` timed steps, peak memory in MB or None, the trainer) of one variant."""
+) -> tuple[float, float | None, float, object]:
+    """(seconds for ``steps`` timed steps, peak memory in MB or None, seconds of the first step, the trainer) of
+    one variant; the first step (a compile row's compiling) and ``warmup`` - 1 more steps are not timed ones.
+    A compile row whose compiling failed raises that failure: its row gives the reason, not eager's time."""
     from ddpm.training.trainer import TrainConfig, Trainer
 
-    config = TrainConfig(
-        dataset="random",
-        total_steps=warmup + steps + PROFILED_STEPS,
-        batch_size=batch_size,
-        seed=seed,
-        warmup_steps=0,
-        save_every=0,
-        sample_every=0,
-        **fields,
-    )
-    trainer = Trainer(config, model_config, schedule_config, images=images, device=device, ranks=ranks)
-    warm_timestep_sampler(trainer.timesteps)
-    for _ in range(warmup):
+    if key == DIFFUSERS:
+        if ranks.distributed:
+            raise ValueError("the diffusers row runs in one process (not under torchrun)")
+        trainer = DiffusersTrainer(
+            model_config, schedule_config, images=images, device=device, seed=seed, batch_size=batch_size
+        )
+    else:
+        config = TrainConfig(
+            dataset="random",
+            total_steps=warmup + steps + PROFILED_STEPS + 1,
+            batch_size=batch_size,
+            seed=seed,
+            warmup_steps=0,
+            save_every=0,
+            sample_every=0,
+            **fields,
+        )
+        trainer = Trainer(config, model_config, schedule_config, images=images, device=device, ranks=ranks)
+        warm_timestep_sampler(trainer.timesteps)
+    started = time.perf_counter()
+    trainer.train_step()  # reads the loss (a sync): compiling, if any, is done
+    first = time.perf_counter() - started
+    trial = getattr(trainer, "compile_trial", None)
+    if trial is not None and trial.failure is not None:
+        raise trial.failure
+    for _ in range(warmup - 1):
         trainer.train_step()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -232,7 +262,7 @@ def time_variant(
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak_mb = None if rss.peak is None else rss.peak / 2**20
-    return elapsed, peak_mb, trainer
+    return elapsed, peak_mb, first, trainer
 
 
 def trace_steps(trainer, *, name: str, directory: str) -> None:
@@ -291,7 +321,8 @@ def benchmark_training(
         )
     print()
     extra = f"{'img/s/rank':>11}{'scaling':>9}" if ranks.distributed else ""
-    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}{extra}")
+    # 1st step s: the untimed first step, where a compile row compiles (the other rows' is about one step's time).
+    print(f"{'variant':<40}{'img/s':>10}{'ms/step':>10}{'speedup':>9}{'peak MB':>9}{'1st step s':>11}{extra}")
     for r in rows:
         if r["status"] != "ok":
             print(f"{r['name']:<40}{r['status']}: {r['reason']}")
@@ -299,6 +330,7 @@ def benchmark_training(
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
         speedup = times_text(r.get("speedup"))
         line = f"{r['name']:<40}{r['images_per_s']:>10.1f}{r['ms_per_step']:>10.1f}{speedup:>9}{mem:>9}"
+        line += f"{r['first_step_s']:>11.1f}"
         if ranks.distributed:
             scaling = f"{100 * r['scaling_efficiency']:.0f}%" if r.get("scaling_efficiency") else "n/a"
             line += f"{r['images_per_s_per_rank']:>11.1f}{scaling:>9}"
@@ -308,3 +340,64 @@ def benchmark_training(
         atomic_write(args.json, lambda f: f.write(payload.encode()))
         print(f"wrote {args.json}")
     return rows
+
+
+class DiffusersTrainer:
+    """The diffusers row: diffusers' ``UNet2DModel`` of the U-Net's widths and blocks (formats/diffusers_io's
+    mapping: the same layers and parameter count), trained as diffusers' train_unconditional.py example trains it:
+    DDPMScheduler.add_noise at uniform timesteps over the schedule's count, the noise-prediction MSE, gradients
+    clipped to norm 1, AdamW with the example's settings and its cosine learning rate, and its EMAModel; fp32, on
+    the same images and batch as the Trainer rows."""
+
+    def __init__(self, model_config, schedule_config, *, images, device: torch.device, seed: int, batch_size: int):
+        try:
+            from diffusers import DDPMScheduler, UNet2DModel
+            from diffusers.optimization import get_cosine_schedule_with_warmup
+            from diffusers.training_utils import EMAModel
+        except ImportError as exc:
+            raise ImportError("diffusers is not installed (pip install diffusers)") from exc
+        from ddpm.formats.diffusers_io import diffusers_unet_config
+
+        config = diffusers_unet_config(model_config, source="the diffusers row")
+        torch.manual_seed(seed)
+        self.model = UNet2DModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+        self.model = self.model.to(device).train()
+        kind = "squaredcos_cap_v2" if schedule_config.kind == "cosine" else "linear"
+        self.noise_scheduler = DDPMScheduler(num_train_timesteps=schedule_config.num_timesteps, beta_schedule=kind)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=1e-4, betas=(0.95, 0.999), weight_decay=1e-6, eps=1e-8
+        )
+        self.lr_scheduler = get_cosine_schedule_with_warmup(
+            self.optimizer, num_warmup_steps=500, num_training_steps=10**6
+        )
+        self.ema = EMAModel(
+            self.model.parameters(),
+            decay=0.9999,
+            use_ema_warmup=True,
+            inv_gamma=1.0,
+            power=3 / 4,
+            model_cls=UNet2DModel,
+            model_config=self.model.config,
+        )
+        self.images, self.device, self.seed, self.batch_size = images, device, seed, batch_size
+        self.generator = torch.Generator(device).manual_seed(seed)
+        self.num_timesteps = schedule_config.num_timesteps
+        self.step = 0
+
+    def train_step(self) -> float:
+        x, labels = self.images.batch_with_labels(
+            self.step, batch_size=self.batch_size, seed=self.seed, device=self.device
+        )  # (B, C, H, W)
+        noise = torch.randn(x.shape, device=self.device, generator=self.generator)
+        t = torch.randint(0, self.num_timesteps, (x.shape[0],), device=self.device, generator=self.generator)
+        noisy = self.noise_scheduler.add_noise(x, noise, t)
+        eps = self.model(noisy, t, class_labels=labels, return_dict=False)[0]
+        loss = torch.nn.functional.mse_loss(eps.float(), noise.float())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad()
+        self.ema.step(self.model.parameters())
+        self.step += 1
+        return loss.item()  # sync: the clock sees the step's work, as the Trainer rows' loss read does

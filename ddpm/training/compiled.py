@@ -13,17 +13,13 @@ backward in the first backward pass, so the whole first step is the trial.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ddpm.training.dropout import use_seeded_dropout
 from ddpm.util import distributed
 from ddpm.util.messages import first_line
-
-if TYPE_CHECKING:
-    from ddpm.training.trainer import Trainer
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -35,16 +31,17 @@ class CompileTrial:
     """The compiled forward of ``eager`` and the outcome of its first step: ``failure`` (the exception that made the
     step fall back to eager, or None) and ``first_step_seconds`` (compiling included)."""
 
-    def __init__(self, eager: nn.Module) -> None:
-        self.eager = eager
+    def __init__(self, eager: nn.Module, *, on_fallback: Callable[[], None] = lambda: None) -> None:
+        self.eager, self.on_fallback = eager, on_fallback  # on_fallback: what the eager step needs first
         self.compiled = torch.compile(eager, dynamic=False)
         self.pending = True
         self.failure: Exception | None = None
         self.first_step_seconds: float | None = None
 
-    def first_step(self, trainer: Trainer) -> float:
-        """The trainer's first step through the compiled forward; if compiling (or the compiled step) raises, the
-        random states the step drew from are put back and the same step runs eagerly, for the rest of the run."""
+    def first_step(self, trainer) -> float:
+        """The first step of ``trainer`` (training/trainer.py's Trainer, which imports this module) through the
+        compiled forward; if compiling (or the compiled step) raises, the random states the step drew from are put
+        back and the same step runs eagerly, for the rest of the run."""
         states = _random_states(trainer.device, trainer.generator)
         started = time.perf_counter()
         try:
@@ -53,8 +50,7 @@ class CompileTrial:
             self.failure = exc
             _restore_random_states(states, device=trainer.device, generator=trainer.generator)
             trainer.forward = self.eager
-            if trainer.device.type == "cpu":  # the eager CPU step's own dropout (the trainer skips it for compile)
-                use_seeded_dropout(trainer.model)
+            self.on_fallback()
             distributed.say(f"--compile: torch.compile failed ({failure_reason(exc)}); training without it")
             loss = trainer.one_step()
         self.first_step_seconds = time.perf_counter() - started

@@ -225,8 +225,10 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
         self.forward = wrapped
-        self.compile_trial = CompileTrial(wrapped) if config.compile else None  # settled by the first step
-        if self.compile_trial is not None:
+        self.compile_trial = None  # settled by the first step
+        if config.compile:  # eager after a failed compile: with the CPU's seeded dropout, as without --compile
+            seeded = self.device.type == "cpu"
+            self.compile_trial = CompileTrial(wrapped, on_fallback=lambda: seeded and use_seeded_dropout(self.model))
             self.forward = self.compile_trial.compiled
         self.stop_requested = False  # a rank was asked to stop (Ctrl-C, SIGTERM): every rank stops after this step
         self.step = 0

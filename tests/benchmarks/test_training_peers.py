@@ -1,0 +1,90 @@
+"""The training benchmark's peers (the default row, diffusers' UNet2DModel and loop) and its compile rows' reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import run_here, tiny_unet_config
+
+from basic_diffusion import UNet
+from ddpm.benchmarks import training_bench
+from noise_schedule import ScheduleConfig
+
+
+def _count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "native_bf16, pixels, precision", [("0", 28 * 28, "fp32"), ("1", 28 * 28, "bf16"), ("1", 64, "fp32")]
+)
+def test_the_default_row_trains_in_the_precision_train_would_pick(monkeypatch, native_bf16, pixels, precision):
+    monkeypatch.setenv("DDPM_NATIVE_BF16", native_bf16)
+    rows = {
+        key: (name, fields)
+        for key, name, fields in training_bench.training_variants(torch.device("cpu"), pixels=pixels)
+    }
+    name, fields = rows["default"]
+    assert fields["precision"] == precision and not fields["compile"]
+    assert name == f"default: {precision} eager"
+    assert {"default", "diffusers"} <= set(training_bench.variant_keys())
+
+
+def test_the_diffusers_row_trains_a_unet2dmodel_with_exactly_our_parameters():
+    pytest.importorskip("diffusers")
+    from ddpm.data.datasets import ImageSet
+
+    config = tiny_unet_config(dropout=0.0, norm_groups=8)  # diffusers: groups dividing every width
+    images = ImageSet("random", torch.randint(0, 256, (8, 1, 16, 16), dtype=torch.uint8))
+    trainer = training_bench.DiffusersTrainer(
+        config, ScheduleConfig(num_timesteps=50), images=images, device=torch.device("cpu"), seed=0, batch_size=4
+    )
+    # diffusers_io maps every weight one to one (its attention's 1x1 convolutions are diffusers' linear layers).
+    assert _count(trainer.model) == _count(UNet(config))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    losses = [trainer.train_step() for _ in range(2)]
+    assert all(0.0 < loss < 10.0 for loss in losses)  # the noise MSE of an untrained U-Net: about 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))  # AdamW stepped
+    assert trainer.step == 2
+
+
+def test_a_tiny_benchmark_writes_the_peer_rows_into_its_json(tmp_path):
+    pytest.importorskip("diffusers")
+    cmd = "--mode benchmark --bench training --device cpu --img_size 8 --channels 1 --model_channels 16"
+    cmd += " --num_res_blocks 1 --batch_size 4 --train_steps 2 --warmup 1 --rows default,diffusers --json t.json"
+    result = run_here(*cmd.split(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "t.json").read_text())["training_rows"]
+    assert [r["key"] for r in rows] == ["fp32", "default", "diffusers"]
+    for r in rows:
+        assert r["status"] == "ok", r["reason"]
+        assert r["images_per_s"] == pytest.approx(4 * 1000 / r["ms_per_step"])
+        assert r["first_step_s"] > 0
+    assert "1st step s" in result.stdout
+
+
+def test_a_compile_row_that_cannot_compile_gives_its_reason_not_eager_time(monkeypatch):
+    class Refusing(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("cannot determine truth value of Relational: 64*s0*s53 < 64\nthe rest of it")
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: Refusing())
+    config = tiny_unet_config(image_size=8)
+    rows = training_bench.time_variants(
+        config,
+        ScheduleConfig(num_timesteps=50),
+        device=torch.device("cpu"),
+        batch_size=4,
+        steps=1,
+        warmup=1,
+        seed=0,
+        rows="fp32_compile",
+        progress=lambda line: None,
+    )
+    assert [r["key"] for r in rows] == ["fp32", "fp32_compile"]
+    assert rows[0]["status"] == "ok" and rows[0]["first_step_s"] > 0
+    failed = rows[1]
+    assert failed["status"] == "failed" and "images_per_s" not in failed
+    assert failed["reason"] == "RuntimeError: cannot determine truth value of Relational: 64*s0*s53 < 64"
