@@ -647,9 +647,9 @@ def test_the_training_benchmark_times_a_latent_unet_on_latents(latent_model, tmp
 
     fed, time_variant = [], training_bench.time_variant
 
-    def spy(fields, *, images, **kwargs):  # the real timing, with a look at the data it trains on
+    def spy(*args, images, **kwargs):  # the real timing, with a look at the data it trains on
         fed.append(images)
-        return time_variant(fields, images=images, **kwargs)
+        return time_variant(*args, images=images, **kwargs)
 
     monkeypatch.setattr(training_bench, "time_variant", spy)
     assert main.main(args) == 0, capsys.readouterr().err
