@@ -344,7 +344,6 @@ class NoiseSchedule(nn.Module):
             "sqrt_alphas_cumprod": alphas_cumprod.sqrt(),
             "sqrt_one_minus_alphas_cumprod": (1.0 - alphas_cumprod).sqrt(),
             "sqrt_recip_alphas_cumprod": (1.0 / alphas_cumprod).sqrt(),
-            "sqrt_recipm1_alphas_cumprod": (1.0 / alphas_cumprod - 1.0).sqrt(),
             "snr": alphas_cumprod / (1.0 - alphas_cumprod),  # signal-to-noise ratio of x_t
             "posterior_variance": posterior_variance,
             # The variance is 0 at t = 0; clip the log to the t = 1 value (Ho et al.).
@@ -362,7 +361,6 @@ class NoiseSchedule(nn.Module):
     sqrt_alphas_cumprod: torch.Tensor
     sqrt_one_minus_alphas_cumprod: torch.Tensor
     sqrt_recip_alphas_cumprod: torch.Tensor
-    sqrt_recipm1_alphas_cumprod: torch.Tensor
     snr: torch.Tensor
     posterior_variance: torch.Tensor
     posterior_log_variance_clipped: torch.Tensor
