@@ -305,7 +305,7 @@ def conv3x3_winograd(
 ) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
     Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; faster than oneDNN's at the
-    U-Net's shapes: results/cpu-2026-11-25-winograd/HISTORY.md). x: (B, Cin, H, W) float32 channels-last; Cin and
+    U-Net's shapes: BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32 channels-last; Cin and
     Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
     ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
     each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
@@ -316,7 +316,7 @@ def conv3x3_winograd(
 
 
 # Faster than oneDNN up to 256 channels in and out; wider, the 16 (Cin, Cout) kernels no longer fit the cache and
-# 512 -> 512 was slower (results/cpu-2026-11-25-winograd/HISTORY.md). Wider layers stay on oneDNN.
+# 512 -> 512 was slower (BENCHMARKS.md, "Where the runner's time goes"). Wider layers stay on oneDNN.
 WINOGRAD_MAX_CHANNELS = 256
 
 
@@ -543,7 +543,7 @@ class FusedUNet(nn.Module):
         CPU only for now: there the 2.25x fewer multiply-adds (2-D) pay for the extra copies; on a GPU at batch 8,
         where kernel count is the cost, it is unmeasured. Where the runner uses Winograd, the phases are
         conv3x3_winograd's upsample mode instead (F(2x2, 2x2) per phase, written in place, faster still). Both:
-        results/cpu-2026-11-25-winograd/HISTORY.md."""
+        BENCHMARKS.md, "Where the runner's time goes"."""
         if up in self.winograd_upsample:
             bias = self.float_biases.get(up.conv)
             return conv3x3_winograd(
@@ -617,7 +617,7 @@ class FusedUNet(nn.Module):
         q, k, v = (
             qkv.view(B, -1, 3, heads, C // heads).permute(2, 0, 3, 1, 4).unbind(0)
         )  # each (B, heads, positions, C/heads)
-        if x.device.type == "cpu" and self.dtype == torch.bfloat16:  # PyTorch's bf16 CPU attention: 2.7x its fp32
+        if x.device.type == "cpu" and self.dtype == torch.bfloat16:  # PyTorch's bf16 CPU attention is slower
             q, k, v = q.float(), k.float(), v.float()
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v).to(self.dtype)
         h = h.transpose(1, 2).reshape(-1, C)  # (B * positions, C)

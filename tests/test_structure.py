@@ -254,6 +254,22 @@ def test_code_comments_say_why_not_when():
     assert dated == []
 
 
+# What a measurement looks like in a line of code: a time, a rate, a measured speedup, or where raw results lie.
+MEASUREMENT = re.compile(r"\d(\.\d+)? ?(ms|µs|us)\b|\d ?img/s|\d\.\d+ ?[x×](?! ?\d)|\bresults/(cpu|h\d|HISTORY)")
+
+
+def test_library_code_carries_no_measurement():
+    """The tool's own modules say why in words and name the BENCHMARKS.md section; the numbers, with their machine
+    and date, and the raw results' folders live there (scripts that made a measurement may name it)."""
+    measured = sorted(
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in module_files().values()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if MEASUREMENT.search(line.replace("2.25x fewer multiply-adds", ""))  # Winograd's count: arithmetic
+    )
+    assert measured == []
+
+
 def test_comments_cite_sections_benchmarks_md_has():
     """A comment that cites a figure's section (BENCHMARKS.md or results/HISTORY.md, then the quoted title) names
     part of a heading there, and a file or folder under results/ that a comment names exists."""
@@ -270,7 +286,7 @@ def test_comments_cite_sections_benchmarks_md_has():
             r'(BENCHMARKS\.md|results/HISTORY\.md),\s*(?:#|//)?\s*"([^"]+)"', path.read_text()
         )
     }
-    assert {document for _, document, _ in cited} == set(headings)  # the pattern still finds the citations
+    assert "BENCHMARKS.md" in {document for _, document, _ in cited}  # the pattern still finds the citations
     assert (
         sorted(
             f"{path}: {document}, {title}"

@@ -4,8 +4,7 @@
     print(choice.line)      # implementation: cuda in fp32 (fused U-Net runner, Winograd convolutions; the fastest ...)
 
 :data:`VERIFIED` is the one table the choice comes from: each entry names a kind of device, the precisions
-and models it covers, the implementation, why, and the BENCHMARKS.md section whose measurement it rests on (with
-its raw results under results/, where they were kept).
+and models it covers, the implementation, why, and the BENCHMARKS.md section whose measurement it rests on.
 The first entry that matches (and whose implementation runs the file) wins; where none does, the first
 sample-mode implementation that runs the request is used, and the line says so. :func:`choose` is a pure
 function of its arguments (tests hand it fake devices); :meth:`DeviceKind.of` is the only part that looks at
@@ -32,7 +31,7 @@ class Verified:
     precisions: tuple[str, ...]
     implementation: str
     why: str
-    evidence: str  # the BENCHMARKS.md section the choice rests on, and its raw results (a folder under results/)
+    evidence: str  # the BENCHMARKS.md section the choice rests on
     kinds: tuple[str, ...] = ("checkpoint",)
     dims: tuple[int, ...] = (2, 3)
     capabilities: tuple[str, ...] | None = None  # a CPU's vector capabilities it covers (None: any)
@@ -64,7 +63,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused U-Net runner in bf16, Winograd convolutions on the CPU's bf16 dot products; the fastest verified on a "
         "CPU with native bf16",
-        evidence="BENCHMARKS.md: 'bf16 on a CPU that computes it' (results/cpu-2026-11-28-bf16/)",
+        evidence="BENCHMARKS.md: 'bf16 on a CPU that computes it'",
         dims=(2,),
         native_bf16=True,
         forced_why=f"fused U-Net runner in bf16, Winograd convolutions; {FORCED_BF16}",
@@ -74,7 +73,7 @@ VERIFIED: tuple[Verified, ...] = (
         ("fp32",),
         "cuda",
         "fused U-Net runner, Winograd convolutions; the fastest verified on an AVX-512 CPU",
-        evidence="BENCHMARKS.md: 'The default path on an AVX-512 CPU: the quick plan' (results/cpu-2026-11-27-seed/)",
+        evidence="BENCHMARKS.md: 'The default path on an AVX-512 CPU: the quick plan'",
         dims=(2,),
         capabilities=("AVX512",),
     ),
@@ -84,8 +83,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused U-Net runner, oneDNN convolutions (Winograd's are slower without AVX-512); the fastest verified on an "
         "AVX2 CPU",
-        evidence="BENCHMARKS.md: 'The default path on an AVX2 CPU, against the runtimes a user would pick' "
-        "(results/cpu-2026-11-26-auto/)",
+        evidence="BENCHMARKS.md: 'The default path on an AVX2 CPU, against the runtimes a user would pick'",
         dims=(2,),
         capabilities=("AVX2",),
     ),
@@ -95,7 +93,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused U-Net runner in a CUDA graph (NHWC, one-pass GroupNorm kernels, weights cast once); the fastest "
         "verified on a GPU, torch.compile's build time counted",
-        evidence="BENCHMARKS.md: 'The default path on a GPU, against torch.compile' (results/h200-2026-11-27/)",
+        evidence="BENCHMARKS.md: 'The default path on a GPU, against torch.compile'",
         dims=(2,),
     ),
     Verified(
@@ -104,7 +102,7 @@ VERIFIED: tuple[Verified, ...] = (
         "cuda",
         "fused step kernels in a CUDA graph around the eager U-Net; the fused U-Net runner is verified on a GPU for "
         "2-D U-Nets in bf16 and fp16 only",
-        evidence="BENCHMARKS.md: 'The default path on a GPU, against torch.compile' (results/h200-2026-11-27/)",
+        evidence="BENCHMARKS.md: 'The default path on a GPU, against torch.compile'",
         kinds=("checkpoint", "torchscript"),
     ),
     Verified(

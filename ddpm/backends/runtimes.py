@@ -220,7 +220,7 @@ def onnxruntime_session(
     options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch uses
     # No spin-waiting between runs: PyTorch's threads run the sampler's step between two U-Net calls, and on a
     # small CPU onnxruntime's spinning threads took their cores: int8 gains, fp32 on the tiny demo model loses a
-    # little (results/cpu-2026-11-24-int8/HISTORY.md).
+    # little (BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime").
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if memory_cap is not None:
         # A CPU arena of memory_cap bytes, shared with the environment and taken by this session when it

@@ -56,8 +56,8 @@ ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmar
 WINOGRAD_DETAIL = "fused U-Net runner, Winograd convolutions"
 
 # A row passes parity when its images match the original's to this PSNR (dB, data range 2).
-# fp32 rows differ only by float reassociation, well above 60 dB on the CPU and on the H100 (BENCHMARKS.md,
-# "How fast does sampling run on a CPU?"; results/HISTORY.md, "NVIDIA H100 80GB HBM3"); 60 dB is an RMS
+# fp32 rows differ only by float reassociation, well above 60 dB on the CPU and on a GPU (BENCHMARKS.md,
+# "How fast does sampling run on a CPU?"); 60 dB is an RMS
 # difference of a quarter of a uint8 level, the same images. bf16/fp16 rows differ by the lower precision (bf16's
 # PSNR: BENCHMARKS.md, "The default path on a GPU"). int8 rows (onnxruntime's Q/DQ graph) are held to the bf16
 # bar: their own PSNR is the quality measurement (BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime"), the bar

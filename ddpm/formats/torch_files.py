@@ -30,8 +30,8 @@ from noise_schedule import short_repr
 
 # torch.save and torch.jit.save store tensors uncompressed (only TorchScript's small code files are deflated), so
 # a real file's entries inflate to less than the file itself. The bound leaves room for a file re-zipped with
-# deflate (weights shrink ~1.1x, pickles ~5x) and for small files whose pickles compress well: what inflates
-# beyond it is a zip bomb (a 1.5 MB file whose data.pkl inflated to 1.5 GB once took 14 s and 3.5 GB to refuse).
+# deflate (weights barely shrink, pickles several times) and for small files whose pickles compress well: what inflates
+# beyond it is a zip bomb (one whose data.pkl inflated a thousandfold once took seconds and gigabytes to refuse).
 MAX_INFLATION = 4  # inflated total / file size
 INFLATION_ALLOWANCE = 16 << 20  # bytes any file may inflate to, whatever its size
 MAX_INFLATED_BYTES = 4 << 30  # and never more than the largest checkpoint read at all (safe_files.MAX_FILE_BYTES)

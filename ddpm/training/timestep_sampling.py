@@ -228,8 +228,8 @@ class TopKSampler(TimestepSampler):
     u/T everywhere; w_t = 1/(T p_t). The signal is a per-timestep EMA (``decay`` per visit) of what
     update() is shown: the trainer's per-sample losses, a cheap stand-in for the per-timestep gradient
     norm of seed 004. With epsilon-prediction the loss is largest at the nearly clean end, so that is
-    where the top K gather. Default K = T//4: 90% of draws on a quarter of the timesteps (3.6x denser
-    there), while u = 0.1 bounds the weight of the others at 1/u = 10 and keeps their signal fresh."""
+    where the top K gather. Default K = T//4: 90% of draws on a quarter of the timesteps (0.9 / 0.25 times
+    denser there), while u = 0.1 bounds the weight of the others at 1/u = 10 and keeps their signal fresh."""
 
     name = "topk"
     OPTIONS, BUFFERS = ("k", "uniform_prob", "warmup", "decay"), ("signal", "counts")

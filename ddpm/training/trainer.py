@@ -206,8 +206,8 @@ class Trainer:
             keep_freed_memory()
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
-        # Fused AdamW: one kernel per tensor instead of ~10 per-tensor ops each (on a CPU, 3.2 against 13.7 ms a
-        # step for the demo's 166 tensors: BENCHMARKS.md, "A faster CPU training step").
+        # Fused AdamW: one kernel per tensor instead of ~10 per-tensor ops each
+        # (BENCHMARKS.md, "A faster CPU training step").
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=config.lr,

@@ -94,10 +94,10 @@ def resolve(requested: str, *, purpose: str, device: torch.device, pixels: int =
     """The precision ``--precision`` names for ``purpose`` ("training", "distillation", "sampling" or "export"):
     "auto" is bf16 for training, distillation and sampling on a GPU that supports it (there the fused U-Net runner
     draws in bf16 what fp32 draws, to bf16's rounding, several times faster); on a CPU that computes bf16 natively
-    (cpu_has_native_bf16) bf16 for sampling (the runner's bf16 Winograd convolutions, 1.6x; the caller keeps it only
-    where that runner draws the file: backends/auto.chosen_for) and for training images of ``pixels`` >= 28x28 a
-    side (bf16 autocast: 1.58x at 28x28; 1.31x on the 8x8 demo's step, under the 1.4x a default needs: BENCHMARKS.md,
-    "bf16 on a CPU that computes it"); fp32 otherwise: on other CPUs (emulated bf16 is slower) and for export (an
+    (cpu_has_native_bf16) bf16 for sampling (the runner's bf16 Winograd convolutions; the caller keeps it only where
+    that runner draws the file: backends/auto.chosen_for) and for training images of ``pixels`` >= 28x28 a side
+    (bf16 autocast, which gains too little on smaller images to be a default: BENCHMARKS.md, "bf16 on a CPU that
+    computes it"); fp32 otherwise: on other CPUs (emulated bf16 is slower) and for export (an
     exported graph is lowered to another precision only when asked).
     int8 and fp8 are quantized graphs: exported (``purpose`` "export") and sampled, never trained."""
     if requested in QUANTIZED:

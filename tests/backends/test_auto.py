@@ -170,8 +170,6 @@ def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered
         assert entry.evidence.startswith("BENCHMARKS.md: '") and entry.implementation in registry.REGISTRY
         heading = entry.evidence.split("'")[1]
         assert heading in sections, entry.evidence  # a section that exists
-        for path in re.findall(r"results/[\w./-]*", entry.evidence):  # its raw results exist and it cites them
-            assert (ROOT / path).exists() and path in sections[heading], entry.evidence
         assert not re.search(r"\d(\.\d+)?\s*(x|ms|s|%)(\W|$)", entry.why)  # the measurements live in BENCHMARKS.md
 
 
