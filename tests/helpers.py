@@ -51,6 +51,22 @@ def perturbed_unet(config: UNetConfig, *, device: str | torch.device = "cpu", st
     return model.to(device).eval()
 
 
+def save_weights_only(path: Path, model: UNet) -> Path:
+    """A checkpoint of ``model`` on TINY_SCHEDULE holding its configs and weights, no training state (no
+    train_config: nor the dataset it would record)."""
+    from ddpm.formats.checkpoints import save_checkpoint
+
+    weights = model.state_dict()
+    state = {"format_version": 1, "model_config": model.config.to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
+    save_checkpoint(path, state | {"model": weights, "ema": weights, "step": 0})
+    return path
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, by its path inside it: what a test compares to see that nothing changed."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def make_trainer(tmp_path, *, total_steps=6, state=None, **overrides):
     """A tiny digits trainer (16x16, 100 timesteps) writing tmp_path/run.pt; ``overrides`` go to TrainConfig."""
     from ddpm.data.datasets import load_images

@@ -243,28 +243,18 @@ def test_evaluate_refuses_a_row_of_samples_that_cannot_fit_in_memory_saying_how_
 
 
 def test_a_model_that_records_no_dataset_asks_for_dataset_instead_of_guessing(tmp_path):
-    from helpers import TINY_SCHEDULE, assert_user_error, perturbed_unet, run_here, tiny_unet_config
+    from helpers import assert_user_error, perturbed_unet, run_here, save_weights_only, tiny_unet_config
 
-    from ddpm.formats.checkpoints import save_checkpoint
-
-    model = perturbed_unet(tiny_unet_config())
-    weights = model.state_dict()
-    state = {"format_version": 1, "model_config": model.config.to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
-    save_checkpoint(tmp_path / "m.pt", state | {"model": weights, "ema": weights, "step": 0})  # no train_config
+    save_weights_only(tmp_path / "m.pt", perturbed_unet(tiny_unet_config()))  # no train_config
     result = run_here("--mode", "evaluate", "--model_path", "m.pt", "--n_samples", "2", cwd=tmp_path)
     assert_user_error(result, "m.pt records no training dataset; name the data to judge it against with --dataset")
 
 
 def test_a_data_dir_that_the_models_data_never_read_is_refused(tmp_path):
     """A digits model's judge reads scikit-learn's digits: a --data_dir would be ignored, so it is refused."""
-    from helpers import TINY_SCHEDULE, assert_user_error, perturbed_unet, run_here, tiny_unet_config
+    from helpers import assert_user_error, perturbed_unet, run_here, save_weights_only, tiny_unet_config
 
-    from ddpm.formats.checkpoints import save_checkpoint
-
-    model = perturbed_unet(tiny_unet_config())
-    weights = model.state_dict()
-    state = {"format_version": 1, "model_config": model.config.to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
-    save_checkpoint(tmp_path / "m.pt", state | {"model": weights, "ema": weights, "step": 0})
+    save_weights_only(tmp_path / "m.pt", perturbed_unet(tiny_unet_config()))
     evaluate = ("--mode", "evaluate", "--model_path", "m.pt", "--n_samples", "2", "--dataset", "digits")
     result = run_here(*evaluate, "--data_dir", "elsewhere", cwd=tmp_path)
     assert_user_error(result, "--data_dir elsewhere: m.pt is a model of digits, which no folder holds")

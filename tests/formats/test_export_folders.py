@@ -10,27 +10,25 @@ import errno
 import os
 
 import pytest
-from helpers import TINY_SCHEDULE, assert_user_error, perturbed_unet, run_here, tiny_unet_config
+from helpers import (
+    assert_user_error,
+    folder_bytes,
+    perturbed_unet,
+    run_here,
+    save_weights_only,
+    tiny_unet_config,
+)
 
-from ddpm.formats.checkpoints import save_checkpoint
 from ddpm.formats.diffusers_io import EXPORT_MARKER
 
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    model = perturbed_unet(tiny_unet_config(norm_groups=8), std=0.1)
-    weights = model.state_dict()
-    state = {"format_version": 1, "model_config": model.config.to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
-    save_checkpoint(tmp_path / "m.pt", state | {"model": weights, "ema": weights, "step": 0})
-    return tmp_path / "m.pt"
+    return save_weights_only(tmp_path / "m.pt", perturbed_unet(tiny_unet_config(norm_groups=8), std=0.1))
 
 
 def _export(output, *flags: str) -> list[str]:
     return ["--mode", "export", "--format", "diffusers", "--model_path", "m.pt", "--output", str(output), *flags]
-
-
-def _snapshot(folder) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_a_folder_saved_by_diffusers_itself_is_never_replaced_even_with_overwrite(checkpoint, tmp_path):
@@ -48,12 +46,12 @@ def test_a_folder_saved_by_diffusers_itself_is_never_replaced_even_with_overwrit
         norm_num_groups=8,
     )
     diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler()).save_pretrained(tmp_path / "theirs")
-    before = _snapshot(tmp_path / "theirs")
+    before = folder_bytes(tmp_path / "theirs")
     for flags in ([], ["--overwrite"]):
         result = run_here(*_export("theirs", *flags), cwd=tmp_path)
         assert_user_error(result, "which --format diffusers did not write")
         assert "even with --overwrite" in result.stderr
-    assert _snapshot(tmp_path / "theirs") == before
+    assert folder_bytes(tmp_path / "theirs") == before
 
 
 def test_an_export_whose_files_were_changed_since_is_no_longer_its_own(checkpoint, tmp_path):
@@ -62,9 +60,9 @@ def test_an_export_whose_files_were_changed_since_is_no_longer_its_own(checkpoin
     assert (tmp_path / "out" / EXPORT_MARKER).is_file()
     config = tmp_path / "out" / "unet" / "config.json"
     config.write_bytes(config.read_bytes().replace(b'"dropout"', b'"dropout" '))
-    before = _snapshot(tmp_path / "out")
+    before = folder_bytes(tmp_path / "out")
     assert_user_error(run_here(*_export("out", "--overwrite"), cwd=tmp_path), "holds unet/config.json, which")
-    assert _snapshot(tmp_path / "out") == before
+    assert folder_bytes(tmp_path / "out") == before
     config.unlink()  # back to the export's own files
     assert run_here(*_export("out", "--overwrite"), cwd=tmp_path).returncode == 0
 

@@ -13,7 +13,15 @@ import stat
 
 import pytest
 import torch
-from helpers import TINY_SCHEDULE, assert_user_error, perturbed_unet, run_here, tiny_unet_config
+from helpers import (
+    TINY_SCHEDULE,
+    assert_user_error,
+    folder_bytes,
+    perturbed_unet,
+    run_here,
+    save_weights_only,
+    tiny_unet_config,
+)
 
 from ddpm.formats import model_files
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
@@ -281,15 +289,7 @@ def test_a_checkpoint_holding_a_sparse_or_meta_tensor_is_refused_in_one_line(tmp
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    model = perturbed_unet(tiny_unet_config(norm_groups=8), std=0.1)
-    weights = model.state_dict()
-    state = {"format_version": 1, "model_config": model.config.to_dict(), "schedule_config": vars(TINY_SCHEDULE)}
-    save_checkpoint(tmp_path / "m.pt", state | {"model": weights, "ema": weights, "step": 0})
-    return tmp_path / "m.pt"
-
-
-def _snapshot(folder) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return save_weights_only(tmp_path / "m.pt", perturbed_unet(tiny_unet_config(norm_groups=8), std=0.1))
 
 
 def _same_weights(folder, checkpoint) -> bool:
@@ -322,7 +322,7 @@ def _user_files(folder) -> dict:
     (folder / "notes.txt").write_text("my notes")
     (folder / "pics").mkdir()
     (folder / "pics" / "cat.png").write_bytes(b"\x89PNG not really")
-    return _snapshot(folder)
+    return folder_bytes(folder)
 
 
 @pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
@@ -334,7 +334,7 @@ def test_an_export_into_a_folder_of_the_users_files_is_refused_and_deletes_nothi
     result = run_here(*_export(checkpoint, "mine", *(["--overwrite"] if overwrite else [])), cwd=tmp_path)
     assert_user_error(result, "--output mine holds notes.txt and 1 more, which --format diffusers does not write")
     assert str(tmp_path) not in result.stderr  # the path as the user typed it
-    assert _snapshot(mine) == before and _siblings(mine) == []
+    assert folder_bytes(mine) == before and _siblings(mine) == []
 
 
 @pytest.mark.parametrize("output, what", [(".", "is the working folder"), ("..", "holds the working folder")])
@@ -345,7 +345,7 @@ def test_an_export_onto_the_working_folder_or_above_it_is_refused(checkpoint, tm
     identity = os.stat(work).st_ino
     result = run_here(*_export(checkpoint, output, "--overwrite"), cwd=work)
     assert_user_error(result, f"--output {output} {what}")
-    assert os.stat(work).st_ino == identity and _snapshot(work) == before and checkpoint.is_file()
+    assert os.stat(work).st_ino == identity and folder_bytes(work) == before and checkpoint.is_file()
 
 
 def test_an_export_into_another_tools_model_folder_is_refused_even_with_overwrite(folder, checkpoint, tmp_path):
@@ -353,17 +353,17 @@ def test_an_export_into_another_tools_model_folder_is_refused_even_with_overwrit
     --overwrite would have to delete them, so it is refused as any folder of other files is."""
     bare = tmp_path / "bare"
     shutil.copytree(folder / "unet", bare)
-    before = _snapshot(bare)
+    before = folder_bytes(bare)
     for flags in ([], ["--overwrite"]):
         assert_user_error(run_here(*_export(checkpoint, bare, *flags), cwd=tmp_path), "does not write")
-        assert _snapshot(bare) == before and _siblings(bare) == []
+        assert folder_bytes(bare) == before and _siblings(bare) == []
 
 
 def test_an_export_onto_the_folder_it_reads_is_refused(folder, tmp_path):
-    before = _snapshot(folder)
+    before = folder_bytes(folder)
     for flags in ([], ["--overwrite"]):
         assert_user_error(run_here(*_export(folder, folder, *flags), cwd=tmp_path), "is the model --model_path names")
-        assert _snapshot(folder) == before and _siblings(folder) == []
+        assert folder_bytes(folder) == before and _siblings(folder) == []
 
 
 def test_an_export_into_a_folder_holding_its_input_is_refused(checkpoint, tmp_path):
@@ -388,7 +388,7 @@ def test_overwrite_replaces_only_the_exports_own_files_in_the_same_folder(checkp
     result = run_here(*_export(tmp_path / "n.pt", "out", "--overwrite"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert os.stat(out).st_ino == identity and stat.S_IMODE(os.stat(out).st_mode) == 0o750
-    assert sorted(_snapshot(out)) == [
+    assert sorted(folder_bytes(out)) == [
         "ddpm_export.json",
         "model_index.json",
         "scheduler/scheduler_config.json",
@@ -405,14 +405,14 @@ def test_an_interrupted_replacement_leaves_the_old_files_and_touches_no_other(fo
     (folder / "keep.txt").write_text(
         "not the writer's"
     )  # (an export refuses such a folder; the helper never touches it)
-    before = _snapshot(folder)
+    before = folder_bytes(folder)
     with pytest.raises(KeyboardInterrupt), replaced_files(folder, names) as new:
         (new / "model_index.json").write_text("{}")
         raise KeyboardInterrupt  # stopped mid-export
-    assert _snapshot(folder) == before and _siblings(folder) == []
+    assert folder_bytes(folder) == before and _siblings(folder) == []
     with replaced_files(folder, names) as new:
         (new / "model_index.json").write_text("{}")  # unet/config.json not written this time: removed
-    after = _snapshot(folder)
+    after = folder_bytes(folder)
     assert (
         after["model_index.json"] == b"{}"
         and "unet/config.json" not in after
