@@ -321,8 +321,8 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         dataset_channels(args)
     model = new_model(args)
     if first_stage is not None:  # a latent model: its U-Net's shape is the autoencoder's latent's
-        latent_channels, side = first_stage.config().latent_shape[0], first_stage.config().latent_side
-        replace(model, image_size=side, channels=latent_channels).model_config()
+        autoencoder = first_stage.config()
+        replace(model, image_size=autoencoder.latent_side, channels=autoencoder.latent_shape[0]).model_config()
         model = replace(model, image_size=0, channels=0)
     elif not (args.resume or args.init_from or args.autoencoder):
         model.model_config()  # its size, width and depth, before the data are read
