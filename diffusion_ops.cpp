@@ -50,11 +50,16 @@
 //       phase's 2x2 kernel in F(2x2, 2x2), weight (36, Cin, Cout), output (B, Cout, 2H, 2W).
 //       A bfloat16 x takes the transform in bfloat16 pairs, (16 or 36, Cin / 2, Cout, 2), and returns bfloat16:
 //       the GEMMs on AVX512-BF16's dot product where the CPU has it (plain C++ elsewhere), float32 sums.
+//
+//   conv3x3_winograd_weight_grad(x, grad_out) -> Tensor
+//       The training pass's gradient of conv3x3_winograd's transformed weight: (16, Cin, Cout) float32, dL/dU for
+//       the loss gradient grad_out (B, Cout, H, W) of the output of x (B, Cin, H, W), both channels-last float32.
 #include <Python.h>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "diffusion_kernels.h"
@@ -1238,6 +1243,151 @@ at::Tensor conv3x3_winograd_cpu(
   return out;
 }
 
+// ----- The weight gradient of conv3x3_winograd, for training ------------------------------------------------------
+// y = A^T [U (.) V] A per tile and product k, so dL/dU[k] = sum over tiles V[k]^T (A dy A^T)[k]: the same input
+// transform V as the forward pass, the adjoint of the output transform on the gradient of y (dM), and per product
+// k a GEMM (Cin x tiles) @ (tiles x Cout) that sums over the tiles. The kernel's gradient is then G^T dU G
+// (ddpm/training/winograd.py). Blocks of tiles as in the forward pass, each thread summing into its own (16, Cin,
+// Cout) partial, added up at the end. The input's gradient is conv3x3_winograd itself, of dy with the kernel
+// rotated 180 degrees and its channels swapped.
+
+// dM[k][t] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
+// A = [1 0; 1 1; 1 -1; 0 -1] (A^T of the forward transform, transposed).
+inline __attribute__((always_inline)) void winograd_output_adjoint(
+    const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
+  const int64_t H = a.H, W = a.W, cout = a.cout;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    for (int64_t c = 0; c < cout; c += 16) {
+      Vec16 dy[2][2];
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 2; ++j) {
+          const int64_t y = 2 * ty + i, x = 2 * tx + j;
+          dy[i][j] = (y < H && x < W) ? load16(gy + ((b * H + y) * W + x) * cout + c) : Vec16{};
+        }
+      }
+      Vec16 s[2][4];
+      for (int i = 0; i < 2; ++i) {  // dy A^T
+        s[i][0] = dy[i][0];
+        s[i][1] = dy[i][0] + dy[i][1];
+        s[i][2] = dy[i][0] - dy[i][1];
+        s[i][3] = Vec16{} - dy[i][1];
+      }
+      float* m = dM + t * cout + c;  // product k at m + k * n * cout
+      for (int j = 0; j < 4; ++j) {  // A (dy A^T)
+        store16(m + j * n * cout, s[0][j]);
+        store16(m + (4 + j) * n * cout, s[0][j] + s[1][j]);
+        store16(m + (8 + j) * n * cout, s[0][j] - s[1][j]);
+        store16(m + (12 + j) * n * cout, Vec16{} - s[1][j]);
+      }
+    }
+  }
+}
+
+// dU[ci + r][co + 16 q] += sum over t < n of V[t][ci + r] * dM[t][co + 16 q] for R rows and Q vectors of 16.
+template <int R, int Q>
+inline __attribute__((always_inline)) void winograd_grad_tile(const float* __restrict__ V, int64_t cin,
+    const float* __restrict__ dM, int64_t cout, int64_t n, float* __restrict__ dU) {
+  Vec16 acc[R][Q];
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < Q; ++q) {
+      acc[r][q] = load16(dU + r * cout + 16 * q);
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    Vec16 m[Q];
+    for (int q = 0; q < Q; ++q) {
+      m[q] = load16(dM + t * cout + 16 * q);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Vec16 v = Vec16{} + V[t * cin + r];
+      for (int q = 0; q < Q; ++q) {
+        acc[r][q] += v * m[q];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < Q; ++q) {
+      store16(dU + r * cout + 16 * q, acc[r][q]);
+    }
+  }
+}
+
+template <int R>
+inline __attribute__((always_inline)) void winograd_grad_rows(int64_t q, const float* V, int64_t cin, const float* dM,
+    int64_t cout, int64_t n, float* dU) {
+  switch (q) {
+    case 4: winograd_grad_tile<R, 4>(V, cin, dM, cout, n, dU); break;
+    case 3: winograd_grad_tile<R, 3>(V, cin, dM, cout, n, dU); break;
+    case 2: winograd_grad_tile<R, 2>(V, cin, dM, cout, n, dU); break;
+    default: winograd_grad_tile<R, 1>(V, cin, dM, cout, n, dU); break;
+  }
+}
+
+// Tiles [t0, t0 + n): V and dM of the block, then dU (16, Cin, Cout) += V[k]^T dM[k] for each product k.
+DIFFUSION_KERNELS_FMA_CLONES
+void winograd_grad_tiles(const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n,
+    float* __restrict__ V, float* __restrict__ dM, float* __restrict__ dU) {
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#endif
+  const int64_t cin = a.cin, cout = a.cout;
+  winograd_input_transform<float, float>(a, t0, n, V);
+  winograd_output_adjoint(a, gy, t0, n, dM);
+  for (int64_t k = 0; k < 16; ++k) {
+    const float* Vk = V + k * n * cin;
+    const float* Mk = dM + k * n * cout;
+    float* Uk = dU + k * cin * cout;
+    for (int64_t co = 0; co < cout; co += 64) {
+      const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
+      int64_t ci = 0;
+      for (; ci + 6 <= cin; ci += 6) {
+        winograd_grad_rows<6>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co);
+      }
+      for (; ci < cin; ++ci) {
+        winograd_grad_rows<1>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co);
+      }
+    }
+  }
+}
+
+at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(at::MemoryFormat::ChannelsLast),
+      "conv3x3_winograd_weight_grad: x must be a channels-last float32 (B, Cin, H, W) tensor, got ", x.scalar_type(),
+      " ", x.sizes(), " with strides ", x.strides());
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == at::kFloat &&
+      grad_out.is_contiguous(at::MemoryFormat::ChannelsLast) && grad_out.size(0) == x.size(0) &&
+      grad_out.size(2) == x.size(2) && grad_out.size(3) == x.size(3) && grad_out.device() == x.device(),
+      "conv3x3_winograd_weight_grad: grad_out must be a channels-last float32 (B, Cout, H, W) tensor of x's batch and "
+      "size ", x.sizes(), ", got ", grad_out.scalar_type(), " ", grad_out.sizes(), " with strides ", grad_out.strides());
+  const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), cout = grad_out.size(1);
+  TORCH_CHECK(cin % 16 == 0 && cout % 16 == 0 && cin > 0 && cout > 0,
+      "conv3x3_winograd_weight_grad: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
+  at::Tensor out = at::zeros({16, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, false, 16};
+  const int64_t per_block = winograd_block_tiles(16, cin, cout), tiles = B * a.tiles_h * a.tiles_w;
+  const int64_t blocks = (tiles + per_block - 1) / per_block, threads = at::get_num_threads(), size = 16 * cin * cout;
+  std::vector<float> partials(threads * size, 0.0f);  // one (16, Cin, Cout) sum per thread
+  const float* gy = grad_out.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::unique_ptr<float[]> V(new float[16 * per_block * cin]);
+    std::unique_ptr<float[]> dM(new float[16 * per_block * cout]);
+    float* dU = partials.data() + std::min<int64_t>(at::get_thread_num(), threads - 1) * size;
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t t0 = block * per_block;
+      winograd_grad_tiles(a, gy, t0, std::min(per_block, tiles - t0), V.get(), dM.get(), dU);
+    }
+  });
+  float* sum = out.data_ptr<float>();
+  for (int64_t t = 0; t < threads; ++t) {
+    const float* p = partials.data() + t * size;
+    for (int64_t i = 0; i < size; ++i) {
+      sum[i] += p[i];
+    }
+  }
+  return out;
+}
+
 // A dense channels-last image or volume: (B, C, H, W) or (B, C, D, H, W) with the channels innermost.
 bool is_dense_channels_last(const at::Tensor& t) {
   return (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
@@ -1392,6 +1542,7 @@ TORCH_LIBRARY(diffusion_kernels, m) {
       "group_norm_act(Tensor x, Tensor? x2, Tensor weight, Tensor bias, Tensor? x_bias, Tensor? scale, "
       "Tensor? shift, *, int groups, float eps, bool silu) -> Tensor");
   m.def("conv3x3_winograd(Tensor x, Tensor weight, Tensor? bias, *, bool upsample=False) -> Tensor");
+  m.def("conv3x3_winograd_weight_grad(Tensor x, Tensor grad_out) -> Tensor");
   m.def("bias_add_(Tensor(a!) h, Tensor bias, Tensor? residual, Tensor? residual2) -> ()");
   m.def("seeded_dropout(Tensor x, int seed, float p) -> Tensor");
 }
@@ -1401,6 +1552,7 @@ TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
   m.impl("gather_timestep_", &gather_timestep_cpu);
   m.impl("group_norm_act", &group_norm_act_cpu);
   m.impl("conv3x3_winograd", &conv3x3_winograd_cpu);
+  m.impl("conv3x3_winograd_weight_grad", &conv3x3_winograd_weight_grad_cpu);
   m.impl("bias_add_", &bias_add_cpu);
   m.impl("seeded_dropout", &seeded_dropout_cpu);
 }

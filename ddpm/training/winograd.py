@@ -1,0 +1,134 @@
+"""3x3 convolutions trained in Winograd's F(2x2, 3x3) on a CPU: the sampling runner's kernel for the forward pass
+and for the input's gradient, and the extension's ``conv3x3_winograd_weight_grad`` for the kernel's.
+
+For y = conv2d(x, g, b, padding=1) with U = G g G^T (the kernel in Winograd's domain):
+- forward: ``conv3x3_winograd(x, U, b)``;
+- dL/dx: the same convolution of dL/dy with the kernel rotated 180 degrees and its channels swapped;
+- dL/dg = G^T (dL/dU) G, where dL/dU sums each tile's transformed input against its transformed output gradient;
+- dL/db: dL/dy summed over the batch and the positions.
+Activations stay channels-last (NHWC), the kernels' layout, so the layers between convolutions run on the same
+memory without reorders.
+
+    from ddpm.training.winograd import use_winograd_convs
+    use_winograd_convs(model)   # -> the number of nn.Conv2d modules now trained in Winograd's domain
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_OP = "diffusion_kernels::conv3x3_winograd_weight_grad"
+# F(2x2, 3x3)'s kernel transform (Lavin & Gray 2016): U = G g G^T.
+_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+
+_registered = False
+
+
+def weight_grad_available() -> bool:
+    """Whether the built extension has the ops (no JIT compile here: a trainer without them keeps oneDNN's)."""
+    from optimized_diffusion import ExtensionUnavailableError, load_extension
+
+    try:
+        load_extension(allow_jit=False)
+    except ExtensionUnavailableError:
+        return False
+    if not hasattr(torch.ops.diffusion_kernels, "conv3x3_winograd_weight_grad"):  # a build older than the op
+        return False
+    _register_fake()
+    return True
+
+
+def _register_fake() -> None:
+    """The weight gradient op's fake kernel (shapes only, for torch.compile and opcheck), once."""
+    global _registered
+    if _registered:
+        return
+
+    @torch.library.register_fake(_OP)
+    def _fake(x, grad_out):
+        return x.new_empty((16, x.shape[1], grad_out.shape[1]))
+
+    _registered = True
+
+
+def _transform(weight: torch.Tensor) -> torch.Tensor:
+    """U = G g G^T of a (Cout, Cin, 3, 3) kernel, as conv3x3_winograd's (16, Cin, Cout) operand."""
+    G = torch.tensor(_G, dtype=weight.dtype)
+    return torch.einsum("ai,ocij,bj->abco", G, weight, G).reshape(16, weight.shape[1], weight.shape[0]).contiguous()
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+class _WinogradConv3x3(torch.autograd.Function):
+    """conv2d(x, weight, bias, padding=1) for a 3x3 kernel, forward and backward in Winograd's domain."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x = _channels_last(x)
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.diffusion_kernels.conv3x3_winograd(x, _transform(weight), bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad = _channels_last(grad)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            # The input's gradient: the convolution of grad with g rotated 180 degrees, in and out swapped.
+            rotated = weight.flip(2, 3).transpose(0, 1)
+            grad_x = torch.ops.diffusion_kernels.conv3x3_winograd(grad, _transform(rotated), None)
+        if ctx.needs_input_grad[1]:
+            dU = torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad)  # (16, Cin, Cout)
+            G = torch.tensor(_G, dtype=dU.dtype)
+            grad_weight = torch.einsum("ai,abco,bj->ocij", G, dU.view(4, 4, *dU.shape[1:]), G)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum((0, 2, 3))
+        return grad_x, grad_weight, grad_bias
+
+
+def conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """conv2d(x, weight, bias, padding=1), differentiable, for float32 CPU tensors of channel counts that are
+    multiples of 16 (optimized_diffusion.winograd_applies); channels-last out."""
+    return _WinogradConv3x3.apply(x, weight, bias)
+
+
+class WinogradConv2d(nn.Conv2d):
+    """An ``nn.Conv2d`` (3x3, stride 1, padding 1) computed by :func:`conv3x3` for float32 CPU inputs, by
+    ``nn.Conv2d`` otherwise; the same parameters and state-dict keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return super().forward(x)
+        return conv3x3(x, self.weight, self.bias)
+
+
+def _as_winograd(conv: nn.Conv2d) -> WinogradConv2d:
+    """A WinogradConv2d holding ``conv``'s own parameters (the optimizer and the EMA keep pointing at them)."""
+    with torch.device("meta"):
+        new = WinogradConv2d(conv.in_channels, conv.out_channels, 3, padding=1, bias=conv.bias is not None)
+    new.weight, new.bias = conv.weight, conv.bias
+    new.train(conv.training)
+    return new
+
+
+def use_winograd_convs(model: nn.Module) -> int:
+    """Replace each 3x3 convolution of ``model`` that the kernels compute (optimized_diffusion.winograd_applies)
+    by a :class:`WinogradConv2d` holding its parameters, when the extension has the ops; returns how many. The
+    state dict is unchanged."""
+    from optimized_diffusion import winograd_applies
+
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Conv2d and winograd_applies(child)
+    ]
+    if not targets or not weight_grad_available():
+        return 0
+    for parent, name, child in targets:
+        setattr(parent, name, _as_winograd(child))
+    return len(targets)

@@ -1,0 +1,117 @@
+"""3x3 convolutions trained in Winograd's domain (ddpm/training/winograd.py): the output and all three gradients
+against float64 autograd, the weight-gradient op under opcheck and with wrong arguments, and a U-Net whose
+convolutions are swapped keeping its parameters and training to the same weights as oneDNN's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import make_trainer, tiny_unet_config
+from torch import nn
+
+import optimized_diffusion as od
+from basic_diffusion import UNet
+from ddpm.training.winograd import WinogradConv2d, conv3x3, use_winograd_convs, weight_grad_available
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension() -> None:
+    od.load_extension()
+    if not weight_grad_available():
+        pytest.skip("the built extension predates conv3x3_winograd_weight_grad: rebuild it (make install)")
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value.double() - reference).norm() / reference.norm()).item()
+
+
+# (batch, Cin, Cout, H, W): the U-Net's widths, odd sizes (a last tile half outside), a one-row image.
+SHAPES = [(3, 16, 32, 8, 8), (2, 32, 16, 5, 7), (4, 64, 64, 2, 2), (2, 16, 16, 1, 3), (1, 48, 32, 9, 4)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_output_and_gradients_match_float64_as_closely_as_onednn(shape):
+    B, cin, cout, H, W = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    x, w, b = (
+        torch.randn(B, cin, H, W, generator=gen, dtype=torch.float64),
+        torch.randn(cout, cin, 3, 3, generator=gen, dtype=torch.float64) / (3 * cin**0.5),
+        torch.randn(cout, generator=gen, dtype=torch.float64),
+    )
+    grad = torch.randn(B, cout, H, W, generator=gen, dtype=torch.float64)
+
+    def run(conv, dtype, memory_format=torch.contiguous_format):
+        leaves = [t.to(dtype, copy=True).requires_grad_() for t in (x.contiguous(memory_format=memory_format), w, b)]
+        y = conv(*leaves)
+        y.backward(grad.to(dtype))
+        return [y.detach(), *(leaf.grad for leaf in leaves)]
+
+    reference = run(lambda *a: F.conv2d(*a, padding=1), torch.float64)
+    onednn = run(lambda *a: F.conv2d(*a, padding=1), torch.float32)
+    ours = run(conv3x3, torch.float32, torch.channels_last)
+    for name, mine, theirs, exact in zip(("y", "dx", "dw", "db"), ours, onednn, reference):
+        assert mine.shape == exact.shape, name
+        assert relative_error(mine, exact) <= 3 * relative_error(theirs, exact) + 1e-6, name
+    assert ours[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_weight_grad_op_passes_opcheck():
+    x = torch.randn(2, 16, 6, 5).contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(2, 32, 6, 5).contiguous(memory_format=torch.channels_last)
+    torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad, (x, grad))
+
+
+def channels_last(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(
+    "x, grad, message",
+    [
+        (torch.randn(2, 16, 4, 4), channels_last(2, 16, 4, 4), "x must be a channels-last float32"),
+        (channels_last(2, 16, 4, 4, dtype=torch.float64), channels_last(2, 16, 4, 4), "x must be a channels-last"),
+        (channels_last(2, 8, 4, 4), channels_last(2, 16, 4, 4), "multiples of 16"),
+        (channels_last(2, 16, 4, 4), channels_last(2, 16, 4, 6), "grad_out must be"),
+        (channels_last(2, 16, 4, 4), torch.randn(2, 16, 4, 4), "grad_out must be"),
+    ],
+)
+def test_weight_grad_op_refuses_what_it_cannot_compute(x, grad, message):
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad)
+
+
+def test_swapped_unet_keeps_its_parameters_and_computes_the_same_function():
+    torch.manual_seed(0)
+    model = UNet(tiny_unet_config())
+    before = {name: p for name, p in model.named_parameters()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x, t = torch.randn(4, 1, 16, 16), torch.randint(0, 50, (4,))
+    expected = model(x, t)
+    swapped = use_winograd_convs(model)
+    eligible = [m for m in model.modules() if isinstance(m, nn.Conv2d) and od.winograd_applies(m)]
+    assert swapped == len(eligible) > 0
+    assert all(type(m) is WinogradConv2d for m in eligible)
+    assert {name: p for name, p in model.named_parameters()} == before  # the same Parameter objects
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    torch.testing.assert_close(model(x, t), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_training_with_swapped_convolutions_lands_on_the_same_weights(tmp_path):
+    def trained(folder, *, winograd: bool) -> tuple[dict, dict]:
+        trainer = make_trainer(tmp_path / folder, total_steps=4)  # seeds torch: the same weights, dropout, noise
+        assert not winograd or use_winograd_convs(trainer.model) > 0
+        trainer.train_step()
+        grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+        for _ in range(3):
+            trainer.train_step()
+        return grads, trainer.model.state_dict()
+
+    (plain_grads, plain), (runner_grads, runner) = trained("a", winograd=False), trained("b", winograd=True)
+    for name, grad in runner_grads.items():  # the first step's gradients, to float32 rounding
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    # Adam divides each gradient by its running size, so rounding in a near-zero gradient (a zero-initialized
+    # layer's) moves a weight by a fraction of the learning rate (1e-3): the weights agree to a tenth of one step.
+    for name, mine in runner.items():
+        torch.testing.assert_close(mine, plain[name], rtol=1e-4, atol=1e-4, msg=name)
