@@ -531,8 +531,9 @@ def diffusion_loss(
     generator: torch.Generator | None = None,
     min_snr_gamma: float | None = None,
 ) -> torch.Tensor:
-    """The DDPM objective: MSE between the U-Net's output and its target at a uniform t (the noise, or
-    the velocity or x_0 for a schedule whose ``prediction`` says so: ``NoiseSchedule.training_target``).
+    """The DDPM objective at a uniform t: the mean of :func:`per_sample_losses`, each sample's MSE between the
+    U-Net's output and its target (the noise, or the velocity or x_0 for a schedule whose ``prediction`` says so:
+    ``NoiseSchedule.training_target``).
 
     ``t`` (B,) and ``noise`` (like ``x_start``) are drawn from ``generator``, t first, unless given
     (the trainer draws them for a whole global batch and passes each rank its rows). ``y`` (B,):
@@ -542,16 +543,10 @@ def diffusion_loss(
     sample's noise MSE by min(SNR(t), gamma) / SNR(t), SNR = alpha_bar / (1 - alpha_bar) (Hang et
     al. 2023, "Min-SNR weighting"; ``NoiseSchedule.loss_weights`` for v and x_0): the nearly clean
     timesteps, whose noise is hard to predict and matters little for the image, stop dominating the gradient.
-    Timesteps drawn another way (timestep_sampling.py) go through :func:`per_sample_losses`.
+    The trainer takes the same per-sample losses, weighted by its timestep sampler (timestep_sampling.py).
     """
-    B = x_start.shape[0]
     if t is None:
-        t = torch.randint(0, schedule.num_timesteps, (B,), device=x_start.device, generator=generator)
-    if min_snr_gamma is None:
-        if noise is None:
-            noise = torch.randn(x_start.shape, device=x_start.device, generator=generator, dtype=x_start.dtype)
-        x_t = schedule.q_sample(x_start, t, noise)
-        return F.mse_loss(eps_of(model, x_t, t, y).float(), schedule.training_target(x_start, noise, t).float())
+        t = torch.randint(0, schedule.num_timesteps, (x_start.shape[0],), device=x_start.device, generator=generator)
     losses = per_sample_losses(
         model, schedule, x_start, t, noise=noise, y=y, generator=generator, min_snr_gamma=min_snr_gamma
     )

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from basic_diffusion import UNet, UNetConfig, diffusion_loss, per_sample_losses, sample
+from basic_diffusion import UNet, UNetConfig, per_sample_losses, sample
 from ddpm.conditioning import DEFAULT_GUIDANCE, MAX_CLASS_NAME, Guidance, labels_for, valid_class_names
 from ddpm.data.datasets import ImageSet
 from ddpm.data.image_files import save_grid
@@ -347,53 +347,32 @@ class Trainer:
         cfg = self.config
         return cfg.lr * lr_factor(self.step, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
 
-    def _diffusion_loss(self, mine: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The DDPM loss of this rank's rows of the step's batch: (loss, the global batch's t, the per-sample
-        losses a non-uniform timestep sampler learns from, or None)."""
+    def _diffusion_loss(self, mine: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The DDPM loss of this rank's rows of the step's batch: (loss, the global batch's t, this rank's
+        per-sample losses, which an adaptive timestep sampler learns from)."""
         cfg = self.config
-        weights, losses = None, None
         with phase("data"):
             x_start, labels = self.images.batch_with_labels(
                 self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device, rows=mine
             )
             x_start = x_start.contiguous(memory_format=self.memory_format)  # (B / ranks, C, H, W)
             # Timesteps, then noise, for the whole global batch on every rank (the generator stays in step
-            # across ranks); each rank keeps its rows. One process draws exactly what it always drew.
-            B = cfg.batch_size
-            if self.timesteps.name == "uniform":
-                t = torch.randint(0, self.schedule.num_timesteps, (B,), device=self.device, generator=self.generator)
-            else:  # t from the sampler; each draw weighted so the objective keeps its expectation
-                t, weights = self.timesteps.sample(B, generator=self.generator, device=self.device)
+            # across ranks); each rank keeps its rows. t comes from the timestep sampler (uniform: torch.randint,
+            # weight 1), each draw weighted so that the objective keeps its expectation.
+            t, weights = self.timesteps.sample(cfg.batch_size, generator=self.generator, device=self.device)
             noise = torch.randn(
-                (B, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype
+                (cfg.batch_size, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype
             )
             y = None
             if self.model_config.num_classes:  # classifier-free guidance: some labels become the null label
-                drop = torch.rand(B, device=self.device, generator=self.generator) < cfg.cond_drop
+                drop = torch.rand(cfg.batch_size, device=self.device, generator=self.generator) < cfg.cond_drop
                 y = torch.where(drop[mine], self.model_config.null_label, labels)  # (B / ranks,)
-        # Forward, in the chosen precision.
+        # Forward, in the chosen precision: the weighted mean of the per-sample losses.
         with phase("forward"), autocast(self.device.type, cfg.precision):
-            if self.timesteps.name == "uniform":
-                loss = diffusion_loss(
-                    self.forward,
-                    self.schedule,
-                    x_start,
-                    t=t[mine],
-                    noise=noise[mine],
-                    y=y,
-                    min_snr_gamma=cfg.min_snr_gamma,
-                )
-            else:
-                losses = per_sample_losses(
-                    self.forward,
-                    self.schedule,
-                    x_start,
-                    t[mine],
-                    noise=noise[mine],
-                    y=y,
-                    min_snr_gamma=cfg.min_snr_gamma,
-                )  # (B / ranks,)
-                loss = (weights[mine] * losses).mean()
+            losses = per_sample_losses(
+                self.forward, self.schedule, x_start, t[mine], noise=noise[mine], y=y, min_snr_gamma=cfg.min_snr_gamma
+            )  # (B / ranks,)
+            loss = (weights[mine] * losses).mean()
         return loss, t, losses
 
     def train_step(self) -> float:
