@@ -38,14 +38,21 @@ def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[st
     UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
     fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
-    eager = dict(precision="fp32", compile=False, cuda_fast_path=False)
+    cpu_nhwc = "+channels-last" if device.type == "cpu" else ""  # the CPU's fp32 default (trainer.py)
+    eager = dict(precision="fp32", compile=False, cuda_fast_path=False, cpu_channels_last=False)
     mixed = dict(precision=amp, compile=False, cuda_fast_path=True)
     auto = resolve("auto", purpose="training", device=device, pixels=pixels)
     return [
         ("fp32", "fp32 eager", eager),
-        ("default", f"default: {auto}{fast} eager", dict(precision=auto, compile=False, cuda_fast_path=True)),
+        (
+            "default",
+            f"default: {auto}{fast or (cpu_nhwc if auto == 'fp32' else '')} eager",
+            dict(precision=auto, compile=False, cuda_fast_path=True),
+        ),
         (DIFFUSERS, "diffusers UNet2DModel fp32 eager", dict(precision="fp32", compile=False)),
         ("fp32_compile", "fp32 compile", dict(eager, compile=True)),
+        ("fp32_nhwc", "fp32 eager channels-last", dict(eager, cpu_channels_last=True, cuda_fast_path=True)),
+        ("fp32_winograd", "fp32 channels-last, Winograd 3x3", dict(eager, cpu_channels_last=True, winograd_convs=True)),
         ("amp", f"{amp}{fast} eager", mixed),
         ("amp_compile", f"{amp}{fast} compile", dict(mixed, compile=True)),
         ("fp32_checkpoint", "fp32 eager, grad checkpoint", dict(eager, grad_checkpoint=True)),

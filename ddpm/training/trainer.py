@@ -43,6 +43,7 @@ from ddpm.requests import own_sampling
 from ddpm.training.compiled import CompileTrial
 from ddpm.training.dropout import use_seeded_dropout
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
+from ddpm.training.winograd import use_winograd_convs
 from ddpm.util import distributed, interrupts
 from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.distributed import Ranks
@@ -105,6 +106,12 @@ class TrainConfig:
     preview_samples: int = 64
     preview_steps: int = 100  # respaced ancestral DDPM: robust early in training, when ODE samplers stay noisy
     cuda_fast_path: bool = True  # fused AdamW and channels-last on CUDA (off only to measure their effect)
+    # Channels-last activations on a CPU in fp32, where oneDNN's convolutions train faster on them (in bf16 they train
+    # slower: BENCHMARKS.md, "The training step against its peers"); off only to measure their effect.
+    cpu_channels_last: bool = True
+    winograd_convs: bool = (
+        False  # a CPU's 3x3 convolutions in Winograd's domain (training/winograd.py; a benchmark row)
+    )
     world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
     cond_drop: float = 0.1  # class-conditional models: share of labels replaced by the null label
     grad_checkpoint: bool = False  # recompute the residual blocks' activations in the backward pass (less memory)
@@ -194,13 +201,16 @@ class Trainer:
             raise ValueError(f"class names must be 1 to {MAX_CLASS_NAME} characters long (the checkpoint stores them)")
         torch.manual_seed(config.seed)  # weight init and dropout
         cuda = self.device.type == "cuda" and config.cuda_fast_path
-        self.memory_format = torch.channels_last if cuda and model_config.dims == 2 else torch.contiguous_format
+        nhwc = cuda or (self.device.type == "cpu" and config.cpu_channels_last and config.precision == "fp32")
+        self.memory_format = torch.channels_last if nhwc and model_config.dims == 2 else torch.contiguous_format
         self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
         self.model.grad_checkpoint = config.grad_checkpoint
         if self.device.type == "cpu" and not config.compile:
             # torch's CPU dropout draws one variable at a time (dropout.py); compiled, the op's integer seed would
             # break the graph and vary its shapes each step, and Inductor's own dropout is fused instead.
             use_seeded_dropout(self.model)
+            if config.winograd_convs:
+                use_winograd_convs(self.model)
             # Every step frees and reallocates the same activations: without this, glibc hands them back to the
             # kernel and the next step page-faults them in again (cpu_memory.py).
             keep_freed_memory()

@@ -55,7 +55,19 @@ def _register_fake() -> None:
 def _transform(weight: torch.Tensor) -> torch.Tensor:
     """U = G g G^T of a (Cout, Cin, 3, 3) kernel, as conv3x3_winograd's (16, Cin, Cout) operand."""
     G = torch.tensor(_G, dtype=weight.dtype)
-    return torch.einsum("ai,ocij,bj->abco", G, weight, G).reshape(16, weight.shape[1], weight.shape[0]).contiguous()
+    u = G @ weight @ G.T  # (Cout, Cin, 4, 4)
+    return u.permute(2, 3, 1, 0).reshape(16, weight.shape[1], weight.shape[0]).contiguous()
+
+
+# Rotating a kernel 180 degrees reverses G's columns, which for this G is swapping its rows 0 and 3: the rotated
+# kernel's U is U with products (a, b) read at (p(a), p(b)), p swapping 0 and 3.
+_ROTATED = [4 * p + q for p in (3, 1, 2, 0) for q in (3, 1, 2, 0)]
+
+
+def _rotated(u: torch.Tensor) -> torch.Tensor:
+    """The transform of the kernel rotated 180 degrees with its channels swapped, from U (16, Cin, Cout): the
+    operand of the input gradient's convolution, (16, Cout, Cin)."""
+    return u[_ROTATED].transpose(1, 2).contiguous()
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -67,24 +79,24 @@ class _WinogradConv3x3(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        x = _channels_last(x)
-        ctx.save_for_backward(x, weight)
+        x, u = _channels_last(x), _transform(weight)
+        ctx.save_for_backward(x, u)
         ctx.has_bias = bias is not None
-        return torch.ops.diffusion_kernels.conv3x3_winograd(x, _transform(weight), bias)
+        return torch.ops.diffusion_kernels.conv3x3_winograd(x, u, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
+        x, u = ctx.saved_tensors
         grad = _channels_last(grad)
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # The input's gradient: the convolution of grad with g rotated 180 degrees, in and out swapped.
-            rotated = weight.flip(2, 3).transpose(0, 1)
-            grad_x = torch.ops.diffusion_kernels.conv3x3_winograd(grad, _transform(rotated), None)
+            grad_x = torch.ops.diffusion_kernels.conv3x3_winograd(grad, _rotated(u), None)
         if ctx.needs_input_grad[1]:
             dU = torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad)  # (16, Cin, Cout)
             G = torch.tensor(_G, dtype=dU.dtype)
-            grad_weight = torch.einsum("ai,abco,bj->ocij", G, dU.view(4, 4, *dU.shape[1:]), G)
+            d = dU.view(4, 4, *dU.shape[1:]).permute(3, 2, 0, 1)  # (Cout, Cin, 4, 4)
+            grad_weight = G.T @ d @ G  # dL/dg = G^T (dL/dU) G, (Cout, Cin, 3, 3)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum((0, 2, 3))
         return grad_x, grad_weight, grad_bias

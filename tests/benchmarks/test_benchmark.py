@@ -259,7 +259,7 @@ def test_training_rows_are_chosen_by_key_with_the_fp32_baseline_first():
         False,
         True,
     ]
-    assert len(select_variants("all", cpu)) == len(select_variants(None, cpu)) == 11
+    assert len(select_variants("all", cpu)) == len(select_variants(None, cpu)) == 13
     with pytest.raises(ValueError, match="not a training row"):
         select_variants("fp32,onnxruntime", cpu)
 
