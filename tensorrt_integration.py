@@ -774,13 +774,13 @@ def tensorrt_decoder(
 
 def fused_step_available(device: torch.device) -> bool:
     """Whether the diffusion_kernels extension is built (no JIT here), with CUDA kernels on a GPU."""
-    import optimized_diffusion
+    from ddpm.kernels import ops
 
     try:
-        optimized_diffusion.load_extension(allow_jit=False)
-    except optimized_diffusion.ExtensionUnavailableError:
+        ops.load_extension(allow_jit=False)
+    except ops.ExtensionUnavailableError:
         return False
-    return device.type != "cuda" or optimized_diffusion.has_cuda_kernels()
+    return device.type != "cuda" or ops.has_cuda_kernels()
 
 
 def make_sampler(

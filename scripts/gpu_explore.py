@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_sampling import cuda_time_ms, random_unet  # noqa: E402
 
 import optimized_diffusion as od  # noqa: E402
+from ddpm.kernels import ops  # noqa: E402
 from ddpm.util.precision import backend_policy  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig  # noqa: E402
 
@@ -92,7 +93,7 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    od.load_extension()
+    ops.load_extension()
     model = random_unet(image_size=args.image_size, channels=args.channels)
     shape = (args.batch, args.channels, args.image_size, args.image_size)
     plan = (

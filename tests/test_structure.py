@@ -30,6 +30,7 @@ LOWER = (
     "ddpm.requests",
     "ddpm.batch_memory",
     "ddpm.util",
+    "ddpm.kernels",
     "ddpm.formats",
     "ddpm.data",
     "ddpm.latent",

@@ -27,7 +27,7 @@ _registered = False
 
 def seeded_dropout_available() -> bool:
     """Whether the built extension has the op (no JIT compile here: a trainer without it keeps nn.Dropout)."""
-    from optimized_diffusion import ExtensionUnavailableError, load_extension
+    from ddpm.kernels.ops import ExtensionUnavailableError, load_extension
 
     try:
         load_extension(allow_jit=False)
