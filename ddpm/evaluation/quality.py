@@ -446,7 +446,7 @@ def write_plot(result: dict, path: str | Path) -> None:
         ax.set_xticks(ticks, [str(t) for t in ticks])  # the step counts themselves, not powers of ten
         ax.minorticks_off()
         if log:
-            ax.set_yscale("log")  # the noise floor is ~30x the ceiling: a linear axis flattens the samplers
+            ax.set_yscale("log")  # the noise floor lies far above the ceiling: a linear axis flattens the samplers
         ax.set_xlabel("U-Net calls per image")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -25,7 +25,7 @@ OPENMP_FLAGS: tuple[str, ...] = ("-fopenmp",) if sys.platform.startswith("linux"
 # round-to-nearest intrinsics for the same reason). -fno-trapping-math changes no result (only
 # whether FP exception flags may be raised), but lets GCC vectorize the clamp's select.
 # -g0 overrides the -g that Python's own CFLAGS hand to setuptools: debug info for the kernels' template instances
-# was a third of the .cpp's compile time and nothing reads it (BENCHMARKS.md, "Building the extension").
+# cost much of the .cpp's compile time and nothing reads it (BENCHMARKS.md, "Building the extension").
 CXX_FLAGS: tuple[str, ...] = ("-O3", "-g0", "-ffp-contract=off", "-fno-trapping-math", *OPENMP_FLAGS)
 LINK_FLAGS: tuple[str, ...] = OPENMP_FLAGS
 # No --use_fast_math (see above). -lineinfo lets compute-sanitizer and ncu point at source lines
