@@ -328,7 +328,8 @@ def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 class NoiseSchedule(nn.Module):
-    """Schedule arrays as float32 buffers (standard names), plus q(x_t | x_0) and the posterior."""
+    """Schedule arrays as float32 buffers (standard names; the posterior q(x_{t-1} | x_t, x_0) by its variance and
+    mean coefficients), plus q(x_t | x_0) and the predictions of x_0 and eps."""
 
     def __init__(self, config: ScheduleConfig | None = None) -> None:
         super().__init__()
@@ -420,14 +421,6 @@ class NoiseSchedule(nn.Module):
         return (x_t - extract(self.sqrt_alphas_cumprod, t, n) * pred_xstart) / extract(
             self.sqrt_one_minus_alphas_cumprod, t, n
         )
-
-    def q_posterior_mean_variance(
-        self, x_start: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0)."""
-        n = x_t.ndim
-        mean = extract(self.posterior_mean_coef1, t, n) * x_start + extract(self.posterior_mean_coef2, t, n) * x_t
-        return mean, extract(self.posterior_variance, t, n), extract(self.posterior_log_variance_clipped, t, n)
 
     def make_plan(
         self,
