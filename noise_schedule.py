@@ -347,8 +347,6 @@ class NoiseSchedule(nn.Module):
             "sqrt_recip_alphas_cumprod": (1.0 / alphas_cumprod).sqrt(),
             "snr": alphas_cumprod / (1.0 - alphas_cumprod),  # signal-to-noise ratio of x_t
             "posterior_variance": posterior_variance,
-            # The variance is 0 at t = 0; clip the log to the t = 1 value (Ho et al.).
-            "posterior_log_variance_clipped": torch.log(torch.cat([posterior_variance[1:2], posterior_variance[1:]])),
             "posterior_mean_coef1": betas * alphas_cumprod_prev.sqrt() / (1.0 - alphas_cumprod),
             "posterior_mean_coef2": (1.0 - alphas_cumprod_prev) * (1.0 - betas).sqrt() / (1.0 - alphas_cumprod),
         }
@@ -364,7 +362,6 @@ class NoiseSchedule(nn.Module):
     sqrt_recip_alphas_cumprod: torch.Tensor
     snr: torch.Tensor
     posterior_variance: torch.Tensor
-    posterior_log_variance_clipped: torch.Tensor
     posterior_mean_coef1: torch.Tensor
     posterior_mean_coef2: torch.Tensor
 
