@@ -408,9 +408,7 @@ class FusedSampler:
     on the device) instead of the fused op, for callers that must work without the extension (the
     tensorrt implementation); everything else is the same.
 
-    Side effects: with ``channels_last`` (CUDA only) the model's parameters are converted to
-    channels-last in place (their values do not change). The model should be in eval mode, as for
-    the original loop.
+    The model should be in eval mode, as for the original loop.
     """
 
     def __init__(
@@ -421,7 +419,6 @@ class FusedSampler:
         shape: tuple[int, int, int, int],
         precision: str = "fp32",
         use_cuda_graph: bool = True,
-        channels_last: bool = False,
         compile_model: bool | str = False,  # True: torch.compile's default mode; a string: that mode
         warmup_iters: int = 3,
         log: Callable[[str], None] | None = None,  # where the capture-failure notice goes (default print)
@@ -442,10 +439,8 @@ class FusedSampler:
                 f"the diffusion_kernels extension was built without CUDA kernels; rebuild it where the CUDA "
                 f"toolkit is installed: {BUILD_COMMAND}"
             )
-        # 1. The network: the model, or its fused runner; channels-last and torch.compile as asked.
-        self._build_network(
-            model, fused_unet=fused_unet, guidance=guidance, channels_last=channels_last, compile_model=compile_model
-        )
+        # 1. The network: the model, or its fused runner; torch.compile as asked.
+        self._build_network(model, fused_unet=fused_unet, guidance=guidance, compile_model=compile_model)
         # 2. Static buffers (float32 sampler state, whatever the precision).
         self._allocate_buffers(guidance)
         # 3. On CUDA, one captured step or the whole plan in one graph (or, if capture fails, eager steps).
@@ -458,10 +453,9 @@ class FusedSampler:
         *,
         fused_unet: bool,
         guidance: Guidance | None,
-        channels_last: bool,
         compile_model: bool | str,
     ) -> None:
-        on_cuda, precision, plan = self.device.type == "cuda", self.precision, self.plan
+        precision, plan = self.precision, self.plan
         self._fused_unet = fused_unet
         if fused_unet:  # the runner holds the precision (weights cast once) and its own NHWC layout: no autocast
             from basic_diffusion import UNet
@@ -479,9 +473,6 @@ class FusedSampler:
         self._projection_table = (
             model.projections(plan.timesteps.to(self.device, torch.int64)) if fused_unet and guidance is None else None
         )
-        self._channels_last = on_cuda and channels_last and len(self.shape) == 4 and not fused_unet  # images only
-        if self._channels_last:
-            model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
         mode = compile_model if isinstance(compile_model, str) else None
         self._model = torch.compile(model, dynamic=False, mode=mode) if compile_model else model
 
@@ -544,10 +535,9 @@ class FusedSampler:
             ops.gather_timestep_(self._t, timesteps=self._timesteps, step=self._step)  # t[:] = timesteps[step]
         else:
             self._t.copy_(self._timesteps.index_select(0, self._step.view(1)).expand_as(self._t))
-        x_in = self._x.contiguous(memory_format=torch.channels_last) if self._channels_last else self._x
         guidance = self._guidance.scale if self._guidance is not None and self._guidance.doubled else None
-        if guidance is not None:
-            x_in = torch.cat([x_in, x_in])  # (2B, C, H, W): with the labels, then with the null label
+        # (2B, C, H, W) when guided: with the labels, then with the null label.
+        x_in = self._x if guidance is None else torch.cat([self._x, self._x])
         # Predict the noise: eps_theta(x_t, t[, y]), (B or 2B, C, H, W) in the autocast dtype.
         with phase("unet"), self._autocast():
             if self._projection_table is not None:  # (1, D): this step's row of the plan's table
@@ -674,7 +664,6 @@ def sample(
     generator: torch.Generator | None,
     precision: str = "fp32",
     use_cuda_graph: bool = True,
-    channels_last: bool = False,
     compile_model: bool = False,
     progress: bool = False,
     guidance: Guidance | None = None,
@@ -692,7 +681,6 @@ def sample(
         shape=shape,
         precision=precision,
         use_cuda_graph=use_cuda_graph,
-        channels_last=channels_last,
         compile_model=compile_model,
         guidance=guidance,
         fused_unet=fused_unet,

@@ -796,14 +796,13 @@ def make_sampler(
     import optimized_diffusion
 
     # precision "fp32": no autocast around the engine (its precision was fixed when it was built)
-    # and no TF32 for the few PyTorch ops; channels_last off: engines take NCHW.
+    # and no TF32 for the few PyTorch ops.
     return optimized_diffusion.FusedSampler(
         unet,
         plan,
         shape=shape,
         precision="fp32",
         use_cuda_graph=use_cuda_graph,
-        channels_last=False,
         fused_step=fused_step_available(plan.coefficients.device),
         guidance=guidance,
     )
