@@ -153,10 +153,6 @@ class DigitJudge:
         typical = self._distance_to_train_half(features) <= self.typical_below
         return (probabilities.max(1) >= CONFIDENCE) & typical, self.classifier.classes_[probabilities.argmax(1)]
 
-    def classify(self, images: torch.Tensor) -> np.ndarray:
-        """The digit the classifier assigns to each of (N, 1, S, S) images in [-1, 1] (its most probable)."""
-        return self.classifier.predict(self.features(images))
-
     def score(self, images: torch.Tensor, *, name: str, requested: torch.Tensor | None = None) -> Scores:
         """Score (N, 1, S, S) images in [-1, 1]; with ``requested`` (N,) digits (a class-conditional model's
         labels), also the share the classifier assigns to the requested digit, overall and per digit."""
