@@ -377,14 +377,6 @@ class NoiseSchedule(nn.Module):
             + extract(self.sqrt_one_minus_alphas_cumprod, t, n) * noise
         )
 
-    def predict_xstart_from_eps(self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        """x_0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
-        n = x_t.ndim
-        # The difference first: well conditioned where abar is tiny (see p_step).
-        return extract(self.sqrt_recip_alphas_cumprod, t, n) * (
-            x_t - extract(self.sqrt_one_minus_alphas_cumprod, t, n) * eps
-        )
-
     def predict_xstart(self, x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """x_0 from the U-Net's output ``out`` (what ``config.prediction`` names), as every step computes it."""
         coeffs = xstart_coefficients(self.alphas_cumprod[t].double(), self.config.prediction)
