@@ -344,7 +344,6 @@ class NoiseSchedule(nn.Module):
             "alphas_cumprod_prev": alphas_cumprod_prev,
             "sqrt_alphas_cumprod": alphas_cumprod.sqrt(),
             "sqrt_one_minus_alphas_cumprod": (1.0 - alphas_cumprod).sqrt(),
-            "sqrt_recip_alphas_cumprod": (1.0 / alphas_cumprod).sqrt(),
             "snr": alphas_cumprod / (1.0 - alphas_cumprod),  # signal-to-noise ratio of x_t
             "posterior_variance": posterior_variance,
             "posterior_mean_coef1": betas * alphas_cumprod_prev.sqrt() / (1.0 - alphas_cumprod),
@@ -359,7 +358,6 @@ class NoiseSchedule(nn.Module):
     alphas_cumprod_prev: torch.Tensor
     sqrt_alphas_cumprod: torch.Tensor
     sqrt_one_minus_alphas_cumprod: torch.Tensor
-    sqrt_recip_alphas_cumprod: torch.Tensor
     snr: torch.Tensor
     posterior_variance: torch.Tensor
     posterior_mean_coef1: torch.Tensor
