@@ -341,7 +341,6 @@ class NoiseSchedule(nn.Module):
         float64 = {
             "betas": betas,
             "alphas_cumprod": alphas_cumprod,
-            "alphas_cumprod_prev": alphas_cumprod_prev,
             "sqrt_alphas_cumprod": alphas_cumprod.sqrt(),
             "sqrt_one_minus_alphas_cumprod": (1.0 - alphas_cumprod).sqrt(),
             "snr": alphas_cumprod / (1.0 - alphas_cumprod),  # signal-to-noise ratio of x_t
@@ -355,7 +354,6 @@ class NoiseSchedule(nn.Module):
     # Type hints for the buffers registered above.
     betas: torch.Tensor
     alphas_cumprod: torch.Tensor
-    alphas_cumprod_prev: torch.Tensor
     sqrt_alphas_cumprod: torch.Tensor
     sqrt_one_minus_alphas_cumprod: torch.Tensor
     snr: torch.Tensor
