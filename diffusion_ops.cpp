@@ -4,7 +4,7 @@
 //
 // Built by setup.py (`pip install -e . --no-build-isolation` or
 // `python setup.py build_ext --inplace`) into the Python module _diffusion_kernels, or
-// JIT-compiled by optimized_diffusion.load_extension(). Importing the module registers the ops
+// JIT-compiled by ddpm/kernels/ops.py's load_extension(). Importing the module registers the ops
 // under torch.ops.diffusion_kernels; diffusion_kernels.cu adds the CUDA kernels of the same ops.
 //
 // Ops (the step ops mutate their first arguments in place and return nothing, so one CUDA graph can
@@ -40,12 +40,12 @@
 //       Dropout: x * keep / (1 - p) in x's dtype, as a new contiguous tensor, where keep for element i (in
 //       row-major order) is a pure function of (seed, i) (splitmix64 in diffusion_kernels.h). The same call on
 //       the gradient is the backward pass (ddpm/training/dropout.py registers it). CPU only: on a CPU torch's
-//       dropout draws one Bernoulli variable at a time (10-25 ns an element), on a GPU it is fused already.
+//       dropout draws one Bernoulli variable at a time, on a GPU it is fused already.
 //
 //   conv3x3_winograd(x, weight, bias, *, upsample=False) -> Tensor
 //       A 3x3 convolution (stride 1, padding 1) of a channels-last float32 x, CPU only, in Winograd's
 //       F(2x2, 3x3): 2.25x fewer multiply-adds than oneDNN's direct convolution. weight is the kernel's
-//       (16, Cin, Cout) transform (optimized_diffusion.winograd_weight); channel counts multiples of 16.
+//       (16, Cin, Cout) transform (ddpm.kernels.ops.winograd_weight); channel counts multiples of 16.
 //       upsample: the convolution of x upsampled 2x (nearest), without the upsampled tensor: each output
 //       phase's 2x2 kernel in F(2x2, 2x2), weight (36, Cin, Cout), output (B, Cout, 2H, 2W).
 //       A bfloat16 x takes the transform in bfloat16 pairs, (16 or 36, Cin / 2, Cout, 2), and returns bfloat16:
@@ -840,14 +840,14 @@ at::Tensor group_norm_act_cpu(
 // ----- conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) -----------------------
 // (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016.) Each 2x2 tile of outputs is
 // A^T [U (.) (B^T d B)] A for the 4x4 input tile d around it and the kernel's transform U = G g G^T
-// (optimized_diffusion.winograd_weight, computed once in float64): per tile and channel pair 16 multiply-adds
-// instead of 36, 2.25x fewer. The 16 products of a tile, summed over input channels, are 16 GEMMs
+// (ddpm.kernels.ops.winograd_weight, computed once in float64): per tile and channel pair 16 multiply-adds
+// instead of 36. The 16 products of a tile, summed over input channels, are 16 GEMMs
 // (tiles x Cin) @ (Cin x Cout). Work goes by blocks of tiles (winograd_block_tiles), each block's three stages in
 // one thread's cache: the input transform (V[k][t][:], k = 4 * row + column of B^T d B), the GEMMs
 // (M[k] = V[k] @ U[k], a register-blocked kernel of 6 tiles x 64 output channels) and the output transform
 // (plus the bias) into the NHWC output. oneDNN has Winograd kernels of its own, but PyTorch always asks
 // it for direct convolution and does not export it to extensions; NNPACK's (F(6x6, 3x3), NCHW) is slower here
-// and further from float64 (results/cpu-2026-11-25-winograd/HISTORY.md). Not a twin of anything on the GPU (cuDNN
+// and further from float64 (BENCHMARKS.md, "Where the runner's time goes"). Not a twin of anything on the GPU (cuDNN
 // picks its own algorithms there).
 //
 // B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0; 0 1 -1 -1]: additions only, so rounding
@@ -855,10 +855,10 @@ at::Tensor group_norm_act_cpu(
 // this is not an op with a bitwise definition; tests compare it with float64 (it lands closer than oneDNN).
 //
 // upsample: conv(nearest-2x-upsample(x)) without the upsampled tensor. Per output phase (a, b) (position 2i + a,
-// 2j + b) it is a 2x2 convolution of x (optimized_diffusion.upsample_phase_weights), computed in F(2x2, 2x2):
+// 2j + b) it is a 2x2 convolution of x (ddpm.kernels.ops.upsample_phase_weights), computed in F(2x2, 2x2):
 // per 2x2 tile of x's positions the phase reads the 3x3 window at rows 2ty - 1 + a.., columns 2tx - 1 + b..,
 // V = B2^T d B2 (9 products), U = G2 k G2^T, each output 2x2 A2^T (U (.) V) A2, written where the phase
-// lands: 9 multiply-adds per tile and channel pair instead of 16 (1.78x fewer), 36 products for the 4 phases.
+// lands: 9 multiply-adds per tile and channel pair instead of 16, 36 products for the 4 phases.
 // B2^T = [1 -1 0; 0 1 0; 0 -1 1], A2^T = [1 1 0; 0 1 1] (G2 = [1 0; 1 1; 0 1]).
 //
 // Tiles per block: 24 (four register blocks of 6), fewer for wide layers so that a block's V and M (products *
@@ -1476,7 +1476,7 @@ void bias_add_cpu(
 
 // SplitMix64 numbers first .. first + n - 1 of `seed` into z. Also compiled for x86-64-v4 (AVX-512) and v3 (AVX2),
 // picked when the library loads: the 64-bit multiplies are the op's whole cost, and baseline x86-64 has no vector
-// form of them (one AVX-512 lane per number is 4-5x the scalar loop).
+// form of them (one AVX-512 lane per number is several times the scalar loop).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif

@@ -328,7 +328,8 @@ def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 class NoiseSchedule(nn.Module):
-    """Schedule arrays as float32 buffers (standard names), plus q(x_t | x_0) and the posterior."""
+    """Schedule arrays as float32 buffers (standard names; the posterior q(x_{t-1} | x_t, x_0) by its variance and
+    mean coefficients), plus q(x_t | x_0) and the predictions of x_0 and eps."""
 
     def __init__(self, config: ScheduleConfig | None = None) -> None:
         super().__init__()
@@ -340,14 +341,10 @@ class NoiseSchedule(nn.Module):
         float64 = {
             "betas": betas,
             "alphas_cumprod": alphas_cumprod,
-            "alphas_cumprod_prev": alphas_cumprod_prev,
             "sqrt_alphas_cumprod": alphas_cumprod.sqrt(),
             "sqrt_one_minus_alphas_cumprod": (1.0 - alphas_cumprod).sqrt(),
-            "sqrt_recip_alphas_cumprod": (1.0 / alphas_cumprod).sqrt(),
             "snr": alphas_cumprod / (1.0 - alphas_cumprod),  # signal-to-noise ratio of x_t
             "posterior_variance": posterior_variance,
-            # The variance is 0 at t = 0; clip the log to the t = 1 value (Ho et al.).
-            "posterior_log_variance_clipped": torch.log(torch.cat([posterior_variance[1:2], posterior_variance[1:]])),
             "posterior_mean_coef1": betas * alphas_cumprod_prev.sqrt() / (1.0 - alphas_cumprod),
             "posterior_mean_coef2": (1.0 - alphas_cumprod_prev) * (1.0 - betas).sqrt() / (1.0 - alphas_cumprod),
         }
@@ -357,13 +354,10 @@ class NoiseSchedule(nn.Module):
     # Type hints for the buffers registered above.
     betas: torch.Tensor
     alphas_cumprod: torch.Tensor
-    alphas_cumprod_prev: torch.Tensor
     sqrt_alphas_cumprod: torch.Tensor
     sqrt_one_minus_alphas_cumprod: torch.Tensor
-    sqrt_recip_alphas_cumprod: torch.Tensor
     snr: torch.Tensor
     posterior_variance: torch.Tensor
-    posterior_log_variance_clipped: torch.Tensor
     posterior_mean_coef1: torch.Tensor
     posterior_mean_coef2: torch.Tensor
 
@@ -377,14 +371,6 @@ class NoiseSchedule(nn.Module):
         return (
             extract(self.sqrt_alphas_cumprod, t, n) * x_start
             + extract(self.sqrt_one_minus_alphas_cumprod, t, n) * noise
-        )
-
-    def predict_xstart_from_eps(self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        """x_0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
-        n = x_t.ndim
-        # The difference first: well conditioned where abar is tiny (see p_step).
-        return extract(self.sqrt_recip_alphas_cumprod, t, n) * (
-            x_t - extract(self.sqrt_one_minus_alphas_cumprod, t, n) * eps
         )
 
     def predict_xstart(self, x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -420,14 +406,6 @@ class NoiseSchedule(nn.Module):
         return (x_t - extract(self.sqrt_alphas_cumprod, t, n) * pred_xstart) / extract(
             self.sqrt_one_minus_alphas_cumprod, t, n
         )
-
-    def q_posterior_mean_variance(
-        self, x_start: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0)."""
-        n = x_t.ndim
-        mean = extract(self.posterior_mean_coef1, t, n) * x_start + extract(self.posterior_mean_coef2, t, n) * x_t
-        return mean, extract(self.posterior_variance, t, n), extract(self.posterior_log_variance_clipped, t, n)
 
     def make_plan(
         self,

@@ -1,4 +1,6 @@
-"""The "cuda" sampling implementation: fused custom ops, static buffers and one CUDA graph.
+"""The "cuda" sampling implementation: fused custom ops, static buffers and one CUDA graph (:class:`FusedSampler`,
+:func:`sample`), and the fused U-Net runner it may run (:class:`FusedUNet`). The ops themselves, and the
+extension's loading and build, are in ddpm/kernels/.
 
 Same calling convention and, in fp32 with the same seed, the same images as the original loop
 (:func:`basic_diffusion.sample`), faster:
@@ -41,283 +43,22 @@ CPU: the same code path with the CPU kernels and no graph (for tests and machine
 from __future__ import annotations
 
 import contextlib
-import importlib
-import itertools
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from ddpm.conditioning import Guidance, unet_batch
-from ddpm.util import build_flags
+from ddpm.kernels import ops
+from ddpm.kernels.build import BUILD_COMMAND
 from ddpm.util import precision as precision_policy
 from ddpm.util.messages import first_line
 from ddpm.util.phases import phase
 from ddpm.util.precision import LOW_DTYPES, autocast, backend_policy, check_precision
 from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 
-# ----- Loading the extension ----------------------------------------------------------------------
-
-EXTENSION_NAME = "_diffusion_kernels"
-BUILD_COMMAND = "pip install -e . --no-build-isolation (or: python setup.py build_ext --inplace)"
-_ROOT = Path(__file__).resolve().parent
-_CPU_SOURCES = ("diffusion_ops.cpp",)
-_CUDA_SOURCES = ("diffusion_ops.cpp", "diffusion_kernels.cu")
-
-_loaded_from: str | None = None  # "compiled" or "jit" once the ops are registered
-
-
-class ExtensionUnavailableError(ImportError):
-    """The diffusion_kernels extension is neither built nor JIT-compilable (or lacks CUDA kernels)."""
-
-
-def load_extension(*, allow_jit: bool = True) -> str:
-    """Register ``torch.ops.diffusion_kernels`` once; returns "compiled" or "jit".
-
-    Imports the module built by setup.py; if there is none (or it was built against another
-    torch), JIT-compiles the same sources with ``torch.utils.cpp_extension.load``: with the .cu
-    when a GPU and a CUDA toolkit are present, CPU-only otherwise.
-    """
-    global _loaded_from
-    if _loaded_from is not None:
-        return _loaded_from
-    try:
-        importlib.import_module(EXTENSION_NAME)
-        source = "compiled"
-    except ImportError as exc:  # not built, or built against another torch (undefined symbols)
-        if not allow_jit:
-            raise ExtensionUnavailableError(
-                f"the diffusion_kernels extension is not built ({first_line(exc)}); build it with: {BUILD_COMMAND}"
-            ) from exc
-        _jit_compile()
-        source = "jit"
-    _register_fakes()
-    _loaded_from = source
-    return source
-
-
-def _has_op(name: str) -> bool:
-    """Whether the extension (loaded now if need be) has op ``name``: a build older than the op has not."""
-    if _loaded_from is None:
-        load_extension()
-    return hasattr(torch.ops.diffusion_kernels, name)
-
-
-def has_cuda_kernels() -> bool:
-    """Whether the loaded extension was built with its CUDA kernels."""
-    load_extension()
-    return torch._C._dispatch_has_kernel_for_dispatch_key("diffusion_kernels::fused_step_", "CUDA")
-
-
-def _jit_compile() -> None:
-    from torch.utils import cpp_extension
-
-    # The CUDA sources only with a GPU and a complete toolkit (setup.py checks the same way).
-    toolkit = cpp_extension.CUDA_HOME
-    with_cuda = (
-        torch.cuda.is_available()
-        and bool(toolkit)
-        and Path(toolkit, "bin", "nvcc").is_file()
-        and Path(toolkit, "include", "cuda_runtime.h").is_file()
-    )
-    sources = [str(_ROOT / name) for name in (_CUDA_SOURCES if with_cuda else _CPU_SOURCES)]
-    try:
-        cpp_extension.load(
-            name=EXTENSION_NAME,
-            sources=sources,
-            extra_cflags=list(build_flags.CXX_FLAGS),  # setup.py's flags (no fast math: bit-exact steps)
-            extra_ldflags=list(build_flags.LINK_FLAGS),
-            extra_cuda_cflags=list(build_flags.NVCC_FLAGS),
-            is_python_module=False,  # load the library into torch.ops; no Python module needed
-            verbose=False,
-        )
-    except Exception as exc:  # compiler missing, compile error, ...: one line, with the fix
-        raise ExtensionUnavailableError(
-            f"the diffusion_kernels extension is not built and JIT compilation failed ({first_line(exc)}); "
-            f"build it with: {BUILD_COMMAND}"
-        ) from exc
-
-
-def _register_fakes() -> None:
-    """Fake (meta) kernels, so the ops trace under torch.compile. Both ops mutate in place and
-    return nothing, so there is nothing to allocate or infer."""
-
-    @torch.library.register_fake("diffusion_kernels::fused_step_")
-    def _fused_step_fake(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev, guidance=None):
-        return None
-
-    @torch.library.register_fake("diffusion_kernels::gather_timestep_")
-    def _gather_timestep_fake(t, timesteps, step):
-        return None
-
-    if not hasattr(torch.ops.diffusion_kernels, "group_norm_act"):  # an extension built before the op existed
-        return
-
-    @torch.library.register_fake("diffusion_kernels::group_norm_act")
-    def _group_norm_act_fake(x, x2, weight, bias, x_bias, scale, shift, *, groups, eps, silu):
-        shape = (x.shape[0], weight.shape[0], *x.shape[2:])
-        return x.new_empty(shape).contiguous(memory_format=torch._prims_common.suggest_memory_format(x))
-
-    if not hasattr(torch.ops.diffusion_kernels, "conv3x3_winograd"):
-        return
-
-    @torch.library.register_fake("diffusion_kernels::conv3x3_winograd")
-    def _conv3x3_winograd_fake(x, weight, bias, *, upsample=False):
-        scale = 2 if upsample else 1
-        shape = (x.shape[0], weight.shape[2], scale * x.shape[2], scale * x.shape[3])
-        return x.new_empty(shape).contiguous(memory_format=torch.channels_last)
-
-    if not hasattr(torch.ops.diffusion_kernels, "bias_add_"):
-        return
-
-    @torch.library.register_fake("diffusion_kernels::bias_add_")
-    def _bias_add_fake(h, bias, residual, residual2):
-        return None
-
-
-# ----- Op wrappers --------------------------------------------------------------------------------
-
-
-def fused_step_(
-    x: torch.Tensor,
-    eps: torch.Tensor,
-    *,
-    noise: torch.Tensor | None,
-    xstart: torch.Tensor | None,
-    coefficients: torch.Tensor,
-    step: torch.Tensor,
-    clip_denoised: bool,
-    use_prev: bool,
-    guidance: float | None = None,
-) -> None:
-    """One reverse step (:func:`noise_schedule.p_step`) in place, at the step held in ``step``.
-
-    x: (B, C, H, W) x_t, overwritten with x_prev. eps: the U-Net output, same shape and memory
-    layout. noise: z for stochastic steps (x's dtype) or None. xstart: overwritten with
-    pred_xstart (x's dtype), or None to not store it; with ``use_prev`` its old content is the
-    previous step's pred_xstart (DPM-Solver++). coefficients: the plan's (S, 7) float32 table.
-    step: one-element int64 step counter on the same device (never read by the host).
-    x/eps/noise/xstart may be float32, float16 or bfloat16; arithmetic is float32.
-    guidance: a classifier-free guidance scale w; eps is then (2B, C, H, W), the U-Net's conditional
-    rows and then its unconditional ones (contiguous), combined as :func:`noise_schedule.guided_eps`.
-    """
-    if _loaded_from is None:
-        load_extension()
-    # guidance only when given: an extension built before it existed still runs unguided steps.
-    extra = {} if guidance is None else {"guidance": guidance}
-    torch.ops.diffusion_kernels.fused_step_(
-        x, eps, noise, xstart, coefficients, step, clip_denoised=clip_denoised, use_prev=use_prev, **extra
-    )
-
-
-def gather_timestep_(t: torch.Tensor, *, timesteps: torch.Tensor, step: torch.Tensor) -> None:
-    """``t[:] = timesteps[step]`` on the device: the U-Net's (B,) int64 timestep input."""
-    if _loaded_from is None:
-        load_extension()
-    torch.ops.diffusion_kernels.gather_timestep_(t, timesteps, step)
-
-
-def group_norm_act(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    *,
-    groups: int,
-    eps: float = 1e-5,
-    x2: torch.Tensor | None = None,
-    x_bias: torch.Tensor | None = None,
-    scale: torch.Tensor | None = None,
-    shift: torch.Tensor | None = None,
-    silu: bool = True,
-) -> torch.Tensor:
-    """SiLU(GroupNorm([x + x_bias, x2]) * (1 + scale) + shift) in one pass: a new tensor (B, C, *spatial)
-    in x's dtype and memory format, without materializing the concatenation or the biased x.
-
-    x: (B, C1, *spatial), contiguous or channels-last, float32/float16/bfloat16. x2: (B, C2, *spatial)
-    of x's dtype (a skip connection; a group may straddle x and x2), or None. weight, bias: (C,) float32,
-    C = C1 + C2. x_bias: (C1,) float32, the bias of the convolution that produced x, or None.
-    scale, shift: (B, C) float32 with dense rows (slices of one wider table, or one row expanded), or None. silu: apply
-    SiLU last. Statistics in float32 in a fixed order
-    (diffusion_kernels.h), so the CUDA kernel and this CPU twin agree bit for bit.
-    """
-    if _loaded_from is None:
-        load_extension()
-    return torch.ops.diffusion_kernels.group_norm_act(
-        x, x2, weight, bias, x_bias, scale, shift, groups=groups, eps=eps, silu=silu
-    )
-
-
-def bias_add_(
-    h: torch.Tensor,
-    bias: torch.Tensor,
-    *,
-    residual: torch.Tensor | None = None,
-    residual2: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``h += bias`` per channel (and ``+ [residual, residual2]``, the residual stream, never concatenated) in
-    place, in one pass, and returns h. h: a dense channels-last (B, C, H, W) or (B, C, D, H, W) tensor in
-    float32/float16/bfloat16; bias: (C,) float32; residual (B, C1, *spatial) and residual2 (B, C - C1, *spatial):
-    h's dtype, channels-last.
-    Sums in float32, each rounded (diffusion_kernels.h), one rounding to h's dtype."""
-    if _loaded_from is None:
-        load_extension()
-    torch.ops.diffusion_kernels.bias_add_(h, bias, residual, residual2)
-    return h
-
-
-# Winograd's kernel transforms G (Lavin and Gray 2016): U = G g G^T is the kernel that multiplies the transformed
-# input tile elementwise (the input and output transforms are in diffusion_ops.cpp). F(2x2, 3x3) for a 3x3
-# kernel; F(2x2, 2x2) for the 2x2 phase kernels of an upsampling's convolution (upsample_phase_weights).
-_WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
-_WINOGRAD_G2 = ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0))
-
-
-def winograd_weight(
-    weight: torch.Tensor, *, upsample: bool = False, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """A 3x3 convolution's weight (Cout, Cin, 3, 3) as :func:`conv3x3_winograd`'s operand, computed in float64:
-    (16, Cin, Cout), U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci]; or, for the
-    convolution of the input upsampled 2x, (36, Cin, Cout): for each output phase p (upsample_phase_weights'
-    order) its 2x2 kernel k's G2 k G2^T at rows 9p .. 9p + 8. float32; or, with ``dtype=torch.bfloat16`` (for a
-    bfloat16 x), rounded to bfloat16 once and laid out in input-channel pairs, (16 or 36, Cin / 2, Cout, 2): the
-    operand of AVX512-BF16's dot product."""
-    if not upsample:
-        G = torch.tensor(_WINOGRAD_G, dtype=torch.float64, device=weight.device)
-        u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
-        u = u.reshape(16, weight.shape[1], weight.shape[0])
-    else:
-        G2 = torch.tensor(_WINOGRAD_G2, dtype=torch.float64, device=weight.device)
-        phases = [
-            torch.einsum("ai,ocij,bj->abco", G2, kernel, G2).reshape(9, weight.shape[1], weight.shape[0])
-            for _, kernel in upsample_phase_weights(weight.detach())
-        ]
-        u = torch.cat(phases)
-    if dtype == torch.float32:
-        return u.float().contiguous()
-    P, cin, cout = u.shape  # (P, Cin, Cout) -> (P, Cin / 2, Cout, 2): input channels 2c, 2c + 1 side by side
-    return u.view(P, cin // 2, 2, cout).transpose(2, 3).to(dtype).contiguous()
-
-
-def conv3x3_winograd(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, upsample: bool = False
-) -> torch.Tensor:
-    """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
-    Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; faster than oneDNN's at the
-    U-Net's shapes: BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32 channels-last; Cin and
-    Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
-    ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
-    each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
-    if _loaded_from is None:
-        load_extension()
-    extra = {"upsample": True} if upsample else {}
-    return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias, **extra)
-
-
-# Faster than oneDNN up to 256 channels in and out; wider, the 16 (Cin, Cout) kernels no longer fit the cache and
-# 512 -> 512 was slower (BENCHMARKS.md, "Where the runner's time goes"). Wider layers stay on oneDNN.
-WINOGRAD_MAX_CHANNELS = 256
+# ----- The fused U-Net runner ---------------------------------------------------------------------
 
 
 def winograd_is_fast(dtype: torch.dtype = torch.float32) -> bool:
@@ -329,48 +70,6 @@ def winograd_is_fast(dtype: torch.dtype = torch.float32) -> bool:
     return dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-def winograd_applies(conv: nn.Module) -> bool:
-    """Whether :func:`conv3x3_winograd` computes this module: a 2-D 3x3 convolution, stride 1, padding 1, no
-    dilation or groups, zero padding, channel counts multiples of 16 up to WINOGRAD_MAX_CHANNELS."""
-    return (
-        isinstance(conv, nn.Conv2d)
-        and tuple(conv.kernel_size) == (3, 3)
-        and tuple(conv.stride) == (1, 1)
-        and tuple(conv.padding) == (1, 1)
-        and tuple(conv.dilation) == (1, 1)
-        and conv.groups == 1
-        and conv.padding_mode == "zeros"
-        and conv.in_channels % 16 == 0
-        and conv.out_channels % 16 == 0
-        and max(conv.in_channels, conv.out_channels) <= WINOGRAD_MAX_CHANNELS
-    )
-
-
-# ----- The fused U-Net runner ---------------------------------------------------------------------
-
-
-# Nearest 2x upsampling then a 3-tap convolution (padding 1): output position 2i + a of each dimension reads
-# upsampled positions 2i + a - 1, 2i + a, 2i + a + 1, which are input positions (a = 0) i - 1, i, i or (a = 1)
-# i, i, i + 1. So per phase a the three taps fall on two input positions: _PHASE_TAPS[a][k] is the one tap k
-# lands on (0: the lower, 1: the upper), and the taps landing together are summed.
-_PHASE_TAPS = ((0, 1, 1), (0, 0, 1))
-
-
-def upsample_phase_weights(weight: torch.Tensor) -> list[tuple[tuple[int, ...], torch.Tensor]]:
-    """The 2^dims phase kernels of conv(nearest-2x-upsample(x)) for a (Cout, Cin, 3, ...) weight: [(phase,
-    (Cout, Cin, 2, ...) float64 kernel)], each a convolution of x itself (2 taps per dimension instead of 3
-    per upsampled position: 4 instead of 9 multiply-adds per output in 2-D, 8 instead of 27 in 3-D)."""
-    dims = weight.dim() - 2
-    phases = []
-    for offsets in itertools.product((0, 1), repeat=dims):
-        kernel = torch.zeros((*weight.shape[:2], *(2,) * dims), dtype=torch.float64, device=weight.device)
-        for taps in itertools.product(range(3), repeat=dims):
-            lands = tuple(_PHASE_TAPS[a][k] for a, k in zip(offsets, taps))
-            kernel[(slice(None), slice(None), *lands)] += weight[(slice(None), slice(None), *taps)].double()
-        phases.append((offsets, kernel))
-    return phases
-
-
 def _is_same_3_tap(conv: nn.Module) -> bool:
     """A 3-tap, stride-1, padding-1, undilated, ungrouped convolution: what upsample_phase_weights rewrites."""
     d = conv.weight.dim() - 2
@@ -380,17 +79,18 @@ def _is_same_3_tap(conv: nn.Module) -> bool:
 
 class FusedUNet(nn.Module):
     """eps = runner(x_t, t[, y]): a :class:`basic_diffusion.UNet`'s forward with every GroupNorm (+ the time
-    embedding's scale and shift) (+ SiLU) one :func:`group_norm_act`, each convolution's bias folded into
-    the norm that consumes its output, activations in ``dtype`` and (``channels_last``) NHWC / NDHWC end to
-    end, and the weights cast and laid out once, here, instead of by autocast on every call.
+    embedding's scale and shift) (+ SiLU) one :func:`ddpm.kernels.ops.group_norm_act`, each convolution's bias
+    folded into the norm that consumes its output, activations in ``dtype`` and (``channels_last``) NHWC / NDHWC
+    end to end, and the weights cast and laid out once, here, instead of by autocast on every call.
 
     Every residual block's projection of the embedding is one row segment of a single (rows, D) float32
     table, ``projections(t, y)``: one GEMM per step instead of one per block, and for an unconditional model
     a function of the timestep alone, so a sampler computes it once per plan step (``projections(timesteps)``)
     and hands the forward a row (``forward(..., projections=row)``; (1, D) rows are expanded, not copied).
     On the CPU in channels-last float32 (AVX-512) or bfloat16 (native bf16), the 3x3 stride-1 convolutions run in
-    Winograd's F(2x2, 3x3) (:func:`conv3x3_winograd`; ``winograd=False``: oneDNN), an upsampling's included (its
-    output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with oneDNN (:meth:`_upsample_conv`).
+    Winograd's F(2x2, 3x3) (:func:`ddpm.kernels.ops.conv3x3_winograd`; ``winograd=False``: oneDNN), an
+    upsampling's included (its output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with
+    oneDNN (:meth:`_upsample_conv`).
     Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
     from the U-Net's modules (it shares nothing it would change: the packed weights are copies, so the
     U-Net is left as it was).
@@ -462,33 +162,33 @@ class FusedUNet(nn.Module):
         # On a GPU cuDNN adds a convolution's bias in a separate broadcast pass: the runner adds it itself, with the
         # residual stream where a block's skip is the identity, in one vectorized pass (bias_add_). oneDNN fuses the
         # bias into the convolution, so the CPU keeps it there.
-        self.separate_bias = not on_cpu and channels_last and _has_op("bias_add_")
+        self.separate_bias = not on_cpu and channels_last and ops.has_op("bias_add_")
         use_winograd = (
             winograd
             and on_cpu
             and channels_last
             and self.config.dims == 2
             and winograd_is_fast(dtype)
-            and _has_op("conv3x3_winograd")
+            and ops.has_op("conv3x3_winograd")
         )
         ups = [up for up in unet.upsample if not isinstance(up, nn.Identity)]
         self.winograd_upsample = {
-            up: winograd_weight(up.conv.weight, upsample=True, dtype=dtype)
+            up: ops.winograd_weight(up.conv.weight, upsample=True, dtype=dtype)
             for up in ups
-            if use_winograd and winograd_applies(up.conv)
+            if use_winograd and ops.winograd_applies(up.conv)
         }
         upsampling_convs = {up.conv for up in self.winograd_upsample}  # computed upsampling and all, above
         self.winograd = {
-            conv: winograd_weight(conv.weight, dtype=dtype)
+            conv: ops.winograd_weight(conv.weight, dtype=dtype)
             for conv in unet.modules()
-            if use_winograd and winograd_applies(conv) and conv not in upsampling_convs
+            if use_winograd and ops.winograd_applies(conv) and conv not in upsampling_convs
         }
         # Any other upsampling's convolution on the CPU as its phase kernels on the low-resolution input
         # (upsample_phase_weights; where the packed weights live; see _upsample_conv).
         self.upsample_phases = {
             up: [
                 (phase, k.to(dtype).contiguous(memory_format=self.memory_format))
-                for phase, k in upsample_phase_weights(up.conv.weight.detach())
+                for phase, k in ops.upsample_phase_weights(up.conv.weight.detach())
             ]
             for up in ups
             if on_cpu and _is_same_3_tap(up.conv) and up not in self.winograd_upsample
@@ -516,7 +216,7 @@ class FusedUNet(nn.Module):
         bias = bias if with_bias and not separate else None
         if conv in self.winograd:  # its bias in float32 (added to the float32 sums before rounding)
             bias = self.float_biases[conv] if bias is not None else None
-            out = conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias)
+            out = ops.conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias)
         else:
             op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
             out = op(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
@@ -526,7 +226,7 @@ class FusedUNet(nn.Module):
             residuals = [
                 r if r is None else r.contiguous(memory_format=self.memory_format) for r in (residual, residual2)
             ]
-            return bias_add_(out, self.float_biases[conv], residual=residuals[0], residual2=residuals[1])
+            return ops.bias_add_(out, self.float_biases[conv], residual=residuals[0], residual2=residuals[1])
         if residual is not None:  # [residual, residual2] + out, in place: out is this call's own new tensor
             out[:, : residual.shape[1]].add_(residual)
             if residual2 is not None:
@@ -535,7 +235,7 @@ class FusedUNet(nn.Module):
 
     def _norm(self, norm: nn.GroupNorm, x: torch.Tensor, **kwargs) -> torch.Tensor:
         weight, bias = self.norms[norm]
-        return group_norm_act(x, weight, bias, groups=norm.num_groups, eps=norm.eps, **kwargs)
+        return ops.group_norm_act(x, weight, bias, groups=norm.num_groups, eps=norm.eps, **kwargs)
 
     def _upsample_conv(self, up: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """up.conv(nearest-2x-upsample(x)) without the upsampled tensor: each output phase (position 2i + a per
@@ -546,7 +246,7 @@ class FusedUNet(nn.Module):
         BENCHMARKS.md, "Where the runner's time goes"."""
         if up in self.winograd_upsample:
             bias = self.float_biases.get(up.conv)
-            return conv3x3_winograd(
+            return ops.conv3x3_winograd(
                 x.contiguous(memory_format=torch.channels_last), self.winograd_upsample[up], bias, upsample=True
             )
         phases = self.upsample_phases.get(up)
@@ -708,9 +408,7 @@ class FusedSampler:
     on the device) instead of the fused op, for callers that must work without the extension (the
     tensorrt implementation); everything else is the same.
 
-    Side effects: with ``channels_last`` (CUDA only) the model's parameters are converted to
-    channels-last in place (their values do not change). The model should be in eval mode, as for
-    the original loop.
+    The model should be in eval mode, as for the original loop.
     """
 
     def __init__(
@@ -721,7 +419,6 @@ class FusedSampler:
         shape: tuple[int, int, int, int],
         precision: str = "fp32",
         use_cuda_graph: bool = True,
-        channels_last: bool = False,
         compile_model: bool | str = False,  # True: torch.compile's default mode; a string: that mode
         warmup_iters: int = 3,
         log: Callable[[str], None] | None = None,  # where the capture-failure notice goes (default print)
@@ -734,18 +431,16 @@ class FusedSampler:
         _check_arguments(plan, shape=shape, precision=precision, warmup_iters=warmup_iters)
         self._fused = fused_step
         if fused_step:
-            load_extension()
+            ops.load_extension()
         self.plan, self.shape, self.precision = plan, shape, precision
         self.device = plan.coefficients.device  # like the original: sample where the plan lives
-        if fused_step and self.device.type == "cuda" and not has_cuda_kernels():
-            raise ExtensionUnavailableError(
+        if fused_step and self.device.type == "cuda" and not ops.has_cuda_kernels():
+            raise ops.ExtensionUnavailableError(
                 f"the diffusion_kernels extension was built without CUDA kernels; rebuild it where the CUDA "
                 f"toolkit is installed: {BUILD_COMMAND}"
             )
-        # 1. The network: the model, or its fused runner; channels-last and torch.compile as asked.
-        self._build_network(
-            model, fused_unet=fused_unet, guidance=guidance, channels_last=channels_last, compile_model=compile_model
-        )
+        # 1. The network: the model, or its fused runner; torch.compile as asked.
+        self._build_network(model, fused_unet=fused_unet, guidance=guidance, compile_model=compile_model)
         # 2. Static buffers (float32 sampler state, whatever the precision).
         self._allocate_buffers(guidance)
         # 3. On CUDA, one captured step or the whole plan in one graph (or, if capture fails, eager steps).
@@ -758,10 +453,9 @@ class FusedSampler:
         *,
         fused_unet: bool,
         guidance: Guidance | None,
-        channels_last: bool,
         compile_model: bool | str,
     ) -> None:
-        on_cuda, precision, plan = self.device.type == "cuda", self.precision, self.plan
+        precision, plan = self.precision, self.plan
         self._fused_unet = fused_unet
         if fused_unet:  # the runner holds the precision (weights cast once) and its own NHWC layout: no autocast
             from basic_diffusion import UNet
@@ -779,9 +473,6 @@ class FusedSampler:
         self._projection_table = (
             model.projections(plan.timesteps.to(self.device, torch.int64)) if fused_unet and guidance is None else None
         )
-        self._channels_last = on_cuda and channels_last and len(self.shape) == 4 and not fused_unet  # images only
-        if self._channels_last:
-            model = model.to(memory_format=torch.channels_last)  # in place; values unchanged
         mode = compile_model if isinstance(compile_model, str) else None
         self._model = torch.compile(model, dynamic=False, mode=mode) if compile_model else model
 
@@ -841,13 +532,12 @@ class FusedSampler:
     def _denoise_step(self, *, draw_noise: bool) -> None:
         """One reverse step on the static buffers: the step counter picks t and the coefficients."""
         if self._fused:
-            gather_timestep_(self._t, timesteps=self._timesteps, step=self._step)  # t[:] = timesteps[step]
+            ops.gather_timestep_(self._t, timesteps=self._timesteps, step=self._step)  # t[:] = timesteps[step]
         else:
             self._t.copy_(self._timesteps.index_select(0, self._step.view(1)).expand_as(self._t))
-        x_in = self._x.contiguous(memory_format=torch.channels_last) if self._channels_last else self._x
         guidance = self._guidance.scale if self._guidance is not None and self._guidance.doubled else None
-        if guidance is not None:
-            x_in = torch.cat([x_in, x_in])  # (2B, C, H, W): with the labels, then with the null label
+        # (2B, C, H, W) when guided: with the labels, then with the null label.
+        x_in = self._x if guidance is None else torch.cat([self._x, self._x])
         # Predict the noise: eps_theta(x_t, t[, y]), (B or 2B, C, H, W) in the autocast dtype.
         with phase("unet"), self._autocast():
             if self._projection_table is not None:  # (1, D): this step's row of the plan's table
@@ -862,7 +552,7 @@ class FusedSampler:
                 noise = self._noise.normal_(generator=self._rng)
         if self._fused:
             with phase("fused_step"):
-                fused_step_(
+                ops.fused_step_(
                     self._x,
                     eps,
                     noise=noise,
@@ -974,7 +664,6 @@ def sample(
     generator: torch.Generator | None,
     precision: str = "fp32",
     use_cuda_graph: bool = True,
-    channels_last: bool = False,
     compile_model: bool = False,
     progress: bool = False,
     guidance: Guidance | None = None,
@@ -992,7 +681,6 @@ def sample(
         shape=shape,
         precision=precision,
         use_cuda_graph=use_cuda_graph,
-        channels_last=channels_last,
         compile_model=compile_model,
         guidance=guidance,
         fused_unet=fused_unet,

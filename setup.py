@@ -4,8 +4,8 @@
     python setup.py build_ext --inplace             # or: just the extension, next to the sources
 
 The result is the module ``_diffusion_kernels``; importing it registers
-``torch.ops.diffusion_kernels.*`` (see optimized_diffusion.py, which also JIT-compiles the same
-sources when no build is found). Both builds take their compiler flags from ddpm/util/build_flags.py.
+``torch.ops.diffusion_kernels.*`` (see ddpm/kernels/ops.py, which also JIT-compiles the same
+sources when no build is found). Both builds take their compiler flags from ddpm/kernels/build.py.
 
 CUDA or not
 -----------
@@ -32,13 +32,12 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-EXTENSION_NAME = "_diffusion_kernels"
 DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
 
-# The compiler flags live in ddpm/util/build_flags.py, shared with optimized_diffusion.py's JIT build
+# The compiler flags live in ddpm/kernels/build.py, shared with its JIT build
 # (bit-exactness depends on them: no fast math, no FP contraction). That module imports no torch.
 sys.path.insert(0, str(ROOT))
-from ddpm.util.build_flags import CXX_FLAGS, LINK_FLAGS, NVCC_FLAGS  # noqa: E402
+from ddpm.kernels.build import CXX_FLAGS, EXTENSION_NAME, LINK_FLAGS, NVCC_FLAGS  # noqa: E402
 
 
 def _is_cuda_toolkit(path: str | None) -> bool:

@@ -774,13 +774,13 @@ def tensorrt_decoder(
 
 def fused_step_available(device: torch.device) -> bool:
     """Whether the diffusion_kernels extension is built (no JIT here), with CUDA kernels on a GPU."""
-    import optimized_diffusion
+    from ddpm.kernels import ops
 
     try:
-        optimized_diffusion.load_extension(allow_jit=False)
-    except optimized_diffusion.ExtensionUnavailableError:
+        ops.load_extension(allow_jit=False)
+    except ops.ExtensionUnavailableError:
         return False
-    return device.type != "cuda" or optimized_diffusion.has_cuda_kernels()
+    return device.type != "cuda" or ops.has_cuda_kernels()
 
 
 def make_sampler(
@@ -796,14 +796,13 @@ def make_sampler(
     import optimized_diffusion
 
     # precision "fp32": no autocast around the engine (its precision was fixed when it was built)
-    # and no TF32 for the few PyTorch ops; channels_last off: engines take NCHW.
+    # and no TF32 for the few PyTorch ops.
     return optimized_diffusion.FusedSampler(
         unet,
         plan,
         shape=shape,
         precision="fp32",
         use_cuda_graph=use_cuda_graph,
-        channels_last=False,
         fused_step=fused_step_available(plan.coefficients.device),
         guidance=guidance,
     )

@@ -15,8 +15,8 @@ tests/test_structure.py checks that each agrees with the list here.
 SCHEDULES = ("linear", "cosine")
 SAMPLERS = ("ddpm", "ddim", "dpm_solver", "dpm_solver_sde", "consistency")
 # What sample and evaluate draw with where --sampler is not given (a distilled student: its own sampler and steps),
-# in its default 20 steps: on the demo model it drew as well as DDPM in 250 steps (74% against 75% of samples read
-# confidently by a held-out digit judge: docs/samplers.md) in 20 U-Net calls, where DDPM takes all T (1,000).
+# in its default 20 steps: on the demo model it drew as well as DDPM in 250 steps (as read by a held-out digit judge:
+# docs/samplers.md) in 20 U-Net calls, where DDPM takes all T (1,000).
 # Benchmark times DDPM.
 DEFAULT_SAMPLER = "dpm_solver_sde"
 
@@ -61,7 +61,7 @@ TRAINING_DEFAULTS = {
 }
 # A new model of the handwritten digits (CPU_RECIPE_DATASETS) trained on a CPU with none of these flags given: the
 # recipe measured there on real 28x28 digits (BENCHMARKS.md, "Real digits at 28×28"; cli/recipes.py applies it and
-# the run says so); the small preset's U-Net costs about 6x more per image. A GPU keeps the preset.
+# the run says so); the small preset's U-Net costs several times more per image. A GPU keeps the preset.
 CPU_RECIPE = dict(model_channels=32, num_res_blocks=1, batch_size=128, lr=1.5e-3, timestep_sampling="importance")
 CPU_RECIPE_DATASETS = ("digits", "mnist", "mnist_5k")
 # Of those, the 28x28 digits train a latent model on a CPU: the run first trains a small autoencoder with this recipe
@@ -104,8 +104,8 @@ REAL_DATA_OFFLINE = ("digits", "mnist_5k", "spheres")
 # for images NOISE_LEVEL_SIDE pixels a side; a side s takes them times s / NOISE_LEVEL_SIDE (the same content is less
 # destroyed by the same sigma at a higher resolution: the shift of simple diffusion, Hoogeboom et al. 2023).
 # training/distill.py's spaced_timesteps maps them to the schedule's nearest timesteps; a step count not listed takes
-# the even spacing, T (S - i) / S - 1. Two calls on the 8x8 digits: the second at sigma 0.83 (t = 224 of the linear
-# 1,000) drew better than the even spacing's t = 499 (sigma 3.4); on the 28x28 digits t = 499 drew better than 224,
+# the even spacing, T (S - i) / S - 1. Two calls on the 8x8 digits drew better with the second at this lower noise
+# level than at the even spacing's; on the 28x28 digits the even spacing's drew better than the same sigma unscaled,
 # as the shift says (BENCHMARKS.md, "One and two calls").
 STUDENT_NOISE_LEVELS = {2: (0.83,)}
 NOISE_LEVEL_SIDE = 8

@@ -31,6 +31,7 @@ import optimized_diffusion as od  # noqa: E402
 from basic_diffusion import UNet, unet_preset  # noqa: E402
 from basic_diffusion import sample as original_sample  # noqa: E402
 from ddpm.benchmarks.sampling_bench import perturb_zero_init, time_runs  # noqa: E402
+from ddpm.kernels import ops  # noqa: E402
 from ddpm.util.precision import backend_policy  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig, p_step  # noqa: E402
 
@@ -127,7 +128,7 @@ def bench_fused_step(args: argparse.Namespace) -> dict:
     min_bytes = 4 * 4 * numel
 
     def fused():
-        od.fused_step_(
+        ops.fused_step_(
             x,
             eps,
             noise=noise,
@@ -167,7 +168,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_sampling: needs a CUDA GPU", file=sys.stderr)
         return 2
-    source = od.load_extension()
+    source = ops.load_extension()
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),

@@ -16,7 +16,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-import optimized_diffusion as od
+from ddpm.kernels import ops
+from ddpm.kernels.build import BUILD_COMMAND
 from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig, guided_eps, p_step
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -53,7 +54,7 @@ LAYOUTS = [
 
 @pytest.fixture(scope="module", autouse=True)
 def extension() -> str:
-    return od.load_extension()
+    return ops.load_extension()
 
 
 def make_plan(case: str, *, clip: bool = True, device: str = "cpu") -> SamplingPlan:
@@ -101,7 +102,7 @@ def check_step_matches_reference(plan: SamplingPlan, i: int, x, eps, noise, xsta
     # Reference first: p_step reads the inputs, the op then overwrites x and xstart.
     ref_x, ref_pred = p_step(plan, i, x, eps, noise=noise, prev_xstart=xstart if use_prev else None)
     step = torch.tensor(i, device=x.device)
-    od.fused_step_(
+    ops.fused_step_(
         x,
         eps,
         noise=noise,
@@ -126,7 +127,7 @@ def check_guided_step_matches_reference(
     noise = noise if plan.noise_steps[i] else None
     eps = guided_eps(eps_pair, scale)
     ref_x, ref_pred = p_step(plan, i, x, eps, noise=noise, prev_xstart=xstart if use_prev else None)
-    od.fused_step_(
+    ops.fused_step_(
         x,
         eps_pair,
         noise=noise,
@@ -211,17 +212,17 @@ def test_guided_fused_step_refuses_an_eps_that_is_not_two_halves():
         guidance=2.0,
     )
     with pytest.raises(RuntimeError, match="2B rows"):
-        od.fused_step_(x, eps_pair[:3], **args)
+        ops.fused_step_(x, eps_pair[:3], **args)
     every_other_row = torch.cat([eps_pair, eps_pair], dim=1)[:, :1]  # (4, 1, 4, 4), rows 32 elements apart
     with pytest.raises(RuntimeError, match="memory layout"):
-        od.fused_step_(x, every_other_row, **args)
+        ops.fused_step_(x, every_other_row, **args)
 
 
 def test_fused_step_without_xstart_updates_only_x():
     plan = make_plan("ddpm")
     x, eps, noise, _ = make_inputs((2, 3, 8, 8), dtype=torch.float32)
     ref_x, _ = p_step(plan, 3, x, eps, noise=noise)
-    od.fused_step_(
+    ops.fused_step_(
         x,
         eps,
         noise=noise,
@@ -239,7 +240,7 @@ def test_fused_step_propagates_nan_like_the_reference():
     x, eps, _, xstart = make_inputs((4, 4), dtype=torch.float32)
     eps[1, 2] = float("nan")
     ref_x, ref_pred = p_step(plan, 0, x, eps)
-    od.fused_step_(
+    ops.fused_step_(
         x,
         eps,
         noise=None,
@@ -258,7 +259,7 @@ def test_fused_step_handles_empty_tensors():
     """A zero-sample batch is a no-op (no launch over an empty grid); the op still steps a real batch after it."""
     plan = make_plan("ddpm")
     x, xstart = torch.empty(0, 3, 4, 4), torch.empty(0, 3, 4, 4)
-    od.fused_step_(
+    ops.fused_step_(
         x,
         x.clone(),
         noise=torch.empty(0, 3, 4, 4),
@@ -282,7 +283,7 @@ def check_gather_timestep(device: str) -> None:
     t = torch.full((5,), -1, dtype=torch.int64, device=device)
     for i in STEPS:
         step = torch.tensor(i, device=device)
-        od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
+        ops.gather_timestep_(t, timesteps=plan.timesteps, step=step)
         assert torch.equal(t, plan.timesteps[i].expand(5))
 
 
@@ -339,7 +340,7 @@ def test_fused_step_rejects_bad_arguments(name):
     args = _fused_args(**overrides)
     x, eps = args.pop("x"), args.pop("eps")
     with pytest.raises(RuntimeError, match=message):
-        od.fused_step_(x, eps, **args)
+        ops.fused_step_(x, eps, **args)
 
 
 GATHER_ERRORS = {
@@ -355,7 +356,7 @@ def test_gather_timestep_rejects_bad_arguments(name):
     overrides, message = GATHER_ERRORS[name]
     args = dict(t=torch.zeros(3, dtype=torch.int64), timesteps=torch.arange(4), step=torch.tensor(0)) | overrides
     with pytest.raises(RuntimeError, match=message):
-        od.gather_timestep_(args["t"], timesteps=args["timesteps"], step=args["step"])
+        ops.gather_timestep_(args["t"], timesteps=args["timesteps"], step=args["step"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,8 +404,8 @@ def test_ops_trace_under_torch_compile():
 
     def two_steps(x, eps, xstart, t, step):
         for _ in range(2):
-            od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
-            od.fused_step_(
+            ops.gather_timestep_(t, timesteps=plan.timesteps, step=step)
+            ops.fused_step_(
                 x,
                 eps,
                 noise=None,
@@ -432,8 +433,8 @@ def test_ops_trace_under_torch_compile():
 
 
 def _require_cuda_kernels() -> None:
-    if not od.has_cuda_kernels():
-        pytest.fail(f"the extension was built without CUDA kernels; rebuild it: {od.BUILD_COMMAND}")
+    if not ops.has_cuda_kernels():
+        pytest.fail(f"the extension was built without CUDA kernels; rebuild it: {BUILD_COMMAND}")
 
 
 @pytest.mark.gpu
@@ -492,7 +493,7 @@ def test_tensors_on_another_device_are_rejected_cuda(on_cpu):
     args = dict(eps=eps, coefficients=plan.coefficients, step=torch.tensor(0, device="cuda"))
     args[on_cpu] = args[on_cpu].cpu()
     with pytest.raises(RuntimeError, match="on cpu but"):
-        od.fused_step_(
+        ops.fused_step_(
             x,
             args["eps"],
             noise=noise,
@@ -533,8 +534,8 @@ def test_captured_graph_replays_every_step_like_the_reference_cuda(case):
     step = torch.zeros((), dtype=torch.int64, device="cuda")
 
     def one_step():
-        od.gather_timestep_(t, timesteps=plan.timesteps, step=step)
-        od.fused_step_(
+        ops.gather_timestep_(t, timesteps=plan.timesteps, step=step)
+        ops.fused_step_(
             x,
             eps,
             noise=noise,
@@ -644,7 +645,7 @@ GROUP_NORM_CASES = {
 @pytest.mark.parametrize("silu", [True, False])
 def test_group_norm_act_matches_the_float64_reference_cpu(case, silu):
     args = group_norm_case(**GROUP_NORM_CASES[case])
-    out = od.group_norm_act(**args, silu=silu)
+    out = ops.group_norm_act(**args, silu=silu)
     expected = reference_group_norm_act(**args, silu=silu)
     assert out.shape == expected.shape and out.dtype == torch.float32
     assert out.is_contiguous(memory_format=torch.channels_last if out.dim() == 4 else torch.channels_last_3d) == (
@@ -656,7 +657,7 @@ def test_group_norm_act_matches_the_float64_reference_cpu(case, silu):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_group_norm_act_in_half_precision_rounds_only_its_input_and_output_cpu(dtype):
     args = group_norm_case((2, 16, 6, 6), c2=8, groups=8, dtype=dtype, layout="channels_last")
-    out = od.group_norm_act(**args)
+    out = ops.group_norm_act(**args)
     assert out.dtype == dtype
     expected = reference_group_norm_act(**args)  # from the same rounded inputs, in float64
     torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=0, atol=2 * torch.finfo(dtype).eps * 8)
@@ -668,11 +669,11 @@ def test_group_norm_acts_silu_follows_exp_over_the_whole_float_range_cpu():
     one = torch.ones(1)
     # GroupNorm of one group is y standardized; undo it with weight = std and bias = mean.
     mean, std = y.double().mean(), y.double().var(unbiased=False).add(1e-5).sqrt()
-    out = od.group_norm_act(y, std.float() * one, mean.float() * one, groups=1)
+    out = ops.group_norm_act(y, std.float() * one, mean.float() * one, groups=1)
     reference = reference_group_norm_act(y, std.float() * one, mean.float() * one, groups=1)
     # atol: the de-standardization's own float32 rounding where y crosses 0 (measured 1e-8).
     torch.testing.assert_close(out.double(), reference, rtol=4e-6, atol=2e-8)
-    assert torch.isnan(od.group_norm_act(torch.full((1, 1, 2, 1), float("nan")), one, one * 0, groups=1)).all()
+    assert torch.isnan(ops.group_norm_act(torch.full((1, 1, 2, 1), float("nan")), one, one * 0, groups=1)).all()
 
 
 def test_group_norm_acts_silu_is_right_past_exps_clamp_and_at_the_infinities_cpu():
@@ -688,7 +689,7 @@ def test_group_norm_acts_silu_is_right_past_exps_clamp_and_at_the_infinities_cpu
     n = v.numel()
     # Each sample: one group of two positions, +1 and -1; with scale = -1 the output before SiLU is shift exactly.
     x = torch.tensor([1.0, -1.0]).repeat(n).view(n, 1, 2, 1)
-    out = od.group_norm_act(x, torch.ones(1), torch.zeros(1), groups=1, scale=-torch.ones(n, 1), shift=v.view(n, 1))[
+    out = ops.group_norm_act(x, torch.ones(1), torch.zeros(1), groups=1, scale=-torch.ones(n, 1), shift=v.view(n, 1))[
         :, 0, 0, 0
     ]
     reference = torch.nn.functional.silu(values.double())
@@ -717,8 +718,8 @@ def test_group_norm_act_cpu_twin_computes_one_order_whatever_the_layout(case):
     produce the fixed reduction order of diffusion_kernels.h, so the same values agree bit for bit."""
     contiguous = group_norm_case(**case)
     channels_last = group_norm_case(**case, layout="channels_last")
-    a = od.group_norm_act(**contiguous, silu=True)
-    b = od.group_norm_act(**channels_last, silu=True)
+    a = ops.group_norm_act(**contiguous, silu=True)
+    b = ops.group_norm_act(**channels_last, silu=True)
     assert b.is_contiguous(memory_format=torch.channels_last if b.dim() == 4 else torch.channels_last_3d)
     torch.testing.assert_close(b.contiguous(), a, rtol=0, atol=0)
 
@@ -730,17 +731,17 @@ def test_group_norm_act_reads_scale_and_shift_from_a_wider_table_or_one_expanded
     args = group_norm_case((3, 16, 5, 5), groups=4, layout=layout)
     table = torch.randn(3, 40)
     scale, shift = table[:, 4:20], table[:, 20:36]  # (3, 16) views, row stride 40
-    expected = od.group_norm_act(**(args | dict(scale=scale.contiguous(), shift=shift.contiguous())))
-    torch.testing.assert_close(od.group_norm_act(**(args | dict(scale=scale, shift=shift))), expected, rtol=0, atol=0)
+    expected = ops.group_norm_act(**(args | dict(scale=scale.contiguous(), shift=shift.contiguous())))
+    torch.testing.assert_close(ops.group_norm_act(**(args | dict(scale=scale, shift=shift))), expected, rtol=0, atol=0)
     row = torch.randn(1, 32)
     scale, shift = row[:, :16].expand(3, -1), row[:, 16:].expand(3, -1)  # row stride 0
-    expected = od.group_norm_act(**(args | dict(scale=scale.contiguous(), shift=shift.contiguous())))
-    torch.testing.assert_close(od.group_norm_act(**(args | dict(scale=scale, shift=shift))), expected, rtol=0, atol=0)
+    expected = ops.group_norm_act(**(args | dict(scale=scale.contiguous(), shift=shift.contiguous())))
+    torch.testing.assert_close(ops.group_norm_act(**(args | dict(scale=scale, shift=shift))), expected, rtol=0, atol=0)
 
 
 def test_group_norm_act_handles_an_empty_batch_cpu():
     args = group_norm_case((0, 8, 4, 4), groups=2)
-    assert od.group_norm_act(**args).shape == (0, 8, 4, 4)
+    assert ops.group_norm_act(**args).shape == (0, 8, 4, 4)
 
 
 @pytest.mark.parametrize(
@@ -759,7 +760,7 @@ def test_group_norm_act_handles_an_empty_batch_cpu():
 def test_group_norm_act_rejects_bad_arguments(change, message):
     args = group_norm_case((2, 8, 4, 4), groups=2) | change
     with pytest.raises(RuntimeError, match=re.escape(message)):
-        od.group_norm_act(**args)
+        ops.group_norm_act(**args)
 
 
 def test_group_norm_act_opcheck_cpu():
@@ -780,7 +781,7 @@ def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_bit_for_bit(case, dtype)
     _require_cuda_kernels()
     args = group_norm_case(**GROUP_NORM_CASES[case], dtype=dtype)
     on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-    torch.testing.assert_close(od.group_norm_act(**on_gpu).cpu(), od.group_norm_act(**args), rtol=0, atol=0)
+    torch.testing.assert_close(ops.group_norm_act(**on_gpu).cpu(), ops.group_norm_act(**args), rtol=0, atol=0)
 
 
 GROUP_NORM_CHUNK_CASES = {  # the runner's shapes and the kernel's edges, channels-last as the runner lays them out
@@ -831,8 +832,8 @@ def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block
     args = group_norm_case(**GROUP_NORM_CHUNK_CASES[case], dtype=dtype)
     on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     for silu in (True, False):
-        expected = od.group_norm_act(**args, silu=silu)
-        torch.testing.assert_close(od.group_norm_act(**on_gpu, silu=silu).cpu(), expected, rtol=0, atol=0)
+        expected = ops.group_norm_act(**args, silu=silu)
+        torch.testing.assert_close(ops.group_norm_act(**on_gpu, silu=silu).cpu(), expected, rtol=0, atol=0)
 
 
 @pytest.mark.gpu
@@ -856,7 +857,7 @@ def test_group_norm_act_runs_the_rows_kernel_on_aligned_channels_last_rows(monke
 
     def launched() -> list[str]:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            od.group_norm_act(**args)
+            ops.group_norm_act(**args)
             torch.cuda.synchronize()
         on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         return [e.name for e in on_gpu if "group_norm_act" in e.name]  # the kernels (not the operator's CPU event)
@@ -904,7 +905,7 @@ def test_bias_add_is_the_float_sum_rounded_once_cpu(case, dtype):
     expected = h.float() + bias.view(1, -1, *(1,) * (h.dim() - 2))
     if r1 is not None:
         expected = expected + (r1.float() if r2 is None else torch.cat([r1.float(), r2.float()], 1))
-    out = od.bias_add_(h, bias, residual=r1, residual2=r2)
+    out = ops.bias_add_(h, bias, residual=r1, residual2=r2)
     assert out is h and h.dtype == dtype and h.is_contiguous(memory_format=od_channels_last(h))
     torch.testing.assert_close(h, expected.to(dtype), rtol=0, atol=0)  # two float32 sums, one rounding
 
@@ -928,7 +929,7 @@ def test_bias_add_rejects_bad_arguments(change, message):
     h, bias, (r1, _) = bias_add_case(*BIAS_ADD_CASES["an identity skip"])
     h, bias, r1 = change(h, bias, r1)
     with pytest.raises(RuntimeError, match=message):
-        od.bias_add_(h, bias, residual=r1)
+        ops.bias_add_(h, bias, residual=r1)
 
 
 def test_bias_add_opcheck_cpu():
@@ -945,8 +946,8 @@ def test_bias_add_cuda_kernel_equals_its_cpu_twin_bit_for_bit(case, dtype):
     _require_cuda_kernels()
     h, bias, (r1, r2) = bias_add_case(*BIAS_ADD_CASES[case], dtype=dtype)
     on_gpu = [None if t is None else t.cuda() for t in (h, bias, r1, r2)]
-    od.bias_add_(on_gpu[0], on_gpu[1], residual=on_gpu[2], residual2=on_gpu[3])
-    od.bias_add_(h, bias, residual=r1, residual2=r2)
+    ops.bias_add_(on_gpu[0], on_gpu[1], residual=on_gpu[2], residual2=on_gpu[3])
+    ops.bias_add_(h, bias, residual=r1, residual2=r2)
     torch.testing.assert_close(on_gpu[0].cpu(), h, rtol=0, atol=0)
 
 
@@ -975,7 +976,7 @@ def winograd_case(batch, cin, cout, h, w, *, seed=0):
 def test_conv3x3_winograd_is_conv2d_with_padding_1_in_float64_cpu(case, with_bias):
     x, weight, bias = winograd_case(*WINOGRAD_CASES[case])
     bias = bias if with_bias else None
-    out = od.conv3x3_winograd(x, od.winograd_weight(weight), bias)
+    out = ops.conv3x3_winograd(x, ops.winograd_weight(weight), bias)
     expected = torch.nn.functional.conv2d(
         x.double(), weight.double(), None if bias is None else bias.double(), padding=1
     )
@@ -994,7 +995,7 @@ def test_conv3x3_winograd_is_conv2d_with_padding_1_in_float64_cpu(case, with_bia
 def test_conv3x3_winograd_upsampling_is_conv2d_of_the_nearest_2x_upsampled_input_in_float64_cpu(case):
     """upsample=True: every output phase's 2x2 kernel in F(2x2, 2x2), written where the phase lands."""
     x, weight, bias = winograd_case(*WINOGRAD_CASES[case])
-    out = od.conv3x3_winograd(x, od.winograd_weight(weight, upsample=True), bias, upsample=True)
+    out = ops.conv3x3_winograd(x, ops.winograd_weight(weight, upsample=True), bias, upsample=True)
     upsampled = torch.nn.functional.interpolate(x.double(), scale_factor=2.0, mode="nearest")
     expected = torch.nn.functional.conv2d(upsampled, weight.double(), bias.double(), padding=1)
     assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
@@ -1011,8 +1012,8 @@ def test_conv3x3_winograd_in_bf16_is_as_close_to_float64_as_onednns_bf16_convolu
     plain C++ alike)."""
     x, weight, bias = winograd_case(*WINOGRAD_CASES[case])
     x = x.bfloat16()  # the input both start from
-    pairs = od.winograd_weight(weight, upsample=upsample, dtype=torch.bfloat16)
-    out = od.conv3x3_winograd(x, pairs, bias, upsample=upsample)
+    pairs = ops.winograd_weight(weight, upsample=upsample, dtype=torch.bfloat16)
+    out = ops.conv3x3_winograd(x, pairs, bias, upsample=upsample)
     source = torch.nn.functional.interpolate(x.double(), scale_factor=2.0) if upsample else x.double()
     expected = torch.nn.functional.conv2d(source, weight.double(), bias.double(), padding=1)
     onednn = torch.nn.functional.conv2d(
@@ -1033,7 +1034,7 @@ def test_conv3x3_winograd_in_bf16_is_as_close_to_float64_as_onednns_bf16_convolu
 def test_winograd_weight_in_bf16_pairs_input_channels():
     """(P, Cin, Cout) float32 -> (P, Cin / 2, Cout, 2) bfloat16: channels 2c and 2c + 1 side by side."""
     _, weight, _ = winograd_case(1, 32, 16, 4, 4)
-    u, pairs = od.winograd_weight(weight), od.winograd_weight(weight, dtype=torch.bfloat16)
+    u, pairs = ops.winograd_weight(weight), ops.winograd_weight(weight, dtype=torch.bfloat16)
     assert pairs.shape == (16, 16, 16, 2) and pairs.dtype == torch.bfloat16 and pairs.is_contiguous()
     assert torch.equal(pairs[:, 3, :, 0], u[:, 6, :].bfloat16())
     assert torch.equal(pairs[:, 3, :, 1], u[:, 7, :].bfloat16())
@@ -1071,19 +1072,19 @@ def test_conv3x3_winograd_rejects_bad_arguments(change, message):
         | change
     )
     with pytest.raises(RuntimeError, match=re.escape(message)):
-        od.conv3x3_winograd(**args)
+        ops.conv3x3_winograd(**args)
 
 
 def test_conv3x3_winograd_opcheck_cpu():
     x, weight, bias = winograd_case(*WINOGRAD_CASES["odd sizes (tiles past the last row and column)"])
     for b in (bias, None):
-        torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd, (x, od.winograd_weight(weight), b))
-    up = od.winograd_weight(weight, upsample=True)
+        torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd, (x, ops.winograd_weight(weight), b))
+    up = ops.winograd_weight(weight, upsample=True)
     torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd, (x, up, bias), dict(upsample=True))
-    pairs = od.winograd_weight(weight, dtype=torch.bfloat16)
+    pairs = ops.winograd_weight(weight, dtype=torch.bfloat16)
     torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd, (x.bfloat16(), pairs, bias))
 
 
 def test_conv3x3_winograd_handles_an_empty_batch_cpu():
     x, weight, bias = winograd_case(0, 16, 32, 4, 4)
-    assert od.conv3x3_winograd(x, od.winograd_weight(weight), bias).shape == (0, 32, 4, 4)
+    assert ops.conv3x3_winograd(x, ops.winograd_weight(weight), bias).shape == (0, 32, 4, 4)

@@ -86,7 +86,9 @@ def test_posterior_mean_identity(schedule):
     gen = torch.Generator().manual_seed(1)
     x_t, eps = torch.randn(8, 1, 4, 4, generator=gen), torch.randn(8, 1, 4, 4, generator=gen)
     t = torch.tensor([1, 5, 50, 200, 500, 800, 990, 999])
-    mean, _, _ = schedule.q_posterior_mean_variance(schedule.predict_xstart_from_eps(x_t, t, eps), x_t, t)
+    x_start = schedule.predict_xstart(x_t, t, eps)
+    coef1, coef2 = (c[t].view(-1, 1, 1, 1) for c in (schedule.posterior_mean_coef1, schedule.posterior_mean_coef2))
+    mean = coef1 * x_start + coef2 * x_t  # the mean of q(x_{t-1} | x_t, x_0)
     beta = schedule.betas[t].view(-1, 1, 1, 1)
     expected = (x_t - beta / schedule.sqrt_one_minus_alphas_cumprod[t].view(-1, 1, 1, 1) * eps) / (1 - beta).sqrt()
     assert torch.allclose(mean, expected, atol=1e-4, rtol=1e-4)
@@ -96,7 +98,7 @@ def test_eps_and_xstart_predictions_invert_each_other(schedule):
     gen = torch.Generator().manual_seed(2)
     x_t, eps = torch.randn(4, 3, 2, 2, generator=gen), torch.randn(4, 3, 2, 2, generator=gen)
     t = torch.tensor([3, 100, 600, 900])
-    x0 = schedule.predict_xstart_from_eps(x_t, t, eps)
+    x0 = schedule.predict_xstart(x_t, t, eps)
     assert torch.allclose(schedule.predict_eps_from_xstart(x_t, t, x0), eps, atol=1e-4)
 
 
@@ -336,9 +338,9 @@ def test_predicted_xstart_keeps_float32_accuracy_where_alpha_bar_is_tiny():
     expanded = a * x_t - (a * (1 - ac64).sqrt().float()) * eps32
     error, expanded_error = (pred.double() - exact).abs().max().item(), (expanded.double() - exact).abs().max().item()
     assert error < 2e-4 and expanded_error > 10 * error, (error, expanded_error)  # measured: 9.6e-5 and 6.3e-3
-    # The schedule's own helper uses the same form.
+    # The schedule's own conversion (predict_xstart, what training and the original loop use) has the same form.
     t = plan.timesteps[:1].expand(4096)
-    helper = schedule.predict_xstart_from_eps(x_t, t, eps32)
+    helper = schedule.predict_xstart(x_t, t, eps32)
     assert (helper.double() - exact).abs().max().item() < 2e-4
 
 

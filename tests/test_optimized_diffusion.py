@@ -17,6 +17,8 @@ from torch import nn
 import optimized_diffusion as od
 from basic_diffusion import UNet, UNetConfig
 from basic_diffusion import sample as original_sample
+from ddpm.kernels import ops
+from ddpm.kernels.build import BUILD_COMMAND
 from ddpm.util.precision import backend_policy
 from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig
 
@@ -38,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny mo
 
 @pytest.fixture(scope="module", autouse=True)
 def extension():
-    od.load_extension()  # built by setup.py (or JIT-compiled once, here)
+    ops.load_extension()  # built by setup.py (or JIT-compiled once, here)
 
 
 def make_plan(case: str, *, sampling_steps: int = 8, device: str = "cpu") -> SamplingPlan:
@@ -169,8 +171,8 @@ def test_the_cpu_path_captures_no_graph():
 
 
 def _require_cuda_kernels() -> None:
-    if not od.has_cuda_kernels():
-        pytest.fail(f"the extension was built without CUDA kernels; rebuild it: {od.BUILD_COMMAND}")
+    if not ops.has_cuda_kernels():
+        pytest.fail(f"the extension was built without CUDA kernels; rebuild it: {BUILD_COMMAND}")
 
 
 @pytest.mark.gpu
@@ -354,9 +356,9 @@ def test_the_runner_with_its_biases_added_apart_as_on_a_gpu_is_the_unet_to_float
     """The GPU's form of the runner (every 3x3 convolution's bias, and an identity skip's residual, added by
     bias_add_ after a bias-free convolution), run here through bias_add_'s CPU twin."""
     calls = []
-    add = od.bias_add_
+    add = ops.bias_add_
     monkeypatch.setattr(
-        od, "bias_add_", lambda h, bias, **kw: calls.append(kw["residual"] is not None) or add(h, bias, **kw)
+        ops, "bias_add_", lambda h, bias, **kw: calls.append(kw["residual"] is not None) or add(h, bias, **kw)
     )
     config = FUSED_VARIANTS[variant]
     model = perturbed_unet(config).eval()
@@ -470,7 +472,7 @@ def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_where_it_
     monkeypatch.setattr(od, "winograd_is_fast", lambda dtype=torch.float32: dtype in fast)
     model = perturbed_unet(SMALL).eval()
     runner = od.FusedUNet(model, **build)
-    eligible = {m for m in model.modules() if od.winograd_applies(m)}
+    eligible = {m for m in model.modules() if ops.winograd_applies(m)}
     assert len(eligible) > 5 and model.conv_in not in eligible  # 1 input channel: oneDNN's
     ups = {up for up in model.upsample if not isinstance(up, torch.nn.Identity)}
     assert ups and all(up.conv in eligible for up in ups)
@@ -494,7 +496,7 @@ def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_where_it_
     ],
 )
 def test_winograd_takes_only_the_convolutions_it_computes_and_measured_faster(conv, applies):
-    assert od.winograd_applies(conv) == applies
+    assert ops.winograd_applies(conv) == applies
 
 
 @pytest.mark.gpu

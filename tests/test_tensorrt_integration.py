@@ -42,7 +42,7 @@ def test_reference_step_sampler_reproduces_the_original_loop_exactly(sampler, et
     model = perturbed_unet(CONFIG)
     plan = NoiseSchedule(SCHEDULE).make_plan(sampler, sampling_steps=6, eta=eta)
     g_ours, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    sampler_ = FusedSampler(model, plan, shape=(2, 1, 16, 16), channels_last=False, fused_step=fused_step)
+    sampler_ = FusedSampler(model, plan, shape=(2, 1, 16, 16), fused_step=fused_step)
     ours = sampler_(generator=g_ours)
     reference = original_sample(model, plan, shape=(2, 1, 16, 16), generator=g_ref)
     assert torch.equal(ours, reference)

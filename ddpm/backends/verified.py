@@ -64,9 +64,9 @@ def _extension_built(device_type: str) -> bool:
     if importlib.util.find_spec("_diffusion_kernels") is None:
         return False
     try:
-        import optimized_diffusion
+        from ddpm.kernels import ops
 
-        optimized_diffusion.load_extension(allow_jit=False)
-        return device_type != "cuda" or optimized_diffusion.has_cuda_kernels()
+        ops.load_extension(allow_jit=False)
+        return device_type != "cuda" or ops.has_cuda_kernels()
     except ImportError:
         return False

@@ -153,10 +153,6 @@ class DigitJudge:
         typical = self._distance_to_train_half(features) <= self.typical_below
         return (probabilities.max(1) >= CONFIDENCE) & typical, self.classifier.classes_[probabilities.argmax(1)]
 
-    def classify(self, images: torch.Tensor) -> np.ndarray:
-        """The digit the classifier assigns to each of (N, 1, S, S) images in [-1, 1] (its most probable)."""
-        return self.classifier.predict(self.features(images))
-
     def score(self, images: torch.Tensor, *, name: str, requested: torch.Tensor | None = None) -> Scores:
         """Score (N, 1, S, S) images in [-1, 1]; with ``requested`` (N,) digits (a class-conditional model's
         labels), also the share the classifier assigns to the requested digit, overall and per digit."""
@@ -446,7 +442,7 @@ def write_plot(result: dict, path: str | Path) -> None:
         ax.set_xticks(ticks, [str(t) for t in ticks])  # the step counts themselves, not powers of ten
         ax.minorticks_off()
         if log:
-            ax.set_yscale("log")  # the noise floor is ~30x the ceiling: a linear axis flattens the samplers
+            ax.set_yscale("log")  # the noise floor lies far above the ceiling: a linear axis flattens the samplers
         ax.set_xlabel("U-Net calls per image")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -36,7 +36,7 @@ MAX_INFLATION = 4  # inflated total / file size
 INFLATION_ALLOWANCE = 16 << 20  # bytes any file may inflate to, whatever its size
 MAX_INFLATED_BYTES = 4 << 30  # and never more than the largest checkpoint read at all (safe_files.MAX_FILE_BYTES)
 # A checkpoint's directory holds ~100 bytes per tensor (a few thousand tensors); zipfile builds an object per
-# entry (~10x the directory's bytes), so a directory of millions of empty entries is refused before it is parsed.
+# entry (several times the entry's bytes), so a directory of millions of empty entries is refused before it is parsed.
 MAX_ZIP_DIRECTORY_BYTES = 16 << 20
 ZIP_MAGIC = b"PK\x03\x04"  # torch.load's own test of the zip format (anything else is its legacy pickle format)
 _CHUNK = 1 << 20

@@ -1,11 +1,10 @@
 """Dropout for training on a CPU: the extension's ``seeded_dropout`` op in place of ``nn.Dropout``.
 
-On a CPU, torch's dropout draws its mask one Bernoulli variable at a time (~10-25 ns an element on the 2-core
-build machine): a tenth of a demo training step (BENCHMARKS.md, "A faster CPU training step"). ``seeded_dropout``
-keeps element i when a SplitMix64 number of (seed, i) says so (diffusion_ops.cpp, diffusion_kernels.h), 14-38x
-faster, and its backward pass is the same op on the gradient (the mask is recomputed, not stored). Each call draws
-its seed from torch's global generator, which the trainer seeds and its checkpoints keep, so a resumed run continues
-the same loss curve.
+On a CPU, torch's dropout draws its mask one Bernoulli variable at a time, a noticeable share of a demo training
+step (BENCHMARKS.md, "A faster CPU training step"). ``seeded_dropout`` keeps element i when a SplitMix64 number of
+(seed, i) says so (diffusion_ops.cpp, diffusion_kernels.h), many times faster, and its backward pass is the same op
+on the gradient (the mask is recomputed, not stored). Each call draws its seed from torch's global generator, which
+the trainer seeds and its checkpoints keep, so a resumed run continues the same loss curve.
 
     from ddpm.training.dropout import use_seeded_dropout
     use_seeded_dropout(model)   # -> the number of nn.Dropout modules replaced (0 without the extension)
@@ -27,7 +26,7 @@ _registered = False
 
 def seeded_dropout_available() -> bool:
     """Whether the built extension has the op (no JIT compile here: a trainer without it keeps nn.Dropout)."""
-    from optimized_diffusion import ExtensionUnavailableError, load_extension
+    from ddpm.kernels.ops import ExtensionUnavailableError, load_extension
 
     try:
         load_extension(allow_jit=False)

@@ -342,7 +342,7 @@ class Trainer:
             scale = 1.0 if self.schedule_config.folded_guidance else DEFAULT_GUIDANCE  # a student's is folded in
             guidance = Guidance(labels=labels, null_label=self.model_config.null_label, scale=scale)
         if self.model_config.dims == 3:
-            n = min(n, VOLUME_PREVIEWS)  # a volume step costs (32^3 / 28^2) ~ 40x an MNIST image's
+            n = min(n, VOLUME_PREVIEWS)  # a volume costs what 32^3 / 28^2 MNIST images do
         images = sample(self.ema, plan, shape=self.model_config.sample_shape(n), generator=gen, guidance=guidance)
         if self.first_stage is not None:
             with torch.no_grad():

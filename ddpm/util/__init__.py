@@ -1,4 +1,4 @@
 """Small helpers every layer uses: safe files, signals, messages, the precision policy, the memory
-budget, profiling, the torchrun layer and the extension's compiler flags.
+budget, profiling and the torchrun layer.
 They import nothing above them.
 """

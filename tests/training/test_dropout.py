@@ -8,8 +8,8 @@ import torch
 from helpers import make_trainer, tiny_unet_config
 from torch import nn
 
-import optimized_diffusion as od
 from basic_diffusion import UNet
+from ddpm.kernels import ops
 from ddpm.training.dropout import SeededDropout, seeded_dropout_available, use_seeded_dropout
 
 MASK64 = 2**64 - 1
@@ -17,7 +17,7 @@ MASK64 = 2**64 - 1
 
 @pytest.fixture(scope="module", autouse=True)
 def extension() -> None:
-    od.load_extension()
+    ops.load_extension()
     if not seeded_dropout_available():
         pytest.skip("the built extension predates seeded_dropout: rebuild it (make install)")
 

@@ -1,5 +1,5 @@
-"""Both builds of the extension (setup.py and optimized_diffusion's JIT fallback) compile with the one
-list of flags in ddpm/util/build_flags.py, the flags the kernels' bit-exactness depends on."""
+"""Both builds of the extension (setup.py and the JIT fallback, build.jit_compile) compile with the one
+list of flags in ddpm/kernels/build.py, the flags the kernels' bit-exactness depends on."""
 
 import runpy
 import subprocess
@@ -10,22 +10,19 @@ import pytest
 import setuptools
 from torch.utils import cpp_extension
 
-import optimized_diffusion
-from ddpm.util import build_flags
+from ddpm.kernels import build
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_flags_forbid_fast_math_and_fp_contraction():
-    assert "-ffp-contract=off" in build_flags.CXX_FLAGS
-    assert not any(
-        "fast-math" in flag or "fast_math" in flag for flag in build_flags.CXX_FLAGS + build_flags.NVCC_FLAGS
-    )
+    assert "-ffp-contract=off" in build.CXX_FLAGS
+    assert not any("fast-math" in flag or "fast_math" in flag for flag in build.CXX_FLAGS + build.NVCC_FLAGS)
 
 
 def test_the_flags_module_imports_no_torch():
     """setup.py reads it before torch.utils.cpp_extension loads (which reads CUDA_HOME once)."""
-    code = "import sys; import ddpm.util.build_flags; assert 'torch' not in sys.modules"
+    code = "import sys; import ddpm.kernels.build; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -42,19 +39,19 @@ def test_setup_py_builds_with_the_shared_flags(monkeypatch, cpu_only):
     monkeypatch.chdir(ROOT)
     runpy.run_path(str(ROOT / "setup.py"), run_name="__main__")
     (extension,) = captured["ext_modules"]
-    assert extension.extra_compile_args["cxx"] == list(build_flags.CXX_FLAGS)
-    assert extension.extra_link_args == list(build_flags.LINK_FLAGS)
+    assert extension.extra_compile_args["cxx"] == list(build.CXX_FLAGS)
+    assert extension.extra_link_args == list(build.LINK_FLAGS)
     if cpu_only == "1":
         assert extension.sources == ["diffusion_ops.cpp"]
     if "diffusion_kernels.cu" in extension.sources:  # a CUDA toolkit was found
-        assert extension.extra_compile_args["nvcc"] == list(build_flags.NVCC_FLAGS)
+        assert extension.extra_compile_args["nvcc"] == list(build.NVCC_FLAGS)
 
 
 def test_the_jit_fallback_builds_with_the_shared_flags(monkeypatch):
     calls = []
     monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs))
-    optimized_diffusion._jit_compile()
+    build.jit_compile()
     (call,) = calls
-    assert call["extra_cflags"] == list(build_flags.CXX_FLAGS)
-    assert call["extra_ldflags"] == list(build_flags.LINK_FLAGS)
-    assert call["extra_cuda_cflags"] == list(build_flags.NVCC_FLAGS)
+    assert call["extra_cflags"] == list(build.CXX_FLAGS)
+    assert call["extra_ldflags"] == list(build.LINK_FLAGS)
+    assert call["extra_cuda_cflags"] == list(build.NVCC_FLAGS)

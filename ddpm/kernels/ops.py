@@ -1,0 +1,294 @@
+"""The diffusion_kernels extension's ops from Python: loading the extension once, the fake kernels that let
+``torch.compile`` trace them, and one wrapper per op (with the Winograd and upsampling weight transforms that
+prepare conv3x3_winograd's operand).
+
+    from ddpm.kernels import ops
+    ops.load_extension()  # the module setup.py built, else a JIT build (ddpm/kernels/build.py)
+    out = ops.group_norm_act(x, weight, bias, groups=32)
+
+The ops' schemas and CPU kernels are in diffusion_ops.cpp, their CUDA kernels in diffusion_kernels.cu; each wrapper
+loads the extension on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import torch
+from torch import nn
+
+from ddpm.kernels import build
+from ddpm.kernels.build import BUILD_COMMAND
+from ddpm.util.messages import first_line
+
+# ----- Loading the extension ----------------------------------------------------------------------
+
+_loaded_from: str | None = None  # "compiled" or "jit" once the ops are registered
+
+
+class ExtensionUnavailableError(ImportError):
+    """The diffusion_kernels extension is neither built nor JIT-compilable (or lacks CUDA kernels)."""
+
+
+def load_extension(*, allow_jit: bool = True) -> str:
+    """Register ``torch.ops.diffusion_kernels`` once; returns "compiled" or "jit".
+
+    Imports the module built by setup.py; if there is none (or it was built against another
+    torch), JIT-compiles the same sources with ``torch.utils.cpp_extension.load``: with the .cu
+    when a GPU and a CUDA toolkit are present, CPU-only otherwise.
+    """
+    global _loaded_from
+    if _loaded_from is not None:
+        return _loaded_from
+    try:
+        importlib.import_module(build.EXTENSION_NAME)
+        source = "compiled"
+    except ImportError as exc:  # not built, or built against another torch (undefined symbols)
+        if not allow_jit:
+            raise ExtensionUnavailableError(
+                f"the diffusion_kernels extension is not built ({first_line(exc)}); build it with: {BUILD_COMMAND}"
+            ) from exc
+        try:
+            build.jit_compile()
+        except Exception as exc:  # compiler missing, compile error, ...: one line, with the fix
+            raise ExtensionUnavailableError(
+                f"the diffusion_kernels extension is not built and JIT compilation failed ({first_line(exc)}); "
+                f"build it with: {BUILD_COMMAND}"
+            ) from exc
+        source = "jit"
+    _register_fakes()
+    _loaded_from = source
+    return source
+
+
+def has_op(name: str) -> bool:
+    """Whether the extension (loaded now if need be) has op ``name``: a build older than the op has not."""
+    if _loaded_from is None:
+        load_extension()
+    return hasattr(torch.ops.diffusion_kernels, name)
+
+
+def has_cuda_kernels() -> bool:
+    """Whether the loaded extension was built with its CUDA kernels."""
+    load_extension()
+    return torch._C._dispatch_has_kernel_for_dispatch_key("diffusion_kernels::fused_step_", "CUDA")
+
+
+def _register_fakes() -> None:
+    """Fake (meta) kernels, so the ops trace under torch.compile: the in-place ops return nothing; the others an
+    empty tensor of the output's shape and memory format."""
+
+    @torch.library.register_fake("diffusion_kernels::fused_step_")
+    def _fused_step_fake(x, eps, noise, xstart, coefficients, step, *, clip_denoised, use_prev, guidance=None):
+        return None
+
+    @torch.library.register_fake("diffusion_kernels::gather_timestep_")
+    def _gather_timestep_fake(t, timesteps, step):
+        return None
+
+    if not hasattr(torch.ops.diffusion_kernels, "group_norm_act"):  # an extension built before the op existed
+        return
+
+    @torch.library.register_fake("diffusion_kernels::group_norm_act")
+    def _group_norm_act_fake(x, x2, weight, bias, x_bias, scale, shift, *, groups, eps, silu):
+        shape = (x.shape[0], weight.shape[0], *x.shape[2:])
+        return x.new_empty(shape).contiguous(memory_format=torch._prims_common.suggest_memory_format(x))
+
+    if not hasattr(torch.ops.diffusion_kernels, "conv3x3_winograd"):
+        return
+
+    @torch.library.register_fake("diffusion_kernels::conv3x3_winograd")
+    def _conv3x3_winograd_fake(x, weight, bias, *, upsample=False):
+        scale = 2 if upsample else 1
+        shape = (x.shape[0], weight.shape[2], scale * x.shape[2], scale * x.shape[3])
+        return x.new_empty(shape).contiguous(memory_format=torch.channels_last)
+
+    if not hasattr(torch.ops.diffusion_kernels, "bias_add_"):
+        return
+
+    @torch.library.register_fake("diffusion_kernels::bias_add_")
+    def _bias_add_fake(h, bias, residual, residual2):
+        return None
+
+
+# ----- Op wrappers --------------------------------------------------------------------------------
+
+
+def fused_step_(
+    x: torch.Tensor,
+    eps: torch.Tensor,
+    *,
+    noise: torch.Tensor | None,
+    xstart: torch.Tensor | None,
+    coefficients: torch.Tensor,
+    step: torch.Tensor,
+    clip_denoised: bool,
+    use_prev: bool,
+    guidance: float | None = None,
+) -> None:
+    """One reverse step (:func:`noise_schedule.p_step`) in place, at the step held in ``step``.
+
+    x: (B, C, H, W) x_t, overwritten with x_prev. eps: the U-Net output, same shape and memory
+    layout. noise: z for stochastic steps (x's dtype) or None. xstart: overwritten with
+    pred_xstart (x's dtype), or None to not store it; with ``use_prev`` its old content is the
+    previous step's pred_xstart (DPM-Solver++). coefficients: the plan's (S, 7) float32 table.
+    step: one-element int64 step counter on the same device (never read by the host).
+    x/eps/noise/xstart may be float32, float16 or bfloat16; arithmetic is float32.
+    guidance: a classifier-free guidance scale w; eps is then (2B, C, H, W), the U-Net's conditional
+    rows and then its unconditional ones (contiguous), combined as :func:`noise_schedule.guided_eps`.
+    """
+    if _loaded_from is None:
+        load_extension()
+    # guidance only when given: an extension built before it existed still runs unguided steps.
+    extra = {} if guidance is None else {"guidance": guidance}
+    torch.ops.diffusion_kernels.fused_step_(
+        x, eps, noise, xstart, coefficients, step, clip_denoised=clip_denoised, use_prev=use_prev, **extra
+    )
+
+
+def gather_timestep_(t: torch.Tensor, *, timesteps: torch.Tensor, step: torch.Tensor) -> None:
+    """``t[:] = timesteps[step]`` on the device: the U-Net's (B,) int64 timestep input."""
+    if _loaded_from is None:
+        load_extension()
+    torch.ops.diffusion_kernels.gather_timestep_(t, timesteps, step)
+
+
+def group_norm_act(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    groups: int,
+    eps: float = 1e-5,
+    x2: torch.Tensor | None = None,
+    x_bias: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    silu: bool = True,
+) -> torch.Tensor:
+    """SiLU(GroupNorm([x + x_bias, x2]) * (1 + scale) + shift) in one pass: a new tensor (B, C, *spatial)
+    in x's dtype and memory format, without materializing the concatenation or the biased x.
+
+    x: (B, C1, *spatial), contiguous or channels-last, float32/float16/bfloat16. x2: (B, C2, *spatial)
+    of x's dtype (a skip connection; a group may straddle x and x2), or None. weight, bias: (C,) float32,
+    C = C1 + C2. x_bias: (C1,) float32, the bias of the convolution that produced x, or None.
+    scale, shift: (B, C) float32 with dense rows (slices of one wider table, or one row expanded), or None. silu: apply
+    SiLU last. Statistics in float32 in a fixed order
+    (diffusion_kernels.h), so the CUDA kernel and this CPU twin agree bit for bit.
+    """
+    if _loaded_from is None:
+        load_extension()
+    return torch.ops.diffusion_kernels.group_norm_act(
+        x, x2, weight, bias, x_bias, scale, shift, groups=groups, eps=eps, silu=silu
+    )
+
+
+def bias_add_(
+    h: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    residual: torch.Tensor | None = None,
+    residual2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``h += bias`` per channel (and ``+ [residual, residual2]``, the residual stream, never concatenated) in
+    place, in one pass, and returns h. h: a dense channels-last (B, C, H, W) or (B, C, D, H, W) tensor in
+    float32/float16/bfloat16; bias: (C,) float32; residual (B, C1, *spatial) and residual2 (B, C - C1, *spatial):
+    h's dtype, channels-last.
+    Sums in float32, each rounded (diffusion_kernels.h), one rounding to h's dtype."""
+    if _loaded_from is None:
+        load_extension()
+    torch.ops.diffusion_kernels.bias_add_(h, bias, residual, residual2)
+    return h
+
+
+# Winograd's kernel transforms G (Lavin and Gray 2016): U = G g G^T is the kernel that multiplies the transformed
+# input tile elementwise (the input and output transforms are in diffusion_ops.cpp). F(2x2, 3x3) for a 3x3
+# kernel; F(2x2, 2x2) for the 2x2 phase kernels of an upsampling's convolution (upsample_phase_weights).
+_WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+_WINOGRAD_G2 = ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0))
+
+
+def winograd_weight(
+    weight: torch.Tensor, *, upsample: bool = False, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A 3x3 convolution's weight (Cout, Cin, 3, 3) as :func:`conv3x3_winograd`'s operand, computed in float64:
+    (16, Cin, Cout), U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci]; or, for the
+    convolution of the input upsampled 2x, (36, Cin, Cout): for each output phase p (upsample_phase_weights'
+    order) its 2x2 kernel k's G2 k G2^T at rows 9p .. 9p + 8. float32; or, with ``dtype=torch.bfloat16`` (for a
+    bfloat16 x), rounded to bfloat16 once and laid out in input-channel pairs, (16 or 36, Cin / 2, Cout, 2): the
+    operand of AVX512-BF16's dot product."""
+    if not upsample:
+        G = torch.tensor(_WINOGRAD_G, dtype=torch.float64, device=weight.device)
+        u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
+        u = u.reshape(16, weight.shape[1], weight.shape[0])
+    else:
+        G2 = torch.tensor(_WINOGRAD_G2, dtype=torch.float64, device=weight.device)
+        phases = [
+            torch.einsum("ai,ocij,bj->abco", G2, kernel, G2).reshape(9, weight.shape[1], weight.shape[0])
+            for _, kernel in upsample_phase_weights(weight.detach())
+        ]
+        u = torch.cat(phases)
+    if dtype == torch.float32:
+        return u.float().contiguous()
+    P, cin, cout = u.shape  # (P, Cin, Cout) -> (P, Cin / 2, Cout, 2): input channels 2c, 2c + 1 side by side
+    return u.view(P, cin // 2, 2, cout).transpose(2, 3).to(dtype).contiguous()
+
+
+def conv3x3_winograd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, upsample: bool = False
+) -> torch.Tensor:
+    """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
+    Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; faster than oneDNN's at the
+    U-Net's shapes: BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32 channels-last; Cin and
+    Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
+    ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
+    each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
+    if _loaded_from is None:
+        load_extension()
+    extra = {"upsample": True} if upsample else {}
+    return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias, **extra)
+
+
+# Faster than oneDNN up to 256 channels in and out; wider, the 16 (Cin, Cout) kernels no longer fit the cache and
+# 512 -> 512 was slower (BENCHMARKS.md, "Where the runner's time goes"). Wider layers stay on oneDNN.
+WINOGRAD_MAX_CHANNELS = 256
+
+
+def winograd_applies(conv: nn.Module) -> bool:
+    """Whether :func:`conv3x3_winograd` computes this module: a 2-D 3x3 convolution, stride 1, padding 1, no
+    dilation or groups, zero padding, channel counts multiples of 16 up to WINOGRAD_MAX_CHANNELS."""
+    return (
+        isinstance(conv, nn.Conv2d)
+        and tuple(conv.kernel_size) == (3, 3)
+        and tuple(conv.stride) == (1, 1)
+        and tuple(conv.padding) == (1, 1)
+        and tuple(conv.dilation) == (1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+        and conv.in_channels % 16 == 0
+        and conv.out_channels % 16 == 0
+        and max(conv.in_channels, conv.out_channels) <= WINOGRAD_MAX_CHANNELS
+    )
+
+
+# Nearest 2x upsampling then a 3-tap convolution (padding 1): output position 2i + a of each dimension reads
+# upsampled positions 2i + a - 1, 2i + a, 2i + a + 1, which are input positions (a = 0) i - 1, i, i or (a = 1)
+# i, i, i + 1. So per phase a the three taps fall on two input positions: _PHASE_TAPS[a][k] is the one tap k
+# lands on (0: the lower, 1: the upper), and the taps landing together are summed.
+_PHASE_TAPS = ((0, 1, 1), (0, 0, 1))
+
+
+def upsample_phase_weights(weight: torch.Tensor) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    """The 2^dims phase kernels of conv(nearest-2x-upsample(x)) for a (Cout, Cin, 3, ...) weight: [(phase,
+    (Cout, Cin, 2, ...) float64 kernel)], each a convolution of x itself (2 taps per dimension instead of 3
+    per upsampled position: 4 instead of 9 multiply-adds per output in 2-D, 8 instead of 27 in 3-D)."""
+    dims = weight.dim() - 2
+    phases = []
+    for offsets in itertools.product((0, 1), repeat=dims):
+        kernel = torch.zeros((*weight.shape[:2], *(2,) * dims), dtype=torch.float64, device=weight.device)
+        for taps in itertools.product(range(3), repeat=dims):
+            lands = tuple(_PHASE_TAPS[a][k] for a, k in zip(offsets, taps))
+            kernel[(slice(None), slice(None), *lands)] += weight[(slice(None), slice(None), *taps)].double()
+        phases.append((offsets, kernel))
+    return phases
