@@ -111,6 +111,13 @@ def _register_fakes() -> None:
     def _bias_add_fake(h, bias, residual, residual2):
         return None
 
+    if not hasattr(torch.ops.diffusion_kernels, "conv3x3_winograd_weight_grad"):
+        return
+
+    @torch.library.register_fake("diffusion_kernels::conv3x3_winograd_weight_grad")
+    def _conv3x3_winograd_weight_grad_fake(x, grad_out):
+        return x.new_empty((16, x.shape[1], grad_out.shape[1]))
+
 
 # ----- Op wrappers --------------------------------------------------------------------------------
 
@@ -248,6 +255,15 @@ def conv3x3_winograd(
         load_extension()
     extra = {"upsample": True} if upsample else {}
     return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias, **extra)
+
+
+def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """The gradient of the loss with respect to conv3x3_winograd's ``weight`` (float32 (16, Cin, Cout)), given the
+    gradient ``grad_out`` (B, Cout, H, W) of its output for the input x (B, Cin, H, W), both channels-last float32:
+    what training needs (ddpm/training/winograd.py turns it into the 3x3 kernel's gradient)."""
+    if _loaded_from is None:
+        load_extension()
+    return torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad_out)
 
 
 # Faster than oneDNN up to 256 channels in and out; wider, the 16 (Cin, Cout) kernels no longer fit the cache and

@@ -18,38 +18,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-_OP = "diffusion_kernels::conv3x3_winograd_weight_grad"
+from ddpm.kernels import ops
+
 # F(2x2, 3x3)'s kernel transform (Lavin & Gray 2016): U = G g G^T.
 _G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
-
-_registered = False
 
 
 def weight_grad_available() -> bool:
     """Whether the built extension has the ops (no JIT compile here: a trainer without them keeps oneDNN's)."""
-    from optimized_diffusion import ExtensionUnavailableError, load_extension
-
     try:
-        load_extension(allow_jit=False)
-    except ExtensionUnavailableError:
+        ops.load_extension(allow_jit=False)
+    except ops.ExtensionUnavailableError:
         return False
-    if not hasattr(torch.ops.diffusion_kernels, "conv3x3_winograd_weight_grad"):  # a build older than the op
-        return False
-    _register_fake()
-    return True
-
-
-def _register_fake() -> None:
-    """The weight gradient op's fake kernel (shapes only, for torch.compile and opcheck), once."""
-    global _registered
-    if _registered:
-        return
-
-    @torch.library.register_fake(_OP)
-    def _fake(x, grad_out):
-        return x.new_empty((16, x.shape[1], grad_out.shape[1]))
-
-    _registered = True
+    return ops.has_op("conv3x3_winograd_weight_grad")  # False for a build older than the op
 
 
 def _transform(weight: torch.Tensor) -> torch.Tensor:
@@ -82,7 +63,7 @@ class _WinogradConv3x3(torch.autograd.Function):
         x, u = _channels_last(x), _transform(weight)
         ctx.save_for_backward(x, u)
         ctx.has_bias = bias is not None
-        return torch.ops.diffusion_kernels.conv3x3_winograd(x, u, bias)
+        return ops.conv3x3_winograd(x, u, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -91,9 +72,9 @@ class _WinogradConv3x3(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # The input's gradient: the convolution of grad with g rotated 180 degrees, in and out swapped.
-            grad_x = torch.ops.diffusion_kernels.conv3x3_winograd(grad, _rotated(u), None)
+            grad_x = ops.conv3x3_winograd(grad, _rotated(u), None)
         if ctx.needs_input_grad[1]:
-            dU = torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad)  # (16, Cin, Cout)
+            dU = ops.conv3x3_winograd_weight_grad(x, grad)  # (16, Cin, Cout)
             G = torch.tensor(_G, dtype=dU.dtype)
             d = dU.view(4, 4, *dU.shape[1:]).permute(3, 2, 0, 1)  # (Cout, Cin, 4, 4)
             grad_weight = G.T @ d @ G  # dL/dg = G^T (dL/dU) G, (Cout, Cin, 3, 3)
@@ -104,7 +85,7 @@ class _WinogradConv3x3(torch.autograd.Function):
 
 def conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """conv2d(x, weight, bias, padding=1), differentiable, for float32 CPU tensors of channel counts that are
-    multiples of 16 (optimized_diffusion.winograd_applies); channels-last out."""
+    multiples of 16 (ddpm.kernels.ops.winograd_applies); channels-last out."""
     return _WinogradConv3x3.apply(x, weight, bias)
 
 
@@ -128,16 +109,14 @@ def _as_winograd(conv: nn.Conv2d) -> WinogradConv2d:
 
 
 def use_winograd_convs(model: nn.Module) -> int:
-    """Replace each 3x3 convolution of ``model`` that the kernels compute (optimized_diffusion.winograd_applies)
+    """Replace each 3x3 convolution of ``model`` that the kernels compute (ddpm.kernels.ops.winograd_applies)
     by a :class:`WinogradConv2d` holding its parameters, when the extension has the ops; returns how many. The
     state dict is unchanged."""
-    from optimized_diffusion import winograd_applies
-
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Conv2d and winograd_applies(child)
+        if type(child) is nn.Conv2d and ops.winograd_applies(child)
     ]
     if not targets or not weight_grad_available():
         return 0

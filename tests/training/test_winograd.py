@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from helpers import make_trainer, tiny_unet_config
 from torch import nn
 
-import optimized_diffusion as od
 from basic_diffusion import UNet
+from ddpm.kernels import ops
 from ddpm.training.winograd import WinogradConv2d, conv3x3, use_winograd_convs, weight_grad_available
 
 
 @pytest.fixture(scope="module", autouse=True)
 def extension() -> None:
-    od.load_extension()
+    ops.load_extension()
     if not weight_grad_available():
         pytest.skip("the built extension predates conv3x3_winograd_weight_grad: rebuild it (make install)")
 
@@ -90,7 +90,7 @@ def test_swapped_unet_keeps_its_parameters_and_computes_the_same_function():
     x, t = torch.randn(4, 1, 16, 16), torch.randint(0, 50, (4,))
     expected = model(x, t)
     swapped = use_winograd_convs(model)
-    eligible = [m for m in model.modules() if isinstance(m, nn.Conv2d) and od.winograd_applies(m)]
+    eligible = [m for m in model.modules() if isinstance(m, nn.Conv2d) and ops.winograd_applies(m)]
     assert swapped == len(eligible) > 0
     assert all(type(m) is WinogradConv2d for m in eligible)
     assert {name: p for name, p in model.named_parameters()} == before  # the same Parameter objects
