@@ -54,6 +54,34 @@ class SamplerOptions:
     tensorrt: TensorRTOptions | None = None  # engines: profile, builder level, cache folder
     log: Callable[[str], None] = print  # one-line notices (an engine built, a graph capture refused)
     guidance: Guidance | None = None  # class-conditional models: the null label and scale (labels come per batch)
+    fused_unet: bool = False  # cuda: the U-Net through the fused U-Net runner (backends/selection.py decides)
+    compile: bool | str = False  # cuda: the U-Net through torch.compile (a mode name: that mode) inside the graph
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What draws, decided once (backends/selection.select): every later step reads it and none decides again."""
+
+    implementation: str  # a registry name (a sample-mode implementation)
+    precision: str
+    why: str
+    fused: bool = False  # cuda: its U-Net through the fused U-Net runner (RUNNER_VERIFIED)
+    compile: bool = False  # cuda with --compile: its U-Net through torch.compile inside the graph
+    auto: bool = False  # chosen by --implementation auto (the mode prints the line)
+    faster_than_fp32: bool = True  # where precision is lower: whether this path was measured faster than fp32's
+
+    @property
+    def line(self) -> str:
+        return f"implementation: {self.implementation} in {self.precision} ({self.why})"
+
+    @property
+    def name(self) -> str:
+        """The run's name for its profile folder: cuda with --compile is the benchmark's cuda_compile row."""
+        return f"{self.implementation}_compile" if self.compile else self.implementation
+
+    def options(self, **more) -> SamplerOptions:
+        """The implementation's options as this selection says (``more``: the run's opset, engine, guidance)."""
+        return SamplerOptions(precision=self.precision, fused_unet=self.fused, compile=self.compile, **more)
 
 
 @dataclass(frozen=True)
@@ -143,9 +171,9 @@ def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOpti
     return run
 
 
-def _fused(compile_model: bool | str, *, fused_unet: bool | None = False) -> Callable[..., Sampler]:
-    """FusedSampler builders. ``fused_unet``: True always runs the fused U-Net runner, False never, None where it
-    is verified for the device, precision and U-Net (verified.RUNNER_VERIFIED; a PyTorch U-Net only)."""
+def _fused(compile_model: bool | str | None = None, *, fused_unet: bool | None = None) -> Callable[..., Sampler]:
+    """FusedSampler builders. ``compile_model`` and ``fused_unet``: what the builder always runs (the U-Net through
+    torch.compile, the fused U-Net runner), None: what ``options`` say (the selection's)."""
 
     def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
         try:
@@ -157,25 +185,13 @@ def _fused(compile_model: bool | str, *, fused_unet: bool | None = False) -> Cal
             plan,
             shape=shape,
             precision=options.precision,
-            compile_model=compile_model,
+            compile_model=options.compile if compile_model is None else compile_model,
             log=options.log,
             guidance=options.guidance,
-            fused_unet=uses_runner(network, plan.coefficients.device, options.precision)
-            if fused_unet is None
-            else fused_unet,
+            fused_unet=options.fused_unet if fused_unet is None else fused_unet,
         )
 
     return build
-
-
-def uses_runner(network: nn.Module, device: torch.device, precision: str) -> bool:
-    """Whether the cuda implementation runs ``network`` through the fused U-Net runner (verified.RUNNER_VERIFIED)."""
-    from basic_diffusion import UNet
-    from ddpm.backends.verified import runner_verified
-
-    return isinstance(network, UNet) and runner_verified(
-        device_type=device.type, precision=precision, dims=network.config.dims
-    )
 
 
 def _tensorrt(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
@@ -292,6 +308,13 @@ def _compiled_decoder(
     return _eager_decoder(replace(stage, decoder=_compiled(stage.decoder, options)), options, device=device)
 
 
+def _cuda_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The cuda implementation's decoder: compiled where its U-Net is (--compile), else under autocast."""
+    return (_compiled_decoder if options.compile else _autocast_decoder)(stage, options, device=device)
+
+
 def _traced_decoder(
     stage: FirstStage, options: SamplerOptions, *, device: torch.device
 ) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -345,17 +368,17 @@ REGISTRY: dict[str, Implementation] = {
             "the fastest custom-kernel path: fused step ops, static buffers, CUDA graphs (the whole plan in one for "
             "short plans), and the fused U-Net runner where it is verified (a CPU in fp32, a GPU in bf16/fp16 for "
             "2-D U-Nets: backends/verified.py) (optimized_diffusion.py)",
-            _fused(False, fused_unet=None),
+            _fused(),
             kinds=("checkpoint", "torchscript"),
             precisions=PRECISIONS,
             conditional=True,
-            decoder=_autocast_decoder,
+            decoder=_cuda_decoder,
         ),
         Implementation(
             "cuda_steps",
             "the fused step ops alone around the eager U-Net (static buffers, CUDA graph): the original's "
             "bit-for-bit twin on the CPU in fp32",
-            _fused(False),
+            _fused(False, fused_unet=False),
             kinds=("checkpoint", "torchscript"),
             precisions=PRECISIONS,
             default_row_on=(),
@@ -376,7 +399,7 @@ REGISTRY: dict[str, Implementation] = {
         Implementation(
             "cuda_compile",
             "the cuda implementation with the U-Net through torch.compile inside the graph",
-            _fused(True),
+            _fused(True, fused_unet=False),
             precisions=PRECISIONS,
             in_sample_mode=False,
             default_row_on=("cuda",),
@@ -387,7 +410,7 @@ REGISTRY: dict[str, Implementation] = {
             "cuda_compile_max_autotune",
             "the cuda implementation with the U-Net through torch.compile(mode='max-autotune-no-cudagraphs') "
             "inside the graph",
-            _fused("max-autotune-no-cudagraphs"),
+            _fused("max-autotune-no-cudagraphs", fused_unet=False),
             precisions=PRECISIONS,
             in_sample_mode=False,
             default_row_on=("cuda",),
@@ -397,7 +420,7 @@ REGISTRY: dict[str, Implementation] = {
         Implementation(
             "cuda_fp32",
             "the cuda_steps implementation in fp32 whatever --precision says (the staircase's graphed eager fp32 step)",
-            _fused(False),
+            _fused(False, fused_unet=False),
             in_sample_mode=False,
             row_precision="fp32",
             default_row_on=("cuda",),
@@ -515,17 +538,22 @@ def check_finite(x: torch.Tensor, *, name: str) -> None:
 
 
 def make_drawer(
-    name: str, model: nn.Module, plan: SamplingPlan, *, options: SamplerOptions, first_stage: FirstStage | None = None
+    name: str | Implementation,
+    model: nn.Module,
+    plan: SamplingPlan,
+    *,
+    options: SamplerOptions,
+    first_stage: FirstStage | None = None,
 ):
-    """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation.
+    """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation (a registry
+    name, or an Implementation a benchmark row declares), as ``options`` say (backends/selection.py chose them).
 
     The network is prepared once (an ONNX export, a compile, a trace); a sampler (captured graphs,
     an engine) is built once per batch shape and reused for every batch of that shape. For a latent
     model (``first_stage``), ``shape`` is the latents' and the implementation's decoder turns the
     sampled latents into images.
     """
-    impl = get(name)
-    impl.check(latent=first_stage is not None)
+    impl = get(name) if isinstance(name, str) else name
     network = impl.prepare(model, options)
     decode = impl.decoder(first_stage, options, device=plan.coefficients.device) if first_stage is not None else None
     samplers: dict[tuple[int, ...], Sampler] = {}
@@ -537,11 +565,11 @@ def make_drawer(
             samplers[shape] = impl.build(network, plan, shape=shape, options=options)
         with phase("sample"):
             x = samplers[shape](generator=generator, progress=progress, guidance=guidance)
-        check_finite(x, name=name)  # a latent model's latents too: its decoder clamps inf away
+        check_finite(x, name=impl.name)  # a latent model's latents too: its decoder clamps inf away
         if decode is not None:
             with phase("decode"):
                 x = decode(x)  # latents (B, c, h, w) -> images (B, C, H, W)
-            check_finite(x, name=name)
+            check_finite(x, name=impl.name)
         return x
 
     return draw

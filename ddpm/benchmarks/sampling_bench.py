@@ -31,7 +31,6 @@ from tqdm.auto import tqdm
 
 from basic_diffusion import UNet, count_parameters, guided_model_eps
 from ddpm.backends import registry
-from ddpm.backends.verified import FORCED_BF16
 from ddpm.benchmarks.peaks import measure_peaks, median_seconds, mfu, peak
 from ddpm.benchmarks.plan import estimate_line
 from ddpm.benchmarks.report import (
@@ -48,7 +47,7 @@ from ddpm.latent.first_stage import FirstStage
 from ddpm.requests import BenchmarkRequest
 from ddpm.util.cpu_memory import allocator_description
 from ddpm.util.messages import first_line
-from ddpm.util.precision import backend_policy, bf16_forced, cpu_has_native_bf16
+from ddpm.util.precision import FORCED_BF16, backend_policy, bf16_forced, cpu_has_native_bf16
 from noise_schedule import SamplingPlan
 
 ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmark-only
