@@ -465,8 +465,12 @@ def test_every_implementation_draws_the_originals_images_through_the_registry():
     )
     options = registry.SamplerOptions()
     images = {}
-    for name in ("original", "cuda", "torchscript"):
-        draw = registry.make_drawer(name, model, plan, options=options)
+    for name, implementation in (
+        ("original", "original"),
+        ("cuda", "cuda"),
+        ("torchscript", registry.PEERS["torchscript"]),
+    ):
+        draw = registry.make_drawer(implementation, model, plan, options=options)
         images[name] = draw((2, 1, 8, 8), torch.Generator().manual_seed(3), False)
     assert torch.allclose(images["cuda"], images["original"], atol=1e-5)
     assert torch.allclose(images["torchscript"], images["original"], atol=1e-5)

@@ -413,7 +413,7 @@ def _check_rows(rows: str, *, bench: str, device: torch.device) -> None:
 
         select_variants(rows, device)
         return
-    from ddpm.benchmarks.sampling_bench import parse_rows
+    from ddpm.benchmarks.rows import parse_rows
 
     try:
         parse_rows(rows, device_type=device.type)
