@@ -20,7 +20,7 @@ them fake devices); verified.DeviceKind.of is the only part that looks at the ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddpm.backends.registry import Selection
 from ddpm.backends.verified import DeviceKind, runner_verified, uses_runner
@@ -151,8 +151,8 @@ def choose(
             fused = fused and runner_verified(
                 device_type=device.type, precision=precision, dims=dims, native_bf16=device.native_bf16
             )
-            return Selection(entry.implementation, precision, entry.why_on(device), fused, auto=True,
-                             faster_than_fp32=entry.faster_than_fp32)  # fmt: skip
+            why, faster = entry.why_on(device), entry.faster_than_fp32
+            return Selection(entry.implementation, precision, why, fused, auto=True, faster_than_fp32=faster)
     for name in registry.SAMPLE_IMPLEMENTATIONS:
         if runs(name):
             reason = (
@@ -223,5 +223,4 @@ def select(device: DeviceKind, artifact, request) -> Selection:
     fused = choice.implementation == "cuda" and uses_runner(
         artifact.model, device_type=device.type, precision=choice.precision, native_bf16=device.native_bf16
     )
-    return Selection(choice.implementation, choice.precision, choice.why, fused, auto=True,
-                     faster_than_fp32=choice.faster_than_fp32)  # fmt: skip
+    return replace(choice, fused=fused)
