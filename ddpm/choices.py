@@ -29,9 +29,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZED = ("int8", "fp8")
 ALL_PRECISIONS = PRECISIONS + QUANTIZED
 
-# backends/registry.py: what --implementation offers (the registry holds more rows: benchmark variants).
+# backends/registry.py: what --implementation offers (benchmark rows: benchmarks/).
 SAMPLE_IMPLEMENTATIONS = ("original", "cuda", "cuda_steps", "onnxruntime", "tensorrt")
-# auto: the fastest implementation verified on the device, for the precision and model (backends/auto.py).
+# auto: the fastest implementation verified on the device, for the precision and model (backends/selection.py).
 DEFAULT_IMPLEMENTATION = "auto"
 IMPLEMENTATION_CHOICES = (DEFAULT_IMPLEMENTATION, *SAMPLE_IMPLEMENTATIONS)
 

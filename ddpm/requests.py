@@ -216,9 +216,9 @@ class DrawRequest:
     device: torch.device
     precision: str
     source: ModelSource
-    implementation: str  # "auto" (chosen once the file is read: backends/auto.chosen_for) or a registry name
-    implementation_line: str = ""  # --implementation auto: which it chose and why (set and printed by the mode)
-    precision_auto: bool = False  # --precision auto: auto may draw in fp32 what no faster path draws in bf16
+    implementation: str  # "auto" or a registry name (what draws is selected once the file is read: backends/selection)
+    precision_auto: bool = False  # --precision auto: ``precision`` is the device's fastest, kept where it is faster
+    compile: bool = False  # --compile: cuda's U-Net through torch.compile inside the graph
     n_samples: int = 16
     batch_size: int = 64
     seed: int = 0

@@ -188,7 +188,7 @@ run_stage environment environment
 run_stage build "$PYTHON" setup.py build_ext --inplace
 run_stage gpu_tests "$PYTHON" -m pytest -m gpu -v -rs tests/
 run_stage gpu_tests_runner "$PYTHON" -m pytest -m gpu -q -rs tests/test_diffusion_kernels.py tests/test_optimized_diffusion.py \
-  tests/backends/test_auto.py tests/training/test_train_runs.py -k "group_norm or bias_add or fused_unet or runner or graph or train"
+  tests/backends/test_selection.py tests/training/test_train_runs.py -k "group_norm or bias_add or fused_unet or runner or graph or train"
 run_stage memcheck_runner env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-1200}" \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
   "$PYTHON" -m pytest -m gpu -q -x tests/test_diffusion_kernels.py tests/test_optimized_diffusion.py \

@@ -408,7 +408,7 @@ def test_flags_resolve_once_into_a_typed_request():
     assert mode == "sample" and isinstance(request, SampleRequest)
     assert request.device == torch.device("cpu") and request.precision == "fp32"  # auto, resolved for sampling
     assert request.source == ModelSource(path="checkpoints/digits.pt", weights="model")
-    assert request.implementation == "cuda_compile"  # --compile with cuda is its own registry entry
+    assert request.implementation == "cuda" and request.compile  # --compile: cuda's U-Net compiled in the graph
     assert request.sampling == SamplingChoice(sampler="ddim", sampling_steps=10, eta=0.0, clip_denoised=True)
     assert (request.grid, request.npz) == ("samples.png", "out.npz")
     _, train = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", "digits", "--channels", "1"])
@@ -447,7 +447,7 @@ def test_the_cli_offers_exactly_the_registrys_sample_implementations():
     assert choices.SAMPLE_IMPLEMENTATIONS == registry.SAMPLE_IMPLEMENTATIONS
     assert set(registry.SAMPLE_IMPLEMENTATIONS) <= set(action.choices)
     assert set(registry.SAMPLE_IMPLEMENTATIONS) == {"original", "cuda", "cuda_steps", "onnxruntime", "tensorrt"}
-    assert action.default == "auto" and "auto" in action.choices  # backends/auto.py
+    assert action.default == "auto" and "auto" in action.choices  # backends/selection.py
 
 
 def test_the_choice_lists_agree_with_the_modules_that_keep_their_own():
@@ -535,8 +535,12 @@ def test_every_implementation_draws_the_originals_images_through_the_registry():
     )
     options = registry.SamplerOptions()
     images = {}
-    for name in ("original", "cuda", "torchscript"):
-        draw = registry.make_drawer(name, model, plan, options=options)
+    for name, implementation in (
+        ("original", "original"),
+        ("cuda", "cuda"),
+        ("torchscript", registry.PEERS["torchscript"]),
+    ):
+        draw = registry.make_drawer(implementation, model, plan, options=options)
         images[name] = draw((2, 1, 8, 8), torch.Generator().manual_seed(3), False)
     assert torch.allclose(images["cuda"], images["original"], atol=1e-5)
     assert torch.allclose(images["torchscript"], images["original"], atol=1e-5)
@@ -570,20 +574,28 @@ def test_the_tests_mirror_the_layout():
 def test_drawing_on_a_gpu_defaults_to_bf16_where_the_implementation_runs_it(
     monkeypatch, implementation, path, expected
 ):
-    import argparse
+    from types import SimpleNamespace
 
-    from ddpm.cli import resolve
+    from helpers import tiny_unet_config
+
+    from basic_diffusion import UNet
+    from ddpm.backends.selection import check_request, select
+    from ddpm.backends.verified import DeviceKind
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
-    args = argparse.Namespace(precision="auto")
+    gpu = DeviceKind("cuda", extension=True)
     kind = "onnx" if path.endswith(".onnx") else "checkpoint"
-    assert resolve._sampling_precision(args, torch.device("cuda"), implementation, kind=kind) == expected
-    assert (
-        resolve._sampling_precision(
-            argparse.Namespace(precision="fp16"), torch.device("cuda"), implementation, kind=kind
-        )
-        == "fp16"
-    )
+    config = tiny_unet_config()
+    opened = SimpleNamespace(kind=kind, model=UNet(config), model_config=config, first_stage=None)
+    auto = resolve_precision("auto", purpose="sampling", device=torch.device("cuda"))
+    request = SimpleNamespace(implementation=implementation, precision=auto, precision_auto=True, compile=False)
+    assert select(gpu, opened, request).precision == expected
+    fp16 = dict(implementation=implementation, precision="fp16", precision_auto=False, compile=False)
+    if implementation in ("auto", "cuda"):  # a precision named is drawn as named where the implementation runs it
+        assert select(gpu, opened, SimpleNamespace(**fp16)).precision == "fp16"
+    else:  # and refused before the file is read where it does not
+        with pytest.raises(ValueError, match="drop --precision fp16|fp32 baseline"):
+            check_request(kind=kind, **fp16)
 
 
 def git(*args: str) -> str:

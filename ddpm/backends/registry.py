@@ -6,11 +6,11 @@
     sampler = impl.build(network, plan, shape=(16, 1, 28, 28), options=options)   # once per batch shape
     images = sampler(generator=torch.Generator(device).manual_seed(0), progress=False)   # (B, C, H, W), [-1, 1]
 
-Sample mode (``--implementation``), evaluate mode and benchmark mode (``--rows``) all look
-implementations up here, so they build them the same way; adding one is one entry in
-:data:`REGISTRY`. Every implementation takes its coefficients from ``plan`` (noise_schedule.py)
-and draws its noise from the caller's generator in the original loop's order, so with one seed
-they all draw the same images (to float tolerance in fp32).
+:data:`REGISTRY` holds what ``--implementation`` offers: sample and evaluate mode build them from here, and
+benchmark mode's rows (benchmarks/rows.py) are these with parameters (a precision, the runner or torch.compile
+forced) beside :data:`PEERS`, the implementations only the benchmark times; adding one is one entry. Every
+implementation takes its coefficients from ``plan`` (noise_schedule.py) and draws its noise from the caller's
+generator in the original loop's order, so with one seed they all draw the same images (to float tolerance in fp32).
 
 The fp32 implementations run under ``precision.backend_policy("fp32")``: no TF32 in cuDNN or
 cuBLAS, true fp32 like the fused cuda implementation's fp32.
@@ -54,6 +54,35 @@ class SamplerOptions:
     tensorrt: TensorRTOptions | None = None  # engines: profile, builder level, cache folder
     log: Callable[[str], None] = print  # one-line notices (an engine built, a graph capture refused)
     guidance: Guidance | None = None  # class-conditional models: the null label and scale (labels come per batch)
+    fused_unet: bool = False  # cuda: the U-Net through the fused U-Net runner (backends/selection.py decides)
+    compile: bool | str = False  # cuda: the U-Net through torch.compile (a mode name: that mode) inside the graph
+    openvino_precision: str | None = None  # openvino: its inference precision hint (None: OpenVINO's default)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What draws, decided once (backends/selection.select): every later step reads it and none decides again."""
+
+    implementation: str  # a registry name (a sample-mode implementation)
+    precision: str
+    why: str
+    fused: bool = False  # cuda: its U-Net through the fused U-Net runner (RUNNER_VERIFIED)
+    compile: bool = False  # cuda with --compile: its U-Net through torch.compile inside the graph
+    auto: bool = False  # chosen by --implementation auto (the mode prints the line)
+    faster_than_fp32: bool = True  # where precision is lower: whether this path was measured faster than fp32's
+
+    @property
+    def line(self) -> str:
+        return f"implementation: {self.implementation} in {self.precision} ({self.why})"
+
+    @property
+    def name(self) -> str:
+        """The run's name for its profile folder: cuda with --compile is the benchmark's cuda_compile row."""
+        return f"{self.implementation}_compile" if self.compile else self.implementation
+
+    def options(self, **more) -> SamplerOptions:
+        """The implementation's options as this selection says (``more``: the run's opset, engine, guidance)."""
+        return SamplerOptions(precision=self.precision, fused_unet=self.fused, compile=self.compile, **more)
 
 
 @dataclass(frozen=True)
@@ -65,12 +94,7 @@ class Implementation:
     kinds: tuple[str, ...] = ("checkpoint",)  # artifact kinds it runs
     precisions: tuple[str, ...] = ("fp32",)
     devices: tuple[str, ...] = ("cpu", "cuda")
-    in_sample_mode: bool = True  # offered by --implementation (else a benchmark row only)
-    row_precision: str | None = (
-        None  # a benchmark row that always runs in this precision (else the run's, where it can)
-    )
     conditional: bool = False  # runs class-conditional models (labels and guidance)
-    default_row_on: tuple[str, ...] = ("cpu", "cuda")  # benchmark --rows all includes it on these devices
     # A latent model's decoder as this implementation runs it, built once (an export, a trace, an engine):
     # decoder(first_stage, options, device=the sampling device) -> images = f(latents); None: latent models are refused.
     decoder: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
@@ -132,7 +156,7 @@ class Implementation:
 
 
 # ----- builders ------------------------------------------------------------------------------------
-def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
+def loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
     """The original loop (basic_diffusion.sample) around any eps = network(x_t, t), in true fp32."""
     from basic_diffusion import sample
 
@@ -143,9 +167,9 @@ def _loop(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOpti
     return run
 
 
-def _fused(compile_model: bool | str, *, fused_unet: bool | None = False) -> Callable[..., Sampler]:
-    """FusedSampler builders. ``fused_unet``: True always runs the fused U-Net runner, False never, None where it
-    is verified for the device, precision and U-Net (verified.RUNNER_VERIFIED; a PyTorch U-Net only)."""
+def _fused(compile_model: bool | str | None = None, *, fused_unet: bool | None = None) -> Callable[..., Sampler]:
+    """FusedSampler builders. ``compile_model`` and ``fused_unet``: what the builder always runs (the U-Net through
+    torch.compile, the fused U-Net runner), None: what ``options`` say (the selection's)."""
 
     def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
         try:
@@ -157,25 +181,13 @@ def _fused(compile_model: bool | str, *, fused_unet: bool | None = False) -> Cal
             plan,
             shape=shape,
             precision=options.precision,
-            compile_model=compile_model,
+            compile_model=options.compile if compile_model is None else compile_model,
             log=options.log,
             guidance=options.guidance,
-            fused_unet=uses_runner(network, plan.coefficients.device, options.precision)
-            if fused_unet is None
-            else fused_unet,
+            fused_unet=options.fused_unet if fused_unet is None else fused_unet,
         )
 
     return build
-
-
-def uses_runner(network: nn.Module, device: torch.device, precision: str) -> bool:
-    """Whether the cuda implementation runs ``network`` through the fused U-Net runner (verified.RUNNER_VERIFIED)."""
-    from basic_diffusion import UNet
-    from ddpm.backends.verified import runner_verified
-
-    return isinstance(network, UNet) and runner_verified(
-        device_type=device.type, precision=precision, dims=network.config.dims
-    )
 
 
 def _tensorrt(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
@@ -223,45 +235,16 @@ def _onnxruntime_int8(network: nn.Module, plan: SamplingPlan, *, shape, options:
             network = runtimes.as_onnxruntime(
                 network, device=device, opset=options.opset or DEFAULT_OPSET, calibration=feeds
             )
-    return _loop(network, plan, shape=shape, options=options)
+    return loop(network, plan, shape=shape, options=options)
 
 
-def _openvino(hint: str | None) -> Callable[..., Sampler]:
-    """The original loop around the U-Net compiled by OpenVINO (``hint``: its inference precision, None: OpenVINO's
-    default). The sampler carries ``precision`` (what OpenVINO used) and ``detail``."""
-
-    def build(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
-        from ddpm.backends.openvino_runtime import as_openvino
-
-        unet = as_openvino(network, hint=hint, opset=options.opset)
-        run = _loop(unet, plan, shape=shape, options=options)
-        run.precision, run.detail = unet.precision, unet.provider
-        return run
-
-    return build
-
-
-def _torchscript(model: nn.Module, options: SamplerOptions) -> nn.Module:
-    from ddpm.formats import exporters
-
-    return exporters.trace_torchscript(model)
-
-
-def _compiled(model: nn.Module, options: SamplerOptions) -> nn.Module:
+def compiled_unet(model: nn.Module, options: SamplerOptions) -> nn.Module:
     on_gpu = any(p.is_cuda for p in model.parameters())
     return torch.compile(model, mode="max-autotune" if on_gpu else "default")
 
 
-def _as_diffusers(model: nn.Module, options: SamplerOptions) -> nn.Module:
-    """diffusers' UNet2DModel with the model's weights, in the row's precision (a baseline row, not a feature)."""
-    from ddpm.formats.diffusers_io import DiffusersUNet
-    from ddpm.util.precision import LOW_DTYPES
-
-    return DiffusersUNet(model, dtype=LOW_DTYPES.get(options.precision, torch.float32))
-
-
 # ----- decoders (latent models: the autoencoder's decoder after the sampling loop) -------------------
-def _eager_decoder(
+def eager_decoder(
     stage: FirstStage, options: SamplerOptions, *, device: torch.device
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder in plain PyTorch, true fp32 (the original's)."""
@@ -286,21 +269,17 @@ def _autocast_decoder(
     return decode
 
 
-def _compiled_decoder(
+def compiled_decoder(
     stage: FirstStage, options: SamplerOptions, *, device: torch.device
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    return _eager_decoder(replace(stage, decoder=_compiled(stage.decoder, options)), options, device=device)
+    return eager_decoder(replace(stage, decoder=compiled_unet(stage.decoder, options)), options, device=device)
 
 
-def _traced_decoder(
+def _cuda_decoder(
     stage: FirstStage, options: SamplerOptions, *, device: torch.device
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The decoder traced to TorchScript (an exported model's .decoder.ts as it is)."""
-    from ddpm.formats import exporters
-
-    if not isinstance(stage.decoder, torch.jit.ScriptModule):
-        stage = replace(stage, decoder=exporters.trace_decoder(stage.decoder, latent_shape=stage.latent_shape))
-    return _eager_decoder(stage, options, device=device)
+    """The cuda implementation's decoder: compiled where its U-Net is (--compile), else under autocast."""
+    return (compiled_decoder if options.compile else _autocast_decoder)(stage, options, device=device)
 
 
 def _onnxruntime_decoder(
@@ -335,92 +314,31 @@ REGISTRY: dict[str, Implementation] = {
         Implementation(
             "original",
             "the plain PyTorch loop (basic_diffusion.py): the fp32 baseline and the reference",
-            _loop,
+            loop,
             kinds=ALL_KINDS,
             conditional=True,
-            decoder=_eager_decoder,
+            decoder=eager_decoder,
         ),
         Implementation(
             "cuda",
             "the fastest custom-kernel path: fused step ops, static buffers, CUDA graphs (the whole plan in one for "
             "short plans), and the fused U-Net runner where it is verified (a CPU in fp32, a GPU in bf16/fp16 for "
             "2-D U-Nets: backends/verified.py) (optimized_diffusion.py)",
-            _fused(False, fused_unet=None),
+            _fused(),
             kinds=("checkpoint", "torchscript"),
             precisions=PRECISIONS,
             conditional=True,
-            decoder=_autocast_decoder,
+            decoder=_cuda_decoder,
         ),
         Implementation(
             "cuda_steps",
             "the fused step ops alone around the eager U-Net (static buffers, CUDA graph): the original's "
             "bit-for-bit twin on the CPU in fp32",
-            _fused(False),
+            _fused(False, fused_unet=False),
             kinds=("checkpoint", "torchscript"),
             precisions=PRECISIONS,
-            default_row_on=(),
             conditional=True,
             decoder=_autocast_decoder,
-        ),
-        Implementation(
-            "cuda_fused_unet",
-            "the step ops with the fused U-Net runner on any device and precision (group_norm_act, NHWC, weights "
-            "cast once), also where cuda does not use it",
-            _fused(False, fused_unet=True),
-            precisions=PRECISIONS,
-            in_sample_mode=False,
-            default_row_on=("cuda",),
-            conditional=True,
-            decoder=_autocast_decoder,
-        ),
-        Implementation(
-            "cuda_compile",
-            "the cuda implementation with the U-Net through torch.compile inside the graph",
-            _fused(True),
-            precisions=PRECISIONS,
-            in_sample_mode=False,
-            default_row_on=("cuda",),
-            conditional=True,
-            decoder=_compiled_decoder,
-        ),
-        Implementation(
-            "cuda_compile_max_autotune",
-            "the cuda implementation with the U-Net through torch.compile(mode='max-autotune-no-cudagraphs') "
-            "inside the graph",
-            _fused("max-autotune-no-cudagraphs"),
-            precisions=PRECISIONS,
-            in_sample_mode=False,
-            default_row_on=("cuda",),
-            conditional=True,
-            decoder=_compiled_decoder,
-        ),
-        Implementation(
-            "cuda_fp32",
-            "the cuda_steps implementation in fp32 whatever --precision says (the staircase's graphed eager fp32 step)",
-            _fused(False),
-            in_sample_mode=False,
-            row_precision="fp32",
-            default_row_on=("cuda",),
-            conditional=True,
-            decoder=_autocast_decoder,
-        ),
-        Implementation(
-            "diffusers",
-            "the original loop around diffusers' UNet2DModel holding the same weights (a baseline; needs diffusers)",
-            _loop,
-            prepare=_as_diffusers,
-            precisions=PRECISIONS,
-            in_sample_mode=False,
-            conditional=True,
-        ),
-        Implementation(
-            "compile",
-            "the original loop around torch.compile(U-Net) (max-autotune on a GPU)",
-            _loop,
-            prepare=_compiled,
-            in_sample_mode=False,
-            conditional=True,
-            decoder=_compiled_decoder,
         ),
         Implementation(
             "onnxruntime",
@@ -431,46 +349,6 @@ REGISTRY: dict[str, Implementation] = {
             precisions=("fp32", "int8"),
             conditional=True,
             decoder=_onnxruntime_decoder,
-        ),
-        Implementation(
-            "onnxruntime_int8",
-            "the onnxruntime implementation at --precision int8, as a row beside fp32 ones",
-            _onnxruntime_int8,
-            prepare=_as_onnxruntime,
-            precisions=("int8",),
-            in_sample_mode=False,
-            conditional=True,
-            default_row_on=(),
-            row_precision="int8",
-            decoder=_onnxruntime_decoder,
-        ),
-        Implementation(
-            "openvino",
-            "the original loop around the U-Net's ONNX export run by OpenVINO in its default precision (bf16 on "
-            "CPUs with AVX-512 bf16 or AMX; needs openvino)",
-            _openvino(None),
-            devices=("cpu",),
-            in_sample_mode=False,
-            conditional=True,
-            default_row_on=("cpu",),
-        ),
-        Implementation(
-            "openvino_f32",
-            "the openvino row with its inference precision forced to f32",
-            _openvino("f32"),
-            devices=("cpu",),
-            in_sample_mode=False,
-            conditional=True,
-            default_row_on=("cpu",),
-        ),
-        Implementation(
-            "torchscript",
-            "the original loop around the traced U-Net",
-            _loop,
-            prepare=_torchscript,
-            in_sample_mode=False,
-            conditional=True,
-            decoder=_traced_decoder,
         ),
         Implementation(
             "tensorrt",
@@ -484,10 +362,84 @@ REGISTRY: dict[str, Implementation] = {
         ),
     )
 }
-SAMPLE_IMPLEMENTATIONS = tuple(name for name, impl in REGISTRY.items() if impl.in_sample_mode)
+SAMPLE_IMPLEMENTATIONS = tuple(REGISTRY)  # what --implementation offers (besides auto)
+
+
+# ----- peers: implementations the benchmark times beside the registry's, not offered by --implementation ---
+def _openvino(network: nn.Module, plan: SamplingPlan, *, shape, options: SamplerOptions) -> Sampler:
+    """The original loop around the U-Net compiled by OpenVINO (in ``options.openvino_precision``, None: OpenVINO's
+    default). The sampler carries ``precision`` (what OpenVINO used) and ``detail``."""
+    from ddpm.backends.openvino_runtime import as_openvino
+
+    unet = as_openvino(network, hint=options.openvino_precision, opset=options.opset)
+    run = loop(unet, plan, shape=shape, options=options)
+    run.precision, run.detail = unet.precision, unet.provider
+    return run
+
+
+def _torchscript(model: nn.Module, options: SamplerOptions) -> nn.Module:
+    from ddpm.formats import exporters
+
+    return exporters.trace_torchscript(model)
+
+
+def _as_diffusers(model: nn.Module, options: SamplerOptions) -> nn.Module:
+    """diffusers' UNet2DModel with the model's weights, in the row's precision (a baseline row, not a feature)."""
+    from ddpm.formats.diffusers_io import DiffusersUNet
+    from ddpm.util.precision import LOW_DTYPES
+
+    return DiffusersUNet(model, dtype=LOW_DTYPES.get(options.precision, torch.float32))
+
+
+def _traced_decoder(
+    stage: FirstStage, options: SamplerOptions, *, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The decoder traced to TorchScript (an exported model's .decoder.ts as it is)."""
+    from ddpm.formats import exporters
+
+    if not isinstance(stage.decoder, torch.jit.ScriptModule):
+        stage = replace(stage, decoder=exporters.trace_decoder(stage.decoder, latent_shape=stage.latent_shape))
+    return eager_decoder(stage, options, device=device)
+
+
+_DIFFUSERS = Implementation(
+    "diffusers",
+    "the original loop around diffusers' UNet2DModel holding the same weights (a baseline; needs diffusers)",
+    loop,
+    prepare=_as_diffusers,
+    precisions=PRECISIONS,
+    conditional=True,
+)
+_COMPILE = Implementation(
+    "compile",
+    "the original loop around torch.compile(U-Net) (max-autotune on a GPU)",
+    loop,
+    prepare=compiled_unet,
+    conditional=True,
+    decoder=compiled_decoder,
+)
+_OPENVINO = Implementation(
+    "openvino",
+    "the original loop around the U-Net's ONNX export run by OpenVINO in its default precision (bf16 on CPUs with "
+    "AVX-512 bf16 or AMX; needs openvino)",
+    _openvino,
+    devices=("cpu",),
+    conditional=True,
+)
+_TORCHSCRIPT = Implementation(
+    "torchscript",
+    "the original loop around the traced U-Net",
+    loop,
+    prepare=_torchscript,
+    conditional=True,
+    decoder=_traced_decoder,
+)
+
+PEERS: dict[str, Implementation] = {impl.name: impl for impl in (_DIFFUSERS, _COMPILE, _OPENVINO, _TORCHSCRIPT)}
 
 
 def get(name: str) -> Implementation:
+    """The sample-mode implementation ``name``; a ValueError naming the choices for another."""
     if name not in REGISTRY:
         raise ValueError(f"unknown implementation {name!r}; choose one of {', '.join(REGISTRY)}")
     return REGISTRY[name]
@@ -515,17 +467,22 @@ def check_finite(x: torch.Tensor, *, name: str) -> None:
 
 
 def make_drawer(
-    name: str, model: nn.Module, plan: SamplingPlan, *, options: SamplerOptions, first_stage: FirstStage | None = None
+    name: str | Implementation,
+    model: nn.Module,
+    plan: SamplingPlan,
+    *,
+    options: SamplerOptions,
+    first_stage: FirstStage | None = None,
 ):
-    """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation.
+    """``draw(shape, generator, progress)`` -> (B, C, H, W) images in [-1, 1], for one implementation (a registry
+    name, or an Implementation a benchmark row declares), as ``options`` say (backends/selection.py chose them).
 
     The network is prepared once (an ONNX export, a compile, a trace); a sampler (captured graphs,
     an engine) is built once per batch shape and reused for every batch of that shape. For a latent
     model (``first_stage``), ``shape`` is the latents' and the implementation's decoder turns the
     sampled latents into images.
     """
-    impl = get(name)
-    impl.check(latent=first_stage is not None)
+    impl = get(name) if isinstance(name, str) else name
     network = impl.prepare(model, options)
     decode = impl.decoder(first_stage, options, device=plan.coefficients.device) if first_stage is not None else None
     samplers: dict[tuple[int, ...], Sampler] = {}
@@ -537,11 +494,11 @@ def make_drawer(
             samplers[shape] = impl.build(network, plan, shape=shape, options=options)
         with phase("sample"):
             x = samplers[shape](generator=generator, progress=progress, guidance=guidance)
-        check_finite(x, name=name)  # a latent model's latents too: its decoder clamps inf away
+        check_finite(x, name=impl.name)  # a latent model's latents too: its decoder clamps inf away
         if decode is not None:
             with phase("decode"):
                 x = decode(x)  # latents (B, c, h, w) -> images (B, C, H, W)
-            check_finite(x, name=name)
+            check_finite(x, name=impl.name)
         return x
 
     return draw

@@ -1,10 +1,10 @@
-"""What this device is, and where the fused U-Net runner is verified: the facts backends/auto.py chooses from.
+"""What this device is, and where the fused U-Net runner is verified: the facts backends/selection.py chooses from.
 
     DeviceKind.of(torch.device("cpu"))   # DeviceKind(type="cpu", extension=True, capability="AVX2", native_bf16=False)
     runner_verified(device_type="cpu", precision="fp32", dims=2)   # True: cuda runs the fused U-Net runner there
 
-A leaf module (it imports the extension only when asked about the device), so the registry, the choice of
-``--implementation auto`` and the distillation's teacher read the same facts.
+A leaf module (it imports the extension only when asked about the device), so the selection of what draws
+(backends/selection.py), the benchmark's rows and the distillation's teacher read the same facts.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ RUNNER_VERIFIED = frozenset({("cpu", "fp32", 2), ("cuda", "bf16", 2), ("cuda", "
 # ... and in bf16 on a CPU that computes bf16 natively (AVX512-BF16 or AMX), its 3x3 convolutions in Winograd on bf16
 # dot products: BENCHMARKS.md, "bf16 on a CPU that computes it". Where bf16 is emulated it is slower than fp32.
 NATIVE_BF16_RUNNER = ("cpu", "bf16", 2)
-# What a line says of bf16 where DDPM_NATIVE_BF16=1 claims what the CPU lacks (precision.bf16_forced).
-FORCED_BF16 = "bf16 forced by DDPM_NATIVE_BF16=1; this CPU emulates it"
 
 
 def runner_verified(*, device_type: str, precision: str, dims: int, native_bf16: bool | None = None) -> bool:
@@ -35,6 +33,16 @@ def runner_verified(*, device_type: str, precision: str, dims: int, native_bf16:
 
         return cpu_has_native_bf16() if native_bf16 is None else native_bf16
     return (device_type, precision, dims) in RUNNER_VERIFIED
+
+
+def uses_runner(model, *, device_type: str, precision: str, native_bf16: bool | None = None) -> bool:
+    """Whether ``cuda`` runs ``model`` through the fused U-Net runner: a PyTorch U-Net (the runner rebuilds one; a
+    traced or exported graph never) where :func:`runner_verified` says so."""
+    from basic_diffusion import UNet
+
+    return isinstance(model, UNet) and runner_verified(
+        device_type=device_type, precision=precision, dims=model.config.dims, native_bf16=native_bf16
+    )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import platform
 import threading
 import time
@@ -20,6 +21,12 @@ import torch
 
 from ddpm.benchmarks.peaks import this_cpu
 from ddpm.util.safe_files import atomic_write
+
+
+def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR of two image batches in [-1, 1] (peak-to-peak 2): a row's parity against the original's images."""
+    mse = torch.mean((a.double() - b.double()) ** 2).item()  # sync: one number
+    return math.inf if mse == 0 else 10.0 * math.log10(4.0 / mse)
 
 
 class Unavailable(Exception):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from tqdm.auto import tqdm
 
 from basic_diffusion import UNet, count_parameters, guided_model_eps
 from ddpm.backends import registry
-from ddpm.backends.verified import FORCED_BF16
+from ddpm.backends.verified import uses_runner
 from ddpm.benchmarks.peaks import measure_peaks, median_seconds, mfu, peak
 from ddpm.benchmarks.plan import estimate_line
 from ddpm.benchmarks.report import (
@@ -41,17 +40,18 @@ from ddpm.benchmarks.report import (
     environment,
     format_summary,
     format_table,
+    psnr_db,
     write_outputs,
 )
+from ddpm.benchmarks.rows import ROWS, parse_rows
 from ddpm.conditioning import Guidance
 from ddpm.latent.first_stage import FirstStage
 from ddpm.requests import BenchmarkRequest
 from ddpm.util.cpu_memory import allocator_description
 from ddpm.util.messages import first_line
-from ddpm.util.precision import backend_policy, bf16_forced, cpu_has_native_bf16
+from ddpm.util.precision import FORCED_BF16, backend_policy, bf16_forced, cpu_has_native_bf16
 from noise_schedule import SamplingPlan
 
-ROWS = tuple(registry.REGISTRY)  # every implementation, sample-mode or benchmark-only
 # A row's detail when its U-Net's 3x3 convolutions run in Winograd's form: its TFLOP/s is direct-equivalent.
 WINOGRAD_DETAIL = "fused U-Net runner, Winograd convolutions"
 
@@ -88,12 +88,6 @@ def time_runs(
     return times, out
 
 
-def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR of two image batches in [-1, 1] (peak-to-peak 2)."""
-    mse = torch.mean((a.double() - b.double()) ** 2).item()
-    return math.inf if mse == 0 else 10.0 * math.log10(4.0 / mse)
-
-
 def unet_flops(
     model: torch.nn.Module, *, shape: tuple[int, ...], device: torch.device, guidance: Guidance | None = None
 ) -> int:
@@ -121,21 +115,30 @@ def make_row(
     guidance: Guidance | None = None,
     first_stage: FirstStage | None = None,
 ) -> tuple[str, Callable[[torch.Generator], torch.Tensor], str, Callable[[torch.Tensor], torch.Tensor] | None]:
-    """(precision, run(generator), detail, decode) for one row, built through the implementation registry;
-    raises Unavailable when the row cannot run here. The fp32-only rows run in fp32 whatever
+    """(precision, run(generator), detail, decode) for one row (benchmarks/rows.py: an implementation and its
+    parameters); raises Unavailable when the row cannot run here. The fp32-only rows run in fp32 whatever
     ``precision`` asks. For a latent model ``run`` draws latents and ``decode`` is the row's decoder
     (None for a pixel model).
 
     Building a row may capture graphs, compile or export: the caller builds, times and frees one
     row at a time, so no row carries another's buffers or memory pools.
     """
-    impl = registry.get(name)
-    row_precision = impl.row_precision or (precision if precision in impl.precisions else "fp32")
+    row, device = ROWS[name], plan.coefficients.device
+    impl = registry.PEERS.get(row.implementation) or registry.get(row.implementation)
+    row_precision = row.precision or (precision if precision in impl.precisions else "fp32")
     try:
-        impl.check(device=plan.coefficients.device, conditional=guidance is not None, latent=first_stage is not None)
+        impl.check(device=device, conditional=guidance is not None, latent=first_stage is not None)
     except ValueError as exc:
         raise Unavailable(str(exc)) from exc
-    options = registry.SamplerOptions(precision=row_precision, guidance=guidance)
+    fused = row.fused_unet  # None: the runner where sample mode's selection would run it
+    fused = uses_runner(model, device_type=device.type, precision=row_precision) if fused is None else fused
+    options = registry.SamplerOptions(
+        precision=row_precision,
+        fused_unet=fused,
+        compile=row.compile,
+        openvino_precision=row.openvino_precision,
+        guidance=guidance,
+    )
     # Every row but the reference gets a copy, so a row can never change the model the others run.
     network = model if name == "original" else copy.deepcopy(model)
     try:
@@ -146,7 +149,7 @@ def make_row(
             stage = (
                 first_stage if name == "original" else replace(first_stage, decoder=copy.deepcopy(first_stage.decoder))
             )
-            decode = impl.decoder(stage, options, device=plan.coefficients.device)
+            decode = impl.decoder(stage, options, device=device)
     except (ImportError, ValueError) as exc:  # an optional package or the extension is missing, or the row cannot
         raise Unavailable(first_line(exc)) from exc  # represent this model (diffusers: a volume): say which
     row_precision = getattr(sampler, "precision", row_precision)  # what a runtime chose (OpenVINO: bf16 on some CPUs)
@@ -529,18 +532,6 @@ def perturb_zero_init(model: torch.nn.Module, *, seed: int, std: float = 0.05) -
         for p in model.parameters():
             if not p.any():
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
-
-
-def parse_rows(text: str, *, device_type: str = "cuda") -> list[str]:
-    """The --rows list; "all" is every row whose registry entry is a default row on this device
-    (cuda_compile is not on a CPU: a second compile of the same U-Net through the same CPU kernels)."""
-    if text == "all":
-        return [n for n in ROWS if device_type in registry.REGISTRY[n].default_row_on]
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ROWS]
-    if unknown or not names:
-        raise ValueError(f"unknown benchmark rows {unknown or text!r}; choose from {', '.join(ROWS)}, or all (alone)")
-    return names
 
 
 def benchmark_sampling(

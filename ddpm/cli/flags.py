@@ -419,7 +419,7 @@ def _benchmark() -> tuple[Flag, ...]:
             "rows",
             bench,
             default="all",
-            help="comma-separated rows to run: the registry's implementations (ddpm/backends/registry.py; default all; "
+            help="comma-separated rows to run: the sampling rows (ddpm/benchmarks/rows.py; default all; "
             "original always runs: it is the reference); with --bench training, from fp32,default,diffusers,"
             "fp32_compile,amp,amp_compile,fp32_checkpoint,amp_checkpoint,t_<sampler> (fp32 always runs)",
         ),

@@ -175,35 +175,29 @@ def _engine(args: argparse.Namespace) -> EngineFlags:
     )
 
 
-def _implementation(args: argparse.Namespace) -> str:
-    """The registry entry --implementation names: with --compile, cuda is cuda_compile (the U-Net
-    through torch.compile inside the graph); --compile applies to no other implementation."""
-    if args.compile and args.implementation != "cuda":
-        raise ValueError("--compile applies to training and to sampling with --implementation cuda")
-    return "cuda_compile" if args.compile else args.implementation
-
-
 def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSource) -> dict:
-    """The fields of a DrawRequest (sample and evaluate mode); the implementation checked against the
-    file's kind and the precision (a class-conditional model is checked once its file is read)."""
-    from ddpm.backends import registry
+    """The fields of a DrawRequest (sample and evaluate mode); what no implementation would run of the file's kind
+    and the precision refused now (what runs is selected once the file is read: backends/selection.select)."""
+    from ddpm.backends.selection import check_request
     from ddpm.formats.kinds import artifact_kind
 
-    implementation, kind = _implementation(args), artifact_kind(source.path)
-    precision = _sampling_precision(args, device, implementation, kind=kind)
-    if implementation == "auto":  # chosen once the file is read (backends/auto.chosen_for); here: can any run it?
-        from ddpm.backends.auto import check_runnable
-
-        check_runnable(kind=kind, precision=precision)
-    else:
-        registry.get(implementation).check(kind=kind, precision=precision)
+    kind, precision_auto = artifact_kind(source.path), args.precision == "auto"
+    precision = _precision(args, "sampling", device)  # auto: the device's fastest, kept by select where it is faster
+    check_request(
+        implementation=args.implementation,
+        precision=precision,
+        precision_auto=precision_auto,
+        kind=kind,
+        compile=args.compile,
+    )
     _refuse_unread_runtime_flags(args, kind=kind)
     return dict(
         device=device,
         precision=precision,
-        precision_auto=args.precision == "auto",
+        precision_auto=precision_auto,
         source=source,
-        implementation=implementation,
+        implementation=args.implementation,
+        compile=args.compile,
         n_samples=args.n_samples,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -213,21 +207,6 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
         guidance_scale=None if args.guidance_scale is None else check_scale(args.guidance_scale),
         dataset=args.dataset if "dataset" in args.given else None,  # else the data the model file records
     )
-
-
-def _sampling_precision(args: argparse.Namespace, device: torch.device, implementation: str, *, kind: str) -> str:
-    """--precision for drawing: "auto" is bf16 on a GPU (util/precision.resolve) where the implementation runs it on
-    this kind of file (auto: a checkpoint, which the fused U-Net runner draws in bf16), else fp32; a named
-    precision as it is (the implementation's check refuses one it does not run)."""
-    from ddpm.backends import registry
-
-    precision = _precision(args, "sampling", device)
-    if args.precision != "auto" or precision == "fp32":
-        return precision
-    if device.type == "cpu":  # only the runner's bf16 is faster than fp32 on a CPU: auto's choice, for a checkpoint
-        return precision if implementation == "auto" and kind == "checkpoint" else "fp32"
-    runs = kind == "checkpoint" if implementation == "auto" else registry.get(implementation).runs(kind, precision)
-    return precision if runs else "fp32"
 
 
 def _refuse_unread_runtime_flags(args: argparse.Namespace, *, kind: str) -> None:
@@ -434,7 +413,7 @@ def _check_rows(rows: str, *, bench: str, device: torch.device) -> None:
 
         select_variants(rows, device)
         return
-    from ddpm.benchmarks.sampling_bench import parse_rows
+    from ddpm.benchmarks.rows import parse_rows
 
     try:
         parse_rows(rows, device_type=device.type)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from basic_diffusion import UNet
-from ddpm.backends.auto import choose
+from ddpm.backends.selection import choose
 from ddpm.backends.verified import DeviceKind
 from ddpm.batch_memory import check_batch_fits
 from ddpm.benchmarks import sampling_bench, training_bench

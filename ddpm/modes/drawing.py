@@ -1,19 +1,20 @@
 """What sample and evaluate mode share: open a model file for drawing, and make a drawer for a plan.
 
     opened = open_for_drawing(request)                        # checked, loaded, guidance resolved, memory checked
-    draw = opened.drawer(request.sampling.plan(...))          # draw(shape, generator, progress, labels) -> images
+    selection = select(DeviceKind.of(device), opened.artifact, request)   # the mode: what draws it, once
+    draw = opened.drawer(request.sampling.plan(...), selection)   # draw(shape, generator, progress, labels)
 
-Both modes check the implementation against the file and precision once, load any artifact
-(backends/artifacts.py), resolve a class-conditional model's labels and guidance, and refuse a batch
-that cannot fit before any sampling, and say in one line which sampler draws in how many steps (sampling_line:
+Both modes load any artifact (backends/artifacts.py), resolve a class-conditional model's labels and guidance,
+refuse a batch that cannot fit before any sampling, then select once what draws it (backends/selection.select: the
+implementation, its precision, the fused U-Net runner; auto's choice said in one line), and say in one line which
+sampler draws in how many steps (sampling_line:
 without --sampler, a student's own, any other model's SDE-DPM-Solver++ in 20 steps); they differ only in what they
 do with the images (write a grid, or judge them).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from functools import cached_property
+from dataclasses import asdict, dataclass
 
 from ddpm.backends import registry
 from ddpm.backends.artifacts import Artifact, load_artifact
@@ -22,7 +23,6 @@ from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.latent.first_stage import clips_x0
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import DrawRequest, SampleRequest
-from ddpm.util import distributed
 from noise_schedule import NoiseSchedule, SamplingPlan
 from tensorrt_integration import TensorRTOptions
 
@@ -50,24 +50,15 @@ class Opened:
         """Whether x0 is clipped: as requested for pixel models, never for latent models."""
         return clips_x0(requested, self.artifact.first_stage)
 
-    @cached_property
-    def options(self) -> registry.SamplerOptions:
-        """What the implementation needs besides the model and plan: the same for every plan drawn."""
-        return registry.SamplerOptions(
-            precision=self.request.precision,
+    def drawer(self, plan: SamplingPlan, selection: registry.Selection):
+        """``draw(shape, generator, progress, labels) -> images`` for ``plan``, by what ``selection`` says draws."""
+        options = selection.options(
             opset=self.request.opset,
             tensorrt=TensorRTOptions.for_source(self.artifact.path, **asdict(self.request.engine)),
             guidance=self.guidance,
         )
-
-    def drawer(self, plan: SamplingPlan):
-        """``draw(shape, generator, progress, labels) -> images`` of the request's implementation for ``plan``."""
         return registry.make_drawer(
-            self.request.implementation,
-            self.artifact.model,
-            plan,
-            options=self.options,
-            first_stage=self.artifact.first_stage,
+            selection.implementation, self.artifact.model, plan, options=options, first_stage=self.artifact.first_stage
         )
 
 
@@ -95,9 +86,8 @@ def folded_scale(artifact: Artifact, scale: float | None) -> float | None:
 
 
 def open_for_drawing(request: DrawRequest) -> Opened:
-    """Load the file, check the implementation runs a conditional model, resolve labels and guidance, and check that
-    one batch fits."""
-    source = request.source  # its kind and the precision were checked against the implementation (cli/resolve.py)
+    """Load the file, resolve labels and guidance, and check that one batch fits."""
+    source = request.source  # no implementation that would refuse its kind or the precision (cli/resolve.py)
     artifact = load_artifact(
         source.path,
         device=request.device,
@@ -110,9 +100,6 @@ def open_for_drawing(request: DrawRequest) -> Opened:
     # The files the model named (a latent model's autoencoder, an exported decoder) are inputs too.
     mode = "sample" if isinstance(request, SampleRequest) else "evaluate"
     check_mode_outputs(mode, request.outputs(), inputs={**request.source.inputs(), **artifact.inputs})
-    if artifact.model_config.num_classes:
-        if request.implementation != "auto":  # auto chooses among those that run one (with_implementation)
-            registry.get(request.implementation).check(conditional=True)
     guidance, columns = guidance_for(
         artifact.model_config,
         artifact.class_names,
@@ -144,14 +131,3 @@ def sampling_line(opened: Opened, rows: list[tuple[str, int]], *, named_sampler:
     if named_steps:
         return f"sampling: {said} (the default sampler; --sampler ddpm for DDPM)"
     return f"sampling: {said} (default; --sampler ddpm for the {config.num_timesteps:,}-step DDPM)"
-
-
-def with_implementation(opened: Opened, choice) -> Opened:
-    """``opened`` drawn by ``choice``'s implementation (``--implementation auto``, chosen for this model by
-    backends/auto.chosen_for), said in one line; as it was where the user named one (``choice`` None)."""
-    if choice is None:
-        return opened
-    distributed.say(choice.line)
-    chosen = dict(implementation=choice.implementation, implementation_line=choice.line, precision=choice.precision)
-    request = replace(opened.request, **chosen)
-    return replace(opened, request=request)

@@ -19,12 +19,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ddpm.backends.auto import chosen_for
+from ddpm.backends.selection import select
+from ddpm.backends.verified import DeviceKind
 from ddpm.data.catalog import VOLUME_DATASETS
 from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
-from ddpm.modes.drawing import open_for_drawing, sampling_line, with_implementation
+from ddpm.modes.drawing import open_for_drawing, sampling_line
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util import distributed
@@ -99,9 +100,7 @@ def open_student(request: EvaluateRequest, path: str, *, like, identity: Callabl
     student of ``like`` (``identity``: its content hash, check_teacher)."""
     from dataclasses import replace
 
-    student = open_for_drawing(
-        replace(like.request, source=replace(request.source, path=path))
-    )  # like's implementation
+    student = open_for_drawing(replace(like.request, source=replace(request.source, path=path)))
     config = student.artifact.schedule_config
     if not config.is_student:
         raise ValueError(f"--students {path} is not a distilled student (--mode distill makes one)")
@@ -188,12 +187,15 @@ def row_plan(sampler: str, sampling_steps: int | None, *, request: EvaluateReque
     )
 
 
-def draw_row(sampler: str, sampling_steps: int | None, *, request: EvaluateRequest, opened) -> tuple[torch.Tensor, int]:
+def draw_row(
+    sampler: str, sampling_steps: int | None, *, request: EvaluateRequest, opened, selection
+) -> tuple[torch.Tensor, int]:
     """One row's samples (float32, on the CPU) and its steps: ``opened``'s model (the evaluated one or a student)
-    drawn by ``sampler`` from the same noise as every other row (one generator seeded with --seed)."""
+    drawn by ``sampler`` from the same noise as every other row (one generator seeded with --seed), by what
+    ``selection`` says draws the evaluated model (its students the same)."""
     device = request.device
     plan = row_plan(sampler, sampling_steps, request=request, opened=opened)
-    drawer = opened.drawer(plan)
+    drawer = opened.drawer(plan, selection)
     generator = torch.Generator(device).manual_seed(request.seed)  # the same noise for every row
     sizes, batch_size = opened.batch_sizes, opened.batch_size
     batches = [
@@ -213,7 +215,9 @@ def draw_row(sampler: str, sampling_steps: int | None, *, request: EvaluateReque
 def run_evaluate(request: EvaluateRequest) -> None:
     source, device, n = request.source, request.device, request.n_samples
     opened = open_for_drawing(request)
-    opened = with_implementation(opened, chosen_for(request, opened.artifact))  # auto: chosen for this model
+    selection = select(DeviceKind.of(device), opened.artifact, request)  # what draws this model, decided once
+    if selection.auto:
+        distributed.say(selection.line)
     artifact, guidance = opened.artifact, opened.guidance
     dataset = judged_dataset(request, artifact)
     c, s = artifact.output_shape[0], artifact.output_shape[-1]  # the images judged (a latent model's decoded)
@@ -254,7 +258,7 @@ def run_evaluate(request: EvaluateRequest) -> None:
         image_size=s,
         requested=guidance and guidance.labels,
     )
-    draw = functools.partial(draw_row, request=request, opened=opened)
+    draw = functools.partial(draw_row, request=request, opened=opened, selection=selection)
     result = sweep(draw, samplers=samplers, sampling_steps=request.sampling_steps)
     quality.add_calls(result["rows"], doubled=guidance is not None and guidance.doubled)
     for path, student in zip(request.students, students):  # its own sampler and steps; one call a step
@@ -264,7 +268,9 @@ def run_evaluate(request: EvaluateRequest) -> None:
             row.update(sampler="distilled", model_path=path)  # the file as the user named it: the table's label
         result["rows"] += quality.add_calls(rows, doubled=False)
     result.update(
-        model_path=str(source.path), implementation=opened.request.implementation, precision=request.precision
+        model_path=str(source.path),
+        implementation=selection.implementation,
+        precision=selection.precision,
     )
     if guidance is not None:
         result.update(guidance_scale=guidance.scale, class_names=list(artifact.class_names))

@@ -441,7 +441,7 @@ def quantize_export(proto, model, schedule_config, *, calibration: Calibration, 
     import onnx
 
     from basic_diffusion import sample
-    from ddpm.benchmarks.sampling_bench import psnr_db
+    from ddpm.benchmarks.report import psnr_db
     from ddpm.formats import quantization
     from ddpm.formats.exporters import METADATA_KEY
     from noise_schedule import NoiseSchedule

@@ -5,7 +5,7 @@
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
 
 --implementation auto (the default) runs the fastest implementation verified on the device for the precision
-and model (backends/auto.py) and says which in one line; the next says which sampler in how many steps. Without
+and model (backends/selection.py) and says which in one line; the next says which sampler in how many steps. Without
 --sampler a distilled student draws with its own sampler and steps, any other model with SDE-DPM-Solver++ in 20 steps
 (choices.DEFAULT_SAMPLER; --sampler ddpm draws DDPM's T steps).
 
@@ -22,9 +22,10 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from ddpm.backends import registry
-from ddpm.backends.auto import chosen_for
+from ddpm.backends.selection import select
+from ddpm.backends.verified import DeviceKind
 from ddpm.data.image_files import SampleOutputs, SampleWriter
-from ddpm.modes.drawing import open_for_drawing, sampling_line, with_implementation
+from ddpm.modes.drawing import open_for_drawing, sampling_line
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.cpu_memory import keep_freed_memory
@@ -37,7 +38,9 @@ def run_sample(request: SampleRequest) -> None:
     if device.type == "cpu":
         keep_freed_memory()  # no page faults on every step's fresh activations (cpu_memory.py)
     opened = open_for_drawing(request)
-    opened = with_implementation(opened, chosen_for(request, opened.artifact))  # auto: chosen for this model
+    selection = select(DeviceKind.of(device), opened.artifact, request)  # what draws this model, decided once
+    if selection.auto:
+        distributed.say(selection.line)
     artifact, guidance = opened.artifact, opened.guidance
     outputs = SampleOutputs(
         n,
@@ -52,7 +55,7 @@ def run_sample(request: SampleRequest) -> None:
     plan = sampling.plan(opened.schedule(), device=device)
     named = dict(named_sampler=sampling.sampler is not None, named_steps=sampling.sampling_steps is not None)
     distributed.say(sampling_line(opened, [(plan.sampler, plan.num_steps)], **named))
-    draw = opened.drawer(plan)
+    draw = opened.drawer(plan, selection)
     sizes, batch_size = opened.batch_sizes, opened.batch_size
     rounds = range(0, len(sizes), ranks.world_size)
     if ranks.distributed:
@@ -64,7 +67,7 @@ def run_sample(request: SampleRequest) -> None:
         distributed.say(
             f"{n} samples in {len(sizes)} batch(es) of up to {batch_size}, dealt over {ranks.world_size} ranks{idle}"
         )
-    run_name = f"sample-{opened.request.implementation}" + (f"-rank{ranks.rank}" if ranks.distributed else "")
+    run_name = f"sample-{selection.name}" + (f"-rank{ranks.rank}" if ranks.distributed else "")
     profile = request.profile and ProfileConfig(request.profile, run_name=run_name, total_steps=len(rounds))
     # (each round of batches is one profiler step: a one-batch run is traced whole)
     writer = SampleWriter(outputs) if ranks.is_main else contextlib.nullcontext()

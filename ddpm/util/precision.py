@@ -50,9 +50,13 @@ def cpu_has_native_bf16() -> bool:
     return _hardware_bf16()
 
 
+# What a line says of bf16 where DDPM_NATIVE_BF16=1 claims what the CPU lacks (bf16_forced).
+FORCED_BF16 = "bf16 forced by DDPM_NATIVE_BF16=1; this CPU emulates it"
+
+
 def bf16_forced() -> bool:
     """Whether cpu_has_native_bf16 says yes only because DDPM_NATIVE_BF16=1 says so: this CPU reports no bf16
-    hardware and emulates it. Lines that say how bf16 runs then say backends/verified.FORCED_BF16, not the CPU's
+    hardware and emulates it. Lines that say how bf16 runs then say FORCED_BF16, not the CPU's
     dot products."""
     import os
 
@@ -95,7 +99,7 @@ def resolve(requested: str, *, purpose: str, device: torch.device, pixels: int =
     "auto" is bf16 for training, distillation and sampling on a GPU that supports it (there the fused U-Net runner
     draws in bf16 what fp32 draws, to bf16's rounding, several times faster); on a CPU that computes bf16 natively
     (cpu_has_native_bf16) bf16 for sampling (the runner's bf16 Winograd convolutions; the caller keeps it only where
-    that runner draws the file: backends/auto.chosen_for) and for training images of ``pixels`` >= 28x28 a side
+    that runner draws the file: backends/selection.select) and for training images of ``pixels`` >= 28x28 a side
     (bf16 autocast, which gains too little on smaller images to be a default: BENCHMARKS.md, "bf16 on a CPU that
     computes it"); fp32 otherwise: on other CPUs (emulated bf16 is slower) and for export (an
     exported graph is lowered to another precision only when asked).

@@ -70,8 +70,8 @@ def test_openvino_runs_the_onnx_export_in_the_original_loop_to_fp32_tolerance():
 
     model = perturbed_unet(tiny_unet_config())
     plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", sampling_steps=3)
-    options = registry.SamplerOptions()
-    sampler = registry.get("openvino_f32").build(model, plan, shape=(2, 1, 16, 16), options=options)
+    options = registry.SamplerOptions(openvino_precision="f32")  # the openvino_f32 row's
+    sampler = registry.PEERS["openvino"].build(model, plan, shape=(2, 1, 16, 16), options=options)
     reference = registry.get("original").build(model, plan, shape=(2, 1, 16, 16), options=options)
     images = sampler(generator=torch.Generator().manual_seed(1))
     assert sampler.precision == "fp32" and sampler.detail.startswith("OpenVINO ")

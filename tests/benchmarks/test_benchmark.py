@@ -11,11 +11,12 @@ import time
 
 import pytest
 import torch
-from helpers import ROOT, run, run_here
+from helpers import ROOT, TINY_SCHEDULE, perturbed_unet, run, run_here, tiny_unet_config
 
 from basic_diffusion import UNet, UNetConfig
-from ddpm.benchmarks.report import PeakRSS
-from ddpm.benchmarks.sampling_bench import Row, format_summary, format_table, psnr_db, unet_flops
+from ddpm.benchmarks.report import PeakRSS, psnr_db
+from ddpm.benchmarks.sampling_bench import Row, format_summary, format_table, unet_flops
+from noise_schedule import NoiseSchedule
 from optimized_diffusion import winograd_is_fast
 
 
@@ -394,12 +395,51 @@ def test_interleaved_rows_run_in_rounds_and_their_speedups_cancel_the_machines_d
 
 
 def test_all_rows_leave_out_the_compiled_cuda_row_on_a_cpu():
-    from ddpm.benchmarks import sampling_bench
+    from ddpm.benchmarks.rows import parse_rows
 
-    assert "cuda_compile" not in sampling_bench.parse_rows("all", device_type="cpu")
-    assert "cuda_compile" in sampling_bench.parse_rows("all", device_type="cuda")
+    assert "cuda_compile" not in parse_rows("all", device_type="cpu")
+    assert "cuda_compile" in parse_rows("all", device_type="cuda")
     with pytest.raises(ValueError, match="unknown benchmark rows"):
-        sampling_bench.parse_rows("original,warp_drive")
+        parse_rows("original,warp_drive")
+
+
+def test_the_rows_keep_their_names_and_a_variant_is_a_sample_implementation_with_parameters():
+    """--rows' names and the JSON's row names are those the registry's entries had; a variant builds the registry's
+    implementation with its precision, runner or torch.compile fixed (the registry holds what --implementation
+    offers)."""
+    from ddpm.backends import registry
+    from ddpm.benchmarks import sampling_bench
+    from ddpm.benchmarks.rows import ROWS, parse_rows
+
+    assert list(ROWS) == [
+        *("original", "cuda", "cuda_steps", "cuda_fused_unet", "cuda_compile", "cuda_compile_max_autotune"),
+        *("cuda_fp32", "diffusers", "compile", "onnxruntime", "onnxruntime_int8", "openvino", "openvino_f32"),
+        *("torchscript", "tensorrt"),
+    ]
+    assert parse_rows("all", device_type="cpu") == [
+        *("original", "cuda", "diffusers", "compile", "onnxruntime", "openvino", "openvino_f32", "torchscript"),
+        "tensorrt",
+    ]
+    assert registry.SAMPLE_IMPLEMENTATIONS == tuple(registry.REGISTRY) == ("original", "cuda", "cuda_steps",
+                                                                           "onnxruntime", "tensorrt")  # fmt: skip
+    assert set(registry.PEERS) == {"diffusers", "compile", "openvino", "torchscript"}  # timed, never offered
+    assert {row.implementation for row in ROWS.values()} == set(registry.REGISTRY) | set(registry.PEERS)
+    assert (ROWS["cuda_compile"].implementation, ROWS["cuda_compile"].compile) == ("cuda", True)
+    assert ROWS["cuda_compile_max_autotune"].compile == "max-autotune-no-cudagraphs"
+    assert (ROWS["cuda_fp32"].implementation, ROWS["cuda_fp32"].precision) == ("cuda_steps", "fp32")
+    assert (ROWS["onnxruntime_int8"].implementation, ROWS["onnxruntime_int8"].precision) == ("onnxruntime", "int8")
+    assert (ROWS["openvino_f32"].implementation, ROWS["openvino_f32"].openvino_precision) == ("openvino", "f32")
+    model = perturbed_unet(tiny_unet_config())
+    plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", sampling_steps=2)
+    built = {
+        name: sampling_bench.make_row(name, model=model, plan=plan, shape=(2, 1, 16, 16), precision="bf16")
+        for name in ("cuda", "cuda_steps", "cuda_fused_unet", "cuda_fp32")
+    }
+    assert built["cuda_fp32"][0] == "fp32" and built["cuda_steps"][0] == "bf16"  # fixed, or the run's
+    runner = {name: "fused U-Net runner" in detail for name, (_, _, detail, _) in built.items()}
+    assert runner == {"cuda": False, "cuda_steps": False, "cuda_fused_unet": True, "cuda_fp32": False}
+    fp32 = sampling_bench.make_row("cuda", model=model, plan=plan, shape=(2, 1, 16, 16), precision="fp32")
+    assert "fused U-Net runner" in fp32[2]  # cuda's row runs the runner where sample mode's selection would
 
 
 def test_the_gpu_profile_stage_splits_a_forward_by_kernel_category(tmp_path):

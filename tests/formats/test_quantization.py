@@ -16,7 +16,7 @@ from helpers import assert_user_error, needs_onnx, perturbed_unet, run_here, tin
 
 from basic_diffusion import sample
 from ddpm.backends.runtimes import OnnxRuntimeUNet, onnxruntime_session
-from ddpm.benchmarks.sampling_bench import psnr_db
+from ddpm.benchmarks.report import psnr_db
 from ddpm.formats import exporters, quantization, unet_io
 from ddpm.formats.checkpoints import save_checkpoint
 from ddpm.formats.engine_cache import build_plan, torch_tensorrt_arguments

@@ -1,6 +1,7 @@
-"""--implementation auto and the cuda implementation's two forms.
+"""What draws (backends/selection.py): --implementation auto, the precision, and the cuda implementation's two forms.
 
-Specification: auto is a pure function of the device's kind, the precision and the model: the fused runner
+Specification: what draws is selected once, after the file is read, by a pure function of the device's kind,
+the request and the file. Auto is a pure function of the device's kind, the precision and the model: the fused runner
 (`cuda`) on a CPU in fp32 and on a GPU in bf16/fp16 for 2-D U-Nets, the step kernels on a GPU elsewhere (fp32,
 3-D, TorchScript), never torch.compile (its build time is longer than a whole sampling run), and the original
 when nothing faster is verified or the extension is not built; the line it prints names the implementation and
@@ -10,13 +11,15 @@ tolerance (rtol = atol = 1e-4 in fp32; at most one uint8 level), `cuda_steps` bi
 
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import ROOT, TINY_SCHEDULE, perturbed_unet, tiny_unet_config
 
+from basic_diffusion import UNet
 from ddpm.backends import registry
-from ddpm.backends.auto import VERIFIED, choose
+from ddpm.backends.selection import VERIFIED, check_request, choose, select
 from ddpm.backends.verified import DeviceKind, runner_verified
 from ddpm.util import precision
 from noise_schedule import NoiseSchedule
@@ -25,6 +28,18 @@ CPU = DeviceKind("cpu", extension=True, capability="AVX512")
 AVX2_CPU = DeviceKind("cpu", extension=True, capability="AVX2")
 BF16_CPU = DeviceKind("cpu", extension=True, capability="AVX512", native_bf16=True)  # Zen 4, Sapphire Rapids
 GPU = DeviceKind("cuda", extension=True)
+
+
+def opened_file(config=None, *, kind: str = "checkpoint", model=None):
+    """What select reads of an opened file (backends/artifacts.Artifact): its kind, U-Net and autoencoder."""
+    config = config or tiny_unet_config()
+    return SimpleNamespace(kind=kind, model=model or UNet(config), model_config=config, first_stage=None)
+
+
+def sample_request(*flags: str):
+    from ddpm.cli import resolve
+
+    return resolve.parse(["--mode", "sample", "--device", "cpu", *flags])[1]
 
 
 @pytest.fixture
@@ -82,19 +97,11 @@ def test_auto_on_a_cpu_with_native_bf16_is_the_runner_in_bf16_and_elsewhere_bf16
 
 @pytest.mark.parametrize("native", [True, False])
 def test_precision_auto_samples_in_bf16_only_on_a_cpu_that_computes_it_and_only_through_the_runner(native_bf16, native):
-    from ddpm.backends.auto import chosen_for
     from ddpm.cli import resolve
-
-    class Artifact:  # what chosen_for reads of an opened file
-        model_config = tiny_unet_config()
-        first_stage = None
-
-    class Volume:
-        model_config = tiny_unet_config(dims=3)
-        first_stage = None
 
     native_bf16(native)
     cpu = torch.device("cpu")
+    device, unet, volume = DeviceKind.of(cpu), opened_file(), opened_file(tiny_unet_config(dims=3))
     expected_28 = "bf16" if native else "fp32"
     assert precision.resolve("auto", purpose="sampling", device=cpu) == ("bf16" if native else "fp32")
     assert precision.resolve("auto", purpose="training", device=cpu, pixels=8 * 8) == "fp32"  # 1.31x: under the bar
@@ -107,15 +114,15 @@ def test_precision_auto_samples_in_bf16_only_on_a_cpu_that_computes_it_and_only_
     assert pixels.first_stage is None and pixels.precision == expected_28
     assert precision.resolve("auto", purpose="distillation", device=cpu) == "fp32"  # a student's: not measured
     assert precision.resolve("auto", purpose="export", device=cpu) == "fp32"
-    _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
+    auto = sample_request()
     expected = "bf16" if native else "fp32"
-    assert chosen_for(auto, Artifact()).line.startswith(f"implementation: cuda in {expected} (fused U-Net runner")
-    assert chosen_for(auto, Volume()).precision == "fp32"  # no faster bf16 path for a 3-D U-Net: fp32
-    _, named = resolve.parse(["--mode", "sample", "--device", "cpu", "--precision", "bf16"])
-    assert chosen_for(named, Volume()).line.startswith("implementation: cuda in bf16")  # asked for: as asked
+    chosen = select(device, unet, auto)
+    assert chosen.line.startswith(f"implementation: cuda in {expected} (fused U-Net runner") and chosen.fused
+    assert select(device, volume, auto).precision == "fp32"  # no faster bf16 path for a 3-D U-Net: fp32
+    named = sample_request("--precision", "bf16")
+    assert select(device, volume, named).line.startswith("implementation: cuda in bf16")  # asked for: as asked
     for name in ("original", "cuda", "onnxruntime"):  # auto's precision is auto's implementation's
-        _, explicit = resolve.parse(["--mode", "sample", "--device", "cpu", "--implementation", name])
-        assert explicit.precision == "fp32"
+        assert select(device, unet, sample_request("--implementation", name)).precision == "fp32"
 
 
 def test_ddpm_native_bf16_overrides_what_the_cpu_says(monkeypatch):
@@ -174,29 +181,43 @@ def test_every_verified_entry_cites_its_benchmark_section_and_names_a_registered
 
 
 def test_an_explicit_implementation_wins_over_auto(native_bf16):
-    from ddpm.backends.auto import chosen_for
-    from ddpm.cli import resolve
-
     native_bf16(False)
-
-    class Artifact:  # what chosen_for reads of an opened file
-        model_config = tiny_unet_config()
-        first_stage = None
-
-    _, auto = resolve.parse(["--mode", "sample", "--device", "cpu"])
+    device = DeviceKind.of(torch.device("cpu"))
+    auto = sample_request()
     assert auto.implementation == "auto"  # chosen once, when the mode has read the file
-    assert chosen_for(auto, Artifact()).line.startswith("implementation: cuda in fp32 (")
+    chosen = select(device, opened_file(), auto)
+    assert chosen.auto and chosen.line.startswith("implementation: cuda in fp32 (")
     for name in ("original", "cuda_steps", "onnxruntime"):
-        _, explicit = resolve.parse(["--mode", "sample", "--device", "cpu", "--implementation", name])
-        assert explicit.implementation == name and chosen_for(explicit, Artifact()) is None
+        explicit = sample_request("--implementation", name)
+        assert explicit.implementation == name
+        named = select(device, opened_file(), explicit)
+        assert (named.implementation, named.precision, named.auto, named.fused) == (name, "fp32", False, False)
+
+
+def test_select_takes_conditional_and_latent_models_and_compiled_cuda_never_runs_the_runner():
+    device = DeviceKind("cpu", extension=True, capability="AVX2")
+    conditional = opened_file(tiny_unet_config(num_classes=3))
+    for name in registry.SAMPLE_IMPLEMENTATIONS:  # every sample-mode implementation runs class-conditional models
+        assert select(device, conditional, sample_request("--implementation", name)).implementation == name
+    latent = opened_file()
+    latent.first_stage = object()  # a latent model: auto picks an implementation with a decoder
+    runs = [name for name in registry.SAMPLE_IMPLEMENTATIONS if registry.get(name).decoder is not None]
+    assert select(device, latent, sample_request()).implementation in runs
+    compiled = select(device, opened_file(), sample_request("--implementation", "cuda", "--compile"))
+    assert compiled.compile and not compiled.fused and compiled.name == "cuda_compile"  # compiled, never the runner
 
 
 def test_auto_refuses_before_reading_a_file_what_no_implementation_runs():
-    from ddpm.backends.auto import check_runnable
-
-    check_runnable(kind="onnx", precision="fp32")
+    asked = dict(implementation="auto", precision_auto=False, compile=False)
+    check_request(kind="onnx", precision="fp32", **asked)
     with pytest.raises(ValueError, match="no implementation here runs TorchScript files in --precision int8"):
-        check_runnable(kind="torchscript", precision="int8")
+        check_request(kind="torchscript", precision="int8", **asked)
+    with pytest.raises(ValueError, match="the cuda implementation cannot run ONNX files"):
+        check_request(kind="onnx", precision="bf16", **{**asked, "implementation": "cuda"})
+    with pytest.raises(ValueError, match="--compile applies to training and to sampling with --implementation cuda"):
+        check_request(kind="checkpoint", precision="fp32", **{**asked, "compile": True})
+    with pytest.raises(ValueError, match="--compile compiles a checkpoint's U-Net, not a TorchScript file's"):
+        check_request(kind="torchscript", precision="fp32", **{**asked, "implementation": "cuda", "compile": True})
 
 
 def _draw(name: str, model, plan, *, seed: int = 3) -> torch.Tensor:
@@ -204,13 +225,20 @@ def _draw(name: str, model, plan, *, seed: int = 3) -> torch.Tensor:
     return draw((2, 1, 16, 16), torch.Generator().manual_seed(seed), False)
 
 
+def selected_options(model, *flags: str) -> registry.SamplerOptions:
+    """The options select gives ``model``'s checkpoint on this CPU for ``flags`` (what sample mode builds with)."""
+    chosen = select(DeviceKind.of(torch.device("cpu")), opened_file(model.config, model=model), sample_request(*flags))
+    return registry.SamplerOptions(precision=chosen.precision, fused_unet=chosen.fused, compile=chosen.compile)
+
+
 @pytest.mark.parametrize("sampler", ["ddim", "dpm_solver_sde"])
 def test_cuda_draws_the_originals_images_to_float_tolerance_and_cuda_steps_bit_for_bit(sampler):
     model = perturbed_unet(tiny_unet_config())
     plan = NoiseSchedule(TINY_SCHEDULE).make_plan(sampler, sampling_steps=6)
     original, steps = _draw("original", model, plan), _draw("cuda_steps", model, plan)
-    fused = registry.make_drawer("cuda", model, plan, options=registry.SamplerOptions())
-    runner = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())
+    options = selected_options(model, "--implementation", "cuda", "--precision", "fp32")
+    fused = registry.make_drawer("cuda", model, plan, options=options)
+    runner = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=options)
     assert runner.unet_runner is not None  # cuda on a CPU in fp32 is the runner
     cuda = fused((2, 1, 16, 16), torch.Generator().manual_seed(3), False)
     assert torch.equal(steps, original)
@@ -225,7 +253,8 @@ def test_cuda_is_the_step_kernels_where_the_runner_is_not_verified(native_bf16, 
     native_bf16(native)
     model = perturbed_unet(tiny_unet_config())
     plan = NoiseSchedule(TINY_SCHEDULE).make_plan("ddim", sampling_steps=2)
-    bf16 = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions("bf16"))
+    options = selected_options(model, "--implementation", "cuda", "--precision", "bf16")
+    bf16 = registry.get("cuda").build(model, plan, shape=(2, 1, 16, 16), options=options)
     assert (bf16.unet_runner is not None) == native  # bf16 through the runner only where the CPU computes it
     steps = registry.get("cuda_steps").build(model, plan, shape=(2, 1, 16, 16), options=registry.SamplerOptions())
     assert steps.unet_runner is None
@@ -243,7 +272,7 @@ def test_the_runner_uses_winograd_convolutions_only_on_cpus_where_they_are_faste
 
 @pytest.mark.parametrize("hardware", [True, False])
 def test_bf16_forced_on_a_cpu_that_emulates_it_is_said_so_not_claimed_as_its_dot_products(monkeypatch, hardware):
-    from ddpm.backends.verified import FORCED_BF16
+    from ddpm.util.precision import FORCED_BF16
 
     monkeypatch.setenv("DDPM_NATIVE_BF16", "1")
     monkeypatch.setattr(precision, "_hardware_bf16", lambda: hardware)
