@@ -143,6 +143,9 @@ def time_variants(
     results = []
     pixels = 0 if latent or model_config.dims == 3 else model_config.image_size**2  # as train's --precision auto
     for key, name, fields in select_variants(rows, device, pixels=pixels):
+        if key == DIFFUSERS and ranks.distributed and rows in (None, "all"):  # named in --rows: its row says why
+            progress(f"training {name}: left out under torchrun (diffusers' loop runs in one process)")
+            continue
         gc.collect()  # the previous variant's trainer (model, EMA, optimizer state) is gone before this one
         if device.type == "cuda":
             torch.cuda.empty_cache()

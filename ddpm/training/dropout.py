@@ -75,6 +75,11 @@ class SeededDropout(nn.Module):
         if x.device.type != "cpu":
             return F.dropout(x, self.p, training=True)
         seed = int(torch.randint(_SEED_BOUND, ()).item())  # from the global generator (a CPU tensor: no sync)
+        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            # Channels-last activations (a CPU training in fp32): the mask in (B, H, W, C) order, the memory's, so
+            # that the output keeps their layout instead of making the next layers copy it back.
+            nhwc = x.permute(0, 2, 3, 1)  # contiguous: a view of x's memory
+            return torch.ops.diffusion_kernels.seeded_dropout(nhwc, seed, self.p).permute(0, 3, 1, 2)
         return torch.ops.diffusion_kernels.seeded_dropout(x, seed, self.p)
 
     def extra_repr(self) -> str:

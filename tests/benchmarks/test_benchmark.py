@@ -184,9 +184,11 @@ def test_peak_rss_sees_an_allocation():
 
 TRAINING_ROWS = [
     "fp32 eager",
-    "default: fp32 eager",  # the test suite keeps --precision auto at fp32 on a CPU (DDPM_NATIVE_BF16=0)
+    "default: fp32+channels-last eager",  # the suite keeps --precision auto at fp32 on a CPU (DDPM_NATIVE_BF16=0)
     "diffusers UNet2DModel fp32 eager",
     "fp32 compile",
+    "fp32 eager channels-last",
+    "fp32 channels-last, Winograd 3x3",
     "bf16 eager",
     "bf16 compile",
     "fp32 eager, grad checkpoint",
@@ -234,7 +236,7 @@ def test_training_benchmark_reports_every_variant(tmp_path, rows):
     result = (run if rows == "all" else run_here)(*cmd, cwd=tmp_path)
     wall = time.perf_counter() - started
     assert result.returncode == 0, result.stderr
-    expected = TRAINING_ROWS if rows == "all" else [TRAINING_ROWS[i] for i in (0, 4, 6, 8, 9, 10)]
+    expected = TRAINING_ROWS if rows == "all" else [TRAINING_ROWS[i] for i in (0, 6, 8, 10, 11, 12)]
     payload = json.loads((tmp_path / "t.json").read_text())
     reported = payload["training_rows"]
     assert [r["name"] for r in reported] == expected

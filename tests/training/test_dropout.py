@@ -106,6 +106,22 @@ def test_seeded_dropout_module_draws_its_seed_from_the_global_generator_and_is_i
     assert layer.eval()(x) is x
 
 
+def test_seeded_dropout_keeps_channels_last_activations_channels_last_with_the_same_mask_for_the_gradient():
+    layer = SeededDropout(0.25)
+    x = torch.randn(2, 16, 3, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    torch.manual_seed(4)
+    y = layer(x)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.manual_seed(4)  # the same seed: the mask in (B, H, W, C) order
+    seed = int(torch.randint(2**62, ()).item())
+    expected = reference_dropout(x.detach().permute(0, 2, 3, 1), seed, 0.25).permute(0, 3, 1, 2)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    grad = torch.randn(2, 16, 3, 5)  # an NCHW gradient: masked where the output was
+    y.backward(grad)
+    scale = torch.tensor(1 / 0.75, dtype=torch.float32)
+    assert torch.equal(x.grad, torch.where(y != 0, grad * scale, torch.zeros(())))
+
+
 def test_the_cpu_trainer_swaps_dropout_keeps_the_state_dict_and_fuses_adamw(tmp_path):
     trainer = make_trainer(tmp_path)
     swapped = [m for m in trainer.model.modules() if isinstance(m, SeededDropout)]
