@@ -199,6 +199,16 @@ TRAINING_ROWS = [
 ]
 
 
+def test_the_benchmark_help_names_every_training_row(tmp_path):
+    from ddpm.benchmarks.training_bench import variant_keys
+
+    help_text = " ".join(run_here("--mode", "benchmark", "--help", cwd=tmp_path).stdout.split())
+    listed = help_text.split("with --bench training, from", 1)[1].split("(")[0]  # argparse wraps mid-word
+    named = re.sub(r"\s+", "", listed).split(",")
+    keys = {key if not key.startswith("t_") else "t_<sampler>" for key in variant_keys()}
+    assert set(named) == keys
+
+
 @pytest.mark.parametrize(
     "rows",
     [
