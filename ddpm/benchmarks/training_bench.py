@@ -37,16 +37,18 @@ def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[st
     (--precision auto for images of ``pixels``, resolved as train resolves it), and ``diffusers``, diffusers'
     UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
+    from ddpm.training.trainer import TrainConfig, trains_channels_last
+
     fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
-    cpu_nhwc = "+channels-last" if device.type == "cpu" else ""  # the CPU's fp32 default (trainer.py)
     eager = dict(precision="fp32", compile=False, cuda_fast_path=False, cpu_channels_last=False)
     mixed = dict(precision=amp, compile=False, cuda_fast_path=True)
     auto = resolve("auto", purpose="training", device=device, pixels=pixels)
+    cpu_nhwc = device.type == "cpu" and trains_channels_last(device, TrainConfig(precision=auto))
     return [
         ("fp32", "fp32 eager", eager),
         (
             "default",
-            f"default: {auto}{fast or (cpu_nhwc if auto == 'fp32' else '')} eager",
+            f"default: {auto}{fast or ('+channels-last' if cpu_nhwc else '')} eager",
             dict(precision=auto, compile=False, cuda_fast_path=True),
         ),
         (DIFFUSERS, "diffusers UNet2DModel fp32 eager", dict(precision="fp32", compile=False)),

@@ -212,7 +212,7 @@ def bias_add_(
 # Winograd's kernel transforms G (Lavin and Gray 2016): U = G g G^T is the kernel that multiplies the transformed
 # input tile elementwise (the input and output transforms are in diffusion_ops.cpp). F(2x2, 3x3) for a 3x3
 # kernel; F(2x2, 2x2) for the 2x2 phase kernels of an upsampling's convolution (upsample_phase_weights).
-_WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
 _WINOGRAD_G2 = ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0))
 
 
@@ -226,7 +226,7 @@ def winograd_weight(
     bfloat16 x), rounded to bfloat16 once and laid out in input-channel pairs, (16 or 36, Cin / 2, Cout, 2): the
     operand of AVX512-BF16's dot product."""
     if not upsample:
-        G = torch.tensor(_WINOGRAD_G, dtype=torch.float64, device=weight.device)
+        G = torch.tensor(WINOGRAD_G, dtype=torch.float64, device=weight.device)
         u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
         u = u.reshape(16, weight.shape[1], weight.shape[0])
     else:

@@ -109,9 +109,8 @@ class TrainConfig:
     # Channels-last activations on a CPU in fp32, where oneDNN's convolutions train faster on them (in bf16 they train
     # slower: BENCHMARKS.md, "The training step against its peers"); off only to measure their effect.
     cpu_channels_last: bool = True
-    winograd_convs: bool = (
-        False  # a CPU's 3x3 convolutions in Winograd's domain (training/winograd.py; a benchmark row)
-    )
+    # A CPU's 3x3 convolutions in Winograd's domain (training/winograd.py): a benchmark row, not a default.
+    winograd_convs: bool = False
     world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
     cond_drop: float = 0.1  # class-conditional models: share of labels replaced by the null label
     grad_checkpoint: bool = False  # recompute the residual blocks' activations in the backward pass (less memory)
@@ -164,6 +163,16 @@ def check_warmup(warmup_steps: int | None, *, run_steps: int | None, run: str | 
         )
 
 
+def trains_channels_last(device: torch.device, config: TrainConfig, *, dims: int = 2) -> bool:
+    """Whether a run of ``config`` on ``device`` keeps its 2-D activations channels-last: on CUDA with the fast path,
+    on a CPU in fp32 (module-level, so that the training benchmark names what its default row runs)."""
+    if dims != 2:
+        return False
+    if device.type == "cuda":
+        return config.cuda_fast_path
+    return device.type == "cpu" and config.cpu_channels_last and config.precision == "fp32"
+
+
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
     """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
     if step < warmup_steps:
@@ -201,8 +210,8 @@ class Trainer:
             raise ValueError(f"class names must be 1 to {MAX_CLASS_NAME} characters long (the checkpoint stores them)")
         torch.manual_seed(config.seed)  # weight init and dropout
         cuda = self.device.type == "cuda" and config.cuda_fast_path
-        nhwc = cuda or (self.device.type == "cpu" and config.cpu_channels_last and config.precision == "fp32")
-        self.memory_format = torch.channels_last if nhwc and model_config.dims == 2 else torch.contiguous_format
+        nhwc = trains_channels_last(self.device, config, dims=model_config.dims)
+        self.memory_format = torch.channels_last if nhwc else torch.contiguous_format
         self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
         self.model.grad_checkpoint = config.grad_checkpoint
         if self.device.type == "cpu" and not config.compile:

@@ -20,8 +20,8 @@ from torch import nn
 
 from ddpm.kernels import ops
 
-# F(2x2, 3x3)'s kernel transform (Lavin & Gray 2016): U = G g G^T.
-_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+# F(2x2, 3x3)'s kernel transform U = G g G^T, ops.winograd_weight's G as a float32 tensor made once.
+_G = torch.tensor(ops.WINOGRAD_G)
 
 
 def weight_grad_available() -> bool:
@@ -34,9 +34,9 @@ def weight_grad_available() -> bool:
 
 
 def _transform(weight: torch.Tensor) -> torch.Tensor:
-    """U = G g G^T of a (Cout, Cin, 3, 3) kernel, as conv3x3_winograd's (16, Cin, Cout) operand."""
-    G = torch.tensor(_G, dtype=weight.dtype)
-    u = G @ weight @ G.T  # (Cout, Cin, 4, 4)
+    """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (16, Cin, Cout) operand:
+    ops.winograd_weight's transform in float32, which every training step runs (float64 costs it more)."""
+    u = _G @ weight @ _G.T  # (Cout, Cin, 4, 4)
     return u.permute(2, 3, 1, 0).reshape(16, weight.shape[1], weight.shape[0]).contiguous()
 
 
@@ -75,9 +75,8 @@ class _WinogradConv3x3(torch.autograd.Function):
             grad_x = ops.conv3x3_winograd(grad, _rotated(u), None)
         if ctx.needs_input_grad[1]:
             dU = ops.conv3x3_winograd_weight_grad(x, grad)  # (16, Cin, Cout)
-            G = torch.tensor(_G, dtype=dU.dtype)
             d = dU.view(4, 4, *dU.shape[1:]).permute(3, 2, 0, 1)  # (Cout, Cin, 4, 4)
-            grad_weight = G.T @ d @ G  # dL/dg = G^T (dL/dU) G, (Cout, Cin, 3, 3)
+            grad_weight = _G.T @ d @ _G  # dL/dg = G^T (dL/dU) G, (Cout, Cin, 3, 3)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum((0, 2, 3))
         return grad_x, grad_weight, grad_bias
