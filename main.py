@@ -92,7 +92,7 @@ def _main(argv: list[str] | None) -> int:
         from ddpm.cli import resolve
         from ddpm.training.trainer import TrainingDiverged
         from ddpm.util import distributed
-        from ddpm.util.memory_budget import is_out_of_memory
+        from ddpm.util.memory import is_out_of_memory
 
         ranks = distributed.current()  # replaced by torchrun's place once the environment is read
         try:

@@ -3,7 +3,7 @@
 A request whose single batch cannot fit (``--img_size 1024`` for training, a checkpoint that
 declares a huge U-Net, a ``--n_samples`` far too large) is refused before any work, with a line
 that says how much it needs, how much there is and the largest batch that fits; an out-of-memory
-error that still happens (the estimate is an estimate) is recognized by util/memory_budget.is_out_of_memory
+error that still happens (the estimate is an estimate) is recognized by util/memory.is_out_of_memory
 so the CLI can end it in one line on a CPU as on a GPU.
 
 How the estimate is made: the U-Net is built on the ``meta`` device (shapes, no storage) and one
@@ -16,7 +16,7 @@ part plus a per-sample part times the batch, so one trace gives the peak at any 
 
 It sits above basic_diffusion.py (it knows the U-Net's shape: its levels, widths and attention) and below
 the modes, the training loop and the runtimes that check a batch before they run one; what memory there is
-comes from ddpm/util/memory_budget.py.
+comes from ddpm/util/memory.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from basic_diffusion import UNet, UNetConfig
-from ddpm.util import memory_budget
+from ddpm.util import memory
 from ddpm.util.messages import format_bytes
 
 # The estimate counts the bytes of live tensors, as the allocator hands them out. The process holds
@@ -288,8 +288,8 @@ def check_batch_fits(
         )
         return int(estimate * ALLOCATOR_OVERHEAD) + extra_bytes
 
-    available = memory_budget.available_bytes(device)
-    budget = memory_budget.SAFETY_FRACTION * available
+    available = memory.available_bytes(device)
+    budget = memory.SAFETY_FRACTION * available
     bound = upper_bound_bytes(model_config, batch_size=batch_size, training=training, dtype=dtype)
     if int(bound * ALLOCATOR_OVERHEAD) + extra_bytes <= budget or needed(batch_size) <= budget:
         return
@@ -306,5 +306,5 @@ def check_batch_fits(
     raise ValueError(
         f"one {'training' if training else 'sampling'} batch of {batch_size} at {shape} needs about "
         f"{format_bytes(needed(batch_size))} of memory and {format_bytes(available)} is available on "
-        f"{torch.device(device).type} ({memory_budget.SAFETY_FRACTION:.0%} of it may be used); {advice}"
+        f"{torch.device(device).type} ({memory.SAFETY_FRACTION:.0%} of it may be used); {advice}"
     )

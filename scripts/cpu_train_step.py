@@ -13,7 +13,7 @@ model (the small preset at 8x8, 32 base channels, one residual block per level, 
    variant alike), each variant's median ms/step and its time over the previous trainer's, round by round:
    "previous" (foreach AdamW, torch's dropout: the trainer before fused AdamW and seeded dropout), "fused AdamW"
    (torch's dropout), "now" (what the trainer runs) and "now, no dropout" (the floor dropout could reach).
-4. With ``--allocator-pairs N``: the trainer with and without keep_freed_memory (ddpm/util/cpu_memory.py), which
+4. With ``--allocator-pairs N``: the trainer with and without keep_freed_memory (ddpm/util/memory.py), which
    changes malloc for the whole process, so each run is its own process: N pairs, one after the other, each 5 warm-up
    and 15 timed steps, reporting wall ms/step, minor page faults, user and system CPU ms per step and peak RSS.
 """

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device(args.device)
     if device.type == "cpu":
-        from ddpm.util.cpu_memory import keep_freed_memory
+        from ddpm.util.memory import keep_freed_memory
 
         keep_freed_memory()  # as benchmark and sample modes run on the CPU: no page faults in the profile
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's
 
 from basic_diffusion import UNet, unet_preset  # noqa: E402
 from ddpm.benchmarks import sampling_bench  # noqa: E402
-from ddpm.util.cpu_memory import keep_freed_memory  # noqa: E402
+from ddpm.util.memory import keep_freed_memory  # noqa: E402
 from noise_schedule import NoiseSchedule, ScheduleConfig  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 from basic_diffusion import UNet, UNetConfig, diffusion_loss, unet_preset
 from ddpm import batch_memory
 from ddpm.batch_memory import check_batch_fits, estimate_peak_bytes, upper_bound_bytes
-from ddpm.util import memory_budget
+from ddpm.util import memory
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 GiB = 1 << 30
@@ -139,7 +139,7 @@ def test_estimate_of_a_1024_pixel_step_costs_no_memory_and_is_huge():
 
 
 def test_check_batch_fits_refuses_with_the_largest_batch_that_fits(monkeypatch):
-    monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 8 * GiB)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 8 * GiB)
     config = unet_preset("small", image_size=256, in_channels=3)
     with pytest.raises(ValueError) as info:
         check_batch_fits(config, batch_size=64, device=torch.device("cpu"), training=True)
@@ -148,14 +148,14 @@ def test_check_batch_fits_refuses_with_the_largest_batch_that_fits(monkeypatch):
     assert message.startswith("one training batch of 64 at 3x256x256 needs about ")
     assert "8.0 GiB is available on cpu" in message
     largest = int(message.rsplit("the largest --batch_size that fits is ", 1)[1])
-    budget = memory_budget.SAFETY_FRACTION * 8 * GiB / batch_memory.ALLOCATOR_OVERHEAD
+    budget = memory.SAFETY_FRACTION * 8 * GiB / batch_memory.ALLOCATOR_OVERHEAD
     assert estimate_peak_bytes(config, batch_size=largest, training=True) <= budget
     assert estimate_peak_bytes(config, batch_size=largest + 1, training=True) > budget
     check_batch_fits(config, batch_size=largest, device=torch.device("cpu"), training=True)  # accepted
 
 
 def test_check_batch_fits_refuses_a_1024_pixel_training_batch_outright(monkeypatch):
-    monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 8 * GiB)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 8 * GiB)
     config = unet_preset("small", image_size=1024, in_channels=3)
     with pytest.raises(
         ValueError,
@@ -166,7 +166,7 @@ def test_check_batch_fits_refuses_a_1024_pixel_training_batch_outright(monkeypat
 
 
 def test_check_batch_fits_names_the_flag_and_counts_extra_bytes(monkeypatch):
-    monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 1 * GiB)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1 * GiB)
     check_batch_fits(DEMO, batch_size=64, device=torch.device("cpu"), training=False)
     with pytest.raises(ValueError, match=r"^one sampling batch of 64 .* the largest --n_samples that fits is \d+$"):
         check_batch_fits(
@@ -185,7 +185,7 @@ def test_check_batch_fits_refuses_an_empty_batch_naming_the_flag():
 
 
 def test_legitimate_runs_fit_a_24_gib_machine(monkeypatch):
-    monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 20 * GiB)  # what 24 GiB leaves
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 20 * GiB)  # what 24 GiB leaves
     cpu = torch.device("cpu")
     check_batch_fits(DEMO, batch_size=64, device=cpu, training=True)
     demo = unet_preset("small", image_size=8, in_channels=1, model_channels=32, num_res_blocks=1)

@@ -47,7 +47,7 @@ from ddpm.benchmarks.rows import ROWS, parse_rows
 from ddpm.conditioning import Guidance
 from ddpm.latent.first_stage import FirstStage
 from ddpm.requests import BenchmarkRequest
-from ddpm.util.cpu_memory import allocator_description
+from ddpm.util.memory import allocator_description
 from ddpm.util.messages import first_line
 from ddpm.util.precision import FORCED_BF16, backend_policy, bf16_forced, cpu_has_native_bf16
 from noise_schedule import SamplingPlan

@@ -18,7 +18,7 @@ from ddpm.benchmarks.report import PeakRSS, environment, times_text
 from ddpm.requests import BenchmarkRequest
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, TimestepSampler
 from ddpm.util import distributed
-from ddpm.util.cpu_memory import allocator_description
+from ddpm.util.memory import allocator_description
 from ddpm.util.messages import first_line
 from ddpm.util.precision import resolve
 from ddpm.util.safe_files import atomic_write

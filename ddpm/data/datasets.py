@@ -177,7 +177,7 @@ def data_input(dataset: str, data_dir: str | Path) -> InputFolder | None:
 
 def check_fits_in_memory(n_images: int, *, channels: int, image_size: int, dataset: str, dims: int = 2) -> None:
     """Refuse a dataset whose images, resized, would not fit in memory (the whole set is held, uint8)."""
-    from ddpm.util.memory_budget import check_held_in_host_memory
+    from ddpm.util.memory import check_held_in_host_memory
 
     shape = "x".join([str(channels)] + [str(image_size)] * dims)
     check_held_in_host_memory(

@@ -130,7 +130,7 @@ def _header(stream, path: Path, *, magic: int, what: str) -> tuple[int, ...]:
 
 
 def _check_memory(need: int, *, path: Path, what: str) -> None:
-    from ddpm.util.memory_budget import check_held_in_host_memory
+    from ddpm.util.memory import check_held_in_host_memory
 
     check_held_in_host_memory(
         need, what=f"the {what} {path} holds", advice=lambda _: "its header is damaged, or the data too large here"

@@ -29,7 +29,7 @@ from ddpm.modes.drawing import open_for_drawing, sampling_line
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util import distributed
-from ddpm.util.memory_budget import check_held_in_host_memory
+from ddpm.util.memory import check_held_in_host_memory
 
 
 def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:
@@ -128,7 +128,7 @@ def estimate(opened, row_steps: list[int], students: list) -> str:
     """The sweep's line before it starts (util/estimates.py): its U-Net calls per image summed over the rows (a
     guided row's twice), their time at the model's own pace (one batch timed), and one row's samples held."""
     from ddpm.util.estimates import phase_line, seconds_per_call
-    from ddpm.util.memory_budget import available_bytes
+    from ddpm.util.memory import available_bytes
 
     request, artifact = opened.request, opened.artifact
     doubled = 2 if opened.guidance is not None and opened.guidance.doubled else 1

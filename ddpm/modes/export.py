@@ -45,7 +45,7 @@ from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_a
 from ddpm.latent.first_stage import FirstStage
 from ddpm.outputs import DECODER_KINDS, EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
 from ddpm.requests import Calibration, ExportRequest
-from ddpm.util.memory_budget import is_out_of_memory
+from ddpm.util.memory import is_out_of_memory
 from ddpm.util.model_folders import check_folder_output, replaced_files
 from ddpm.util.precision import QUANTIZED
 from ddpm.util.safe_files import as_input, atomic_write, check_outputs, check_target, sibling_temporary
@@ -413,7 +413,7 @@ def calibration_estimate(model, calibration: Calibration, *, steps: int) -> str:
     cannot fit (one batch is held at a time; onnxruntime keeps two numbers per tensor and feed)."""
     from ddpm.batch_memory import ALLOCATOR_OVERHEAD, check_batch_fits, estimate_peak_bytes
     from ddpm.util.estimates import phase_line, seconds_per_call
-    from ddpm.util.memory_budget import available_bytes
+    from ddpm.util.memory import available_bytes
 
     cpu, batch = torch.device("cpu"), min(calibration.batch_size, calibration.samples)
     check_batch_fits(model.config, batch_size=batch, device=cpu, training=False)

@@ -28,7 +28,7 @@ from ddpm.data.image_files import SampleOutputs, SampleWriter
 from ddpm.modes.drawing import open_for_drawing, sampling_line
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
-from ddpm.util.cpu_memory import keep_freed_memory
+from ddpm.util.memory import keep_freed_memory
 from ddpm.util.profiling import ProfileConfig, make_profiler
 
 
@@ -36,7 +36,7 @@ def run_sample(request: SampleRequest) -> None:
     # A checkpoint or an exported U-Net (.ts, .onnx, .engine/.plan), with the configs stored in or beside it.
     device, n, ranks = request.device, request.n_samples, distributed.current()
     if device.type == "cpu":
-        keep_freed_memory()  # no page faults on every step's fresh activations (cpu_memory.py)
+        keep_freed_memory()  # no page faults on every step's fresh activations (util/memory.py)
     opened = open_for_drawing(request)
     selection = select(DeviceKind.of(device), opened.artifact, request)  # what draws this model, decided once
     if selection.auto:

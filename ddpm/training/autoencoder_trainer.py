@@ -40,7 +40,7 @@ from ddpm.latent.autoencoder import (
 from ddpm.requests import AutoencoderTrainRequest
 from ddpm.training.trainer import TrainingDiverged, lr_factor
 from ddpm.util import interrupts
-from ddpm.util.cpu_memory import keep_freed_memory
+from ddpm.util.memory import keep_freed_memory
 from ddpm.util.safe_files import atomic_write
 
 DEFAULT_STEPS = AUTOENCODER_DEFAULTS["max_steps"]  # the run's length without --max_steps or --n_epochs

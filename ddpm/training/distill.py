@@ -334,7 +334,7 @@ def trajectory_budget(
     ``record``: the timesteps it keeps (default: the student's). The time is one teacher batch, timed, times the
     batches and solver steps to come."""
     from ddpm.batch_memory import ALLOCATOR_OVERHEAD, estimate_peak_bytes
-    from ddpm.util.memory_budget import SAFETY_FRACTION, available_bytes
+    from ddpm.util.memory import SAFETY_FRACTION, available_bytes
 
     shape = model_config.sample_shape(1)[1:]
     states = len(student_timesteps if record is None else record) + 1  # the recorded states and the end

@@ -45,8 +45,8 @@ from ddpm.training.dropout import use_seeded_dropout
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
 from ddpm.training.winograd import use_winograd_convs
 from ddpm.util import distributed, interrupts
-from ddpm.util.cpu_memory import keep_freed_memory
 from ddpm.util.distributed import Ranks
+from ddpm.util.memory import keep_freed_memory
 from ddpm.util.messages import first_line
 from ddpm.util.phases import phase
 from ddpm.util.precision import autocast, check_precision
@@ -221,7 +221,7 @@ class Trainer:
             if config.winograd_convs:
                 use_winograd_convs(self.model)
             # Every step frees and reallocates the same activations: without this, glibc hands them back to the
-            # kernel and the next step page-faults them in again (cpu_memory.py).
+            # kernel and the next step page-faults them in again (util/memory.py).
             keep_freed_memory()
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.schedule = NoiseSchedule(schedule_config).to(self.device)

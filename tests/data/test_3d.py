@@ -213,13 +213,13 @@ def test_spheres_train_sample_and_evaluate_from_the_command_line(tmp_path, capsy
 def test_a_voxel_folder_is_counted_from_its_headers_and_refused_when_it_would_not_fit(tmp_path, monkeypatch):
     from ddpm.data import volumes
     from ddpm.data.datasets import load_images
-    from ddpm.util import memory_budget
+    from ddpm.util import memory
 
     np.save(tmp_path / "one.npy", np.zeros((6, 6, 6), dtype=np.float32))
     np.save(tmp_path / "stack.npy", np.ones((3, 6, 6, 6), dtype=np.uint8) * 200)
     assert volumes.count_voxel_volumes(tmp_path) == 4
     data = load_images("voxels", data_dir=tmp_path, image_size=8)
     assert data.images.shape == (4, 1, 8, 8, 8) and data.dims == 3
-    monkeypatch.setattr(memory_budget, "available_bytes", lambda device: 1000)  # 4 x 8^3 bytes need 2,048
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)  # 4 x 8^3 bytes need 2,048
     with pytest.raises(ValueError, match="voxels images at 1x8x8x8 need"):
         load_images("voxels", data_dir=tmp_path, image_size=8)

@@ -234,9 +234,9 @@ def test_an_export_records_its_training_data_so_evaluate_judges_it_as_the_checkp
 
 def test_evaluate_refuses_a_row_of_samples_that_cannot_fit_in_memory_saying_how_many_do(monkeypatch):
     from ddpm.modes import evaluate
-    from ddpm.util import memory_budget
+    from ddpm.util import memory
 
-    monkeypatch.setattr(memory_budget, "_host_available", lambda: 8 << 30)  # 8 GiB free
+    monkeypatch.setattr(memory, "_host_available", lambda: 8 << 30)  # 8 GiB free
     evaluate.check_samples_fit(1_000, (3, 256, 256))  # 750 MiB: fits in half of it
     with pytest.raises(ValueError, match=r"--n_samples 50000: .* at most 5461 fit"):
         evaluate.check_samples_fit(50_000, (3, 256, 256))  # 36.6 GiB

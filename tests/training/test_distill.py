@@ -480,11 +480,11 @@ def test_the_trajectories_are_estimated_before_they_start_and_refused_beyond_fre
     timesteps = student_schedule(schedule, config, side=16).student_timesteps
     steps = len(teacher_grid(schedule, timesteps, 32)) - 1
     assert steps == 31 and "8 x 31 solver steps (248 U-Net calls), about " in line and "held for the run" in line
-    from ddpm.util import memory_budget
+    from ddpm.util import memory
 
     refuse_trajectories(monkeypatch)
     monkeypatch.setattr(
-        memory_budget, "available_bytes", lambda device: 64 << 20
+        memory, "available_bytes", lambda device: 64 << 20
     )  # 64 MiB free: a batch fits, not the data
     refused = distill(tmp_path, teacher, "--max_steps", "1", "--distill_samples", "100000", output="big.pt")
     assert_user_error(refused, "--distill_samples 100000 trajectories of 1x16x16 need about")

@@ -1,14 +1,20 @@
-"""How much memory there is, and whether an error was memory running out: what the checks before work
-(ddpm/batch_memory.py for a U-Net batch, the datasets held in memory) measure against, and what lets the
-command line end an out-of-memory error in one line on a CPU as on a GPU.
+"""How much memory there is, whether an error was memory running out, and keeping freed CPU memory in the process.
 
     available_bytes(torch.device("cpu"))        # MemAvailable, bounded by a cgroup memory limit
     is_out_of_memory(exc)                       # True for any allocation failure, CPU or GPU
+    keep_freed_memory()                         # once, before a CPU loop: glibc stops handing freed pages back
+
+The checks before work (ddpm/batch_memory.py for a U-Net batch, datasets held in memory) measure against
+available_bytes; keep_freed_memory spares a CPU loop the page faults of re-allocating the same activations.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -151,3 +157,31 @@ def is_out_of_memory(exc: BaseException) -> bool:
                 return True
         exc = exc.__cause__
     return False
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep freed memory (no heap trimming; blocks up to 32 MiB from the heap).
+    True when applied (now or by an earlier call), False where there is no glibc mallopt."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others: no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    trimmed = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # glibc returns 1 on success, 0 on failure
+    mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    return bool(trimmed and mapped)
+
+
+def allocator_description() -> str:
+    """Apply :func:`keep_freed_memory` and say what malloc does now: the benchmarks' ``cpu_allocator`` entry."""
+    return "glibc malloc keeps freed memory (util/memory.py)" if keep_freed_memory() else "default"

@@ -1,13 +1,18 @@
-"""util/memory_budget.py: the memory available (MemAvailable, the cgroup arithmetic), the byte format and the
-out-of-memory recognizer."""
+"""util/memory.py: the memory a run measures against (available_bytes, out-of-memory errors) and keeping
+freed CPU memory in the process."""
 
+from __future__ import annotations
+
+import resource
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import make_trainer
 
-from ddpm.util import memory_budget
-from ddpm.util.memory_budget import available_bytes, is_out_of_memory
+from ddpm.util import memory
+from ddpm.util.memory import available_bytes, is_out_of_memory, keep_freed_memory
 from ddpm.util.messages import format_bytes
 
 GiB = 1 << 30
@@ -28,10 +33,10 @@ def test_cgroup_headroom_is_the_limit_minus_the_working_set(tmp_path, monkeypatc
     (v2 / "memory.stat").write_text(f"anon 1\ninactive_file {2 * GiB}\nactive_file 3\n")  # page cache it can drop
     (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
     (v1 / "memory.usage_in_bytes").write_text(f"{GiB}\n")
-    monkeypatch.setattr(memory_budget, "_cgroup_dirs", lambda: [(v2, "v2"), (v1, "v1")])
-    assert memory_budget._cgroup_headroom() == 8 * GiB - (5 * GiB - 2 * GiB)
+    monkeypatch.setattr(memory, "_cgroup_dirs", lambda: [(v2, "v2"), (v1, "v1")])
+    assert memory._cgroup_headroom() == 8 * GiB - (5 * GiB - 2 * GiB)
     (v2 / "memory.max").write_text("max\n")
-    assert memory_budget._cgroup_headroom() is None
+    assert memory._cgroup_headroom() is None
 
 
 def test_format_bytes():
@@ -59,3 +64,35 @@ def test_is_out_of_memory_recognizes_the_other_kinds_and_nothing_else():
     assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"))
     assert not is_out_of_memory(ValueError("batch size must be at least 1, got 0"))
     assert not is_out_of_memory(KeyboardInterrupt())
+
+
+def _faults_of_one_step(megabytes: int = 24) -> int:
+    """Minor page faults of allocating, touching and freeing a few activation-sized tensors (one 'step')."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensors = [torch.ones(megabytes * 2**20 // 4 // 3) for _ in range(3)]  # written: every page touched
+    del tensors
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_keep_freed_memory_stops_page_faults_on_repeated_steps():
+    assert keep_freed_memory() is True
+    assert keep_freed_memory() is True  # idempotent
+    for _ in range(6):  # the first steps grow the heap: their pages fault once
+        _faults_of_one_step()
+    repeats = [_faults_of_one_step() for _ in range(3)]
+    # 24 MB of fresh pages is ~6,000 faults a step (glibc's default); kept memory is reused without any. The
+    # median, since another thread's allocation can land in one step's count (321 seen once on 2 cores).
+    median = sorted(repeats)[1]
+    assert median < 200, f"{repeats} page faults on repeated steps: freed memory was returned to the kernel"
+
+
+def test_the_cpu_trainer_keeps_freed_memory(tmp_path, monkeypatch):
+    # A training step frees and reallocates its activations like a sampling step: the trainer asks for the same
+    # malloc setting on a CPU (BENCHMARKS.md, "A faster CPU training step").
+    import ddpm.training.trainer as trainer_module
+
+    calls = []
+    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append("cpu") or True)
+    make_trainer(tmp_path)
+    assert calls == ["cpu"]
