@@ -4,7 +4,7 @@
 
 One table, read by every check of a mode's outputs (cli/resolve.py before any work, the modes again once the
 model file has named its own inputs): util/safe_files.check_outputs refuses an output whose name does not end
-as its kind's files do (util/file_kinds.py) or that already holds a file of another kind. Folders (--log_dir,
+as its kind's files do (safe_files.check_kind) or that already holds a file of another kind. Folders (--log_dir,
 --profile, a diffusers export) are checked as folders where they are written; the previews' folder, derived from
 the checkpoint's name, with the checkpoint (:func:`check_previews_folder`), before anything is read.
 """

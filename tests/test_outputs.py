@@ -14,7 +14,7 @@ from PIL import Image
 from ddpm.cli import parser, resolve
 from ddpm.cli.flags import FLAGS
 from ddpm.outputs import OUTPUTS, check_mode_outputs, kinds_of
-from ddpm.util.file_kinds import KINDS
+from ddpm.util.safe_files import KINDS
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
 

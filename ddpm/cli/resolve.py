@@ -237,7 +237,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
     from ddpm.data.catalog import VOLUME_DATASETS
     from ddpm.training.curves import CSV_NAME, default_log_dir
     from ddpm.training.trainer import check_warmup
-    from ddpm.util.file_kinds import check_resumable
+    from ddpm.util.safe_files import check_resumable
 
     recipe = training_recipe(args, device)
     batch_size = recipe["batch_size"] if args.batch_size is None else args.batch_size

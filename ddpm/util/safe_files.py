@@ -12,7 +12,7 @@ Four rules, applied by every mode before any work starts:
   existing path that is not a regular file (a folder, a device, a FIFO), a read-only file (its mode
   is respected, even by root), or a folder that cannot be written. An input may be a folder of data
   (:class:`InputFolder`): no output may lie inside it, existing or not, nor be (through a link) a file
-  it reads; and an existing file's kind must be the output's (util/file_kinds.py).
+  it reads; and an existing file's kind must be the output's (check_kind, below).
 * :func:`atomic_write` writes through a temporary file in the target's folder (flushed, fsynced,
   then renamed over the target), so a file holds either its old or its whole new content; signals
   arriving during the write wait until the rename is done. A symlinked output keeps its link: the
@@ -33,14 +33,15 @@ import json
 import os
 import shutil
 import stat
+import struct
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from ddpm.util import interrupts
-from ddpm.util.file_kinds import check_kind
 from ddpm.util.messages import first_line, format_bytes
 
 PathLike = str | os.PathLike
@@ -144,7 +145,7 @@ def check_outputs(
 
     ``outputs`` and ``inputs`` map a flag (``"--output"``) or a description (``"its autoencoder"``) to
     its path (an input may be an :class:`InputFolder`); None entries are skipped. ``kinds`` maps an output's
-    flag to the kind of file it writes (util/file_kinds.py; a mode's table is ddpm/outputs.py): its name must
+    flag to the kind of file it writes (check_kind; a mode's table is ddpm/outputs.py): its name must
     end as that kind's do. Whatever the kind (else the one its ending names), an existing file of another kind
     is refused. Stale temporaries of each output (from a killed save) are removed.
     """
@@ -529,3 +530,130 @@ def parse_json(
                 raise ValueError(f"{source}: its metadata nests deeper than {max_depth} levels")
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return value
+
+
+HEAD_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class FileKind:
+    name: str  # said in messages: "a PNG image"
+    suffixes: tuple[str, ...]  # the first is the one suggested
+
+
+# The kinds this tool writes. A "text" file (no NUL bytes) is what a CSV is found as; "zip" is a zip archive of
+# none of the kinds below; "broken_zip" a zip cut short or damaged; "binary" a file of no kind recognized here.
+KINDS = {
+    "json": FileKind("a JSON file", (".json",)),
+    "csv": FileKind("a CSV table", (".csv",)),
+    "png": FileKind("a PNG image", (".png",)),
+    "npz": FileKind("a NumPy .npz archive", (".npz",)),
+    "checkpoint": FileKind("a PyTorch checkpoint", (".pt",)),
+    "torchscript": FileKind("a TorchScript program", (".ts",)),
+    "onnx": FileKind("an ONNX graph", (".onnx",)),
+    "tensorrt": FileKind("a TensorRT engine", (".engine", ".plan")),
+    "safetensors": FileKind("a safetensors file", (".safetensors",)),
+}
+FOUND_NAMES = {
+    "text": "a text file",
+    "zip": "a zip archive",
+    "broken_zip": "a truncated or corrupt zip archive (a checkpoint cut short?)",
+    "binary": "a binary file",
+}
+
+
+def expected_kind(path: str | os.PathLike) -> str | None:
+    """The kind a file of this name is expected to hold (by its ending, any case), or None for other endings."""
+    suffix = Path(path).suffix.lower()
+    return next((kind for kind, spec in KINDS.items() if suffix in spec.suffixes), None)
+
+
+def _zip_kind(path: Path) -> str:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return "broken_zip"  # a zip's first bytes without its directory: cut short (a checkpoint's copy) or damaged
+    if names and all(name.endswith(".npy") for name in names):
+        return "npz"
+    if any("/code/" in name for name in names):
+        return "torchscript"
+    if any(name.endswith("data.pkl") for name in names):
+        return "checkpoint"
+    return "zip"
+
+
+def found_kind(path: str | os.PathLike) -> str | None:
+    """What an existing regular file holds, from its first bytes: one of :data:`KINDS`, or "text", "zip",
+    "broken_zip", "binary"; None for an empty file (nothing to lose)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    if not head:
+        return None
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return _zip_kind(path)
+    if head[:1] == b"\x80":  # a pickle (protocol 2+): torch.save's legacy format
+        return "checkpoint"
+    if len(head) >= 9 and head[8:9] == b"{":  # safetensors: a u64 header length, then the JSON header
+        (length,) = struct.unpack("<Q", head[:8])
+        if 0 < length < os.stat(path).st_size:
+            return "safetensors"
+    if head[:1] == b"\x08":  # a protobuf whose first field is 1 (varint): ModelProto.ir_version
+        return "onnx"
+    if b"\0" not in head:
+        text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+        return "json" if text[:1] in (b"{", b"[") else "text"
+    return "binary"
+
+
+def _fits(found: str, kind: str) -> bool:
+    """Whether a file found to be ``found`` may be replaced by a new file of ``kind``."""
+    if found == kind:
+        return True
+    if kind == "csv":
+        return found == "text"  # a CSV is text; JSON, though text too, is another kind
+    if kind == "tensorrt":
+        return found == "binary"  # engines have no magic bytes of their own
+    return False
+
+
+def check_kind(flag: str, raw: str | os.PathLike, *, kind: str | None, target: Path | None = None) -> None:
+    """Refuse an output whose name does not end as ``kind``'s files do, or an existing file (``target``: the
+    resolved path) holding another kind. ``kind`` None: the kind the name's ending says, if any."""
+    if kind is not None:
+        suffixes = KINDS[kind].suffixes
+        if Path(raw).suffix.lower() not in suffixes:
+            endings = " or ".join(suffixes)
+            raise ValueError(f"{flag} writes {KINDS[kind].name} and needs a file name ending in {endings}, got {raw}")
+    kind = kind or expected_kind(raw)
+    target = Path(raw) if target is None else target
+    if kind is None or not target.is_file():
+        return
+    try:
+        found = found_kind(target)
+    except OSError as exc:
+        raise ValueError(f"{flag} {raw}: cannot inspect it ({exc.strerror})") from exc
+    if found is not None and not _fits(found, kind):
+        what = KINDS[found].name if found in KINDS else FOUND_NAMES[found]
+        raise ValueError(
+            f"{flag} {raw} already holds {what}, not {KINDS[kind].name}; it would be destroyed, choose another path"
+        )
+
+
+def check_resumable(flag: str, raw: str | os.PathLike) -> None:
+    """Refuse a file that ``--resume`` would continue when it holds no checkpoint, naming what it holds: the run reads
+    it first, so it is no output about to be destroyed (what :func:`check_kind` would say). A missing file is left to
+    the loader, which names it."""
+    target = Path(raw)
+    if not target.is_file():
+        return
+    try:
+        found = found_kind(target)
+    except OSError as exc:
+        raise ValueError(f"{flag} {raw}: cannot inspect it ({exc.strerror})") from exc
+    if found != "checkpoint":
+        what = "is empty" if found is None else f"holds {KINDS[found].name if found in KINDS else FOUND_NAMES[found]}"
+        raise ValueError(f"{flag} {raw} is not a checkpoint (it {what}); --resume continues one")

@@ -483,9 +483,7 @@ def test_the_trajectories_are_estimated_before_they_start_and_refused_beyond_fre
     from ddpm.util import memory
 
     refuse_trajectories(monkeypatch)
-    monkeypatch.setattr(
-        memory, "available_bytes", lambda device: 64 << 20
-    )  # 64 MiB free: a batch fits, not the data
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 64 << 20)  # 64 MiB free: a batch fits, not the data
     refused = distill(tmp_path, teacher, "--max_steps", "1", "--distill_samples", "100000", output="big.pt")
     assert_user_error(refused, "--distill_samples 100000 trajectories of 1x16x16 need about")
     assert "use at most" in refused.stderr and not (tmp_path / "big.pt").exists()

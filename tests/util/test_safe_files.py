@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
+import io
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, assert_user_error, run_here
 from PIL import Image
 
 import main
@@ -33,9 +36,10 @@ from ddpm.backends import registry
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
 from ddpm.modes import training_run as train_mode
 from ddpm.util import interrupts, model_folders, safe_files
-from ddpm.util.safe_files import check_outputs, remove_stale_temporaries
+from ddpm.util.estimates import phase_line, seconds_per_call
+from ddpm.util.safe_files import KINDS, check_kind, check_outputs, expected_kind, found_kind, remove_stale_temporaries
 
-TINY_TRAIN = [
+TINY_SAVES = [
     "--mode",
     "train",
     "--dataset",
@@ -96,7 +100,7 @@ def work(tmp_path_factory) -> Path:
     cwd = os.getcwd()
     os.chdir(folder)
     try:
-        assert main.main([*TINY_TRAIN, "--max_steps", "2", "--model_path", "m.pt"]) == 0
+        assert main.main([*TINY_SAVES, "--max_steps", "2", "--model_path", "m.pt"]) == 0
     finally:
         os.chdir(cwd)
         for sig, handler in handlers.items():
@@ -190,7 +194,7 @@ def test_an_output_through_a_symlink_replaces_the_target_and_keeps_the_link(cli,
         ([*SAMPLE, "--model_path", "m.pt", "--output", "x.png/"], "--output", "x.png"),
         ([*SAMPLE, "--model_path", "m.pt", "--no_grid", "--save_npz", "s.npz/"], "--save_npz", "s.npz"),
         (["--mode", "export", "--format", "onnx", "--model_path", "m.pt", "--output", "t.onnx/"], "--output", "t.onnx"),
-        ([*TINY_TRAIN, "--max_steps", "1", "--model_path", "n.pt/"], "--model_path", "n.pt"),
+        ([*TINY_SAVES, "--max_steps", "1", "--model_path", "n.pt/"], "--model_path", "n.pt"),
     ],
 )
 def test_a_file_output_ending_in_a_slash_is_refused_and_writes_nothing(cli, work, args, flag, name):
@@ -204,15 +208,15 @@ def test_a_file_output_ending_in_a_slash_is_refused_and_writes_nothing(cli, work
 # ----- training never replaces a checkpoint by accident ----------------------------------------------
 def test_training_onto_an_existing_checkpoint_needs_resume_or_overwrite(cli, work):
     with unchanged(work / "m.pt"):
-        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--resume")
-        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--overwrite")
+        refused(cli(*TINY_SAVES, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--resume")
+        refused(cli(*TINY_SAVES, "--max_steps", "1", "--model_path", "m.pt", cwd=work), "--overwrite")
         refused(
-            cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "m.pt", "--resume", "--overwrite", cwd=work),
+            cli(*TINY_SAVES, "--max_steps", "1", "--model_path", "m.pt", "--resume", "--overwrite", cwd=work),
             "choose one",
         )
     copy = work / "copy.pt"
     copy.write_bytes((work / "m.pt").read_bytes())
-    code, err = cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "copy.pt", "--overwrite", cwd=work)
+    code, err = cli(*TINY_SAVES, "--max_steps", "1", "--model_path", "copy.pt", "--overwrite", cwd=work)
     assert code == 0, err
     assert load_checkpoint(copy)["step"] == 1
 
@@ -222,8 +226,8 @@ def test_a_read_only_checkpoint_is_not_replaced_even_with_overwrite(cli, work):
     ro.write_bytes((work / "m.pt").read_bytes())
     ro.chmod(0o444)
     with unchanged(ro):
-        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "ro.pt", "--overwrite", cwd=work), "read-only")
-        refused(cli(*TINY_TRAIN, "--max_steps", "3", "--model_path", "ro.pt", "--resume", cwd=work), "read-only")
+        refused(cli(*TINY_SAVES, "--max_steps", "1", "--model_path", "ro.pt", "--overwrite", cwd=work), "read-only")
+        refused(cli(*TINY_SAVES, "--max_steps", "3", "--model_path", "ro.pt", "--resume", cwd=work), "read-only")
 
 
 def test_a_second_run_on_a_locked_checkpoint_is_refused(cli, work):
@@ -231,16 +235,16 @@ def test_a_second_run_on_a_locked_checkpoint_is_refused(cli, work):
 
     with open(work / "locked.pt.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as a running training process holds it
-        refused(cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "locked.pt", cwd=work), "another run")
+        refused(cli(*TINY_SAVES, "--max_steps", "1", "--model_path", "locked.pt", cwd=work), "another run")
     assert not (work / "locked.pt").exists()
 
 
 def test_no_training_run_leaves_its_lock_file_behind(cli, work):
     # Done, and refused once the lock is held (a --resume whose checkpoint is not one).
-    code, err = cli(*TINY_TRAIN, "--max_steps", "1", "--model_path", "fresh.pt", cwd=work)
+    code, err = cli(*TINY_SAVES, "--max_steps", "1", "--model_path", "fresh.pt", cwd=work)
     assert code == 0, err
     torch.save({"step": "not a checkpoint"}, work / "junk.pt")  # a torch file (so its kind passes), not a checkpoint
-    refused(cli(*TINY_TRAIN, "--max_steps", "3", "--model_path", "junk.pt", "--resume", cwd=work), "junk.pt")
+    refused(cli(*TINY_SAVES, "--max_steps", "3", "--model_path", "junk.pt", "--resume", cwd=work), "junk.pt")
     code, err = cli(
         "--mode",
         "train_autoencoder",
@@ -405,7 +409,7 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
     ],
 )
 def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(tmp_path, sig, code, name):
-    proc = start([*TINY_TRAIN, "--max_steps", "100000", "--model_path", "ck.pt"], tmp_path)
+    proc = start([*TINY_SAVES, "--max_steps", "100000", "--model_path", "ck.pt"], tmp_path)
     assert proc.stdout.readline().startswith("training")  # printed just before the loop starts
     time.sleep(1.0)  # some steps in (a step of this U-Net: tens of ms)
     proc.send_signal(sig)
@@ -626,7 +630,7 @@ def test_a_full_disk_during_a_checkpoint_save_ends_in_one_line_and_keeps_the_pre
     save = torch.save
     monkeypatch.setattr(torch, "save", lambda obj, f, *args, **kwargs: save(obj, FullDisk(f), *args, **kwargs))
     with unchanged(tmp_path / "ck.pt"):
-        result = cli(*TINY_TRAIN, "--max_steps", "2", "--model_path", "ck.pt", "--overwrite", cwd=tmp_path)
+        result = cli(*TINY_SAVES, "--max_steps", "2", "--model_path", "ck.pt", "--overwrite", cwd=tmp_path)
     ended_in_one_line(result, "cannot write ck.pt: No space left on device; the previous file is untouched and nothing")
     assert str(tmp_path) not in result[1] and "enforce fail" not in result[1]
     assert not list(tmp_path.glob(".ck.pt.tmp-*"))
@@ -730,3 +734,85 @@ def test_the_default_grid_scale_shrinks_to_fit_one_png():
     n = 10_000  # 100 x 100 tiles of 28 px: x1 fits in 4096^2 pixels, x2 would not
     assert image_files.choose_grid_scale(n, height=28, width=28) == 1
     assert image_files.grid_pixels(n, height=28, width=28) <= image_files.MAX_GRID_PIXELS
+
+
+def written(tmp_path, name: str, write) -> object:
+    path = tmp_path / name
+    write(path)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")  # a TorchScript file to find
+def test_each_kind_is_found_from_its_content(tmp_path):
+    files = {
+        "png": written(tmp_path, "a.png", lambda p: Image.new("L", (2, 2)).save(p)),
+        "checkpoint": written(tmp_path, "a.pt", lambda p: torch.save({"w": torch.zeros(2)}, p)),
+        "torchscript": written(tmp_path, "a.ts", lambda p: torch.jit.script(torch.nn.ReLU()).save(str(p))),
+        "npz": written(tmp_path, "a.npz", lambda p: np.savez(p, images=np.zeros(3, np.uint8))),
+        "json": written(tmp_path, "a.json", lambda p: p.write_text(json.dumps({"rows": []}, indent=2))),
+        "text": written(tmp_path, "a.csv", lambda p: p.write_text("step,loss\n1,0.5\n")),
+    }
+    if importlib.util.find_spec("safetensors"):
+        from safetensors.torch import save_file
+
+        files["safetensors"] = written(tmp_path, "a.safetensors", lambda p: save_file({"w": torch.zeros(2)}, p))
+    if importlib.util.find_spec("onnx"):
+        from onnx import helper
+
+        graph = helper.make_graph([], "g", [], [])
+        files["onnx"] = written(
+            tmp_path, "a.onnx", lambda p: p.write_bytes(helper.make_model(graph).SerializeToString())
+        )
+    for kind, path in files.items():
+        assert found_kind(path) == kind, (kind, path)
+        if kind in KINDS:
+            assert expected_kind(path) == kind
+            check_kind("--out", path, kind=kind)  # its own kind may be replaced
+    assert found_kind(written(tmp_path, "empty.json", lambda p: p.write_bytes(b""))) is None
+    assert found_kind(written(tmp_path, "blob.engine", lambda p: p.write_bytes(b"\x00\x01ftrt" * 8))) == "binary"
+    check_kind("--output", tmp_path / "blob.engine", kind="tensorrt")  # engines have no magic of their own
+    check_kind("--csv", files["text"], kind="csv")
+
+
+def test_a_file_of_another_kind_is_refused_whatever_its_name(tmp_path):
+    buffer = io.BytesIO()
+    torch.save({"model": {}}, buffer)
+    disguised = written(tmp_path, "report.json", lambda p: p.write_bytes(buffer.getvalue()))
+    with pytest.raises(ValueError, match="report.json already holds a PyTorch checkpoint, not a JSON file"):
+        check_kind("--json", disguised, kind="json")
+    with pytest.raises(ValueError, match="already holds a PyTorch checkpoint"):  # no kind given: the name's
+        check_kind("the preview", disguised, kind=None)
+    with pytest.raises(ValueError, match="--csv writes a CSV table and needs a file name ending in .csv, got r.JSON"):
+        check_kind("--csv", "r.JSON", kind="csv")
+    json_file = written(tmp_path, "r.csv", lambda p: p.write_text('{"a": 1}'))
+    with pytest.raises(ValueError, match="already holds a JSON file, not a CSV table"):
+        check_kind("--csv", json_file, kind="csv")
+
+
+def test_the_estimate_line_says_calls_time_and_memory():
+    line = phase_line("calibration", calls=4096, seconds=80, held_bytes=3 << 20, available_bytes=20 << 30)
+    assert line == "calibration: 4,096 U-Net calls, about 1 min 20 s; 3.0 MiB held, 20.0 GiB available"
+    calls = []
+    assert seconds_per_call(lambda: calls.append(1), device=torch.device("cpu")) >= 0 and len(calls) == 2
+
+
+def test_a_checkpoint_cut_short_is_found_truncated_and_named_so(tmp_path):
+    buffer = io.BytesIO()
+    torch.save({"model": {"w": torch.zeros(2048)}}, buffer)
+    cut = written(tmp_path, "student.pt", lambda p: p.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2]))
+    assert found_kind(cut) == "broken_zip"
+    with pytest.raises(ValueError, match="student.pt already holds a truncated or corrupt zip archive"):
+        check_kind("--output", cut, kind="checkpoint")
+
+
+@pytest.mark.parametrize(
+    "content,held",
+    [(b"\x89PNG\r\n\x1a\n" + bytes(8), "holds a PNG image"), (b"notes\n", "holds a text file"), (b"", "is empty")],
+)
+def test_resuming_a_file_that_is_no_checkpoint_names_what_it_holds(tmp_path, content, held):
+    """--resume reads --model_path before it writes it: a PNG or a text file there is no checkpoint to continue, not
+    an output that "would be destroyed"; the file stays as it was."""
+    (tmp_path / "ck.pt").write_bytes(content)
+    result = run_here(*TINY_SAVES, "--resume", "--model_path", "ck.pt", cwd=tmp_path)
+    assert_user_error(result, f"--model_path ck.pt is not a checkpoint (it {held}); --resume continues one")
+    assert (tmp_path / "ck.pt").read_bytes() == content
