@@ -245,8 +245,8 @@ def conv3x3_winograd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, upsample: bool = False
 ) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
-    Winograd's F(2x2, 3x3) (BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32 channels-last; Cin and
-    Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
+    Winograd's F(2x2, 3x3) (BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32
+    channels-last; Cin and Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
     ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
     each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
     if _loaded_from is None:
