@@ -89,8 +89,8 @@ DISTILL_METHODS = ("regression", "adversarial", "dmd", "consistency")
 # regression.
 DISTILL_METHOD_BY_STEPS = {1: "adversarial", 2: "adversarial", 4: "regression", 8: "regression"}
 # What the adversarial method's discriminator takes for real images: the teacher's training data (as DMD2 and CTM
-# do, so the student is not bounded by the ODE's ends), or the teacher's ODE ends. Default: "data" where the teacher records a dataset read without a download
-# (REAL_DATA_OFFLINE), "teacher" elsewhere (cli/recipes.py's adv_real).
+# do, so the student is not bounded by the ODE's ends), or the teacher's ODE ends. Default: "data" where the teacher
+# records a dataset read without a download (REAL_DATA_OFFLINE), "teacher" elsewhere (cli/recipes.py's adv_real).
 ADV_REAL = ("data", "teacher")
 REAL_DATA_OFFLINE = ("digits", "mnist_5k", "spheres")
 # The student's noise levels sigma = sqrt((1 - abar) / abar) after its first call at t = T - 1, per --sampling_steps,

@@ -264,8 +264,8 @@ def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor) -> tor
     return torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad_out)
 
 
-# Wider layers stay on oneDNN: their 16 (Cin, Cout) kernels no longer fit the cache (BENCHMARKS.md, "Where the
-# runner's time goes").
+# Wider layers stay on oneDNN: their 16 (Cin, Cout) kernels no longer fit the cache
+# (BENCHMARKS.md, "Where the runner's time goes").
 WINOGRAD_MAX_CHANNELS = 256
 
 

@@ -133,9 +133,7 @@ class TimestepSampler:
         return t.to(device), w[t].to(device=device, dtype=torch.float32)
 
     def update(self, t: Tensor, losses: Tensor) -> None:
-        """Record detached per-sample ``losses`` (B,) of the draws ``t`` (B,); non-finite ones are ignored.
-
-        """
+        """Record detached per-sample ``losses`` (B,) of the draws ``t`` (B,); non-finite ones are ignored."""
         if t.dim() != 1 or t.shape != losses.shape:
             raise ValueError(f"t and losses must both be (B,), got {tuple(t.shape)} and {tuple(losses.shape)}")
         # sync: one copy of (t, losses) to the CPU, where the histories live.
