@@ -2,8 +2,8 @@
 
 The U-Net follows Ho et al. (2020): a sinusoidal time embedding fed through an MLP into every
 residual block (GroupNorm, SiLU, dropout), multi-head self-attention at chosen resolutions,
-skip connections between the down and up paths. :func:`sample` is the baseline every faster
-implementation is checked against: no graphs, no fusion, no tricks.
+skip connections between the down and up paths. :func:`sample` is the reference loop every faster
+implementation is checked against.
 
     model = UNet(unet_preset("small", image_size=28, in_channels=1))
     images = sample(model, schedule.make_plan("ddim"), shape=(16, 1, 28, 28), generator=g)
@@ -49,13 +49,10 @@ class UNetConfig:
     1..1024, divisible by 2 ** (levels - 1); ``model_channels`` 1..512; ``channel_mult`` 1..8
     levels, each 1..8; ``num_res_blocks`` 1..8; ``num_heads`` 1..64, dividing every attention
     width; ``norm_groups`` 1..256; ``attention_resolutions`` at most 16 sizes, each 1..image_size;
-    ``dropout`` in [0, 1); ``num_classes`` 0..1000. The largest such U-Net is far beyond any GPU; the
-    bounds only keep absurd values (from a damaged or hostile file) from reaching the constructor.
+    ``dropout`` in [0, 1); ``num_classes`` 0..1000. Out-of-range values raise ValueError.
 
     ``num_classes`` > 0 makes a class-conditional U-Net: a label embedding (one row per class and a
-    last, "null" row for "no label") is added to the time embedding, and the network learns both
-    conditional and unconditional eps (training drops labels to the null one), as classifier-free
-    guidance needs.
+    last, "null" row for "no label") is added to the time embedding, for classifier-free guidance.
     """
 
     # Fields that checkpoints written before them lack, and the value that reproduces those models.
@@ -87,8 +84,7 @@ class UNetConfig:
     time_conditioning: str = "scale_shift"
     dims: int = 2  # spatial dimensions: 2 (images, H x W) or 3 (volumes, D x H x W, all image_size)
     # Side of the patches folded into channels before the first convolution and unfolded after the last
-    # (space-to-depth, as in Hoogeboom et al. 2023's "simple diffusion"): 2 runs a 32^3 volume's U-Net at 16^3
-    # with 8 channels per position, 8x fewer positions for every layer; 1: none.
+    # (space-to-depth, as in Hoogeboom et al. 2023's "simple diffusion"); 1: none.
     patch_size: int = 1
     # Details in which published DDPMs differ (formats/diffusers_io.py maps diffusers' UNet2DModel onto these):
     # the sinusoidal time embedding as [cos, sin] (True) or [sin, cos], its frequencies exp(-ln(10^4) i / (half
@@ -237,9 +233,8 @@ def unet_preset(name: str, *, image_size: int, in_channels: int, dims: int = 2, 
 
 
 def small_norm_groups(model_channels: int) -> int:
-    """The small preset's GroupNorm groups: 32, but groups of 4 channels below 64 base channels. 32 groups on 32
-    channels is one channel a group, an instance norm, which removes each feature map's mean: a 28x28 model
-    trained so drew bright blobs for half its samples, and groups of 4 cured it (BENCHMARKS.md, "Real digits")."""
+    """The small preset's GroupNorm groups: 32, but groups of 4 channels below 64 base channels, since one channel
+    a group (an instance norm) removes each feature map's mean (BENCHMARKS.md, "Real digits")."""
     return 32 if model_channels >= 64 else max(1, model_channels // 4)
 
 
@@ -271,7 +266,7 @@ class ResBlock(nn.Module):
     """GroupNorm -> SiLU -> conv, take the time embedding, GroupNorm -> SiLU -> dropout -> conv.
 
     The embedding enters as a per-channel scale and shift of the second norm's output
-    (``scale_shift``) or as a per-channel bias added before it (``add``, the older models).
+    (``scale_shift``) or as a per-channel bias added before it (``add``).
     """
 
     def __init__(
@@ -390,8 +385,8 @@ class UNet(nn.Module):
         dims = config.dims
         folded = config.in_channels * config.patch_size**dims  # channels after space-to-depth
         self.conv_in = conv_nd(dims, folded, ch, 3, padding=1)
-        # Activation checkpointing of the residual blocks in training (training/trainer.py sets it): their
-        # activations are recomputed in the backward pass instead of kept, for about a third more compute.
+        # Activation checkpointing of the residual blocks in training (training/trainer.py sets it): recompute
+        # their activations in the backward pass to save memory.
         self.grad_checkpoint = False
 
         def block(i: int, o: int) -> ResBlock:
@@ -539,11 +534,8 @@ def diffusion_loss(
     (the trainer draws them for a whole global batch and passes each rank its rows). ``y`` (B,):
     the labels of a class-conditional model.
 
-    ``min_snr_gamma=None`` is Ho et al.'s simplified (unweighted) loss. A number gamma weights each
-    sample's noise MSE by min(SNR(t), gamma) / SNR(t), SNR = alpha_bar / (1 - alpha_bar) (Hang et
-    al. 2023, "Min-SNR weighting"; ``NoiseSchedule.loss_weights`` for v and x_0): the nearly clean
-    timesteps, whose noise is hard to predict and matters little for the image, stop dominating the gradient.
-    The trainer takes the same per-sample losses, weighted by its timestep sampler (timestep_sampling.py).
+    ``min_snr_gamma=None`` is Ho et al.'s simplified (unweighted) loss; a number gamma applies Min-SNR weighting
+    (Hang et al. 2023, ``NoiseSchedule.loss_weights``).
     """
     if t is None:
         t = torch.randint(0, schedule.num_timesteps, (x_start.shape[0],), device=x_start.device, generator=generator)

@@ -1,29 +1,20 @@
 """Noise schedules and sampler update rules: the diffusion math every implementation shares.
 
-This module owns the beta schedules, every quantity derived from them, the forward process
-q(x_t | x_0), the posterior q(x_{t-1} | x_t, x_0), what the U-Net predicts (noise, velocity or the
-clean image) and the update rules of the samplers (DDPM ancestral, DDIM, DPM-Solver++(2M) and its
-SDE form, and the multistep consistency sampler of distilled students). It owns no network and does no file I/O; the
-"original", "cuda" and "tensorrt" implementations all take their coefficients from here, so
-they cannot drift apart.
-
-Schedules are computed in float64 and kept as float32 buffers that move with ``.to(device)``.
-
-Its length is the price of one reference: every sampler's math in one file, read top to bottom, is
-what every faster implementation is tested against.
+It holds the beta schedules and what derives from them, the forward process q(x_t | x_0), the posterior
+q(x_{t-1} | x_t, x_0), what the U-Net predicts (noise, velocity or the clean image) and the update rules of the
+samplers (DDPM ancestral, DDIM, DPM-Solver++(2M) and its SDE form, multistep consistency). The "original", "cuda"
+and "tensorrt" implementations all take their coefficients from here. Schedules are computed in float64 and kept
+as float32 buffers that move with ``.to(device)``.
 
 Sampling plans
 --------------
 A sampler visits ``S`` distinct timesteps chosen by :func:`sampling_timesteps`, from the last
 trained timestep ``T - 1`` down to ``0``. DDPM and DDIM space them evenly in t (rounded half
-up; ``S = T`` visits every timestep); DPM-Solver++ spaces them evenly in log-SNR, which its
-authors recommend for low-resolution images and which cuts its error several-fold at 10-20
-steps here (tests/test_noise_schedule.py), with the grid starting no lower than log-SNR -5.1
-(:data:`DPM_SOLVER_LAMBDA_MIN`). Step ``i`` goes from ``t_i`` to ``t_{i+1}``; the last
+up; ``S = T`` visits every timestep); DPM-Solver++ spaces them evenly in log-SNR, the grid starting no
+lower than :data:`DPM_SOLVER_LAMBDA_MIN`. Step ``i`` goes from ``t_i`` to ``t_{i+1}``; the last
 step goes from ``t = 0`` to clean data (alpha-bar = 1).
 
-Every sampler's step then has the same shape, which is what lets one fused kernel serve all
-of them::
+Every sampler's step has the same shape, so one fused kernel serves all of them::
 
     pred_xstart = a * (k_xt * x_t - s * out)             # x_0 from the U-Net's output
     pred_xstart = clamp(pred_xstart, -1, 1)              # optional
@@ -33,14 +24,10 @@ with seven per-step coefficients precomputed in float64 (:class:`SamplingPlan`).
 the one conversion from what the model predicts (``ScheduleConfig.prediction``) to x_0:
 
 * ``eps`` (noise): ``a = 1/sqrt(abar)``, ``s = sqrt(1 - abar)``, ``k_xt = 1``. The difference is taken
-  before the large factor ``a`` (about 20,000 at t = 999 on the cosine schedule), so float32 loses
-  no digits to cancellation there, unlike the expanded form ``a * x_t - (a * s) * eps``
-  (tests/test_noise_schedule.py measures both).
+  before the large factor ``a`` so that float32 loses no digits to cancellation.
 * ``v`` (velocity, Salimans & Ho 2022: ``v = sqrt(abar) eps - sqrt(1 - abar) x_0``):
   ``a = sqrt(abar)``, ``s = sqrt(1 - abar) / sqrt(abar)``, ``k_xt = 1``.
 * ``x0`` (the clean image): ``a = 1``, ``s = -1``, ``k_xt = 0``.
-
-``k_xt`` is exactly 1 or 0, so an eps or v model's step rounds as it did without it.
 
 * DDPM: ``c_x0``, ``c_xt`` are the posterior-mean coefficients of the (respaced) chain,
   ``sigma`` the square root of the posterior variance ("fixed_small") or of beta
@@ -72,10 +59,8 @@ VARIANCE_TYPES = ("fixed_small", "fixed_large")
 COEFFICIENT_NAMES = ("a", "s", "c_xt", "c_x0", "c_prev", "sigma", "k_xt")
 NUM_COEFFICIENTS = len(COEFFICIENT_NAMES)
 
-# DPM-Solver++'s log-SNR grid starts no lower than this (diffusers' lambda_min_clipped). The linear
-# schedule ends at lambda(T - 1) = -5.06, so it is unchanged; the cosine schedule reaches -9.9, and an
-# unclipped grid spends 5 of 20 steps on t = 999..995. Against the exact probability-flow map of Gaussian
-# data the clipped grid's error is several times smaller at 10 and 20 steps (tests/test_noise_schedule.py).
+# DPM-Solver++'s log-SNR grid starts no lower than this (diffusers' lambda_min_clipped), so that few steps go to
+# the nearly-pure-noise end of the cosine schedule; the linear schedule never reaches it.
 DPM_SOLVER_LAMBDA_MIN = -5.1
 
 # None: all T steps.
@@ -89,16 +74,15 @@ MAX_GUIDANCE = 100.0  # the largest classifier-free guidance scale a file may re
 class ScheduleConfig:
     """The forward process. Linear endpoints are for T = 1000 and scale by 1000 / T.
 
-    Valid values: ``kind`` in :data:`SCHEDULES`; ``2 <= num_timesteps <= MAX_TIMESTEPS`` (10,000:
-    ten times the usual T, and 80 KB of coefficients per buffer); ``0 < beta_start < beta_end < 1``;
+    Valid values: ``kind`` in :data:`SCHEDULES`; ``2 <= num_timesteps <= MAX_TIMESTEPS``;
+    ``0 < beta_start < beta_end < 1``;
     ``0 < cosine_s <= 1``; ``prediction`` in :data:`PREDICTIONS` (what the U-Net trained on this
     schedule predicts). A config read from a file goes through :meth:`from_dict`, which also checks
     the keys and the types.
 
-    A distilled student (ddpm/training/distill.py) records how it samples: ``student_sampler`` and its
-    ``student_timesteps`` (the sampler's steps), and ``folded_guidance``, the classifier-free guidance
-    scale a class-conditional student learned to produce in one call (0: none). Every model file
-    carries this config, so every format keeps them.
+    A distilled student (ddpm/training/distill.py) records how it samples: ``student_sampler``,
+    ``student_timesteps`` and ``folded_guidance``, the classifier-free guidance scale it learned to produce in one
+    call (0: none).
     """
 
     # Fields that files written before them lack, and the value that reproduces those models.
@@ -238,8 +222,7 @@ def make_betas(config: ScheduleConfig) -> torch.Tensor:
 
 
 def check_sampling_steps(sampling_steps: int, num_timesteps: int) -> None:
-    """The one range check of a step count (--sampling_steps, through every request to make_plan): 1 to T.
-    Its upper end is the model's, so it is checked here, where the count meets the schedule."""
+    """Check a step count (--sampling_steps) is in 1 to T; raises ValueError otherwise."""
     if not 1 <= sampling_steps <= num_timesteps:
         raise ValueError(
             f"sampling steps must be between 1 and {num_timesteps} (the trained timesteps), got {sampling_steps}"
@@ -268,8 +251,7 @@ def sampling_timesteps(
         raise ValueError(f"unknown timestep spacing {spacing!r} (uniform, or logsnr with alphas_cumprod)")
     ac = alphas_cumprod.double()
     neg_lam = -0.5 * torch.log(ac / (1.0 - ac))  # increasing in t
-    # With lambda_min, the grid starts at log-SNR lambda_min instead of lambda(T - 1) (the first
-    # step still starts from T - 1): fewer of the few steps go to the nearly-pure-noise end.
+    # With lambda_min the grid starts there instead of at lambda(T - 1); the first step still starts from T - 1.
     start = neg_lam[-1].item() if lambda_min is None else min(neg_lam[-1].item(), -lambda_min)
     targets = torch.linspace(start, neg_lam[0].item(), num_steps, dtype=torch.float64)
     upper = torch.searchsorted(neg_lam, targets).clamp(1, num_timesteps - 1)
@@ -427,8 +409,7 @@ class NoiseSchedule(nn.Module):
         if variance_type not in VARIANCE_TYPES:
             raise ValueError(f"unknown variance type {variance_type!r}; choose one of {', '.join(VARIANCE_TYPES)}")
         if not (math.isfinite(eta) and 0.0 <= eta <= 1.0):
-            # 0: deterministic DDIM; 1: DDPM's posterior variance. Beyond 1 the noise outgrows the step and
-            # the images saturate (eta 1e10 wrote all-black and all-white grids).
+            # 0: deterministic DDIM; 1: DDPM's posterior variance; beyond 1 the noise outgrows the step.
             raise ValueError(f"eta must be between 0 (deterministic) and 1 (DDPM's posterior variance), got {eta}")
         if sampler != "ddim" and eta != 0.0:
             raise ValueError(f"eta only applies to the ddim sampler, got eta={eta} with {sampler}")
@@ -521,8 +502,8 @@ def _dpm_solver_coefficients(
     #   first order (ODE): x_s = (sigma_s / sigma_t) x_t - alpha_s expm1(-h) x0_t
     #   first order (SDE): x_s = (sigma_s / sigma_t) e^-h x_t - alpha_s expm1(-2h) x0_t + sigma_s sqrt(-expm1(-2h)) z
     #   second order: x0_t is replaced by D = (1 + 1 / 2r) x0_t - (1 / 2r) x0_prev, r = h_prev / h.
-    # The SDE form (SDE-DPM-Solver++(2M), "sde-dpmsolver++" in diffusers) solves the reverse SDE: its noise
-    # corrects part of the model's error on the way, as ancestral DDPM's does, at DPM-Solver++'s step count.
+    # The SDE form ("sde-dpmsolver++" in diffusers) solves the reverse SDE; its noise corrects part of the model's
+    # error.
     ac_t, ac_prev = _step_alphas(alphas_cumprod, timesteps)
     num_steps = len(timesteps)
     c_xt = torch.zeros(num_steps, dtype=torch.float64)

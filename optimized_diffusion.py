@@ -2,42 +2,27 @@
 :func:`sample`), and the fused U-Net runner it may run (:class:`FusedUNet`). The ops themselves, and the
 extension's loading and build, are in ddpm/kernels/.
 
-Same calling convention and, in fp32 with the same seed, the same images as the original loop
-(:func:`basic_diffusion.sample`), faster:
+Same calling convention as the original loop (:func:`basic_diffusion.sample`) and, in fp32 with the same seed,
+the same images:
 
     from optimized_diffusion import sample
     images = sample(model, plan, shape=(64, 1, 28, 28), generator=g, precision="bf16")
 
 Build the extension first (otherwise it is JIT-compiled on first use): ``pip install -e . --no-build-isolation``.
 
-What it changes, step by step:
+* ``torch.ops.diffusion_kernels.fused_step_`` does the whole update of :func:`noise_schedule.p_step` in one pass,
+  in place, bit for bit as ``p_step``.
+* x_t, the noise, DPM-Solver's previous pred_xstart, the timestep input and the step index live in static buffers;
+  the ops read the step index on the device, so no step needs the host.
+* On CUDA one denoising step (or a short plan whole) is captured as a CUDA graph and replayed; steps of the other
+  kind (with or without noise) run the same code eagerly, so the generator is consumed as by the original loop.
+  If capture fails the sampler says so in one line and runs eagerly.
+* ``precision`` is "fp32", "bf16" or "fp16" (the sampler state stays float32); ``compile_model=True``
+  (``--compile``) runs the U-Net through torch.compile inside the graph.
 
-* **One fused op per step.** ``torch.ops.diffusion_kernels.fused_step_`` does the whole
-  update of :func:`noise_schedule.p_step` (predict x_0, clip, posterior / DDIM / DPM-Solver++
-  combination, add sigma * z) in one pass over memory, in place, reading the step's six
-  coefficients from the plan's table on the device. Its CPU and CUDA kernels match ``p_step``
-  bit for bit (float32 arithmetic whatever the input dtypes).
-* **Static buffers and a device-side step counter.** x_t, the noise, DPM-Solver's previous
-  pred_xstart, the U-Net's (B,) timestep input and the step index live in fixed buffers; the
-  ops read the step index on the device, so no step needs the host.
-* **One CUDA graph.** On CUDA one denoising step (timestep gather, U-Net forward, noise draw,
-  fused step, counter advance) is warmed up, captured once and replayed for every step. Steps
-  of the other kind (with or without noise; for DDPM only the last, noise-free one) run the
-  same code eagerly, so the generator is consumed exactly as by the original loop.
-* **Precision and layout.** ``precision`` is "fp32", "bf16" or "fp16" (the sampler state stays float32): the fused
-  U-Net runner (:class:`FusedUNet`, NHWC, weights cast once) where asked, else the U-Net under autocast, NCHW
-  (channels-last made a graphed step slower on an H100: BENCHMARKS.md, "The step kernels on a GPU").
-  ``compile_model=True`` (``--compile``) runs the U-Net through torch.compile inside the graph.
-* **Robust capture, own stream.** Sampling runs on a dedicated CUDA stream; if the step cannot be captured, the
-  sampler says so in one line and runs eagerly.
-
-TF32 policy: with ``precision="fp32"`` TF32 is switched off for cuDNN convolutions and cuBLAS
-matmuls while sampling, so fp32 results match an fp32 original (run the original under
-:func:`backend_policy` ``("fp32")`` too: PyTorch's default allows TF32 in cuDNN). With bf16/fp16
-TF32 is on for the few float32 convolutions and matmuls autocast leaves. The previous settings
-are restored when sampling returns; nothing global is left changed.
-
-CPU: the same code path with the CPU kernels and no graph (for tests and machines without a GPU).
+With ``precision="fp32"`` TF32 is off while sampling, so results match an fp32 original run under
+:func:`backend_policy` ``("fp32")``; the previous settings are restored afterwards. On the CPU the same code runs
+with the CPU kernels and no graph.
 """
 
 from __future__ import annotations
@@ -62,9 +47,8 @@ from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 
 
 def winograd_is_fast(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this CPU runs conv3x3_winograd in ``dtype`` faster than oneDNN: float32's blocking is written for
-    AVX-512 (several times slower on AVX2: BENCHMARKS.md, "The default path on an AVX2 CPU"); bf16's GEMMs are
-    AVX512-BF16 dot products (plain C++ elsewhere: BENCHMARKS.md, "bf16 on a CPU that computes it")."""
+    """Whether this CPU runs conv3x3_winograd in ``dtype`` faster than oneDNN: float32 needs AVX-512, bf16 needs
+    AVX512-BF16 (BENCHMARKS.md, "The default path on an AVX2 CPU")."""
     if dtype == torch.bfloat16:
         return precision_policy.cpu_has_native_bf16()
     return dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() == "AVX512"
@@ -78,22 +62,14 @@ def _is_same_3_tap(conv: nn.Module) -> bool:
 
 
 class FusedUNet(nn.Module):
-    """eps = runner(x_t, t[, y]): a :class:`basic_diffusion.UNet`'s forward with every GroupNorm (+ the time
-    embedding's scale and shift) (+ SiLU) one :func:`ddpm.kernels.ops.group_norm_act`, each convolution's bias
-    folded into the norm that consumes its output, activations in ``dtype`` and (``channels_last``) NHWC / NDHWC
-    end to end, and the weights cast and laid out once, here, instead of by autocast on every call.
+    """eps = runner(x_t, t[, y]): a :class:`basic_diffusion.UNet`'s forward with fused GroupNorm (+ embedding
+    scale and shift) (+ SiLU) kernels, activations in ``dtype`` and (``channels_last``) NHWC / NDHWC, and the
+    weights cast and laid out once. In fp32 it agrees with the U-Net to float rounding; the U-Net is not changed.
 
-    Every residual block's projection of the embedding is one row segment of a single (rows, D) float32
-    table, ``projections(t, y)``: one GEMM per step instead of one per block, and for an unconditional model
-    a function of the timestep alone, so a sampler computes it once per plan step (``projections(timesteps)``)
-    and hands the forward a row (``forward(..., projections=row)``; (1, D) rows are expanded, not copied).
-    On the CPU in channels-last float32 (AVX-512) or bfloat16 (native bf16), the 3x3 stride-1 convolutions run in
-    Winograd's F(2x2, 3x3) (:func:`ddpm.kernels.ops.conv3x3_winograd`; ``winograd=False``: oneDNN), an
-    upsampling's included (its output phases in F(2x2, 2x2)); other CPU runners compute the upsampling phases with
-    oneDNN (:meth:`_upsample_conv`).
-    Same math as the U-Net: in fp32 it agrees to float rounding (tests/test_optimized_diffusion.py). Built
-    from the U-Net's modules (it shares nothing it would change: the packed weights are copies, so the
-    U-Net is left as it was).
+    Every block's embedding projection is one segment of a (rows, D) float32 table, ``projections(t, y)``; a
+    sampler of an unconditional model computes it once per plan and passes a row (``forward(..., projections=row)``).
+    On a CPU where :func:`winograd_is_fast`, 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3)
+    (``winograd=False``: oneDNN).
     """
 
     def __init__(
@@ -153,15 +129,11 @@ class FusedUNet(nn.Module):
         }
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
 
-        # On the CPU in channels-last float32 or (native) bf16 (winograd_is_fast), the 3x3 stride-1 convolutions in
-        # Winograd's F(2x2, 3x3)
-        # (conv3x3_winograd: 2.25x fewer multiply-adds, faster than oneDNN's direct ones up to 256 channels), and
-        # an upsampling's convolution with it, in F(2x2, 2x2) per output phase (no upsampled tensor); elsewhere
-        # (GPUs: cuDNN chooses its own algorithm) the packed weights above.
+        # Where winograd_is_fast, the 3x3 stride-1 convolutions (and upsampling's, per output phase) in Winograd's
+        # F(2x2, 3x3); elsewhere the packed weights above.
         on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
-        # On a GPU cuDNN adds a convolution's bias in a separate broadcast pass: the runner adds it itself, with the
-        # residual stream where a block's skip is the identity, in one vectorized pass (bias_add_). oneDNN fuses the
-        # bias into the convolution, so the CPU keeps it there.
+        # On a GPU the runner adds a convolution's bias itself, with the residual stream, in one pass (bias_add_),
+        # since cuDNN adds it in a separate pass; oneDNN fuses it, so the CPU keeps it in the convolution.
         self.separate_bias = not on_cpu and channels_last and ops.has_op("bias_add_")
         use_winograd = (
             winograd
@@ -239,11 +211,8 @@ class FusedUNet(nn.Module):
 
     def _upsample_conv(self, up: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """up.conv(nearest-2x-upsample(x)) without the upsampled tensor: each output phase (position 2i + a per
-        dimension) is a convolution of x, zero-padded by one, with its phase kernel; the phases interleave. On the
-        CPU only for now: there the 2.25x fewer multiply-adds (2-D) pay for the extra copies; on a GPU at batch 8,
-        where kernel count is the cost, it is unmeasured. Where the runner uses Winograd, the phases are
-        conv3x3_winograd's upsample mode instead (F(2x2, 2x2) per phase, written in place, faster still). Both:
-        BENCHMARKS.md, "Where the runner's time goes"."""
+        dimension) is a convolution of x, zero-padded by one, with its phase kernel; the phases interleave. CPU
+        only (BENCHMARKS.md, "Where the runner's time goes")."""
         if up in self.winograd_upsample:
             bias = self.float_biases.get(up.conv)
             return ops.conv3x3_winograd(
@@ -390,9 +359,8 @@ def _check_arguments(plan: SamplingPlan, *, shape: tuple[int, ...], precision: s
         raise ValueError(f"warmup_iters must be at least 1, got {warmup_iters}")
 
 
-# Plans of up to this many steps (students, few-step solvers) are captured whole: one graph replay draws the batch,
-# with no host work between steps. Longer plans replay one captured step per step (a graph of every step of
-# DDPM's 1,000 would cost seconds to capture and its memory for nothing measurable).
+# Plans of up to this many steps (students, few-step solvers) are captured whole, so no host work runs between
+# steps; longer plans replay one captured step per step to keep capture time and memory small.
 WHOLE_PLAN_STEPS = 64
 
 
@@ -401,8 +369,7 @@ class FusedSampler:
 
     Construction allocates the buffers and, on CUDA, warms up and captures one denoising step (or, for plans of
     up to :data:`WHOLE_PLAN_STEPS` steps, every step in one graph); each call then draws x_T from the caller's
-    generator and runs every step. Reuse one sampler for many calls with the same model, plan and shape (the
-    capture is paid once).
+    generator and runs every step. Reuse one sampler for many calls with the same model, plan and shape.
 
     ``fused_step=False`` runs :func:`noise_schedule.p_step` (on the step's coefficient row, gathered
     on the device) instead of the fused op, for callers that must work without the extension (the
@@ -503,8 +470,7 @@ class FusedSampler:
         noisy = sum(self.plan.noise_steps)
         self._graph_draws_noise = 2 * noisy >= S and noisy > 0
         self._graph: torch.cuda.CUDAGraph | None = None
-        # All sampling work runs on this stream (CUDA): not the legacy default stream, which
-        # synchronizes with every other stream (and which TensorRT warns about).
+        # A dedicated stream: the legacy default stream synchronizes with every other stream.
         self._stream = torch.cuda.Stream(self.device) if on_cuda else None
         self.capture_error: str | None = None  # why the step runs eagerly, if capture failed
         if on_cuda and use_cuda_graph:

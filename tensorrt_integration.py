@@ -5,47 +5,26 @@
     python main.py --mode export --format tensorrt --model_path checkpoints/mnist.pt     # -> mnist.engine (+ .json)
     python main.py --mode sample --model_path checkpoints/mnist.engine --implementation tensorrt
 
-Written against the TensorRT 10.x Python API (``import tensorrt``), with the names its reference
-documents: Builder, OnnxParser, IBuilderConfig.set_memory_pool_limit / builder_optimization_level /
-create_timing_cache / set_timing_cache, IOptimizationProfile.set_shape, Runtime.deserialize_cuda_engine,
-ICudaEngine.num_io_tensors / get_tensor_name / get_tensor_mode / get_tensor_dtype, and
-IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3, which TensorRT 10 and 11
-share. Which build each TensorRT version gets (strongly typed from 10.12, the graph's precision and
-opset) is decided in engine_cache.build_plan, a pure function of the version, tested without TensorRT.
-tensorrt is imported only when an engine is built or loaded: the rest of the project never needs it.
-It runs past the project's ~450-line guide on purpose: every call into TensorRT's version-dependent
-API (native engines and Torch-TensorRT) sits in this one file, so a TensorRT upgrade is read here.
+Written against the TensorRT 10.x Python API; which build each version gets is decided in
+engine_cache.build_plan. ``tensorrt`` is imported only when an engine is built or loaded.
 
 How a TensorRT sample runs:
 
-1. **ONNX.** The U-Net is exported to ONNX (formats/exporters.py, from the one I/O spec ``UNetIO``) into a cache
-   folder beside the checkpoint, unless it is an ONNX file already.
-2. **Engine.** Built from that file with the precision asked for, one optimization profile (the
-   spec's (min, opt, max) shapes), a timing cache and a builder optimization level, or loaded from
-   the cache, whose key, metadata file and sha256 check live in engine_cache.py: any difference
-   rebuilds, a hash mismatch is refused, never loaded.
-3. **Sampling.** :class:`Engine` binds fixed torch buffers and runs on PyTorch's current stream, so
-   one whole denoising step (timestep gather, engine, noise draw, update) is captured in one CUDA
-   graph: with the fused step op when the extension is built (optimized_diffusion.FusedSampler),
-   else with noise_schedule.p_step (``FusedSampler(fused_step=False)``). Noise is drawn in the order of
-   basic_diffusion.sample, so an fp32 engine draws the original's images to float tolerance.
-4. **Decoder** (latent models): the autoencoder's decoder gets its own engine the same way, from its
-   own I/O spec (``DecoderIO``: latents in, images out) and its own cached ONNX graph (mixed precision
-   for fp16/bf16, like the U-Net's), built on the first batch and run after the sampling loop
-   (:func:`tensorrt_decoder`); ``--format tensorrt`` writes it beside the U-Net's engine, named and
-   hashed in its metadata.
+1. The U-Net is exported to ONNX (formats/exporters.py, from its I/O spec ``UNetIO``) into a cache folder beside
+   the checkpoint, unless it is an ONNX file already.
+2. An engine is built from that file (the precision asked for, one optimization profile, a timing cache) or loaded
+   from the cache (engine_cache.py: any difference in its key rebuilds, a hash mismatch is refused).
+3. :class:`Engine` binds fixed torch buffers and runs on PyTorch's current stream, so a whole denoising step is
+   captured in one CUDA graph by optimized_diffusion.FusedSampler (with noise_schedule.p_step when the extension
+   is not built). Noise is drawn in the order of basic_diffusion.sample.
+4. A latent model's decoder gets its own engine the same way (``DecoderIO``, :func:`tensorrt_decoder`);
+   ``--format tensorrt`` writes it beside the U-Net's engine.
 
 ``--trt_backend torch_tensorrt`` compiles the PyTorch U-Net with ``torch_tensorrt.compile(ir="dynamo")``
 instead (no ONNX, no engine cache).
 
-What was run where: no machine this was written on has TensorRT, so none of its calls has run.
-The cache rules, the I/O checks and the sampling loop (with a PyTorch U-Net in the engine's place)
-are tested on the CPU (tests/backends/test_runtimes.py; the decoder's spec, cache and build inputs in
-tests/latent/test_latent_diffusion.py); the ONNX files engines are built from are checked against PyTorch with
-onnxruntime.
-
-The TensorRT engine (build, cache, load, infer) and the tensorrt implementation live together, so that what
-TensorRT needs is in one place.
+The TensorRT calls themselves have not run on a machine with TensorRT; the cache rules, I/O checks and sampling
+loop are tested on the CPU with a PyTorch U-Net in the engine's place.
 """
 
 from __future__ import annotations
@@ -107,8 +86,7 @@ if TYPE_CHECKING:
 
 
 class DecoderStage(Protocol):
-    """What a decoder engine is built from: a latent model's first stage (latent/first_stage.py's FirstStage,
-    which stands above this module: it loads autoencoders), named by the fields read here."""
+    """What a decoder engine is built from: a latent model's first stage (latent/first_stage.py's FirstStage)."""
 
     decoder: nn.Module
     latent_shape: tuple[int, ...]
@@ -394,8 +372,7 @@ class Engine:
             self.buffers[spec.name].copy_(
                 feed[spec.name]
             )  # x_t (B, C, H, W), t (B,) or latents: device copies on `stream`
-        # execute_async_v3 (TensorRT >= 8.5; 10.0 removed the binding-array execute_v2/enqueue APIs)
-        # reads the addresses bound by set_tensor_address.
+        # execute_async_v3 reads the addresses bound by set_tensor_address.
         if not self.context.execute_async_v3(stream.cuda_stream):
             raise RuntimeError("TensorRT could not enqueue the engine")
         return {spec.name: self.buffers[spec.name] for spec in self.io.outputs}
@@ -684,12 +661,9 @@ def export_engine(
     decoder_output: Path | None = None,
     dataset: str | None = None,
 ) -> list[str]:
-    """``--mode export --format tensorrt``: an engine for the U-Net of a checkpoint or ONNX file
-    ``source`` (loaded by ``artifacts.export_artifact``, which checks the paths first), plus its
-    metadata file (with a class-conditional U-Net's ``class_names`` and the training ``dataset``). A latent model's
-    decoder
-    (``first_stage``) gets its own engine at ``decoder_output``, same precision and batch range, named
-    and hashed in the U-Net's metadata as the ONNX and TorchScript exports name theirs."""
+    """``--mode export --format tensorrt``: an engine for the U-Net of a checkpoint or ONNX file ``source``, plus
+    its metadata file (with ``class_names`` and the training ``dataset``). A latent model's decoder
+    (``first_stage``) gets its own engine at ``decoder_output``, named and hashed in the U-Net's metadata."""
     output = Path(output)
     if options.backend != "native":
         raise ValueError("--format tensorrt writes native engines; torch_tensorrt compiles when sampling")
@@ -741,10 +715,8 @@ def tensorrt_decoder(
     log: Log = print,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The tensorrt implementation's decoder for a latent model: images = decode(latents) through a decoder
-    engine. An exported engine (:class:`TensorRTDecoder`) is used as it is; otherwise the engine is built
-    (or taken from the cache) here, before any sampling, for batches 1 .. ``max_batch`` on ``device``,
-    and again for a larger batch should one come. It is a native engine under either backend
-    (``--trt_backend torch_tensorrt`` compiles the U-Net only)."""
+    engine. An exported engine (:class:`TensorRTDecoder`) is used as it is; otherwise the engine is built (or taken
+    from the cache) here, before any sampling, for batches 1 .. ``max_batch``, and again for a larger batch."""
     if isinstance(stage.decoder, TensorRTDecoder):
         return stage.decoder
     options = options or TensorRTOptions()

@@ -5,19 +5,15 @@ torch, and the modules that own each name or default import it from here, so eac
     from ddpm.choices import PRESETS        # basic_diffusion.py, and cli/flags.py for --model_preset
 
 Add a name here when its owner learns to handle it (an implementation in backends/registry.py, a format
-in modes/export.py). Two owners keep their own list, because importing this module would add a floor
-to the tallest import chain: noise_schedule.py (the samplers and schedules: it imports nothing of the
-project) and backends/registry.py (each entry says whether --implementation offers it);
-tests/test_structure.py checks that each agrees with the list here.
+in modes/export.py). noise_schedule.py and backends/registry.py keep their own lists, which
+tests/test_structure.py checks against these.
 """
 
 # noise_schedule.py's SCHEDULES and SAMPLERS: beta schedules and the samplers' update rules.
 SCHEDULES = ("linear", "cosine")
 SAMPLERS = ("ddpm", "ddim", "dpm_solver", "dpm_solver_sde", "consistency")
 # What sample and evaluate draw with where --sampler is not given (a distilled student: its own sampler and steps),
-# in its default 20 steps: on the demo model it drew as well as DDPM in 250 steps (as read by a held-out digit judge:
-# docs/samplers.md) in 20 U-Net calls, where DDPM takes all T (1,000).
-# Benchmark times DDPM.
+# in its default 20 steps (docs/samplers.md). Benchmark times DDPM.
 DEFAULT_SAMPLER = "dpm_solver_sde"
 
 # basic_diffusion.py: U-Net presets and how a residual block takes the timestep.
@@ -53,20 +49,19 @@ TIMESTEP_SAMPLERS = ("uniform", "importance", "topk", "speed")
 DRAW_BATCH = 64
 
 # A new training run's recipe for images and for volumes, where --batch_size, --lr, --ema_decay and
-# --min_snr_gamma are left out (cli/resolve.py applies it; --help prints it). A 32^3 spheres model learns its
-# shapes in the CPU minutes that the images' recipe spends on a quarter of the steps (BENCHMARKS.md, "3-D volumes").
+# --min_snr_gamma are left out (cli/resolve.py applies it; --help prints it; BENCHMARKS.md, "3-D volumes").
 TRAINING_DEFAULTS = {
     "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
     "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
 }
 # A new model of the handwritten digits (CPU_RECIPE_DATASETS) trained on a CPU with none of these flags given: the
-# recipe measured there on real 28x28 digits (BENCHMARKS.md, "Real digits at 28×28"; cli/recipes.py applies it and
-# the run says so); the small preset's U-Net costs several times more per image. A GPU keeps the preset.
+# recipe chosen on real 28x28 digits (BENCHMARKS.md, "Real digits at 28×28"; cli/recipes.py applies it and
+# the run says so). A GPU keeps the preset.
 CPU_RECIPE = dict(model_channels=32, num_res_blocks=1, batch_size=128, lr=1.5e-3, timestep_sampling="importance")
 CPU_RECIPE_DATASETS = ("digits", "mnist", "mnist_5k")
 # Of those, the 28x28 digits train a latent model on a CPU: the run first trains a small autoencoder with this recipe
-# (written beside the checkpoint as <stem>_autoencoder.pt), then the U-Net above on its latents, which learns the
-# digits in a fraction of the pixel model's time (BENCHMARKS.md, "Real digits at 28×28").
+# (written beside the checkpoint as <stem>_autoencoder.pt), then the U-Net above on its latents (BENCHMARKS.md,
+# "Real digits at 28×28").
 CPU_LATENT_DATASETS = ("mnist", "mnist_5k")
 CPU_FIRST_STAGE = dict(ae_channels=8, max_steps=800, batch_size=64, lr=2e-3)
 CPU_LATENT_RECIPE = dict(CPU_RECIPE, lr=3e-3, dropout=0.0, min_snr_gamma=5.0)  # the U-Net on those latents
@@ -84,29 +79,25 @@ CALIBRATION_DEFAULTS = dict(samples=16, sampler="dpm_solver_sde", sampling_steps
 ONNX_OPSETS = dict(default=21, bf16=22)
 
 # training/distill.py: the U-Net calls per image a student may be distilled for, and --mode distill's recipe
-# (its flags' defaults, where they differ from --mode train's; chosen on the demo model: BENCHMARKS.md,
-# "Distillation").
+# (its flags' defaults, where they differ from --mode train's; BENCHMARKS.md, "Distillation").
 STUDENT_STEPS = (1, 2, 4, 8)
 # How the student learns (training/distill.py, training/distill_losses.py): the regression onto the teacher's ODE
 # ends alone, or with a GAN term, or with DMD's distribution-matching term, or consistency distillation (the
 # regression onto an EMA target network's x_0 at the next state of the teacher's ODE).
 DISTILL_METHODS = ("regression", "adversarial", "dmd", "consistency")
-# --distill_method's default per --sampling_steps: the best measured on the demo teacher (BENCHMARKS.md,
-# "Distillation"); a step count not measured with the others keeps the regression.
+# --distill_method's default per --sampling_steps (BENCHMARKS.md, "Distillation"); other step counts keep the
+# regression.
 DISTILL_METHOD_BY_STEPS = {1: "adversarial", 2: "adversarial", 4: "regression", 8: "regression"}
-# What the adversarial method's discriminator takes for real images: the teacher's training data (DMD2's and CTM's
-# practice: a student of the ODE's ends alone stops at the ODE, which draws worse than the teacher's SDE sampler), or
-# the teacher's ODE ends. Default: "data" where the teacher records a dataset read without a download
-# (REAL_DATA_OFFLINE), "teacher" elsewhere (cli/recipes.py's adv_real).
+# What the adversarial method's discriminator takes for real images: the teacher's training data (as DMD2 and CTM
+# do, so the student is not bounded by the ODE's ends), or the teacher's ODE ends. Default: "data" where the teacher
+# records a dataset read without a download (REAL_DATA_OFFLINE), "teacher" elsewhere (cli/recipes.py's adv_real).
 ADV_REAL = ("data", "teacher")
 REAL_DATA_OFFLINE = ("digits", "mnist_5k", "spheres")
 # The student's noise levels sigma = sqrt((1 - abar) / abar) after its first call at t = T - 1, per --sampling_steps,
 # for images NOISE_LEVEL_SIDE pixels a side; a side s takes them times s / NOISE_LEVEL_SIDE (the same content is less
 # destroyed by the same sigma at a higher resolution: the shift of simple diffusion, Hoogeboom et al. 2023).
 # training/distill.py's spaced_timesteps maps them to the schedule's nearest timesteps; a step count not listed takes
-# the even spacing, T (S - i) / S - 1. Two calls on the 8x8 digits drew better with the second at this lower noise
-# level than at the even spacing's; on the 28x28 digits the even spacing's drew better than the same sigma unscaled,
-# as the shift says (BENCHMARKS.md, "One and two calls").
+# the even spacing, T (S - i) / S - 1 (BENCHMARKS.md, "One and two calls").
 STUDENT_NOISE_LEVELS = {2: (0.83,)}
 NOISE_LEVEL_SIDE = 8
 # --max_steps of --mode distill per --sampling_steps where it is not given (DISTILL_DEFAULTS["max_steps"] elsewhere):

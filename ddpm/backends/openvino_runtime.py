@@ -4,15 +4,12 @@
     unet = as_openvino(model, hint="f32")   # forced f32
     eps = unet(x_t, t)                                # the PyTorch U-Net's call: any sampling loop takes it
 
-The U-Net is exported as the onnxruntime row exports it (formats/exporters.export_onnx_model, dynamic batch: the
-same graph; made static, OpenVINO 2026.4 crashed compiling it on the build machine) and compiled for the CPU with
-the latency hint and as many threads as PyTorch uses.
-openvino is optional and imported when used (``pip install openvino``).
+The U-Net is exported as the onnxruntime row exports it (formats/exporters.export_onnx_model, dynamic batch) and
+compiled for the CPU with the latency hint and as many threads as PyTorch uses. openvino is optional and imported
+when used (``pip install openvino``).
 
 Compiling can crash the whole process on some CPUs (BENCHMARKS.md, "OpenVINO on this tool's ONNX export"), so
-the graph is compiled first in a child process; only if the child survives is it compiled here. A crash or a
-failure in the child becomes a one-line ValueError saying what happened (the benchmark reports it in the row
-and times the others).
+the graph is compiled first in a child process; a crash or failure there becomes a one-line ValueError.
 """
 
 from __future__ import annotations
@@ -69,8 +66,8 @@ def compile_config(hint: str | None) -> dict[str, str]:
     """The CPU plugin's settings: latency hint, PyTorch's thread count, and ``hint`` as the inference precision
     (None: OpenVINO's default for this CPU)."""
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": str(torch.get_num_threads())}
-    # No pinning: OpenVINO otherwise pins the process's threads to cores, and every row timed after it in the same
-    # process ran slower (BENCHMARKS.md, "OpenVINO on this tool's ONNX export").
+    # No pinning: OpenVINO's pinning of the process's threads to cores slows every row timed after it
+    # (BENCHMARKS.md, "OpenVINO on this tool's ONNX export").
     config["ENABLE_CPU_PINNING"] = "NO"
     if hint is not None:
         config["INFERENCE_PRECISION_HINT"] = hint

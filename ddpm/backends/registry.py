@@ -8,9 +8,9 @@
 
 :data:`REGISTRY` holds what ``--implementation`` offers: sample and evaluate mode build them from here, and
 benchmark mode's rows (benchmarks/rows.py) are these with parameters (a precision, the runner or torch.compile
-forced) beside :data:`PEERS`, the implementations only the benchmark times; adding one is one entry. Every
-implementation takes its coefficients from ``plan`` (noise_schedule.py) and draws its noise from the caller's
-generator in the original loop's order, so with one seed they all draw the same images (to float tolerance in fp32).
+forced) beside :data:`PEERS`, the implementations only the benchmark times. Every implementation takes its
+coefficients from ``plan`` and draws its noise from the caller's generator in the original loop's order, so with
+one seed they all draw the same images (to float tolerance in fp32).
 
 The fp32 implementations run under ``precision.backend_policy("fp32")``: no TF32 in cuDNN or
 cuBLAS, true fp32 like the fused cuda implementation's fp32.

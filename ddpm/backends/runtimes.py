@@ -13,9 +13,7 @@ from its code is reported in one line. An ONNX file is checked before onnxruntim
 ``MIN_OPSET..MAX_OPSET``, its metadata, its graph's inputs and outputs against the metadata's I/O
 spec, ``onnx.checker``; the session is then made from the same bytes.
 
-onnxruntime is optional; it is imported when used. Both runtimes of exported files live here: their loaders
-share the checks of size, metadata and I/O spec, and the onnxruntime session settings
-(memory cap, threads, disabled passes) serve the U-Net, the decoder and the INT8 graphs alike.
+onnxruntime is optional; it is imported when used.
 """
 
 from __future__ import annotations
@@ -192,8 +190,7 @@ def _ort_reason(exc: Exception) -> str:
 # onnxruntime 1.31's QDQPropagationTransformer, moving a DequantizeLinear past a Reshape in the INT8 graphs
 # (formats/quantization.py: symmetric int8 activations, as TensorRT needs), writes a QuantizeLinear whose
 # output_dtype is INT8 with a UINT8 zero point, and the session fails to load ("TypeInferenceError"). The pass
-# only moves Q/DQ pairs; without it the QLinearConv fusions are the same (BENCHMARKS.md's int8 speed-ups,
-# "INT8 Q/DQ U-Nets run by onnxruntime", are with the pass off).
+# only moves Q/DQ pairs, so the QLinearConv fusions are the same without it.
 DISABLED_ORT_OPTIMIZERS = ["QDQPropagationTransformer"]
 
 
@@ -218,9 +215,8 @@ def onnxruntime_session(
     options = ort.SessionOptions()
     options.log_severity_level = 4  # nothing printed: every error is raised, and reported in one line
     options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch uses
-    # No spin-waiting between runs: PyTorch's threads run the sampler's step between two U-Net calls, and on a
-    # small CPU onnxruntime's spinning threads took their cores: int8 gains, fp32 on the tiny demo model loses a
-    # little (BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime").
+    # No spin-waiting between runs: PyTorch's threads run the sampler's step between two U-Net calls, and spinning
+    # threads would take their cores (BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime").
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if memory_cap is not None:
         # A CPU arena of memory_cap bytes, shared with the environment and taken by this session when it

@@ -1,16 +1,13 @@
 """The machine's peak for MFU, measured in the benchmark's own run, and the CPU's name and vector extensions.
 
     rates = measure_peaks(model, shape=(64, 1, 16, 16), device=cpu, precisions=("fp32",))
-    # {"fp32": {"matmul 2048^3 (MKL)": 0.10, "conv 128->128 3x3 at 64x16x16, NHWC (oneDNN)": 0.17, ...}}
+    # {"fp32": {"matmul 2048^3 (MKL)": tflops, "conv 128->128 3x3 at 64x16x16, NHWC (oneDNN)": tflops, ...}}
     mfu = row_tflops / peak(rates["fp32"])
 
-A peak measured through one library is not the machine's peak (MKL's fp32 matmul runs slower here than oneDNN's
-convolutions): so the peak of a precision is the fastest of a large square matmul and of the U-Net's own
-largest convolution in both layouts, each timed through the library the rows use (MKL or cuBLAS for the
-matmul, oneDNN or cuDNN for the convolution). A row computing its convolutions directly then cannot pass 100%
-MFU; a row that does fewer multiply-adds (Winograd) reports its direct-equivalent rate and says so. Each
-measurement is bounded (MEASURE_BUDGET_S, and a CPU's matmul sized by a small probe), so a CPU that emulates a
-precision spends seconds here, and a signal is handled within one short call.
+The peak of a precision is the fastest of a large square matmul and of the U-Net's own largest convolution in
+both layouts, each timed through the library the rows use (MKL or cuBLAS, oneDNN or cuDNN), since one library
+alone is not the machine's peak. A row that does fewer multiply-adds (Winograd) reports its direct-equivalent rate.
+Each measurement is bounded in time (MEASURE_BUDGET_S, MATMUL_CALL_S).
 """
 
 from __future__ import annotations
@@ -68,8 +65,8 @@ def this_cpu() -> str:
 
 
 # Each measurement stops repeating once it has run this long (after at least one warm-up and one timed call), and
-# a CPU's matmul is sized so that one call stays under MATMUL_CALL_S: where bf16 is emulated a 2048^3 matmul takes
-# seconds a call, and a signal is only handled between calls, so an unbounded peak was minutes of silence.
+# a CPU's matmul is sized so that one call stays under MATMUL_CALL_S, since a signal is only handled between calls
+# and emulated bf16 is slow.
 MEASURE_BUDGET_S = 1.5
 MATMUL_CALL_S = 0.25
 MATMUL_PROBE_N = 256

@@ -4,11 +4,8 @@
     plan.steps, plan.rows, plan.note     # 20, "original,cuda,tensorrt,compile,onnxruntime,openvino", "quick plan: ..."
     print(estimate_line(rows=5, runs_per_row=4, steps=50, forward_s=0.13))
 
-Every row at DDPM's 1,000 steps with 1 + 3 runs each takes an hour on a CPU and over ten minutes on a GPU (most
-of it compiling and autotuning torch.compile's rows). So a benchmark left at its defaults is planned to answer
-the question the user asked in a minute or few: the rows of :data:`QUICK_ROWS` (the original baseline, the
-custom-kernel path, TensorRT or the one line saying why it is absent, and on a CPU the runtimes a CPU user would
-reach for instead), the row ``--implementation auto`` runs, and on a CPU at most :data:`CPU_QUICK_STEPS` steps
+A benchmark left at its defaults runs a quick plan, since every row at DDPM's full step count is slow: the rows
+of :data:`QUICK_ROWS`, the row ``--implementation auto`` runs, and on a CPU at most :data:`CPU_QUICK_STEPS` steps
 (the same sampler, respaced). Whatever the user gave is kept, and the header says how to ask for the full run.
 """
 

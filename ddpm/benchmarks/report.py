@@ -246,10 +246,8 @@ def write_outputs(
 class PeakRSS:
     """The process's peak resident set while a block runs, in bytes (``peak``; None off Linux).
 
-    Linux keeps the peak itself (VmHWM in /proc/self/status), and writing 5 to /proc/self/clear_refs resets it
-    to the current resident set: so a row's peak costs two reads and nothing runs beside the timed work. Where
-    the reset is refused, a thread samples the resident set every few ms instead (that thread wakes on the
-    cores the timed work runs on, which slowed a 2-core CPU row by a few percent).
+    Reads VmHWM from /proc/self/status after resetting it through /proc/self/clear_refs, so nothing runs beside
+    the timed work; where the reset is refused, a thread samples the resident set instead.
     """
 
     def __init__(self, interval_s: float = 0.005) -> None:

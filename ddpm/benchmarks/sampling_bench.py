@@ -55,13 +55,9 @@ from noise_schedule import SamplingPlan
 # A row's detail when its U-Net's 3x3 convolutions run in Winograd's form: its TFLOP/s is direct-equivalent.
 WINOGRAD_DETAIL = "fused U-Net runner, Winograd convolutions"
 
-# A row passes parity when its images match the original's to this PSNR (dB, data range 2).
-# fp32 rows differ only by float reassociation, well above 60 dB on the CPU and on a GPU (BENCHMARKS.md,
-# "How fast does sampling run on a CPU?"); 60 dB is an RMS
-# difference of a quarter of a uint8 level, the same images. bf16/fp16 rows differ by the lower precision (bf16's
-# PSNR: BENCHMARKS.md, "The default path on a GPU"). int8 rows (onnxruntime's Q/DQ graph) are held to the bf16
-# bar: their own PSNR is the quality measurement (BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime"), the bar
-# only catches a broken graph.
+# A row passes parity when its images match the original's to this PSNR (dB, data range 2). fp32 rows differ only
+# by float reassociation (60 dB is a quarter of a uint8 level); lower precisions get a lower bar, and int8's only
+# catches a broken graph (BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime").
 PARITY_PSNR_DB = {"fp32": 60.0, "bf16": 20.0, "fp16": 25.0, "int8": 20.0}
 
 
@@ -225,10 +221,9 @@ def time_rows(
     (``first_stage``) is timed whole (the sampling loop, then the row's decoder), and each stage alone.
 
     Rows run one after another (each built, timed ``repeats`` times and freed before the next), or with
-    ``interleave`` in rounds: every row built and warmed up first, then each round runs every row once in
-    turn, and a row's speedup is the median of the original's time over its own, round by round. A machine
-    whose speed drifts over minutes (a shared VM, a throttling laptop) then slows every row of a round alike;
-    the rows are held together, so their peak memory is not measured.
+    ``interleave`` in rounds (every row built first, then each round runs every row once), so a machine whose
+    speed drifts slows every row of a round alike; a row's speedup is then the median of the per-round ratios, and
+    peak memory is not measured.
 
     With ``profile`` (--profile DIR), each row runs once more after its timing, traced into
     DIR/benchmark-<row>/ (profiling.py): the trace never lands in a timed run or the memory figure.

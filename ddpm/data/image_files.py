@@ -70,9 +70,8 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 
 def grid_image(tiles: torch.Tensor, *, scale: int = 1, columns: int | None = None) -> Image.Image:
     """(B, C, H, W) uint8 tiles -> one RGB PIL image in torchvision's ``make_grid`` layout: rows of
-    ``columns`` (default :func:`grid_side`) tiles, :data:`GRID_PADDING` black pixels around each (importing torchvision
-    for this would add seconds to every start), then enlarged ``scale`` times, each pixel becoming
-    a ``scale`` x ``scale`` block (nearest neighbour: no pixel value is invented)."""
+    ``columns`` (default :func:`grid_side`) tiles, :data:`GRID_PADDING` black pixels around each, then enlarged
+    ``scale`` times, each pixel becoming a ``scale`` x ``scale`` block (nearest neighbour)."""
     n, c, h, w = tiles.shape
     if n == 1:  # make_grid returns a single image as it is, unpadded
         grid = tiles[0].permute(1, 2, 0).expand(h, w, 3).numpy()

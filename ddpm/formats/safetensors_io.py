@@ -1,7 +1,6 @@
 """safetensors files: weights without pickle, read within limits (formats/diffusers_io.py's folders use it too).
 
-    python main.py --mode export --format safetensors --model_path checkpoints/digits.pt   # ->
-    checkpoints/digits.safetensors
+    python main.py --mode export --format safetensors --model_path checkpoints/digits.pt   # -> digits.safetensors
     python main.py --mode sample --model_path checkpoints/digits.safetensors
 
 A ``--format safetensors`` export holds the U-Net's weights under this tool's names and, in the file's

@@ -55,9 +55,8 @@ DEFAULT_OPT_BATCH = 16  # the batch an engine is tuned for (the CLI's default --
 # Opset 21 is the first whose GroupNormalization takes per-channel scale and bias, and the one at
 # which the exporter emits GroupNormalization natively; opsets 18-20 get an InstanceNormalization
 # decomposition instead (use --opset 18 for a TensorRT parser without GroupNormalization-21).
-# MAX_OPSET is the newest that torch.onnx's dynamo exporter (torch 2.14.1, onnxscript 0.7.2) writes for
-# this U-Net and onnxruntime 1.31.1 runs (matching PyTorch to float rounding at 18 and 21 to 25);
-# at 26 the exporter's version conversion fails (no Attention adapter from 22).
+# MAX_OPSET is the newest that torch.onnx's dynamo exporter writes for this U-Net and onnxruntime runs; at 26 the
+# exporter's version conversion fails (no Attention adapter from 22).
 DEFAULT_OPSET = ONNX_OPSETS["default"]
 BF16_MIN_OPSET = ONNX_OPSETS["bf16"]  # ONNX allows bfloat16 convolutions and GroupNormalization from opset 22
 MIN_OPSET = 18

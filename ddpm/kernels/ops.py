@@ -180,9 +180,8 @@ def group_norm_act(
     x: (B, C1, *spatial), contiguous or channels-last, float32/float16/bfloat16. x2: (B, C2, *spatial)
     of x's dtype (a skip connection; a group may straddle x and x2), or None. weight, bias: (C,) float32,
     C = C1 + C2. x_bias: (C1,) float32, the bias of the convolution that produced x, or None.
-    scale, shift: (B, C) float32 with dense rows (slices of one wider table, or one row expanded), or None. silu: apply
-    SiLU last. Statistics in float32 in a fixed order
-    (diffusion_kernels.h), so the CUDA kernel and this CPU twin agree bit for bit.
+    scale, shift: (B, C) float32 with dense rows (slices of one wider table, or one row expanded), or None.
+    silu: apply SiLU last. Statistics in float32 in a fixed order, so the CUDA and CPU kernels agree bit for bit.
     """
     if _loaded_from is None:
         load_extension()
@@ -246,9 +245,8 @@ def conv3x3_winograd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, upsample: bool = False
 ) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
-    Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds than a direct convolution; faster than oneDNN's at the
-    U-Net's shapes: BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32 channels-last; Cin and
-    Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
+    Winograd's F(2x2, 3x3) (BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32
+    channels-last; Cin and Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
     ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
     each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
     if _loaded_from is None:
@@ -266,8 +264,8 @@ def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor) -> tor
     return torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad_out)
 
 
-# Faster than oneDNN up to 256 channels in and out; wider, the 16 (Cin, Cout) kernels no longer fit the cache and
-# 512 -> 512 was slower (BENCHMARKS.md, "Where the runner's time goes"). Wider layers stay on oneDNN.
+# Wider layers stay on oneDNN: their 16 (Cin, Cout) kernels no longer fit the cache
+# (BENCHMARKS.md, "Where the runner's time goes").
 WINOGRAD_MAX_CHANNELS = 256
 
 

@@ -61,9 +61,8 @@ def linked_first_stage(
     sha256 and latent shape are the model's. A pixel model (``link`` None) has none: (None, None), and an
     ``override`` is refused rather than ignored.
 
-    The stored path is a file's say, not the user's: it is followed only inside ``folder`` (the
-    checkpoint's own folder and those below it), so a checkpoint cannot make the tool read, or hang on,
-    any other file; outside it, --autoencoder names the file (the user's consent)."""
+    The stored path is followed only inside ``folder`` (the checkpoint's folder and below), so a checkpoint cannot
+    make the tool read any other file; outside it, --autoencoder must name the file."""
     if link is None:
         if override:
             raise ValueError(f"--autoencoder: {source} is a pixel model; it has no autoencoder to replace")

@@ -5,10 +5,9 @@
     python main.py --mode benchmark --model_path checkpoints/digits.pt --bench training
 
 The model is a checkpoint (--model_path) or a fresh U-Net of --img_size/--channels whose zero-initialized
-layers get small random weights (a new U-Net predicts eps = 0, and every implementation would agree
-trivially). The timing itself is benchmarks/sampling_bench.py's and benchmarks/training_bench.py's. What is
-left at its default is planned to finish in a minute on a GPU and a few on a CPU (benchmarks/plan.py; the header
-says how to ask for the full run).
+layers get small random weights, so that implementations do not agree trivially on eps = 0. The timing itself is
+benchmarks/sampling_bench.py's and benchmarks/training_bench.py's. A run left at its defaults gets the quick plan
+of benchmarks/plan.py (the header says how to ask for the full run).
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ def run_benchmark(run: BenchmarkRun) -> None:
         steps_given="sampling_steps" in request.given,
         rows_given="rows" in request.given,
     )
-    if not training and quick.note:  # defaults left as they are: a run of a minute or few, not of an hour
+    if not training and quick.note:  # defaults left as they are: the quick plan
         request = replace(request, rows=quick.rows)
         if quick.steps != plan.num_steps:
             plan = replace(sampling, sampling_steps=quick.steps).plan(NoiseSchedule(schedule_config), device=device)

@@ -7,7 +7,7 @@ The method is training/distill.py's (and --distill_method's term, training/disti
 training/trainer.py's (the same optimizer, EMA, precision, checkpoints, --resume, Ctrl-C saving, curves and
 ranks as --mode train). The teacher is any PyTorch model this tool samples (a checkpoint, a .safetensors
 export, a diffusers folder); it is only read. Everything that can refuse the run (the flags, the teacher, the
-outputs, the memory) is checked before the teacher's trajectories, which take minutes; a resumed run finds its
+outputs, the memory) is checked before the teacher's trajectories are drawn; a resumed run finds its
 teacher by content (training/distill.py's teacher_identity), under whatever name it is given now.
 """
 

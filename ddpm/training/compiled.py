@@ -4,10 +4,8 @@ step and replaced by the eager forward, in one line naming the cause, when compi
     trial = CompileTrial(model)          # trainer.forward = trial.compiled until the first step settles it
     loss = trial.first_step(trainer)     # the compiled step, or (after one line) the same step eagerly
 
-Shapes are static (``dynamic=False``): a training step's batch has one shape for the whole run, so the step compiles
-once and never recompiles, and Inductor is never asked to reason about symbolic sizes (where some versions fail).
-Nothing is compiled until the first forward runs: Dynamo and Inductor then build the forward, and AOTAutograd the
-backward in the first backward pass, so the whole first step is the trial.
+Shapes are static (``dynamic=False``), since a run's batch has one shape; compiling happens during the first step's
+forward and backward, so the whole first step is the trial.
 """
 
 from __future__ import annotations

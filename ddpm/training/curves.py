@@ -14,14 +14,9 @@ throughput of those steps (optimizer steps only: previews and checkpoints are no
 The same values go to TensorBoard as ``train/<column>`` scalars, with the preview grids as images and
 the run's configuration as a text table.
 
-Files: nothing is written before the first training step ends, so a run refused or stopped before it
-leaves the folder as it was. A new run refuses a folder that already holds curves unless it
-replaces them (``overwrite``); a resumed run keeps the rows up to its checkpoint's step, drops any
-written after it (a run killed between a row and its next checkpoint), and appends; TensorBoard
-continues the same curve (``purge_step``). Rows are appended a line at a time and flushed, so a
-killed run leaves a CSV that is valid up to its last whole line. A run that fails (``close(failed=True)``:
-an error, not Ctrl-C or SIGTERM, which save the run and keep its curves) removes the log folder it created,
-with the folders above it that it created; a folder that was there before keeps what it holds.
+Nothing is written before the first training step ends. A new run refuses a folder that already holds curves
+unless it replaces them (``overwrite``); a resumed run keeps the rows up to its checkpoint's step and appends. A run
+that fails (``close(failed=True)``) removes the log folder it created.
 
     log = TrainingLog("checkpoints/digits_logs", start_step=0, every=10, inputs={"--model_path": "ck.pt"})
     log.add_step(1, loss=0.8, lr=2e-4, grad_norm=1.3, images=64, seconds=0.05)   # a row every 10 steps
@@ -238,9 +233,7 @@ class TrainingLog:
         self._created = missing_folders(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.resume:
-            # --overwrite: the replaced run's event files go too, or TensorBoard would draw its curve over this
-            # one's at the same steps. Only SummaryWriter's own file names, only in this folder: nothing else is
-            # touched.
+            # --overwrite: remove the replaced run's event files too, or TensorBoard would draw both curves.
             for events in self.directory.glob(EVENTS_GLOB):
                 if not events.is_dir():
                     events.unlink()

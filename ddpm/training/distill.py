@@ -5,7 +5,7 @@
     trainer = Trainer(train_config, teacher.model_config, objective.schedule_config, images=None,
                       device=device, objective=objective)   # the training loop of trainer.py
 
-The method (chosen by measurement; BENCHMARKS.md, "Distillation" has every method tried, losers too):
+The method (BENCHMARKS.md, "Distillation: how few steps?"):
 
 1. The teacher's probability-flow ODE is solved with DPM-Solver++(2M) from ``samples`` noise draws, on
    a grid that holds the student's timesteps (log-SNR spacing within each segment, ``teacher_steps``
@@ -16,21 +16,15 @@ The method (chosen by measurement; BENCHMARKS.md, "Distillation" has every metho
    state at each of its timesteps to that trajectory's end: the consistency function of the teacher's
    ODE (Song et al. 2023), regressed directly, with the loss on v (x_0's error weighted 1 / (1 - abar)).
 3. It samples with the multistep consistency sampler (noise_schedule.py): predict x_0, noise it afresh
-   to the next timestep, predict again. The fresh noise corrects part of each step's error, as an SDE
-   sampler's does, which is what lets a few-step student beat its teacher's deterministic few-step samplers.
-4. ``--distill_method`` adds a term to the regression, which onto a many-to-one target averages the modes a
-   1- or 2-call student cannot tell apart (and blurs): ``adversarial``, a GAN term from a small discriminator
-   of real images (the teacher's training data, or its ODE ends) against the student's x_0, or ``dmd``,
-   distribution matching against a fake score trained on the student's x_0 (distill_losses.py, which trains
-   those networks for the run only). ``consistency`` (consistency distillation) changes the target instead:
-   the trajectories keep every solver state, and each state's target is an EMA target network's x_0 at the
-   next one (the end after the last), the self-consistency between adjacent times of Song et al. 2023.
-5. The student's timesteps start at T - 1; those after it sit at measured noise levels, scaled with the image
-   side, where choices.py lists them (:func:`spaced_timesteps`), evenly spaced elsewhere.
+   to the next timestep, predict again.
+4. ``--distill_method`` adds a term against the blur of regressing onto a many-to-one target: ``adversarial``
+   (a discriminator) or ``dmd`` (distribution matching), both in distill_losses.py; ``consistency`` instead
+   makes each state's target an EMA target network's x_0 at the next solver state.
+5. The student's timesteps start at T - 1; the rest sit at the noise levels choices.py lists
+   (:func:`spaced_timesteps`), evenly spaced where it lists none.
 
-The trajectories are a function of the teacher, the config and its seed, so a resumed run draws them
-again, bit for bit, instead of storing them; the config records the teacher by its content
-(:func:`teacher_identity`), so a resumed run knows its teacher under any name and refuses another.
+A resumed run draws the trajectories again, bit for bit, from the teacher, the config and its seed; the config
+records the teacher by its content (:func:`teacher_identity`), so a resumed run refuses another teacher.
 """
 
 from __future__ import annotations
@@ -146,8 +140,7 @@ class DistillConfig:
 
 def teacher_identity(teacher) -> str:
     """The sha256 of a teacher (backends/artifacts.py's Artifact): its U-Net's weights as loaded (EMA), its model
-    and schedule configs and its class names. The same model under any path, copied or re-exported to another
-    format of the same weights, has the same identity; a retrained one has another."""
+    and schedule configs and its class names, so the same weights under any path or format match."""
     digest = hashlib.sha256()
     configs = {
         "model": teacher.model_config.to_dict(),

@@ -4,38 +4,19 @@ each with the network it keeps beside the student for the run only (a student st
     method = make_method(config, teacher, device=device, lr=1e-4, precision="fp32")   # None for "regression"
     loss = method.loss(regression, out=v, x0=x0, x_start=ends, y=labels, draws=draws)  # steps its own network
 
-* ``adversarial`` (the GAN term of CTM, ADD and DMD2): a small convolutional discriminator
-  (:class:`Discriminator`) learns to tell real images (``--adv_real``: the teacher's training data, as DMD2 and
-  CTM do, or the teacher's ODE ends, the trajectories' ``x_start``) from the student's predicted x_0, with the
-  non-saturating loss; the student adds
-  ``--adv_weight`` x the adaptive weight x softplus(-D(x_0)). The adaptive weight (VQGAN's, taken at the
-  student's output instead of its last layer) is |d regression / d out| / |d adversarial / d out| over the
-  global batch, so the GAN term's gradient at the output is ``--adv_weight`` times the regression's.
+* ``adversarial``: a small discriminator (:class:`Discriminator`) learns to tell real images (``--adv_real``:
+  the teacher's training data or its ODE ends) from the student's x_0 with the non-saturating loss; the student
+  adds ``--adv_weight`` x VQGAN's adaptive weight (taken at the student's output) x softplus(-D(x_0)).
 * ``dmd`` (Distribution Matching Distillation, Yin et al. 2023, arXiv 2311.18828; DMD2, arXiv 2405.14867): a
-  "fake score" network (a copy of the teacher's U-Net, trained with the teacher's own denoising loss on the
-  student's detached x_0) and the teacher (the "real score", guided as the student's trajectories are, run
-  without autograd) denoise the student's x_0 noised to a random t; the student moves along the difference,
-  :func:`matching_gradient`, applied as 0.5 |x_0 - (x_0 - grad).detach()|^2 and weighted by ``--dmd_weight``
-  beside the regression (DMD1 keeps one; DMD2 drops it for a GAN term).
-* ``consistency`` (consistency distillation, Song et al. 2023, arXiv 2303.01469): no term; the regression's
-  target changes. The trajectories hold the teacher's state at every solver step, and the student at a state
-  x_{t_n} learns the x_0 that a target network theta^- (:class:`Consistency`: an EMA of the student, in eval
-  mode, without autograd) predicts at the same trajectory's next, less noisy state x_{t_{n+1}}, or the
-  trajectory's end where t_{n+1} = 0 (the boundary condition). The target's x_0 is clipped to [-1, 1] where the
-  teacher's trajectories clip theirs (their ends, the other targets, are clipped by the same rule). theta^-
-  follows the student lazily: each loss call first moves it to mu theta^- + (1 - mu) theta with the student's
-  current weights (the first call copies them). It takes no optimizer and no communication: every rank's student
-  is the same after DDP's step, so every rank's target is too.
+  "fake score" copy of the teacher's U-Net learns the student's x_0; the student moves along
+  :func:`matching_gradient` (fake minus real score), weighted by ``--dmd_weight`` beside the regression.
+* ``consistency`` (Song et al. 2023, arXiv 2303.01469): no term; the regression's target becomes the x_0 that a
+  target network theta^- (:class:`Consistency`, an EMA of the student) predicts at the trajectory's next, less
+  noisy state, or the trajectory's end at t = 0.
 
-Each trained network (the discriminator, the fake score) has its own Adam optimizer at the student's --lr
-(constant), stepped inside :meth:`loss` once per student step (clipped at norm 1; under --precision fp16 with its
-own loss scaler), in float32 for the discriminator and in the student's precision for the fake score (and the
-target network). Its state (weights, optimizer, scaler; the target network's weights) is the checkpoint's
-``objective_state`` (trainer.py), so --resume continues it exactly. Under torchrun every rank holds the same
-network (seeded the same, stepped with gradients averaged over the ranks, as DistributedDataParallel averages the
-student's): N ranks train what one process trains with the same global batch. Its random draws (DMD's timesteps
-and noise) are the global batch's (:meth:`draw`, from the trainer's generator), so they are in step on every rank
-and resumed exactly.
+Each trained network has its own Adam optimizer at the student's --lr, stepped inside :meth:`loss` once per
+student step; its state is the checkpoint's ``objective_state`` (trainer.py), so --resume continues it. Under
+torchrun every rank holds the same network, and its random draws come from the global batch (:meth:`draw`).
 """
 
 from __future__ import annotations
@@ -55,10 +36,8 @@ AUX_GRAD_CLIP = 1.0  # the auxiliary networks' gradient norm, clipped
 MAX_ADAPTIVE_WEIGHT = 1e4  # VQGAN's bound on the adaptive weight (a vanishing GAN gradient)
 DMD_T_RANGE = (0.02, 0.98)  # the share of the timesteps the distribution-matching gradient noises x_0 to (DMD2's)
 DISCRIMINATOR_WIDTH = (32, 128)  # its first and widest layers' channels
-# The consistency method's target network: theta^- <- mu theta^- + (1 - mu) theta once per student step. Song et
-# al. 2023 use mu = 0.95 for consistency distillation on CIFAR-10 (their Table 3); a target that trails the student
-# by about 1 / (1 - mu) = 20 steps keeps the bootstrapped target from moving with each step the student takes
-# toward it. Not measured here yet (BENCHMARKS.md, "Distillation").
+# The consistency method's target network: theta^- <- mu theta^- + (1 - mu) theta once per student step (Song et
+# al. 2023's mu); trailing the student keeps the bootstrapped target from chasing it.
 TARGET_EMA = 0.95
 
 
@@ -66,8 +45,7 @@ class Discriminator(nn.Module):
     """A small convolutional critic of x_0 (2-D or 3-D, any channels): a 3x3 stem, then stride-2 4x4
     convolutions after GroupNorm and SiLU while the side is above 4 (28 -> 14 -> 7 -> 3, 8 -> 4), channels
     doubling to 128; the mean over positions gives one logit per sample. A class-conditional teacher's labels
-    enter by projection (Miyato & Koyama 2018): the logit adds <embedding(y), features>. Per image 0.5M
-    multiply-adds at 8x8 (the demo U-Net's 3.5%) and 15M at 28x28 (the small preset's 1.4%)."""
+    enter by projection (Miyato & Koyama 2018): the logit adds <embedding(y), features>."""
 
     def __init__(self, *, sample_shape: tuple[int, ...], num_classes: int = 0) -> None:
         super().__init__()

@@ -1,15 +1,13 @@
 """Dropout for training on a CPU: the extension's ``seeded_dropout`` op in place of ``nn.Dropout``.
 
-On a CPU, torch's dropout draws its mask one Bernoulli variable at a time, a noticeable share of a demo training
-step (BENCHMARKS.md, "A faster CPU training step"). ``seeded_dropout`` keeps element i when a SplitMix64 number of
-(seed, i) says so (diffusion_ops.cpp, diffusion_kernels.h), many times faster, and its backward pass is the same op
-on the gradient (the mask is recomputed, not stored). Each call draws its seed from torch's global generator, which
-the trainer seeds and its checkpoints keep, so a resumed run continues the same loss curve.
+``seeded_dropout`` keeps element i when a SplitMix64 number of (seed, i) says so, which is cheaper on a CPU than
+torch's per-element Bernoulli draws (BENCHMARKS.md, "A faster CPU training step"); its backward pass is the same op
+on the gradient. Each call draws its seed from torch's global generator, so a resumed run continues the same curve.
 
     from ddpm.training.dropout import use_seeded_dropout
     use_seeded_dropout(model)   # -> the number of nn.Dropout modules replaced (0 without the extension)
 
-On a GPU torch's dropout is one fused kernel already; SeededDropout hands other devices to it.
+On other devices SeededDropout uses torch's dropout.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the losses training has shown it, with a weight w per draw, and the step's loss 
 
 - ``uniform``: torch.randint exactly as diffusion_loss draws t; w = 1.
 - ``importance``: Nichol & Dhariwal 2021, "Improved Denoising Diffusion Probabilistic Models", Sec. 3.3.
-- ``topk``: the adaptive top-K timestep selection of seed 004, made unbiased with w = 1/(T p_t).
+- ``topk``: adaptive top-K timestep selection, made unbiased with w = 1/(T p_t).
 - ``speed``: a loss-driven simplification of SpeeD (Wang et al. 2024, "A Closer Look at Time Steps is
   Worthy of Triple Speed-Up for Diffusion Model Training", arXiv:2405.17403). Reweights the objective
   on purpose: ``unbiased = False``; the others keep E[w_t L_t] = mean_t L_t.
@@ -133,11 +133,7 @@ class TimestepSampler:
         return t.to(device), w[t].to(device=device, dtype=torch.float32)
 
     def update(self, t: Tensor, losses: Tensor) -> None:
-        """Record detached per-sample ``losses`` (B,) of the draws ``t`` (B,); non-finite ones are ignored.
-
-        ``losses`` is whatever per-sample signal the sampler should follow: the trainer passes the
-        per-sample losses (a per-sample gradient norm would do as well, at the price of B backward passes).
-        """
+        """Record detached per-sample ``losses`` (B,) of the draws ``t`` (B,); non-finite ones are ignored."""
         if t.dim() != 1 or t.shape != losses.shape:
             raise ValueError(f"t and losses must both be (B,), got {tuple(t.shape)} and {tuple(losses.shape)}")
         # sync: one copy of (t, losses) to the CPU, where the histories live.
@@ -226,10 +222,8 @@ class ImportanceSampler(TimestepSampler):
 class TopKSampler(TimestepSampler):
     """After every t has ``warmup`` values: p = (1-u)/K on the K timesteps with the largest signal, plus
     u/T everywhere; w_t = 1/(T p_t). The signal is a per-timestep EMA (``decay`` per visit) of what
-    update() is shown: the trainer's per-sample losses, a cheap stand-in for the per-timestep gradient
-    norm of seed 004. With epsilon-prediction the loss is largest at the nearly clean end, so that is
-    where the top K gather. Default K = T//4: 90% of draws on a quarter of the timesteps (0.9 / 0.25 times
-    denser there), while u = 0.1 bounds the weight of the others at 1/u = 10 and keeps their signal fresh."""
+    update() is shown (the trainer's per-sample losses). Default K = T//4; u = 0.1 bounds the weight of the
+    other timesteps at 1/u and keeps their signal fresh."""
 
     name = "topk"
     OPTIONS, BUFFERS = ("k", "uniform_prob", "warmup", "decay"), ("signal", "counts")
@@ -276,10 +270,8 @@ class SpeedSampler(TimestepSampler):
         p_t = 1 / (tau + s (T - tau)) for t < tau, s / (tau + s (T - tau)) for t >= tau   (= k / (T + tau (k-1)))
         w_t ∝ (1 - lambda) + lambda r_b(t) / max r, scaled so that sum_t p_t w_t = 1 (the loss keeps its scale)
 
-    Departures from the paper: it takes tau and the weights from the noise schedule, not the losses
-    (its code: tau where d sqrt(1 - alpha_bar_t)/dt < 1e-4, k = 5, P2 weights 1/(1 + SNR)), and it pairs
-    each draw with a "dual" draw mirrored about tau, left out here. s = 0.2 is that code's k = 5.
-    Warm-up: every bin visited on ``horizon`` steps, so that the slow EMA means something.
+    Unlike the paper, tau and the weights come from the losses, not the noise schedule, and there is no "dual"
+    draw mirrored about tau. Warm-up: every bin visited on ``horizon`` steps.
     """
 
     name = "speed"

@@ -34,8 +34,8 @@ def weight_grad_available() -> bool:
 
 
 def _transform(weight: torch.Tensor) -> torch.Tensor:
-    """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (16, Cin, Cout) operand:
-    ops.winograd_weight's transform in float32, which every training step runs (float64 costs it more)."""
+    """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (16, Cin, Cout) operand, in float32
+    since every training step runs it."""
     u = _G @ weight @ _G.T  # (Cout, Cin, 4, 4)
     return u.permute(2, 3, 1, 0).reshape(16, weight.shape[1], weight.shape[0]).contiguous()
 

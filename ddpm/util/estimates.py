@@ -4,9 +4,8 @@ an evaluation's rows): how many U-Net calls it makes, about how long they take a
     seconds = seconds_per_call(lambda: model(x, t), device=device)       # one call, timed after one untimed
     print(phase_line("calibration", calls=4096, seconds=4096 * seconds, held_bytes=0, available_bytes=free))
 
-The time is one call of the phase's own batch, timed, times the calls to come: an estimate of the order of
-magnitude (a machine that is busy, or a first call that compiles, moves it), said so a user who asked for hours
-knows before the hours start. The memory refusals are the phases' own (they know what they hold).
+The time is one timed call of the phase's own batch times the calls to come: an order-of-magnitude estimate, said
+before the phase starts. The memory refusals are the phases' own.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
 """Precision names, how "auto" resolves, the TF32/cuDNN policy, and a U-Net with autocast's mixed-precision policy
 written into the model itself.
 
-Strongly typed runtimes (TensorRT 11, TensorRT 10.12+ with ``STRONGLY_TYPED``, Torch-TensorRT 2.10+)
-run every layer in the dtype of its inputs and weights: there is no flag that turns fp16 on. So
-reduced precision has to be in the graph. :func:`mixed_precision_unet` returns a copy of a U-Net
-whose modules cast explicitly, following the policy PyTorch's autocast applies to this network:
+Strongly typed runtimes (TensorRT 11, TensorRT 10.12+, Torch-TensorRT 2.10+) take reduced precision from the
+graph, not a flag. :func:`mixed_precision_unet` returns a copy of a U-Net whose modules cast explicitly, following
+the policy PyTorch's autocast applies to this network:
 
 * convolutions, linear layers and the attention matmuls run in the low precision (weights cast);
-* the timestep embedding (``t * freqs``, ``sin``, ``cos``) and the time MLP stay in float32: at
-  t = 999 an fp16 phase is off by about 0.5 rad and a bf16 one by about 4 rad;
+* the timestep embedding (``t * freqs``, ``sin``, ``cos``) and the time MLP stay in float32, since the phase
+  of a large t is lost in fp16 or bf16;
 * GroupNorm (its statistics and output) and the attention softmax run in float32;
 * inputs and output stay float32, so the sampling loop around the model is unchanged.
 
 Exported to ONNX (``--mode export --format onnx --precision fp16``) this gives a mixed-precision
-graph that TensorRT 10.12+ and 11 build as it is. Why not NVIDIA ModelOpt AutoCast on the fp32
-graph: it decides per node from heuristics and data, so which nodes stay fp32 (the time
-embedding above all) would be its choice, not a tested property of this code; ModelOpt was not
-tried or measured here.
+graph that TensorRT 10.12+ and 11 build as it is.
 """
 
 from __future__ import annotations
@@ -39,9 +35,8 @@ LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bf16 in hardware: AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake) or AMX
     (Intel Sapphire Rapids and later), where oneDNN's bf16 convolutions and the runner's bf16 Winograd GEMMs run on
-    bf16 dot products. Elsewhere bf16 is emulated (converted to float32 and back) and slower than float32.
-    DDPM_NATIVE_BF16=0 or 1 in the environment overrides the answer (the test suite sets 0, so that its
-    expectations hold on every CPU; set 0 to keep a native CPU on its fp32 defaults)."""
+    bf16 dot products; elsewhere bf16 is emulated. DDPM_NATIVE_BF16=0 or 1 in the environment overrides the
+    answer (the test suite sets 0)."""
     import os
 
     forced = os.environ.get("DDPM_NATIVE_BF16", "").strip()
@@ -91,18 +86,15 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-BF16_TRAINING_PIXELS = 28 * 28  # the smallest image measured faster enough in bf16 (resolve)
+BF16_TRAINING_PIXELS = 28 * 28  # the smallest image trained in bf16 by default (resolve)
 
 
 def resolve(requested: str, *, purpose: str, device: torch.device, pixels: int = 0) -> str:
     """The precision ``--precision`` names for ``purpose`` ("training", "distillation", "sampling" or "export"):
-    "auto" is bf16 for training, distillation and sampling on a GPU that supports it (there the fused U-Net runner
-    draws in bf16 what fp32 draws, to bf16's rounding, several times faster); on a CPU that computes bf16 natively
-    (cpu_has_native_bf16) bf16 for sampling (the runner's bf16 Winograd convolutions; the caller keeps it only where
-    that runner draws the file: backends/selection.select) and for training images of ``pixels`` >= 28x28 a side
-    (bf16 autocast, which gains too little on smaller images to be a default: BENCHMARKS.md, "bf16 on a CPU that
-    computes it"); fp32 otherwise: on other CPUs (emulated bf16 is slower) and for export (an
-    exported graph is lowered to another precision only when asked).
+    "auto" is bf16 for training, distillation and sampling on a GPU that supports it; on a CPU that computes bf16
+    natively (cpu_has_native_bf16) bf16 for sampling (kept only where the fused runner draws the file:
+    backends/selection.select) and for training images of ``pixels`` >= 28x28 (BENCHMARKS.md, "bf16 on a CPU that
+    computes it"); fp32 otherwise, and for export.
     int8 and fp8 are quantized graphs: exported (``purpose`` "export") and sampled, never trained."""
     if requested in QUANTIZED:
         if purpose in ("training", "distillation"):
