@@ -24,7 +24,6 @@ from ddpm.latent.first_stage import clips_x0
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import DrawRequest, SampleRequest
 from noise_schedule import NoiseSchedule, SamplingPlan
-from tensorrt_integration import TensorRTOptions
 
 
 @dataclass(frozen=True)
@@ -52,11 +51,12 @@ class Opened:
 
     def drawer(self, plan: SamplingPlan, selection: registry.Selection):
         """``draw(shape, generator, progress, labels) -> images`` for ``plan``, by what ``selection`` says draws."""
-        options = selection.options(
-            opset=self.request.opset,
-            tensorrt=TensorRTOptions.for_source(self.artifact.path, **asdict(self.request.engine)),
-            guidance=self.guidance,
-        )
+        engine = None
+        if selection.implementation == "tensorrt":  # the engine options name a cache folder beside the file
+            from tensorrt_integration import TensorRTOptions
+
+            engine = TensorRTOptions.for_source(self.artifact.path, **asdict(self.request.engine))
+        options = selection.options(opset=self.request.opset, tensorrt=engine, guidance=self.guidance)
         return registry.make_drawer(
             selection.implementation, self.artifact.model, plan, options=options, first_stage=self.artifact.first_stage
         )
