@@ -21,10 +21,15 @@ them fake devices); verified.DeviceKind.of is the only part that looks at the ma
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ddpm.backends.registry import Selection
 from ddpm.backends.verified import DeviceKind, runner_verified, uses_runner
 from ddpm.util.precision import FORCED_BF16
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -224,3 +229,19 @@ def select(device: DeviceKind, artifact, request) -> Selection:
         artifact.model, device_type=device.type, precision=choice.precision, native_bf16=device.native_bf16
     )
     return replace(choice, fused=fused)
+
+
+def teacher_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
+    """The teacher's forward through the fused U-Net runner where the cuda implementation uses it (the same
+    outputs to float rounding; runner_verified says where), else the model itself."""
+    from basic_diffusion import UNet
+    from ddpm.backends.verified import DeviceKind, runner_verified
+
+    dims = getattr(getattr(model, "config", None), "dims", None)
+    if not isinstance(model, UNet) or not runner_verified(device_type=device.type, precision="fp32", dims=dims):
+        return model
+    if not DeviceKind.of(device).extension:
+        return model
+    from optimized_diffusion import FusedUNet
+
+    return FusedUNet(model).eval()

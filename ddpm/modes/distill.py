@@ -53,6 +53,7 @@ def build_objective(request: DistillRequest, artifact, config, train_config, *, 
     """The DistillObjective of distilling ``artifact`` as ``config`` (a DistillConfig) says, its trajectories drawn
     now; a method's network trains at the student's lr and precision (``train_config``'s); ``data``: the
     discriminator's real images (:func:`real_images`)."""
+    from ddpm.backends.selection import teacher_forward
     from ddpm.latent.first_stage import clips_x0
     from ddpm.training.distill import DistillObjective
 
@@ -65,6 +66,7 @@ def build_objective(request: DistillRequest, artifact, config, train_config, *, 
         lr=train_config.lr,
         precision=train_config.precision,
         data=data,
+        teacher_forward=teacher_forward(artifact.model, device=request.device),
     )
 
 

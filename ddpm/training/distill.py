@@ -274,22 +274,6 @@ def teacher_trajectories(
     return Trajectories(x_t=x_t, x_start=x_start, labels=labels, timesteps=kept)
 
 
-def fastest_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
-    """The teacher's forward through the fused U-Net runner where the cuda implementation uses it (the same
-    outputs to float rounding; backends/verified.py says where it is verified), else the model itself."""
-    from basic_diffusion import UNet
-    from ddpm.backends.verified import DeviceKind, runner_verified
-
-    dims = getattr(getattr(model, "config", None), "dims", None)
-    if not isinstance(model, UNet) or not runner_verified(device_type=device.type, precision="fp32", dims=dims):
-        return model
-    if not DeviceKind.of(device).extension:
-        return model
-    from optimized_diffusion import FusedUNet
-
-    return FusedUNet(model).eval()
-
-
 @dataclass(frozen=True)
 class TrajectoryBudget:
     """What the teacher's trajectories cost, estimated before they are drawn."""
@@ -414,15 +398,17 @@ class DistillObjective:
         lr: float = DISTILL_DEFAULTS["lr"],
         precision: str = "fp32",
         data=None,
+        teacher_forward: nn.Module | None = None,
     ) -> DistillObjective:
         """The objective of distilling ``teacher`` (backends/artifacts.py's Artifact) as ``config`` says: the
         trajectories' budget (:func:`trajectory_budget`, said through ``say``), then the trajectories. ``lr`` and
         ``precision`` (the student's) are those of the network a method trains beside the student; ``data`` (an
-        ImageSet) the adversarial method's real images where ``config.adv_real`` is "data"."""
+        ImageSet) the adversarial method's real images where ``config.adv_real`` is "data"; ``teacher_forward`` the
+        teacher's U-Net as the trajectories evaluate it (the mode's choice; None: ``teacher.model``)."""
         model_config = teacher.model_config
         shape = model_config.sample_shape(1)[1:]
         schedule_config = student_schedule(teacher.schedule_config, config, side=model_config.image_size)
-        forward = fastest_forward(teacher.model, device=device)
+        forward = teacher.model if teacher_forward is None else teacher_forward
         schedule = NoiseSchedule(teacher.schedule_config).to(device)
         record = recorded_timesteps(schedule.config, student_timesteps=schedule_config.student_timesteps, config=config)
         budget = trajectory_budget(
