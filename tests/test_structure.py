@@ -198,7 +198,7 @@ def test_the_parser_imports_only_what_it_needs_to_parse():
             reached.add(name)
             todo.extend(graph[name])
     light = {
-        *("ddpm.cli.flags", "ddpm.cli.training_flags", "ddpm.cli.reads", "ddpm.cli.checks"),
+        *("ddpm.cli.flags", "ddpm.cli.training_flags", "ddpm.cli.reads"),
         *("ddpm.choices", "ddpm.conditioning", "ddpm.data.catalog"),
     }
     assert reached == {"ddpm.cli.parser", *light}

@@ -34,8 +34,7 @@ from ddpm.choices import (
     STUDENT_STEPS,
     TIME_CONDITIONING,
 )
-from ddpm.cli.checks import finite_float, int_list, name_list, seed
-from ddpm.cli.reads import DRAW, MODES, RUNTIME, Flag, flag
+from ddpm.cli.reads import DRAW, MODES, RUNTIME, Flag, finite_float, flag, int_list, name_list, seed
 from ddpm.cli.training_flags import training_flags
 from ddpm.conditioning import DEFAULT_GUIDANCE
 from ddpm.data.catalog import DATASETS, DEFAULT_DATASET

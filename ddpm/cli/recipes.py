@@ -110,14 +110,13 @@ def training_defaults(dataset: str) -> dict:
     return TRAINING_DEFAULTS["volumes" if dataset in VOLUME_DATASETS else "images"]
 
 
-def default_method(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with --mode distill's defaults per --sampling_steps where not given: --distill_method, the measured
+def distill_defaults(args: argparse.Namespace) -> None:
+    """Set --mode distill's defaults per --sampling_steps where not given: --distill_method, the measured
     best (choices.DISTILL_METHOD_BY_STEPS), and a new run's --max_steps (choices.DISTILL_MAX_STEPS_BY_STEPS; a
     resumed run keeps its own length)."""
     from ddpm.choices import DISTILL_MAX_STEPS_BY_STEPS, DISTILL_METHOD_BY_STEPS
 
-    if args.mode == "distill" and args.distill_method is None:
+    if args.distill_method is None:
         args.distill_method = DISTILL_METHOD_BY_STEPS.get(args.sampling_steps, "regression")
-    if args.mode == "distill" and "max_steps" not in args.given and not args.resume:
+    if "max_steps" not in args.given and not args.resume:
         args.max_steps = DISTILL_MAX_STEPS_BY_STEPS.get(args.sampling_steps, args.max_steps)
-    return args

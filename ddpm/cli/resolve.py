@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpm.choices import DEFAULT_SAMPLER
-from ddpm.cli.checks import (
+from ddpm.cli.flags import FLAGS, NEW_MODEL
+from ddpm.cli.parser import not_read_by_run, parse_args
+from ddpm.cli.reads import (
+    READ_BY_RUN,
     check_at_most,
     check_empty,
     check_log_dir,
@@ -31,10 +34,7 @@ from ddpm.cli.checks import (
     parse_list,
     parse_students,
 )
-from ddpm.cli.flags import FLAGS, NEW_MODEL
-from ddpm.cli.parser import not_read_by_run, parse_args
-from ddpm.cli.reads import READ_BY_RUN
-from ddpm.cli.recipes import default_method, first_stage_request, new_model, training_recipe
+from ddpm.cli.recipes import distill_defaults, first_stage_request, new_model, training_recipe
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
 from ddpm.outputs import (  # every output checked, by its kind, before any work
@@ -105,7 +105,9 @@ def request_for(args: argparse.Namespace) -> object:
         train_steps=args.train_steps,
     )
     check_at_most(1000, "timings settle within a few repeats", repeats=args.repeats, warmup=args.warmup)
-    if unread := not_read_by_run(args.mode, vars(default_method(args)), args.given):  # a TensorRT flag to ONNX
+    if args.mode == "distill":
+        distill_defaults(args)  # --distill_method and --max_steps by --sampling_steps, where not given
+    if unread := not_read_by_run(args.mode, vars(args), args.given):  # a TensorRT flag to ONNX
         raise ValueError(unread)
     return REQUESTS[args.mode](args, resolve_device(args.device))
 

@@ -14,8 +14,7 @@ from ddpm.choices import (
     TRAIN_EPOCHS,
     TRAINING_DEFAULTS,
 )
-from ddpm.cli.checks import finite_float
-from ddpm.cli.reads import TRAIN, TRAINING_STEPS, Flag, flag
+from ddpm.cli.reads import TRAIN, TRAINING_STEPS, Flag, finite_float, flag
 
 
 def by_data(name: str, *, shown=str) -> str:
