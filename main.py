@@ -28,8 +28,9 @@ from dataclasses import replace
 
 from ddpm.cli import parser
 from ddpm.cli.parser import PROG
-from ddpm.util import interrupts  # before torch: a Ctrl-C during the first imports ends in one line too
-from ddpm.util.messages import one_line, one_line_warnings
+
+# before torch: a Ctrl-C during the first imports ends in one line too
+from ddpm.util.messages import Interrupted, install, one_line, one_line_warnings, raised_within
 
 DISTRIBUTED_MODES = ("train", "distill", "sample", "benchmark")  # the modes that run under torchrun
 
@@ -43,12 +44,12 @@ def report(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one mode; every failure a user can cause ends in one line on stderr and a documented exit code:
     2 for a user error (or memory exhausted), 1 for a training run that diverged, 130/143 for Ctrl-C/SIGTERM."""
-    interrupts.install()
+    install()
     with one_line_warnings(PROG):  # a library's warning is one line too
         try:
             return _main(argv)
         except Exception as exc:  # a library's own error, raised because a signal interrupted it
-            stop = interrupts.raised_within(exc)
+            stop = raised_within(exc)
             if stop is None:
                 raise
             return stopped(stop)
@@ -77,7 +78,7 @@ def run_mode(mode: str):
     return run
 
 
-def stopped(stop: interrupts.Interrupted) -> int:
+def stopped(stop: Interrupted) -> int:
     print(f"\n{PROG}: {stop.name}: stopped", file=sys.stderr)
     return stop.exit_code
 
@@ -103,7 +104,7 @@ def _main(argv: list[str] | None) -> int:
             with distributed.session(ranks, request.device) as device:  # each rank on its own GPU
                 run_mode(args.mode)(replace(request, device=device))
         except (ValueError, OSError, ImportError) as exc:  # user errors, incl. a missing build or package
-            if interrupts.raised_within(exc):
+            if raised_within(exc):
                 raise  # a wrapped interrupt (main() ends it as one)
             report(f"{ranks.label()}{one_line(exc)}")
             return 2
@@ -120,7 +121,7 @@ def _main(argv: list[str] | None) -> int:
             report(f"{ranks.label()}the {place} ran out of memory; lower --batch_size or --n_samples")
             return 2
     except KeyboardInterrupt as exc:
-        return stopped(exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted())
+        return stopped(exc if isinstance(exc, Interrupted) else Interrupted())
     return 0
 
 

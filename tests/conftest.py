@@ -52,7 +52,7 @@ def latent_export(tmp_path_factory):
 
     import main
     from ddpm.latent.autoencoder import Autoencoder, AutoencoderConfig, checkpoint_state
-    from ddpm.util import interrupts
+    from ddpm.util import messages
     from ddpm.util.safe_files import atomic_write
 
     folder = tmp_path_factory.mktemp("latent")
@@ -66,7 +66,7 @@ def latent_export(tmp_path_factory):
     train += ["--model_channels", "8", "--num_res_blocks", "1", "--max_steps", "2", "--batch_size", "8"]
     train += ["--timesteps", "20", "--save_every", "0", "--sample_every", "0", "--model_path", str(folder / "lat.pt")]
     export = ["--device", "cpu", "--mode", "export", "--format", "onnx", "--model_path", str(folder / "lat.pt")]
-    threads, handlers = torch.get_num_threads(), {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    threads, handlers = torch.get_num_threads(), {sig: signal.getsignal(sig) for sig in messages.SIGNALS}
     torch.set_num_threads(1)  # tiny models: one thread is fastest
     out = io.StringIO()
     try:

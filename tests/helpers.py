@@ -155,10 +155,10 @@ def run_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``main.main(args)`` in this process, in ``cwd``, with its exit code and output captured (the same
     code without the seconds each new Python process spends importing torch)."""
     import main
-    from ddpm.util import interrupts
+    from ddpm.util import messages
 
     out, err, previous = io.StringIO(), io.StringIO(), os.getcwd()
-    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}  # main installs its own
+    handlers = {sig: signal.getsignal(sig) for sig in messages.SIGNALS}  # main installs its own
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

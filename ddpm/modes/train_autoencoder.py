@@ -9,7 +9,7 @@ from __future__ import annotations
 from ddpm.modes.training_run import training_run
 from ddpm.requests import AutoencoderTrainRequest
 from ddpm.training.autoencoder_trainer import train_autoencoder
-from ddpm.util import interrupts
+from ddpm.util import messages
 
 
 def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
@@ -18,5 +18,5 @@ def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
     with training_run(request.checkpoint, flag="--model_path", overwrite=request.overwrite):
         try:
             train_autoencoder(request)
-        except interrupts.Interrupted as stop:  # what was trained is saved and said (training/autoencoder_trainer.py)
+        except messages.Interrupted as stop:  # what was trained is saved and said (training/autoencoder_trainer.py)
             raise SystemExit(stop.exit_code) from None

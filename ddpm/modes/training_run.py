@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ddpm.outputs import PREVIEW, check_mode_outputs, check_previews_folder
 from ddpm.training.curves import TrainingLog, refuse_previous_curves
-from ddpm.util import distributed, interrupts
+from ddpm.util import distributed, messages
 from ddpm.util.profiling import ProfileConfig, make_profiler
 from ddpm.util.safe_files import run_lock
 
@@ -184,12 +184,12 @@ def train(trainer, *, profile: str | None = None, curves: TrainingLog | None = N
         else:
             trainer.run(curves=curves)
     except KeyboardInterrupt as exc:
-        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        stop = exc if isinstance(exc, messages.Interrupted) else messages.Interrupted()
         if trainer.step == start:
             if ranks.is_main:
                 print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
             raise SystemExit(stop.exit_code) from None
-        with interrupts.deferred(reraise=False):  # a second signal does not cut this save
+        with messages.deferred(reraise=False):  # a second signal does not cut this save
             path = trainer.save()  # rank 0 writes; every rank stopped after the same step
         if ranks.is_main:
             print(

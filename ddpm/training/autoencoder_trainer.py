@@ -39,7 +39,7 @@ from ddpm.latent.autoencoder import (
 )
 from ddpm.requests import AutoencoderTrainRequest
 from ddpm.training.trainer import TrainingDiverged, lr_factor
-from ddpm.util import interrupts
+from ddpm.util import messages
 from ddpm.util.memory import keep_freed_memory
 from ddpm.util.safe_files import atomic_write
 
@@ -175,11 +175,11 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     stop, done = None, 0  # Ctrl-C / SIGTERM take effect between steps; the model so far is then saved
     try:
         with (
-            interrupts.deferred(),
+            messages.deferred(),
             tqdm(total=total, desc="training", unit="step", disable=not progress, dynamic_ncols=True) as bar,
         ):
             for step in range(total):
-                interrupts.raise_if_pending()
+                messages.raise_if_pending()
                 lr = request.lr * lr_factor(step, warmup_steps=warmup, total_steps=total)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -202,11 +202,11 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
                     bar.set_postfix(loss=f"{value:.4f}", l1=f"{l1.item():.4f}", kl=f"{kl.item():.1f}", lr=f"{lr:.1e}")
                     window = time.perf_counter()
     except KeyboardInterrupt as exc:  # the save below runs, then the run ends with the signal
-        stop = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        stop = exc if isinstance(exc, messages.Interrupted) else messages.Interrupted()
     if stop is not None and done == 0:
         print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
         raise stop
-    with interrupts.deferred(reraise=False):  # a signal now does not cut the save of what was trained
+    with messages.deferred(reraise=False):  # a signal now does not cut the save of what was trained
         metrics = _finish(
             model,
             request,

@@ -44,7 +44,7 @@ from ddpm.training.compiled import CompileTrial
 from ddpm.training.dropout import use_seeded_dropout
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
 from ddpm.training.winograd import use_winograd_convs
-from ddpm.util import distributed, interrupts
+from ddpm.util import distributed, messages
 from ddpm.util.distributed import Ranks
 from ddpm.util.memory import keep_freed_memory
 from ddpm.util.messages import first_line
@@ -424,7 +424,7 @@ class Trainer:
             # sync: read the loss and check loss and gradients are finite before they touch the weights. With
             # ranks, the same all-reduce averages the loss and says whether any rank was asked to stop, so all
             # ranks take the same decisions (the gradients, and so their norm, are the same on every rank).
-            stop = float(interrupts.pending() or 0) if ranks.distributed else 0.0
+            stop = float(messages.pending() or 0) if ranks.distributed else 0.0
             stats = torch.stack([loss.detach().float(), grad_norm.float(), loss.new_tensor(stop, dtype=torch.float32)])
             loss_value, norm_value, stop = (
                 distributed.all_reduce_sum(stats, ranks=ranks).div_(ranks.world_size).tolist()
@@ -481,10 +481,10 @@ class Trainer:
         window_start, window_steps = time.perf_counter(), 0
         # Ctrl-C and SIGTERM take effect between steps, so a checkpoint saved on interrupt is a whole step's state.
         try:
-            with interrupts.deferred():
+            with messages.deferred():
                 while self.step < end:
                     if not self.ranks.distributed:  # ranks stop together, after the step that reports the signal
-                        interrupts.raise_if_pending()
+                        messages.raise_if_pending()
                     lr, started = self.lr, time.perf_counter()  # the rate this step trains with
                     loss = self.train_step()
                     seconds = time.perf_counter() - started  # the step's real time: train_step ends in its sync
@@ -518,8 +518,8 @@ class Trainer:
                         )
                         window_start, window_steps = time.perf_counter(), 0
                     if self.stop_requested:  # this rank's own signal, or another rank's
-                        interrupts.raise_if_pending()
-                        raise interrupts.Interrupted(signal.SIGTERM)
+                        messages.raise_if_pending()
+                        raise messages.Interrupted(signal.SIGTERM)
                     at_end = self.step == cfg.total_steps
                     if at_end or (cfg.save_every and self.step % cfg.save_every == 0):
                         self.save()

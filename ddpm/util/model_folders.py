@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from ddpm.util import interrupts
+from ddpm.util import messages
 from ddpm.util.messages import first_line, printable
 from ddpm.util.safe_files import (
     Input,
@@ -205,7 +205,7 @@ def replaced_files(target: PathLike, names: Sequence[str]) -> Iterator[Path]:
             raise
         raise write_error(given, failure, existed=existed, what="folder") from exc
     try:
-        with interrupts.deferred():
+        with messages.deferred():
             if existed:
                 _move_files(new, target, names)
             else:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ddpm.util import interrupts
+from ddpm.util import messages
 from ddpm.util.messages import first_line, format_bytes
 
 PathLike = str | os.PathLike
@@ -313,7 +313,7 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], None]) -> Path:
 
     Returns ``path`` as given. Signals arriving meanwhile are held until the file is in place.
     """
-    with interrupts.deferred(), atomic_open(path) as f:
+    with messages.deferred(), atomic_open(path) as f:
         write(f)
     return Path(path)
 
@@ -338,7 +338,7 @@ def atomic_open(path: PathLike) -> Iterator[IO[bytes]]:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode instead
         with os.fdopen(fd, "wb") as f:
             yield f
-            with interrupts.deferred():
+            with messages.deferred():
                 try:
                     f.flush()
                     os.fsync(f.fileno())

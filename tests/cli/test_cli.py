@@ -335,11 +335,11 @@ def test_a_library_error_raised_because_of_ctrl_c_ends_as_the_interrupt(tmp_path
     import signal
 
     from ddpm.modes import sample
-    from ddpm.util import interrupts
+    from ddpm.util import messages
 
     def interrupted_inside_a_library(request) -> None:
         try:
-            raise interrupts.Interrupted(signal.SIGINT)
+            raise messages.Interrupted(signal.SIGINT)
         except KeyboardInterrupt as exc:
             raise wrapper("module 'torch._dynamo' has no attribute 'exc'") from exc
 

@@ -35,7 +35,7 @@ import main
 from ddpm.backends import registry
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
 from ddpm.modes import training_run as train_mode
-from ddpm.util import interrupts, model_folders, safe_files
+from ddpm.util import messages, model_folders, safe_files
 from ddpm.util.estimates import phase_line, seconds_per_call
 from ddpm.util.safe_files import KINDS, check_kind, check_outputs, expected_kind, found_kind, remove_stale_temporaries
 
@@ -65,7 +65,7 @@ SAMPLE = ["--mode", "sample", "--sampling_steps", "2", "--n_samples", "4"]
 @pytest.fixture(autouse=True)
 def keep_signal_handlers():
     """main.main installs its SIGINT/SIGTERM handlers; give pytest its own back after each test."""
-    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    handlers = {sig: signal.getsignal(sig) for sig in messages.SIGNALS}
     yield
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
@@ -96,7 +96,7 @@ def refused(result: tuple[int, str], match: str) -> None:
 def work(tmp_path_factory) -> Path:
     """A folder holding a tiny trained checkpoint, m.pt."""
     folder = tmp_path_factory.mktemp("trust")
-    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    handlers = {sig: signal.getsignal(sig) for sig in messages.SIGNALS}
     cwd = os.getcwd()
     os.chdir(folder)
     try:
@@ -403,7 +403,7 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
 @pytest.mark.parametrize(
     "sig,code,name",
     [
-        # Slow: both signals reach one handler (interrupts.py); Ctrl-C's 130 is checked while sampling below.
+        # Slow: both signals reach one handler (messages.py); Ctrl-C's 130 is checked while sampling below.
         pytest.param(signal.SIGINT, 130, "Ctrl-C", marks=pytest.mark.slow),
         (signal.SIGTERM, 143, "SIGTERM"),
     ],
@@ -420,7 +420,7 @@ def test_a_signal_in_training_saves_a_whole_step_and_exits_128_plus_its_number(t
     assert step > 0 and f"{name}: stopped at step {step};" in stderr
 
 
-# SIGTERM only: both signals reach the same handler (interrupts.py), and Ctrl-C's 130 is checked while sampling
+# SIGTERM only: both signals reach the same handler (messages.py), and Ctrl-C's 130 is checked while sampling
 # below (and in the U-Net's training, with make test-slow).
 @pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 143, "SIGTERM")])
 def test_a_signal_in_autoencoder_training_saves_what_was_trained(tmp_path, sig, code, name):
@@ -491,7 +491,7 @@ def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
 
         def run(self, **options):  # (curves=...: the real Trainer.run's keywords)
             self.step += 1
-            raise interrupts.Interrupted(signal.SIGINT)
+            raise messages.Interrupted(signal.SIGINT)
 
         def save(self):
             os.kill(os.getpid(), signal.SIGINT)  # the impatient second Ctrl-C, mid-save
@@ -499,12 +499,12 @@ def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
             (tmp_path / "saved").write_text("whole")
             return tmp_path / "saved"
 
-    interrupts.install()
+    messages.install()
     with pytest.raises(SystemExit) as exit_info:
         train_mode.train(Trainer())
     assert exit_info.value.code == 130
     assert (tmp_path / "saved").read_text() == "whole"
-    assert interrupts.pending() is None
+    assert messages.pending() is None
 
 
 def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
@@ -512,7 +512,7 @@ def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
         step = 0
 
         def run(self, **options):
-            raise interrupts.Interrupted(signal.SIGTERM)  # the mistaken --overwrite run, stopped at once
+            raise messages.Interrupted(signal.SIGTERM)  # the mistaken --overwrite run, stopped at once
 
         def save(self):
             raise AssertionError("nothing may be saved")
