@@ -1,5 +1,5 @@
 """Artifacts: loading any file a U-Net lives in (checkpoint, TorchScript, ONNX, TensorRT engine) to sample
-(writing them is modes/export.py's; which file is which, formats/kinds.py's).
+(writing them is modes/export.py's; which file is which, formats/torch_files.py's).
 
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
 
@@ -36,9 +36,8 @@ from ddpm.formats.engine_cache import metadata_path
 from ddpm.formats.exporters import (
     _quiet_torchscript,
 )
-from ddpm.formats.kinds import KIND_NAMES, artifact_kind
 from ddpm.formats.model_files import load_model_parts
-from ddpm.formats.torch_files import check_zip
+from ddpm.formats.torch_files import KIND_NAMES, artifact_kind, check_zip
 from ddpm.formats.unet_io import DEFAULT_MAX_BATCH, BatchRange
 from ddpm.latent.first_stage import FirstStage, check_latent_unet, linked_first_stage
 from ddpm.util.messages import first_line

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ddpm.conditioning import Guidance
-from ddpm.formats.kinds import KIND_NAMES
+from ddpm.formats.torch_files import KIND_NAMES
 from ddpm.formats.unet_io import DEFAULT_OPSET
 from ddpm.util.phases import phase
 from ddpm.util.precision import PRECISIONS, QUANTIZED, backend_policy

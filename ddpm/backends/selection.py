@@ -175,7 +175,7 @@ def check_request(*, implementation: str, precision: str, precision_auto: bool, 
     ``auto``, every sample-mode implementation) cannot run: the file's ``kind``, a ``precision`` asked for (with
     ``precision_auto`` every implementation draws in one it runs), ``compile`` for another than cuda."""
     from ddpm.backends import registry
-    from ddpm.formats.kinds import KIND_NAMES
+    from ddpm.formats.torch_files import KIND_NAMES
 
     if compile and implementation != "cuda":
         raise ValueError("--compile applies to training and to sampling with --implementation cuda")

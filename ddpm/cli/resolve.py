@@ -181,7 +181,7 @@ def _draw_fields(args: argparse.Namespace, device: torch.device, source: ModelSo
     """The fields of a DrawRequest (sample and evaluate mode); what no implementation would run of the file's kind
     and the precision refused now (what runs is selected once the file is read: backends/selection.select)."""
     from ddpm.backends.selection import check_request
-    from ddpm.formats.kinds import artifact_kind
+    from ddpm.formats.torch_files import artifact_kind
 
     kind, precision_auto = artifact_kind(source.path), args.precision == "auto"
     precision = _precision(args, "sampling", device)  # auto: the device's fastest, kept by select where it is faster
@@ -365,7 +365,7 @@ MAX_EVALUATE_SAMPLES = 50_000
 
 
 def evaluate_request(args: argparse.Namespace, device: torch.device) -> EvaluateRequest:
-    from ddpm.formats.kinds import artifact_kind
+    from ddpm.formats.torch_files import artifact_kind
     from noise_schedule import SAMPLERS
 
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
@@ -425,7 +425,7 @@ def _check_rows(rows: str, *, bench: str, device: torch.device) -> None:
 
 def export_request(args: argparse.Namespace, device: torch.device) -> ExportRequest:
     from ddpm.formats.engine_cache import metadata_path
-    from ddpm.formats.kinds import default_output
+    from ddpm.formats.torch_files import default_output
 
     _single(args)
     check_positive(batch_size=args.batch_size)
@@ -489,7 +489,7 @@ def _calibration(args: argparse.Namespace, precision: str) -> Calibration | None
 
 
 def benchmark_request(args: argparse.Namespace, device: torch.device) -> BenchmarkRun:
-    from ddpm.formats.kinds import artifact_kind
+    from ddpm.formats.torch_files import artifact_kind
 
     sampling = _single(args, default="ddpm")  # benchmark times DDPM (benchmarks/plan.py may respace it)
     check_positive(n_samples=args.n_samples, batch_size=args.batch_size)
@@ -594,7 +594,7 @@ def distill_request(args: argparse.Namespace, device: torch.device):
     recipe; flags left out take the distillation's own defaults (the flag table's, from ddpm/choices.py:
     DISTILL_DEFAULTS), not --mode train's. Every flag is checked here: the teacher's trajectories take minutes,
     and nothing may be refused after them."""
-    from ddpm.formats.kinds import KIND_ARTICLES, artifact_kind
+    from ddpm.formats.torch_files import KIND_ARTICLES, artifact_kind
     from ddpm.requests import DistillRequest, default_student_path
     from ddpm.training.curves import CSV_NAME, default_log_dir
     from ddpm.training.distill import DistillConfig

@@ -4,7 +4,7 @@ formats/diffusers_io.py maps its configs and weight names, formats/safetensors_i
 
     model, schedule_config, class_names, link, dataset = load_model_parts("ddpm-cifar10-32")
 
-To the implementations these are all "checkpoint" kinds (formats/kinds.py): whatever the file, sampling,
+To the implementations these are all "checkpoint" kinds (torch_files.artifact_kind): whatever the file, sampling,
 evaluation, export, benchmarks and fine-tuning (``--init_from``) get the same parts, validated the same
 way (formats/checkpoints.model_parts). A safetensors export's or diffusers folder's state has step 0,
 the same tensors as model and EMA weights, and ``source_format`` saying which it was.

@@ -67,7 +67,7 @@ def check_teacher(path: str, student, *, like, identity: Callable[[], str | None
 
     ours = like.artifact.path
     # Only a .pt checkpoint records its teacher: a .safetensors or diffusers export is a "checkpoint" to the
-    # implementations too (formats/kinds.py), but holds the weights and configs alone.
+    # implementations too (formats/torch_files.artifact_kind), but holds the weights and configs alone.
     checkpoint = student.artifact.kind == "checkpoint" and Path(path).suffix == ".pt" and not Path(path).is_dir()
     state = load_checkpoint(path) if checkpoint else {}
     if "distill_config" not in state:

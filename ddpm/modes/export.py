@@ -39,8 +39,8 @@ from ddpm.formats.exporters import (
     trace_decoder,
     trace_torchscript,
 )
-from ddpm.formats.kinds import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.model_files import load_model_state
+from ddpm.formats.torch_files import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage
 from ddpm.outputs import DECODER_KINDS, EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
