@@ -233,14 +233,8 @@ def select(device: DeviceKind, artifact, request) -> Selection:
 
 def teacher_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
     """The teacher's forward through the fused U-Net runner where the cuda implementation uses it (the same
-    outputs to float rounding; runner_verified says where), else the model itself."""
-    from basic_diffusion import UNet
-    from ddpm.backends.verified import DeviceKind, runner_verified
-
-    dims = getattr(getattr(model, "config", None), "dims", None)
-    if not isinstance(model, UNet) or not runner_verified(device_type=device.type, precision="fp32", dims=dims):
-        return model
-    if not DeviceKind.of(device).extension:
+    outputs to float rounding; uses_runner says where), else the model itself."""
+    if not uses_runner(model, device_type=device.type, precision="fp32") or not DeviceKind.of(device).extension:
         return model
     from optimized_diffusion import FusedUNet
 
