@@ -30,7 +30,7 @@ from ddpm.cli import parser
 from ddpm.cli.parser import PROG
 
 # before torch: a Ctrl-C during the first imports ends in one line too
-from ddpm.util.messages import Interrupted, install, one_line, one_line_warnings, raised_within
+from ddpm.util.messages import Interrupted, TrainingDiverged, install, one_line, one_line_warnings, raised_within
 
 DISTRIBUTED_MODES = ("train", "distill", "sample", "benchmark")  # the modes that run under torchrun
 
@@ -70,7 +70,7 @@ def run_mode(mode: str):
         case "benchmark":
             from ddpm.modes.benchmark import run_benchmark as run
         case "train_autoencoder":
-            from ddpm.modes.train_autoencoder import run_train_autoencoder as run
+            from ddpm.modes.train import run_train_autoencoder as run
         case "distill":
             from ddpm.modes.distill import run_distill as run
         case _:
@@ -91,7 +91,6 @@ def _main(argv: list[str] | None) -> int:
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         # Imported here, under the signal handlers: a Ctrl-C while torch loads ends in one line too.
         from ddpm.cli import resolve
-        from ddpm.training.trainer import TrainingDiverged
         from ddpm.util import distributed
         from ddpm.util.memory import is_out_of_memory
 

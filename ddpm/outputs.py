@@ -93,7 +93,7 @@ def check_previews_folder(checkpoint: PathLike, *, flag: str, inputs: Mapping[st
     """The previews' folder of a run writing ``checkpoint`` (named by ``flag``), a derived output checked with the
     named ones, before any data or model is read: refused in one line when it is a file, an input, or inside a
     folder an input names (a --data_dir, a diffusers model: a preview would join the data, or the model's files).
-    Its existing preview files are checked again once the run's length is known (modes/training_run.py)."""
+    Its existing preview files are checked again once the run's length is known (modes/train.check_previews)."""
     folder = previews_folder(checkpoint)
     where = f"the training previews of {flag} {checkpoint} go into {folder}"
     if folder.exists() and not folder.is_dir():

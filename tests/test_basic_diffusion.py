@@ -11,7 +11,7 @@ from basic_diffusion import UNet, UNetConfig, count_parameters, sample, unet_pre
 from ddpm.benchmarks.training_bench import warm_timestep_sampler
 from ddpm.data.datasets import load_images
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
-from ddpm.training.trainer import TrainingDiverged
+from ddpm.util.messages import TrainingDiverged
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 TINY = {**TINY_UNET, "dropout": 0.1}

@@ -1,3 +1,3 @@
-"""One module per --mode (train, train_autoencoder, sample, evaluate, export, benchmark), each with one
-entry function taking its request; drawing.py is what sample and evaluate share.
+"""One module per --mode (train, sample, evaluate, export, benchmark, distill), each with one entry function
+taking its request; train.py also runs train_autoencoder and holds the run every training mode shares.
 """

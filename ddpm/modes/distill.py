@@ -231,7 +231,7 @@ def check_resumed_data(request: DistillRequest, stored, images) -> None:
 
 
 def run_distill(request: DistillRequest) -> None:
-    from ddpm.modes.training_run import train_logged, training_run
+    from ddpm.modes.train import train, training_run
     from ddpm.outputs import check_mode_outputs
 
     checkpoint = request.checkpoint
@@ -242,9 +242,7 @@ def run_distill(request: DistillRequest) -> None:
     with training_run(checkpoint, flag="--output", **run):
         trainer, teacher = resumed_student(request) if request.resume else new_student(request)
         data = data_inputs(request, trainer.objective.config, teacher)
-        train_logged(
-            trainer, request, inputs={**teacher.inputs, **request.teacher.inputs(), **data, "--output": checkpoint}
-        )
+        train(trainer, request, inputs={**teacher.inputs, **request.teacher.inputs(), **data, "--output": checkpoint})
     steps = trainer.schedule_config.student_timesteps
     distributed.say(
         f"student: {checkpoint} ({len(steps)} U-Net call{'s' if len(steps) > 1 else ''} per image at t = "
@@ -320,7 +318,7 @@ def check_before_trajectories(request: DistillRequest, config, artifact, *, star
     """What the run will write, checked against every file it reads (the teacher, and the files the teacher names)
     before the trajectories: the preview grid's folder and its curves (modes/train.py checks them again once the
     trainer exists). ``data``: the discriminator's training data (:func:`data_inputs`), read too."""
-    from ddpm.modes.training_run import check_preview_outputs
+    from ddpm.modes.train import check_preview_outputs
     from ddpm.outputs import CURVES, check_mode_outputs
     from ddpm.training.curves import CSV_NAME
     from ddpm.util.safe_files import check_output_folder
@@ -375,7 +373,7 @@ def new_student(request: DistillRequest):
 
 def resumed_student(request: DistillRequest):
     from ddpm.formats.checkpoints import load_checkpoint, read_configs
-    from ddpm.modes.training_run import resumed_config
+    from ddpm.modes.train import resumed_config
     from ddpm.training.distill import DistillConfig, student_schedule, teacher_identity
     from ddpm.training.trainer import Trainer
     from ddpm.util.safe_files import resolved
@@ -392,7 +390,7 @@ def resumed_student(request: DistillRequest):
         raise ValueError(f"{checkpoint}: {exc}") from None
     check_method_flags(request, stored)
     asked = distill_config(request, request.teacher.path, stored.guidance_scale, adv_real=stored.adv_real)
-    kept = {  # besides the recipe's (training_run.RESUME_KEEPS); the teacher itself is compared by content below
+    kept = {  # besides the recipe's (modes/train.RESUME_KEEPS); the teacher itself is compared by content below
         "sampling_steps": (asked.sampling_steps, stored.sampling_steps),
         "distill_samples": (asked.samples, stored.samples),
         "teacher_steps": (asked.teacher_steps, stored.teacher_steps),

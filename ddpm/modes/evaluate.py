@@ -19,13 +19,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ddpm.backends.selection import select
+from ddpm.backends.selection import open_for_drawing, sampling_line, select
 from ddpm.backends.verified import DeviceKind
 from ddpm.data.catalog import VOLUME_DATASETS
 from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
-from ddpm.modes.drawing import open_for_drawing, sampling_line
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util import distributed
@@ -151,7 +150,7 @@ def estimate(opened, row_steps: list[int], students: list) -> str:
 def judged_dataset(request: EvaluateRequest, artifact) -> str:
     """The training data the model is judged against: recorded in a checkpoint and in an export; --dataset names it
     for exported files too old to record it, and may not contradict a recorded one (the real images for FID/KID are
-    read from --data_dir; drawing.check_recorded_dataset refused a contradiction as the file was opened)."""
+    read from --data_dir; backends/selection.check_recorded_dataset refused a contradiction as the file was opened)."""
     path = request.source.path
     dataset = artifact.dataset or request.dataset
     if dataset is None:  # guessing would judge the model against data it never saw

@@ -22,10 +22,9 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from ddpm.backends import registry
-from ddpm.backends.selection import select
+from ddpm.backends.selection import open_for_drawing, sampling_line, select
 from ddpm.backends.verified import DeviceKind
 from ddpm.data.image_files import SampleOutputs, SampleWriter
-from ddpm.modes.drawing import open_for_drawing, sampling_line
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.memory import keep_freed_memory

@@ -1,17 +1,31 @@
-"""--mode train: a new run (or --resume of one) from the request to the saved checkpoint.
+"""--mode train and --mode train_autoencoder, and the run every training mode shares (distill's too): from the
+request to the saved checkpoint.
 
     python main.py --mode train --dataset digits --max_steps 1500
     torchrun --nproc_per_node 4 main.py --mode train --dataset cifar10 --batch_size 128
+    python main.py --mode train_autoencoder --dataset digits
 
-The loop itself is training/trainer.py's and the run around it (locks, refusals, previews, curves, Ctrl-C
-saving) modes/training_run.py's; this module builds the trainer (a new model, a resumed checkpoint, or a
-latent model on its autoencoder's latents) and checks the batch fits.
-"""
+    with training_run(request.checkpoint, flag="--model_path", overwrite=..., resume=..., log_dir=...):
+        trainer = resumed_trainer(request) if request.resume else new_trainer(request)
+        train(trainer, request, inputs=run_inputs(trainer, request))   # previews, curves, the loop
+
+The loop itself is training/trainer.py's. Each mode builds its own trainer here or in modes/distill.py (a U-Net
+on images or latents, a student on a teacher's trajectories) or runs its own loop (the autoencoder); what a run
+holds and refuses around that is here, once: the advisory locks on the checkpoint and the log folder, an existing
+checkpoint never replaced without --resume or --overwrite, curves a previous run left, the preview grids and
+curves checked as outputs against the run's inputs, and Ctrl-C or SIGTERM saving a whole step before exit code
+130 or 143."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import contextlib
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from basic_diffusion import count_parameters
 from ddpm.batch_memory import check_batch_fits
@@ -20,13 +34,14 @@ from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
-from ddpm.modes.training_run import resumed_config, train_logged, training_run
-from ddpm.outputs import FIRST_STAGE
+from ddpm.outputs import FIRST_STAGE, PREVIEW, check_mode_outputs, check_previews_folder
 from ddpm.requests import AutoencoderTrainRequest, NewModel, TrainRequest
 from ddpm.training.autoencoder_trainer import train_autoencoder
+from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.training.trainer import TrainConfig, Trainer, check_warmup
-from ddpm.util import distributed
-from ddpm.util.safe_files import as_input
+from ddpm.util import distributed, messages
+from ddpm.util.profiling import ProfileConfig, make_profiler
+from ddpm.util.safe_files import as_input, run_lock
 
 
 def run_train(request: TrainRequest) -> None:
@@ -37,7 +52,7 @@ def run_train(request: TrainRequest) -> None:
         if request.first_stage is not None:
             train_first_stage(request.first_stage)
         trainer = resumed_trainer(request) if request.resume else new_trainer(request)
-        train_logged(trainer, request, inputs=run_inputs(trainer, request))
+        train(trainer, request, inputs=run_inputs(trainer, request))
     distributed.say(f"checkpoint: {request.checkpoint}")
 
 
@@ -158,7 +173,7 @@ def resumed_trainer(request: TrainRequest):
 
 
 def model_kept(request: TrainRequest, config, model_config, schedule_config) -> dict:
-    """What --resume compares besides the recipe (modes/training_run.resumed_config), {flag: (ours, the
+    """What --resume compares besides the recipe (resumed_config below), {flag: (ours, the
     checkpoint's)}: a resumed run keeps its data, model and schedule."""
     spec = request.model
     return {
@@ -303,3 +318,170 @@ def new_trainer(request: TrainRequest):
         )
     )
     return trainer
+
+
+@contextlib.contextmanager
+def training_run(
+    checkpoint: str,
+    *,
+    flag: str,
+    overwrite: bool,
+    resume: bool = False,
+    continues: str | None = None,
+    log_dir: str | None = None,
+):
+    """The run's locks held for the whole block, and what is refused before anything is read: an existing
+    ``checkpoint`` (named by ``flag``) without ``resume`` or ``overwrite`` (the line offers --resume to continue
+    ``continues``; None: the mode cannot resume), and curves a previous run left in ``log_dir``."""
+    with run_locks(checkpoint, flag=flag, log_dir=log_dir):
+        if Path(checkpoint).exists() and not (resume or overwrite):
+            again = f"--resume to continue {continues}, or " if continues is not None else ""
+            raise ValueError(
+                f"{flag} {checkpoint} already holds a checkpoint; pass {again}--overwrite to start over and replace it"
+            )
+        if log_dir is not None:  # before the data are read: a new run never mixes its curves with another's
+            refuse_previous_curves(log_dir, resume=resume, overwrite=overwrite)
+        yield
+
+
+@contextlib.contextmanager
+def run_locks(checkpoint: str, *, flag: str = "--model_path", log_dir: str | None = None):
+    """A second run on this checkpoint (named by ``flag``), or writing curves into this --log_dir, is refused until
+    this one ends (rank 0 writes both, so rank 0 holds the locks)."""
+    with contextlib.ExitStack() as locks:
+        if distributed.current().is_main:
+            locks.enter_context(run_lock(checkpoint, flag=flag))
+            if log_dir is not None:
+                locks.enter_context(run_lock(log_dir, flag="--log_dir"))
+        yield
+
+
+# --resume: how the rest of the run goes may change (its end, --max_steps, and these); what it learns may not.
+RESUME_HONOURS = ("precision", "compile", "save_every", "sample_every")
+# The recipe flags of train and distill, each compared on --resume with the checkpoint's TrainConfig field of its
+# name (a mode that does not read one is never given it: the parser refuses it).
+RESUME_KEEPS = ("batch_size", "lr", "warmup_steps", "ema_decay", "min_snr_gamma", "grad_clip", "cond_drop", "seed")
+
+
+def resumed_config(state: dict, request, *, checkpoint: str, kept: Callable, start_over: str, **overrides):
+    """The checkpoint's TrainConfig as a --resume continues it, for train and distill alike: the flags of
+    RESUME_HONOURS given now replace the checkpoint's (so do ``overrides``: the run's end, its ranks), and every
+    other flag given that shapes the run is compared with the checkpoint, a difference refused in one line naming
+    both values: RESUME_KEEPS, and the mode's own (``kept(config)`` -> {flag: (ours, the checkpoint's)}: a model's
+    shape and data, a student's teacher trajectories). ``start_over``: how the line offers a new run instead."""
+    from ddpm.training.trainer import resume_config
+
+    honoured = {flag: getattr(request, flag) for flag in RESUME_HONOURS if flag in request.given}
+    config = resume_config(state, checkpoint=checkpoint, **honoured, **overrides)
+    compared = {flag: (getattr(request, flag), getattr(config, flag)) for flag in RESUME_KEEPS if flag in request.given}
+    compared.update(kept(config))
+    contradicted = [
+        f"--{flag} {ours} (the checkpoint's {theirs})"
+        for flag, (ours, theirs) in compared.items()
+        if flag in request.given and ours != theirs
+    ]
+    if contradicted:
+        raise ValueError(
+            f"{checkpoint} is resumed with its own settings, and {'; '.join(contradicted)} differ from them; "
+            f"drop those flags, or {start_over}"
+        )
+    return config
+
+
+PREVIEW_NAME = re.compile(r"step_(\d{7,})\.png")
+
+
+def check_previews(trainer, *, inputs: dict, flag: str = "--model_path") -> None:
+    """The preview grids this run will write (<model_path stem>_samples/step_NNNNNNN.png, every
+    --sample_every steps and at the end) are outputs too: checked before the first step against the
+    run's ``inputs`` (:func:`run_inputs`), like every other output (their folder was checked with the flags:
+    outputs.check_previews_folder; again here, against the inputs the model file named). Only names that
+    already exist can be an input (through a symlink or a hard link)."""
+    check_preview_outputs(trainer.config, start=trainer.step, inputs=inputs, flag=flag)
+
+
+def check_preview_outputs(config, *, start: int, inputs: dict, flag: str = "--model_path") -> None:
+    """:func:`check_previews` for a run of ``config`` (a TrainConfig) from step ``start``, before its trainer
+    exists (distill checks its previews before the teacher's trajectories); ``flag`` names the checkpoint."""
+    folder = check_previews_folder(config.checkpoint, flag=flag, inputs=inputs)
+    if not folder.is_dir():
+        return
+    end, every = config.total_steps, config.sample_every
+
+    def planned(step: int) -> bool:
+        return start < step <= end and (step == end or (every > 0 and step % every == 0))
+
+    existing = [
+        entry for entry in folder.iterdir() if (match := PREVIEW_NAME.fullmatch(entry.name)) and planned(int(match[1]))
+    ]
+    for entry in existing:
+        check_mode_outputs("train", {PREVIEW: entry}, inputs=inputs)
+
+
+def training_log(trainer, request, *, inputs: dict) -> TrainingLog | None:
+    """Rank 0's training curves (training/curves.py) in --log_dir, checked as outputs against the run's ``inputs``
+    (:func:`run_inputs`) before the first step; None on the other ranks."""
+    if request.log_dir is None or not distributed.current().is_main:
+        return None
+    config = trainer.config
+    explicit = "log_dir" in request.given  # the tensorboard hint only for a user who asked for curves
+    curves = TrainingLog(
+        request.log_dir,
+        start_step=trainer.step,
+        every=request.log_every,
+        resume=request.resume,
+        overwrite=request.overwrite,
+        inputs=inputs,
+        say=distributed.say if explicit else None,
+    )
+    model, schedule = trainer.model_config.to_dict(), asdict(trainer.schedule_config)
+    curves.hparams({"train": asdict(config), "model": model, "schedule": schedule})
+    return curves
+
+
+def train(trainer, request, *, inputs: dict) -> None:
+    """The loop of a built ``trainer`` for ``request`` (its --profile, --log_dir): the preview grids and curves
+    checked as outputs against the run's ``inputs`` (every file it reads) before the first step, a few steps
+    traced with --profile (util/profiling.py), the curves closed however the loop ends (removed with the log
+    folder this run created when it fails: curves.py). On Ctrl-C or SIGTERM it saves a whole step's state, then
+    exits 130 or 143; a run stopped before its first step saves nothing, so the file it would replace stays."""
+    check_previews(trainer, inputs=inputs, flag="--output" if "--output" in inputs else "--model_path")
+    curves = training_log(trainer, request, inputs=inputs)
+    start, ranks = trainer.step, distributed.current()
+    profile = None
+    if request.profile and trainer.config.total_steps > start:
+        run_name = f"train-rank{ranks.rank}" if ranks.distributed else "train"
+        profile = ProfileConfig(request.profile, run_name=run_name, total_steps=trainer.config.total_steps - start)
+    failed = False
+    try:
+        with make_profiler(profile, device=trainer.device, log=tqdm.write) as profiler:
+            trainer.run(profiler=profiler, curves=curves)
+    except KeyboardInterrupt as exc:  # the step is whole: save it (its curves go with the checkpoint)
+        stop = exc if isinstance(exc, messages.Interrupted) else messages.Interrupted()
+        if trainer.step == start:
+            if ranks.is_main:
+                print(f"\n{stop.name}: stopped before the first step; nothing was saved", file=sys.stderr)
+            raise SystemExit(stop.exit_code) from None
+        with messages.deferred(reraise=False):  # a second signal does not cut this save
+            path = trainer.save()  # rank 0 writes; every rank stopped after the same step
+        if ranks.is_main:
+            print(
+                f"\n{stop.name}: stopped at step {trainer.step}; saved {path} (continue with --resume)", file=sys.stderr
+            )
+        raise SystemExit(stop.exit_code) from None
+    except Exception:
+        failed = True
+        raise
+    finally:
+        if curves is not None:
+            curves.close(failed=failed)  # a failed run leaves no log folder it created (its line: nothing partial)
+
+
+def run_train_autoencoder(request: AutoencoderTrainRequest) -> None:
+    """The first stage of a latent model, in the run every training mode shares (training_run above): its own
+    loop, no curves, and an existing checkpoint replaced only with --overwrite (there is no --resume)."""
+    with training_run(request.checkpoint, flag="--model_path", overwrite=request.overwrite):
+        try:
+            train_autoencoder(request)
+        except messages.Interrupted as stop:  # what was trained is saved and said (training/autoencoder_trainer.py)
+            raise SystemExit(stop.exit_code) from None

@@ -38,9 +38,10 @@ from ddpm.latent.autoencoder import (
     to_unit_range,
 )
 from ddpm.requests import AutoencoderTrainRequest
-from ddpm.training.trainer import TrainingDiverged, lr_factor
+from ddpm.training.timestep_sampling import lr_factor
 from ddpm.util import messages
 from ddpm.util.memory import keep_freed_memory
+from ddpm.util.messages import TrainingDiverged
 from ddpm.util.safe_files import atomic_write
 
 DEFAULT_STEPS = AUTOENCODER_DEFAULTS["max_steps"]  # the run's length without --max_steps or --n_epochs

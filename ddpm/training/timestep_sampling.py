@@ -1,4 +1,6 @@
-"""Which timesteps a training step draws, and the loss weight of each draw.
+"""Which timesteps a training step draws, and the loss weight of each draw; and the learning rate's schedule over
+a run's steps (:func:`lr_factor`: linear warm-up, then cosine decay), the other thing each step draws from a
+schedule.
 
 DDPM draws t uniformly (Ho et al. 2020). A sampler here draws t from a distribution p_t that follows
 the losses training has shown it, with a weight w per draw, and the step's loss is mean_b(w_b L_b):
@@ -73,6 +75,14 @@ def top_k_timesteps(signal: Tensor, k: int) -> Tensor:
         raise ValueError(f"signal must be one value per timestep (T,), got shape {tuple(signal.shape)}")
     _check_int("k", k, high=signal.numel())
     return torch.argsort(signal, descending=True, stable=True)[:k].sort().values
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 class TimestepSampler:

@@ -42,12 +42,12 @@ from ddpm.outputs import previews_folder
 from ddpm.requests import own_sampling
 from ddpm.training.compiled import CompileTrial
 from ddpm.training.dropout import use_seeded_dropout
-from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, make_timestep_sampler
+from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, lr_factor, make_timestep_sampler
 from ddpm.training.winograd import use_winograd_convs
 from ddpm.util import distributed, messages
 from ddpm.util.distributed import Ranks
 from ddpm.util.memory import keep_freed_memory
-from ddpm.util.messages import first_line
+from ddpm.util.messages import TrainingDiverged, first_line
 from ddpm.util.phases import phase
 from ddpm.util.precision import autocast, check_precision
 from ddpm.util.profiling import NullProfiler, Profiler
@@ -76,10 +76,6 @@ class Objective(Protocol):
 
 
 MAX_CONSECUTIVE_NONFINITE = 20
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss stayed non-finite; the last good checkpoint is left untouched."""
 
 
 VOLUME_PREVIEWS = 4  # volumes in a 3-D model's preview PNG (each a row of slices and a projection)
@@ -171,14 +167,6 @@ def trains_channels_last(device: torch.device, config: TrainConfig, *, dims: int
     if device.type == "cuda":
         return config.cuda_fast_path
     return device.type == "cpu" and config.cpu_channels_last and config.precision == "fp32"
-
-
-def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
-    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 class Trainer:

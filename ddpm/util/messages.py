@@ -122,6 +122,11 @@ class Interrupted(KeyboardInterrupt):
         return "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum).name
 
 
+class TrainingDiverged(RuntimeError):
+    """A training run learned nothing usable (its loss stayed non-finite); the last good checkpoint is left
+    untouched, and main.py ends the run in one line with exit code 1."""
+
+
 def _handler(signum: int, frame) -> None:
     if _depth > 0:
         _pending.append(signum)

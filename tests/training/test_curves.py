@@ -233,7 +233,7 @@ def test_a_window_averages_its_finite_steps_counts_the_skipped_ones_and_writes_n
 
 
 def test_only_rank_0_keeps_the_curves(monkeypatch):
-    from ddpm.modes import training_run as train
+    from ddpm.modes import train
     from ddpm.requests import TrainRequest
     from ddpm.util.distributed import Ranks
 

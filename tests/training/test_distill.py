@@ -263,7 +263,7 @@ def test_a_class_conditional_teacher_distills_with_its_guidance_folded_into_one_
     assert state["distill_config"]["guidance_scale"] == 2.5
     # Sampled with one conditional call per step (no doubled batch), and another scale on top is refused.
     from ddpm.backends.artifacts import load_artifact
-    from ddpm.modes.drawing import folded_scale
+    from ddpm.backends.selection import folded_scale
 
     assert folded_scale(load_artifact(tmp_path / "student.pt", device=torch.device("cpu")), None) == 1.0
     drawn = run_here("--mode", "sample", "--model_path", "student.pt", "--n_samples", "2", cwd=tmp_path)
@@ -402,7 +402,7 @@ def test_a_resumed_distillation_refuses_a_changed_teacher_naming_both_hashes(tmp
 
 def test_a_resumed_distillation_refuses_every_changed_recipe_flag_naming_both_values(tmp_path, teacher, monkeypatch):
     """--resume compares every flag that shapes the run with the checkpoint, as --mode train does (one comparison:
-    modes/training_run.resumed_config): the optimizer's, the EMA's, the warm-up's, the trajectories'."""
+    modes/train.resumed_config): the optimizer's, the EMA's, the warm-up's, the trajectories'."""
     flags = ["--mode", "distill", "--model_path", str(teacher), "--output", "s.pt", *TINY_DISTILL]
     assert run_here(*flags, "--max_steps", "1", "--warmup_steps", "0", cwd=tmp_path).returncode == 0
     student = (tmp_path / "s.pt").read_bytes()

@@ -21,7 +21,7 @@ HOLD = (
 
 
 def test_a_second_live_run_writing_into_the_same_log_dir_is_refused_in_one_line(tmp_path):
-    """Another process holds the log folder's lock as a live training run does (modes/training_run.run_locks); a run
+    """Another process holds the log folder's lock as a live training run does (modes/train.run_locks); a run
     into another checkpoint but the same --log_dir stops before it reads any data, and writes nothing."""
     logs = tmp_path / "logs"
     holder = subprocess.Popen(

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ from PIL import Image
 import main
 from ddpm.backends import registry
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
-from ddpm.modes import training_run as train_mode
+from ddpm.modes import train as train_mode
 from ddpm.util import messages, model_folders, safe_files
 from ddpm.util.estimates import phase_line, seconds_per_call
 from ddpm.util.safe_files import KINDS, check_kind, check_outputs, expected_kind, found_kind, remove_stale_temporaries
@@ -485,11 +486,16 @@ def test_ctrl_c_while_sampling_exits_130_and_writes_nothing(work, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no grid, no .npz, no temporary file
 
 
+NO_FLAGS = SimpleNamespace(profile=None, log_dir=None)  # a TrainRequest's fields the loop reads, none given
+
+
 def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
     class Trainer:
         step = 6
+        config = SimpleNamespace(checkpoint=str(tmp_path / "m.pt"), total_steps=10, sample_every=0)
+        device = "cpu"
 
-        def run(self, **options):  # (curves=...: the real Trainer.run's keywords)
+        def run(self, **options):  # (profiler=..., curves=...: the real Trainer.run's keywords)
             self.step += 1
             raise messages.Interrupted(signal.SIGINT)
 
@@ -501,7 +507,7 @@ def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
 
     messages.install()
     with pytest.raises(SystemExit) as exit_info:
-        train_mode.train(Trainer())
+        train_mode.train(Trainer(), NO_FLAGS, inputs={})
     assert exit_info.value.code == 130
     assert (tmp_path / "saved").read_text() == "whole"
     assert messages.pending() is None
@@ -510,6 +516,8 @@ def test_a_second_signal_does_not_cut_the_interrupt_save(tmp_path):
 def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
     class Trainer:
         step = 0
+        config = SimpleNamespace(checkpoint=str(tmp_path / "m.pt"), total_steps=10, sample_every=0)
+        device = "cpu"
 
         def run(self, **options):
             raise messages.Interrupted(signal.SIGTERM)  # the mistaken --overwrite run, stopped at once
@@ -518,7 +526,7 @@ def test_a_run_stopped_before_its_first_step_replaces_nothing(tmp_path, capsys):
             raise AssertionError("nothing may be saved")
 
     with pytest.raises(SystemExit) as exit_info:
-        train_mode.train(Trainer())
+        train_mode.train(Trainer(), NO_FLAGS, inputs={})
     assert exit_info.value.code == 143
     assert "stopped before the first step; nothing was saved" in capsys.readouterr().err
 
@@ -567,7 +575,7 @@ def test_stale_temporaries_of_live_processes_are_kept(tmp_path):
 def test_non_finite_steps_most_of_a_run_end_non_zero(tmp_path):
     from helpers import make_trainer  # the tiny digits trainer
 
-    from ddpm.training.trainer import TrainingDiverged
+    from ddpm.util.messages import TrainingDiverged
 
     trainer = make_trainer(tmp_path, total_steps=15)
     clean = trainer.images.batch_with_labels
