@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's
 
 import basic_diffusion  # noqa: E402
 import optimized_diffusion  # noqa: E402
-from ddpm.formats.model_files import load_model_parts  # noqa: E402
+from ddpm.backends.artifacts import load_model_parts  # noqa: E402
 from noise_schedule import NoiseSchedule  # noqa: E402
 
 SMALL_28 = dict(  # this tool's "small" preset at 28x28 (6.95M parameters), as a UNet2DModel

@@ -8,7 +8,7 @@ model (the small preset at 8x8, 32 base channels, one residual block per level, 
 1. AdamW's step, gradient clipping and the EMA update on the model's 166 tensors: torch's default (foreach) AdamW
    against ``fused=True``, each timed over 200 calls.
 2. Dropout on the residual blocks' shapes: ``torch.nn.functional.dropout`` against the extension's
-   ``seeded_dropout`` (ddpm/training/dropout.py).
+   ``seeded_dropout`` (ddpm/kernels/ops.py).
 3. Whole training steps, interleaved (A B C D, A B C D, ...: a machine whose speed drifts over minutes moves every
    variant alike), each variant's median ms/step and its time over the previous trainer's, round by round:
    "previous" (foreach AdamW, torch's dropout: the trainer before fused AdamW and seeded dropout), "fused AdamW"
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's
 from basic_diffusion import unet_preset  # noqa: E402
 from ddpm.benchmarks.report import environment  # noqa: E402
 from ddpm.data.datasets import load_images  # noqa: E402
-from ddpm.training.dropout import SeededDropout, seeded_dropout_available  # noqa: E402
+from ddpm.kernels.ops import SeededDropout, seeded_dropout_available  # noqa: E402
 from ddpm.training.trainer import TrainConfig, Trainer  # noqa: E402
 from noise_schedule import ScheduleConfig  # noqa: E402
 

@@ -580,7 +580,7 @@ def test_drawing_on_a_gpu_defaults_to_bf16_where_the_implementation_runs_it(
 
     from basic_diffusion import UNet
     from ddpm.backends.selection import check_request, select
-    from ddpm.backends.verified import DeviceKind
+    from optimized_diffusion import DeviceKind
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     gpu = DeviceKind("cuda", extension=True)

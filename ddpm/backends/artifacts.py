@@ -1,26 +1,33 @@
-"""Artifacts: loading any file a U-Net lives in (checkpoint, TorchScript, ONNX, TensorRT engine) to sample
-(writing them is modes/export.py's; which file is which, formats/torch_files.py's).
+"""Artifacts: loading any file a U-Net lives in to sample, evaluate, export, benchmark or fine-tune from: a
+checkpoint (.pt), a ``--format safetensors`` export or a Hugging Face diffusers model folder (all "checkpoint"
+kinds, rebuilt as a PyTorch U-Net: :func:`load_model_parts`), TorchScript (.ts), ONNX (.onnx) or a TensorRT engine
+(.engine/.plan) (:func:`load_artifact`). Writing them is modes/export.py's (the diffusers folder is written here);
+which file is which, formats/torch_files.py's.
 
     python main.py --mode sample --model_path checkpoints/mnist.onnx --implementation onnxruntime
+    model, schedule_config, class_names, link, dataset = load_model_parts("ddpm-cifar10-32")
 
-``--mode sample --model_path FILE`` takes a checkpoint (.pt), TorchScript (.ts), ONNX (.onnx) or an
-engine (.engine/.plan) and needs nothing else: each carries its configs (unet_io.py); a latent
-model's export also needs the decoder file it names beside it (``X.decoder.onnx``/``.ts``/``.engine``). This module
-sits above formats/exporters.py, backends/runtimes.py and tensorrt_integration.py (imported only for engines), so none
-of them imports another's caller.
-"""
+``--mode sample --model_path FILE`` needs nothing else: each file carries its configs (unet_io.py); a latent
+model's export also needs the decoder file it names beside it (``X.decoder.onnx``/``.ts``/``.engine``). Whatever the
+checkpoint kind, every mode gets the same parts, validated the same way (formats/checkpoints.model_parts); a
+safetensors export's or diffusers folder's state has step 0, the same tensors as model and EMA weights, and
+``source_format`` saying which it was (formats/diffusers_io.py maps diffusers' configs and weight names,
+formats/safetensors_io.py reads and writes the files). This module sits above formats/exporters.py,
+backends/runtimes.py and tensorrt_integration.py (imported only for engines), so none of them imports another's
+caller."""
 
 from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from basic_diffusion import UNetConfig
+from basic_diffusion import UNet, UNetConfig
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
     check_onnx_graph,
@@ -31,17 +38,38 @@ from ddpm.backends.runtimes import (
     parse_onnx,
 )
 from ddpm.data.catalog import DATASETS
-from ddpm.formats.checkpoints import check_pixel_unet
-from ddpm.formats.engine_cache import metadata_path
-from ddpm.formats.exporters import (
-    _quiet_torchscript,
+from ddpm.formats.checkpoints import (
+    FORMAT_VERSION,
+    check_pixel_unet,
+    load_checkpoint,
+    model_parts,
+    parse_artifact_metadata,
 )
-from ddpm.formats.model_files import load_model_parts
-from ddpm.formats.torch_files import KIND_NAMES, artifact_kind, check_zip
+from ddpm.formats.diffusers_io import (
+    DIFFUSERS_VERSION,
+    SCHEDULER_FILE,
+    WEIGHTS_FILES,
+    diffusers_folder_files,
+    diffusers_scheduler_config,
+    diffusers_unet_config,
+    from_diffusers_weights,
+    json_bytes,
+    present,
+    read_json,
+    schedule_config_from_diffusers,
+    to_diffusers_weights,
+    unet_config_from_diffusers,
+    unet_folder,
+)
+from ddpm.formats.engine_cache import metadata_path
+from ddpm.formats.exporters import _quiet_torchscript
+from ddpm.formats.safetensors_io import METADATA_KEY, read_safetensors, safetensors_bytes
+from ddpm.formats.torch_files import KIND_NAMES, artifact_kind, check_zip, load_pt, weight_mismatches
 from ddpm.formats.unet_io import DEFAULT_MAX_BATCH, BatchRange
 from ddpm.latent.first_stage import FirstStage, check_latent_unet, linked_first_stage
 from ddpm.util.messages import first_line
-from ddpm.util.safe_files import read_limited
+from ddpm.util.model_folders import marker_bytes
+from ddpm.util.safe_files import atomic_write, read_limited
 from noise_schedule import ScheduleConfig, short_repr
 
 # --------------------------------------------------------------------------------------------
@@ -210,3 +238,136 @@ def load_exported_decoder(
         except Exception as exc:  # as load_torchscript: broken archives, the file's own code
             raise ValueError(f"{file} is corrupt or not a TorchScript file ({first_line(exc)})") from exc
     return replace(stage, decoder=decoder)
+
+
+def load_model_parts(path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"):
+    """checkpoints.load_checkpoint_parts for any of this module's files: (U-Net in eval mode, schedule config,
+    class names, autoencoder link, training dataset)."""
+    return model_parts(load_model_state(path), path=path, weights=weights, device=device)
+
+
+def load_model_state(path: str | Path) -> dict:
+    """The checkpoint's state of ``path``: a diffusers folder, a safetensors export, or a checkpoint."""
+    path = Path(path)
+    if path.is_dir():
+        return read_diffusers_folder(path)
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist or is not a file")
+        return read_safetensors_export(path)
+    return load_checkpoint(path)
+
+
+def read_safetensors_export(path: Path) -> dict:
+    """A ``--format safetensors`` export (formats/safetensors_io.py): its metadata through
+    checkpoints.parse_artifact_metadata, its tensors exactly its config's."""
+    tensors, metadata = read_safetensors(path, source=str(path))
+    if METADATA_KEY not in metadata:
+        raise ValueError(
+            f"{path} carries no model metadata; a diffusers model's safetensors file is read from its folder "
+            "(--model_path FOLDER)"
+        )
+    model_config, schedule_config, meta = parse_artifact_metadata(metadata[METADATA_KEY], source=path)
+    with torch.device("meta"):
+        expected = UNet(model_config).state_dict()
+    problems = weight_mismatches(expected, tensors)
+    if problems:
+        raise ValueError(f"{path}: its weights do not match its model config ({'; '.join(problems)})")
+    state = {
+        "format_version": FORMAT_VERSION,
+        "model_config": model_config.to_dict(),
+        "schedule_config": asdict(schedule_config),
+        "model": tensors,
+        "ema": tensors,
+        "step": 0,
+        "source_format": "safetensors",
+        "weights_kind": meta["weights"],
+    }
+    if "class_names" in meta:
+        state["class_names"] = meta["class_names"]
+    if "dataset" in meta:
+        state["train_config"] = {"dataset": meta["dataset"]}
+    return state
+
+
+def read_diffusers_folder(folder: str | Path) -> dict:
+    """A diffusers model folder as a checkpoint's state (formats/checkpoints.py's REQUIRED_KEYS, step 0,
+    the same weights as model and EMA); ValueError naming the file for anything unusable. Every file is read
+    only from inside ``folder`` (safe_files.check_inside): a symlink out of it, a FIFO or a device is refused."""
+    folder = Path(folder)
+    unet = unet_folder(folder)
+    config_file = unet / "config.json"
+    model_config = unet_config_from_diffusers(
+        read_json(config_file, what="the U-Net's config", folder=folder), source=str(config_file)
+    )
+    tensors, source = _folder_weights(folder, unet)
+    weights = from_diffusers_weights(tensors, model_config, source=source)
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": model_config.to_dict(),
+        "schedule_config": asdict(_folder_schedule(folder, unet)),
+        "model": weights,
+        "ema": weights,
+        "step": 0,
+        "source_format": "diffusers",
+    }
+
+
+def _folder_schedule(folder: Path, unet: Path) -> ScheduleConfig:
+    """A pipeline's scheduler config, or for a UNet2DModel alone DDPMScheduler's defaults (linear, 1e-4 to
+    0.02, T = 1000)."""
+    if unet == folder:
+        return ScheduleConfig()
+    scheduler = folder / "scheduler" / SCHEDULER_FILE
+    if not present(scheduler):
+        raise ValueError(f"{folder}: a pipeline folder without scheduler/{SCHEDULER_FILE}")
+    return schedule_config_from_diffusers(
+        read_json(scheduler, what="the scheduler's config", folder=folder), source=str(scheduler)
+    )
+
+
+def _folder_weights(folder: Path, unet: Path) -> tuple[dict, str]:
+    """The U-Net's tensors of a diffusers folder and the file they came from (for messages)."""
+    if any(present(unet / f"{name}.index.json") for name in WEIGHTS_FILES):
+        raise ValueError(f"{unet}: sharded weights are not read; save the model with a larger max_shard_size")
+    weights_file = next((unet / name for name in WEIGHTS_FILES if present(unet / name)), None)
+    if weights_file is None:
+        raise ValueError(f"{unet}: no {' or '.join(WEIGHTS_FILES)}")
+    source = str(weights_file)
+    if weights_file.suffix == ".safetensors":
+        tensors, _ = read_safetensors(weights_file, source=source, inside=folder)
+        return tensors, source
+    data = read_limited(weights_file, kind="checkpoint", inside=folder)
+    tensors = load_pt(data, source=source, kind="a weights file")
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) for k in tensors):
+        raise ValueError(f"{weights_file} is not a state dict of named tensors")
+    return tensors, source
+
+
+def write_diffusers_folder(model: UNet, schedule: ScheduleConfig, output: Path, *, source: str) -> list[Path]:
+    """A folder ``DDPMPipeline.from_pretrained`` loads: each file written atomically, then the export's marker
+    recording what each holds (util/model_folders.marker_bytes: a folder without it is no export of this tool's).
+    Returns the files written."""
+    unet_config = diffusers_unet_config(model.config, source=source)
+    scheduler_config = diffusers_scheduler_config(schedule, source=source)
+    weights = to_diffusers_weights(model.state_dict())
+    index = {
+        "_class_name": "DDPMPipeline",
+        "_diffusers_version": DIFFUSERS_VERSION,
+        "scheduler": ["diffusers", "DDPMScheduler"],
+        "unet": ["diffusers", "UNet2DModel"],
+    }
+    files = diffusers_folder_files(output)
+    contents: list[tuple[Path, Callable[[], bytes]]] = [
+        (files["--output's unet weights"], lambda: safetensors_bytes(weights, {"format": "pt"})),
+        (files["--output's unet config"], lambda: json_bytes(unet_config)),
+        (files["--output's scheduler config"], lambda: json_bytes(scheduler_config)),
+        (files["--output's model_index.json"], lambda: json_bytes(index)),
+        (files["--output's export marker"], lambda: marker_bytes(output, names, writer="--format diffusers")),
+    ]
+    names = [path.relative_to(output).as_posix() for path, _ in contents]
+    for path, make in contents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = make()
+        atomic_write(path, lambda f, data=data: f.write(data))
+    return [path for path, _ in contents]

@@ -323,7 +323,7 @@ REGISTRY: dict[str, Implementation] = {
             "cuda",
             "the fastest custom-kernel path: fused step ops, static buffers, CUDA graphs (the whole plan in one for "
             "short plans), and the fused U-Net runner where it is verified (a CPU in fp32, a GPU in bf16/fp16 for "
-            "2-D U-Nets: backends/verified.py) (optimized_diffusion.py)",
+            "2-D U-Nets) (optimized_diffusion.py)",
             _fused(),
             kinds=("checkpoint", "torchscript"),
             precisions=PRECISIONS,

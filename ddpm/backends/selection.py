@@ -18,10 +18,10 @@ is read, what no implementation would run (a file kind, a precision), from the s
 The tables it decides from: :data:`VERIFIED` (``--implementation auto``: on each kind of device, for these
 precisions and models, the implementation to run, why, and the BENCHMARKS.md section its measurement is in; the
 first entry that matches and whose implementation runs the file wins, else the first sample-mode implementation
-that runs it, and the line says so) and backends/verified.RUNNER_VERIFIED (where ``cuda`` includes the fused U-Net
+that runs it, and the line says so) and optimized_diffusion.RUNNER_VERIFIED (where ``cuda`` includes the fused U-Net
 runner, optimized_diffusion.FusedUNet: where it was measured faster than the step kernels alone, which are always
 available as ``cuda_steps``). :func:`choose` and :func:`select` are pure functions of their arguments (tests hand
-them fake devices); verified.DeviceKind.of is the only part that looks at the machine."""
+them fake devices); optimized_diffusion.DeviceKind.of is the only part that looks at the machine."""
 
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 from ddpm.backends import registry
 from ddpm.backends.artifacts import Artifact, load_artifact
 from ddpm.backends.registry import Selection
-from ddpm.backends.verified import DeviceKind, runner_verified, uses_runner
 from ddpm.batch_memory import check_batch_fits
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.latent.first_stage import clips_x0
@@ -39,6 +38,7 @@ from ddpm.outputs import check_mode_outputs
 from ddpm.requests import DrawRequest, SampleRequest
 from ddpm.util.precision import FORCED_BF16
 from noise_schedule import NoiseSchedule, SamplingPlan
+from optimized_diffusion import DeviceKind, runner_verified, uses_runner
 
 if TYPE_CHECKING:
     import torch

@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 
 from basic_diffusion import UNet, count_parameters, guided_model_eps
 from ddpm.backends import registry
-from ddpm.backends.verified import uses_runner
 from ddpm.benchmarks.peaks import measure_peaks, median_seconds, mfu, peak
 from ddpm.benchmarks.plan import estimate_line
 from ddpm.benchmarks.report import (
@@ -51,6 +50,7 @@ from ddpm.util.memory import allocator_description
 from ddpm.util.messages import first_line
 from ddpm.util.precision import FORCED_BF16, backend_policy, bf16_forced, cpu_has_native_bf16
 from noise_schedule import SamplingPlan
+from optimized_diffusion import uses_runner
 
 # A row's detail when its U-Net's 3x3 convolutions run in Winograd's form: its TFLOP/s is direct-equivalent.
 WINOGRAD_DETAIL = "fused U-Net runner, Winograd convolutions"

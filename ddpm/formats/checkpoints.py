@@ -191,7 +191,7 @@ def model_parts(
     state: Mapping, *, path: str | Path, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None, str | None]:
     """:func:`load_checkpoint_parts` from a checkpoint's state read from ``path``: a checkpoint's, or one
-    formats/model_files.py made of a safetensors export or a diffusers folder (``source_format``)."""
+    backends/artifacts.py made of a safetensors export or a diffusers folder (``source_format``)."""
     from ddpm.conditioning import read_class_names
 
     if weights not in WEIGHTS:

@@ -7,7 +7,7 @@
 This tool's U-Net is diffusers' ``UNet2DModel`` with ``DownBlock2D``/``AttnDownBlock2D`` levels (the same
 modules in the same order), so a model moves between the two by renaming its weights:
 
-* formats/model_files.py's ``read_diffusers_folder`` reads a pipeline folder (``unet/`` and ``scheduler/``, as
+* backends/artifacts.py's ``read_diffusers_folder`` reads a pipeline folder (``unet/`` and ``scheduler/``, as
   ``DDPMPipeline.save_pretrained`` writes) or a ``UNet2DModel`` folder alone (then the schedule is
   diffusers' DDPMScheduler default: linear betas 1e-4 to 0.02 over 1000 steps) as a checkpoint's state:
   :func:`unet_config_from_diffusers` and :func:`schedule_config_from_diffusers` map the configs, and
@@ -571,7 +571,7 @@ def unet_folder(folder: Path) -> Path:
 
 
 def diffusers_folder_files(output: Path) -> dict[str, Path]:
-    """The files model_files.write_diffusers_folder writes into ``output`` (each an output of the run); a
+    """The files backends/artifacts.write_diffusers_folder writes into ``output`` (each an output of the run); a
     ``output`` that is a file is refused."""
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is a file; --format diffusers writes a folder")

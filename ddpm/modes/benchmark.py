@@ -18,18 +18,18 @@ from pathlib import Path
 import torch
 
 from basic_diffusion import UNet
+from ddpm.backends.artifacts import load_model_parts
 from ddpm.backends.selection import choose
-from ddpm.backends.verified import DeviceKind
 from ddpm.batch_memory import check_batch_fits
 from ddpm.benchmarks import sampling_bench, training_bench
 from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
-from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import clips_x0, linked_first_stage
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import BenchmarkRun
 from ddpm.util import distributed
 from noise_schedule import NoiseSchedule
+from optimized_diffusion import DeviceKind
 
 
 def auto_row(device: torch.device, *, precision: str, dims: int) -> str:

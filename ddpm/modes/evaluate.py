@@ -20,7 +20,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpm.backends.selection import open_for_drawing, sampling_line, select
-from ddpm.backends.verified import DeviceKind
 from ddpm.data.catalog import VOLUME_DATASETS
 from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
@@ -29,6 +28,7 @@ from ddpm.outputs import check_mode_outputs
 from ddpm.requests import EvaluateRequest, own_sampling
 from ddpm.util import distributed
 from ddpm.util.memory import check_held_in_host_memory
+from optimized_diffusion import DeviceKind
 
 
 def check_samples_fit(n: int, shape: tuple[int, ...]) -> None:

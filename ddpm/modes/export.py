@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ddpm.backends.artifacts import decoder_path, load_artifact
+from ddpm.backends.artifacts import decoder_path, load_artifact, load_model_state
 from ddpm.backends.runtimes import (
     OnnxRuntimeDecoder,
     OnnxRuntimeUNet,
@@ -39,7 +39,6 @@ from ddpm.formats.exporters import (
     trace_decoder,
     trace_torchscript,
 )
-from ddpm.formats.model_files import load_model_state
 from ddpm.formats.torch_files import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.first_stage import FirstStage
@@ -196,7 +195,8 @@ def export_weights(
     """``--format safetensors`` (the weights and this tool's metadata) or ``diffusers`` (a DDPMPipeline
     folder; with ``replace``, an earlier export's files replaced: written beside ``output``, read back, then moved
     in); each read back and compared with the model it came from before the report says so."""
-    from ddpm.formats import model_files, safetensors_io
+    from ddpm.backends import artifacts
+    from ddpm.formats import safetensors_io
 
     if fmt == "safetensors":
         metadata = artifact_metadata(
@@ -209,7 +209,7 @@ def export_weights(
         ]
     # Written beside --output, then moved in: a failed export leaves neither a folder nor a file of its own.
     with replaced_files(output, diffusers_names(output)) as folder:
-        files = model_files.write_diffusers_folder(model, schedule_config, folder, source=str(source))
+        files = artifacts.write_diffusers_folder(model, schedule_config, folder, source=str(source))
         checked = read_back(model, folder)  # before the move: files that differ never replace the old ones
     names = ", ".join(str(f.relative_to(folder)) for f in files)
     written = f"{'replaced' if replace else 'wrote'} {output}/ ({names}; diffusers' DDPMPipeline loads it)"

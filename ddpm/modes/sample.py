@@ -23,12 +23,12 @@ from tqdm.auto import tqdm
 
 from ddpm.backends import registry
 from ddpm.backends.selection import open_for_drawing, sampling_line, select
-from ddpm.backends.verified import DeviceKind
 from ddpm.data.image_files import SampleOutputs, SampleWriter
 from ddpm.requests import SampleRequest
 from ddpm.util import distributed
 from ddpm.util.memory import keep_freed_memory
 from ddpm.util.profiling import ProfileConfig, make_profiler
+from optimized_diffusion import DeviceKind
 
 
 def run_sample(request: SampleRequest) -> None:

@@ -28,11 +28,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from basic_diffusion import count_parameters
+from ddpm.backends.artifacts import load_model_parts
 from ddpm.batch_memory import check_batch_fits
 from ddpm.choices import CPU_LATENT_RECIPE, CPU_RECIPE, TRAIN_EPOCHS
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
-from ddpm.formats.model_files import load_model_parts
 from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
 from ddpm.outputs import FIRST_STAGE, PREVIEW, check_mode_outputs, check_previews_folder
 from ddpm.requests import AutoencoderTrainRequest, NewModel, TrainRequest

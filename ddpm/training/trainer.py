@@ -37,11 +37,11 @@ from ddpm.conditioning import DEFAULT_GUIDANCE, MAX_CLASS_NAME, Guidance, labels
 from ddpm.data.datasets import ImageSet
 from ddpm.data.image_files import save_grid
 from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
+from ddpm.kernels.ops import use_seeded_dropout
 from ddpm.latent.first_stage import FirstStage, clips_x0
 from ddpm.outputs import previews_folder
 from ddpm.requests import own_sampling
 from ddpm.training.compiled import CompileTrial
-from ddpm.training.dropout import use_seeded_dropout
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, lr_factor, make_timestep_sampler
 from ddpm.training.winograd import use_winograd_convs
 from ddpm.util import distributed, messages
@@ -203,8 +203,8 @@ class Trainer:
         self.model = UNet(model_config).to(self.device, memory_format=self.memory_format)
         self.model.grad_checkpoint = config.grad_checkpoint
         if self.device.type == "cpu" and not config.compile:
-            # torch's CPU dropout draws one variable at a time (dropout.py); compiled, the op's integer seed would
-            # break the graph and vary its shapes each step, and Inductor's own dropout is fused instead.
+            # torch's CPU dropout draws one variable at a time (kernels/ops.SeededDropout is cheaper); compiled, the
+            # op's integer seed would break the graph and vary its shapes each step, and Inductor fuses its own.
             use_seeded_dropout(self.model)
             if config.winograd_convs:
                 use_winograd_convs(self.model)

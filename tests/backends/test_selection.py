@@ -36,9 +36,9 @@ from helpers import (
 from basic_diffusion import UNet
 from ddpm.backends import registry
 from ddpm.backends.selection import VERIFIED, check_request, choose, select
-from ddpm.backends.verified import DeviceKind, runner_verified
 from ddpm.util import precision
 from noise_schedule import NoiseSchedule
+from optimized_diffusion import DeviceKind, runner_verified
 
 CPU = DeviceKind("cpu", extension=True, capability="AVX512")
 AVX2_CPU = DeviceKind("cpu", extension=True, capability="AVX2")

@@ -233,7 +233,7 @@ def input_matrix(files, onnx):
     image = files / "data" / "img5.png"
     folder = files / "diffusers"  # a diffusers model folder: every file in it is an input
     if not folder.exists():
-        from ddpm.formats.model_files import write_diffusers_folder
+        from ddpm.backends.artifacts import write_diffusers_folder
 
         model = perturbed_unet(tiny_unet_config(image_size=8, norm_groups=8, attention_resolutions=(4,)))
         write_diffusers_folder(model, ScheduleConfig(num_timesteps=20), folder, source="test")

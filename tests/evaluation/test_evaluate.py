@@ -131,7 +131,7 @@ def test_the_sweep_writes_one_row_per_sampler_and_steps_with_ceiling_and_floor(t
     assert "(ceiling: held-out real digits)" in out and "(floor: uniform noise)" in out
     # --implementation auto (the default) says what it chose for this model, as sample mode does.
     from ddpm.backends.selection import choose
-    from ddpm.backends.verified import DeviceKind
+    from optimized_diffusion import DeviceKind
 
     assert choose(DeviceKind.of(torch.device("cpu")), precision="fp32", dims=2).line in out.splitlines()
     result = json.loads(out_json.read_text())

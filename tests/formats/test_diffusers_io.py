@@ -1,4 +1,4 @@
-"""diffusers folders and safetensors files in and out (ddpm/formats/diffusers_io.py, model_files.py), against diffusers
+"""diffusers folders and safetensors files in and out (ddpm/formats/diffusers_io.py, artifacts.py), against diffusers
 itself.
 
 diffusers is a test dependency only (the tool never imports it); these tests skip without it.
@@ -17,9 +17,9 @@ import torch
 from helpers import assert_user_error, perturbed_unet, run_here, tiny_unet_config
 
 from basic_diffusion import UNet
-from ddpm.formats import model_files
+from ddpm.backends import artifacts
+from ddpm.backends.artifacts import load_model_parts
 from ddpm.formats.checkpoints import save_checkpoint
-from ddpm.formats.model_files import load_model_parts
 from noise_schedule import NoiseSchedule, ScheduleConfig
 
 diffusers = pytest.importorskip("diffusers", reason="diffusers is the reference here: pip install diffusers")
@@ -141,7 +141,7 @@ def test_our_model_exported_as_diffusers_loads_in_ddpm_pipeline_and_predicts_our
     config = tiny_unet_config(norm_groups=8, num_classes=3 if conditional else 0)
     model = perturbed_unet(config)
     schedule = ScheduleConfig(kind="cosine", num_timesteps=100)
-    model_files.write_diffusers_folder(model, schedule, tmp_path / "out", source="test")
+    artifacts.write_diffusers_folder(model, schedule, tmp_path / "out", source="test")
     pipe = diffusers.DDPMPipeline.from_pretrained(tmp_path / "out")
     unet = diffusers.UNet2DModel.from_pretrained(tmp_path / "out" / "unet").eval()
     x, t = torch.randn(2, 1, 16, 16), torch.tensor([5, 90])
@@ -173,10 +173,10 @@ def test_the_benchmarks_diffusers_row_runs_diffusers_unet_on_our_weights(conditi
 
 def test_import_export_import_is_exact(tmp_path, one_thread):
     save_pipeline(diffusers_unet(DDPM_CIFAR10 | dict(block_out_channels=(32, 64, 64, 64))), tmp_path / "a")
-    first = model_files.read_diffusers_folder(tmp_path / "a")
+    first = artifacts.read_diffusers_folder(tmp_path / "a")
     model, schedule, *_ = load_model_parts(tmp_path / "a")
-    model_files.write_diffusers_folder(model, schedule, tmp_path / "b", source="test")
-    second = model_files.read_diffusers_folder(tmp_path / "b")
+    artifacts.write_diffusers_folder(model, schedule, tmp_path / "b", source="test")
+    second = artifacts.read_diffusers_folder(tmp_path / "b")
     assert first["model_config"] == second["model_config"] and first["schedule_config"] == second["schedule_config"]
     assert first["ema"].keys() == second["ema"].keys()
     assert all(torch.equal(first["ema"][k], second["ema"][k]) for k in first["ema"])
@@ -337,7 +337,7 @@ def test_fine_tuning_starts_from_a_diffusers_folders_weights_and_schedule(tmp_pa
     learning rate of 1e-12, so the checkpoint holds them to 1e-7), the data and recipe from the flags."""
     unet = diffusers_unet(CONDITIONAL | dict(num_class_embeds=None))
     save_pipeline(unet, tmp_path / "m", num_train_timesteps=50)
-    imported = model_files.read_diffusers_folder(tmp_path / "m")
+    imported = artifacts.read_diffusers_folder(tmp_path / "m")
     result = run_here(
         "--mode",
         "train",
@@ -380,7 +380,7 @@ def test_a_v_student_exported_as_diffusers_keeps_its_prediction_type_and_recipe(
         student_timesteps=(99, 49),
         folded_guidance=0.0,
     )
-    model_files.write_diffusers_folder(perturbed_unet(config), schedule, tmp_path / "out", source="test")
+    artifacts.write_diffusers_folder(perturbed_unet(config), schedule, tmp_path / "out", source="test")
     scheduler = diffusers.DDPMScheduler.from_pretrained(tmp_path / "out" / "scheduler")
     assert scheduler.config.prediction_type == "v_prediction"
     _, loaded, *_ = load_model_parts(tmp_path / "out")

@@ -283,7 +283,8 @@ def test_a_checkpoint_whose_fields_lie_is_refused_at_load(tmp_path, field, value
 
 
 def test_junk_safetensors_files_and_diffusers_folders_end_in_one_line(tmp_path):
-    from ddpm.formats import model_files, safetensors_io
+    from ddpm.backends import artifacts
+    from ddpm.formats import safetensors_io
     from ddpm.formats.unet_io import artifact_metadata
 
     model = perturbed_unet(tiny_unet_config(image_size=8, norm_groups=8, attention_resolutions=(4,)))
@@ -296,7 +297,7 @@ def test_junk_safetensors_files_and_diffusers_folders_end_in_one_line(tmp_path):
         name="junk.safetensors",
         may_load={"bit flips": SAME_STRUCTURE},  # the header is JSON, checked; the rest is weights
     )
-    model_files.write_diffusers_folder(model, TINY_SCHEDULE, tmp_path / "folder", source="test")
+    artifacts.write_diffusers_folder(model, TINY_SCHEDULE, tmp_path / "folder", source="test")
     reference = load_artifact(tmp_path / "folder", device=CPU)
     for part, may_load in (
         ("unet/diffusion_pytorch_model.safetensors", {"bit flips": SAME_STRUCTURE}),

@@ -23,7 +23,7 @@ from helpers import (
     tiny_unet_config,
 )
 
-from ddpm.formats import model_files
+from ddpm.backends import artifacts
 from ddpm.formats.checkpoints import load_checkpoint, save_checkpoint
 from ddpm.formats.diffusers_io import (
     diffusers_scheduler_config,
@@ -41,7 +41,7 @@ def model_folder(tmp_path_factory):
     """A pipeline folder (unet/, scheduler/) of a tiny U-Net; tests copy it before changing it."""
     folder = tmp_path_factory.mktemp("models") / "pipeline"
     model = perturbed_unet(tiny_unet_config(norm_groups=8))
-    model_files.write_diffusers_folder(model, TINY_SCHEDULE, folder, source="test")
+    artifacts.write_diffusers_folder(model, TINY_SCHEDULE, folder, source="test")
     return folder
 
 
@@ -59,7 +59,7 @@ def _outside(tmp_path, data: bytes):
 
 def _refused(folder, match: str) -> str:
     with pytest.raises(ValueError, match=match) as info:
-        model_files.load_model_state(folder)
+        artifacts.load_model_state(folder)
     message = str(info.value)
     assert "\n" not in message
     assert str(int.from_bytes(SECRET, "little")) not in message.replace(",", "")
@@ -68,7 +68,7 @@ def _refused(folder, match: str) -> str:
 
 
 def test_the_exported_folder_reads_back(folder):
-    state = model_files.load_model_state(folder)
+    state = artifacts.load_model_state(folder)
     assert state["model_config"]["norm_groups"] == 8
 
 
@@ -95,7 +95,7 @@ def test_a_symlink_that_stays_inside_the_folder_is_followed(folder):
     weights = folder / "unet" / WEIGHTS
     weights.rename(folder / "weights.safetensors")
     weights.symlink_to("../weights.safetensors")
-    assert model_files.load_model_state(folder)["step"] == 0
+    assert artifacts.load_model_state(folder)["step"] == 0
 
 
 @pytest.mark.parametrize("name", [f"unet/{WEIGHTS}", "unet/config.json", "scheduler/scheduler_config.json"])
@@ -294,7 +294,7 @@ def checkpoint(tmp_path):
 
 def _same_weights(folder, checkpoint) -> bool:
     ours = load_checkpoint(checkpoint)["ema"]
-    theirs = model_files.load_model_state(folder)["ema"]
+    theirs = artifacts.load_model_state(folder)["ema"]
     return all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 

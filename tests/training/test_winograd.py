@@ -13,7 +13,7 @@ from torch import nn
 
 from basic_diffusion import UNet
 from ddpm.kernels import ops
-from ddpm.training.dropout import SeededDropout
+from ddpm.kernels.ops import SeededDropout
 from ddpm.training.winograd import WinogradConv2d, conv3x3, use_winograd_convs, weight_grad_available
 
 
@@ -130,7 +130,7 @@ def test_a_cpu_trains_fp32_channels_last_and_bf16_not_with_the_same_gradients(tm
     def first_grads(folder, **overrides):
         trainer = make_trainer(tmp_path / folder, **overrides)
         perturb_zero_init(trainer.model, seed=0, std=0.05)
-        for layer in trainer.model.modules():  # dropout's mask follows the layout (dropout.py): none here
+        for layer in trainer.model.modules():  # dropout's mask follows the layout (ops.SeededDropout): none
             if isinstance(layer, SeededDropout):
                 layer.p = 0.0
         trainer.train_step()

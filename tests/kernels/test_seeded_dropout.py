@@ -1,4 +1,4 @@
-"""The trainer's CPU dropout (ddpm/training/dropout.py): the extension's seeded_dropout op against SplitMix64
+"""The trainer's CPU dropout (ddpm/kernels/ops.py): the extension's seeded_dropout op against SplitMix64
 written out in Python, its keep rate, its gradient, and the trainer's use of it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch import nn
 
 from basic_diffusion import UNet
 from ddpm.kernels import ops
-from ddpm.training.dropout import SeededDropout, seeded_dropout_available, use_seeded_dropout
+from ddpm.kernels.ops import SeededDropout, seeded_dropout_available, use_seeded_dropout
 
 MASK64 = 2**64 - 1
 
