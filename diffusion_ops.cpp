@@ -70,6 +70,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <type_traits>
@@ -414,6 +415,8 @@ inline __attribute__((always_inline)) Vec16 load16(const float* p) {
 inline __attribute__((always_inline)) void store16(float* p, Vec16 v) {
   std::memcpy(p, &v, sizeof(v));
 }
+
+typedef float Vec8 __attribute__((vector_size(32)));  // 8 channels; one AVX2 register
 
 // bfloat16 <-> float32, 16 channels at a time. bf16 is float32's upper half: widening is a shift; narrowing rounds
 // to nearest even (as torch's and oneDNN's conversions do), NaN kept a quiet NaN.
@@ -921,28 +924,53 @@ struct WinogradConv {
   int64_t products;  // 16, upsample: 4 phases x 9
 };
 
+// A vector of lanes from p (float32, or bf16 widened), and back: the transforms' loads and stores, 16 lanes at a time
+// (AVX-512, and the bf16 path) or 8 (AVX2).
+template <typename V>
+inline __attribute__((always_inline)) V loadv(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename V>
+inline __attribute__((always_inline)) V loadv(const uint16_t* p) {
+  static_assert(sizeof(V) == sizeof(Vec16), "bf16 rows are widened 16 at a time");
+  return load16(p);
+}
+
+template <typename V>
+inline __attribute__((always_inline)) void storev(float* p, V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+inline __attribute__((always_inline)) void storev(uint16_t* p, Vec16 v) {
+  store16(p, v);
+}
+
 // 1. V[k][t] = B^T d B for each tile's 4x4 window (upsample: each phase's 3x3 part of it), 16 channels at a
 //    time; positions outside the image are the zero padding. In: x's element type; VT: V's (float32, or bf16 for
 //    the bf16 GEMM).
-template <typename In, typename VT>
+template <typename In, typename VT, typename Vec = Vec16>
 inline __attribute__((always_inline)) void winograd_input_transform(
     const WinogradConv& a, int64_t t0, int64_t n, VT* __restrict__ V) {
   const In* x_in = static_cast<const In*>(a.x);
   const int64_t H = a.H, W = a.W, cin = a.cin;
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
-    for (int64_t c = 0; c < cin; c += 16) {
-      Vec16 d[4][4];
+    for (int64_t c = 0; c < cin; c += L) {
+      Vec d[4][4];
       for (int i = 0; i < 4; ++i) {
         const int64_t y = 2 * ty - 1 + i;
         for (int j = 0; j < 4; ++j) {
           const int64_t x = 2 * tx - 1 + j;
-          d[i][j] = (y >= 0 && y < H && x >= 0 && x < W) ? load16(x_in + ((b * H + y) * W + x) * cin + c) : Vec16{};
+          d[i][j] = (y >= 0 && y < H && x >= 0 && x < W) ? loadv<Vec>(x_in + ((b * H + y) * W + x) * cin + c) : Vec{};
         }
       }
       VT* v = V + t * cin + c;  // product k at v + k * n * cin
       if (!a.upsample) {
-        Vec16 s[4][4];
+        Vec s[4][4];
         for (int j = 0; j < 4; ++j) {  // B^T d
           s[0][j] = d[0][j] - d[2][j];
           s[1][j] = d[1][j] + d[2][j];
@@ -950,16 +978,16 @@ inline __attribute__((always_inline)) void winograd_input_transform(
           s[3][j] = d[1][j] - d[3][j];
         }
         for (int i = 0; i < 4; ++i) {  // (B^T d) B
-          store16(v + (4 * i) * n * cin, s[i][0] - s[i][2]);
-          store16(v + (4 * i + 1) * n * cin, s[i][1] + s[i][2]);
-          store16(v + (4 * i + 2) * n * cin, s[i][2] - s[i][1]);
-          store16(v + (4 * i + 3) * n * cin, s[i][1] - s[i][3]);
+          storev(v + (4 * i) * n * cin, s[i][0] - s[i][2]);
+          storev(v + (4 * i + 1) * n * cin, s[i][1] + s[i][2]);
+          storev(v + (4 * i + 2) * n * cin, s[i][2] - s[i][1]);
+          storev(v + (4 * i + 3) * n * cin, s[i][1] - s[i][3]);
         }
         continue;
       }
       for (int phase = 0; phase < 4; ++phase) {  // (a, b) = (phase / 2, phase % 2): rows a..a+2, columns b..b+2
         const int pa = phase / 2, pb = phase % 2;
-        Vec16 s[3][3];
+        Vec s[3][3];
         for (int j = 0; j < 3; ++j) {  // B2^T d
           s[0][j] = d[pa][pb + j] - d[pa + 1][pb + j];
           s[1][j] = d[pa + 1][pb + j];
@@ -967,9 +995,9 @@ inline __attribute__((always_inline)) void winograd_input_transform(
         }
         for (int i = 0; i < 3; ++i) {  // (B2^T d) B2
           VT* w = v + (9 * phase + 3 * i) * n * cin;
-          store16(w, s[i][0] - s[i][1]);
-          store16(w + n * cin, s[i][1]);
-          store16(w + 2 * n * cin, s[i][2] - s[i][1]);
+          storev(w, s[i][0] - s[i][1]);
+          storev(w + n * cin, s[i][1]);
+          storev(w + 2 * n * cin, s[i][2] - s[i][1]);
         }
       }
     }
@@ -978,27 +1006,28 @@ inline __attribute__((always_inline)) void winograd_input_transform(
 
 // 3. The 2x2 outputs A^T m A (+ bias) of each tile (upsample: of each phase, at 2 (2ty + r) + a, 2 (2tx + c) + b)
 //    into the NHWC output of element type Out; a tile past the image's last odd row or column writes what is inside.
-template <typename Out>
+template <typename Out, typename Vec = Vec16>
 inline __attribute__((always_inline)) void winograd_output_transform(
     const WinogradConv& a, int64_t t0, int64_t n, const float* __restrict__ M) {
   Out* out = static_cast<Out*>(a.out);
   const int64_t H = a.H, W = a.W, cout = a.cout;
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t out_w = a.upsample ? 2 * W : W, out_h = a.upsample ? 2 * H : H;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
-    for (int64_t c = 0; c < cout; c += 16) {
-      const Vec16 bias = a.bias != nullptr ? load16(a.bias + c) : Vec16{};
+    for (int64_t c = 0; c < cout; c += L) {
+      const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
       const float* m = M + t * cout + c;  // product k at m + k * n * cout
-      auto put = [&](int64_t y, int64_t x, Vec16 value) {  // y, x: x's positions (upsample: each phase's own)
+      auto put = [&](int64_t y, int64_t x, Vec value) {  // y, x: x's positions (upsample: each phase's own)
         if (y < H && x < W) {
-          store16(out + ((b * out_h + y) * out_w + x) * cout + c, value + bias);
+          storev(out + ((b * out_h + y) * out_w + x) * cout + c, value + bias);
         }
       };
       if (!a.upsample) {
-        Vec16 s[2][4];
+        Vec s[2][4];
         for (int j = 0; j < 4; ++j) {  // A^T m
-          const Vec16 m0 = load16(m + j * n * cout), m1 = load16(m + (4 + j) * n * cout);
-          const Vec16 m2 = load16(m + (8 + j) * n * cout), m3 = load16(m + (12 + j) * n * cout);
+          const Vec m0 = loadv<Vec>(m + j * n * cout), m1 = loadv<Vec>(m + (4 + j) * n * cout);
+          const Vec m2 = loadv<Vec>(m + (8 + j) * n * cout), m3 = loadv<Vec>(m + (12 + j) * n * cout);
           s[0][j] = m0 + m1 + m2;
           s[1][j] = m1 - m2 - m3;
         }
@@ -1011,19 +1040,20 @@ inline __attribute__((always_inline)) void winograd_output_transform(
       for (int phase = 0; phase < 4; ++phase) {
         const int pa = phase / 2, pb = phase % 2;
         const float* mp = m + 9 * phase * n * cout;
-        Vec16 s[2][3];
+        Vec s[2][3];
         for (int j = 0; j < 3; ++j) {  // A2^T m
-          const Vec16 m0 = load16(mp + j * n * cout), m1 = load16(mp + (3 + j) * n * cout), m2 = load16(mp + (6 + j) * n * cout);
+          const Vec m0 = loadv<Vec>(mp + j * n * cout), m1 = loadv<Vec>(mp + (3 + j) * n * cout),
+              m2 = loadv<Vec>(mp + (6 + j) * n * cout);
           s[0][j] = m0 + m1;
           s[1][j] = m1 + m2;
         }
         for (int i = 0; i < 2; ++i) {  // (A2^T m) A2, at the phase's output positions
           const int64_t y = 2 * ty + i, x0 = 2 * tx;
           if (y < H && x0 < W) {
-            store16(out + ((b * out_h + 2 * y + pa) * out_w + 2 * x0 + pb) * cout + c, s[i][0] + s[i][1] + bias);
+            storev(out + ((b * out_h + 2 * y + pa) * out_w + 2 * x0 + pb) * cout + c, s[i][0] + s[i][1] + bias);
           }
           if (y < H && x0 + 1 < W) {
-            store16(out + ((b * out_h + 2 * y + pa) * out_w + 2 * (x0 + 1) + pb) * cout + c, s[i][1] + s[i][2] + bias);
+            storev(out + ((b * out_h + 2 * y + pa) * out_w + 2 * (x0 + 1) + pb) * cout + c, s[i][1] + s[i][2] + bias);
           }
         }
       }
@@ -1070,6 +1100,83 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
     }
   }
   winograd_output_transform<float>(a, t0, n, M);
+}
+
+// The same three stages for a CPU with AVX2 and FMA but not AVX-512. Its 16 vector registers hold 8 floats each, so
+// winograd_gemm_tile's 6 x 64-channel block (48 of them as accumulators) would spill on every step: the GEMM here
+// keeps 6 tiles x 16 channels in 12 registers, with 2 for U's row and 1 for the broadcast V. The sums run over Cin
+// in the same order with the same fused multiply-adds, and the transforms hold no products, so the output is the
+// AVX-512 clone's bit for bit.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_AVX2_GEMM 1
+
+// M[r][0, 8 * Q) = sum over c < K of V[r][c] * U[c][0, 8 * Q) for R rows: R * Q accumulators in registers.
+template <int R, int Q>
+inline __attribute__((always_inline)) void winograd_gemm_tile8(const float* __restrict__ V, int64_t ldv,
+    const float* __restrict__ U, int64_t ldu, int64_t K, float* __restrict__ M, int64_t ldm) {
+  Vec8 acc[R][Q];
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < Q; ++q) {
+      acc[r][q] = Vec8{};
+    }
+  }
+  for (int64_t c = 0; c < K; ++c) {
+    Vec8 u[Q];
+    for (int q = 0; q < Q; ++q) {
+      u[q] = loadv<Vec8>(U + c * ldu + 8 * q);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Vec8 v = Vec8{} + V[r * ldv + c];
+      for (int q = 0; q < Q; ++q) {
+        acc[r][q] += v * u[q];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < Q; ++q) {
+      std::memcpy(M + r * ldm + 8 * q, &acc[r][q], sizeof(Vec8));
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast")))
+void winograd_tiles_avx2(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
+  const int64_t cin = a.cin, cout = a.cout, P = a.products;
+  winograd_input_transform<float, float, Vec8>(a, t0, n, V);
+  for (int64_t k = 0; k < P; ++k) {  // M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout)
+    const float* Vk = V + k * n * cin;
+    const float* Uk = static_cast<const float*>(a.weight) + k * cin * cout;
+    float* Mk = M + k * n * cout;
+    for (int64_t co = 0; co < cout; co += 16) {
+      int64_t t = 0;
+      for (; t + 6 <= n; t += 6) {
+        winograd_gemm_tile8<6, 2>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+      }
+      for (; t < n; ++t) {
+        winograd_gemm_tile8<1, 2>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+      }
+    }
+  }
+  winograd_output_transform<float, Vec8>(a, t0, n, M);
+}
+#endif
+
+// Whether the float32 Winograd convolution runs winograd_tiles_avx2: on a CPU with AVX2 and FMA but no AVX-512, or on
+// any CPU with AVX2 where DDPM_KERNELS_ISA=avx2 asks for it (the tests check that path on AVX-512 machines too).
+bool winograd_uses_avx2_gemm() {
+#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
+  static const bool use = [] {
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const char* isa = std::getenv("DDPM_KERNELS_ISA");
+    if (isa != nullptr && std::strcmp(isa, "avx2") == 0) {
+      return avx2;
+    }
+    return avx2 && !__builtin_cpu_supports("avx512f");
+  }();
+  return use;
+#else
+  return false;
+#endif
 }
 
 // ----- The bf16 path: bf16 activations, V and U; float32 transforms, accumulation, bias and M ---------------------
@@ -1222,7 +1329,7 @@ at::Tensor conv3x3_winograd_cpu(
   const WinogradConv a{x.data_ptr(), weight.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
       out.data_ptr(), H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, upsample, products};
   const int64_t per_block = winograd_block_tiles(products, cin, cout), tiles = B * a.tiles_h * a.tiles_w;
-  const bool native = bf16 && cpu_has_avx512_bf16();
+  const bool native = bf16 && cpu_has_avx512_bf16(), avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
   at::parallel_for(0, (tiles + per_block - 1) / per_block, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> M(new float[products * per_block * cout]);
     std::unique_ptr<float[]> V(new float[bf16 ? 0 : products * per_block * cin]);
@@ -1230,6 +1337,12 @@ at::Tensor conv3x3_winograd_cpu(
     for (int64_t block = begin; block < end; ++block) {
       const int64_t t0 = block * per_block, n = std::min(per_block, tiles - t0);
       if (!bf16) {
+#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
+        if (avx2_gemm) {
+          winograd_tiles_avx2(a, t0, n, V.get(), M.get());
+          continue;
+        }
+#endif
         winograd_tiles(a, t0, n, V.get(), M.get());
       } else if (native) {
 #if defined(DIFFUSION_KERNELS_AVX512_BF16)

@@ -48,11 +48,11 @@ from noise_schedule import NUM_COEFFICIENTS, SamplingPlan, guided_eps, p_step
 
 
 def winograd_is_fast(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this CPU runs conv3x3_winograd in ``dtype`` faster than oneDNN: float32 needs AVX-512, bf16 needs
-    AVX512-BF16 (BENCHMARKS.md, "The default path on an AVX2 CPU")."""
+    """Whether this CPU runs conv3x3_winograd in ``dtype`` faster than oneDNN: float32 needs AVX-512 or AVX2 (whose
+    GEMM has its own register blocking), bf16 needs AVX512-BF16 (BENCHMARKS.md, "The default path on an AVX2 CPU")."""
     if dtype == torch.bfloat16:
         return precision_policy.cpu_has_native_bf16()
-    return dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX2")
 
 
 def _is_same_3_tap(conv: nn.Module) -> bool:
@@ -458,6 +458,7 @@ class FusedSampler:
         guidance: Guidance | None = None,  # class-conditional models: null label and scale (labels come per call)
         fused_unet: bool = False,
         whole_plan: bool | None = None,  # one graph for every step (None: for plans of up to WHOLE_PLAN_STEPS)
+        winograd: bool = True,  # the runner's 3x3 convolutions in Winograd where winograd_is_fast (False: oneDNN's)
     ) -> None:
         shape = tuple(int(s) for s in shape)
         _check_arguments(plan, shape=shape, precision=precision, warmup_iters=warmup_iters)
@@ -472,7 +473,9 @@ class FusedSampler:
                 f"toolkit is installed: {BUILD_COMMAND}"
             )
         # 1. The network: the model, or its fused runner; torch.compile as asked.
-        self._build_network(model, fused_unet=fused_unet, guidance=guidance, compile_model=compile_model)
+        self._build_network(
+            model, fused_unet=fused_unet, guidance=guidance, compile_model=compile_model, winograd=winograd
+        )
         # 2. Static buffers (float32 sampler state, whatever the precision).
         self._allocate_buffers(guidance)
         # 3. On CUDA, one captured step or the whole plan in one graph (or, if capture fails, eager steps).
@@ -486,6 +489,7 @@ class FusedSampler:
         fused_unet: bool,
         guidance: Guidance | None,
         compile_model: bool | str,
+        winograd: bool = True,
     ) -> None:
         precision, plan = self.precision, self.plan
         self._fused_unet = fused_unet
@@ -498,7 +502,8 @@ class FusedSampler:
                 )
             if not self._fused:
                 raise ValueError("the fused U-Net runner needs the diffusion_kernels extension (fused_step=True)")
-            model = FusedUNet(model, dtype=torch.float32 if precision == "fp32" else LOW_DTYPES[precision])
+            dtype = torch.float32 if precision == "fp32" else LOW_DTYPES[precision]
+            model = FusedUNet(model, dtype=dtype, winograd=winograd)
         self.unet_runner: FusedUNet | None = model if fused_unet else None  # what the benchmark reports of it
         # An unconditional runner's embedding projections depend on the timestep alone: one (S, D) table for the
         # plan, computed here, whose row the device-side step counter picks (graph-safe, no per-step MLP).

@@ -1085,6 +1085,47 @@ def test_conv3x3_winograd_opcheck_cpu():
     torch.library.opcheck(torch.ops.diffusion_kernels.conv3x3_winograd, (x.bfloat16(), pairs, bias))
 
 
+AVX2_OUTPUTS = """
+import sys, torch
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+from test_diffusion_kernels import WINOGRAD_CASES, winograd_case
+from ddpm.kernels import ops
+outputs = {{}}
+for case, sizes in WINOGRAD_CASES.items():
+    x, weight, bias = winograd_case(*sizes)
+    for upsample in (False, True):
+        u = ops.winograd_weight(weight, upsample=upsample)
+        outputs[case, upsample] = ops.conv3x3_winograd(x, u, bias, upsample=upsample)
+torch.save(outputs, {out!r})
+"""
+
+
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="the CPU has no AVX2 and FMA"
+)
+def test_conv3x3_winograd_blocked_for_avx2_registers_gives_the_avx512_kernels_bits_cpu(tmp_path):
+    """A CPU with AVX2 but no AVX-512 runs its own GEMM, blocked for 16 registers of 8 floats (DDPM_KERNELS_ISA=avx2
+    runs it on any AVX2 CPU): the same sums in the same order with the same fused multiply-adds, and transforms of
+    additions alone, so its outputs are this process's kernel's bit for bit, plain and upsampling."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    script = AVX2_OUTPUTS.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(tmp_path / "avx2.pt"))
+    env = {**os.environ, "DDPM_KERNELS_ISA": "avx2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    avx2 = torch.load(tmp_path / "avx2.pt")
+    for case, sizes in WINOGRAD_CASES.items():
+        x, weight, bias = winograd_case(*sizes)
+        for upsample in (False, True):
+            mine = ops.conv3x3_winograd(x, ops.winograd_weight(weight, upsample=upsample), bias, upsample=upsample)
+            assert torch.equal(avx2[case, upsample], mine), (case, upsample)
+
+
 def test_conv3x3_winograd_handles_an_empty_batch_cpu():
     x, weight, bias = winograd_case(0, 16, 32, 4, 4)
     assert ops.conv3x3_winograd(x, ops.winograd_weight(weight), bias).shape == (0, 32, 4, 4)

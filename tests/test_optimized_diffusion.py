@@ -468,7 +468,8 @@ def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_where_it_
     """Which convolutions go through conv3x3_winograd (the others stay on oneDNN); that they compute the U-Net is
     test_the_fused_unet_is_the_unet_to_float_rounding's (channels-last float32 runners use it there) and
     test_the_cpu_runner_in_bf16_with_winograd_is_as_close_to_fp32_as_onednn's. On a CPU whatever its vector
-    extensions (winograd_is_fast: float32 on AVX-512, bf16 where it is native: tests/backends/test_selection.py)."""
+    extensions (winograd_is_fast: float32 on AVX-512 and AVX2, bf16 where it is native:
+    tests/backends/test_selection.py)."""
     monkeypatch.setattr(od, "winograd_is_fast", lambda dtype=torch.float32: dtype in fast)
     model = perturbed_unet(SMALL).eval()
     runner = od.FusedUNet(model, **build)

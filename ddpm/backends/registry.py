@@ -57,6 +57,7 @@ class SamplerOptions:
     fused_unet: bool = False  # cuda: the U-Net through the fused U-Net runner (backends/selection.py decides)
     compile: bool | str = False  # cuda: the U-Net through torch.compile (a mode name: that mode) inside the graph
     openvino_precision: str | None = None  # openvino: its inference precision hint (None: OpenVINO's default)
+    winograd: bool = True  # cuda's runner: Winograd convolutions where they are faster (False: oneDNN's everywhere)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ def _fused(compile_model: bool | str | None = None, *, fused_unet: bool | None =
             log=options.log,
             guidance=options.guidance,
             fused_unet=options.fused_unet if fused_unet is None else fused_unet,
+            winograd=options.winograd,
         )
 
     return build

@@ -103,8 +103,8 @@ VERIFIED: tuple[Verified, ...] = (
         "cpu",
         ("fp32",),
         "cuda",
-        "fused U-Net runner, oneDNN convolutions (Winograd's are slower without AVX-512); the fastest verified on an "
-        "AVX2 CPU",
+        "fused U-Net runner, Winograd convolutions blocked for AVX2's 16 registers; the fastest verified with AVX2 "
+        "kernels",
         evidence="BENCHMARKS.md: 'The default path on an AVX2 CPU, against the runtimes a user would pick'",
         dims=(2,),
         capabilities=("AVX2",),

@@ -25,6 +25,7 @@ class SamplingRow:
     fused_unet: bool | None = False  # cuda: the fused U-Net runner always (True), never (False), where verified (None)
     compile: bool | str = False  # cuda: its U-Net through torch.compile (a mode name: that mode) inside the graph
     openvino_precision: str | None = None  # openvino: its inference precision hint (None: OpenVINO's default)
+    winograd: bool = True  # cuda's runner: Winograd convolutions where they are faster (False: oneDNN's everywhere)
     default_on: tuple[str, ...] = ("cpu", "cuda")  # --rows all includes it on these devices
 
 
@@ -37,6 +38,8 @@ ROWS: dict[str, SamplingRow] = {
         SamplingRow("cuda_steps", "cuda_steps", default_on=()),
         # The step ops with the fused U-Net runner on any device and precision, also where cuda does not use it.
         SamplingRow("cuda_fused_unet", "cuda", fused_unet=True, default_on=("cuda",)),
+        # The runner with oneDNN's convolutions where cuda runs Winograd's: what Winograd's kernels gain on this CPU.
+        SamplingRow("cuda_onednn", "cuda", fused_unet=True, winograd=False, default_on=()),
         SamplingRow("cuda_compile", "cuda", compile=True, default_on=("cuda",)),
         SamplingRow("cuda_compile_max_autotune", "cuda", compile="max-autotune-no-cudagraphs", default_on=("cuda",)),
         # cuda_steps in fp32 whatever --precision says: the staircase's graphed eager fp32 step.

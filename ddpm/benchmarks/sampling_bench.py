@@ -134,6 +134,7 @@ def make_row(
         compile=row.compile,
         openvino_precision=row.openvino_precision,
         guidance=guidance,
+        winograd=row.winograd,
     )
     # Every row but the reference gets a copy, so a row can never change the model the others run.
     network = model if name == "original" else copy.deepcopy(model)

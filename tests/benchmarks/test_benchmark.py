@@ -424,7 +424,8 @@ def test_the_rows_keep_their_names_and_a_variant_is_a_sample_implementation_with
     from ddpm.benchmarks.rows import ROWS, parse_rows
 
     assert list(ROWS) == [
-        *("original", "cuda", "cuda_steps", "cuda_fused_unet", "cuda_compile", "cuda_compile_max_autotune"),
+        *("original", "cuda", "cuda_steps", "cuda_fused_unet", "cuda_onednn", "cuda_compile"),
+        "cuda_compile_max_autotune",
         *("cuda_fp32", "diffusers", "compile", "onnxruntime", "onnxruntime_int8", "openvino", "openvino_f32"),
         *("torchscript", "tensorrt"),
     ]
@@ -452,6 +453,10 @@ def test_the_rows_keep_their_names_and_a_variant_is_a_sample_implementation_with
     assert runner == {"cuda": False, "cuda_steps": False, "cuda_fused_unet": True, "cuda_fp32": False}
     fp32 = sampling_bench.make_row("cuda", model=model, plan=plan, shape=(2, 1, 16, 16), precision="fp32")
     assert "fused U-Net runner" in fp32[2]  # cuda's row runs the runner where sample mode's selection would
+    # cuda_onednn: the same runner with oneDNN's convolutions where cuda runs Winograd's (on a CPU where it is faster)
+    onednn = sampling_bench.make_row("cuda_onednn", model=model, plan=plan, shape=(2, 1, 16, 16), precision="fp32")
+    expected = sampling_bench.WINOGRAD_DETAIL if winograd_is_fast() else "fused U-Net runner"
+    assert (fp32[2], onednn[2]) == (expected, "fused U-Net runner")
 
 
 def test_the_gpu_profile_stage_splits_a_forward_by_kernel_category(tmp_path):
