@@ -871,23 +871,25 @@ int64_t winograd_block_tiles(int64_t products, int64_t cin, int64_t cout) {
   return std::clamp<int64_t>(fit / 6 * 6, 6, 24);
 }
 
-// M[r][0, 16 * Q) = sum over c < K of V[r][c] * U[c][0, 16 * Q) for R rows: R * Q accumulators in registers.
-template <int R, int Q>
+// M[r][0, L * Q) = sum over c < K of V[r][c] * U[c][0, L * Q) for R rows, L the lanes of Vec (16 floats for AVX-512,
+// 8 for AVX2): R * Q accumulators in registers.
+template <int R, int Q, typename Vec = Vec16>
 inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __restrict__ V, int64_t ldv,
     const float* __restrict__ U, int64_t ldu, int64_t K, float* __restrict__ M, int64_t ldm) {
-  Vec16 acc[R][Q];
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
+  Vec acc[R][Q];
   for (int r = 0; r < R; ++r) {
     for (int q = 0; q < Q; ++q) {
-      acc[r][q] = Vec16{};
+      acc[r][q] = Vec{};
     }
   }
   for (int64_t c = 0; c < K; ++c) {
-    Vec16 u[Q];
+    Vec u[Q];
     for (int q = 0; q < Q; ++q) {
-      u[q] = load16(U + c * ldu + 16 * q);
+      std::memcpy(&u[q], U + c * ldu + L * q, sizeof(Vec));
     }
     for (int r = 0; r < R; ++r) {
-      const Vec16 v = Vec16{} + V[r * ldv + c];
+      const Vec v = Vec{} + V[r * ldv + c];
       for (int q = 0; q < Q; ++q) {
         acc[r][q] += v * u[q];
       }
@@ -895,7 +897,7 @@ inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __res
   }
   for (int r = 0; r < R; ++r) {
     for (int q = 0; q < Q; ++q) {
-      store16(M + r * ldm + 16 * q, acc[r][q]);
+      std::memcpy(M + r * ldm + L * q, &acc[r][q], sizeof(Vec));
     }
   }
 }
@@ -1103,41 +1105,12 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
 }
 
 // The same three stages for a CPU with AVX2 and FMA but not AVX-512. Its 16 vector registers hold 8 floats each, so
-// winograd_gemm_tile's 6 x 64-channel block (48 of them as accumulators) would spill on every step: the GEMM here
+// the AVX-512 block of 6 tiles x 64 channels (48 of them as accumulators) would spill on every step: the GEMM here
 // keeps 6 tiles x 16 channels in 12 registers, with 2 for U's row and 1 for the broadcast V. The sums run over Cin
 // in the same order with the same fused multiply-adds, and the transforms hold no products, so the output is the
 // AVX-512 clone's bit for bit.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
 #define DIFFUSION_KERNELS_AVX2_GEMM 1
-
-// M[r][0, 8 * Q) = sum over c < K of V[r][c] * U[c][0, 8 * Q) for R rows: R * Q accumulators in registers.
-template <int R, int Q>
-inline __attribute__((always_inline)) void winograd_gemm_tile8(const float* __restrict__ V, int64_t ldv,
-    const float* __restrict__ U, int64_t ldu, int64_t K, float* __restrict__ M, int64_t ldm) {
-  Vec8 acc[R][Q];
-  for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < Q; ++q) {
-      acc[r][q] = Vec8{};
-    }
-  }
-  for (int64_t c = 0; c < K; ++c) {
-    Vec8 u[Q];
-    for (int q = 0; q < Q; ++q) {
-      u[q] = loadv<Vec8>(U + c * ldu + 8 * q);
-    }
-    for (int r = 0; r < R; ++r) {
-      const Vec8 v = Vec8{} + V[r * ldv + c];
-      for (int q = 0; q < Q; ++q) {
-        acc[r][q] += v * u[q];
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < Q; ++q) {
-      std::memcpy(M + r * ldm + 8 * q, &acc[r][q], sizeof(Vec8));
-    }
-  }
-}
 
 __attribute__((target("avx2,fma"), optimize("fp-contract=fast")))
 void winograd_tiles_avx2(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
@@ -1150,10 +1123,10 @@ void winograd_tiles_avx2(const WinogradConv& a, int64_t t0, int64_t n, float* __
     for (int64_t co = 0; co < cout; co += 16) {
       int64_t t = 0;
       for (; t + 6 <= n; t += 6) {
-        winograd_gemm_tile8<6, 2>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+        winograd_gemm_tile<6, 2, Vec8>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
       }
       for (; t < n; ++t) {
-        winograd_gemm_tile8<1, 2>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+        winograd_gemm_tile<1, 2, Vec8>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
       }
     }
   }
