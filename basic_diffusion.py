@@ -45,7 +45,7 @@ class UNetConfig:
 
     Valid values (checked at construction; :meth:`from_dict`, for configs read from files, also
     refuses unknown or missing keys and wrong types): ``in_channels`` 1 or 3 (1..64 for the U-Net of a
-    latent model, whose file names its autoencoder: latent/first_stage.py checks which); ``image_size``
+    latent model, whose file names its autoencoder: latent/autoencoder.py checks which); ``image_size``
     1..1024, divisible by 2 ** (levels - 1); ``model_channels`` 1..512; ``channel_mult`` 1..8
     levels, each 1..8; ``num_res_blocks`` 1..8; ``num_heads`` 1..64, dividing every attention
     width; ``norm_groups`` 1..256; ``attention_resolutions`` at most 16 sizes, each 1..image_size;
@@ -106,7 +106,7 @@ class UNetConfig:
         object.__setattr__(self, "attention_resolutions", tuple(int(r) for r in self.attention_resolutions))
         if not (
             self.in_channels in (1, 3) or 1 <= self.in_channels <= MAX_LATENT_CHANNELS
-        ):  # latents: see latent/first_stage.py
+        ):  # latents: see latent/autoencoder.py
             raise ValueError(
                 f"channels must be 1 (grayscale), 3 (RGB) or a latent's 1 to {MAX_LATENT_CHANNELS}, got "
                 f"{short_repr(self.in_channels)}"

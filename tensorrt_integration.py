@@ -86,7 +86,7 @@ if TYPE_CHECKING:
 
 
 class DecoderStage(Protocol):
-    """What a decoder engine is built from: a latent model's first stage (latent/first_stage.py's FirstStage)."""
+    """What a decoder engine is built from: a latent model's first stage (latent/autoencoder.py's FirstStage)."""
 
     decoder: nn.Module
     latent_shape: tuple[int, ...]

@@ -175,7 +175,7 @@ class TrainRequest:
     overwrite: bool
     model: NewModel
     autoencoder: str | None = (
-        None  # a latent model: the autoencoder whose latents the U-Net learns (latent/first_stage.py)
+        None  # a latent model: the autoencoder whose latents the U-Net learns (latent/autoencoder.py)
     )
     init_from: str | None = (
         None  # fine-tuning: a new run starting from these weights (checkpoint, safetensors, diffusers folder)

@@ -66,7 +66,7 @@ from ddpm.formats.exporters import _quiet_torchscript
 from ddpm.formats.safetensors_io import METADATA_KEY, read_safetensors, safetensors_bytes
 from ddpm.formats.torch_files import KIND_NAMES, artifact_kind, check_zip, load_pt, weight_mismatches
 from ddpm.formats.unet_io import DEFAULT_MAX_BATCH, BatchRange
-from ddpm.latent.first_stage import FirstStage, check_latent_unet, linked_first_stage
+from ddpm.latent.autoencoder import FirstStage, check_latent_unet, linked_first_stage
 from ddpm.util.messages import first_line
 from ddpm.util.model_folders import marker_bytes
 from ddpm.util.safe_files import atomic_write, read_limited

@@ -32,7 +32,7 @@ from ddpm.util.phases import phase
 from ddpm.util.precision import PRECISIONS, QUANTIZED, backend_policy
 
 if TYPE_CHECKING:
-    from ddpm.latent.first_stage import FirstStage
+    from ddpm.latent.autoencoder import FirstStage
     from noise_schedule import SamplingPlan
     from tensorrt_integration import TensorRTOptions
 

@@ -156,7 +156,7 @@ def run_bound(
 
 
 class OnnxRuntimeDecoder(nn.Module):
-    """A latent model's decoder (latent/first_stage.py) exported to ONNX in memory and run by onnxruntime:
+    """A latent model's decoder (latent/autoencoder.py) exported to ONNX in memory and run by onnxruntime:
     images (B, C, H, W) = decoder(latents (B, c, h, w)), on the latents' device where the provider allows."""
 
     def __init__(self, session, *, image_shape: tuple[int, ...], path: Path | None = None) -> None:

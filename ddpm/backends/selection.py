@@ -33,7 +33,7 @@ from ddpm.backends.artifacts import Artifact, load_artifact
 from ddpm.backends.registry import Selection
 from ddpm.batch_memory import check_batch_fits
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
-from ddpm.latent.first_stage import clips_x0
+from ddpm.latent.autoencoder import clips_x0
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import DrawRequest, SampleRequest
 from ddpm.util.precision import FORCED_BF16

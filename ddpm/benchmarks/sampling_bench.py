@@ -44,7 +44,7 @@ from ddpm.benchmarks.report import (
 )
 from ddpm.benchmarks.rows import ROWS, parse_rows
 from ddpm.conditioning import Guidance
-from ddpm.latent.first_stage import FirstStage
+from ddpm.latent.autoencoder import FirstStage
 from ddpm.requests import BenchmarkRequest
 from ddpm.util.memory import allocator_description
 from ddpm.util.messages import first_line

@@ -45,7 +45,7 @@ FLIP = {"cifar10": True}
 
 @dataclass
 class ImageSet:
-    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W) (or float32 latents, latent/first_stage.py);
+    """A whole dataset in memory: ``images`` is uint8 (N, C, H, W) (or float32 latents, latent/autoencoder.py);
     ``labels`` int64 (N,) indexes
     ``class_names`` (None for a dataset without classes: a folder without sub-folders, random data)."""
 

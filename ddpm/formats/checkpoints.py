@@ -36,7 +36,7 @@ MAX_STEP = 10**9  # the most optimizer steps a run may take (--max_steps) and a 
 
 WEIGHTS = ("ema", "model")  # the checkpoint entry an artifact was exported from
 LINK_KEY = (
-    "autoencoder"  # a latent model's entry naming its autoencoder (latent/first_stage.py): {"path": str, "sha256": hex}
+    "autoencoder"  # a latent model's entry naming its autoencoder (latent/autoencoder.py): {"path": str, "sha256": hex}
 )
 MAX_PATH_CHARS = 4096
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -178,7 +178,7 @@ def load_checkpoint_parts(
     path: str | Path, *, weights: str = "ema", device: torch.device | str = "cpu"
 ) -> tuple[UNet, ScheduleConfig, tuple[str, ...], dict | None, str | None]:
     """:func:`load_checkpoint_model`, the model's class names (empty for an unconditional model), for a
-    latent model its link to its autoencoder (latent/first_stage.py; None for a pixel model), and the dataset it was
+    latent model its link to its autoencoder (latent/autoencoder.py; None for a pixel model), and the dataset it was
     trained on (:func:`training_dataset`), all from one read of the file.
 
     The U-Net is built on the meta device and takes the checkpoint's tensors (torch_files.load_weights

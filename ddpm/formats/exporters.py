@@ -68,7 +68,7 @@ def export_onnx_model(model: UNet, *, metadata: dict, opset: int = DEFAULT_OPSET
 def export_decoder_onnx(
     decoder: torch.nn.Module, *, io: DecoderIO, opset: int = DEFAULT_OPSET, precision: str = "fp32"
 ):
-    """A latent model's decoder (latent/first_stage.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
+    """A latent model's decoder (latent/autoencoder.py) as a checked ``onnx.ModelProto`` by its spec ``io``: "latents"
     (B, c, h, w) in, "images" (B, C, H, W) out, with a dynamic batch. ``precision`` fp16/bf16 writes the
     mixed-precision decoder (precision.mixed_precision_decoder), float32 in and out, as for the U-Net."""
     check_opset(opset, precision=precision)
@@ -201,7 +201,7 @@ def trace_torchscript(model: UNet) -> torch.jit.ScriptModule:
 
 
 def trace_decoder(decoder: torch.nn.Module, *, latent_shape: Sequence[int]) -> torch.jit.ScriptModule:
-    """Trace a latent model's decoder (latent/first_stage.py) on its own device; the trace keeps a dynamic batch."""
+    """Trace a latent model's decoder (latent/autoencoder.py) on its own device; the trace keeps a dynamic batch."""
     example = torch.randn(2, *latent_shape, device=next(decoder.parameters()).device)
     with torch.no_grad(), _quiet_torchscript():
         return torch.jit.trace(decoder.eval(), (example,), check_trace=False)

@@ -215,7 +215,7 @@ class UNetIO(IOSpec):
 
 @dataclass(frozen=True)
 class DecoderIO(IOSpec):
-    """A latent model's decoder (latent/first_stage.py): ``latents`` (B, c, h, w) float32 in, ``images`` (B, C, H, W)
+    """A latent model's decoder (latent/autoencoder.py): ``latents`` (B, c, h, w) float32 in, ``images`` (B, C, H, W)
     float32 out; read by its ONNX export and its engine build like :class:`UNetIO`."""
 
     latent_shape: tuple[int, ...]

@@ -24,7 +24,7 @@ from ddpm.batch_memory import check_batch_fits
 from ddpm.benchmarks import sampling_bench, training_bench
 from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
-from ddpm.latent.first_stage import clips_x0, linked_first_stage
+from ddpm.latent.autoencoder import clips_x0, linked_first_stage
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import BenchmarkRun
 from ddpm.util import distributed

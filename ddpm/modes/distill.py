@@ -54,7 +54,7 @@ def build_objective(request: DistillRequest, artifact, config, train_config, *, 
     now; a method's network trains at the student's lr and precision (``train_config``'s); ``data``: the
     discriminator's real images (:func:`real_images`)."""
     from ddpm.backends.selection import teacher_forward
-    from ddpm.latent.first_stage import clips_x0
+    from ddpm.latent.autoencoder import clips_x0
     from ddpm.training.distill import DistillObjective
 
     return DistillObjective.build(

@@ -41,7 +41,7 @@ from ddpm.formats.exporters import (
 )
 from ddpm.formats.torch_files import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
-from ddpm.latent.first_stage import FirstStage
+from ddpm.latent.autoencoder import FirstStage
 from ddpm.outputs import DECODER_KINDS, EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
 from ddpm.requests import Calibration, ExportRequest
 from ddpm.util.memory import is_out_of_memory

@@ -33,7 +33,7 @@ from ddpm.batch_memory import check_batch_fits
 from ddpm.choices import CPU_LATENT_RECIPE, CPU_RECIPE, TRAIN_EPOCHS
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
-from ddpm.latent.first_stage import encode_dataset, linked_first_stage, load_first_stage
+from ddpm.latent.autoencoder import encode_dataset, linked_first_stage, load_first_stage
 from ddpm.outputs import FIRST_STAGE, PREVIEW, check_mode_outputs, check_previews_folder
 from ddpm.requests import AutoencoderTrainRequest, NewModel, TrainRequest
 from ddpm.training.autoencoder_trainer import train_autoencoder
@@ -201,7 +201,7 @@ def training_images(dataset: str, **kwargs):
 
 
 def latent_images(model: NewModel, autoencoder):
-    """The training images at the autoencoder's size, encoded once into its scaled latents (latent/first_stage.py)."""
+    """The training images at the autoencoder's size, encoded once into its scaled latents (latent/autoencoder.py)."""
 
     config = autoencoder.config
     images = training_images(

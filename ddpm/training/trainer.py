@@ -38,7 +38,7 @@ from ddpm.data.datasets import ImageSet
 from ddpm.data.image_files import save_grid
 from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
 from ddpm.kernels.ops import use_seeded_dropout
-from ddpm.latent.first_stage import FirstStage, clips_x0
+from ddpm.latent.autoencoder import FirstStage, clips_x0
 from ddpm.outputs import previews_folder
 from ddpm.requests import own_sampling
 from ddpm.training.compiled import CompileTrial

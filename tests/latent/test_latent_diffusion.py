@@ -137,7 +137,7 @@ def test_the_autoencoder_is_an_input_a_training_run_cannot_overwrite(latent_mode
 def test_the_decoder_run_by_onnxruntime_matches_pytorch(tmp_path):
     pytest.importorskip("onnxruntime")
     from ddpm.backends.runtimes import OnnxRuntimeDecoder
-    from ddpm.latent.first_stage import load_first_stage
+    from ddpm.latent.autoencoder import load_first_stage
 
     write_autoencoder(tmp_path / "ae.pt")
     stage, _ = load_first_stage(tmp_path / "ae.pt", device=torch.device("cpu"))
@@ -206,8 +206,7 @@ def test_a_latent_unet_without_an_autoencoder_is_refused(latent_model, tmp_path,
 
 def test_latents_train_as_stored_without_flips_and_the_sizes_must_match(latent_model):
     from ddpm.data.datasets import load_images
-    from ddpm.latent.autoencoder import load_autoencoder
-    from ddpm.latent.first_stage import encode_dataset
+    from ddpm.latent.autoencoder import encode_dataset, load_autoencoder
 
     loaded = load_autoencoder(latent_model / "ae.pt", device="cpu")
     digits = load_images("digits", data_dir="unused", image_size=8)
@@ -306,7 +305,7 @@ def test_an_exported_latent_model_carries_its_decoder_and_draws_the_checkpoints_
 
 
 def first_stage(folder):
-    from ddpm.latent.first_stage import load_first_stage
+    from ddpm.latent.autoencoder import load_first_stage
 
     write_autoencoder(folder / "ae.pt")
     stage, _ = load_first_stage(folder / "ae.pt", device=torch.device("cpu"))
