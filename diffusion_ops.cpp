@@ -865,10 +865,17 @@ at::Tensor group_norm_act_cpu(
 // B2^T = [1 -1 0; 0 1 0; 0 -1 1], A2^T = [1 1 0; 0 1 1] (G2 = [1 0; 1 1; 0 1]).
 //
 // Tiles per block: 24 (four register blocks of 6), fewer for wide layers so that a block's V and M (products *
-// tiles * (Cin + Cout) floats) stay within about 512 KiB of the core's L2 cache.
-int64_t winograd_block_tiles(int64_t products, int64_t cin, int64_t cout) {
+// tiles * (Cin + Cout) floats) stay within about 512 KiB of the core's L2 cache. But where U itself (products * Cin *
+// Cout elements of u_bytes) is 2 MiB or more, it no longer stays in L2 and every block streams it again: there
+// blocks of 48 tiles, each weight read serving twice as many, as long as every thread still gets two blocks.
+int64_t winograd_block_tiles(int64_t products, int64_t cin, int64_t cout, int64_t tiles, int64_t u_bytes) {
   const int64_t fit = (512 * 1024) / (products * 4 * (cin + cout));
-  return std::clamp<int64_t>(fit / 6 * 6, 6, 24);
+  const int64_t in_cache = std::clamp<int64_t>(fit / 6 * 6, 6, 24);
+  if (products * cin * cout * u_bytes < (int64_t{2} << 20)) {
+    return in_cache;
+  }
+  const int64_t share = tiles / (2 * std::max(1, at::get_num_threads()));
+  return std::max(in_cache, std::min<int64_t>(48, share / 6 * 6));
 }
 
 // M[r][0, L * Q) = sum over c < K of V[r][c] * U[c][0, L * Q) for R rows, L the lanes of Vec (16 floats for AVX-512,
@@ -1301,7 +1308,8 @@ at::Tensor conv3x3_winograd_cpu(
   at::Tensor out = at::empty({B, scale * H, scale * W, cout}, x.options()).permute({0, 3, 1, 2});
   const WinogradConv a{x.data_ptr(), weight.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
       out.data_ptr(), H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, upsample, products};
-  const int64_t per_block = winograd_block_tiles(products, cin, cout), tiles = B * a.tiles_h * a.tiles_w;
+  const int64_t tiles = B * a.tiles_h * a.tiles_w;
+  const int64_t per_block = winograd_block_tiles(products, cin, cout, tiles, bf16 ? 2 : 4);
   const bool native = bf16 && cpu_has_avx512_bf16(), avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
   at::parallel_for(0, (tiles + per_block - 1) / per_block, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> M(new float[products * per_block * cout]);
@@ -1451,7 +1459,7 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
       "conv3x3_winograd_weight_grad: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
   at::Tensor out = at::zeros({16, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
   const WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, false, 16};
-  const int64_t per_block = winograd_block_tiles(16, cin, cout), tiles = B * a.tiles_h * a.tiles_w;
+  const int64_t tiles = B * a.tiles_h * a.tiles_w, per_block = winograd_block_tiles(16, cin, cout, tiles, 4);
   const int64_t blocks = (tiles + per_block - 1) / per_block, threads = at::get_num_threads(), size = 16 * cin * cout;
   std::vector<float> partials(threads * size, 0.0f);  // one (16, Cin, Cout) sum per thread
   const float* gy = grad_out.data_ptr<float>();

@@ -961,6 +961,7 @@ WINOGRAD_CASES = {  # (batch, Cin, Cout, H, W)
     "one pixel, 80 output channels (64 + a 16-channel tail)": (3, 16, 80, 1, 1),
     "150 tiles (several blocks and a partial one)": (5, 16, 32, 9, 11),
     "384 channels in and out (blocks of 18 tiles, to stay in cache)": (2, 256, 128, 7, 9),
+    "256 channels in and out over 130 tiles (blocks of 48 where the threads allow: U is 4 MiB)": (2, 256, 256, 10, 26),
 }
 
 
