@@ -39,7 +39,7 @@
 //   seeded_dropout(x, seed, p) -> Tensor
 //       Dropout: x * keep / (1 - p) in x's dtype, as a new contiguous tensor, where keep for element i (in
 //       row-major order) is a pure function of (seed, i) (splitmix64 in diffusion_kernels.h). The same call on
-//       the gradient is the backward pass (ddpm/training/dropout.py registers it). CPU only: on a CPU torch's
+//       the gradient is the backward pass (ddpm/kernels/ops.py registers it). CPU only: on a CPU torch's
 //       dropout draws one Bernoulli variable at a time, on a GPU it is fused already.
 //
 //   conv3x3_winograd(x, weight, bias, *, upsample=False) -> Tensor

@@ -206,7 +206,7 @@ def test_importing_the_project_never_imports_tensorrt(tmp_path):
     (tmp_path / "tensorrt.py").write_text("raise RuntimeError('tensorrt was imported')\n")
     code = (
         "import main, tensorrt_integration, optimized_diffusion; from ddpm.cli import parser, resolve; "
-        "from ddpm.modes import benchmark, evaluate, export, sample, train, train_autoencoder; parser.build_parser()"
+        "from ddpm.modes import benchmark, distill, evaluate, export, sample, train; parser.build_parser()"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
