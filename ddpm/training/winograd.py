@@ -20,8 +20,10 @@ from torch import nn
 
 from ddpm.kernels import ops
 
-# F(2x2, 3x3)'s kernel transform U = G g G^T, ops.winograd_weight's G as a float32 tensor made once.
+# F(2x2, 3x3)'s kernel transform U = G g G^T as one (16, 9) matrix, G (x) G (ops.winograd_weight's G): every
+# kernel's 16 products from its 9 taps in one GEMM over all (Cout, Cin) pairs, and back for the gradient.
 _G = torch.tensor(ops.WINOGRAD_G)
+_GG = torch.kron(_G, _G)  # _GG[4a + b, 3i + j] = G[a, i] G[b, j]
 
 
 def weight_grad_available() -> bool:
@@ -36,19 +38,21 @@ def weight_grad_available() -> bool:
 def _transform(weight: torch.Tensor) -> torch.Tensor:
     """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (16, Cin, Cout) operand, in float32
     since every training step runs it."""
-    u = _G @ weight @ _G.T  # (Cout, Cin, 4, 4)
-    return u.permute(2, 3, 1, 0).reshape(16, weight.shape[1], weight.shape[0]).contiguous()
+    cout, cin = weight.shape[:2]
+    u = _GG @ weight.reshape(cout * cin, 9).T  # (16, Cout * Cin)
+    return u.view(16, cout, cin).transpose(1, 2).contiguous()
 
 
 # Rotating a kernel 180 degrees reverses G's columns, which for this G is swapping its rows 0 and 3: the rotated
 # kernel's U is U with products (a, b) read at (p(a), p(b)), p swapping 0 and 3.
-_ROTATED = [4 * p + q for p in (3, 1, 2, 0) for q in (3, 1, 2, 0)]
+_GG_ROTATED = _GG[[4 * p + q for p in (3, 1, 2, 0) for q in (3, 1, 2, 0)]]
 
 
-def _rotated(u: torch.Tensor) -> torch.Tensor:
-    """The transform of the kernel rotated 180 degrees with its channels swapped, from U (16, Cin, Cout): the
-    operand of the input gradient's convolution, (16, Cout, Cin)."""
-    return u[_ROTATED].transpose(1, 2).contiguous()
+def _rotated(weight: torch.Tensor) -> torch.Tensor:
+    """The transform of the kernel rotated 180 degrees with its channels swapped: the operand of the input
+    gradient's convolution, (16, Cout, Cin), straight from the (Cout, Cin, 3, 3) kernel in one GEMM."""
+    cout, cin = weight.shape[:2]
+    return (_GG_ROTATED @ weight.reshape(cout * cin, 9).T).view(16, cout, cin)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -60,23 +64,24 @@ class _WinogradConv3x3(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        x, u = _channels_last(x), _transform(weight)
-        ctx.save_for_backward(x, u)
+        x = _channels_last(x)
+        ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return ops.conv3x3_winograd(x, u, bias)
+        return ops.conv3x3_winograd(x, _transform(weight), bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, u = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         grad = _channels_last(grad)
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # The input's gradient: the convolution of grad with g rotated 180 degrees, in and out swapped.
-            grad_x = ops.conv3x3_winograd(grad, _rotated(u), None)
+            grad_x = ops.conv3x3_winograd(grad, _rotated(weight), None)
         if ctx.needs_input_grad[1]:
             dU = ops.conv3x3_winograd_weight_grad(x, grad)  # (16, Cin, Cout)
-            d = dU.view(4, 4, *dU.shape[1:]).permute(3, 2, 0, 1)  # (Cout, Cin, 4, 4)
-            grad_weight = _G.T @ d @ _G  # dL/dg = G^T (dL/dU) G, (Cout, Cin, 3, 3)
+            cin, cout = dU.shape[1:]
+            grad_u = dU.transpose(1, 2).reshape(16, cout * cin)  # (16, Cout * Cin)
+            grad_weight = (_GG.T @ grad_u).T.reshape(cout, cin, 3, 3)  # dL/dg = G^T (dL/dU) G
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum((0, 2, 3))
         return grad_x, grad_weight, grad_bias
