@@ -147,11 +147,21 @@ def choose(
     dims: int = 2,
     conditional: bool = False,
     latent: bool = False,
+    fp32_unless_faster: bool = False,
 ) -> Selection:
     """What ``--implementation auto`` runs in ``precision``: the first entry of :data:`VERIFIED` that matches and
     can run the request, else the first sample-mode implementation that can (saying that nothing faster is
-    verified). Raises the last refusal (a one-line ValueError) when no implementation runs the request. Its
+    verified). With ``fp32_unless_faster`` (--precision auto), what it runs in fp32 where that choice is not
+    faster than fp32. Raises the last refusal (a one-line ValueError) when no implementation runs the request. Its
     ``fused`` is the runner's verification for a checkpoint's U-Net (:func:`select` asks of the model itself)."""
+    facts = dict(kind=kind, dims=dims, conditional=conditional, latent=latent)
+    choice = _first_that_runs(device, precision=precision, **facts)
+    if fp32_unless_faster and not choice.faster_than_fp32:
+        choice = _first_that_runs(device, precision="fp32", **facts)
+    return choice
+
+
+def _first_that_runs(device: DeviceKind, *, precision: str, kind: str, dims: int, conditional: bool, latent: bool):
     from ddpm.backends import registry
 
     def runs(name: str) -> bool:
@@ -235,9 +245,7 @@ def select(device: DeviceKind, artifact, request) -> Selection:
             )
         )
         return Selection(named, precision, f"--implementation {named}", fused, request.compile)
-    choice = choose(device, precision=precision, dims=config.dims, **facts)
-    if request.precision_auto and not choice.faster_than_fp32:
-        choice = choose(device, precision="fp32", dims=config.dims, **facts)
+    choice = choose(device, precision=precision, dims=config.dims, fp32_unless_faster=request.precision_auto, **facts)
     fused = choice.implementation == "cuda" and uses_runner(
         artifact.model, device_type=device.type, precision=choice.precision, native_bf16=device.native_bf16
     )
