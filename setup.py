@@ -9,10 +9,11 @@ sources when no build is found). Both builds take their compiler flags from ddpm
 
 CUDA or not
 -----------
-A ``CUDAExtension`` (diffusion_ops.cpp + diffusion_kernels.cu) is built whenever a CUDA
-toolkit is found and torch is a CUDA build, also on a machine with no GPU; otherwise a
-CPU-only ``CppExtension`` (diffusion_ops.cpp alone). The toolkit is ``$CUDA_HOME`` (or
-``$CUDA_PATH``) when set, else the directory holding the ``nvcc`` on ``PATH`` or
+A ``CUDAExtension`` (diffusion_ops.cpp + diffusion_kernels.cu) is built when a CUDA toolkit is found, torch
+is a CUDA build and there is a GPU to run it on, or the environment asks for it (``DIFFUSION_KERNELS_CUDA=1``, or
+``TORCH_CUDA_ARCH_LIST`` naming the targets: CI compiles the CUDA kernels so, on a machine with no GPU); otherwise
+a CPU-only ``CppExtension`` (diffusion_ops.cpp alone), a minute or more sooner on 2 cores. The toolkit is
+``$CUDA_HOME`` (or ``$CUDA_PATH``) when set, else the directory holding the ``nvcc`` on ``PATH`` or
 ``/usr/local/cuda``; it must contain ``bin/nvcc`` and ``include/cuda_runtime.h``.
 ``DIFFUSION_KERNELS_CPU_ONLY=1`` forces the CPU-only build.
 
@@ -70,11 +71,20 @@ def _extensions() -> list:
 
     sources = ["diffusion_ops.cpp"]  # relative paths: setuptools refuses absolute ones
     use_cuda = cuda_home is not None and torch.version.cuda is not None
-    if not use_cuda:
+    asked = os.environ.get("DIFFUSION_KERNELS_CUDA", "") not in ("", "0") or bool(
+        os.environ.get("TORCH_CUDA_ARCH_LIST")
+    )
+    if use_cuda and not asked and not torch.cuda.is_available():
+        print(
+            "diffusion_kernels: no GPU here: the CPU kernels only (DIFFUSION_KERNELS_CUDA=1 builds the CUDA ones too)"
+        )
+        use_cuda = False
+    elif not use_cuda:
         print(
             f"diffusion_kernels: building the CPU-only extension (CUDA toolkit: {cuda_home}, torch CUDA: "
             f"{torch.version.cuda})"
         )
+    if not use_cuda:
         return [
             cpp_extension.CppExtension(
                 EXTENSION_NAME, sources, extra_compile_args={"cxx": list(CXX_FLAGS)}, extra_link_args=list(LINK_FLAGS)
