@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # The packages, then the C++/CUDA extension (CUDA kernels when a CUDA toolkit and a GPU are found, or
-# DIFFUSION_KERNELS_CUDA=1 asks, as CI does; CPU kernels only otherwise, a minute sooner). pip byte-compiles what
+# DIFFUSION_KERNELS_CUDA=1 asks, as CI does; CPU kernels only otherwise, which build sooner). pip byte-compiles what
 # it installs one file at a time; compileall does it on every core (BENCHMARKS.md, "make demo from a fresh clone"). A file no Python 3.11 compiles
 # (torch's Python 3.12 test helper) fails there as it does, silently, under pip: its status is not the install's.
 $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu diffusion_kernels.h

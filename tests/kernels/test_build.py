@@ -38,7 +38,7 @@ def test_setup_py_builds_with_the_shared_flags_and_cuda_kernels_only_where_they_
 ):
     """setup.py run as pip runs it, with setuptools.setup caught: its extension carries the shared flags; the CUDA
     kernels are compiled where a toolkit is found and a GPU is here, or where the environment asks (as CI does), and
-    the CPU kernels alone otherwise (a minute sooner on 2 cores)."""
+    the CPU kernels alone otherwise (which build sooner)."""
     captured = {}
     monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
     monkeypatch.setattr(sys, "path", list(sys.path))
