@@ -33,12 +33,13 @@ from ddpm.backends.artifacts import Artifact, load_artifact
 from ddpm.backends.registry import Selection
 from ddpm.batch_memory import check_batch_fits
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
+from ddpm.formats.torch_files import KIND_NAMES
 from ddpm.latent.autoencoder import clips_x0
 from ddpm.outputs import check_mode_outputs
 from ddpm.requests import DrawRequest, SampleRequest
 from ddpm.util.precision import FORCED_BF16
 from noise_schedule import NoiseSchedule, SamplingPlan
-from optimized_diffusion import DeviceKind, runner_verified, uses_runner
+from optimized_diffusion import DeviceKind, FusedUNet, runner_verified, uses_runner
 
 if TYPE_CHECKING:
     import torch
@@ -161,9 +162,9 @@ def choose(
     return choice
 
 
-def _first_that_runs(device: DeviceKind, *, precision: str, kind: str, dims: int, conditional: bool, latent: bool):
-    from ddpm.backends import registry
-
+def _first_that_runs(
+    device: DeviceKind, *, precision: str, kind: str, dims: int, conditional: bool, latent: bool
+) -> Selection:
     def runs(name: str) -> bool:
         if name.startswith("cuda") and not device.extension:
             return False
@@ -197,9 +198,6 @@ def check_request(*, implementation: str, precision: str, precision_auto: bool, 
     """Refuse, while the flags resolve and before any file is read, what the named implementation (or, for
     ``auto``, every sample-mode implementation) cannot run: the file's ``kind``, a ``precision`` asked for (with
     ``precision_auto`` every implementation draws in one it runs), ``compile`` for another than cuda."""
-    from ddpm.backends import registry
-    from ddpm.formats.torch_files import KIND_NAMES
-
     if compile and implementation != "cuda":
         raise ValueError("--compile applies to training and to sampling with --implementation cuda")
     if compile and kind != "checkpoint":
@@ -225,8 +223,6 @@ def select(device: DeviceKind, artifact, request) -> Selection:
     on ``device``. With --precision auto, ``request.precision`` is the device's fastest (util/precision.resolve):
     kept where the implementation draws this file in it faster than in fp32, else fp32. A named implementation
     that cannot run the model (class-conditional, latent) is refused in one line."""
-    from ddpm.backends import registry
-
     config = artifact.model_config
     facts = dict(kind=artifact.kind, conditional=bool(config.num_classes), latent=artifact.first_stage is not None)
     precision, named = request.precision, request.implementation
@@ -257,8 +253,6 @@ def teacher_forward(model: nn.Module, *, device: torch.device) -> nn.Module:
     outputs to float rounding; uses_runner says where), else the model itself."""
     if not uses_runner(model, device_type=device.type, precision="fp32") or not DeviceKind.of(device).extension:
         return model
-    from optimized_diffusion import FusedUNet
-
     return FusedUNet(model).eval()
 
 
@@ -285,7 +279,7 @@ class Opened:
         """Whether x0 is clipped: as requested for pixel models, never for latent models."""
         return clips_x0(requested, self.artifact.first_stage)
 
-    def drawer(self, plan: SamplingPlan, selection: registry.Selection):
+    def drawer(self, plan: SamplingPlan, selection: Selection):
         """``draw(shape, generator, progress, labels) -> images`` for ``plan``, by what ``selection`` says draws."""
         engine = None
         if selection.implementation == "tensorrt":  # the engine options name a cache folder beside the file
