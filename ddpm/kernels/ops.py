@@ -60,6 +60,7 @@ def load_extension(*, allow_jit: bool = True) -> str:
             ) from exc
         source = "jit"
     _register_fakes()
+    _register_dropout()
     _loaded_from = source
     return source
 
@@ -319,8 +320,6 @@ def upsample_phase_weights(weight: torch.Tensor) -> list[tuple[tuple[int, ...], 
 _DROPOUT_OP = "diffusion_kernels::seeded_dropout"
 _SEED_BOUND = 2**62  # seeds are drawn in [0, 2^62): any int64 works; this keeps randint's range exact
 
-_dropout_registered = False
-
 
 def seeded_dropout_available() -> bool:
     """Whether the built extension has the op (no JIT compile here: a trainer without it keeps nn.Dropout)."""
@@ -328,16 +327,13 @@ def seeded_dropout_available() -> bool:
         load_extension(allow_jit=False)
     except ExtensionUnavailableError:
         return False
-    if not hasattr(torch.ops.diffusion_kernels, "seeded_dropout"):  # a build older than the op
-        return False
-    _register_dropout()
-    return True
+    return hasattr(torch.ops.diffusion_kernels, "seeded_dropout")  # False for a build older than the op
 
 
 def _register_dropout() -> None:
-    """The op's autograd formula (the same op on the gradient) and its fake kernel (for torch.compile), once."""
-    global _dropout_registered
-    if _dropout_registered:
+    """The op's autograd formula (the same op on the gradient) and its fake kernel (for torch.compile), registered
+    as the extension loads, with the other ops' fake kernels."""
+    if not hasattr(torch.ops.diffusion_kernels, "seeded_dropout"):  # a build older than the op
         return
 
     def setup_context(ctx, inputs, output):
@@ -352,8 +348,6 @@ def _register_dropout() -> None:
     @torch.library.register_fake(_DROPOUT_OP)
     def _fake(x, seed, p):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-    _dropout_registered = True
 
 
 class SeededDropout(nn.Module):
