@@ -909,15 +909,26 @@ inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __res
   }
 }
 
-template <int R>
+// winograd_gemm_tile for q <= QMAX vectors of Vec (the last block of a layer may be narrower).
+template <int R, typename Vec = Vec16, int QMAX = 4>
 inline __attribute__((always_inline)) void winograd_gemm_rows(int64_t q, const float* V, int64_t ldv, const float* U,
     int64_t ldu, int64_t K, float* M, int64_t ldm) {
-  switch (q) {
-    case 4: winograd_gemm_tile<R, 4>(V, ldv, U, ldu, K, M, ldm); break;
-    case 3: winograd_gemm_tile<R, 3>(V, ldv, U, ldu, K, M, ldm); break;
-    case 2: winograd_gemm_tile<R, 2>(V, ldv, U, ldu, K, M, ldm); break;
-    default: winograd_gemm_tile<R, 1>(V, ldv, U, ldu, K, M, ldm); break;
+  if constexpr (QMAX >= 4) {
+    if (q == 4) {
+      return winograd_gemm_tile<R, 4, Vec>(V, ldv, U, ldu, K, M, ldm);
+    }
   }
+  if constexpr (QMAX >= 3) {
+    if (q == 3) {
+      return winograd_gemm_tile<R, 3, Vec>(V, ldv, U, ldu, K, M, ldm);
+    }
+  }
+  if constexpr (QMAX >= 2) {
+    if (q == 2) {
+      return winograd_gemm_tile<R, 2, Vec>(V, ldv, U, ldu, K, M, ldm);
+    }
+  }
+  winograd_gemm_tile<R, 1, Vec>(V, ldv, U, ldu, K, M, ldm);
 }
 
 // The operands of one conv3x3_winograd call. x and out hold float32, or bfloat16 (bits as uint16_t) for the bf16
@@ -1083,61 +1094,53 @@ inline __attribute__((always_inline)) void winograd_output_transform(
 #define DIFFUSION_KERNELS_FMA_CLONES
 #endif
 
-// Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..), float32: all three stages.
-// V: (products, n, Cin) and M: (products, n, Cout) scratch.
-DIFFUSION_KERNELS_FMA_CLONES
-void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
+// Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..), float32: all three stages,
+// on vectors Vec, the GEMM in register blocks of 6 tiles x QMAX vectors. V: (products, n, Cin) and M: (products, n,
+// Cout) scratch.
+template <typename Vec, int QMAX>
+inline __attribute__((always_inline)) void winograd_tiles_float(
+    const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
 #if defined(__clang__)
 #pragma clang fp contract(fast)
 #endif
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cin = a.cin, cout = a.cout, P = a.products;
-  winograd_input_transform<float, float>(a, t0, n, V);
-  // 2. M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout), 6 tiles x 64 channels per register block.
-  for (int64_t k = 0; k < P; ++k) {
+  winograd_input_transform<float, float, Vec>(a, t0, n, V);
+  for (int64_t k = 0; k < P; ++k) {  // 2. M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout)
     const float* Vk = V + k * n * cin;
     const float* Uk = static_cast<const float*>(a.weight) + k * cin * cout;
     float* Mk = M + k * n * cout;
-    for (int64_t co = 0; co < cout; co += 64) {
-      const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
+    for (int64_t co = 0; co < cout; co += QMAX * L) {
+      // Channel counts are multiples of 16: a block of 16 channels is always whole.
+      const int64_t q = QMAX * L == 16 ? QMAX : std::min<int64_t>(QMAX, (cout - co) / L);
       int64_t t = 0;
       for (; t + 6 <= n; t += 6) {
-        winograd_gemm_rows<6>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+        winograd_gemm_rows<6, Vec, QMAX>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
       }
       for (; t < n; ++t) {
-        winograd_gemm_rows<1>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+        winograd_gemm_rows<1, Vec, QMAX>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
       }
     }
   }
-  winograd_output_transform<float>(a, t0, n, M);
+  winograd_output_transform<float, Vec>(a, t0, n, M);
 }
 
-// The same three stages for a CPU with AVX2 and FMA but not AVX-512. Its 16 vector registers hold 8 floats each, so
-// the AVX-512 block of 6 tiles x 64 channels (48 of them as accumulators) would spill on every step: the GEMM here
-// keeps 6 tiles x 16 channels in 12 registers, with 2 for U's row and 1 for the broadcast V. The sums run over Cin
-// in the same order with the same fused multiply-adds, and the transforms hold no products, so the output is the
-// AVX-512 clone's bit for bit.
+// AVX-512 (and the baseline clone): 6 tiles x 64 channels per register block.
+DIFFUSION_KERNELS_FMA_CLONES
+void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
+  winograd_tiles_float<Vec16, 4>(a, t0, n, V, M);
+}
+
+// A CPU with AVX2 and FMA but not AVX-512. Its 16 vector registers hold 8 floats each, so the AVX-512 block of
+// 6 tiles x 64 channels (48 of them as accumulators) would spill on every step: here 6 tiles x 16 channels in 12
+// registers, with 2 for U's row and 1 for the broadcast V. The sums run over Cin in the same order with the same
+// fused multiply-adds, and the transforms hold no products, so the output is the AVX-512 clone's bit for bit.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
 #define DIFFUSION_KERNELS_AVX2_GEMM 1
 
 __attribute__((target("avx2,fma"), optimize("fp-contract=fast")))
 void winograd_tiles_avx2(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
-  const int64_t cin = a.cin, cout = a.cout, P = a.products;
-  winograd_input_transform<float, float, Vec8>(a, t0, n, V);
-  for (int64_t k = 0; k < P; ++k) {  // M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout)
-    const float* Vk = V + k * n * cin;
-    const float* Uk = static_cast<const float*>(a.weight) + k * cin * cout;
-    float* Mk = M + k * n * cout;
-    for (int64_t co = 0; co < cout; co += 16) {
-      int64_t t = 0;
-      for (; t + 6 <= n; t += 6) {
-        winograd_gemm_tile<6, 2, Vec8>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
-      }
-      for (; t < n; ++t) {
-        winograd_gemm_tile<1, 2, Vec8>(Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
-      }
-    }
-  }
-  winograd_output_transform<float, Vec8>(a, t0, n, M);
+  winograd_tiles_float<Vec8, 2>(a, t0, n, V, M);
 }
 #endif
 
