@@ -222,6 +222,14 @@ C10_HOST_DEVICE inline float pow2_normal(int32_t e) {
 #endif
 }
 
+// Inlined wherever it is called: a CPU loop calling it stays a scalar loop. GCC inlines exp_rn by its size and the
+// caller's, so without this some of the norm's loops vectorized and others (by chance of the build) did not.
+#if defined(__CUDACC__)
+#define DIFFUSION_KERNELS_INLINE C10_HOST_DEVICE __forceinline__
+#else
+#define DIFFUSION_KERNELS_INLINE inline __attribute__((always_inline))
+#endif
+
 // exp(x) as 2^k * P(r), r = x - k ln 2 in [-ln2/2, ln2/2] (Cody-Waite split of ln 2), P the degree-7
 // Taylor polynomial in Horner form, every step one fma_rn: within 2 ulp of exp in float32, and the same
 // bits on host and device (libm's expf and CUDA's differ in the last bits, which would break the twins'
@@ -232,7 +240,7 @@ C10_HOST_DEVICE inline float pow2_normal(int32_t e) {
 // (exp(-104) is under half the smallest subnormal), above 100 it overflows to inf, as exp does. A NaN
 // passes the clamp and every step as a NaN. No branch, no select after the polynomial (a select there
 // made GCC compute the SiLU's division twice), so the CPU twin's loops vectorize tightly.
-C10_HOST_DEVICE inline float exp_rn(float x) {
+DIFFUSION_KERNELS_INLINE float exp_rn(float x) {
   constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
   float xc = x < -104.0f ? -104.0f : x;  // comparisons false for a NaN: it stays
   xc = xc > 100.0f ? 100.0f : xc;
@@ -254,7 +262,7 @@ C10_HOST_DEVICE inline float exp_rn(float x) {
 
 // The normalization, scale-shift and SiLU of one element, given its group's mean and 1/std; scale1 is
 // add_rn(1, scale) (a kernel may compute it once per (sample, channel): the same value).
-C10_HOST_DEVICE inline float group_norm_act_element(
+DIFFUSION_KERNELS_INLINE float group_norm_act_element(
     float v, float mean, float rstd, float weight, float bias, float scale1, float shift, bool modulate, bool silu) {
   float y = fma_rn(mul_rn(sub_rn(v, mean), rstd), weight, bias);
   if (modulate) {

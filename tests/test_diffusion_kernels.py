@@ -10,14 +10,17 @@ present (plus graph capture and large tensors).
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shutil
+import subprocess
 from dataclasses import replace
 
 import pytest
 import torch
 
 from ddpm.kernels import ops
-from ddpm.kernels.build import BUILD_COMMAND
+from ddpm.kernels.build import BUILD_COMMAND, EXTENSION_NAME
 from noise_schedule import NoiseSchedule, SamplingPlan, ScheduleConfig, guided_eps, p_step
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -761,6 +764,17 @@ def test_group_norm_act_rejects_bad_arguments(change, message):
     args = group_norm_case((2, 8, 4, 4), groups=2) | change
     with pytest.raises(RuntimeError, match=re.escape(message)):
         ops.group_norm_act(**args)
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_the_built_library_inlines_exp_rn_into_every_loop():
+    """exp_rn is forced inline (diffusion_kernels.h): a caller that called it instead stayed a scalar loop, which
+    made the norm's SiLU without scale and shift, and with it the CPU runner, several times slower."""
+    origin = importlib.util.find_spec(EXTENSION_NAME).origin if ops.load_extension() == "compiled" else None
+    if origin is None:
+        pytest.skip("the extension was JIT-compiled: no library file to read")
+    symbols = subprocess.run(["nm", "-C", origin], capture_output=True, text=True, check=True).stdout
+    assert "exp_rn" not in symbols
 
 
 def test_group_norm_act_opcheck_cpu():
