@@ -257,6 +257,24 @@ def _norm(channels: int, groups: int, eps: float = 1e-5) -> nn.GroupNorm:
     return nn.GroupNorm(math.gcd(groups, channels), channels, eps=eps)
 
 
+def norm_act(
+    norm: nn.GroupNorm,
+    x: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    *,
+    silu: bool = True,
+) -> torch.Tensor:
+    """``norm(x)``, then the time embedding's per-sample ``scale`` and ``shift`` (B, C) when given
+    (``h * (1 + scale) + shift``), then SiLU: the norms of every block. A block's ``norm_act`` attribute holds the
+    function it calls; a trainer may swap in a fused kernel of the same arithmetic (kernels/ops.py)."""
+    h = norm(x)
+    if scale is not None:
+        spatial = (1,) * (h.ndim - 2)
+        h = h * (1 + scale.view(*scale.shape, *spatial)) + shift.view(*shift.shape, *spatial)
+    return F.silu(h) if silu else h
+
+
 def conv_nd(dims: int, *args, **kwargs) -> nn.Module:
     """nn.Conv2d for images, nn.Conv3d for volumes: every block is written once for both."""
     return (nn.Conv2d if dims == 2 else nn.Conv3d)(*args, **kwargs)
@@ -292,17 +310,17 @@ class ResBlock(nn.Module):
         nn.init.zeros_(self.conv2.weight)  # each block starts as the identity
         nn.init.zeros_(self.conv2.bias)
         self.skip = conv_nd(dims, in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
+        self.norm_act = norm_act
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))  # (B, out, H, W) or (B, out, D, H, W)
-        e = self.emb_proj(F.silu(emb))
-        e = e.view(*e.shape, *[1] * (h.ndim - 2))  # (B, out or 2*out, 1, 1[, 1])
+        h = self.conv1(self.norm_act(self.norm1, x))  # (B, out, H, W) or (B, out, D, H, W)
+        e = self.emb_proj(F.silu(emb))  # (B, 2*out) or (B, out)
         if self.scale_shift:
             scale, shift = e.chunk(2, dim=1)
-            h = self.norm2(h) * (1 + scale) + shift
+            h = self.norm_act(self.norm2, h, scale, shift)
         else:
-            h = self.norm2(h + e)
-        h = self.conv2(self.dropout(F.silu(h)))
+            h = self.norm_act(self.norm2, h + e.view(*e.shape, *[1] * (h.ndim - 2)))
+        h = self.conv2(self.dropout(h))
         return self.skip(x) + h
 
 
@@ -322,10 +340,13 @@ class AttentionBlock(nn.Module):
         self.proj = conv_nd(dims, channels, channels, 1)
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
+        self.norm_act = norm_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, *spatial = x.shape
-        qkv = self.qkv(self.norm(x)).reshape(B, 3, self.num_heads, C // self.num_heads, math.prod(spatial))
+        qkv = self.qkv(self.norm_act(self.norm, x, silu=False)).reshape(
+            B, 3, self.num_heads, C // self.num_heads, math.prod(spatial)
+        )
         q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, HW, C/heads)
         if self.float32_softmax:
             scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, heads, HW, HW)
@@ -444,6 +465,7 @@ class UNet(nn.Module):
         self.conv_out = conv_nd(dims, cur, folded, 3, padding=1)
         nn.init.zeros_(self.conv_out.weight)
         nn.init.zeros_(self.conv_out.bias)
+        self.norm_act = norm_act
 
     def embedding(self, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """The (B, 4ch) embedding every residual block takes: the time MLP's, plus the label's when conditional."""
@@ -478,7 +500,7 @@ class UNet(nn.Module):
             for blk, attn in zip(level.blocks, level.attentions):
                 h = attn(run(blk, torch.cat([h, skips.pop()], dim=1), emb))
             h = up(h)
-        out = self.conv_out(F.silu(self.norm_out(h)))
+        out = self.conv_out(self.norm_act(self.norm_out, h))
         return depth_to_space(out, p) if p > 1 else out  # x's shape
 
     @staticmethod

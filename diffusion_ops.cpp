@@ -840,6 +840,207 @@ at::Tensor group_norm_act_cpu(
   return out;
 }
 
+// ----- group_norm_act_backward: group_norm_act's gradients for training, CPU, channels-last -------------------
+// For one sample, with xhat = (x - mean) * rstd, a = xhat * weight + bias, z = a * (1 + scale) + shift (or a) and
+// y = silu(z) (or z): dz = dy * silu'(z), da = dz * (1 + scale); dshift = sum dz and dscale = sum dz * a over the
+// positions; dbias = sum da and dweight = sum da * xhat over positions and samples; and, per group of N elements,
+// dx = rstd * (da * weight - mean(da * weight) - xhat * mean(da * weight * xhat)). Everything in float32; the
+// group's statistics are recomputed from x (two passes, as the forward does).
+
+// dz, da and the per-channel sums of one sample's rows (P positions of C channels), a row at a time.
+template <bool kModulate, bool kSilu>
+inline __attribute__((always_inline)) void gn_backward_rows_loop(const float* __restrict__ x,
+    const float* __restrict__ dy, int64_t P, int64_t C, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const float* __restrict__ weight, const float* __restrict__ bias, const float* __restrict__ scale1,
+    const float* __restrict__ shift, float* __restrict__ da, float* __restrict__ sums) {
+  float* __restrict__ sum_dz = sums;
+  float* __restrict__ sum_dz_a = sums + C;
+  float* __restrict__ sum_da = sums + 2 * C;
+  float* __restrict__ sum_da_xhat = sums + 3 * C;
+  for (int64_t p = 0; p < P; ++p) {
+    const float* __restrict__ xr = x + p * C;
+    const float* __restrict__ dyr = dy + p * C;
+    float* __restrict__ dar = da + p * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - mean[c]) * rstd[c];
+      const float a = xhat * weight[c] + bias[c];
+      float dz = dyr[c];
+      if constexpr (kSilu) {
+        const float z = kModulate ? a * scale1[c] + shift[c] : a;
+        const float s = 1.0f / (1.0f + exp_rn(-z));
+        dz = dz * (s * (1.0f + z * (1.0f - s)));
+      }
+      float d = dz;
+      if constexpr (kModulate) {
+        sum_dz[c] += dz;
+        sum_dz_a[c] += dz * a;
+        d = dz * scale1[c];
+      }
+      dar[c] = d;
+      sum_da[c] += d;
+      sum_da_xhat[c] += d * xhat;
+    }
+  }
+}
+
+DIFFUSION_KERNELS_CLONES
+void gn_backward_rows(const float* __restrict__ x, const float* __restrict__ dy, int64_t P, int64_t C,
+    const float* __restrict__ mean, const float* __restrict__ rstd, const float* __restrict__ weight,
+    const float* __restrict__ bias, const float* __restrict__ scale1, const float* __restrict__ shift, bool silu,
+    float* __restrict__ da, float* __restrict__ sums) {
+  // A switch, not lambdas: a lambda's body would not take this function's target clones.
+  switch ((scale1 != nullptr ? 2 : 0) + (silu ? 1 : 0)) {
+    case 0: gn_backward_rows_loop<false, false>(x, dy, P, C, mean, rstd, weight, bias, scale1, shift, da, sums); break;
+    case 1: gn_backward_rows_loop<false, true>(x, dy, P, C, mean, rstd, weight, bias, scale1, shift, da, sums); break;
+    case 2: gn_backward_rows_loop<true, false>(x, dy, P, C, mean, rstd, weight, bias, scale1, shift, da, sums); break;
+    default: gn_backward_rows_loop<true, true>(x, dy, P, C, mean, rstd, weight, bias, scale1, shift, da, sums); break;
+  }
+}
+
+// dx = rstd * (da * weight - k1 - xhat * k2), k1 and k2 the group's means expanded to its channels; in place of da.
+DIFFUSION_KERNELS_CLONES
+void gn_backward_dx(const float* __restrict__ x, int64_t P, int64_t C, const float* __restrict__ mean,
+    const float* __restrict__ rstd, const float* __restrict__ weight, const float* __restrict__ k1,
+    const float* __restrict__ k2, float* __restrict__ da) {
+  for (int64_t p = 0; p < P; ++p) {
+    const float* __restrict__ xr = x + p * C;
+    float* __restrict__ r = da + p * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - mean[c]) * rstd[c];
+      r[c] = rstd[c] * (r[c] * weight[c] - k1[c] - xhat * k2[c]);
+    }
+  }
+}
+
+// Per-channel sums of one sample's rows, of v or (v - mean)^2.
+DIFFUSION_KERNELS_CLONES
+void gn_channel_sums(const float* __restrict__ x, int64_t P, int64_t C, const float* __restrict__ mean,
+    float* __restrict__ sums) {
+  std::fill(sums, sums + C, 0.0f);
+  for (int64_t p = 0; p < P; ++p) {
+    const float* __restrict__ xr = x + p * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = mean != nullptr ? xr[c] - mean[c] : xr[c];
+      sums[c] += mean != nullptr ? v * v : v;
+    }
+  }
+}
+
+template <typename T>
+void group_norm_act_backward_impl(const at::Tensor& grad, const at::Tensor& x, const float* weight, const float* bias,
+    const float* scale, const float* shift, int64_t modulation_stride, int64_t groups, float eps, bool silu,
+    at::Tensor& dx, float* dscale, float* dshift, float* per_sample) {
+  const int64_t B = x.size(0), C = x.size(1), P = x.numel() / (B * C), cg = C / groups;
+  const float count = static_cast<float>(P * cg);
+  const T* xs = x.const_data_ptr<T>();
+  const T* gs = grad.const_data_ptr<T>();
+  T* dxs = dx.mutable_data_ptr<T>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    constexpr bool kFloat = std::is_same_v<T, float>;
+    std::vector<float> xbuf(kFloat ? 0 : P * C), gbuf(kFloat ? 0 : P * C), da(P * C);
+    std::vector<float> mean(C), rstd(C), sums(4 * C), scale1(scale != nullptr ? C : 0), k1(C), k2(C), tmp(C);
+    for (int64_t b = begin; b < end; ++b) {
+      const float* xr;
+      const float* gr;
+      if constexpr (kFloat) {
+        xr = xs + b * P * C;
+        gr = gs + b * P * C;
+      } else {
+        widen_bf16(reinterpret_cast<const uint16_t*>(xs + b * P * C), P * C, xbuf.data());
+        widen_bf16(reinterpret_cast<const uint16_t*>(gs + b * P * C), P * C, gbuf.data());
+        xr = xbuf.data();
+        gr = gbuf.data();
+      }
+      // The group's mean, then 1/std from the squared deviations, each expanded to its channels.
+      for (const bool squares : {false, true}) {
+        gn_channel_sums(xr, P, C, squares ? mean.data() : nullptr, tmp.data());
+        for (int64_t g = 0; g < groups; ++g) {
+          float s = 0.0f;
+          for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+            s += tmp[c];
+          }
+          const float v = squares ? group_rstd(s, count, eps) : s / count;
+          std::fill((squares ? rstd : mean).begin() + g * cg, (squares ? rstd : mean).begin() + (g + 1) * cg, v);
+        }
+      }
+      const float* shift_b = shift != nullptr ? shift + b * modulation_stride : nullptr;
+      if (scale != nullptr) {
+        for (int64_t c = 0; c < C; ++c) {
+          scale1[c] = 1.0f + scale[b * modulation_stride + c];
+        }
+      }
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      gn_backward_rows(xr, gr, P, C, mean.data(), rstd.data(), weight, bias, scale != nullptr ? scale1.data() : nullptr,
+          shift_b, silu, da.data(), sums.data());
+      if (scale != nullptr) {
+        std::copy(sums.begin(), sums.begin() + C, dshift + b * C);
+        std::copy(sums.begin() + C, sums.begin() + 2 * C, dscale + b * C);
+      }
+      std::copy(sums.begin() + 2 * C, sums.end(), per_sample + b * 2 * C);  // this sample's dbias, dweight terms
+      for (int64_t g = 0; g < groups; ++g) {
+        float s1 = 0.0f, s2 = 0.0f;
+        for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+          s1 += weight[c] * sums[2 * C + c];
+          s2 += weight[c] * sums[3 * C + c];
+        }
+        std::fill(k1.begin() + g * cg, k1.begin() + (g + 1) * cg, s1 / count);
+        std::fill(k2.begin() + g * cg, k2.begin() + (g + 1) * cg, s2 / count);
+      }
+      gn_backward_dx(xr, P, C, mean.data(), rstd.data(), weight, k1.data(), k2.data(), da.data());
+      if constexpr (kFloat) {
+        std::copy(da.begin(), da.end(), dxs + b * P * C);
+      } else {
+        narrow_bf16(da.data(), P * C, reinterpret_cast<uint16_t*>(dxs + b * P * C));
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_norm_act_backward_cpu(
+    const at::Tensor& grad,
+    const at::Tensor& x,
+    const at::Tensor& weight,
+    const at::Tensor& bias,
+    const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& shift,
+    int64_t groups,
+    double eps,
+    bool silu) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  TORCH_CHECK(x.dim() == 4 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && x.is_contiguous(cl),
+      "group_norm_act_backward: x must be a channels-last float32 or bfloat16 (B, C, H, W) tensor, got ", x.scalar_type(),
+      " ", x.sizes(), " with strides ", x.strides());
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type() && grad.is_contiguous(cl),
+      "group_norm_act_backward: grad must be a channels-last tensor of x's size and dtype, got ", grad.scalar_type(), " ",
+      grad.sizes(), " with strides ", grad.strides());
+  at::Tensor unused;
+  // The forward's checks of weight, bias, scale and shift (the same arguments), and its output's shape.
+  const GroupNormAct a = prepare_group_norm_act(x, std::nullopt, weight, bias, std::nullopt, scale, shift, groups, eps, silu, &unused);
+  const int64_t B = x.size(0), C = x.size(1);
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(cl));
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor dscale = at::empty({scale.has_value() ? B : 0, C}, f32), dshift = at::empty({scale.has_value() ? B : 0, C}, f32);
+  std::vector<float> per_sample(B * 2 * C);
+  if (x.scalar_type() == at::kFloat) {
+    group_norm_act_backward_impl<float>(grad, x, a.weight, a.bias, a.scale, a.shift, a.modulation_stride, groups, a.eps,
+        silu, dx, dscale.mutable_data_ptr<float>(), dshift.mutable_data_ptr<float>(), per_sample.data());
+  } else {
+    group_norm_act_backward_impl<c10::BFloat16>(grad, x, a.weight, a.bias, a.scale, a.shift, a.modulation_stride, groups,
+        a.eps, silu, dx, dscale.mutable_data_ptr<float>(), dshift.mutable_data_ptr<float>(), per_sample.data());
+  }
+  // dbias and dweight: the samples' terms summed in order (the same bits whatever the threads).
+  at::Tensor dweight = at::zeros({C}, f32), dbias = at::zeros({C}, f32);
+  float* dw = dweight.mutable_data_ptr<float>();
+  float* db = dbias.mutable_data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t c = 0; c < C; ++c) {
+      db[c] += per_sample[b * 2 * C + c];
+      dw[c] += per_sample[b * 2 * C + C + c];
+    }
+  }
+  return {dx, dweight, dbias, dscale, dshift};
+}
+
 // ----- conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) -----------------------
 // (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016.) Each 2x2 tile of outputs is
 // A^T [U (.) (B^T d B)] A for the 4x4 input tile d around it and the kernel's transform U = G g G^T
@@ -1638,6 +1839,9 @@ TORCH_LIBRARY(diffusion_kernels, m) {
   m.def(
       "group_norm_act(Tensor x, Tensor? x2, Tensor weight, Tensor bias, Tensor? x_bias, Tensor? scale, "
       "Tensor? shift, *, int groups, float eps, bool silu) -> Tensor");
+  m.def(
+      "group_norm_act_backward(Tensor grad, Tensor x, Tensor weight, Tensor bias, Tensor? scale, Tensor? shift, *, "
+      "int groups, float eps, bool silu) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("conv3x3_winograd(Tensor x, Tensor weight, Tensor? bias, *, bool upsample=False) -> Tensor");
   m.def("conv3x3_winograd_weight_grad(Tensor x, Tensor grad_out) -> Tensor");
   m.def("bias_add_(Tensor(a!) h, Tensor bias, Tensor? residual, Tensor? residual2) -> ()");
@@ -1648,6 +1852,7 @@ TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
   m.impl("fused_step_", &fused_step_cpu);
   m.impl("gather_timestep_", &gather_timestep_cpu);
   m.impl("group_norm_act", &group_norm_act_cpu);
+  m.impl("group_norm_act_backward", &group_norm_act_backward_cpu);
   m.impl("conv3x3_winograd", &conv3x3_winograd_cpu);
   m.impl("conv3x3_winograd_weight_grad", &conv3x3_winograd_weight_grad_cpu);
   m.impl("bias_add_", &bias_add_cpu);

@@ -37,28 +37,38 @@ def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[st
     (--precision auto for images of ``pixels``, resolved as train resolves it), and ``diffusers``, diffusers'
     UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
-    from ddpm.training.trainer import TrainConfig, trains_channels_last
+    from ddpm.training.trainer import TrainConfig, trains_channels_last, trains_fused_norms
 
     fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
     eager = dict(precision="fp32", compile=False, cuda_fast_path=False, cpu_channels_last=False)
     mixed = dict(precision=amp, compile=False, cuda_fast_path=True)
     auto = resolve("auto", purpose="training", device=device, pixels=pixels)
-    cpu_nhwc = device.type == "cpu" and trains_channels_last(device, TrainConfig(precision=auto))
+
+    def cpu_layout(precision: str) -> str:  # what an eager CPU run of this precision adds
+        config = TrainConfig(precision=precision)
+        if device.type != "cpu" or not trains_channels_last(device, config):
+            return ""
+        return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "")
+
     return [
         ("fp32", "fp32 eager", eager),
         (
             "default",
-            f"default: {auto}{fast or ('+channels-last' if cpu_nhwc else '')} eager",
+            f"default: {auto}{fast or cpu_layout(auto)} eager",
             dict(precision=auto, compile=False, cuda_fast_path=True),
         ),
         (DIFFUSERS, "diffusers UNet2DModel fp32 eager", dict(precision="fp32", compile=False)),
         ("fp32_compile", "fp32 compile", dict(eager, compile=True)),
-        ("fp32_nhwc", "fp32 eager channels-last", dict(eager, cpu_channels_last=True, cuda_fast_path=True)),
+        (
+            "fp32_nhwc",
+            f"fp32 eager{cpu_layout('fp32') or ' channels-last'}",
+            dict(eager, cpu_channels_last=True, cuda_fast_path=True),
+        ),
         ("fp32_winograd", "fp32 channels-last, Winograd 3x3", dict(eager, cpu_channels_last=True, winograd_convs=True)),
-        ("amp", f"{amp}{fast} eager", mixed),
+        ("amp", f"{amp}{fast or cpu_layout(amp)} eager", mixed),
         ("amp_compile", f"{amp}{fast} compile", dict(mixed, compile=True)),
         ("fp32_checkpoint", "fp32 eager, grad checkpoint", dict(eager, grad_checkpoint=True)),
-        ("amp_checkpoint", f"{amp}{fast} eager, grad checkpoint", dict(mixed, grad_checkpoint=True)),
+        ("amp_checkpoint", f"{amp}{fast or cpu_layout(amp)} eager, grad checkpoint", dict(mixed, grad_checkpoint=True)),
         *(
             (f"t_{name}", f"fp32 eager, t: {name}", dict(eager, timestep_sampling=name))
             for name in TIMESTEP_SAMPLERS[1:]

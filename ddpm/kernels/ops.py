@@ -61,6 +61,7 @@ def load_extension(*, allow_jit: bool = True) -> str:
         source = "jit"
     _register_fakes()
     _register_dropout()
+    _register_norm_training()
     _loaded_from = source
     return source
 
@@ -120,6 +121,85 @@ def _register_fakes() -> None:
     @torch.library.register_fake("diffusion_kernels::conv3x3_winograd_weight_grad")
     def _conv3x3_winograd_weight_grad_fake(x, grad_out):
         return x.new_empty((16, x.shape[1], grad_out.shape[1]))
+
+
+_GN_OP = "diffusion_kernels::group_norm_act"
+
+
+def _register_norm_training() -> None:
+    """group_norm_act's autograd formula on a CPU (its backward op) and the backward's fake kernel, registered as
+    the extension loads; the concatenated ``x2`` and ``x_bias`` have no gradient (training passes neither)."""
+    if not hasattr(torch.ops.diffusion_kernels, "group_norm_act_backward"):  # a build older than the op
+        return
+
+    def setup_context(ctx, inputs, keyword_only_inputs, output):
+        x, x2, weight, bias, x_bias, scale, shift = inputs
+        if x2 is not None or x_bias is not None:
+            ctx.unsupported = True
+            return
+        ctx.unsupported = False
+        ctx.save_for_backward(x, weight, bias, scale, shift)
+        ctx.options = keyword_only_inputs  # groups, eps, silu
+
+    def backward(ctx, grad):
+        if ctx.unsupported:
+            raise NotImplementedError("group_norm_act has no gradient with x2 or x_bias: concatenate and add first")
+        x, weight, bias, scale, shift = ctx.saved_tensors
+        dx, dweight, dbias, dscale, dshift = torch.ops.diffusion_kernels.group_norm_act_backward(
+            grad.contiguous(memory_format=torch.channels_last), x, weight, bias, scale, shift, **ctx.options
+        )
+        if scale is None:
+            dscale = dshift = None
+        return dx, None, dweight, dbias, None, dscale, dshift
+
+    torch.library.register_autograd(_GN_OP, backward, setup_context=setup_context)
+
+    @torch.library.register_fake("diffusion_kernels::group_norm_act_backward")
+    def _fake(grad, x, weight, bias, scale, shift, *, groups, eps, silu):
+        rows = x.shape[0] if scale is not None else 0
+        return (
+            torch.empty_like(x, memory_format=torch.channels_last),
+            weight.new_empty(weight.shape),
+            bias.new_empty(bias.shape),
+            weight.new_empty((rows, x.shape[1])),
+            weight.new_empty((rows, x.shape[1])),
+        )
+
+
+def fused_norm_act(
+    norm: nn.GroupNorm,
+    x: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    *,
+    silu: bool = True,
+) -> torch.Tensor:
+    """basic_diffusion.norm_act through group_norm_act on a CPU, with its gradients (the backward op): one pass
+    forward, two backward, in x's dtype (float32 or bfloat16; the statistics and gradients in float32). x is
+    made channels-last, the layout the backward takes; scale and shift (B, C) are read in float32."""
+    if scale is not None:
+        scale, shift = scale.float(), shift.float()
+    return torch.ops.diffusion_kernels.group_norm_act(
+        x.contiguous(memory_format=torch.channels_last),
+        None,
+        norm.weight,
+        norm.bias,
+        None,
+        scale,
+        shift,
+        groups=norm.num_groups,
+        eps=norm.eps,
+        silu=silu,
+    )
+
+
+def norm_training_available() -> bool:
+    """Whether the built extension trains through group_norm_act (its backward op; no JIT compile here)."""
+    try:
+        load_extension(allow_jit=False)
+    except ExtensionUnavailableError:
+        return False
+    return hasattr(torch.ops.diffusion_kernels, "group_norm_act_backward")
 
 
 # ----- Op wrappers --------------------------------------------------------------------------------
@@ -390,3 +470,18 @@ def use_seeded_dropout(model: nn.Module) -> int:
     for parent, name, child in targets:
         setattr(parent, name, SeededDropout(child.p))
     return len(targets)
+
+
+def use_fused_norms(model: nn.Module, *, float32_softmax: bool = False) -> int:
+    """Route every block's norms (their ``norm_act``, basic_diffusion) through :func:`fused_norm_act` when the built
+    extension has the backward op; returns how many blocks. ``float32_softmax``: the attention blocks' bf16 path
+    (torch's CPU flash attention is slow to differentiate in bf16). The state dict is unchanged."""
+    blocks = [module for module in model.modules() if hasattr(module, "norm_act")]
+    if not blocks or not norm_training_available():
+        return 0
+    for module in blocks:
+        module.norm_act = fused_norm_act
+    for module in model.modules():
+        if float32_softmax and hasattr(module, "float32_softmax"):
+            module.float32_softmax = True
+    return len(blocks)

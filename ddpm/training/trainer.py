@@ -37,7 +37,7 @@ from ddpm.conditioning import DEFAULT_GUIDANCE, MAX_CLASS_NAME, Guidance, labels
 from ddpm.data.datasets import ImageSet
 from ddpm.data.image_files import save_grid
 from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
-from ddpm.kernels.ops import use_seeded_dropout
+from ddpm.kernels.ops import norm_training_available, use_fused_norms, use_seeded_dropout
 from ddpm.latent.autoencoder import FirstStage, clips_x0
 from ddpm.outputs import previews_folder
 from ddpm.requests import own_sampling
@@ -105,6 +105,10 @@ class TrainConfig:
     # Channels-last activations on a CPU in fp32, where oneDNN's convolutions train faster on them (in bf16 they train
     # slower: BENCHMARKS.md, "The training step against its peers"); off only to measure their effect.
     cpu_channels_last: bool = True
+    # Channels-last CPU runs route every block's GroupNorm, scale-shift and SiLU through the extension's fused op and
+    # its backward (kernels/ops.fused_norm_act; BENCHMARKS.md, "The training step against its peers"); off only to
+    # measure its effect.
+    cpu_fused_norms: bool = True
     # A CPU's 3x3 convolutions in Winograd's domain (training/winograd.py): a benchmark row, not a default.
     winograd_convs: bool = False
     world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
@@ -160,13 +164,22 @@ def check_warmup(warmup_steps: int | None, *, run_steps: int | None, run: str | 
 
 
 def trains_channels_last(device: torch.device, config: TrainConfig, *, dims: int = 2) -> bool:
-    """Whether a run of ``config`` on ``device`` keeps its 2-D activations channels-last: on CUDA with the fast path,
-    on a CPU in fp32 (module-level, so that the training benchmark names what its default row runs)."""
+    """Whether a run of ``config`` on ``device`` keeps its 2-D activations channels-last: on CUDA with the fast path;
+    on a CPU in fp32, and in bf16 eagerly through the fused norms (PyTorch's own channels-last GroupNorm is slow in
+    bf16). Module-level, so that the training benchmark names what its default row runs."""
     if dims != 2:
         return False
     if device.type == "cuda":
         return config.cuda_fast_path
-    return device.type == "cpu" and config.cpu_channels_last and config.precision == "fp32"
+    if device.type != "cpu" or not config.cpu_channels_last:
+        return False
+    return config.precision == "fp32" or (config.precision == "bf16" and trains_fused_norms(device, config))
+
+
+def trains_fused_norms(device: torch.device, config: TrainConfig) -> bool:
+    """Whether a CPU run of ``config`` trains through the extension's fused norms (eager runs whose extension has
+    the backward op; compiled runs fuse their own)."""
+    return device.type == "cpu" and config.cpu_fused_norms and not config.compile and norm_training_available()
 
 
 class Trainer:
@@ -212,6 +225,8 @@ class Trainer:
             # kernel and the next step page-faults them in again (util/memory.py).
             keep_freed_memory()
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+        if self.device.type == "cpu" and not config.compile:
+            self._use_fused_norms(nhwc=nhwc)
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
         # Fused AdamW: one kernel per tensor instead of ~10 per-tensor ops each
         # (BENCHMARKS.md, "A faster CPU training step").
@@ -234,8 +249,8 @@ class Trainer:
         self.forward = wrapped
         self.compile_trial = None  # settled by the first step
         if config.compile:  # eager after a failed compile: with the CPU's seeded dropout, as without --compile
-            seeded = self.device.type == "cpu"
-            self.compile_trial = CompileTrial(wrapped, on_fallback=lambda: seeded and use_seeded_dropout(self.model))
+            cpu = self.device.type == "cpu"
+            self.compile_trial = CompileTrial(wrapped, on_fallback=lambda: cpu and self._eager_fallback(nhwc=nhwc))
             self.forward = self.compile_trial.compiled
         self.stop_requested = False  # a rank was asked to stop (Ctrl-C, SIGTERM): every rank stops after this step
         self.step = 0
@@ -346,6 +361,17 @@ class Trainer:
                 images = self.first_stage.decoder(images)  # latents -> (n, C, H, W) images (loaded on self.device)
         path = self.config.samples_dir / f"step_{self.step:07d}.png"
         return save_grid(images, path, columns=columns)
+
+    def _use_fused_norms(self, *, nhwc: bool) -> None:
+        """An eager channels-last CPU step's norms through the extension (GroupNorm, scale-shift and SiLU in one pass
+        each way): the model's only, after the EMA's copy, which exports and previews read as the plain U-Net."""
+        if nhwc and self.config.cpu_fused_norms:
+            use_fused_norms(self.model, float32_softmax=self.config.precision == "bf16")
+
+    def _eager_fallback(self, *, nhwc: bool) -> None:
+        """What a failed --compile's eager step trains through on a CPU: as an eager run's."""
+        use_seeded_dropout(self.model)
+        self._use_fused_norms(nhwc=nhwc)
 
     # ----- the loop ------------------------------------------------------------------------------
     @property

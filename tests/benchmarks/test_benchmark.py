@@ -184,15 +184,15 @@ def test_peak_rss_sees_an_allocation():
 
 TRAINING_ROWS = [
     "fp32 eager",
-    "default: fp32+channels-last eager",  # the suite keeps --precision auto at fp32 on a CPU (DDPM_NATIVE_BF16=0)
+    "default: fp32+channels-last+fused norms eager",  # the suite keeps --precision auto at fp32 on a CPU
     "diffusers UNet2DModel fp32 eager",
     "fp32 compile",
-    "fp32 eager channels-last",
+    "fp32 eager+channels-last+fused norms",
     "fp32 channels-last, Winograd 3x3",
-    "bf16 eager",
+    "bf16+channels-last+fused norms eager",
     "bf16 compile",
     "fp32 eager, grad checkpoint",
-    "bf16 eager, grad checkpoint",
+    "bf16+channels-last+fused norms eager, grad checkpoint",
     "fp32 eager, t: importance",
     "fp32 eager, t: topk",
     "fp32 eager, t: speed",

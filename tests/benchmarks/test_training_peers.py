@@ -10,6 +10,7 @@ from helpers import run_here, tiny_unet_config
 
 from basic_diffusion import UNet
 from ddpm.benchmarks import training_bench
+from ddpm.kernels import ops
 from noise_schedule import ScheduleConfig
 
 
@@ -28,7 +29,9 @@ def test_the_default_row_trains_in_the_precision_train_would_pick(monkeypatch, n
     }
     name, fields = rows["default"]
     assert fields["precision"] == precision and not fields["compile"]
-    layout = "+channels-last" if precision == "fp32" else ""  # the CPU trains fp32 on channels-last activations
+    # The CPU trains channels-last in fp32, and in bf16 where the extension's fused norms train it.
+    fused = ops.norm_training_available()
+    layout = "+channels-last" + ("+fused norms" if fused else "") if precision == "fp32" or fused else ""
     assert name == f"default: {precision}{layout} eager"
     assert {"default", "diffusers"} <= set(training_bench.variant_keys())
 
