@@ -123,36 +123,10 @@ def _register_fakes() -> None:
         return x.new_empty((16, x.shape[1], grad_out.shape[1]))
 
 
-_GN_OP = "diffusion_kernels::group_norm_act"
-
-
 def _register_norm_training() -> None:
-    """group_norm_act's autograd formula on a CPU (its backward op) and the backward's fake kernel, registered as
-    the extension loads; the concatenated ``x2`` and ``x_bias`` have no gradient (training passes neither)."""
+    """The fake kernel of group_norm_act's backward op (for torch.compile), registered as the extension loads."""
     if not hasattr(torch.ops.diffusion_kernels, "group_norm_act_backward"):  # a build older than the op
         return
-
-    def setup_context(ctx, inputs, keyword_only_inputs, output):
-        x, x2, weight, bias, x_bias, scale, shift = inputs
-        if x2 is not None or x_bias is not None:
-            ctx.unsupported = True
-            return
-        ctx.unsupported = False
-        ctx.save_for_backward(x, weight, bias, scale, shift)
-        ctx.options = keyword_only_inputs  # groups, eps, silu
-
-    def backward(ctx, grad):
-        if ctx.unsupported:
-            raise NotImplementedError("group_norm_act has no gradient with x2 or x_bias: concatenate and add first")
-        x, weight, bias, scale, shift = ctx.saved_tensors
-        dx, dweight, dbias, dscale, dshift = torch.ops.diffusion_kernels.group_norm_act_backward(
-            grad.contiguous(memory_format=torch.channels_last), x, weight, bias, scale, shift, **ctx.options
-        )
-        if scale is None:
-            dscale = dshift = None
-        return dx, None, dweight, dbias, None, dscale, dshift
-
-    torch.library.register_autograd(_GN_OP, backward, setup_context=setup_context)
 
     @torch.library.register_fake("diffusion_kernels::group_norm_act_backward")
     def _fake(grad, x, weight, bias, scale, shift, *, groups, eps, silu):
@@ -164,6 +138,47 @@ def _register_norm_training() -> None:
             weight.new_empty((rows, x.shape[1])),
             weight.new_empty((rows, x.shape[1])),
         )
+
+
+class _GroupNormAct(torch.autograd.Function):
+    """group_norm_act with its gradients by the backward op. An autograd.Function rather than a formula registered
+    on the op, so that the sampling runner's calls (no gradients) keep the op's bare dispatch."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale, shift, groups: int, eps: float, silu: bool):
+        ctx.save_for_backward(x, weight, bias, scale, shift)
+        ctx.options = dict(groups=groups, eps=eps, silu=silu)
+        return torch.ops.diffusion_kernels.group_norm_act(
+            x, None, weight, bias, None, scale, shift, groups=groups, eps=eps, silu=silu
+        )
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, scale, shift = ctx.saved_tensors
+        dx, dweight, dbias, dscale, dshift = torch.ops.diffusion_kernels.group_norm_act_backward(
+            grad.contiguous(memory_format=torch.channels_last), x, weight, bias, scale, shift, **ctx.options
+        )
+        if scale is None:
+            dscale = dshift = None
+        return dx, dweight, dbias, dscale, dshift, None, None, None
+
+
+def group_norm_act_trainable(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    groups: int,
+    eps: float = 1e-5,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    silu: bool = True,
+) -> torch.Tensor:
+    """:func:`group_norm_act` (no x2, no x_bias) with gradients for x, weight, bias, scale and shift, on a CPU:
+    x (B, C, H, W) channels-last float32 or bfloat16, the rest float32."""
+    if _loaded_from is None:
+        load_extension()
+    return _GroupNormAct.apply(x, weight, bias, scale, shift, groups, eps, silu)
 
 
 def fused_norm_act(
@@ -179,16 +194,14 @@ def fused_norm_act(
     made channels-last, the layout the backward takes; scale and shift (B, C) are read in float32."""
     if scale is not None:
         scale, shift = scale.float(), shift.float()
-    return torch.ops.diffusion_kernels.group_norm_act(
+    return group_norm_act_trainable(
         x.contiguous(memory_format=torch.channels_last),
-        None,
         norm.weight,
         norm.bias,
-        None,
-        scale,
-        shift,
         groups=norm.num_groups,
         eps=norm.eps,
+        scale=scale,
+        shift=shift,
         silu=silu,
     )
 
