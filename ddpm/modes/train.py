@@ -309,7 +309,8 @@ def new_trainer(request: TrainRequest):
         f"training {count_parameters(trainer.model) / 1e6:.2f}M-parameter U-Net on {len(images)} {spec.dataset} "
         f"{what} ({'x'.join(map(str, model_config.sample_shape(1)[1:]))}) "
         f"for {total} steps on {device.type}, {request.precision}"
-        f"{on_ranks(config)}"
+        + (f", {trainer.step_layout}" if trainer.step_layout else "")
+        + f"{on_ranks(config)}"
         + (f", starting from {request.init_from}" if start is not None else "")
         + (
             f", conditioned on {len(images.class_names)} classes ({config.cond_drop:.0%} of labels dropped)"

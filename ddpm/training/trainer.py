@@ -225,6 +225,7 @@ class Trainer:
             # kernel and the next step page-faults them in again (util/memory.py).
             keep_freed_memory()
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.fused_norms = False  # the blocks' norms through the extension's op (set below, or by a failed compile)
         if self.device.type == "cpu" and not config.compile:
             self._use_fused_norms(nhwc=nhwc)
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
@@ -366,12 +367,20 @@ class Trainer:
         """An eager channels-last CPU step's norms through the extension (GroupNorm, scale-shift and SiLU in one pass
         each way): the model's only, after the EMA's copy, which exports and previews read as the plain U-Net."""
         if nhwc and self.config.cpu_fused_norms:
-            use_fused_norms(self.model, float32_softmax=self.config.precision == "bf16")
+            self.fused_norms = use_fused_norms(self.model, float32_softmax=self.config.precision == "bf16") > 0
 
     def _eager_fallback(self, *, nhwc: bool) -> None:
         """What a failed --compile's eager step trains through on a CPU: as an eager run's."""
         use_seeded_dropout(self.model)
         self._use_fused_norms(nhwc=nhwc)
+
+    @property
+    def step_layout(self) -> str:
+        """What the run's first line says of the step beyond its precision: "channels-last", "channels-last with
+        fused norms", or "" (NCHW)."""
+        if self.memory_format != torch.channels_last:
+            return ""
+        return "channels-last with fused norms" if self.fused_norms else "channels-last"
 
     # ----- the loop ------------------------------------------------------------------------------
     @property

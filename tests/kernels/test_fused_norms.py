@@ -132,6 +132,8 @@ def test_the_cpu_trainer_takes_the_same_steps_through_the_fused_norms(tmp_path, 
         trainer = make_trainer(tmp_path / folder, total_steps=4)  # seeds torch: the same weights and noise
         monkeypatch.undo()
         assert all((m.norm_act is fused_norm_act) == fused for m in trainer.model.modules() if hasattr(m, "norm_act"))
+        assert trainer.step_layout == ("channels-last with fused norms" if fused else "channels-last")  # its line
+        assert all(m.norm_act is basic_diffusion.norm_act for m in trainer.ema.modules() if hasattr(m, "norm_act"))
         perturb_zero_init(trainer.model, seed=0, std=0.05)
         for layer in trainer.model.modules():  # no dropout: its mask would follow the step's other draws
             if isinstance(layer, SeededDropout):
