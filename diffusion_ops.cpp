@@ -1079,16 +1079,21 @@ int64_t winograd_block_tiles(int64_t products, int64_t cin, int64_t cout, int64_
   return std::max(in_cache, std::min<int64_t>(48, share / 6 * 6));
 }
 
-// M[r][0, L * Q) = sum over c < K of V[r][c] * U[c][0, L * Q) for R rows, L the lanes of Vec (16 floats for AVX-512,
-// 8 for AVX2): R * Q accumulators in registers.
-template <int R, int Q, typename Vec = Vec16>
+// M[r][0, L * Q) (+)= sum over c < K of V[r][c] * U[c][0, L * Q) for R rows, L the lanes of Vec (16 floats for
+// AVX-512, 8 for AVX2): R * Q accumulators in registers. kTransposedV: V[r][c] lies at V[c * ldv + r] (the weight
+// gradient's tiles-by-channels V read down its columns); kAccumulate: the sums start from M instead of zero.
+template <int R, int Q, typename Vec = Vec16, bool kTransposedV = false, bool kAccumulate = false>
 inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __restrict__ V, int64_t ldv,
     const float* __restrict__ U, int64_t ldu, int64_t K, float* __restrict__ M, int64_t ldm) {
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   Vec acc[R][Q];
   for (int r = 0; r < R; ++r) {
     for (int q = 0; q < Q; ++q) {
-      acc[r][q] = Vec{};
+      if constexpr (kAccumulate) {
+        std::memcpy(&acc[r][q], M + r * ldm + L * q, sizeof(Vec));
+      } else {
+        acc[r][q] = Vec{};
+      }
     }
   }
   for (int64_t c = 0; c < K; ++c) {
@@ -1097,7 +1102,7 @@ inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __res
       std::memcpy(&u[q], U + c * ldu + L * q, sizeof(Vec));
     }
     for (int r = 0; r < R; ++r) {
-      const Vec v = Vec{} + V[r * ldv + c];
+      const Vec v = Vec{} + V[kTransposedV ? c * ldv + r : r * ldv + c];
       for (int q = 0; q < Q; ++q) {
         acc[r][q] += v * u[q];
       }
@@ -1111,25 +1116,25 @@ inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __res
 }
 
 // winograd_gemm_tile for q <= QMAX vectors of Vec (the last block of a layer may be narrower).
-template <int R, typename Vec = Vec16, int QMAX = 4>
+template <int R, typename Vec = Vec16, int QMAX = 4, bool kTransposedV = false, bool kAccumulate = false>
 inline __attribute__((always_inline)) void winograd_gemm_rows(int64_t q, const float* V, int64_t ldv, const float* U,
     int64_t ldu, int64_t K, float* M, int64_t ldm) {
   if constexpr (QMAX >= 4) {
     if (q == 4) {
-      return winograd_gemm_tile<R, 4, Vec>(V, ldv, U, ldu, K, M, ldm);
+      return winograd_gemm_tile<R, 4, Vec, kTransposedV, kAccumulate>(V, ldv, U, ldu, K, M, ldm);
     }
   }
   if constexpr (QMAX >= 3) {
     if (q == 3) {
-      return winograd_gemm_tile<R, 3, Vec>(V, ldv, U, ldu, K, M, ldm);
+      return winograd_gemm_tile<R, 3, Vec, kTransposedV, kAccumulate>(V, ldv, U, ldu, K, M, ldm);
     }
   }
   if constexpr (QMAX >= 2) {
     if (q == 2) {
-      return winograd_gemm_tile<R, 2, Vec>(V, ldv, U, ldu, K, M, ldm);
+      return winograd_gemm_tile<R, 2, Vec, kTransposedV, kAccumulate>(V, ldv, U, ldu, K, M, ldm);
     }
   }
-  winograd_gemm_tile<R, 1, Vec>(V, ldv, U, ldu, K, M, ldm);
+  winograd_gemm_tile<R, 1, Vec, kTransposedV, kAccumulate>(V, ldv, U, ldu, K, M, ldm);
 }
 
 // The operands of one conv3x3_winograd call. x and out hold float32, or bfloat16 (bits as uint16_t) for the bf16
@@ -1582,46 +1587,6 @@ inline __attribute__((always_inline)) void winograd_output_adjoint(
   }
 }
 
-// dU[ci + r][co + 16 q] += sum over t < n of V[t][ci + r] * dM[t][co + 16 q] for R rows and Q vectors of 16.
-template <int R, int Q>
-inline __attribute__((always_inline)) void winograd_grad_tile(const float* __restrict__ V, int64_t cin,
-    const float* __restrict__ dM, int64_t cout, int64_t n, float* __restrict__ dU) {
-  Vec16 acc[R][Q];
-  for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < Q; ++q) {
-      acc[r][q] = load16(dU + r * cout + 16 * q);
-    }
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    Vec16 m[Q];
-    for (int q = 0; q < Q; ++q) {
-      m[q] = load16(dM + t * cout + 16 * q);
-    }
-    for (int r = 0; r < R; ++r) {
-      const Vec16 v = Vec16{} + V[t * cin + r];
-      for (int q = 0; q < Q; ++q) {
-        acc[r][q] += v * m[q];
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < Q; ++q) {
-      store16(dU + r * cout + 16 * q, acc[r][q]);
-    }
-  }
-}
-
-template <int R>
-inline __attribute__((always_inline)) void winograd_grad_rows(int64_t q, const float* V, int64_t cin, const float* dM,
-    int64_t cout, int64_t n, float* dU) {
-  switch (q) {
-    case 4: winograd_grad_tile<R, 4>(V, cin, dM, cout, n, dU); break;
-    case 3: winograd_grad_tile<R, 3>(V, cin, dM, cout, n, dU); break;
-    case 2: winograd_grad_tile<R, 2>(V, cin, dM, cout, n, dU); break;
-    default: winograd_grad_tile<R, 1>(V, cin, dM, cout, n, dU); break;
-  }
-}
-
 // Tiles [t0, t0 + n): V and dM of the block, then dU (16, Cin, Cout) += V[k]^T dM[k] for each product k.
 DIFFUSION_KERNELS_FMA_CLONES
 void winograd_grad_tiles(const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n,
@@ -1640,10 +1605,12 @@ void winograd_grad_tiles(const WinogradConv& a, const float* __restrict__ gy, in
       const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
       int64_t ci = 0;
       for (; ci + 6 <= cin; ci += 6) {
-        winograd_grad_rows<6>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co);
+        // dU[ci + r][co..] += sum over tiles t of V[t][ci + r] * dM[t][co..]: the forward's GEMM tile, V read down
+        // its columns, the sums continued from dU.
+        winograd_gemm_rows<6, Vec16, 4, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
       }
       for (; ci < cin; ++ci) {
-        winograd_grad_rows<1>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co);
+        winograd_gemm_rows<1, Vec16, 4, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
       }
     }
   }
