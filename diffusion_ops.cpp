@@ -1013,21 +1013,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
   TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type() && grad.is_contiguous(cl),
       "group_norm_act_backward: grad must be a channels-last tensor of x's size and dtype, got ", grad.scalar_type(), " ",
       grad.sizes(), " with strides ", grad.strides());
-  at::Tensor unused;
-  // The forward's checks of weight, bias, scale and shift (the same arguments), and its output's shape.
-  const GroupNormAct a = prepare_group_norm_act(x, std::nullopt, weight, bias, std::nullopt, scale, shift, groups, eps, silu, &unused);
+  // The forward's checks of weight, bias, scale and shift (the same arguments); its output, x's shape, dtype and
+  // layout, is dx.
+  at::Tensor dx;
+  const GroupNormAct a = prepare_group_norm_act(x, std::nullopt, weight, bias, std::nullopt, scale, shift, groups, eps, silu, &dx);
   const int64_t B = x.size(0), C = x.size(1);
-  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(cl));
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor dscale = at::empty({scale.has_value() ? B : 0, C}, f32), dshift = at::empty({scale.has_value() ? B : 0, C}, f32);
   std::vector<float> per_sample(B * 2 * C);
-  if (x.scalar_type() == at::kFloat) {
-    group_norm_act_backward_impl<float>(grad, x, a.weight, a.bias, a.scale, a.shift, a.modulation_stride, groups, a.eps,
-        silu, dx, dscale.mutable_data_ptr<float>(), dshift.mutable_data_ptr<float>(), per_sample.data());
-  } else {
-    group_norm_act_backward_impl<c10::BFloat16>(grad, x, a.weight, a.bias, a.scale, a.shift, a.modulation_stride, groups,
+  auto run = [&](auto tag) {
+    group_norm_act_backward_impl<decltype(tag)>(grad, x, a.weight, a.bias, a.scale, a.shift, a.modulation_stride, groups,
         a.eps, silu, dx, dscale.mutable_data_ptr<float>(), dshift.mutable_data_ptr<float>(), per_sample.data());
-  }
+  };
+  x.scalar_type() == at::kFloat ? run(float{}) : run(c10::BFloat16{});
   // dbias and dweight: the samples' terms summed in order (the same bits whatever the threads).
   at::Tensor dweight = at::zeros({C}, f32), dbias = at::zeros({C}, f32);
   float* dw = dweight.mutable_data_ptr<float>();
