@@ -206,13 +206,19 @@ def fused_norm_act(
     )
 
 
-def norm_training_available() -> bool:
-    """Whether the built extension trains through group_norm_act (its backward op; no JIT compile here)."""
+def built_has_op(name: str) -> bool:
+    """Whether the built extension has op ``name``, without a JIT compile (a trainer without it keeps PyTorch's
+    modules; a build older than the op has not)."""
     try:
         load_extension(allow_jit=False)
     except ExtensionUnavailableError:
         return False
-    return hasattr(torch.ops.diffusion_kernels, "group_norm_act_backward")
+    return hasattr(torch.ops.diffusion_kernels, name)
+
+
+def norm_training_available() -> bool:
+    """Whether the built extension trains through group_norm_act (its backward op)."""
+    return built_has_op("group_norm_act_backward")
 
 
 # ----- Op wrappers --------------------------------------------------------------------------------
@@ -415,12 +421,8 @@ _SEED_BOUND = 2**62  # seeds are drawn in [0, 2^62): any int64 works; this keeps
 
 
 def seeded_dropout_available() -> bool:
-    """Whether the built extension has the op (no JIT compile here: a trainer without it keeps nn.Dropout)."""
-    try:
-        load_extension(allow_jit=False)
-    except ExtensionUnavailableError:
-        return False
-    return hasattr(torch.ops.diffusion_kernels, "seeded_dropout")  # False for a build older than the op
+    """Whether the built extension has seeded dropout (a trainer without it keeps nn.Dropout)."""
+    return built_has_op("seeded_dropout")
 
 
 def _register_dropout() -> None:
