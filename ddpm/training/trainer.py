@@ -102,8 +102,8 @@ class TrainConfig:
     preview_samples: int = 64
     preview_steps: int = 100  # respaced ancestral DDPM: robust early in training, when ODE samplers stay noisy
     cuda_fast_path: bool = True  # fused AdamW and channels-last on CUDA (off only to measure their effect)
-    # Channels-last activations on a CPU in fp32, where oneDNN's convolutions train faster on them (in bf16 they train
-    # slower: BENCHMARKS.md, "The training step against its peers"); off only to measure their effect.
+    # Channels-last CPU activations, fp32's and (with the fused norms below) bf16's: oneDNN trains faster on them;
+    # off only to measure their effect (BENCHMARKS.md, "The training step against its peers").
     cpu_channels_last: bool = True
     # Channels-last CPU runs route every block's GroupNorm, scale-shift and SiLU through the extension's fused op and
     # its backward (kernels/ops.fused_norm_act; BENCHMARKS.md, "The training step against its peers"); off only to
@@ -226,7 +226,7 @@ class Trainer:
             keep_freed_memory()
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.fused_norms = False  # the blocks' norms through the extension's op (set below, or by a failed compile)
-        if self.device.type == "cpu" and not config.compile:
+        if not config.compile:
             self._use_fused_norms(nhwc=nhwc)
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
         # Fused AdamW: one kernel per tensor instead of ~10 per-tensor ops each
@@ -366,8 +366,9 @@ class Trainer:
     def _use_fused_norms(self, *, nhwc: bool) -> None:
         """An eager channels-last CPU step's norms through the extension (GroupNorm, scale-shift and SiLU in one pass
         each way): the model's only, after the EMA's copy, which exports and previews read as the plain U-Net."""
-        if nhwc and self.config.cpu_fused_norms:
-            self.fused_norms = use_fused_norms(self.model, float32_softmax=self.config.precision == "bf16") > 0
+        eager = replace(self.config, compile=False)  # after a failed --compile too
+        if nhwc and trains_fused_norms(self.device, eager):
+            self.fused_norms = use_fused_norms(self.model, float32_softmax=eager.precision == "bf16") > 0
 
     def _eager_fallback(self, *, nhwc: bool) -> None:
         """What a failed --compile's eager step trains through on a CPU: as an eager run's."""
@@ -376,8 +377,7 @@ class Trainer:
 
     @property
     def step_layout(self) -> str:
-        """What the run's first line says of the step beyond its precision: "channels-last", "channels-last with
-        fused norms", or "" (NCHW)."""
+        """The run's first line on the step's layout: "channels-last", "channels-last with fused norms" or "" (NCHW)."""
         if self.memory_format != torch.channels_last:
             return ""
         return "channels-last with fused norms" if self.fused_norms else "channels-last"
