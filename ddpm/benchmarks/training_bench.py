@@ -37,18 +37,21 @@ def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[st
     (--precision auto for images of ``pixels``, resolved as train resolves it), and ``diffusers``, diffusers'
     UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
+    from ddpm.training import winograd
     from ddpm.training.trainer import TrainConfig, trains_channels_last, trains_fused_norms
 
     fast = "+fused AdamW+channels-last" if device.type == "cuda" else ""
-    eager = dict(precision="fp32", compile=False, cuda_fast_path=False, cpu_channels_last=False)
+    eager = dict(precision="fp32", compile=False, cuda_fast_path=False, cpu_channels_last=False, winograd_convs=False)
     mixed = dict(precision=amp, compile=False, cuda_fast_path=True)
     auto = resolve("auto", purpose="training", device=device, pixels=pixels)
 
-    def cpu_layout(precision: str) -> str:  # what an eager CPU run of this precision adds
-        config = TrainConfig(precision=precision)
+    def cpu_layout(precision: str, **fields) -> str:  # what an eager CPU run of this precision adds
+        config = TrainConfig(precision=precision, **fields)
         if device.type != "cpu" or not trains_channels_last(device, config):
             return ""
-        return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "")
+        side = winograd.faster_from() if precision == "fp32" and config.winograd_convs else None
+        convs = "" if side is None else "+Winograd" + (f" from {side}x{side}" if side > 1 else "")
+        return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "") + convs
 
     return [
         ("fp32", "fp32 eager", eager),
@@ -61,10 +64,9 @@ def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[st
         ("fp32_compile", "fp32 compile", dict(eager, compile=True)),
         (
             "fp32_nhwc",
-            f"fp32 eager{cpu_layout('fp32') or ' channels-last'}",
+            f"fp32 eager{cpu_layout('fp32', winograd_convs=False) or ' channels-last'}",
             dict(eager, cpu_channels_last=True, cuda_fast_path=True),
         ),
-        ("fp32_winograd", "fp32 channels-last, Winograd 3x3", dict(eager, cpu_channels_last=True, winograd_convs=True)),
         ("amp", f"{amp}{fast or cpu_layout(amp)} eager", mixed),
         ("amp_compile", f"{amp}{fast} compile", dict(mixed, compile=True)),
         ("fp32_checkpoint", "fp32 eager, grad checkpoint", dict(eager, grad_checkpoint=True)),

@@ -420,7 +420,7 @@ def _benchmark() -> tuple[Flag, ...]:
             default="all",
             help="comma-separated rows to run: the sampling rows (ddpm/benchmarks/rows.py; default all; "
             "original always runs: it is the reference); with --bench training, from fp32,default,diffusers,"
-            "fp32_compile,fp32_nhwc,fp32_winograd,amp,amp_compile,fp32_checkpoint,amp_checkpoint,t_<sampler> (fp32 "
+            "fp32_compile,fp32_nhwc,amp,amp_compile,fp32_checkpoint,amp_checkpoint,t_<sampler> (fp32 "
             "always runs)",
         ),
     )

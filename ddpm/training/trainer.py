@@ -1,21 +1,20 @@
 """Training a DDPM: AdamW, warm-up + cosine LR, gradient clipping, EMA, mixed precision, checkpoints.
 
-The loop is step-based. The batch of step ``k`` is a function of (seed, k) (see data/datasets.py), and
-every other source of randomness (timesteps, noise, dropout) lives in states the checkpoint
-keeps, so ``--resume`` continues a run exactly: on a CPU, the same loss curve to the bit.
+The loop is step-based. The batch of step ``k`` is a function of (seed, k) (see data/datasets.py), and every other
+source of randomness (timesteps, noise, dropout) lives in states the checkpoint keeps, so ``--resume`` continues a run
+exactly: on a CPU, the same loss curve to the bit.
 
-Under torchrun (distributed.py) every rank draws the whole global batch's timesteps and noise from
-the same generator and keeps its own rows; DistributedDataParallel averages the gradients, so N
-ranks take the same steps as one process with the same global batch (to float rounding, and
-without dropout: dropout masks are drawn per rank for its rows, not for the global batch), and a
-checkpoint resumes on any number of ranks. Rank 0 alone writes checkpoints, grids and the progress bar.
+Under torchrun (distributed.py) every rank draws the whole global batch's timesteps and noise from the same generator
+and keeps its own rows; DistributedDataParallel averages the gradients, so N ranks take the same steps as one process
+with the same global batch (to float rounding, and without dropout, whose masks each rank draws for its own rows), and
+a checkpoint resumes on any number of ranks. Rank 0 alone writes checkpoints, grids and the progress bar.
 
     trainer = Trainer(train_config, model_config, schedule_config, images=images, device="cpu")
     trainer.run()   # -> writes the checkpoint and sample grids as configured
 
-Distillation (training/distill.py) is another objective of the same loop: ``objective=`` replaces the
-images and the diffusion loss with a student's regression onto its teacher's trajectories; everything
-else (optimizer, schedule, EMA, clipping, precision, checkpoints, resume, signals, curves, ranks) is shared.
+Distillation (training/distill.py) is another objective of the same loop: ``objective=`` replaces the images and the
+diffusion loss with a student's regression onto its teacher's trajectories; everything else (optimizer, schedule, EMA,
+clipping, precision, checkpoints, resume, signals, curves, ranks) is shared.
 """
 
 from __future__ import annotations
@@ -41,9 +40,9 @@ from ddpm.kernels.ops import norm_training_available, use_fused_norms, use_seede
 from ddpm.latent.autoencoder import FirstStage, clips_x0
 from ddpm.outputs import previews_folder
 from ddpm.requests import own_sampling
+from ddpm.training import winograd
 from ddpm.training.compiled import CompileTrial
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, lr_factor, make_timestep_sampler
-from ddpm.training.winograd import use_winograd_convs
 from ddpm.util import distributed, messages
 from ddpm.util.distributed import Ranks
 from ddpm.util.memory import keep_freed_memory
@@ -102,15 +101,13 @@ class TrainConfig:
     preview_samples: int = 64
     preview_steps: int = 100  # respaced ancestral DDPM: robust early in training, when ODE samplers stay noisy
     cuda_fast_path: bool = True  # fused AdamW and channels-last on CUDA (off only to measure their effect)
-    # Channels-last CPU activations, fp32's and (with the fused norms below) bf16's: oneDNN trains faster on them;
-    # off only to measure their effect (BENCHMARKS.md, "The training step against its peers").
+    # A CPU's faster step, each off only to measure its effect (BENCHMARKS.md, "The training step against its peers"):
+    # channels-last activations (fp32's, and bf16's with the fused norms); every block's GroupNorm, scale-shift and
+    # SiLU through the extension's fused op and its backward (kernels/ops.fused_norm_act); fp32's 3x3 convolutions
+    # in Winograd's domain on the maps where this CPU computes them faster (training/winograd.faster_from).
     cpu_channels_last: bool = True
-    # Channels-last CPU runs route every block's GroupNorm, scale-shift and SiLU through the extension's fused op and
-    # its backward (kernels/ops.fused_norm_act; BENCHMARKS.md, "The training step against its peers"); off only to
-    # measure its effect.
     cpu_fused_norms: bool = True
-    # A CPU's 3x3 convolutions in Winograd's domain (training/winograd.py): a benchmark row, not a default.
-    winograd_convs: bool = False
+    winograd_convs: bool = True
     world_size: int = 1  # processes training together (torchrun); batch_size is the global batch
     cond_drop: float = 0.1  # class-conditional models: share of labels replaced by the null label
     grad_checkpoint: bool = False  # recompute the residual blocks' activations in the backward pass (less memory)
@@ -219,15 +216,13 @@ class Trainer:
             # torch's CPU dropout draws one variable at a time (kernels/ops.SeededDropout is cheaper); compiled, the
             # op's integer seed would break the graph and vary its shapes each step, and Inductor fuses its own.
             use_seeded_dropout(self.model)
-            if config.winograd_convs:
-                use_winograd_convs(self.model)
             # Every step frees and reallocates the same activations: without this, glibc hands them back to the
             # kernel and the next step page-faults them in again (util/memory.py).
             keep_freed_memory()
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
-        self.fused_norms = False  # the blocks' norms through the extension's op (set below, or by a failed compile)
+        self.fused_norms, self.winograd = False, ""  # what _use_cpu_kernels swapped in (or a failed compile's fallback)
         if not config.compile:
-            self._use_fused_norms(nhwc=nhwc)
+            self._use_cpu_kernels(nhwc=nhwc)
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
         # Fused AdamW: one kernel per tensor instead of ~10 per-tensor ops each
         # (BENCHMARKS.md, "A faster CPU training step").
@@ -363,24 +358,29 @@ class Trainer:
         path = self.config.samples_dir / f"step_{self.step:07d}.png"
         return save_grid(images, path, columns=columns)
 
-    def _use_fused_norms(self, *, nhwc: bool) -> None:
+    def _use_cpu_kernels(self, *, nhwc: bool) -> None:
         """An eager channels-last CPU step's norms through the extension (GroupNorm, scale-shift and SiLU in one pass
-        each way): the model's only, after the EMA's copy, which exports and previews read as the plain U-Net."""
+        each way) and, in fp32, its 3x3 convolutions in Winograd's domain on the maps where this CPU computes them
+        faster: the model's only, after the EMA's copy, which exports and previews read as the plain U-Net."""
         eager = replace(self.config, compile=False)  # after a failed --compile too
         if nhwc and trains_fused_norms(self.device, eager):
             self.fused_norms = use_fused_norms(self.model, float32_softmax=eager.precision == "bf16") > 0
+        side = winograd.faster_from() if eager.winograd_convs and eager.precision == "fp32" else None
+        if nhwc and self.device.type == "cpu" and side is not None:
+            self.winograd = winograd.describe(side) if winograd.use_winograd_convs(self.model, side=side) else ""
 
     def _eager_fallback(self, *, nhwc: bool) -> None:
         """What a failed --compile's eager step trains through on a CPU: as an eager run's."""
         use_seeded_dropout(self.model)
-        self._use_fused_norms(nhwc=nhwc)
+        self._use_cpu_kernels(nhwc=nhwc)
 
     @property
     def step_layout(self) -> str:
-        """The run's first line on the step's layout: "channels-last", "channels-last with fused norms" or "" (NCHW)."""
+        """The run's first line on the step's layout, e.g. "channels-last with fused norms", "" for NCHW."""
         if self.memory_format != torch.channels_last:
             return ""
-        return "channels-last with fused norms" if self.fused_norms else "channels-last"
+        layout = "channels-last with fused norms" if self.fused_norms else "channels-last"
+        return f"{layout}, {self.winograd}" if self.winograd else layout
 
     # ----- the loop ------------------------------------------------------------------------------
     @property

@@ -11,6 +11,8 @@ memory without reorders.
 
     from ddpm.training.winograd import use_winograd_convs
     use_winograd_convs(model)   # -> the number of nn.Conv2d modules now trained in Winograd's domain
+
+The trainer swaps them in for fp32 channels-last CPU runs wherever :func:`faster_from` says this CPU trains them faster.
 """
 
 from __future__ import annotations
@@ -24,6 +26,26 @@ from ddpm.kernels import ops
 # kernel's 16 products from its 9 taps in one GEMM over all (Cout, Cin) pairs, and back for the gradient.
 _G = torch.tensor(ops.WINOGRAD_G)
 _GG = torch.kron(_G, _G)  # _GG[4a + b, 3i + j] = G[a, i] G[b, j]
+
+
+# The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
+# AVX2's GEMM wins at every map, AVX-512's from 14x14 on (BENCHMARKS.md, "The training step against its peers").
+_MIN_SIDE = {"AVX2": 1, "AVX512": 14}
+
+
+def faster_from() -> int | None:
+    """The side of the smallest feature map whose fp32 3x3 convolutions this CPU trains faster in Winograd's domain
+    (by the capability ATen runs, as the sampling runner's choice reads it); None where oneDNN's are faster
+    everywhere (other CPUs) or the extension lacks the ops."""
+    side = _MIN_SIDE.get(torch.backends.cpu.get_cpu_capability())
+    return side if side is not None and weight_grad_available() else None
+
+
+def describe(side: int | None) -> str:
+    """The run's line on where its convolutions run in Winograd's domain ("" for nowhere)."""
+    if side is None:
+        return ""
+    return "Winograd 3x3 convolutions" + (f" on maps from {side}x{side}" if side > 1 else "")
 
 
 def weight_grad_available() -> bool:
@@ -94,28 +116,32 @@ def conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 class WinogradConv2d(nn.Conv2d):
-    """An ``nn.Conv2d`` (3x3, stride 1, padding 1) computed by :func:`conv3x3` for float32 CPU inputs, by
-    ``nn.Conv2d`` otherwise; the same parameters and state-dict keys."""
+    """An ``nn.Conv2d`` (3x3, stride 1, padding 1) computed by :func:`conv3x3` for float32 CPU inputs of maps at
+    least ``min_side`` on a side, by ``nn.Conv2d`` otherwise; the same parameters and state-dict keys."""
+
+    min_side: int = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
             return super().forward(x)
+        if min(x.shape[-2:]) < self.min_side:
+            return super().forward(x)
         return conv3x3(x, self.weight, self.bias)
 
 
-def _as_winograd(conv: nn.Conv2d) -> WinogradConv2d:
+def _as_winograd(conv: nn.Conv2d, *, side: int) -> WinogradConv2d:
     """A WinogradConv2d holding ``conv``'s own parameters (the optimizer and the EMA keep pointing at them)."""
     with torch.device("meta"):
         new = WinogradConv2d(conv.in_channels, conv.out_channels, 3, padding=1, bias=conv.bias is not None)
-    new.weight, new.bias = conv.weight, conv.bias
+    new.weight, new.bias, new.min_side = conv.weight, conv.bias, side
     new.train(conv.training)
     return new
 
 
-def use_winograd_convs(model: nn.Module) -> int:
+def use_winograd_convs(model: nn.Module, *, side: int = 1) -> int:
     """Replace each 3x3 convolution of ``model`` that the kernels compute (ddpm.kernels.ops.winograd_applies)
-    by a :class:`WinogradConv2d` holding its parameters, when the extension has the ops; returns how many. The
-    state dict is unchanged."""
+    by a :class:`WinogradConv2d` holding its parameters, in Winograd's domain on maps of at least ``side`` on a side,
+    when the extension has the ops; returns how many. The state dict is unchanged."""
     targets = [
         (parent, name, child)
         for parent in model.modules()
@@ -125,5 +151,5 @@ def use_winograd_convs(model: nn.Module) -> int:
     if not targets or not weight_grad_available():
         return 0
     for parent, name, child in targets:
-        setattr(parent, name, _as_winograd(child))
+        setattr(parent, name, _as_winograd(child, side=side))
     return len(targets)

@@ -11,6 +11,7 @@ from helpers import run_here, tiny_unet_config
 from basic_diffusion import UNet
 from ddpm.benchmarks import training_bench
 from ddpm.kernels import ops
+from ddpm.training.winograd import weight_grad_available
 from noise_schedule import ScheduleConfig
 
 
@@ -32,6 +33,10 @@ def test_the_default_row_trains_in_the_precision_train_would_pick(monkeypatch, n
     # The CPU trains channels-last in fp32, and in bf16 where the extension's fused norms train it.
     fused = ops.norm_training_available()
     layout = "+channels-last" + ("+fused norms" if fused else "") if precision == "fp32" or fused else ""
+    # fp32 trains 3x3 convolutions in Winograd's domain: every map with AVX2's kernels, from 14x14 with AVX-512's.
+    capability = torch.backends.cpu.get_cpu_capability()
+    if precision == "fp32" and weight_grad_available():
+        layout += {"AVX2": "+Winograd", "AVX512": "+Winograd from 14x14"}.get(capability, "")
     assert name == f"default: {precision}{layout} eager"
     assert {"default", "diffusers"} <= set(training_bench.variant_keys())
 

@@ -1,7 +1,8 @@
 """The CPU training step's convolutions. 3x3 convolutions trained in Winograd's domain (ddpm/training/winograd.py):
 their output and all three gradients against float64 autograd, the weight-gradient op under opcheck and with wrong
-arguments, a U-Net whose convolutions are swapped keeping its parameters and training the same steps as oneDNN's.
-And the trainer's channels-last activations (bf16's only with the fused norms), with the same gradients as NCHW's."""
+arguments, a U-Net whose convolutions are swapped keeping its parameters and training the same steps as oneDNN's, the
+maps each CPU trains in Winograd's domain and the trainer swapping them in for fp32 only. And the trainer's
+channels-last activations (bf16's only with the fused norms), with the same gradients as NCHW's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import nn
 from basic_diffusion import UNet
 from ddpm.kernels import ops
 from ddpm.kernels.ops import SeededDropout
+from ddpm.training import winograd
 from ddpm.training.winograd import WinogradConv2d, conv3x3, use_winograd_convs, weight_grad_available
 
 
@@ -104,7 +106,8 @@ def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path):
     from ddpm.benchmarks.sampling_bench import perturb_zero_init
 
     def trained(folder, *, winograd: bool) -> tuple[list[dict], dict]:
-        trainer = make_trainer(tmp_path / folder, total_steps=4)  # seeds torch: the same weights, dropout, noise
+        # seeds torch: the same weights, dropout, noise; oneDNN's convolutions unless swapped below
+        trainer = make_trainer(tmp_path / folder, total_steps=4, winograd_convs=False)
         perturb_zero_init(trainer.model, seed=0, std=0.05)  # gradients through every layer from the first step
         assert not winograd or use_winograd_convs(trainer.model) > 0
         grads = []
@@ -147,3 +150,41 @@ def test_a_cpu_trains_fp32_channels_last_and_bf16_not_with_the_same_gradients(tm
     assert make_trainer(tmp_path / "c", precision="bf16").memory_format == torch.channels_last
     unfused = make_trainer(tmp_path / "d", precision="bf16", cpu_fused_norms=False)
     assert unfused.memory_format == torch.contiguous_format
+
+
+@pytest.mark.parametrize("capability, side", [("AVX2", 1), ("AVX512", 14), ("DEFAULT", None), ("SVE256", None)])
+def test_each_cpu_trains_in_winograds_domain_from_the_maps_where_it_is_faster(monkeypatch, capability, side):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert winograd.faster_from() == side
+
+
+def test_a_swapped_convolution_keeps_onednns_below_its_side(monkeypatch):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 16, 3, padding=1)
+    use_winograd_convs(holder := nn.Sequential(conv), side=8)
+    swapped, calls = holder[0], []
+    real = ops.conv3x3_winograd
+    monkeypatch.setattr(ops, "conv3x3_winograd", lambda *a: calls.append(a[0].shape[-1]) or real(*a))
+    for side in (4, 7, 8, 12):
+        x = torch.randn(2, 16, side, side).contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(swapped(x), F.conv2d(x, conv.weight, conv.bias, padding=1), rtol=1e-4, atol=1e-5)
+    assert calls == [8, 12]  # 4x4 and 7x7 maps by nn.Conv2d
+
+
+@pytest.mark.parametrize(
+    "overrides, swapped",
+    [
+        ({}, True),
+        ({"precision": "bf16"}, False),  # autocast's convolutions stay oneDNN's
+        ({"winograd_convs": False}, False),
+        ({"cpu_channels_last": False}, False),  # the NCHW step, which the benchmark's fp32 row times
+    ],
+)
+def test_the_trainer_swaps_winograd_in_for_fp32_channels_last_only(tmp_path, monkeypatch, overrides, swapped):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    trainer = make_trainer(tmp_path, **overrides)
+    convs = [m for m in trainer.model.modules() if isinstance(m, WinogradConv2d)]
+    assert bool(convs) == swapped
+    assert all(m.min_side == 14 for m in convs)
+    assert ("Winograd 3x3 convolutions on maps from 14x14" in trainer.step_layout) == swapped  # the run's line
+    assert not any(isinstance(m, WinogradConv2d) for m in trainer.ema.modules())  # exports and previews: plain
