@@ -129,7 +129,7 @@ def test_the_cpu_trainer_takes_the_same_steps_through_the_fused_norms(tmp_path, 
     def trained(folder, *, fused: bool):
         if not fused:
             monkeypatch.setattr(trainer_module, "use_fused_norms", lambda model, **_: 0)
-        # seeds torch: the same weights and noise; oneDNN's convolutions (tests/training/test_winograd.py has Winograd's)
+        # seeds torch: the same weights and noise; oneDNN's convolutions (test_winograd.py trains Winograd's)
         trainer = make_trainer(tmp_path / folder, total_steps=4, winograd_convs=False)
         monkeypatch.undo()
         assert all((m.norm_act is fused_norm_act) == fused for m in trainer.model.modules() if hasattr(m, "norm_act"))
