@@ -29,13 +29,14 @@ PROFILED_STEPS = 3  # with --profile: 1 warm-up + 2 recorded steps per variant (
 DIFFUSERS = "diffusers"  # the row trained by diffusers' own model and loop (DiffusersTrainer), not by a Trainer
 
 
-def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[str, str, dict]]:
+def training_variants(device: torch.device, *, pixels: int = 0, side: int = 0) -> list[tuple[str, str, dict]]:
     """(key for --rows, name, TrainConfig fields): fp32 eager vs mixed precision + fused AdamW + channels-last,
     +/- compile; each precision with activation checkpointing (--grad_checkpoint: the memory it saves, the
     time it costs); then fp32 eager with each adaptive timestep sampler (their cost per step: a draw and
     a history update). Beside them, two peers: ``default``, what --mode train runs on this device without flags
     (--precision auto for images of ``pixels``, resolved as train resolves it), and ``diffusers``, diffusers'
-    UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example."""
+    UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example. ``side``:
+    the side of a 2-D U-Net's largest feature maps (0 for none), where the names say whether Winograd's run."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
     from ddpm.training import winograd
     from ddpm.training.trainer import TrainConfig, trains_channels_last, trains_fused_norms
@@ -49,8 +50,8 @@ def training_variants(device: torch.device, *, pixels: int = 0) -> list[tuple[st
         config = TrainConfig(precision=precision, **fields)
         if device.type != "cpu" or not trains_channels_last(device, config):
             return ""
-        side = winograd.faster_from() if precision == "fp32" and config.winograd_convs else None
-        convs = "" if side is None else "+Winograd" + (f" from {side}x{side}" if side > 1 else "")
+        start = winograd.faster_from() if precision == "fp32" and config.winograd_convs else None
+        convs = "" if start is None or side < start else "+Winograd" + (f" from {start}x{start}" if start > 1 else "")
         return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "") + convs
 
     return [
@@ -83,9 +84,11 @@ def variant_keys() -> tuple[str, ...]:
     return tuple(key for key, _, _ in training_variants(torch.device("cpu")))
 
 
-def select_variants(rows: str | None, device: torch.device, *, pixels: int = 0) -> list[tuple[str, str, dict]]:
+def select_variants(
+    rows: str | None, device: torch.device, *, pixels: int = 0, side: int = 0
+) -> list[tuple[str, str, dict]]:
     """The variants --rows names (default "all"); fp32 eager always runs first: the speedups' baseline."""
-    variants = training_variants(device, pixels=pixels)
+    variants = training_variants(device, pixels=pixels, side=side)
     if rows in (None, "all"):
         return variants
     wanted = [r.strip() for r in rows.split(",") if r.strip()]
@@ -156,7 +159,8 @@ def time_variants(
     )
     results = []
     pixels = 0 if latent or model_config.dims == 3 else model_config.image_size**2  # as train's --precision auto
-    for key, name, fields in select_variants(rows, device, pixels=pixels):
+    side = 0 if model_config.dims == 3 else model_config.image_size // model_config.patch_size  # the first level's
+    for key, name, fields in select_variants(rows, device, pixels=pixels, side=side):
         if key == DIFFUSERS and ranks.distributed and rows in (None, "all"):  # named in --rows: its row says why
             progress(f"training {name}: left out under torchrun (diffusers' loop runs in one process)")
             continue

@@ -58,9 +58,9 @@ if TYPE_CHECKING:
 
 class Objective(Protocol):
     """What the loop asks of an objective that replaces the noise-prediction loss (training/distill.py's
-    DistillObjective, which sits above this loop: it runs a teacher): its settings, the class names its data
-    has, a global batch drawn in step on every rank, this rank's loss on its rows of it (which may step a
-    network of the objective's own first), and that network's state ({} for none), kept by the checkpoint."""
+    DistillObjective, which sits above this loop: it runs a teacher): its settings, the class names its data has, a
+    global batch drawn in step on every rank, this rank's loss on its rows of it (which may step a network of the
+    objective's own first), and that network's state ({} for none), kept by the checkpoint."""
 
     config: object  # a dataclass: the checkpoint keeps it (distill_config)
     class_names: tuple[str, ...]
@@ -366,7 +366,8 @@ class Trainer:
         if nhwc and trains_fused_norms(self.device, eager):
             self.fused_norms = use_fused_norms(self.model, float32_softmax=eager.precision == "bf16") > 0
         side = winograd.faster_from() if eager.winograd_convs and eager.precision == "fp32" else None
-        if nhwc and self.device.type == "cpu" and side is not None:
+        largest = self.model_config.image_size // self.model_config.patch_size  # the first level's maps
+        if nhwc and self.device.type == "cpu" and side is not None and largest >= side:
             self.winograd = winograd.describe(side) if winograd.use_winograd_convs(self.model, side=side) else ""
 
     def _eager_fallback(self, *, nhwc: bool) -> None:
@@ -390,17 +391,15 @@ class Trainer:
         return cfg.lr * lr_factor(self.step, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
 
     def _diffusion_loss(self, mine: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The DDPM loss of this rank's rows of the step's batch: (loss, the global batch's t, this rank's
-        per-sample losses, which an adaptive timestep sampler learns from)."""
+        """This rank's rows' DDPM loss: (loss, the global batch's t, its per-sample losses for the timestep sampler)."""
         cfg = self.config
         with phase("data"):
             x_start, labels = self.images.batch_with_labels(
                 self.step, batch_size=cfg.batch_size, seed=cfg.seed, device=self.device, rows=mine
             )
             x_start = x_start.contiguous(memory_format=self.memory_format)  # (B / ranks, C, H, W)
-            # Timesteps, then noise, for the whole global batch on every rank (the generator stays in step
-            # across ranks); each rank keeps its rows. t comes from the timestep sampler (uniform: torch.randint,
-            # weight 1), each draw weighted so that the objective keeps its expectation.
+            # Timesteps, then noise, for the whole global batch on every rank (the generator stays in step across
+            # ranks); each rank keeps its rows. t from the timestep sampler, each draw weighted to keep the expectation.
             t, weights = self.timesteps.sample(cfg.batch_size, generator=self.generator, device=self.device)
             noise = torch.randn(
                 (cfg.batch_size, *x_start.shape[1:]), device=self.device, generator=self.generator, dtype=x_start.dtype
@@ -483,12 +482,10 @@ class Trainer:
         profiler: Profiler | NullProfiler | None = None,
         curves: TrainingLog | None = None,
     ) -> list[float]:
-        """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses.
-
-        With a ``profiler`` (profiling.py), each step is one profiler step, its phases named ranges in the trace.
-        With ``curves`` (curves.py; rank 0's), every step's loss, LR, gradient norm and time, and every preview grid,
-        are recorded; the caller closes it.
-        """
+        """Train up to ``until_step`` (default: the end); save and sample as configured. Returns losses. With a
+        ``profiler`` (profiling.py) each step is one profiler step, its phases named ranges; with ``curves``
+        (curves.py; rank 0's) every step's loss, LR, gradient norm, time and preview grid are recorded (the caller
+        closes it)."""
         cfg = self.config
         end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
         losses, bad_in_a_row, smoothed = [], 0, None
@@ -576,7 +573,10 @@ def resume_config(state: dict, **overrides) -> TrainConfig:
         stored = TrainConfig(**typed_fields(TrainConfig, state["train_config"]))
     except ValueError as exc:
         raise ValueError(f"{source} cannot be resumed: its train_config is unusable ({first_line(exc)})") from exc
-    return replace(stored, **{k: v for k, v in overrides.items() if v is not None})
+    # How the step computes (switches only a benchmark turns off) is this version's; what the run learns is the file's.
+    switches = ("cuda_fast_path", "cpu_channels_last", "cpu_fused_norms", "winograd_convs")
+    step = {k: getattr(TrainConfig, k) for k in switches}
+    return replace(stored, **step, **{k: v for k, v in overrides.items() if v is not None})
 
 
 _FIELD_KINDS = {  # a TrainConfig annotation -> (what it must be, the check)

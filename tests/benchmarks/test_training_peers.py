@@ -20,23 +20,29 @@ def _count(model: torch.nn.Module) -> int:
 
 
 @pytest.mark.parametrize(
-    "native_bf16, pixels, precision", [("0", 28 * 28, "fp32"), ("1", 28 * 28, "bf16"), ("1", 64, "fp32")]
+    "native_bf16, side, precision, capability, convs",
+    [
+        ("0", 28, "fp32", "AVX2", "+Winograd"),  # fp32's 3x3 convolutions in Winograd's domain at every map
+        ("0", 28, "fp32", "AVX512", "+Winograd from 14x14"),  # and from 14x14 with AVX-512's kernels
+        ("1", 28, "bf16", "AVX512", ""),
+        ("1", 8, "fp32", "AVX512", ""),  # the latent step's U-Net: no map of 14x14
+        ("1", 8, "fp32", "AVX2", "+Winograd"),
+        ("0", 28, "fp32", "DEFAULT", ""),
+    ],
 )
-def test_the_default_row_trains_in_the_precision_train_would_pick(monkeypatch, native_bf16, pixels, precision):
+def test_the_default_row_trains_in_the_precision_and_kernels_train_would_pick(
+    monkeypatch, native_bf16, side, precision, capability, convs
+):
     monkeypatch.setenv("DDPM_NATIVE_BF16", native_bf16)
-    rows = {
-        key: (name, fields)
-        for key, name, fields in training_bench.training_variants(torch.device("cpu"), pixels=pixels)
-    }
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    variants = training_bench.training_variants(torch.device("cpu"), pixels=side * side, side=side)
+    rows = {key: (name, fields) for key, name, fields in variants}
     name, fields = rows["default"]
     assert fields["precision"] == precision and not fields["compile"]
     # The CPU trains channels-last in fp32, and in bf16 where the extension's fused norms train it.
     fused = ops.norm_training_available()
     layout = "+channels-last" + ("+fused norms" if fused else "") if precision == "fp32" or fused else ""
-    # fp32 trains 3x3 convolutions in Winograd's domain: every map with AVX2's kernels, from 14x14 with AVX-512's.
-    capability = torch.backends.cpu.get_cpu_capability()
-    if precision == "fp32" and weight_grad_available():
-        layout += {"AVX2": "+Winograd", "AVX512": "+Winograd from 14x14"}.get(capability, "")
+    layout += convs if weight_grad_available() else ""
     assert name == f"default: {precision}{layout} eager"
     assert {"default", "diffusers"} <= set(training_bench.variant_keys())
 

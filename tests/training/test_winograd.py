@@ -188,3 +188,19 @@ def test_the_trainer_swaps_winograd_in_for_fp32_channels_last_only(tmp_path, mon
     assert all(m.min_side == 14 for m in convs)
     assert ("Winograd 3x3 convolutions on maps from 14x14" in trainer.step_layout) == swapped  # the run's line
     assert not any(isinstance(m, WinogradConv2d) for m in trainer.ema.modules())  # exports and previews: plain
+
+
+def test_the_trainer_swaps_nothing_where_every_map_is_smaller_than_winograds_side(tmp_path, monkeypatch):
+    monkeypatch.setattr(winograd, "faster_from", lambda: 32)  # the tiny U-Net's largest maps are 16x16
+    trainer = make_trainer(tmp_path)
+    assert not any(isinstance(m, WinogradConv2d) for m in trainer.model.modules())
+    assert "Winograd" not in trainer.step_layout  # the run's line claims nothing that does not run
+
+
+def test_resume_takes_this_versions_step_switches_and_the_files_training(tmp_path):
+    from ddpm.training.trainer import resume_config
+
+    trainer = make_trainer(tmp_path, winograd_convs=False, cpu_fused_norms=False, ema_decay=0.99)
+    config = resume_config(trainer.state_dict())  # a checkpoint written when Winograd was a benchmark row
+    assert config.winograd_convs and config.cpu_fused_norms and config.cpu_channels_last
+    assert config.ema_decay == 0.99  # what the run learns stays the file's
