@@ -1554,65 +1554,88 @@ at::Tensor conv3x3_winograd_cpu(
 
 // dM[k][t] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
 // A = [1 0; 1 1; 1 -1; 0 -1] (A^T of the forward transform, transposed).
+template <typename Vec>
 inline __attribute__((always_inline)) void winograd_output_adjoint(
     const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t H = a.H, W = a.W, cout = a.cout;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
-    for (int64_t c = 0; c < cout; c += 16) {
-      Vec16 dy[2][2];
+    for (int64_t c = 0; c < cout; c += L) {
+      Vec dy[2][2];
       for (int i = 0; i < 2; ++i) {
         for (int j = 0; j < 2; ++j) {
           const int64_t y = 2 * ty + i, x = 2 * tx + j;
-          dy[i][j] = (y < H && x < W) ? load16(gy + ((b * H + y) * W + x) * cout + c) : Vec16{};
+          dy[i][j] = (y < H && x < W) ? loadv<Vec>(gy + ((b * H + y) * W + x) * cout + c) : Vec{};
         }
       }
-      Vec16 s[2][4];
+      Vec s[2][4];
       for (int i = 0; i < 2; ++i) {  // dy A^T
         s[i][0] = dy[i][0];
         s[i][1] = dy[i][0] + dy[i][1];
         s[i][2] = dy[i][0] - dy[i][1];
-        s[i][3] = Vec16{} - dy[i][1];
+        s[i][3] = Vec{} - dy[i][1];
       }
       float* m = dM + t * cout + c;  // product k at m + k * n * cout
       for (int j = 0; j < 4; ++j) {  // A (dy A^T)
-        store16(m + j * n * cout, s[0][j]);
-        store16(m + (4 + j) * n * cout, s[0][j] + s[1][j]);
-        store16(m + (8 + j) * n * cout, s[0][j] - s[1][j]);
-        store16(m + (12 + j) * n * cout, Vec16{} - s[1][j]);
+        storev(m + j * n * cout, s[0][j]);
+        storev(m + (4 + j) * n * cout, s[0][j] + s[1][j]);
+        storev(m + (8 + j) * n * cout, s[0][j] - s[1][j]);
+        storev(m + (12 + j) * n * cout, Vec{} - s[1][j]);
       }
     }
   }
 }
 
-// Tiles [t0, t0 + n): V and dM of the block, then dU (16, Cin, Cout) += V[k]^T dM[k] for each product k.
-DIFFUSION_KERNELS_FMA_CLONES
-void winograd_grad_tiles(const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n,
-    float* __restrict__ V, float* __restrict__ dM, float* __restrict__ dU) {
+// Tiles [t0, t0 + n): V and dM of the block, then dU (16, Cin, Cout) += V[k]^T dM[k] for each product k, on vectors
+// Vec in register blocks of 6 input channels x QMAX vectors (the forward's GEMM tile and blocking for that Vec).
+template <typename Vec, int QMAX>
+inline __attribute__((always_inline)) void winograd_grad_tiles_float(const WinogradConv& a,
+    const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ dM,
+    float* __restrict__ dU) {
 #if defined(__clang__)
 #pragma clang fp contract(fast)
 #endif
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cin = a.cin, cout = a.cout;
-  winograd_input_transform<float, float>(a, t0, n, V);
-  winograd_output_adjoint(a, gy, t0, n, dM);
+  winograd_input_transform<float, float, Vec>(a, t0, n, V);
+  winograd_output_adjoint<Vec>(a, gy, t0, n, dM);
   for (int64_t k = 0; k < 16; ++k) {
     const float* Vk = V + k * n * cin;
     const float* Mk = dM + k * n * cout;
     float* Uk = dU + k * cin * cout;
-    for (int64_t co = 0; co < cout; co += 64) {
-      const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
+    for (int64_t co = 0; co < cout; co += QMAX * L) {
+      // Channel counts are multiples of 16: a block of 16 channels is always whole.
+      const int64_t q = QMAX * L == 16 ? QMAX : std::min<int64_t>(QMAX, (cout - co) / L);
       int64_t ci = 0;
       for (; ci + 6 <= cin; ci += 6) {
         // dU[ci + r][co..] += sum over tiles t of V[t][ci + r] * dM[t][co..]: the forward's GEMM tile, V read down
         // its columns, the sums continued from dU.
-        winograd_gemm_rows<6, Vec16, 4, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
+        winograd_gemm_rows<6, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
       }
       for (; ci < cin; ++ci) {
-        winograd_gemm_rows<1, Vec16, 4, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
+        winograd_gemm_rows<1, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
       }
     }
   }
 }
+
+// AVX-512 (and the baseline clone): 6 input channels x 64 output channels per register block.
+DIFFUSION_KERNELS_FMA_CLONES
+void winograd_grad_tiles(const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n,
+    float* __restrict__ V, float* __restrict__ dM, float* __restrict__ dU) {
+  winograd_grad_tiles_float<Vec16, 4>(a, gy, t0, n, V, dM, dU);
+}
+
+#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
+// AVX2 without AVX-512 (winograd_uses_avx2_gemm): 6 x 16 channels in 12 of the 16 registers, as the forward's; the
+// same sums in the same order, so the same bits as the AVX-512 clone's.
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast")))
+void winograd_grad_tiles_avx2(const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n,
+    float* __restrict__ V, float* __restrict__ dM, float* __restrict__ dU) {
+  winograd_grad_tiles_float<Vec8, 2>(a, gy, t0, n, V, dM, dU);
+}
+#endif
 
 at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out) {
   TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(at::MemoryFormat::ChannelsLast),
@@ -1632,13 +1655,20 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
   const int64_t blocks = (tiles + per_block - 1) / per_block, threads = at::get_num_threads(), size = 16 * cin * cout;
   std::vector<float> partials(threads * size, 0.0f);  // one (16, Cin, Cout) sum per thread
   const float* gy = grad_out.data_ptr<float>();
+  const bool avx2_gemm = winograd_uses_avx2_gemm();
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> V(new float[16 * per_block * cin]);
     std::unique_ptr<float[]> dM(new float[16 * per_block * cout]);
     float* dU = partials.data() + std::min<int64_t>(at::get_thread_num(), threads - 1) * size;
     for (int64_t block = begin; block < end; ++block) {
-      const int64_t t0 = block * per_block;
-      winograd_grad_tiles(a, gy, t0, std::min(per_block, tiles - t0), V.get(), dM.get(), dU);
+      const int64_t t0 = block * per_block, n = std::min(per_block, tiles - t0);
+#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
+      if (avx2_gemm) {
+        winograd_grad_tiles_avx2(a, gy, t0, n, V.get(), dM.get(), dU);
+        continue;
+      }
+#endif
+      winograd_grad_tiles(a, gy, t0, n, V.get(), dM.get(), dU);
     }
   });
   float* sum = out.data_ptr<float>();

@@ -1104,7 +1104,7 @@ AVX2_OUTPUTS = """
 import sys, torch
 sys.path.insert(0, {root!r})
 sys.path.insert(0, {tests!r})
-from test_diffusion_kernels import WINOGRAD_CASES, winograd_case
+from test_diffusion_kernels import WINOGRAD_CASES, weight_grad_dy, winograd_case
 from ddpm.kernels import ops
 outputs = {{}}
 for case, sizes in WINOGRAD_CASES.items():
@@ -1112,17 +1112,27 @@ for case, sizes in WINOGRAD_CASES.items():
     for upsample in (False, True):
         u = ops.winograd_weight(weight, upsample=upsample)
         outputs[case, upsample] = ops.conv3x3_winograd(x, u, bias, upsample=upsample)
+    dy = weight_grad_dy(x, weight)
+    outputs[case, "weight grad"] = torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, dy)
 torch.save(outputs, {out!r})
 """
+
+
+def weight_grad_dy(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A gradient of conv3x3_winograd's output for the weight-gradient op: (B, Cout, H, W), channels-last, seeded."""
+    shape = (x.shape[0], weight.shape[0], *x.shape[2:])
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    return dy.contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="the CPU has no AVX2 and FMA"
 )
 def test_conv3x3_winograd_blocked_for_avx2_registers_gives_the_avx512_kernels_bits_cpu(tmp_path):
-    """A CPU with AVX2 but no AVX-512 runs its own GEMM, blocked for 16 registers of 8 floats (DDPM_KERNELS_ISA=avx2
-    runs it on any AVX2 CPU): the same sums in the same order with the same fused multiply-adds, and transforms of
-    additions alone, so its outputs are this process's kernel's bit for bit, plain and upsampling."""
+    """A CPU with AVX2 but no AVX-512 runs its own GEMMs, blocked for 16 registers of 8 floats (DDPM_KERNELS_ISA=avx2
+    runs them on any AVX2 CPU): the same sums in the same order with the same fused multiply-adds, and transforms of
+    additions alone, so its outputs are this process's kernels' bit for bit, plain and upsampling, and the weight
+    gradient's too."""
     import os
     import subprocess
     import sys
@@ -1139,6 +1149,8 @@ def test_conv3x3_winograd_blocked_for_avx2_registers_gives_the_avx512_kernels_bi
         for upsample in (False, True):
             mine = ops.conv3x3_winograd(x, ops.winograd_weight(weight, upsample=upsample), bias, upsample=upsample)
             assert torch.equal(avx2[case, upsample], mine), (case, upsample)
+        mine = torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, weight_grad_dy(x, weight))
+        assert torch.equal(avx2[case, "weight grad"], mine), (case, "weight grad")
 
 
 def test_conv3x3_winograd_handles_an_empty_batch_cpu():
