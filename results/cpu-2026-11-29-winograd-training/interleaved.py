@@ -3,7 +3,7 @@ convolutions, in interleaved rounds of one process (one trainer; each round sets
 ``min_side``: the CPU's side, or past every map for oneDNN's). The CPU recipes' U-Net, batch 128, fp32.
 
     PYTHONPATH=. python results/cpu-2026-11-29-winograd-training/interleaved.py 28 1 3   # side, channels, steps a round
-    PYTHONPATH=. python results/cpu-2026-11-29-winograd-training/interleaved.py 8 4 10
+    PYTHONPATH=. python results/cpu-2026-11-29-winograd-training/interleaved.py 8 4 10 1   # and Winograd's side
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from noise_schedule import ScheduleConfig
 
 def main() -> None:
     side, channels, steps = (int(a) for a in sys.argv[1:4])
+    if len(sys.argv) > 4:  # Winograd from this side on, whatever this CPU's rule
+        winograd._MIN_SIDE[torch.backends.cpu.get_cpu_capability()] = int(sys.argv[4])
     start_side = winograd.faster_from()
     torch.manual_seed(0)
     images = ImageSet("latents", torch.randn(1024, channels, side, side).clamp(-1, 1))
