@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import statistics
 import time
 from collections.abc import Callable
 
@@ -124,9 +125,15 @@ def time_variants(
     profile: str | None = None,
     rows: str | None = None,
     latent: bool = False,
+    interleave: bool = False,
 ) -> list[dict]:
     """Images/s and peak memory of ``steps`` optimizer steps (after ``warmup``) for each variant.
     A latent model's U-Net (``latent``) trains on random unit-variance latents, as its encoded data are.
+
+    With ``interleave`` (one process), every variant is built and warmed up first, then timed in
+    INTERLEAVED_ROUNDS rounds of ``steps`` steps each, every variant once a round, so a machine whose pace drifts
+    slows every row of a round alike: a row's speedup is the median of its per-round ratios to the fp32 row's, its
+    images/s its rounds' together; peak memory is not measured (the variants are held together).
 
     With ``profile`` (--profile DIR), each variant then runs PROFILED_STEPS more steps, traced into
     DIR/train-<variant>/ (profiling.py), after its timing and memory were read.
@@ -139,6 +146,8 @@ def time_variants(
 
     ranks = distributed.current()
     distributed.check_global_batch(batch_size, world_size=ranks.world_size)
+    if interleave and ranks.distributed:
+        raise ValueError("--interleave times the training rows in one process: run it without torchrun")
     gen = torch.Generator().manual_seed(seed)
     shape = model_config.sample_shape(batch_size * 4)
     if latent:  # float32 latents are fed as they are (data.ImageSet), like an autoencoder's encoded dataset
@@ -158,6 +167,7 @@ def time_variants(
         seed=seed,
     )
     results = []
+    held: dict[str, object] = {}  # interleave: row key -> its warmed-up trainer
     pixels = 0 if latent or model_config.dims == 3 else model_config.image_size**2  # as train's --precision auto
     side = 0 if model_config.dims == 3 else model_config.image_size // model_config.patch_size  # the first level's
     for key, name, fields in select_variants(rows, device, pixels=pixels, side=side):
@@ -167,7 +177,8 @@ def time_variants(
         gc.collect()  # the previous variant's trainer (model, EMA, optimizer state) is gone before this one
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        progress(f"training {name}: {warmup} warm-up + {steps} timed steps ...")
+        timed_steps = f"{INTERLEAVED_ROUNDS} rounds of {steps}" if interleave else str(steps)
+        progress(f"training {name}: {warmup} warm-up + {timed_steps} timed steps ...")
         row = {"key": key, "name": name, **fields, "status": "ok", "reason": ""}
         results.append(row)
         failure = None
@@ -184,7 +195,7 @@ def time_variants(
         if not failed:
             try:
                 elapsed, peak_mb, first, trainer = time_variant(
-                    key, fields, batch_size=batch_size, ranks=ranks, **timed
+                    key, fields, batch_size=batch_size, ranks=ranks, timed_now=not interleave, **timed
                 )
                 row["first_step_s"] = first  # compiling included: apart from the timed steps
                 if profile and isinstance(trainer, Trainer):
@@ -194,6 +205,9 @@ def time_variants(
                         name=f"train-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}{suffix}",
                         directory=profile,
                     )
+                if interleave:
+                    held[key] = trainer  # timed in the rounds below
+                    continue
                 del trainer  # freed before the next variant is built: its memory is measured alone
             except Exception as exc:  # e.g. diffusers missing, or a model it cannot represent: report, go on
                 if distributed.is_collective_failure(exc, ranks=ranks):
@@ -215,11 +229,43 @@ def time_variants(
             if row.get("single_rank_images_per_s"):
                 row["scaling_efficiency"] = row["images_per_s_per_rank"] / row["single_rank_images_per_s"]
         progress(f"training {name}: {row['images_per_s']:.1f} img/s")  # each variant's result as soon as it is known
+    if interleave:
+        time_in_rounds(results, held, steps=steps, batch_size=batch_size, device=device, progress=progress)
+        return results
     base = results[0].get("images_per_s")
     for row in results:
         if base and row.get("images_per_s"):
             row["speedup"] = row["images_per_s"] / base
     return results
+
+
+INTERLEAVED_ROUNDS = 3
+
+
+def time_in_rounds(results: list[dict], held: dict, *, steps: int, batch_size: int, device, progress) -> None:
+    """--interleave: each held variant's ``steps`` steps once a round, INTERLEAVED_ROUNDS rounds; every row's
+    images/s over its rounds, and its speedup the median of its per-round ratios to the first row's (fp32 eager)."""
+    rates: dict[str, list[float]] = {key: [] for key in held}
+    for _ in range(INTERLEAVED_ROUNDS):
+        for key, trainer in held.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                trainer.train_step()  # reads the loss each step (a sync)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            rates[key].append(steps * batch_size / (time.perf_counter() - t0))
+    base = rates.get(results[0]["key"])
+    for row in results:
+        if row["key"] not in rates:  # failed while it was built
+            continue
+        mine = rates[row["key"]]
+        row["images_per_s"] = len(mine) / sum(1 / rate for rate in mine)  # all its rounds' images over their time
+        row["ms_per_step"] = 1000.0 * batch_size / row["images_per_s"]
+        row["peak_memory_mb"] = None  # the variants were held together
+        row["round_images_per_s"] = mine
+        if base:
+            row["speedup"] = statistics.median(r / b for r, b in zip(mine, base))
+        progress(f"training {row['name']}: {row['images_per_s']:.1f} img/s over {len(mine)} rounds")
 
 
 def any_failed(failed: bool, *, ranks: distributed.Ranks, device: torch.device) -> bool:
@@ -243,9 +289,11 @@ def time_variant(
     warmup: int,
     seed: int,
     ranks: distributed.Ranks,
+    timed_now: bool = True,
 ) -> tuple[float, float | None, float, object]:
     """(seconds for ``steps`` timed steps, peak memory in MB or None, seconds of the first step, the trainer) of
     one variant; the first step (a compile row's compiling) and ``warmup`` - 1 more steps are not timed ones.
+    Not ``timed_now``: built and warmed up only (0 seconds, no peak), for --interleave's rounds.
     A compile row whose compiling failed raises that failure: its row gives the reason, not eager's time."""
     from ddpm.training.trainer import TrainConfig, Trainer
 
@@ -258,7 +306,7 @@ def time_variant(
     else:
         config = TrainConfig(
             dataset="random",
-            total_steps=warmup + steps + PROFILED_STEPS + 1,
+            total_steps=warmup + steps * INTERLEAVED_ROUNDS + PROFILED_STEPS + 1,
             batch_size=batch_size,
             seed=seed,
             warmup_steps=0,
@@ -276,6 +324,8 @@ def time_variant(
         raise trial.failure
     for _ in range(warmup - 1):
         trainer.train_step()
+    if not timed_now:
+        return 0.0, None, first, trainer
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -324,10 +374,12 @@ def benchmark_training(
         progress=distributed.say,
         rows=args.rows,
         latent=latent,
+        interleave=args.interleave,
     )
     if not ranks.is_main:
         return rows
     env = environment(device)
+    env["timing"] = f"interleaved rounds ({INTERLEAVED_ROUNDS})" if args.interleave else "one row after another"
     if allocator is not None:
         env["cpu_allocator"] = allocator
     print()
@@ -339,6 +391,7 @@ def benchmark_training(
         f"{'model':>10}: {model_config.model_channels} base channels, {shape}{' latents' if latent else ''}, batch "
         f"{args.batch_size}, "
         f"{warmup} warm-up + {args.train_steps} timed steps"
+        + (f" in each of {INTERLEAVED_ROUNDS} interleaved rounds" if args.interleave else "")
     )
     if ranks.distributed:
         env["ranks"] = ranks.world_size

@@ -402,9 +402,10 @@ def _benchmark() -> tuple[Flag, ...]:
             "interleave",
             bench,
             action="store_true",
-            help="sampling: build every row first, then time them in rounds (each row once per round, --repeats "
-            "rounds); speedups are the median of per-round ratios, so a machine whose speed drifts over minutes "
-            "slows every row alike (peak memory is not measured: the rows are held together)",
+            help="build every row first, then time them in rounds (each row once per round: --repeats rounds "
+            "for sampling, 3 rounds of --train_steps for training); speedups are the median of per-round ratios, "
+            "so a machine whose speed drifts over minutes slows every row alike (peak memory is not measured: the "
+            "rows are held together)",
         ),
         flag("json", ("evaluate", "benchmark"), default=None, help="write the results as JSON here"),
         flag("csv", bench, default=None, help="write the result rows as CSV here"),

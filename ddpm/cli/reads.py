@@ -84,7 +84,7 @@ READ_BY_RUN: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         **dict.fromkeys(CALIBRATION, ("precision", QUANTIZED)),
     },
     "benchmark": {
-        **dict.fromkeys((*TIMED_SAMPLING, "interleave", "csv", "chart"), ("bench", ("sampling",))),
+        **dict.fromkeys((*TIMED_SAMPLING, "csv", "chart"), ("bench", ("sampling",))),
         **dict.fromkeys(("train_steps", "batch_size"), ("bench", ("training",))),
     },
     **{mode: {"data_dir": ("dataset", READ_FROM_DATA_DIR)} for mode in ("train", "train_autoencoder")},

@@ -263,6 +263,47 @@ def test_training_benchmark_reports_every_variant(tmp_path, rows):
     assert reported[0]["speedup"] == 1.0
 
 
+def test_interleaved_training_rows_run_in_rounds_and_their_speedups_cancel_the_machines_drift(monkeypatch):
+    """--interleave for training: every row held, then INTERLEAVED_ROUNDS rounds of each row's steps; a machine
+    that slows down round by round slows every row alike, so the speedup stays the true ratio."""
+    from ddpm.benchmarks import training_bench
+
+    clock, calls = [0.0], [0]
+    monkeypatch.setattr(training_bench.time, "perf_counter", lambda: clock[0])
+
+    class Step:  # a trainer whose step costs `cost` seconds, times the machine's slowdown in this round
+        def __init__(self, cost: float) -> None:
+            self.cost = cost
+
+        def train_step(self) -> None:
+            round_index = calls[0] // (2 * 3)  # 3 steps of each of 2 rows a round
+            calls[0] += 1
+            clock[0] += self.cost * (1 + round_index)
+
+    rows = [{"key": "fp32", "name": "fp32 eager"}, {"key": "default", "name": "default"}]
+    held = {"fp32": Step(0.2), "default": Step(0.1)}
+    training_bench.time_in_rounds(rows, held, steps=3, batch_size=8, device=torch.device("cpu"), progress=print)
+    assert [len(r["round_images_per_s"]) for r in rows] == [training_bench.INTERLEAVED_ROUNDS] * 2
+    assert rows[0]["round_images_per_s"][0] == pytest.approx(2 * rows[0]["round_images_per_s"][1])  # the drift
+    assert rows[1]["speedup"] == pytest.approx(2.0) and rows[0]["speedup"] == pytest.approx(1.0)
+    # images/s: all the row's images over all its time (rounds of 0.6, 1.2 and 1.8 s for 24 images each)
+    assert rows[0]["images_per_s"] == pytest.approx(72 / 3.6)
+    assert rows[0]["peak_memory_mb"] is None  # the rows were held together
+
+
+def test_interleaved_training_benchmark_reports_its_rounds(tmp_path):
+    cmd = ["--mode", "benchmark", "--bench", "training", "--device", "cpu", "--img_size", "16", "--channels", "1"]
+    cmd += ["--model_channels", "16", "--num_res_blocks", "1", "--batch_size", "8", "--train_steps", "1"]
+    result = run_here(*cmd, "--rows", "t_importance", "--interleave", "--json", "t.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    payload = json.loads((tmp_path / "t.json").read_text())
+    assert payload["environment"]["timing"].startswith("interleaved rounds")
+    reported = payload["training_rows"]
+    assert [r["key"] for r in reported] == ["fp32", "t_importance"]
+    assert all(r["status"] == "ok" and len(r["round_images_per_s"]) == 3 for r in reported)
+    assert reported[0]["speedup"] == 1.0
+
+
 def test_training_rows_are_chosen_by_key_with_the_fp32_baseline_first():
     from ddpm.benchmarks.training_bench import select_variants
 

@@ -212,7 +212,7 @@ def test_a_flag_a_run_of_its_mode_does_not_read_is_refused_naming_it(tmp_path, n
         (["--mode", "export", "--model_path", "m.pt", "--format", "safetensors", "--opset", "20"], "--opset"),
         (["--mode", "benchmark", "--bench", "training", "--sampling_steps", "5"], "--sampling_steps"),
         (["--mode", "benchmark", "--train_steps", "5"], "--train_steps"),
-        (["--mode", "benchmark", "--bench", "training", "--interleave"], "--interleave"),
+        (["--mode", "benchmark", "--bench", "training", "--repeats", "5"], "--repeats"),
         (["--mode", "export", "--model_path", "m.pt", "--calibration_samples", "4"], "--calibration_samples"),
     ],
 )
