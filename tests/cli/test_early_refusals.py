@@ -181,7 +181,6 @@ VALID = {
     "csv": "t.csv",
     "chart": "t.png",
     "no_clip": None,
-    "interleave": None,
 }
 RUN_CASES = [(mode, name) for mode, table in READ_BY_RUN.items() for name in table]
 
