@@ -51,8 +51,8 @@ def training_variants(device: torch.device, *, pixels: int = 0, side: int = 0) -
         config = TrainConfig(precision=precision, **fields)
         if device.type != "cpu" or not trains_channels_last(device, config):
             return ""
-        start = winograd.faster_from() if precision == "fp32" and config.winograd_convs else None
-        convs = "" if start is None or side < start else "+Winograd" + (f" from {start}x{start}" if start > 1 else "")
+        start = winograd.trained_from(precision=precision, enabled=config.winograd_convs, largest=side)
+        convs = "" if start is None else "+Winograd" + (f" from {start}x{start}" if start > 1 else "")
         return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "") + convs
 
     return [

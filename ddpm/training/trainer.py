@@ -365,9 +365,9 @@ class Trainer:
         eager = replace(self.config, compile=False)  # after a failed --compile too
         if nhwc and trains_fused_norms(self.device, eager):
             self.fused_norms = use_fused_norms(self.model, float32_softmax=eager.precision == "bf16") > 0
-        side = winograd.faster_from() if eager.winograd_convs and eager.precision == "fp32" else None
         largest = self.model_config.image_size // self.model_config.patch_size  # the first level's maps
-        if nhwc and self.device.type == "cpu" and side is not None and largest >= side:
+        side = winograd.trained_from(precision=eager.precision, enabled=eager.winograd_convs, largest=largest)
+        if nhwc and self.device.type == "cpu" and side is not None:
             self.winograd = winograd.describe(side) if winograd.use_winograd_convs(self.model, side=side) else ""
 
     def _eager_fallback(self, *, nhwc: bool) -> None:

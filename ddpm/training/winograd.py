@@ -41,10 +41,16 @@ def faster_from() -> int | None:
     return side if side is not None and weight_grad_available() else None
 
 
-def describe(side: int | None) -> str:
-    """The run's line on where its convolutions run in Winograd's domain ("" for nowhere)."""
-    if side is None:
-        return ""
+def trained_from(*, precision: str, enabled: bool, largest: int) -> int | None:
+    """The side from which a channels-last CPU run trains its 3x3 convolutions in Winograd's domain: this CPU's
+    :func:`faster_from` for fp32 runs with ``enabled`` (TrainConfig.winograd_convs) whose U-Net has maps that large
+    (``largest``: its first level's side); None for the others."""
+    side = faster_from() if enabled and precision == "fp32" else None
+    return side if side is not None and largest >= side else None
+
+
+def describe(side: int) -> str:
+    """The run's line on where its convolutions run in Winograd's domain."""
     return "Winograd 3x3 convolutions" + (f" on maps from {side}x{side}" if side > 1 else "")
 
 
