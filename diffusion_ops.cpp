@@ -51,9 +51,13 @@
 //       A bfloat16 x takes the transform in bfloat16 pairs, (16 or 36, Cin / 2, Cout, 2), and returns bfloat16:
 //       the GEMMs on AVX512-BF16's dot product where the CPU has it (plain C++ elsewhere), float32 sums.
 //
-//   conv3x3_winograd_weight_grad(x, grad_out) -> Tensor
-//       The training pass's gradient of conv3x3_winograd's transformed weight: (16, Cin, Cout) float32, dL/dU for
-//       the loss gradient grad_out (B, Cout, H, W) of the output of x (B, Cin, H, W), both channels-last float32.
+//       A float32 (36, Cin, Cout) weight without upsample is the kernel in F(4x4, 3x3) (winograd_weight(..., tile=4)):
+//       4x fewer multiply-adds than direct convolution, with more rounding than F(2x2, 3x3).
+//
+//   conv3x3_winograd_weight_grad(x, grad_out, tile=2) -> Tensor
+//       The training pass's gradient of conv3x3_winograd's transformed weight: (16, Cin, Cout) float32 (tile=4:
+//       (36, Cin, Cout), F(4x4, 3x3)'s), dL/dU for the loss gradient grad_out (B, Cout, H, W) of the output of x
+//       (B, Cin, H, W), both channels-last float32.
 #include <Python.h>
 
 #include <ATen/MemoryOverlap.h>
@@ -1145,7 +1149,8 @@ struct WinogradConv {
   void* out;            // (B, H, W, Cout), upsample: (B, 2H, 2W, Cout)
   int64_t H, W, cin, cout, tiles_h, tiles_w;
   bool upsample;
-  int64_t products;  // 16, upsample: 4 phases x 9
+  int64_t products;  // 16, F(4x4, 3x3): 36, upsample: 4 phases x 9
+  int64_t m = 2;     // the output tile's side: 2 (F(2x2, 3x3) and upsample) or 4 (F(4x4, 3x3))
 };
 
 // A vector of lanes from p (float32, or bf16 widened), and back: the transforms' loads and stores, 16 lanes at a time
@@ -1285,6 +1290,159 @@ inline __attribute__((always_inline)) void winograd_output_transform(
   }
 }
 
+// F(4x4, 3x3), float32 only: each 4x4 tile of outputs is A^T [U (.) (B^T d B)] A for the 6x6 input tile d around
+// it (points 0, +-1, +-2 and infinity): 36 multiply-adds per tile and channel pair for 16 outputs, against F(2x2,
+// 3x3)'s 16 for 4. Its transforms scale by 2, 4, 5 and 8, so its rounding is larger than F(2x2, 3x3)'s (tests
+// compare both with float64). B^T's rows, A^T's rows, and G (ddpm.kernels.ops) are Lavin and Gray's:
+// B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1],
+// A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1].
+
+// B^T applied to six vectors (a column or a row of a tile).
+template <typename Vec>
+inline __attribute__((always_inline)) void winograd4_bt(const Vec (&d)[6], Vec (&r)[6]) {
+  const Vec four = Vec{} + 4.0f, two = Vec{} + 2.0f, five = Vec{} + 5.0f;
+  const Vec p = d[4] + d[3], q = d[1] + d[2], u = d[4] - d[3], w = d[1] - d[2], e = d[4] - d[2], f = d[3] - d[1];
+  r[0] = four * d[0] - five * d[2] + d[4];
+  r[1] = p - four * q;
+  r[2] = u + four * w;
+  r[3] = e + two * f;
+  r[4] = e - two * f;
+  r[5] = four * d[1] - five * d[3] + d[5];
+}
+
+// 1. V[k][t] = B^T d B of each tile's 6x6 window (rows 4ty - 1 .., columns 4tx - 1 ..), zero outside the image.
+template <typename Vec>
+inline __attribute__((always_inline)) void winograd4_input_transform(
+    const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V) {
+  const float* x_in = static_cast<const float*>(a.x);
+  const int64_t H = a.H, W = a.W, cin = a.cin;
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    for (int64_t c = 0; c < cin; c += L) {
+      Vec s[6][6];
+      for (int j = 0; j < 6; ++j) {  // B^T d, a column at a time
+        const int64_t x = 4 * tx - 1 + j;
+        Vec col[6];
+        for (int i = 0; i < 6; ++i) {
+          const int64_t y = 4 * ty - 1 + i;
+          col[i] = (y >= 0 && y < H && x >= 0 && x < W) ? loadv<Vec>(x_in + ((b * H + y) * W + x) * cin + c) : Vec{};
+        }
+        Vec r[6];
+        winograd4_bt(col, r);
+        for (int i = 0; i < 6; ++i) {
+          s[i][j] = r[i];
+        }
+      }
+      float* v = V + t * cin + c;  // product k at v + k * n * cin
+      for (int i = 0; i < 6; ++i) {  // (B^T d) B, a row at a time
+        Vec r[6];
+        winograd4_bt(s[i], r);
+        for (int j = 0; j < 6; ++j) {
+          storev(v + (6 * i + j) * n * cin, r[j]);
+        }
+      }
+    }
+  }
+}
+
+// A^T applied to six vectors.
+template <typename Vec>
+inline __attribute__((always_inline)) void winograd4_at(const Vec (&m)[6], Vec (&o)[4]) {
+  const Vec two = Vec{} + 2.0f, four = Vec{} + 4.0f, eight = Vec{} + 8.0f;
+  const Vec p = m[1] + m[2], q = m[1] - m[2], u = m[3] + m[4], w = m[3] - m[4];
+  o[0] = m[0] + p + u;
+  o[1] = q + two * w;
+  o[2] = p + four * u;
+  o[3] = q + eight * w + m[5];
+}
+
+// 3. The 4x4 outputs A^T m A (+ bias) of each tile into the NHWC float32 output; positions past the image's edge
+//    are not written.
+template <typename Vec>
+inline __attribute__((always_inline)) void winograd4_output_transform(
+    const WinogradConv& a, int64_t t0, int64_t n, const float* __restrict__ M) {
+  float* out = static_cast<float*>(a.out);
+  const int64_t H = a.H, W = a.W, cout = a.cout;
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    for (int64_t c = 0; c < cout; c += L) {
+      const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
+      const float* m = M + t * cout + c;  // product k at m + k * n * cout
+      Vec s[4][6];
+      for (int j = 0; j < 6; ++j) {  // A^T m, a column at a time
+        Vec col[6], o[4];
+        for (int i = 0; i < 6; ++i) {
+          col[i] = loadv<Vec>(m + (6 * i + j) * n * cout);
+        }
+        winograd4_at(col, o);
+        for (int i = 0; i < 4; ++i) {
+          s[i][j] = o[i];
+        }
+      }
+      for (int i = 0; i < 4; ++i) {  // (A^T m) A
+        const int64_t y = 4 * ty + i;
+        if (y >= H) {
+          break;
+        }
+        Vec o[4];
+        winograd4_at(s[i], o);
+        for (int j = 0; j < 4 && 4 * tx + j < W; ++j) {
+          storev(out + ((b * H + y) * W + 4 * tx + j) * cout + c, o[j] + bias);
+        }
+      }
+    }
+  }
+}
+
+// A (= A^T transposed, 6x4) applied to four vectors: the weight gradient's adjoint of winograd4_at.
+template <typename Vec>
+inline __attribute__((always_inline)) void winograd4_a(const Vec (&g)[4], Vec (&e)[6]) {
+  const Vec two = Vec{} + 2.0f, four = Vec{} + 4.0f, eight = Vec{} + 8.0f;
+  const Vec p = g[0] + g[2], q = g[1] + g[3], u = g[0] + four * g[2], w = two * g[1] + eight * g[3];
+  e[0] = g[0];
+  e[1] = p + q;
+  e[2] = p - q;
+  e[3] = u + w;
+  e[4] = u - w;
+  e[5] = g[3];
+}
+
+// dM[k][t] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 4x4 outputs of each tile (zero past the image's edge).
+template <typename Vec>
+inline __attribute__((always_inline)) void winograd4_output_adjoint(
+    const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
+  constexpr int64_t L = sizeof(Vec) / sizeof(float);
+  const int64_t H = a.H, W = a.W, cout = a.cout;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    for (int64_t c = 0; c < cout; c += L) {
+      Vec s[4][6];
+      for (int i = 0; i < 4; ++i) {  // dy A^T, a row at a time
+        const int64_t y = 4 * ty + i;
+        Vec row[4];
+        for (int j = 0; j < 4; ++j) {
+          const int64_t x = 4 * tx + j;
+          row[j] = (y < H && x < W) ? loadv<Vec>(gy + ((b * H + y) * W + x) * cout + c) : Vec{};
+        }
+        winograd4_a(row, s[i]);
+      }
+      float* m = dM + t * cout + c;  // product k at m + k * n * cout
+      for (int j = 0; j < 6; ++j) {  // A (dy A^T), a column at a time
+        Vec col[4], e[6];
+        for (int i = 0; i < 4; ++i) {
+          col[i] = s[i][j];
+        }
+        winograd4_a(col, e);
+        for (int i = 0; i < 6; ++i) {
+          storev(m + (6 * i + j) * n * cout, e[i]);
+        }
+      }
+    }
+  }
+}
+
 // The same clones as the twins' loops, but with a * b + c contracted into fused multiply-adds (GCC: the optimize
 // attribute; clang: the pragma in the body), which the GEMMs are made of.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
@@ -1309,7 +1467,11 @@ inline __attribute__((always_inline)) void winograd_tiles_float(
 #endif
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cin = a.cin, cout = a.cout, P = a.products;
-  winograd_input_transform<float, float, Vec>(a, t0, n, V);
+  if (a.m == 4) {
+    winograd4_input_transform<Vec>(a, t0, n, V);
+  } else {
+    winograd_input_transform<float, float, Vec>(a, t0, n, V);
+  }
   for (int64_t k = 0; k < P; ++k) {  // 2. M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout)
     const float* Vk = V + k * n * cin;
     const float* Uk = static_cast<const float*>(a.weight) + k * cin * cout;
@@ -1326,7 +1488,11 @@ inline __attribute__((always_inline)) void winograd_tiles_float(
       }
     }
   }
-  winograd_output_transform<float, Vec>(a, t0, n, M);
+  if (a.m == 4) {
+    winograd4_output_transform<Vec>(a, t0, n, M);
+  } else {
+    winograd_output_transform<float, Vec>(a, t0, n, M);
+  }
 }
 
 // AVX-512 (and the baseline clone): 6 tiles x 64 channels per register block.
@@ -1490,8 +1656,10 @@ at::Tensor conv3x3_winograd_cpu(
   TORCH_CHECK(x.dim() == 4 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(at::MemoryFormat::ChannelsLast),
       "conv3x3_winograd: x must be a channels-last float32 or bfloat16 (B, Cin, H, W) tensor, got ", x.scalar_type(), " ",
       x.sizes(), " with strides ", x.strides());
-  const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), products = upsample ? 36 : 16;
-  const char* transform = upsample ? "winograd_weight(..., upsample=True" : "winograd_weight(...";
+  // A float32 weight of 36 products without upsample is F(4x4, 3x3)'s transform (winograd_weight(..., tile=4)).
+  const bool tile4 = !bf16 && !upsample && weight.dim() == 3 && weight.size(0) == 36;
+  const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), products = upsample || tile4 ? 36 : 16;
+  const char* transform = upsample ? "winograd_weight(..., upsample=True" : tile4 ? "winograd_weight(..., tile=4" : "winograd_weight(...";
   if (bf16) {
     TORCH_CHECK(weight.dim() == 4 && weight.size(0) == products && weight.size(1) * 2 == cin && weight.size(3) == 2 &&
         weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() && weight.device() == x.device(),
@@ -1513,8 +1681,9 @@ at::Tensor conv3x3_winograd_cpu(
   }
   const int64_t scale = upsample ? 2 : 1;  // (B, Cout, H, W), upsample (B, Cout, 2H, 2W), channels-last
   at::Tensor out = at::empty({B, scale * H, scale * W, cout}, x.options()).permute({0, 3, 1, 2});
+  const int64_t m = tile4 ? 4 : 2;
   const WinogradConv a{x.data_ptr(), weight.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
-      out.data_ptr(), H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, upsample, products};
+      out.data_ptr(), H, W, cin, cout, (H + m - 1) / m, (W + m - 1) / m, upsample, products, m};
   const int64_t tiles = B * a.tiles_h * a.tiles_w;
   const int64_t per_block = winograd_block_tiles(products, cin, cout, tiles, bf16 ? 2 : 4);
   const bool native = bf16 && cpu_has_avx512_bf16(), avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
@@ -1598,9 +1767,14 @@ inline __attribute__((always_inline)) void winograd_grad_tiles_float(const Winog
 #endif
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cin = a.cin, cout = a.cout;
-  winograd_input_transform<float, float, Vec>(a, t0, n, V);
-  winograd_output_adjoint<Vec>(a, gy, t0, n, dM);
-  for (int64_t k = 0; k < 16; ++k) {
+  if (a.m == 4) {
+    winograd4_input_transform<Vec>(a, t0, n, V);
+    winograd4_output_adjoint<Vec>(a, gy, t0, n, dM);
+  } else {
+    winograd_input_transform<float, float, Vec>(a, t0, n, V);
+    winograd_output_adjoint<Vec>(a, gy, t0, n, dM);
+  }
+  for (int64_t k = 0; k < a.products; ++k) {
     const float* Vk = V + k * n * cin;
     const float* Mk = dM + k * n * cout;
     float* Uk = dU + k * cin * cout;
@@ -1637,7 +1811,8 @@ void winograd_grad_tiles_avx2(const WinogradConv& a, const float* __restrict__ g
 }
 #endif
 
-at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out) {
+at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile) {
+  TORCH_CHECK(tile == 2 || tile == 4, "conv3x3_winograd_weight_grad: tile must be 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)), got ", tile);
   TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(at::MemoryFormat::ChannelsLast),
       "conv3x3_winograd_weight_grad: x must be a channels-last float32 (B, Cin, H, W) tensor, got ", x.scalar_type(),
       " ", x.sizes(), " with strides ", x.strides());
@@ -1649,16 +1824,18 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
   const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), cout = grad_out.size(1);
   TORCH_CHECK(cin % 16 == 0 && cout % 16 == 0 && cin > 0 && cout > 0,
       "conv3x3_winograd_weight_grad: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
-  at::Tensor out = at::zeros({16, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
-  const WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + 1) / 2, (W + 1) / 2, false, 16};
-  const int64_t tiles = B * a.tiles_h * a.tiles_w, per_block = winograd_block_tiles(16, cin, cout, tiles, 4);
-  const int64_t blocks = (tiles + per_block - 1) / per_block, threads = at::get_num_threads(), size = 16 * cin * cout;
-  std::vector<float> partials(threads * size, 0.0f);  // one (16, Cin, Cout) sum per thread
+  const int64_t products = tile * tile + 4 * tile + 4;  // (tile + 2)^2: 16 or 36
+  at::Tensor out = at::zeros({products, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + tile - 1) / tile,
+      (W + tile - 1) / tile, false, products, tile};
+  const int64_t tiles = B * a.tiles_h * a.tiles_w, per_block = winograd_block_tiles(products, cin, cout, tiles, 4);
+  const int64_t blocks = (tiles + per_block - 1) / per_block, threads = at::get_num_threads(), size = products * cin * cout;
+  std::vector<float> partials(threads * size, 0.0f);  // one (products, Cin, Cout) sum per thread
   const float* gy = grad_out.data_ptr<float>();
   const bool avx2_gemm = winograd_uses_avx2_gemm();
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::unique_ptr<float[]> V(new float[16 * per_block * cin]);
-    std::unique_ptr<float[]> dM(new float[16 * per_block * cout]);
+    std::unique_ptr<float[]> V(new float[products * per_block * cin]);
+    std::unique_ptr<float[]> dM(new float[products * per_block * cout]);
     float* dU = partials.data() + std::min<int64_t>(at::get_thread_num(), threads - 1) * size;
     for (int64_t block = begin; block < end; ++block) {
       const int64_t t0 = block * per_block, n = std::min(per_block, tiles - t0);
@@ -1838,7 +2015,7 @@ TORCH_LIBRARY(diffusion_kernels, m) {
       "group_norm_act_backward(Tensor grad, Tensor x, Tensor weight, Tensor bias, Tensor? scale, Tensor? shift, *, "
       "int groups, float eps, bool silu) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("conv3x3_winograd(Tensor x, Tensor weight, Tensor? bias, *, bool upsample=False) -> Tensor");
-  m.def("conv3x3_winograd_weight_grad(Tensor x, Tensor grad_out) -> Tensor");
+  m.def("conv3x3_winograd_weight_grad(Tensor x, Tensor grad_out, int tile=2) -> Tensor");
   m.def("bias_add_(Tensor(a!) h, Tensor bias, Tensor? residual, Tensor? residual2) -> ()");
   m.def("seeded_dropout(Tensor x, int seed, float p) -> Tensor");
 }

@@ -13,6 +13,7 @@ loads the extension on first use.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 
@@ -119,8 +120,8 @@ def _register_fakes() -> None:
         return
 
     @torch.library.register_fake("diffusion_kernels::conv3x3_winograd_weight_grad")
-    def _conv3x3_winograd_weight_grad_fake(x, grad_out):
-        return x.new_empty((16, x.shape[1], grad_out.shape[1]))
+    def _conv3x3_winograd_weight_grad_fake(x, grad_out, tile=2):
+        return x.new_empty(((tile + 2) ** 2, x.shape[1], grad_out.shape[1]))
 
 
 def _register_norm_training() -> None:
@@ -311,25 +312,39 @@ def bias_add_(
 
 
 # Winograd's kernel transforms G (Lavin and Gray 2016): U = G g G^T is the kernel that multiplies the transformed
-# input tile elementwise (the input and output transforms are in diffusion_ops.cpp). F(2x2, 3x3) for a 3x3
-# kernel; F(2x2, 2x2) for the 2x2 phase kernels of an upsampling's convolution (upsample_phase_weights).
-WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+# input tile elementwise (the input and output transforms are in diffusion_ops.cpp). F(2x2, 3x3) and F(4x4, 3x3)
+# for a 3x3 kernel, by the output tile's side; F(2x2, 2x2) for the 2x2 phase kernels of an upsampling's convolution
+# (upsample_phase_weights).
+WINOGRAD_G = {
+    2: ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0)),
+    4: (
+        (1 / 4, 0.0, 0.0),
+        (-1 / 6, -1 / 6, -1 / 6),
+        (-1 / 6, 1 / 6, -1 / 6),
+        (1 / 24, 1 / 12, 1 / 6),
+        (1 / 24, -1 / 12, 1 / 6),
+        (0.0, 0.0, 1.0),
+    ),
+}
 _WINOGRAD_G2 = ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0))
 
 
 def winograd_weight(
-    weight: torch.Tensor, *, upsample: bool = False, dtype: torch.dtype = torch.float32
+    weight: torch.Tensor, *, upsample: bool = False, dtype: torch.dtype = torch.float32, tile: int = 2
 ) -> torch.Tensor:
     """A 3x3 convolution's weight (Cout, Cin, 3, 3) as :func:`conv3x3_winograd`'s operand, computed in float64:
-    (16, Cin, Cout), U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci]; or, for the
+    (16, Cin, Cout), U[4a + b, ci, co] = (G g G^T)[a, b] of the kernel g = weight[co, ci] in F(2x2, 3x3); with
+    ``tile=4`` (float32 only) F(4x4, 3x3)'s (36, Cin, Cout), U[6a + b, ci, co]; or, for the
     convolution of the input upsampled 2x, (36, Cin, Cout): for each output phase p (upsample_phase_weights'
     order) its 2x2 kernel k's G2 k G2^T at rows 9p .. 9p + 8. float32; or, with ``dtype=torch.bfloat16`` (for a
     bfloat16 x), rounded to bfloat16 once and laid out in input-channel pairs, (16 or 36, Cin / 2, Cout, 2): the
     operand of AVX512-BF16's dot product."""
+    if tile not in WINOGRAD_G or (tile != 2 and (upsample or dtype != torch.float32)):
+        raise ValueError(f"winograd_weight: tile={tile} is not one of 2, or 4 for a float32 3x3 convolution")
     if not upsample:
-        G = torch.tensor(WINOGRAD_G, dtype=torch.float64, device=weight.device)
-        u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (4, 4, Cin, Cout)
-        u = u.reshape(16, weight.shape[1], weight.shape[0])
+        G = torch.tensor(WINOGRAD_G[tile], dtype=torch.float64, device=weight.device)
+        u = torch.einsum("ai,ocij,bj->abco", G, weight.detach().double(), G)  # (t + 2, t + 2, Cin, Cout)
+        u = u.reshape(G.shape[0] ** 2, weight.shape[1], weight.shape[0])
     else:
         G2 = torch.tensor(_WINOGRAD_G2, dtype=torch.float64, device=weight.device)
         phases = [
@@ -347,7 +362,8 @@ def conv3x3_winograd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, upsample: bool = False
 ) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
-    Winograd's F(2x2, 3x3) (BENCHMARKS.md, "Where the runner's time goes"). x: (B, Cin, H, W) float32
+    Winograd's F(2x2, 3x3) (``winograd_weight(g, tile=4)``: F(4x4, 3x3)) (BENCHMARKS.md, "Where the runner's time
+    goes"). x: (B, Cin, H, W) float32
     channels-last; Cin and Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
     ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
     each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
@@ -357,13 +373,24 @@ def conv3x3_winograd(
     return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias, **extra)
 
 
-def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
-    """The gradient of the loss with respect to conv3x3_winograd's ``weight`` (float32 (16, Cin, Cout)), given the
-    gradient ``grad_out`` (B, Cout, H, W) of its output for the input x (B, Cin, H, W), both channels-last float32:
-    what training needs (ddpm/training/winograd.py turns it into the 3x3 kernel's gradient)."""
+def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, *, tile: int = 2) -> torch.Tensor:
+    """The gradient of the loss with respect to conv3x3_winograd's ``weight`` (float32 (16, Cin, Cout); ``tile=4``:
+    F(4x4, 3x3)'s (36, Cin, Cout)), given the gradient ``grad_out`` (B, Cout, H, W) of its output for the input x
+    (B, Cin, H, W), both channels-last float32: what training needs (ddpm/training/winograd.py turns it into the 3x3
+    kernel's gradient)."""
     if _loaded_from is None:
         load_extension()
-    return torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad_out)
+    extra = {"tile": tile} if tile != 2 else {}
+    return torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad_out, **extra)
+
+
+@functools.cache
+def has_winograd_tile4() -> bool:
+    """Whether the loaded extension computes F(4x4, 3x3) (a build older than it has the 2x2 tile alone)."""
+    if not has_op("conv3x3_winograd_weight_grad"):
+        return False
+    schema = torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad.default._schema
+    return any(argument.name == "tile" for argument in schema.arguments)
 
 
 # Wider layers stay on oneDNN: their 16 (Cin, Cout) kernels no longer fit the cache

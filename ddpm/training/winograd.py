@@ -1,5 +1,6 @@
-"""3x3 convolutions trained in Winograd's F(2x2, 3x3) on a CPU: the sampling runner's kernel for the forward pass
-and for the input's gradient, and the extension's ``conv3x3_winograd_weight_grad`` for the kernel's.
+"""3x3 convolutions trained in Winograd's domain on a CPU: F(4x4, 3x3) on maps of 4x4 and up, F(2x2, 3x3) on
+smaller ones; the sampling runner's kernel for the forward pass and for the input's gradient, and the extension's
+``conv3x3_winograd_weight_grad`` for the kernel's.
 
 For y = conv2d(x, g, b, padding=1) with U = G g G^T (the kernel in Winograd's domain):
 - forward: ``conv3x3_winograd(x, U, b)``;
@@ -22,10 +23,16 @@ from torch import nn
 
 from ddpm.kernels import ops
 
-# F(2x2, 3x3)'s kernel transform U = G g G^T as one (16, 9) matrix, G (x) G (ops.winograd_weight's G): every
-# kernel's 16 products from its 9 taps in one GEMM over all (Cout, Cin) pairs, and back for the gradient.
-_G = torch.tensor(ops.WINOGRAD_G)
-_GG = torch.kron(_G, _G)  # _GG[4a + b, 3i + j] = G[a, i] G[b, j]
+# Each tile's kernel transform U = G g G^T as one (products, 9) matrix, G (x) G (ops.winograd_weight's G): every
+# kernel's products from its 9 taps in one GEMM over all (Cout, Cin) pairs, and back for the gradient.
+_GG = {tile: torch.kron(torch.tensor(G), torch.tensor(G)) for tile, G in ops.WINOGRAD_G.items()}
+
+
+def tile_for(side: int) -> int:
+    """The output tile of the Winograd algorithm for a map of ``side`` (its smaller side): F(4x4, 3x3) from 4x4 on,
+    where it does fewer multiply-adds than F(2x2, 3x3) (BENCHMARKS.md, "The training step against its peers"),
+    F(2x2, 3x3) below it or with an extension built before F(4x4, 3x3)."""
+    return 4 if side >= 4 and ops.has_winograd_tile4() else 2
 
 
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
@@ -63,24 +70,19 @@ def weight_grad_available() -> bool:
     return ops.has_op("conv3x3_winograd_weight_grad")  # False for a build older than the op
 
 
-def _transform(weight: torch.Tensor) -> torch.Tensor:
-    """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (16, Cin, Cout) operand, in float32
-    since every training step runs it."""
+def _transform(weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (products, Cin, Cout) operand, in
+    float32 since every training step runs it."""
     cout, cin = weight.shape[:2]
-    u = _GG @ weight.reshape(cout * cin, 9).T  # (16, Cout * Cin)
-    return u.view(16, cout, cin).transpose(1, 2).contiguous()
+    u = _GG[tile] @ weight.reshape(cout * cin, 9).T  # (products, Cout * Cin)
+    return u.view(-1, cout, cin).transpose(1, 2).contiguous()
 
 
-# Rotating a kernel 180 degrees reverses G's columns, which for this G is swapping its rows 0 and 3: the rotated
-# kernel's U is U with products (a, b) read at (p(a), p(b)), p swapping 0 and 3.
-_GG_ROTATED = _GG[[4 * p + q for p in (3, 1, 2, 0) for q in (3, 1, 2, 0)]]
-
-
-def _rotated(weight: torch.Tensor) -> torch.Tensor:
+def _rotated(weight: torch.Tensor, tile: int) -> torch.Tensor:
     """The transform of the kernel rotated 180 degrees with its channels swapped: the operand of the input
-    gradient's convolution, (16, Cout, Cin), straight from the (Cout, Cin, 3, 3) kernel in one GEMM."""
+    gradient's convolution, (products, Cout, Cin), straight from the (Cout, Cin, 3, 3) kernel in one GEMM."""
     cout, cin = weight.shape[:2]
-    return (_GG_ROTATED @ weight.reshape(cout * cin, 9).T).view(16, cout, cin)
+    return (_GG[tile] @ weight.flip(2, 3).reshape(cout * cin, 9).T).view(-1, cout, cin)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -91,11 +93,11 @@ class _WinogradConv3x3(torch.autograd.Function):
     """conv2d(x, weight, bias, padding=1) for a 3x3 kernel, forward and backward in Winograd's domain."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
         x = _channels_last(x)
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return ops.conv3x3_winograd(x, _transform(weight), bias)
+        ctx.has_bias, ctx.tile = bias is not None, tile
+        return ops.conv3x3_winograd(x, _transform(weight, tile), bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -104,21 +106,24 @@ class _WinogradConv3x3(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # The input's gradient: the convolution of grad with g rotated 180 degrees, in and out swapped.
-            grad_x = ops.conv3x3_winograd(grad, _rotated(weight), None)
+            grad_x = ops.conv3x3_winograd(grad, _rotated(weight, ctx.tile), None)
         if ctx.needs_input_grad[1]:
-            dU = ops.conv3x3_winograd_weight_grad(x, grad)  # (16, Cin, Cout)
-            cin, cout = dU.shape[1:]
-            grad_u = dU.transpose(1, 2).reshape(16, cout * cin)  # (16, Cout * Cin)
-            grad_weight = (_GG.T @ grad_u).T.reshape(cout, cin, 3, 3)  # dL/dg = G^T (dL/dU) G
+            dU = ops.conv3x3_winograd_weight_grad(x, grad, tile=ctx.tile)  # (products, Cin, Cout)
+            products, cin, cout = dU.shape
+            grad_u = dU.transpose(1, 2).reshape(products, cout * cin)  # (products, Cout * Cin)
+            grad_weight = (_GG[ctx.tile].T @ grad_u).T.reshape(cout, cin, 3, 3)  # dL/dg = G^T (dL/dU) G
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum((0, 2, 3))
-        return grad_x, grad_weight, grad_bias
+        return grad_x, grad_weight, grad_bias, None
 
 
-def conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def conv3x3(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, tile: int | None = None
+) -> torch.Tensor:
     """conv2d(x, weight, bias, padding=1), differentiable, for float32 CPU tensors of channel counts that are
-    multiples of 16 (ddpm.kernels.ops.winograd_applies); channels-last out."""
-    return _WinogradConv3x3.apply(x, weight, bias)
+    multiples of 16 (ddpm.kernels.ops.winograd_applies), in F(tile x tile, 3x3) (by default :func:`tile_for` x's
+    maps); channels-last out."""
+    return _WinogradConv3x3.apply(x, weight, bias, tile or tile_for(min(x.shape[-2:])))
 
 
 class WinogradConv2d(nn.Conv2d):

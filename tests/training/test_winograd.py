@@ -35,7 +35,8 @@ SHAPES = [(3, 16, 32, 8, 8), (2, 32, 16, 5, 7), (4, 64, 64, 2, 2), (2, 16, 16, 1
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_output_and_gradients_match_float64_as_closely_as_onednn(shape):
+@pytest.mark.parametrize("tile", [2, 4])
+def test_output_and_gradients_match_float64_as_closely_as_onednn(shape, tile):
     B, cin, cout, H, W = shape
     gen = torch.Generator().manual_seed(sum(shape))
     x, w, b = (
@@ -53,7 +54,7 @@ def test_output_and_gradients_match_float64_as_closely_as_onednn(shape):
 
     reference = run(lambda *a: F.conv2d(*a, padding=1), torch.float64)
     onednn = run(lambda *a: F.conv2d(*a, padding=1), torch.float32)
-    ours = run(conv3x3, torch.float32, torch.channels_last)
+    ours = run(lambda *a: conv3x3(*a, tile=tile), torch.float32, torch.channels_last)
     for name, mine, theirs, exact in zip(("y", "dx", "dw", "db"), ours, onednn, reference):
         assert mine.shape == exact.shape, name
         assert relative_error(mine, exact) <= 3 * relative_error(theirs, exact) + 1e-6, name
@@ -78,11 +79,13 @@ def channels_last(*shape, dtype=torch.float32) -> torch.Tensor:
         (channels_last(2, 8, 4, 4), channels_last(2, 16, 4, 4), "multiples of 16"),
         (channels_last(2, 16, 4, 4), channels_last(2, 16, 4, 6), "grad_out must be"),
         (channels_last(2, 16, 4, 4), torch.randn(2, 16, 4, 4), "grad_out must be"),
+        (channels_last(2, 16, 4, 4), channels_last(2, 16, 4, 4), "tile must be 2"),
     ],
 )
 def test_weight_grad_op_refuses_what_it_cannot_compute(x, grad, message):
+    tile = 3 if message.startswith("tile") else 2
     with pytest.raises(RuntimeError, match=message):
-        torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad)
+        torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad, tile=tile)
 
 
 def test_swapped_unet_keeps_its_parameters_and_computes_the_same_function():
@@ -122,9 +125,10 @@ def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path):
             torch.testing.assert_close(grad, theirs[name], rtol=1e-4, atol=1e-6, msg=f"step {step}: {name}")
     # AdamW divides each gradient by its running size: where a gradient is zero but for rounding (a channel's bias
     # that the next GroupNorm all but cancels), two implementations' rounding moves it by up to a step of the
-    # learning rate (1e-3) either way; the weights agree to a tenth of a step.
+    # learning rate (1e-3) either way; the weights agree to a fifth of a step (F(4x4, 3x3) rounds more than
+    # F(2x2, 3x3), both closer to float64 than 3x oneDNN's error: the test above).
     for name, mine in runner.items():
-        torch.testing.assert_close(mine, plain[name], rtol=1e-5, atol=1e-3 if name.endswith("bias") else 1e-4)
+        torch.testing.assert_close(mine, plain[name], rtol=1e-5, atol=1e-3 if name.endswith("bias") else 2e-4)
 
 
 def test_a_cpu_trains_fp32_channels_last_and_bf16_not_with_the_same_gradients(tmp_path):
