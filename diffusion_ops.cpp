@@ -1043,7 +1043,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
   return {dx, dweight, dbias, dscale, dshift};
 }
 
-// ----- conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) -----------------------
+// ----- conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) or F(4x4, 3x3) ----------
 // (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016.) Each 2x2 tile of outputs is
 // A^T [U (.) (B^T d B)] A for the 4x4 input tile d around it and the kernel's transform U = G g G^T
 // (ddpm.kernels.ops.winograd_weight, computed once in float64): per tile and channel pair 16 multiply-adds

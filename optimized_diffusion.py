@@ -69,8 +69,8 @@ class FusedUNet(nn.Module):
 
     Every block's embedding projection is one segment of a (rows, D) float32 table, ``projections(t, y)``; a
     sampler of an unconditional model computes it once per plan and passes a row (``forward(..., projections=row)``).
-    On a CPU where :func:`winograd_is_fast`, 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3)
-    (``winograd=False``: oneDNN).
+    On a CPU where :func:`winograd_is_fast`, 3x3 stride-1 convolutions run in Winograd's F(2x2, 3x3), float32's
+    maps from 4x4 in F(4x4, 3x3) (``winograd=False``: oneDNN).
     """
 
     def __init__(
@@ -131,7 +131,7 @@ class FusedUNet(nn.Module):
         self.conv1_biases = {b: b.conv1.bias.detach().float().contiguous() for b in blocks}
 
         # Where winograd_is_fast, the 3x3 stride-1 convolutions (and upsampling's, per output phase) in Winograd's
-        # F(2x2, 3x3); elsewhere the packed weights above.
+        # domain; elsewhere the packed weights above.
         on_cpu = all(p.device.type == "cpu" for p in unet.parameters())
         # On a GPU the runner adds a convolution's bias itself, with the residual stream, in one pass (bias_add_),
         # since cuDNN adds it in a separate pass; oneDNN fuses it, so the CPU keeps it in the convolution.
@@ -155,6 +155,12 @@ class FusedUNet(nn.Module):
             conv: ops.winograd_weight(conv.weight, dtype=dtype)
             for conv in unet.modules()
             if use_winograd and ops.winograd_applies(conv) and conv not in upsampling_convs
+        }
+        # float32's maps of 4x4 and up in F(4x4, 3x3) (ops.winograd_tile), so each such kernel in both tiles.
+        self.winograd4 = {
+            conv: ops.winograd_weight(conv.weight, tile=4)
+            for conv in self.winograd
+            if dtype == torch.float32 and ops.has_winograd_tile4()
         }
         # Any other upsampling's convolution on the CPU as its phase kernels on the low-resolution input
         # (upsample_phase_weights; where the packed weights live; see _upsample_conv).
@@ -189,7 +195,10 @@ class FusedUNet(nn.Module):
         bias = bias if with_bias and not separate else None
         if conv in self.winograd:  # its bias in float32 (added to the float32 sums before rounding)
             bias = self.float_biases[conv] if bias is not None else None
-            out = ops.conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), self.winograd[conv], bias)
+            u = self.winograd[conv]
+            if conv in self.winograd4 and ops.winograd_tile(min(x.shape[-2:])) == 4:
+                u = self.winograd4[conv]
+            out = ops.conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), u, bias)
         else:
             op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
             out = op(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)

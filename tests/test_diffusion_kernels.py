@@ -966,7 +966,7 @@ def test_bias_add_cuda_kernel_equals_its_cpu_twin_bit_for_bit(case, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) (the fused U-Net's)
+# conv3x3_winograd: a 3x3 convolution on the CPU in Winograd's F(2x2, 3x3) or F(4x4, 3x3) (the fused U-Net's)
 # ---------------------------------------------------------------------------------------------
 
 WINOGRAD_CASES = {  # (batch, Cin, Cout, H, W)

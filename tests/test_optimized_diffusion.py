@@ -482,6 +482,28 @@ def test_the_cpu_runner_computes_its_3x3_convolutions_in_winograd_only_where_it_
     assert set(runner.winograd_upsample) == (ups if expected != "none" else set())
     assert not (set(runner.upsample_phases) & set(runner.winograd_upsample))  # one way per upsampling
     assert not od.FusedUNet(perturbed_unet(FUSED_VARIANTS["3-D"]).eval()).winograd
+    float32 = build.get("dtype", torch.float32) == torch.float32
+    assert set(runner.winograd4) == (set(runner.winograd) if float32 else set())  # F(4x4, 3x3)'s kernels too
+
+
+def test_the_cpu_runner_convolves_maps_of_4x4_and_up_in_f4x4_and_smaller_ones_in_f2x2(monkeypatch):
+    monkeypatch.setattr(od, "winograd_is_fast", lambda dtype=torch.float32: dtype == torch.float32)
+    config = UNetConfig(**{**SMALL.to_dict(), "image_size": 8, "channel_mult": (1, 2, 2), "attention_resolutions": ()})
+    model = perturbed_unet(config).eval()  # maps of 8, 4 and 2
+    runner = od.FusedUNet(model)
+    seen = []
+    convolve = ops.conv3x3_winograd
+
+    def spy(x, weight, bias=None, *, upsample=False):
+        if not upsample:
+            seen.append((x.shape[-1], weight.shape[0]))
+        return convolve(x, weight, bias, upsample=upsample)
+
+    monkeypatch.setattr(ops, "conv3x3_winograd", spy)
+    x = torch.randn(2, 1, 8, 8)
+    torch.testing.assert_close(runner(x, torch.tensor([3, 700])), model(x, torch.tensor([3, 700])), rtol=0, atol=1e-4)
+    assert {side for side, _ in seen} == {8, 4, 2}
+    assert all(products == (36 if side >= 4 else 16) for side, products in seen), seen
 
 
 @pytest.mark.parametrize(

@@ -393,6 +393,13 @@ def has_winograd_tile4() -> bool:
     return any(argument.name == "tile" for argument in schema.arguments)
 
 
+def winograd_tile(side: int) -> int:
+    """The output tile of a float32 Winograd convolution of maps ``side`` on their shorter side: F(4x4, 3x3) from 4x4
+    on, where it does fewer multiply-adds than F(2x2, 3x3) (BENCHMARKS.md, "The training step against its peers"),
+    F(2x2, 3x3) below it or with an extension built before F(4x4, 3x3)."""
+    return 4 if side >= 4 and has_winograd_tile4() else 2
+
+
 # Wider layers stay on oneDNN: their 16 (Cin, Cout) kernels no longer fit the cache
 # (BENCHMARKS.md, "Where the runner's time goes").
 WINOGRAD_MAX_CHANNELS = 256

@@ -28,13 +28,6 @@ from ddpm.kernels import ops
 _GG = {tile: torch.kron(torch.tensor(G), torch.tensor(G)) for tile, G in ops.WINOGRAD_G.items()}
 
 
-def tile_for(side: int) -> int:
-    """The output tile of the Winograd algorithm for a map of ``side`` (its smaller side): F(4x4, 3x3) from 4x4 on,
-    where it does fewer multiply-adds than F(2x2, 3x3) (BENCHMARKS.md, "The training step against its peers"),
-    F(2x2, 3x3) below it or with an extension built before F(4x4, 3x3)."""
-    return 4 if side >= 4 and ops.has_winograd_tile4() else 2
-
-
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
 # AVX2's GEMM wins at every map, AVX-512's from 14x14 on (BENCHMARKS.md, "The training step against its peers").
 _MIN_SIDE = {"AVX2": 1, "AVX512": 14}
@@ -121,9 +114,9 @@ def conv3x3(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, tile: int | None = None
 ) -> torch.Tensor:
     """conv2d(x, weight, bias, padding=1), differentiable, for float32 CPU tensors of channel counts that are
-    multiples of 16 (ddpm.kernels.ops.winograd_applies), in F(tile x tile, 3x3) (by default :func:`tile_for` x's
+    multiples of 16 (ddpm.kernels.ops.winograd_applies), in F(tile x tile, 3x3) (by default ops.winograd_tile of x's
     maps); channels-last out."""
-    return _WinogradConv3x3.apply(x, weight, bias, tile or tile_for(min(x.shape[-2:])))
+    return _WinogradConv3x3.apply(x, weight, bias, tile or ops.winograd_tile(min(x.shape[-2:])))
 
 
 class WinogradConv2d(nn.Conv2d):

@@ -208,3 +208,9 @@ def test_resume_takes_this_versions_step_switches_and_the_files_training(tmp_pat
     config = resume_config(trainer.state_dict())  # a checkpoint written when Winograd was a benchmark row
     assert config.winograd_convs and config.cpu_fused_norms and config.cpu_channels_last
     assert config.ema_decay == 0.99  # what the run learns stays the file's
+
+
+def test_float32_convolutions_take_f4x4_from_4x4_maps_and_f2x2_below(monkeypatch):
+    assert [ops.winograd_tile(side) for side in (1, 2, 3, 4, 7, 28)] == [2, 2, 2, 4, 4, 4]
+    monkeypatch.setattr(ops, "has_winograd_tile4", lambda: False)  # an extension built before F(4x4, 3x3)
+    assert ops.winograd_tile(28) == 2
