@@ -1504,7 +1504,8 @@ void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restr
 // A CPU with AVX2 and FMA but not AVX-512. Its 16 vector registers hold 8 floats each, so the AVX-512 block of
 // 6 tiles x 64 channels (48 of them as accumulators) would spill on every step: here 6 tiles x 16 channels in 12
 // registers, with 2 for U's row and 1 for the broadcast V. The sums run over Cin in the same order with the same
-// fused multiply-adds, and the transforms hold no products, so the output is the AVX-512 clone's bit for bit.
+// fused multiply-adds, and the transforms are the same per-lane expressions (F(4x4, 3x3)'s constant products
+// contracted alike in both clones), so the output is the AVX-512 clone's bit for bit (a test checks both tiles).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
 #define DIFFUSION_KERNELS_AVX2_GEMM 1
 
