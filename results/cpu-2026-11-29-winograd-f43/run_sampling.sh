@@ -9,3 +9,8 @@ env DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 DDPM_KERNELS_ISA=avx2 DDPM_NA
   TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" python main.py --mode benchmark --device cpu --img_size 16 --channels 1 \
   --n_samples 64 --sampler ddim --sampling_steps 50 --warmup 1 --repeats 3 --interleave --precision fp32 \
   --rows original,cuda,cuda_onednn,compile,onnxruntime --json "$out/sampling_avx2.json" > "$out/sampling_avx2.log" 2>&1
+# The same rows with this Xeon's AVX-512 kernels in fp32 (as on an AVX-512 CPU without bf16), OpenVINO added.
+env DDPM_NATIVE_BF16=0 TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" python main.py --mode benchmark --device cpu \
+  --img_size 16 --channels 1 --n_samples 64 --sampler ddim --sampling_steps 50 --warmup 1 --repeats 3 --interleave \
+  --precision fp32 --rows original,cuda,cuda_onednn,compile,onnxruntime,openvino \
+  --json "$out/sampling_avx512_fp32.json" > "$out/sampling_avx512_fp32.log" 2>&1
