@@ -13,3 +13,6 @@ avx2=(env DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 DDPM_KERNELS_ISA=avx2 D
   --rows default,fp32_nhwc,diffusers,fp32_compile --json "$out/i_mnist28_avx2.json" > "$out/i_mnist28_avx2.log" 2>&1
 "${avx2[@]}" python main.py "${common[@]}" --dataset mnist_5k --img_size 8 --channels 4 --train_steps 10 \
   --rows default,fp32_nhwc,diffusers,fp32_compile --json "$out/i_latent8_avx2.json" > "$out/i_latent8_avx2.log" 2>&1
+# bf16 torch.compile, the one peer row not above, at 28x28 with AVX2 kernels (bf16 emulated there).
+"${avx2[@]}" python main.py "${common[@]}" --dataset mnist_5k --train_steps 3 \
+  --rows default,amp_compile --json "$out/i_mnist28_avx2_amp_compile.json" > "$out/i_mnist28_avx2_amp_compile.log" 2>&1
