@@ -45,7 +45,8 @@
 //   conv3x3_winograd(x, weight, bias, *, upsample=False) -> Tensor
 //       A 3x3 convolution (stride 1, padding 1) of a channels-last float32 x, CPU only, in Winograd's
 //       F(2x2, 3x3): 2.25x fewer multiply-adds than oneDNN's direct convolution. weight is the kernel's
-//       (16, Cin, Cout) transform (ddpm.kernels.ops.winograd_weight); channel counts multiples of 16.
+//       (16, Cin, Cout) transform (ddpm.kernels.ops.winograd_weight; F(4x4, 3x3)'s: below); channel counts
+//       multiples of 16.
 //       upsample: the convolution of x upsampled 2x (nearest), without the upsampled tensor: each output
 //       phase's 2x2 kernel in F(2x2, 2x2), weight (36, Cin, Cout), output (B, Cout, 2H, 2W).
 //       A bfloat16 x takes the transform in bfloat16 pairs, (16 or 36, Cin / 2, Cout, 2), and returns bfloat16:
@@ -1048,7 +1049,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
 // A^T [U (.) (B^T d B)] A for the 4x4 input tile d around it and the kernel's transform U = G g G^T
 // (ddpm.kernels.ops.winograd_weight, computed once in float64): per tile and channel pair 16 multiply-adds
 // instead of 36. The 16 products of a tile, summed over input channels, are 16 GEMMs
-// (tiles x Cin) @ (Cin x Cout). Work goes by blocks of tiles (winograd_block_tiles), each block's three stages in
+// (tiles x Cin) @ (Cin x Cout). F(4x4, 3x3) (further below) is the same with 6x6 input tiles and 36 products. Work goes by blocks of tiles (winograd_block_tiles), each block's three stages in
 // one thread's cache: the input transform (V[k][t][:], k = 4 * row + column of B^T d B), the GEMMs
 // (M[k] = V[k] @ U[k], a register-blocked kernel of 6 tiles x 64 output channels) and the output transform
 // (plus the bias) into the NHWC output. oneDNN has Winograd kernels of its own, but PyTorch always asks
@@ -1056,8 +1057,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
 // and further from float64 (BENCHMARKS.md, "Where the runner's time goes"). Not a twin of anything on the GPU (cuDNN
 // picks its own algorithms there).
 //
-// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0; 0 1 -1 -1]: additions only, so rounding
-// comes from the GEMMs, whose fused multiply-adds are allowed here (fp-contract=fast, unlike the twins):
+// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0; 0 1 -1 -1]: additions only, so F(2x2, 3x3)'s
+// rounding comes from the GEMMs, whose fused multiply-adds are allowed here (fp-contract=fast, unlike the twins):
 // this is not an op with a bitwise definition; tests compare it with float64 (it lands closer than oneDNN).
 //
 // upsample: conv(nearest-2x-upsample(x)) without the upsampled tensor. Per output phase (a, b) (position 2i + a,
@@ -1718,9 +1719,9 @@ at::Tensor conv3x3_winograd_cpu(
 // y = A^T [U (.) V] A per tile and product k, so dL/dU[k] = sum over tiles V[k]^T (A dy A^T)[k]: the same input
 // transform V as the forward pass, the adjoint of the output transform on the gradient of y (dM), and per product
 // k a GEMM (Cin x tiles) @ (tiles x Cout) that sums over the tiles. The kernel's gradient is then G^T dU G
-// (ddpm/training/winograd.py). Blocks of tiles as in the forward pass, each thread summing into its own (16, Cin,
-// Cout) partial, added up at the end. The input's gradient is conv3x3_winograd itself, of dy with the kernel
-// rotated 180 degrees and its channels swapped.
+// (ddpm/training/winograd.py). Blocks of tiles as in the forward pass, each thread summing into its own
+// (products, Cin, Cout) partial, added up at the end. The input's gradient is conv3x3_winograd itself, of dy with
+// the kernel rotated 180 degrees and its channels swapped.
 
 // dM[k][t] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
 // A = [1 0; 1 1; 1 -1; 0 -1] (A^T of the forward transform, transposed).
@@ -1757,8 +1758,9 @@ inline __attribute__((always_inline)) void winograd_output_adjoint(
   }
 }
 
-// Tiles [t0, t0 + n): V and dM of the block, then dU (16, Cin, Cout) += V[k]^T dM[k] for each product k, on vectors
-// Vec in register blocks of 6 input channels x QMAX vectors (the forward's GEMM tile and blocking for that Vec).
+// Tiles [t0, t0 + n): V and dM of the block, then dU (products, Cin, Cout) += V[k]^T dM[k] for each product k, on
+// vectors Vec in register blocks of 6 input channels x QMAX vectors (the forward's GEMM tile and blocking for that
+// Vec).
 template <typename Vec, int QMAX>
 inline __attribute__((always_inline)) void winograd_grad_tiles_float(const WinogradConv& a,
     const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ dM,

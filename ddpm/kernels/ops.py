@@ -400,8 +400,8 @@ def winograd_tile(side: int) -> int:
     return 4 if side >= 4 and has_winograd_tile4() else 2
 
 
-# Wider layers stay on oneDNN: their 16 (Cin, Cout) kernels no longer fit the cache
-# (BENCHMARKS.md, "Where the runner's time goes").
+# Wider layers stay on oneDNN: their transformed kernels (16 or 36 (Cin, Cout) matrices) no longer fit the cache
+# (BENCHMARKS.md, "Where the runner's time goes", measured with F(2x2, 3x3)).
 WINOGRAD_MAX_CHANNELS = 256
 
 

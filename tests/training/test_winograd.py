@@ -120,9 +120,12 @@ def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path):
         return grads, trainer.model.state_dict()
 
     (plain_grads, plain), (runner_grads, runner) = trained("a", winograd=False), trained("b", winograd=True)
-    for step, (mine, theirs) in enumerate(zip(runner_grads, plain_grads)):  # every step's gradients, to rounding
+    # Every step's gradients: the first from the same weights, to rounding; the later ones from weights that AdamW's
+    # normalized steps have already moved apart by rounding (below), so ten times looser.
+    for step, (mine, theirs) in enumerate(zip(runner_grads, plain_grads)):
+        rtol, atol = (1e-4, 1e-6) if step == 0 else (1e-3, 1e-5)
         for name, grad in mine.items():
-            torch.testing.assert_close(grad, theirs[name], rtol=1e-4, atol=1e-6, msg=f"step {step}: {name}")
+            torch.testing.assert_close(grad, theirs[name], rtol=rtol, atol=atol, msg=f"step {step}: {name}")
     # AdamW divides each gradient by its running size: where a gradient is zero but for rounding (a channel's bias
     # that the next GroupNorm all but cancels), two implementations' rounding moves it by up to a step of the
     # learning rate (1e-3) either way; the weights agree to a fifth of a step (F(4x4, 3x3) rounds more than
@@ -211,6 +214,8 @@ def test_resume_takes_this_versions_step_switches_and_the_files_training(tmp_pat
 
 
 def test_float32_convolutions_take_f4x4_from_4x4_maps_and_f2x2_below(monkeypatch):
+    if not ops.has_winograd_tile4():
+        pytest.skip("the built extension predates F(4x4, 3x3): rebuild it (make install)")
     assert [ops.winograd_tile(side) for side in (1, 2, 3, 4, 7, 28)] == [2, 2, 2, 4, 4, 4]
     monkeypatch.setattr(ops, "has_winograd_tile4", lambda: False)  # an extension built before F(4x4, 3x3)
     assert ops.winograd_tile(28) == 2
