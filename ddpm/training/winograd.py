@@ -26,6 +26,9 @@ from ddpm.kernels import ops
 # Each tile's kernel transform U = G g G^T as one (products, 9) matrix, G (x) G (ops.winograd_weight's G): every
 # kernel's products from its 9 taps in one GEMM over all (Cout, Cin) pairs, and back for the gradient.
 _GG = {tile: torch.kron(torch.tensor(G), torch.tensor(G)) for tile, G in ops.WINOGRAD_G.items()}
+# Rotating a 3x3 kernel 180 degrees reverses its 9 taps (row-major), so the rotated kernel's transform is the same
+# GEMM with the matrix's columns reversed: no copy of the flipped kernel each step.
+_GG_ROTATED = {tile: gg.flip(1).contiguous() for tile, gg in _GG.items()}
 
 
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
@@ -75,7 +78,7 @@ def _rotated(weight: torch.Tensor, tile: int) -> torch.Tensor:
     """The transform of the kernel rotated 180 degrees with its channels swapped: the operand of the input
     gradient's convolution, (products, Cout, Cin), straight from the (Cout, Cin, 3, 3) kernel in one GEMM."""
     cout, cin = weight.shape[:2]
-    return (_GG[tile] @ weight.flip(2, 3).reshape(cout * cin, 9).T).view(-1, cout, cin)
+    return (_GG_ROTATED[tile] @ weight.reshape(cout * cin, 9).T).view(-1, cout, cin)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
