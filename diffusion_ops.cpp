@@ -1049,9 +1049,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
 // A^T [U (.) (B^T d B)] A for the 4x4 input tile d around it and the kernel's transform U = G g G^T
 // (ddpm.kernels.ops.winograd_weight, computed once in float64): per tile and channel pair 16 multiply-adds
 // instead of 36. The 16 products of a tile, summed over input channels, are 16 GEMMs
-// (tiles x Cin) @ (Cin x Cout). F(4x4, 3x3) (further below) is the same with 6x6 input tiles and 36 products. Work goes by blocks of tiles (winograd_block_tiles), each block's three stages in
-// one thread's cache: the input transform (V[k][t][:], k = 4 * row + column of B^T d B), the GEMMs
-// (M[k] = V[k] @ U[k], a register-blocked kernel of 6 tiles x 64 output channels) and the output transform
+// (tiles x Cin) @ (Cin x Cout); F(4x4, 3x3) (further below) is the same with 6x6 input tiles and 36 products.
+// Work goes by blocks of tiles (winograd_block_tiles), each block's three stages in one thread's cache: the input
+// transform (V[k][t][:], k = 4 * row + column of B^T d B), the GEMMs (M[k] = V[k] @ U[k], a register-blocked
+// kernel of 6 tiles x 64 output channels) and the output transform
 // (plus the bias) into the NHWC output. oneDNN has Winograd kernels of its own, but PyTorch always asks
 // it for direct convolution and does not export it to extensions; NNPACK's (F(6x6, 3x3), NCHW) is slower here
 // and further from float64 (BENCHMARKS.md, "Where the runner's time goes"). Not a twin of anything on the GPU (cuDNN
@@ -1178,6 +1179,23 @@ inline __attribute__((always_inline)) void storev(uint16_t* p, Vec16 v) {
   store16(p, v);
 }
 
+// Tile number `tile` (tile = (b * tiles_h + ty) * tiles_w + tx) as its sample and tile row and column.
+struct TileAt {
+  int64_t b, ty, tx;
+};
+
+inline __attribute__((always_inline)) TileAt tile_at(const WinogradConv& a, int64_t tile) {
+  return {tile / (a.tiles_w * a.tiles_h), tile / a.tiles_w % a.tiles_h, tile % a.tiles_w};
+}
+
+// Channels [c, c + lanes of Vec) at position (y, x) of sample b of an NHWC (B, H, W, channels) tensor, or zeros
+// outside the image (the convolution's padding).
+template <typename Vec, typename T>
+inline __attribute__((always_inline)) Vec load_padded(
+    const T* data, const WinogradConv& a, int64_t channels, int64_t b, int64_t y, int64_t x, int64_t c) {
+  return (y >= 0 && y < a.H && x >= 0 && x < a.W) ? loadv<Vec>(data + ((b * a.H + y) * a.W + x) * channels + c) : Vec{};
+}
+
 // 1. V[k][t] = B^T d B for each tile's 4x4 window (upsample: each phase's 3x3 part of it), 16 channels at a
 //    time; positions outside the image are the zero padding. In: x's element type; VT: V's (float32, or bf16 for
 //    the bf16 GEMM).
@@ -1185,17 +1203,17 @@ template <typename In, typename VT, typename Vec = Vec16>
 inline __attribute__((always_inline)) void winograd_input_transform(
     const WinogradConv& a, int64_t t0, int64_t n, VT* __restrict__ V) {
   const In* x_in = static_cast<const In*>(a.x);
-  const int64_t H = a.H, W = a.W, cin = a.cin;
+  const int64_t cin = a.cin;
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cin; c += L) {
       Vec d[4][4];
       for (int i = 0; i < 4; ++i) {
         const int64_t y = 2 * ty - 1 + i;
         for (int j = 0; j < 4; ++j) {
           const int64_t x = 2 * tx - 1 + j;
-          d[i][j] = (y >= 0 && y < H && x >= 0 && x < W) ? loadv<Vec>(x_in + ((b * H + y) * W + x) * cin + c) : Vec{};
+          d[i][j] = load_padded<Vec>(x_in, a, cin, b, y, x, c);
         }
       }
       VT* v = V + t * cin + c;  // product k at v + k * n * cin
@@ -1244,7 +1262,7 @@ inline __attribute__((always_inline)) void winograd_output_transform(
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t out_w = a.upsample ? 2 * W : W, out_h = a.upsample ? 2 * H : H;
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cout; c += L) {
       const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
       const float* m = M + t * cout + c;  // product k at m + k * n * cout
@@ -1316,10 +1334,10 @@ template <typename Vec>
 inline __attribute__((always_inline)) void winograd4_input_transform(
     const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V) {
   const float* x_in = static_cast<const float*>(a.x);
-  const int64_t H = a.H, W = a.W, cin = a.cin;
+  const int64_t cin = a.cin;
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cin; c += L) {
       Vec s[6][6];
       for (int j = 0; j < 6; ++j) {  // B^T d, a column at a time
@@ -1327,7 +1345,7 @@ inline __attribute__((always_inline)) void winograd4_input_transform(
         Vec col[6];
         for (int i = 0; i < 6; ++i) {
           const int64_t y = 4 * ty - 1 + i;
-          col[i] = (y >= 0 && y < H && x >= 0 && x < W) ? loadv<Vec>(x_in + ((b * H + y) * W + x) * cin + c) : Vec{};
+          col[i] = load_padded<Vec>(x_in, a, cin, b, y, x, c);
         }
         Vec r[6];
         winograd4_bt(col, r);
@@ -1367,7 +1385,7 @@ inline __attribute__((always_inline)) void winograd4_output_transform(
   const int64_t H = a.H, W = a.W, cout = a.cout;
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cout; c += L) {
       const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
       const float* m = M + t * cout + c;  // product k at m + k * n * cout
@@ -1415,9 +1433,9 @@ template <typename Vec>
 inline __attribute__((always_inline)) void winograd4_output_adjoint(
     const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
-  const int64_t H = a.H, W = a.W, cout = a.cout;
+  const int64_t cout = a.cout;
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cout; c += L) {
       Vec s[4][6];
       for (int i = 0; i < 4; ++i) {  // dy A^T, a row at a time
@@ -1425,7 +1443,7 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
         Vec row[4];
         for (int j = 0; j < 4; ++j) {
           const int64_t x = 4 * tx + j;
-          row[j] = (y < H && x < W) ? loadv<Vec>(gy + ((b * H + y) * W + x) * cout + c) : Vec{};
+          row[j] = load_padded<Vec>(gy, a, cout, b, y, x, c);
         }
         winograd4_a(row, s[i]);
       }
@@ -1661,7 +1679,8 @@ at::Tensor conv3x3_winograd_cpu(
   // A float32 weight of 36 products without upsample is F(4x4, 3x3)'s transform (winograd_weight(..., tile=4)).
   const bool tile4 = !bf16 && !upsample && weight.dim() == 3 && weight.size(0) == 36;
   const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), products = upsample || tile4 ? 36 : 16;
-  const char* transform = upsample ? "winograd_weight(..., upsample=True" : tile4 ? "winograd_weight(..., tile=4" : "winograd_weight(...";
+  const char* transform =
+      upsample ? "winograd_weight(..., upsample=True" : tile4 ? "winograd_weight(..., tile=4" : "winograd_weight(...";
   if (bf16) {
     TORCH_CHECK(weight.dim() == 4 && weight.size(0) == products && weight.size(1) * 2 == cin && weight.size(3) == 2 &&
         weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() && weight.device() == x.device(),
@@ -1729,15 +1748,15 @@ template <typename Vec>
 inline __attribute__((always_inline)) void winograd_output_adjoint(
     const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
-  const int64_t H = a.H, W = a.W, cout = a.cout;
+  const int64_t cout = a.cout;
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t tile = t0 + t, tx = tile % a.tiles_w, ty = tile / a.tiles_w % a.tiles_h, b = tile / (a.tiles_w * a.tiles_h);
+    const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cout; c += L) {
       Vec dy[2][2];
       for (int i = 0; i < 2; ++i) {
         for (int j = 0; j < 2; ++j) {
           const int64_t y = 2 * ty + i, x = 2 * tx + j;
-          dy[i][j] = (y < H && x < W) ? loadv<Vec>(gy + ((b * H + y) * W + x) * cout + c) : Vec{};
+          dy[i][j] = load_padded<Vec>(gy, a, cout, b, y, x, c);
         }
       }
       Vec s[2][4];
@@ -1827,7 +1846,7 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
   const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), cout = grad_out.size(1);
   TORCH_CHECK(cin % 16 == 0 && cout % 16 == 0 && cin > 0 && cout > 0,
       "conv3x3_winograd_weight_grad: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
-  const int64_t products = tile * tile + 4 * tile + 4;  // (tile + 2)^2: 16 or 36
+  const int64_t products = (tile + 2) * (tile + 2);  // 16 or 36
   at::Tensor out = at::zeros({products, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
   const WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + tile - 1) / tile,
       (W + tile - 1) / tile, false, products, tile};
