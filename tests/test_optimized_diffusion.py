@@ -545,7 +545,9 @@ def test_the_cuda_implementation_on_a_gpu_is_the_runner_in_a_graph_and_draws_the
         expected = original_sample(
             model, plan, shape=shape, generator=torch.Generator("cuda").manual_seed(7), guidance=guidance
         )
-    options = registry.SamplerOptions(precision=precision, guidance=guidance)
+    fused = od.uses_runner(model, device_type="cuda", precision=precision)  # select's rule for cuda
+    assert fused
+    options = registry.SamplerOptions(precision=precision, guidance=guidance, fused_unet=fused)
     sampler = registry.get("cuda").build(model, plan, shape=shape, options=options)
     assert sampler.unet_runner is not None and sampler.captured
     images = sampler(generator=torch.Generator("cuda").manual_seed(7), guidance=guidance)
