@@ -53,6 +53,7 @@ def training_variants(device: torch.device, *, pixels: int = 0, side: int = 0) -
             return ""
         start = winograd.trained_from(precision=precision, enabled=config.winograd_convs, largest=side)
         convs = "" if start is None else "+Winograd" + (f" from {start}x{start}" if start > 1 else "")
+        convs += "+1x1 GEMMs" if convs and winograd.gemm_1x1() else ""
         return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "") + convs
 
     return [

@@ -368,7 +368,7 @@ class Trainer:
         largest = self.model_config.image_size // self.model_config.patch_size  # the first level's maps
         side = winograd.trained_from(precision=eager.precision, enabled=eager.winograd_convs, largest=largest)
         if nhwc and self.device.type == "cpu" and side is not None:
-            self.winograd = winograd.describe(side) if winograd.use_winograd_convs(self.model, side=side) else ""
+            self.winograd = winograd.use_cpu_convs(self.model, side=side)
 
     def _eager_fallback(self, *, nhwc: bool) -> None:
         """What a failed --compile's eager step trains through on a CPU: as an eager run's."""

@@ -1,6 +1,7 @@
 """3x3 convolutions trained in Winograd's domain on a CPU: F(4x4, 3x3) on maps of 4x4 and up, F(2x2, 3x3) on
 smaller ones; the sampling runner's kernel for the forward pass and for the input's gradient, and the extension's
-``conv3x3_winograd_weight_grad`` for the kernel's.
+``conv3x3_winograd_weight_grad`` for the kernel's. Beside them, on CPUs where oneDNN's are slower (AVX2), 1x1
+convolutions as one GEMM over the channels-last pixels.
 
 For y = conv2d(x, g, b, padding=1) with U = G g G^T (the kernel in Winograd's domain):
 - forward: ``conv3x3_winograd(x, U, b)``;
@@ -12,6 +13,7 @@ memory without reorders.
 
     from ddpm.training.winograd import use_winograd_convs
     use_winograd_convs(model)   # -> the number of nn.Conv2d modules now trained in Winograd's domain
+    use_cpu_convs(model, side=1)   # both swaps where this CPU gains, -> the run's line on them
 
 The trainer swaps them in for fp32 channels-last CPU runs wherever :func:`faster_from` says this CPU trains them faster.
 """
@@ -19,6 +21,7 @@ The trainer swaps them in for fp32 channels-last CPU runs wherever :func:`faster
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ddpm.kernels import ops
@@ -34,6 +37,9 @@ _GG_ROTATED = {tile: gg.flip(1).contiguous() for tile, gg in _GG.items()}
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
 # AVX2's GEMM wins at every map, AVX-512's from 14x14 on (BENCHMARKS.md, "The training step against its peers").
 _MIN_SIDE = {"AVX2": 1, "AVX512": 14}
+# The capabilities whose oneDNN trains 1x1 convolutions slower than a GEMM does (its backward at every map side the
+# recipes have); AVX-512's is faster at 8x8 and up (BENCHMARKS.md, "The training step against its peers").
+_GEMM_1X1 = ("AVX2",)
 
 
 def faster_from() -> int | None:
@@ -52,9 +58,26 @@ def trained_from(*, precision: str, enabled: bool, largest: int) -> int | None:
     return side if side is not None and largest >= side else None
 
 
-def describe(side: int) -> str:
-    """The run's line on where its convolutions run in Winograd's domain."""
-    return "Winograd 3x3 convolutions" + (f" on maps from {side}x{side}" if side > 1 else "")
+def describe(side: int, *, gemm_1x1: bool = False) -> str:
+    """The run's line on where its convolutions run in Winograd's domain (and whether its 1x1 ones are GEMMs)."""
+    return (
+        "Winograd 3x3 convolutions"
+        + (f" on maps from {side}x{side}" if side > 1 else "")
+        + (", 1x1 convolutions as GEMMs" if gemm_1x1 else "")
+    )
+
+
+def gemm_1x1() -> bool:
+    """Whether this CPU trains fp32 1x1 convolutions faster as GEMMs (:class:`GemmConv1x1`) than oneDNN does."""
+    return torch.backends.cpu.get_cpu_capability() in _GEMM_1X1
+
+
+def use_cpu_convs(model: nn.Module, *, side: int) -> str:
+    """Swap in this CPU's faster convolutions (Winograd's from maps of ``side``, and 1x1 GEMMs where
+    :func:`gemm_1x1`); returns the run's line on them, "" where nothing was swapped."""
+    if not use_winograd_convs(model, side=side):
+        return ""
+    return describe(side, gemm_1x1=gemm_1x1() and use_gemm_1x1_convs(model) > 0)
 
 
 def weight_grad_available() -> bool:
@@ -70,8 +93,8 @@ def _transform(weight: torch.Tensor, tile: int) -> torch.Tensor:
     """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (products, Cin, Cout) operand, in
     float32 since every training step runs it."""
     cout, cin = weight.shape[:2]
-    u = _GG[tile] @ weight.reshape(cout * cin, 9).T  # (products, Cout * Cin)
-    return u.view(-1, cout, cin).transpose(1, 2).contiguous()
+    taps = weight.reshape(cout, cin, 9).permute(2, 1, 0).reshape(9, cin * cout)  # one copy, of the kernel's size
+    return (_GG[tile] @ taps).view(-1, cin, cout)  # the GEMM writes the op's layout: no copy of the transform
 
 
 def _rotated(weight: torch.Tensor, tile: int) -> torch.Tensor:
@@ -106,8 +129,8 @@ class _WinogradConv3x3(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dU = ops.conv3x3_winograd_weight_grad(x, grad, tile=ctx.tile)  # (products, Cin, Cout)
             products, cin, cout = dU.shape
-            grad_u = dU.transpose(1, 2).reshape(products, cout * cin)  # (products, Cout * Cin)
-            grad_weight = (_GG[ctx.tile].T @ grad_u).T.reshape(cout, cin, 3, 3)  # dL/dg = G^T (dL/dU) G
+            taps = dU.view(products, cin * cout).T @ _GG[ctx.tile]  # dL/dg = G^T (dL/dU) G: (Cin * Cout, 9)
+            grad_weight = taps.view(cin, cout, 3, 3).transpose(0, 1).contiguous()  # the weight's own layout
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum((0, 2, 3))
         return grad_x, grad_weight, grad_bias, None
@@ -136,10 +159,55 @@ class WinogradConv2d(nn.Conv2d):
         return conv3x3(x, self.weight, self.bias)
 
 
+class GemmConv1x1(nn.Conv2d):
+    """An ``nn.Conv2d`` of a 1x1 kernel (stride 1, no padding, one group) computed as ``F.linear`` over the pixels
+    of a float32 CPU input (a GEMM on channels-last memory, no reorder), by ``nn.Conv2d`` otherwise; the same
+    parameters and state-dict keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return super().forward(x)
+        weight = self.weight.view(self.out_channels, self.in_channels)
+        return F.linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
+
+
+def is_plain_1x1(conv: nn.Module) -> bool:
+    """Whether ``conv`` is an ``nn.Conv2d`` that :class:`GemmConv1x1` computes: a 1x1 kernel, stride 1, no padding."""
+    return (
+        type(conv) is nn.Conv2d
+        and conv.kernel_size == (1, 1)
+        and conv.stride == (1, 1)
+        and conv.padding in ((0, 0), "valid")
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+    )
+
+
+def use_gemm_1x1_convs(model: nn.Module) -> int:
+    """Replace each plain 1x1 ``nn.Conv2d`` of ``model`` (:func:`is_plain_1x1`) by a :class:`GemmConv1x1` holding its
+    parameters; returns how many. The state dict is unchanged."""
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if is_plain_1x1(child)
+    ]
+    for parent, name, child in targets:
+        with torch.device("meta"):
+            new = GemmConv1x1(child.in_channels, child.out_channels, 1, bias=child.bias is not None)
+        new.weight, new.bias = child.weight, child.bias
+        new.train(child.training)
+        setattr(parent, name, new)
+    return len(targets)
+
+
 def _as_winograd(conv: nn.Conv2d, *, side: int) -> WinogradConv2d:
     """A WinogradConv2d holding ``conv``'s own parameters (the optimizer and the EMA keep pointing at them)."""
     with torch.device("meta"):
         new = WinogradConv2d(conv.in_channels, conv.out_channels, 3, padding=1, bias=conv.bias is not None)
+    # The kernel NCHW-contiguous (the Parameter kept, its memory re-laid): each step reads it as (Cout * Cin, 9) taps
+    # and its gradient comes out so, where a channels-last kernel costs a copy each way.
+    conv.weight.data = conv.weight.data.contiguous()
     new.weight, new.bias, new.min_side = conv.weight, conv.bias, side
     new.train(conv.training)
     return new

@@ -1,7 +1,8 @@
 """The CPU training step's convolutions. 3x3 convolutions trained in Winograd's domain (ddpm/training/winograd.py):
 their output and all three gradients against float64 autograd, the weight-gradient op under opcheck and with wrong
 arguments, a U-Net whose convolutions are swapped keeping its parameters and training the same steps as oneDNN's, the
-maps each CPU trains in Winograd's domain and the trainer swapping them in for fp32 only. And the trainer's
+maps each CPU trains in Winograd's domain and the trainer swapping them in for fp32 only; 1x1 convolutions as GEMMs
+(AVX2's) against float64 too. And the trainer's
 channels-last activations (bf16's only with the fused norms), with the same gradients as NCHW's."""
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from basic_diffusion import UNet
 from ddpm.kernels import ops
 from ddpm.kernels.ops import SeededDropout
 from ddpm.training import winograd
-from ddpm.training.winograd import WinogradConv2d, conv3x3, use_winograd_convs, weight_grad_available
+from ddpm.training.winograd import (
+    GemmConv1x1,
+    WinogradConv2d,
+    conv3x3,
+    use_gemm_1x1_convs,
+    use_winograd_convs,
+    weight_grad_available,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -106,6 +114,64 @@ def test_swapped_unet_keeps_its_parameters_and_computes_the_same_function():
     torch.testing.assert_close(model(x, t), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_swapped_kernel_is_nchw_contiguous_the_layout_its_gradient_comes_out_in():
+    model = UNet(tiny_unet_config()).to(memory_format=torch.channels_last)  # as the trainer holds it
+    use_winograd_convs(model)
+    kernels = [m.weight for m in model.modules() if isinstance(m, WinogradConv2d)]
+    assert kernels and all(kernel.is_contiguous() for kernel in kernels)  # read as (Cout * Cin, 9) with no copy
+    kernel = kernels[0]
+    (grad,) = torch.autograd.grad(conv3x3(torch.randn(2, kernel.shape[1], 6, 6), kernel).sum(), kernel)
+    assert grad.is_contiguous()  # AccumulateGrad keeps it as it is
+
+
+@pytest.mark.parametrize("shape", [(3, 96, 32, 8, 8), (2, 64, 192, 2, 2), (1, 16, 48, 5, 7)], ids=str)
+def test_a_1x1_gemm_convolution_matches_float64_as_closely_as_onednn(shape):
+    B, cin, cout, H, W = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    conv = nn.Conv2d(cin, cout, 1).double()
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(cout, cin, 1, 1, generator=gen, dtype=torch.float64) / cin**0.5)
+    x = torch.randn(B, cin, H, W, generator=gen, dtype=torch.float64)
+    grad = torch.randn(B, cout, H, W, generator=gen, dtype=torch.float64)
+
+    def run(module):
+        module.zero_grad()
+        leaf = x.to(next(module.parameters()).dtype).contiguous(memory_format=torch.channels_last).requires_grad_()
+        y = module(leaf)
+        y.backward(grad.to(y.dtype))
+        return [y.detach(), leaf.grad, module.weight.grad, module.bias.grad]
+
+    reference = run(conv)
+    plain = nn.Conv2d(cin, cout, 1)
+    plain.load_state_dict(conv.state_dict())
+    expected = run(plain)
+    gemm = nn.Sequential(copy := nn.Conv2d(cin, cout, 1))
+    copy.load_state_dict(conv.state_dict())
+    assert use_gemm_1x1_convs(gemm) == 1 and type(gemm[0]) is GemmConv1x1
+    ours = run(gemm[0])
+    assert ours[0].is_contiguous(memory_format=torch.channels_last)  # the next layer's layout, no reorder
+    for name, mine, theirs, exact in zip(("y", "dx", "dw", "db"), ours, expected, reference):
+        assert mine.shape == exact.shape, name
+        assert relative_error(mine, exact) <= 2 * relative_error(theirs, exact) + 1e-7, name
+
+
+def test_only_plain_1x1_convolutions_become_gemms():
+    layers = nn.Sequential(
+        nn.Conv2d(16, 32, 1),
+        nn.Conv2d(32, 32, 1, stride=2),
+        nn.Conv2d(32, 32, 1, groups=2),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.Conv2d(32, 16, 1, bias=False),
+    )
+    before = list(layers.parameters())
+    assert use_gemm_1x1_convs(layers) == 2
+    assert [type(m).__name__ for m in layers] == ["GemmConv1x1", "Conv2d", "Conv2d", "Conv2d", "GemmConv1x1"]
+    assert list(layers.parameters()) == before  # the same Parameter objects: the optimizer and the EMA keep them
+    x = torch.randn(2, 16, 6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's convolutions stay nn.Conv2d's
+        assert layers[0](x).dtype == torch.bfloat16
+
+
 def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path):
     from ddpm.benchmarks.sampling_bench import perturb_zero_init
 
@@ -113,7 +179,7 @@ def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path):
         # seeds torch: the same weights, dropout, noise; oneDNN's convolutions unless swapped below
         trainer = make_trainer(tmp_path / folder, total_steps=4, winograd_convs=False)
         perturb_zero_init(trainer.model, seed=0, std=0.05)  # gradients through every layer from the first step
-        assert not winograd or use_winograd_convs(trainer.model) > 0
+        assert not winograd or (use_winograd_convs(trainer.model) > 0 and use_gemm_1x1_convs(trainer.model) > 0)
         grads = []
         for _ in range(4):
             trainer.train_step()
@@ -164,6 +230,16 @@ def test_a_cpu_trains_fp32_channels_last_and_bf16_not_with_the_same_gradients(tm
 def test_each_cpu_trains_in_winograds_domain_from_the_maps_where_it_is_faster(monkeypatch, capability, side):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     assert winograd.faster_from() == side
+
+
+@pytest.mark.parametrize("capability, gemm", [("AVX2", True), ("AVX512", False), ("DEFAULT", False)])
+def test_the_trainer_takes_1x1_convolutions_as_gemms_on_avx2_only(tmp_path, monkeypatch, capability, gemm):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(winograd, "faster_from", lambda: 1)  # Winograd's 3x3 convolutions on every CPU here
+    trainer = make_trainer(tmp_path)
+    assert any(isinstance(m, GemmConv1x1) for m in trainer.model.modules()) == gemm
+    assert ("1x1 convolutions as GEMMs" in trainer.step_layout) == gemm  # the run's line
+    assert not any(isinstance(m, GemmConv1x1) for m in trainer.ema.modules())
 
 
 def test_a_swapped_convolution_keeps_onednns_below_its_side(monkeypatch):
