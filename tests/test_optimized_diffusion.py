@@ -389,10 +389,16 @@ def test_the_runners_upsampling_convolution_is_conv_of_the_upsampled_input_in_fl
             torch.testing.assert_close(runner._upsample_conv(up, x), up(x), rtol=1e-12, atol=1e-12)
 
 
+# A trajectory's images from the runner against the original's: every step's rounding carried on, and with AVX2's
+# kernels the runner's F(4x4, 3x3) rounds more than oneDNN's direct sums (3.3e-4 seen there; backends'
+# test_selection bounds the same comparison so).
+TRAJECTORY_TOL = 5e-4
+
+
 @pytest.mark.parametrize("case", ["ddim_eta0", "dpm_solver_sde"])
 def test_the_cuda_implementation_with_the_fused_unet_draws_the_originals_images(case):
     expected, actual, g_original, g_cuda = both(small_unet(), make_plan(case), seed=4, fused_unet=True)
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(actual, expected, rtol=TRAJECTORY_TOL, atol=TRAJECTORY_TOL)
     assert torch.equal(g_original.get_state(), g_cuda.get_state())
 
 
@@ -406,7 +412,7 @@ def test_a_guided_fused_unet_sampler_draws_the_originals_images():
     actual = od.sample(
         model, plan, shape=SHAPE, generator=torch.Generator().manual_seed(1), guidance=guidance, fused_unet=True
     )
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(actual, expected, rtol=TRAJECTORY_TOL, atol=TRAJECTORY_TOL)
 
 
 @pytest.mark.parametrize(
