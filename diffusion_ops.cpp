@@ -644,6 +644,7 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
   constexpr bool kFloat = std::is_same_v<T, float>;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> table(rows_used * C), mean(C), rstd(C), scale1(C);
+    std::vector<float> tree(kGnPartials % cg != 0 ? rows_used * C : 0);  // (partials, groups): see reduce_groups
     std::vector<float> converted(kFloat ? 0 : P * C), normalized(kFloat ? 0 : P * C);  // (P, C) float rows
     struct Segment {
       const float* src;
@@ -654,15 +655,25 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
     // the pairs (k, k + half) are whole rows m, m + half / cg while half >= cg, then channels within row 0.
     // Rows past rows_used are 0 and left out (adding 0 changes no partial). One statistic per group, expanded.
     auto reduce_groups = [&](std::vector<float>& per_channel, bool squares) {
-      if (kGnPartials % cg != 0) {  // partials past the period are 0: each group's tree on its own
-        float partial[kGnPartials];
-        for (int64_t g = 0; g < G; ++g) {
-          for (int64_t m = 0; m < rows_used; ++m) {
+      if (kGnPartials % cg != 0) {
+        // Partials past the period are 0, so each group's tree runs on its own (reduce_partials' pairs), but all
+        // groups side by side: partial k of group g at tree[k * G + g], one vectorized add of G per pair.
+        int64_t used = rows_used * cg;
+        for (int64_t m = 0; m < rows_used; ++m) {
+          for (int64_t g = 0; g < G; ++g) {
             for (int64_t cl = 0; cl < cg; ++cl) {
-              partial[m * cg + cl] = table[m * C + g * cg + cl];
+              tree[(m * cg + cl) * G + g] = table[m * C + g * cg + cl];
             }
           }
-          table[g * cg] = reduce_partials(partial, rows_used * cg);  // where the row tree leaves it
+        }
+        for (int64_t half = kGnPartials / 2; half >= 1; half /= 2) {
+          for (int64_t k = 0; k < half && k + half < used; ++k) {
+            add_row(tree.data() + (k + half) * G, G, tree.data() + k * G);
+          }
+          used = std::min(used, half);
+        }
+        for (int64_t g = 0; g < G; ++g) {
+          table[g * cg] = tree[g];  // where the row tree leaves it
         }
       } else {
         int64_t used = rows_used;
