@@ -13,7 +13,8 @@ memory without reorders.
 
     from ddpm.training.winograd import use_winograd_convs
     use_winograd_convs(model)   # -> the number of nn.Conv2d modules now trained in Winograd's domain
-    use_cpu_convs(model, side=1)   # both swaps where this CPU gains, -> the run's line on them
+    # or, what the trainer calls: Winograd's from maps of ``side`` and, where this CPU gains, 1x1 GEMMs
+    use_cpu_convs(model, side=1)   # -> the run's line on them ("" where nothing was swapped)
 
 The trainer swaps them in for fp32 channels-last CPU runs wherever :func:`faster_from` says this CPU trains them faster.
 """
