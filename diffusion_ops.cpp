@@ -659,11 +659,11 @@ bool group_norm_act_channels_last(const GroupNormAct& a) {
         // Partials past the period are 0, so each group's tree runs on its own (reduce_partials' pairs), but all
         // groups side by side: partial k of group g at tree[k * G + g], one vectorized add of G per pair.
         int64_t used = rows_used * cg;
-        for (int64_t m = 0; m < rows_used; ++m) {
+        for (int64_t k = 0; k < used; ++k) {  // row k of the tree: every group's partial k, read every cg-th
+          const float* from = table.data() + (k / cg) * C + k % cg;
+          float* to = tree.data() + k * G;
           for (int64_t g = 0; g < G; ++g) {
-            for (int64_t cl = 0; cl < cg; ++cl) {
-              tree[(m * cg + cl) * G + g] = table[m * C + g * cg + cl];
-            }
+            to[g] = from[g * cg];
           }
         }
         for (int64_t half = kGnPartials / 2; half >= 1; half /= 2) {
