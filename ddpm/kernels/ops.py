@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -505,20 +506,34 @@ class SeededDropout(nn.Module):
         return f"p={self.p}"
 
 
+def replace_modules(
+    model: nn.Module,
+    applies: Callable[[nn.Module], bool],
+    make: Callable[[nn.Module], nn.Module],
+    *,
+    available: Callable[[], bool] = lambda: True,
+) -> int:
+    """Replace each submodule of ``model`` (at any depth) for which ``applies(module)`` by ``make(module)``, when
+    there is one and ``available()`` (asked only then); returns how many were replaced."""
+    targets = [
+        (parent, name, child) for parent in model.modules() for name, child in parent.named_children() if applies(child)
+    ]
+    if not targets or not available():
+        return 0
+    for parent, name, child in targets:
+        setattr(parent, name, make(child))
+    return len(targets)
+
+
 def use_seeded_dropout(model: nn.Module) -> int:
     """Replace every ``nn.Dropout`` of ``model`` by a :class:`SeededDropout` of the same rate, when the extension
     has the op; returns how many were replaced. Dropout holds no weights, so the state dict is unchanged."""
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Dropout
-    ]
-    if not targets or not seeded_dropout_available():
-        return 0
-    for parent, name, child in targets:
-        setattr(parent, name, SeededDropout(child.p))
-    return len(targets)
+    return replace_modules(
+        model,
+        lambda child: type(child) is nn.Dropout,
+        lambda child: SeededDropout(child.p),
+        available=seeded_dropout_available,
+    )
 
 
 def use_fused_norms(model: nn.Module, *, float32_softmax: bool = False) -> int:

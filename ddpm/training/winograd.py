@@ -187,30 +187,25 @@ def is_plain_1x1(conv: nn.Module) -> bool:
 def use_gemm_1x1_convs(model: nn.Module) -> int:
     """Replace each plain 1x1 ``nn.Conv2d`` of ``model`` (:func:`is_plain_1x1`) by a :class:`GemmConv1x1` holding its
     parameters; returns how many. The state dict is unchanged."""
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if is_plain_1x1(child)
-    ]
-    for parent, name, child in targets:
-        with torch.device("meta"):
-            new = GemmConv1x1(child.in_channels, child.out_channels, 1, bias=child.bias is not None)
-        new.weight, new.bias = child.weight, child.bias
-        new.train(child.training)
-        setattr(parent, name, new)
-    return len(targets)
+    return ops.replace_modules(model, is_plain_1x1, lambda conv: _holding(conv, GemmConv1x1, 1))
+
+
+def _holding(conv: nn.Conv2d, cls: type[nn.Conv2d], kernel_size: int, **kwargs) -> nn.Conv2d:
+    """A ``cls`` convolution holding ``conv``'s own parameters (the optimizer and the EMA keep pointing at them)."""
+    with torch.device("meta"):
+        new = cls(conv.in_channels, conv.out_channels, kernel_size, bias=conv.bias is not None, **kwargs)
+    new.weight, new.bias = conv.weight, conv.bias
+    new.train(conv.training)
+    return new
 
 
 def _as_winograd(conv: nn.Conv2d, *, side: int) -> WinogradConv2d:
-    """A WinogradConv2d holding ``conv``'s own parameters (the optimizer and the EMA keep pointing at them)."""
-    with torch.device("meta"):
-        new = WinogradConv2d(conv.in_channels, conv.out_channels, 3, padding=1, bias=conv.bias is not None)
-    # The kernel NCHW-contiguous (the Parameter kept, its memory re-laid): each step reads it as (Cout * Cin, 9) taps
-    # and its gradient comes out so, where a channels-last kernel costs a copy each way.
+    """A WinogradConv2d holding ``conv``'s own parameters, its kernel NCHW-contiguous (the Parameter kept, its memory
+    re-laid): each step reads it as (Cout * Cin, 9) taps and its gradient comes out so, where a channels-last kernel
+    costs a copy each way."""
     conv.weight.data = conv.weight.data.contiguous()
-    new.weight, new.bias, new.min_side = conv.weight, conv.bias, side
-    new.train(conv.training)
+    new = _holding(conv, WinogradConv2d, 3, padding=1)
+    new.min_side = side
     return new
 
 
@@ -218,14 +213,9 @@ def use_winograd_convs(model: nn.Module, *, side: int = 1) -> int:
     """Replace each 3x3 convolution of ``model`` that the kernels compute (ddpm.kernels.ops.winograd_applies)
     by a :class:`WinogradConv2d` holding its parameters, in Winograd's domain on maps of at least ``side`` on a side,
     when the extension has the ops; returns how many. The state dict is unchanged."""
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Conv2d and ops.winograd_applies(child)
-    ]
-    if not targets or not weight_grad_available():
-        return 0
-    for parent, name, child in targets:
-        setattr(parent, name, _as_winograd(child, side=side))
-    return len(targets)
+    return ops.replace_modules(
+        model,
+        lambda child: type(child) is nn.Conv2d and ops.winograd_applies(child),
+        lambda conv: _as_winograd(conv, side=side),
+        available=weight_grad_available,
+    )
