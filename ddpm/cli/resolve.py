@@ -326,7 +326,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         ema_decay=recipe["ema_decay"] if args.ema_decay is None else args.ema_decay,
         min_snr_gamma=min_snr_gamma or None,  # 0: unweighted
         timestep_sampling=args.timestep_sampling,
-        cpu_recipe=recipe.get("cpu_recipe", False),
+        digits_recipe=recipe.get("digits_recipe", False),
         class_cond=args.class_cond,
         cond_drop=args.cond_drop,
         grad_checkpoint=args.grad_checkpoint,

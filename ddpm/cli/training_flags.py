@@ -129,7 +129,7 @@ def _training_objective() -> tuple[Flag, ...]:
             choices=TIMESTEP_SAMPLERS,
             default=None,
             help="which timesteps each step trains on (a resumed run keeps its own): uniform (DDPM, the default; "
-            "importance in the CPU's recipe: --model_preset); "
+            "importance in the digits' recipe: --model_preset); "
             "importance (loss-aware, Nichol & Dhariwal 2021, unbiased); topk (mostly the K timesteps with the "
             "largest loss, unbiased); speed (SpeeD-style: fewer draws where the loss has converged, reweighted)",
         ),

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from basic_diffusion import count_parameters
 from ddpm.backends.artifacts import load_model_parts
 from ddpm.batch_memory import check_batch_fits
-from ddpm.choices import CPU_LATENT_RECIPE, CPU_RECIPE, TRAIN_EPOCHS
+from ddpm.choices import DIGITS_RECIPE, LATENT_RECIPE, TRAIN_EPOCHS
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.latent.autoencoder import encode_dataset, linked_first_stage, load_first_stage
@@ -47,7 +47,7 @@ from ddpm.util.safe_files import as_input, run_lock
 def run_train(request: TrainRequest) -> None:
     run = dict(overwrite=request.overwrite, resume=request.resume, continues="it", log_dir=request.log_dir)
     with training_run(request.checkpoint, flag="--model_path", **run):
-        if request.cpu_recipe:
+        if request.digits_recipe:
             distributed.say(recipe_line(request))
         if request.first_stage is not None:
             train_first_stage(request.first_stage)
@@ -57,8 +57,8 @@ def run_train(request: TrainRequest) -> None:
 
 
 def recipe_line(request: TrainRequest) -> str:
-    """What the CPU's recipe trains, in one line (the flags left it to choices.CPU_RECIPE)."""
-    applied = CPU_RECIPE if request.first_stage is None else CPU_LATENT_RECIPE
+    """What the digits recipe trains, in one line (the flags left it to choices.DIGITS_RECIPE)."""
+    applied = DIGITS_RECIPE if request.first_stage is None else LATENT_RECIPE
     spec = request.model
     ran = {  # as the run takes them: a flag the recipe leaves to the user (--dropout, --min_snr_gamma) may be given
         "model_channels": spec.model_channels,
@@ -76,14 +76,14 @@ def recipe_line(request: TrainRequest) -> str:
         return f"the CPU's recipe for digits (no model or recipe flag given): {recipe}"
     stage = request.first_stage
     return (
-        f"the CPU's recipe for 28x28 digits (no model or recipe flag given): a latent model, first an autoencoder of "
+        f"the recipe for 28x28 digits (no model or recipe flag given): a latent model, first an autoencoder of "
         f"{stage.base_channels} base channels ({stage.max_steps} steps of {stage.batch_size}) into {stage.checkpoint}, "
         f"then the U-Net on its latents: {recipe}"
     )
 
 
 def train_first_stage(stage: AutoencoderTrainRequest) -> None:
-    """The CPU recipe's autoencoder, trained before the U-Net in the same run: an existing one is replaced only with
+    """The digits recipe's autoencoder, trained before the U-Net in the same run: an existing one is replaced only with
     --overwrite; under torchrun rank 0 trains it while the others wait, then every rank reads it."""
     if distributed.current().is_main:
         with training_run(stage.checkpoint, flag=FIRST_STAGE, overwrite=stage.overwrite):

@@ -125,7 +125,7 @@ def test_precision_auto_samples_in_bf16_only_on_a_cpu_that_computes_it_and_only_
     assert precision.resolve("auto", purpose="training", device=cpu) == "fp32"  # a latent or 3-D model
     for dataset, train_expected in (("mnist_5k", "fp32"), ("digits", "fp32"), ("spheres", "fp32")):
         _, request = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", dataset])
-        assert request.precision == train_expected, dataset  # mnist_5k: the CPU recipe's latent model
+        assert request.precision == train_expected, dataset  # mnist_5k: the digits recipe's latent model
     _, pixels = resolve.parse(["--mode", "train", "--device", "cpu", "--dataset", "mnist_5k", "--model_channels", "32"])
     assert pixels.first_stage is None and pixels.precision == expected_28
     assert precision.resolve("auto", purpose="distillation", device=cpu) == "fp32"  # a student's: not measured
