@@ -12,9 +12,8 @@ a checkpoint resumes on any number of ranks. Rank 0 alone writes checkpoints, gr
     trainer = Trainer(train_config, model_config, schedule_config, images=images, device="cpu")
     trainer.run()   # -> writes the checkpoint and sample grids as configured
 
-Distillation (training/distill.py) is another objective of the same loop: ``objective=`` replaces the images and the
-diffusion loss with a student's regression onto its teacher's trajectories; everything else (optimizer, schedule, EMA,
-clipping, precision, checkpoints, resume, signals, curves, ranks) is shared.
+Distillation (training/distill.py) is another objective of the same loop (``objective=``: a student's loss instead of
+the diffusion loss); optimizer, schedule, EMA, clipping, precision, checkpoints, resume, signals and ranks are shared.
 """
 
 from __future__ import annotations
@@ -226,11 +225,9 @@ class Trainer:
         self.schedule = NoiseSchedule(schedule_config).to(self.device)
         # Fused AdamW: one kernel per tensor instead of ~10 per-tensor ops each
         # (BENCHMARKS.md, "A faster CPU training step").
+        fused = cuda or self.device.type == "cpu" or None
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            fused=cuda or self.device.type == "cpu" or None,
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=fused
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.generator = torch.Generator(self.device).manual_seed(config.seed)  # timesteps and noise
@@ -253,6 +250,13 @@ class Trainer:
         self.grad_norm = math.nan  # the last step's gradient norm, before clipping (for the training curves)
         if resume_state is not None:
             self._restore(resume_state)
+        self._take_tensor_lists()
+
+    def _take_tensor_lists(self) -> None:
+        """The tensors each step walks (clipping, the EMA), listed once, since walking the modules costs time."""
+        self.params = list(self.model.parameters())
+        self.ema_params = list(self.ema.parameters())
+        self.buffer_pairs = list(zip(self.ema.buffers(), self.model.buffers()))
 
     def _check_images(self, images: ImageSet) -> None:
         model_config = self.model_config
@@ -374,6 +378,7 @@ class Trainer:
         """What a failed --compile's eager step trains through on a CPU: as an eager run's."""
         use_seeded_dropout(self.model)
         self._use_cpu_kernels(nhwc=nhwc)
+        self._take_tensor_lists()
 
     @property
     def step_layout(self) -> str:
@@ -428,7 +433,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         mine = ranks.share(cfg.batch_size)  # this rank's rows of the global batch (all of them for one process)
-        self.model.train()
+        if not self.model.training:  # set once: walking the modules each step costs time
+            self.model.train()
         if self.objective is not None:
             with phase("data"):
                 batch = self.objective.batch(cfg.batch_size, generator=self.generator, device=self.device)
@@ -442,7 +448,7 @@ class Trainer:
         with phase("optimizer"):
             # Clip gradients (after unscaling fp16 gradients).
             self.scaler.unscale_(self.optimizer)
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
             # sync: read the loss and check loss and gradients are finite before they touch the weights. With
             # ranks, the same all-reduce averages the loss and says whether any rank was asked to stop, so all
             # ranks take the same decisions (the gradients, and so their norm, are the same on every rank).
@@ -469,9 +475,8 @@ class Trainer:
     def _update_ema(self) -> None:
         # Warm the decay up so short runs still get a useful average (Tensorflow's EMA num_updates).
         decay = min(self.config.ema_decay, (1 + self.step) / (10 + self.step))
-        ema_params, params = list(self.ema.parameters()), list(self.model.parameters())
-        torch._foreach_lerp_(ema_params, params, 1.0 - decay)
-        for ema_buf, buf in zip(self.ema.buffers(), self.model.buffers()):
+        torch._foreach_lerp_(self.ema_params, self.params, 1.0 - decay)
+        for ema_buf, buf in self.buffer_pairs:
             ema_buf.copy_(buf)
 
     def run(
@@ -489,14 +494,8 @@ class Trainer:
         cfg = self.config
         end = min(cfg.total_steps, until_step if until_step is not None else cfg.total_steps)
         losses, bad_in_a_row, smoothed = [], 0, None
-        bar = tqdm(
-            total=end,
-            initial=self.step,
-            desc="training",
-            unit="step",
-            disable=not (progress and self.ranks.is_main),
-            dynamic_ncols=True,
-        )
+        shown = progress and self.ranks.is_main
+        bar = tqdm(total=end, initial=self.step, desc="training", unit="step", disable=not shown, dynamic_ncols=True)
         profiler = profiler or NullProfiler()
         window_start, window_steps = time.perf_counter(), 0
         # Ctrl-C and SIGTERM take effect between steps, so a checkpoint saved on interrupt is a whole step's state.

@@ -1,5 +1,5 @@
-"""A training run's own guards (modes/train.py): one writer per log folder, and a batch its data can fill; and a
-run on a CUDA GPU end to end (pytest -m gpu)."""
+"""A training run's own guards (modes/train.py): one writer per log folder, and a batch its data can fill; each
+step's gradient clipping and EMA against their formulas; and a run on a CUDA GPU end to end (pytest -m gpu)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY_TRAIN, assert_user_error, run_here
+from helpers import ROOT, TINY_TRAIN, assert_user_error, make_trainer, run_here
 from PIL import Image
 
 from ddpm.util.safe_files import run_lock
@@ -78,3 +78,26 @@ def test_a_warm_up_longer_than_a_run_of_epochs_is_refused_once_its_length_is_kno
     result = run_here(*args, "--n_epochs", "1", "--warmup_steps", "100000", "--model_path", "m.pt", cwd=tmp_path)
     assert_user_error(result, "--warmup_steps 100,000 is longer than the run (1 epoch: ")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_each_step_clips_the_gradients_to_grad_clip_and_records_their_norm_before(tmp_path):
+    trainer = make_trainer(tmp_path, grad_clip=1e-3)  # far below a fresh model's gradient norm
+    for _ in range(2):
+        trainer.train_step()
+        grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+        clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        assert trainer.grad_norm > 1e-2 and torch.isclose(clipped, torch.tensor(1e-3), rtol=1e-4), trainer.grad_norm
+
+
+def test_after_each_step_the_ema_is_the_warmed_up_running_average_of_the_weights(tmp_path):
+    """ema <- ema + (1 - d) (weights - ema) with d = min(ema_decay, (1 + k) / (10 + k)) at step k, from a copy of the
+    initial weights."""
+    trainer = make_trainer(tmp_path, ema_decay=0.9)
+    expected = [p.detach().clone() for p in trainer.model.parameters()]
+    for _ in range(4):
+        k = trainer.step
+        trainer.train_step()
+        d = min(0.9, (1 + k) / (10 + k))
+        expected = [e + (1 - d) * (p.detach() - e) for e, p in zip(expected, trainer.model.parameters())]
+        for got, want in zip(trainer.ema.parameters(), expected, strict=True):
+            torch.testing.assert_close(got, want)
