@@ -39,6 +39,8 @@
 #                (OUTDIR/mnist_recipes/; RECIPE_STEPS divides the steps, for a dry run)
 #   training_rows_28  --bench training at the 28x28 recipe (32 base channels, one block, batch 128), interleaved:
 #                fp32 eager, the default, bf16 eager, diffusers, fp32 and bf16 compile (OUTDIR/training_rows_28.json)
+#   training_rows_latent  the same at `make demo`'s latent U-Net (4x8x8 latents), every device's recipe for the 28x28
+#                digits: fp32 eager, the default (bf16 on a GPU), fp32 compile (OUTDIR/training_rows_latent.json)
 #   modes        every mode end to end on CUDA (OUTDIR/modes/): bf16 training with --compile (fused AdamW),
 #                every sampler guided and unguided, a 3-D and a latent model, --profile with CUDA activity,
 #                NVTX and the memory snapshot, torchrun with NCCL on one GPU, the training benchmark, a diffusers
@@ -247,6 +249,9 @@ run_stage training_bench "$PYTHON" main.py --mode benchmark --bench training --d
 run_stage training_rows_28 "$PYTHON" main.py --mode benchmark --bench training --device cuda --model_channels 32 \
   --num_res_blocks 1 --batch_size 128 --dropout 0 --dataset mnist_5k --train_steps 30 --interleave \
   --rows fp32,default,amp,diffusers,fp32_compile,amp_compile --json "$OUTDIR/training_rows_28.json"
+run_stage training_rows_latent "$PYTHON" main.py --mode benchmark --bench training --device cuda --model_channels 32 \
+  --num_res_blocks 1 --batch_size 128 --dropout 0 --dataset mnist_5k --img_size 8 --channels 4 --train_steps 40 \
+  --interleave --rows fp32,default,fp32_compile --json "$OUTDIR/training_rows_latent.json"
 run_stage mnist_recipes mnist_recipes
 run_stage seed_benchmark seed_benchmark
 run_stage sample_default sample_default
