@@ -654,12 +654,11 @@ int gn_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
 }
 
 // Groups per block for group_norm_act_rows_kernel, or 0 where it does not run: with DIFFUSION_KERNELS_GN_KERNEL=chunk
-// (the chunk kernel kept for comparison and as a way back), and where it does not
-// apply (not channels-last with 16-byte aligned rows, or a vector of V channels straddling x and x2; groups of more
-// than kGnPartials channels never get here: group_norm_act_cuda gives them the one-group kernel). The fewest groups
-// whose channels make whole vectors, then twice as many while the block's piece of a row stays within 64 bytes
-// (two 32-byte sectors) and at least two blocks per SM remain. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (the same
-// bits for any N).
+// (the chunk kernel, kept for comparison and as a way back), and where it does not apply (not channels-last with
+// 16-byte aligned rows, or a vector of V channels straddling x and x2; groups of more than kGnPartials channels never
+// get here: group_norm_act_cuda gives them the one-group kernel). The fewest groups whose channels make whole vectors,
+// then twice as many while the block's piece of a row stays within 64 bytes (two 32-byte sectors) and at least two
+// blocks per SM remain. DIFFUSION_KERNELS_GN_CHUNK=N forces N where it fits (the same bits for any N).
 int gn_rows_chunk(const GroupNormAct& a, int64_t element_size, int sm_count) {
   const char* kernel = std::getenv("DIFFUSION_KERNELS_GN_KERNEL");
   if (kernel != nullptr && std::string(kernel) == "chunk") {

@@ -325,7 +325,7 @@ class Trainer:
     def save(self) -> Path:
         """Write the checkpoint (rank 0; the other ranks hold the same weights and only check them)."""
         # sync: one check that no weight is NaN/inf before anything reaches the disk.
-        tensors = list(self.model.parameters()) + list(self.ema.parameters())
+        tensors = self.params + self.ema_params
         if not bool(torch.stack([t.isfinite().all() for t in tensors]).all()):
             raise TrainingDiverged("the weights hold NaN or inf; the checkpoint was not written")
         if not self.ranks.is_main:
