@@ -59,6 +59,14 @@
 //       The training pass's gradient of conv3x3_winograd's transformed weight: (16, Cin, Cout) float32 (tile=4:
 //       (36, Cin, Cout), F(4x4, 3x3)'s), dL/dU for the loss gradient grad_out (B, Cout, H, W) of the output of x
 //       (B, Cin, H, W), both channels-last float32.
+//
+//   winograd_kernel(weight, tile, rotated=False) -> Tensor
+//       A float32 (Cout, Cin, 3, 3) kernel's transform U = G g G^T, conv3x3_winograd's (n * n, Cin, Cout) operand
+//       (n = tile + 2); rotated: the kernel turned 180 degrees with its channels swapped, (n * n, Cout, Cin).
+//
+//   conv3x3_winograd_backward(grad_out, x, weight, tile, output_mask) -> (Tensor, Tensor, Tensor)
+//       The backward of conv2d(x, weight, bias, padding=1) computed in Winograd's domain, for training: dL/dx,
+//       dL/dweight in weight's layout and dL/dbias, each where output_mask says (empty otherwise).
 #include <Python.h>
 
 #include <ATen/MemoryOverlap.h>
@@ -74,6 +82,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -1891,6 +1900,208 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
   return out;
 }
 
+// ----- The rest of a training step's 3x3 convolution in Winograd's domain: kernel transforms, backward ------------
+// What ddpm/training/winograd.py's autograd Function calls, one op each way: per step the kernel g changes, so its
+// transform U = G g G^T (and the rotated kernel's, for the input's gradient) is computed each step, and the
+// gradient's dL/dg = G^T dL/dU G each backward. Both are small next to the convolutions; as ops they spare the step
+// a dozen PyTorch calls per convolution.
+
+// G of F(2x2, 3x3) and F(4x4, 3x3): ddpm/kernels/ops.py's WINOGRAD_G.
+constexpr float kWinogradG2[4][3] = {{1.0f, 0.0f, 0.0f}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0.0f, 0.0f, 1.0f}};
+constexpr float kWinogradG4[6][3] = {{1.0f / 4, 0.0f, 0.0f}, {-1.0f / 6, -1.0f / 6, -1.0f / 6},
+    {-1.0f / 6, 1.0f / 6, -1.0f / 6}, {1.0f / 24, 1.0f / 12, 1.0f / 6}, {1.0f / 24, -1.0f / 12, 1.0f / 6},
+    {0.0f, 0.0f, 1.0f}};
+
+// U = G g G^T for 16 kernels side by side: k[t][l], tap t = 3i + j of kernel l, into u[(a * n + b) * ld + l],
+// separably (G g, then (G g) G^T), each step a loop over the 16 lanes.
+template <int64_t kN>
+inline __attribute__((always_inline)) void winograd_kernel_block(
+    const float (&k)[9][16], const float (&G)[kN][3], float* __restrict__ u, int64_t ld) {
+  float gg[kN][3][16];
+  for (int64_t a = 0; a < kN; ++a) {
+    for (int64_t j = 0; j < 3; ++j) {
+      for (int64_t l = 0; l < 16; ++l) {
+        gg[a][j][l] = G[a][0] * k[j][l] + G[a][1] * k[3 + j][l] + G[a][2] * k[6 + j][l];
+      }
+    }
+  }
+  for (int64_t a = 0; a < kN; ++a) {
+    for (int64_t b = 0; b < kN; ++b) {
+      float* __restrict__ out = u + (a * kN + b) * ld;
+      for (int64_t l = 0; l < 16; ++l) {
+        out[l] = gg[a][0][l] * G[b][0] + gg[a][1][l] * G[b][1] + gg[a][2][l] * G[b][2];
+      }
+    }
+  }
+}
+
+// dL/dg = G^T dU G for 16 kernels side by side: d[(a * n + b) * ld + l] into k[t][l], tap t = 3i + j.
+template <int64_t kN>
+inline __attribute__((always_inline)) void winograd_kernel_grad_block(
+    const float* __restrict__ d, int64_t ld, const float (&G)[kN][3], float (&k)[9][16]) {
+  float gd[3][kN][16] = {};
+  for (int64_t a = 0; a < kN; ++a) {
+    for (int64_t b = 0; b < kN; ++b) {
+      const float* __restrict__ in = d + (a * kN + b) * ld;
+      for (int64_t i = 0; i < 3; ++i) {
+        for (int64_t l = 0; l < 16; ++l) {
+          gd[i][b][l] += G[a][i] * in[l];
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t j = 0; j < 3; ++j) {
+      for (int64_t l = 0; l < 16; ++l) {
+        float sum = 0.0f;
+        for (int64_t b = 0; b < kN; ++b) {
+          sum += gd[i][b][l] * G[b][j];
+        }
+        k[3 * i + j][l] = sum;
+      }
+    }
+  }
+}
+
+// Rows [r0, r1) of the transform: row r holds the kernels (r, 0..inner) of the output's (n * n, rows, inner) layout,
+// 16 at a time; kernel (r, c) is g[co][ci] with (co, ci) = rotated ? (r, c) : (c, r), its taps reversed if rotated.
+template <int64_t kN>
+inline __attribute__((always_inline)) void winograd_kernel_rows_impl(const float* __restrict__ g, int64_t cout,
+    int64_t cin, bool rotated, const float (&G)[kN][3], int64_t r0, int64_t r1, float* __restrict__ u) {
+  const int64_t inner = rotated ? cin : cout, rows = rotated ? cout : cin;
+  float k[9][16];
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c0 = 0; c0 < inner; c0 += 16) {
+      for (int64_t l = 0; l < 16; ++l) {
+        const int64_t co = rotated ? r : c0 + l, ci = rotated ? c0 + l : r;
+        const float* taps = g + (co * cin + ci) * 9;
+        for (int64_t t = 0; t < 9; ++t) {
+          k[rotated ? 8 - t : t][l] = taps[t];
+        }
+      }
+      winograd_kernel_block<kN>(k, G, u + r * inner + c0, rows * inner);
+    }
+  }
+}
+
+DIFFUSION_KERNELS_FMA_CLONES
+void winograd_kernel_rows(const float* __restrict__ g, int64_t cout, int64_t cin, int64_t tile, bool rotated,
+    int64_t r0, int64_t r1, float* __restrict__ u) {
+  tile == 4 ? winograd_kernel_rows_impl<6>(g, cout, cin, rotated, kWinogradG4, r0, r1, u)
+            : winograd_kernel_rows_impl<4>(g, cout, cin, rotated, kWinogradG2, r0, r1, u);
+}
+
+// Input channels [ci0, ci1) of dL/dg from dU (n * n, Cin, Cout) into the (Cout, Cin, 3, 3) gradient.
+template <int64_t kN>
+inline __attribute__((always_inline)) void winograd_kernel_grad_rows_impl(const float* __restrict__ du, int64_t cout,
+    int64_t cin, const float (&G)[kN][3], int64_t ci0, int64_t ci1, float* __restrict__ dg) {
+  float k[9][16];
+  for (int64_t ci = ci0; ci < ci1; ++ci) {
+    for (int64_t co0 = 0; co0 < cout; co0 += 16) {
+      winograd_kernel_grad_block<kN>(du + ci * cout + co0, cin * cout, G, k);
+      for (int64_t l = 0; l < 16; ++l) {
+        float* taps = dg + ((co0 + l) * cin + ci) * 9;
+        for (int64_t t = 0; t < 9; ++t) {
+          taps[t] = k[t][l];
+        }
+      }
+    }
+  }
+}
+
+DIFFUSION_KERNELS_FMA_CLONES
+void winograd_kernel_grad_rows(const float* __restrict__ du, int64_t cout, int64_t cin, int64_t tile, int64_t ci0,
+    int64_t ci1, float* __restrict__ dg) {
+  tile == 4 ? winograd_kernel_grad_rows_impl<6>(du, cout, cin, kWinogradG4, ci0, ci1, dg)
+            : winograd_kernel_grad_rows_impl<4>(du, cout, cin, kWinogradG2, ci0, ci1, dg);
+}
+
+void check_winograd_kernel(const at::Tensor& weight, int64_t tile, const char* op) {
+  TORCH_CHECK(tile == 2 || tile == 4, op, ": tile must be 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)), got ", tile);
+  TORCH_CHECK(weight.dim() == 4 && weight.size(2) == 3 && weight.size(3) == 3 && weight.scalar_type() == at::kFloat &&
+      weight.is_contiguous() && weight.device().is_cpu(),
+      op, ": weight must be a contiguous float32 (Cout, Cin, 3, 3) CPU tensor, got ", weight.scalar_type(), " ",
+      weight.sizes(), " with strides ", weight.strides());
+  TORCH_CHECK(weight.size(0) % 16 == 0 && weight.size(1) % 16 == 0 && weight.size(0) > 0 && weight.size(1) > 0,
+      op, ": channel counts must be positive multiples of 16, got Cout=", weight.size(0), ", Cin=", weight.size(1));
+}
+
+// Rows a thread takes at least: about 4,096 kernels (too few to pay for a second thread below that).
+int64_t winograd_kernel_grain(int64_t inner) {
+  return std::max<int64_t>(1, 4096 / inner);
+}
+
+// U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel as conv3x3_winograd's (n * n, Cin, Cout) operand; rotated: the
+// kernel turned 180 degrees with its channels swapped, (n * n, Cout, Cin), the operand of the input's gradient.
+at::Tensor winograd_kernel_cpu(const at::Tensor& weight, int64_t tile, bool rotated) {
+  check_winograd_kernel(weight, tile, "winograd_kernel");
+  const int64_t cout = weight.size(0), cin = weight.size(1), n = tile + 2;
+  const int64_t rows = rotated ? cout : cin, inner = rotated ? cin : cout;
+  at::Tensor u = at::empty({n * n, rows, inner}, weight.options());
+  const float* g = weight.const_data_ptr<float>();
+  float* out = u.mutable_data_ptr<float>();
+  at::parallel_for(0, rows, winograd_kernel_grain(inner), [&](int64_t begin, int64_t end) {
+    winograd_kernel_rows(g, cout, cin, tile, rotated, begin, end, out);
+  });
+  return u;
+}
+
+// One training step's backward of y = conv2d(x, g, b, padding=1) computed in Winograd's domain, each output only
+// where asked (output_mask: dL/dx, dL/dg, dL/db; the others come back empty):
+// dL/dx = conv3x3_winograd(dL/dy, the rotated kernel's transform); dL/dg = G^T conv3x3_winograd_weight_grad G, in
+// g's (Cout, Cin, 3, 3) layout; dL/db = dL/dy summed over the batch and the positions, in a fixed order.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(const at::Tensor& grad_out,
+    const at::Tensor& x, const at::Tensor& weight, int64_t tile, std::array<bool, 3> output_mask) {
+  check_winograd_kernel(weight, tile, "conv3x3_winograd_backward");
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == at::kFloat &&
+      grad_out.is_contiguous(at::MemoryFormat::ChannelsLast) && grad_out.size(1) == weight.size(0),
+      "conv3x3_winograd_backward: grad_out must be a channels-last float32 (B, Cout=", weight.size(0),
+      ", H, W) tensor, got ", grad_out.scalar_type(), " ", grad_out.sizes(), " with strides ", grad_out.strides());
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == weight.size(1) && x.size(0) == grad_out.size(0) &&
+      x.size(2) == grad_out.size(2) && x.size(3) == grad_out.size(3),
+      "conv3x3_winograd_backward: x must be (B, Cin=", weight.size(1), ", H, W) of grad_out's ", grad_out.sizes(),
+      ", got ", x.sizes());
+  const auto empty = [&] { return at::empty({0}, weight.options()); };
+  at::Tensor grad_x = output_mask[0]
+      ? conv3x3_winograd_cpu(grad_out, winograd_kernel_cpu(weight, tile, true), std::nullopt, false)
+      : empty();
+  at::Tensor grad_weight = empty();
+  if (output_mask[1]) {
+    const at::Tensor du = conv3x3_winograd_weight_grad_cpu(x, grad_out, tile);  // (n * n, Cin, Cout)
+    const int64_t cin = weight.size(1), cout = weight.size(0);
+    grad_weight = at::empty(weight.sizes(), weight.options());
+    const float* d = du.const_data_ptr<float>();
+    float* gw = grad_weight.mutable_data_ptr<float>();
+    at::parallel_for(0, cin, winograd_kernel_grain(cout), [&](int64_t begin, int64_t end) {
+      winograd_kernel_grad_rows(d, cout, cin, tile, begin, end, gw);
+    });
+  }
+  at::Tensor grad_bias = empty();
+  if (output_mask[2]) {
+    // Rows of Cout channels summed in chunks of a fixed size, then the chunks in order: the same bits whatever the
+    // threads.
+    const int64_t cout = grad_out.size(1), rows = grad_out.numel() / std::max<int64_t>(cout, 1);
+    constexpr int64_t kRows = 256;
+    const int64_t chunks = (rows + kRows - 1) / kRows;
+    std::vector<float> partial(chunks * cout, 0.0f);
+    const float* gy = grad_out.const_data_ptr<float>();
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        const int64_t r1 = std::min(rows, (chunk + 1) * kRows);
+        for (int64_t r = chunk * kRows; r < r1; ++r) {
+          add_row(gy + r * cout, cout, partial.data() + chunk * cout);
+        }
+      }
+    });
+    grad_bias = at::zeros({cout}, weight.options());
+    float* gb = grad_bias.mutable_data_ptr<float>();
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      add_row(partial.data() + chunk * cout, cout, gb);
+    }
+  }
+  return {grad_x, grad_weight, grad_bias};
+}
+
 // A dense channels-last image or volume: (B, C, H, W) or (B, C, D, H, W) with the channels innermost.
 bool is_dense_channels_last(const at::Tensor& t) {
   return (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
@@ -2049,6 +2260,10 @@ TORCH_LIBRARY(diffusion_kernels, m) {
       "int groups, float eps, bool silu) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("conv3x3_winograd(Tensor x, Tensor weight, Tensor? bias, *, bool upsample=False) -> Tensor");
   m.def("conv3x3_winograd_weight_grad(Tensor x, Tensor grad_out, int tile=2) -> Tensor");
+  m.def("winograd_kernel(Tensor weight, int tile, bool rotated=False) -> Tensor");
+  m.def(
+      "conv3x3_winograd_backward(Tensor grad_out, Tensor x, Tensor weight, int tile, bool[3] output_mask) -> "
+      "(Tensor, Tensor, Tensor)");
   m.def("bias_add_(Tensor(a!) h, Tensor bias, Tensor? residual, Tensor? residual2) -> ()");
   m.def("seeded_dropout(Tensor x, int seed, float p) -> Tensor");
 }
@@ -2060,6 +2275,8 @@ TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
   m.impl("group_norm_act_backward", &group_norm_act_backward_cpu);
   m.impl("conv3x3_winograd", &conv3x3_winograd_cpu);
   m.impl("conv3x3_winograd_weight_grad", &conv3x3_winograd_weight_grad_cpu);
+  m.impl("winograd_kernel", &winograd_kernel_cpu);
+  m.impl("conv3x3_winograd_backward", &conv3x3_winograd_backward_cpu);
   m.impl("bias_add_", &bias_add_cpu);
   m.impl("seeded_dropout", &seeded_dropout_cpu);
 }

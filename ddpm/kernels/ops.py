@@ -124,6 +124,28 @@ def _register_fakes() -> None:
     def _conv3x3_winograd_weight_grad_fake(x, grad_out, tile=2):
         return x.new_empty(((tile + 2) ** 2, x.shape[1], grad_out.shape[1]))
 
+    if not hasattr(torch.ops.diffusion_kernels, "conv3x3_winograd_backward"):
+        return
+
+    @torch.library.register_fake("diffusion_kernels::winograd_kernel")
+    def _winograd_kernel_fake(weight, tile, rotated=False):
+        cout, cin = weight.shape[:2]
+        return weight.new_empty(((tile + 2) ** 2, *((cout, cin) if rotated else (cin, cout))))
+
+    @torch.library.register_fake("diffusion_kernels::conv3x3_winograd_backward")
+    def _conv3x3_winograd_backward_fake(grad_out, x, weight, tile, output_mask):
+        shapes = (x.shape, weight.shape, weight.shape[:1])
+        return tuple(
+            (
+                torch.empty(shape, dtype=weight.dtype, memory_format=torch.channels_last)
+                if i == 0
+                else weight.new_empty(shape)
+            )
+            if wanted
+            else weight.new_empty((0,))
+            for i, (shape, wanted) in enumerate(zip(shapes, output_mask))
+        )
+
 
 def _register_norm_training() -> None:
     """The fake kernel of group_norm_act's backward op (for torch.compile), registered as the extension loads."""
@@ -383,6 +405,28 @@ def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, *, til
         load_extension()
     extra = {"tile": tile} if tile != 2 else {}
     return torch.ops.diffusion_kernels.conv3x3_winograd_weight_grad(x, grad_out, **extra)
+
+
+def winograd_kernel(weight: torch.Tensor, *, tile: int, rotated: bool = False) -> torch.Tensor:
+    """A float32 (Cout, Cin, 3, 3) kernel's transform in F(tile x tile, 3x3) as :func:`conv3x3_winograd`'s operand,
+    (n * n, Cin, Cout) with n = tile + 2, computed in float32 (training's, each step; :func:`winograd_weight` is the
+    runner's, once, in float64); ``rotated``: the kernel turned 180 degrees with its channels swapped, (n * n, Cout,
+    Cin), the operand of the input's gradient."""
+    if _loaded_from is None:
+        load_extension()
+    return torch.ops.diffusion_kernels.winograd_kernel(weight, tile, rotated)
+
+
+def conv3x3_winograd_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, *, tile: int, wanted: tuple[bool, bool, bool]
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of conv2d(x, weight, bias, padding=1) computed in F(tile x tile, 3x3), given grad_out (B, Cout,
+    H, W): (dL/dx channels-last, dL/dweight in weight's layout, dL/dbias), None where ``wanted`` says not. x and
+    grad_out channels-last float32, weight a contiguous float32 (Cout, Cin, 3, 3)."""
+    if _loaded_from is None:
+        load_extension()
+    grads = torch.ops.diffusion_kernels.conv3x3_winograd_backward(grad_out, x, weight, tile, list(wanted))
+    return tuple(g if w else None for g, w in zip(grads, wanted))
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """3x3 convolutions trained in Winograd's domain on a CPU: F(4x4, 3x3) on maps of 4x4 and up, F(2x2, 3x3) on
-smaller ones; the sampling runner's kernel for the forward pass and for the input's gradient, and the extension's
-``conv3x3_winograd_weight_grad`` for the kernel's. Beside them, on CPUs where oneDNN's are slower (AVX2), 1x1
-convolutions as one GEMM over the channels-last pixels.
+smaller ones; the sampling runner's kernel for the forward pass, the extension's ``conv3x3_winograd_backward`` for
+all three gradients in one call. Beside them, on CPUs where oneDNN's are slower (AVX2), 1x1 convolutions as one GEMM
+over the channels-last pixels.
 
 For y = conv2d(x, g, b, padding=1) with U = G g G^T (the kernel in Winograd's domain):
 - forward: ``conv3x3_winograd(x, U, b)``;
@@ -27,17 +27,9 @@ from torch import nn
 
 from ddpm.kernels import ops
 
-# Each tile's kernel transform U = G g G^T as one (products, 9) matrix, G (x) G (ops.winograd_weight's G): every
-# kernel's products from its 9 taps in one GEMM over all (Cout, Cin) pairs, and back for the gradient.
-_GG = {tile: torch.kron(torch.tensor(G), torch.tensor(G)) for tile, G in ops.WINOGRAD_G.items()}
-# Rotating a 3x3 kernel 180 degrees reverses its 9 taps (row-major), so the rotated kernel's transform is the same
-# GEMM with the matrix's columns reversed: no copy of the flipped kernel each step.
-_GG_ROTATED = {tile: gg.flip(1).contiguous() for tile, gg in _GG.items()}
-
-
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
-# AVX2's GEMM wins at every map, AVX-512's from 14x14 on (BENCHMARKS.md, "The training step against its peers").
-_MIN_SIDE = {"AVX2": 1, "AVX512": 14}
+# every map on AVX2 and on AVX-512 (BENCHMARKS.md, "The training step against its peers").
+_MIN_SIDE = {"AVX2": 1, "AVX512": 1}
 # The capabilities whose oneDNN trains 1x1 convolutions slower than a GEMM does (its backward at every map side the
 # recipes have); AVX-512's is faster at 8x8 and up (BENCHMARKS.md, "The training step against its peers").
 _GEMM_1X1 = ("AVX2",)
@@ -87,22 +79,7 @@ def weight_grad_available() -> bool:
         ops.load_extension(allow_jit=False)
     except ops.ExtensionUnavailableError:
         return False
-    return ops.has_op("conv3x3_winograd_weight_grad")  # False for a build older than the op
-
-
-def _transform(weight: torch.Tensor, tile: int) -> torch.Tensor:
-    """U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel, as conv3x3_winograd's (products, Cin, Cout) operand, in
-    float32 since every training step runs it."""
-    cout, cin = weight.shape[:2]
-    taps = weight.reshape(cout, cin, 9).permute(2, 1, 0).reshape(9, cin * cout)  # one copy, of the kernel's size
-    return (_GG[tile] @ taps).view(-1, cin, cout)  # the GEMM writes the op's layout: no copy of the transform
-
-
-def _rotated(weight: torch.Tensor, tile: int) -> torch.Tensor:
-    """The transform of the kernel rotated 180 degrees with its channels swapped: the operand of the input
-    gradient's convolution, (products, Cout, Cin), straight from the (Cout, Cin, 3, 3) kernel in one GEMM."""
-    cout, cin = weight.shape[:2]
-    return (_GG_ROTATED[tile] @ weight.reshape(cout * cin, 9).T).view(-1, cout, cin)
+    return ops.has_op("conv3x3_winograd_backward")  # False for a build older than the op
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -117,24 +94,15 @@ class _WinogradConv3x3(torch.autograd.Function):
         x = _channels_last(x)
         ctx.save_for_backward(x, weight)
         ctx.has_bias, ctx.tile = bias is not None, tile
-        return ops.conv3x3_winograd(x, _transform(weight, tile), bias)
+        return ops.conv3x3_winograd(x, ops.winograd_kernel(weight, tile=tile), bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
-        grad = _channels_last(grad)
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            # The input's gradient: the convolution of grad with g rotated 180 degrees, in and out swapped.
-            grad_x = ops.conv3x3_winograd(grad, _rotated(weight, ctx.tile), None)
-        if ctx.needs_input_grad[1]:
-            dU = ops.conv3x3_winograd_weight_grad(x, grad, tile=ctx.tile)  # (products, Cin, Cout)
-            products, cin, cout = dU.shape
-            taps = dU.view(products, cin * cout).T @ _GG[ctx.tile]  # dL/dg = G^T (dL/dU) G: (Cin * Cout, 9)
-            grad_weight = taps.view(cin, cout, 3, 3).transpose(0, 1).contiguous()  # the weight's own layout
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum((0, 2, 3))
-        return grad_x, grad_weight, grad_bias, None
+        wanted = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        # One op: the input's gradient (the convolution of grad with g rotated 180 degrees, in and out swapped), the
+        # kernel's (G^T dL/dU G) and the bias's.
+        return *ops.conv3x3_winograd_backward(_channels_last(grad), x, weight, tile=ctx.tile, wanted=wanted), None
 
 
 def conv3x3(
