@@ -1912,108 +1912,129 @@ constexpr float kWinogradG4[6][3] = {{1.0f / 4, 0.0f, 0.0f}, {-1.0f / 6, -1.0f /
     {-1.0f / 6, 1.0f / 6, -1.0f / 6}, {1.0f / 24, 1.0f / 12, 1.0f / 6}, {1.0f / 24, -1.0f / 12, 1.0f / 6},
     {0.0f, 0.0f, 1.0f}};
 
-// U = G g G^T for 16 kernels side by side: k[t][l], tap t = 3i + j of kernel l, into u[(a * n + b) * ld + l],
-// separably (G g, then (G g) G^T), each step a loop over the 16 lanes.
+// c0 v0 + c1 v1 + c2 v2 for a row (c0, c1, c2) of G, the rows' zeros and ones skipped (G's entries are constants
+// where this is inlined, so the branches fold away).
+inline __attribute__((always_inline)) Vec16 combine3(const float (&c)[3], Vec16 v0, Vec16 v1, Vec16 v2) {
+  if (c[1] == 0.0f && c[2] == 0.0f) {
+    return c[0] == 1.0f ? v0 : c[0] * v0;
+  }
+  if (c[0] == 0.0f && c[1] == 0.0f) {
+    return c[2] == 1.0f ? v2 : c[2] * v2;
+  }
+  return c[0] * v0 + c[1] * v1 + c[2] * v2;
+}
+
+// The transforms go by chunks of kKernelChunk kernels (columns), each chunk's rows in a small buffer: every output row
+// is then written as one contiguous run, where 16 kernels at a time would write 36 rows a few KiB apart, which the
+// L1 cache's sets cannot hold at once.
+constexpr int64_t kKernelChunk = 256;
+
+// U = G g G^T for one chunk: taps[t][c], tap t = 3i + j of column c, into u[(a * n + b) * ld + c], separably (G g,
+// then (G g) G^T), each row of both steps a vector loop along the chunk.
 template <int64_t kN>
-inline __attribute__((always_inline)) void winograd_kernel_block(
-    const float (&k)[9][16], const float (&G)[kN][3], float* __restrict__ u, int64_t ld) {
-  float gg[kN][3][16];
+inline __attribute__((always_inline)) void winograd_kernel_chunk(
+    const float (&taps)[9][kKernelChunk], const float (&G)[kN][3], float* __restrict__ u, int64_t ld) {
+  alignas(64) float gg[kN][3][kKernelChunk];
   for (int64_t a = 0; a < kN; ++a) {
     for (int64_t j = 0; j < 3; ++j) {
-      for (int64_t l = 0; l < 16; ++l) {
-        gg[a][j][l] = G[a][0] * k[j][l] + G[a][1] * k[3 + j][l] + G[a][2] * k[6 + j][l];
+      for (int64_t c = 0; c < kKernelChunk; c += 16) {
+        store16(gg[a][j] + c, combine3(G[a], load16(taps[j] + c), load16(taps[3 + j] + c), load16(taps[6 + j] + c)));
       }
     }
   }
   for (int64_t a = 0; a < kN; ++a) {
     for (int64_t b = 0; b < kN; ++b) {
       float* __restrict__ out = u + (a * kN + b) * ld;
-      for (int64_t l = 0; l < 16; ++l) {
-        out[l] = gg[a][0][l] * G[b][0] + gg[a][1][l] * G[b][1] + gg[a][2][l] * G[b][2];
+      for (int64_t c = 0; c < kKernelChunk; c += 16) {
+        store16(out + c, combine3(G[b], load16(gg[a][0] + c), load16(gg[a][1] + c), load16(gg[a][2] + c)));
       }
     }
   }
 }
 
-// dL/dg = G^T dU G for 16 kernels side by side: d[(a * n + b) * ld + l] into k[t][l], tap t = 3i + j.
+// dL/dg = G^T dU G for one chunk: d[(a * n + b) * ld + c] into taps[t][c], tap t = 3i + j.
 template <int64_t kN>
-inline __attribute__((always_inline)) void winograd_kernel_grad_block(
-    const float* __restrict__ d, int64_t ld, const float (&G)[kN][3], float (&k)[9][16]) {
-  float gd[3][kN][16] = {};
-  for (int64_t a = 0; a < kN; ++a) {
+inline __attribute__((always_inline)) void winograd_kernel_grad_chunk(
+    const float* __restrict__ d, int64_t ld, const float (&G)[kN][3], float (&taps)[9][kKernelChunk]) {
+  alignas(64) float gd[3][kN][kKernelChunk];  // (G^T dU)[i][b]
+  for (int64_t i = 0; i < 3; ++i) {
     for (int64_t b = 0; b < kN; ++b) {
-      const float* __restrict__ in = d + (a * kN + b) * ld;
-      for (int64_t i = 0; i < 3; ++i) {
-        for (int64_t l = 0; l < 16; ++l) {
-          gd[i][b][l] += G[a][i] * in[l];
+      for (int64_t c = 0; c < kKernelChunk; c += 16) {
+        Vec16 sum = {};
+        for (int64_t a = 0; a < kN; ++a) {
+          if (G[a][i] != 0.0f) {
+            sum += G[a][i] * load16(d + (a * kN + b) * ld + c);
+          }
         }
+        store16(gd[i][b] + c, sum);
       }
     }
   }
   for (int64_t i = 0; i < 3; ++i) {
     for (int64_t j = 0; j < 3; ++j) {
-      for (int64_t l = 0; l < 16; ++l) {
-        float sum = 0.0f;
+      for (int64_t c = 0; c < kKernelChunk; c += 16) {
+        Vec16 sum = {};
         for (int64_t b = 0; b < kN; ++b) {
-          sum += gd[i][b][l] * G[b][j];
+          if (G[b][j] != 0.0f) {
+            sum += load16(gd[i][b] + c) * G[b][j];
+          }
         }
-        k[3 * i + j][l] = sum;
+        store16(taps[3 * i + j] + c, sum);
       }
     }
   }
 }
 
-// Rows [r0, r1) of the transform: row r holds the kernels (r, 0..inner) of the output's (n * n, rows, inner) layout,
-// 16 at a time; kernel (r, c) is g[co][ci] with (co, ci) = rotated ? (r, c) : (c, r), its taps reversed if rotated.
+// Chunks [k0, k1) of the transform into u (n * n, rows, inner): column r * inner + l is kernel g[co][ci] with
+// (co, ci) = rotated ? (r, l) : (l, r), its taps reversed if rotated.
 template <int64_t kN>
-inline __attribute__((always_inline)) void winograd_kernel_rows_impl(const float* __restrict__ g, int64_t cout,
-    int64_t cin, bool rotated, const float (&G)[kN][3], int64_t r0, int64_t r1, float* __restrict__ u) {
-  const int64_t inner = rotated ? cin : cout, rows = rotated ? cout : cin;
-  float k[9][16];
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t c0 = 0; c0 < inner; c0 += 16) {
-      for (int64_t l = 0; l < 16; ++l) {
-        const int64_t co = rotated ? r : c0 + l, ci = rotated ? c0 + l : r;
-        const float* taps = g + (co * cin + ci) * 9;
-        for (int64_t t = 0; t < 9; ++t) {
-          k[rotated ? 8 - t : t][l] = taps[t];
-        }
+inline __attribute__((always_inline)) void winograd_kernel_chunks_impl(const float* __restrict__ g, int64_t cout,
+    int64_t cin, bool rotated, const float (&G)[kN][3], int64_t k0, int64_t k1, float* __restrict__ u) {
+  const int64_t inner = rotated ? cin : cout, columns = cin * cout;
+  alignas(64) float taps[9][kKernelChunk];
+  for (int64_t chunk = k0; chunk < k1; ++chunk) {
+    const int64_t c0 = chunk * kKernelChunk;
+    for (int64_t c = 0; c < kKernelChunk; ++c) {
+      const int64_t r = (c0 + c) / inner, l = (c0 + c) % inner;
+      const float* k = g + (rotated ? r * cin + l : l * cin + r) * 9;
+      for (int64_t t = 0; t < 9; ++t) {
+        taps[rotated ? 8 - t : t][c] = k[t];
       }
-      winograd_kernel_block<kN>(k, G, u + r * inner + c0, rows * inner);
+    }
+    winograd_kernel_chunk<kN>(taps, G, u + c0, columns);
+  }
+}
+
+DIFFUSION_KERNELS_FMA_CLONES
+void winograd_kernel_chunks(const float* __restrict__ g, int64_t cout, int64_t cin, int64_t tile, bool rotated,
+    int64_t k0, int64_t k1, float* __restrict__ u) {
+  tile == 4 ? winograd_kernel_chunks_impl<6>(g, cout, cin, rotated, kWinogradG4, k0, k1, u)
+            : winograd_kernel_chunks_impl<4>(g, cout, cin, rotated, kWinogradG2, k0, k1, u);
+}
+
+// Chunks [k0, k1) of dL/dg from dU (n * n, Cin, Cout) (column ci * Cout + co) into the (Cout, Cin, 3, 3) gradient.
+template <int64_t kN>
+inline __attribute__((always_inline)) void winograd_kernel_grad_chunks_impl(const float* __restrict__ du,
+    int64_t cout, int64_t cin, const float (&G)[kN][3], int64_t k0, int64_t k1, float* __restrict__ dg) {
+  alignas(64) float taps[9][kKernelChunk];
+  for (int64_t chunk = k0; chunk < k1; ++chunk) {
+    const int64_t c0 = chunk * kKernelChunk;
+    winograd_kernel_grad_chunk<kN>(du + c0, cin * cout, G, taps);
+    for (int64_t c = 0; c < kKernelChunk; ++c) {
+      const int64_t ci = (c0 + c) / cout, co = (c0 + c) % cout;
+      float* k = dg + (co * cin + ci) * 9;
+      for (int64_t t = 0; t < 9; ++t) {
+        k[t] = taps[t][c];
+      }
     }
   }
 }
 
 DIFFUSION_KERNELS_FMA_CLONES
-void winograd_kernel_rows(const float* __restrict__ g, int64_t cout, int64_t cin, int64_t tile, bool rotated,
-    int64_t r0, int64_t r1, float* __restrict__ u) {
-  tile == 4 ? winograd_kernel_rows_impl<6>(g, cout, cin, rotated, kWinogradG4, r0, r1, u)
-            : winograd_kernel_rows_impl<4>(g, cout, cin, rotated, kWinogradG2, r0, r1, u);
-}
-
-// Input channels [ci0, ci1) of dL/dg from dU (n * n, Cin, Cout) into the (Cout, Cin, 3, 3) gradient.
-template <int64_t kN>
-inline __attribute__((always_inline)) void winograd_kernel_grad_rows_impl(const float* __restrict__ du, int64_t cout,
-    int64_t cin, const float (&G)[kN][3], int64_t ci0, int64_t ci1, float* __restrict__ dg) {
-  float k[9][16];
-  for (int64_t ci = ci0; ci < ci1; ++ci) {
-    for (int64_t co0 = 0; co0 < cout; co0 += 16) {
-      winograd_kernel_grad_block<kN>(du + ci * cout + co0, cin * cout, G, k);
-      for (int64_t l = 0; l < 16; ++l) {
-        float* taps = dg + ((co0 + l) * cin + ci) * 9;
-        for (int64_t t = 0; t < 9; ++t) {
-          taps[t] = k[t][l];
-        }
-      }
-    }
-  }
-}
-
-DIFFUSION_KERNELS_FMA_CLONES
-void winograd_kernel_grad_rows(const float* __restrict__ du, int64_t cout, int64_t cin, int64_t tile, int64_t ci0,
-    int64_t ci1, float* __restrict__ dg) {
-  tile == 4 ? winograd_kernel_grad_rows_impl<6>(du, cout, cin, kWinogradG4, ci0, ci1, dg)
-            : winograd_kernel_grad_rows_impl<4>(du, cout, cin, kWinogradG2, ci0, ci1, dg);
+void winograd_kernel_grad_chunks(const float* __restrict__ du, int64_t cout, int64_t cin, int64_t tile, int64_t k0,
+    int64_t k1, float* __restrict__ dg) {
+  tile == 4 ? winograd_kernel_grad_chunks_impl<6>(du, cout, cin, kWinogradG4, k0, k1, dg)
+            : winograd_kernel_grad_chunks_impl<4>(du, cout, cin, kWinogradG2, k0, k1, dg);
 }
 
 void check_winograd_kernel(const at::Tensor& weight, int64_t tile, const char* op) {
@@ -2026,22 +2047,19 @@ void check_winograd_kernel(const at::Tensor& weight, int64_t tile, const char* o
       op, ": channel counts must be positive multiples of 16, got Cout=", weight.size(0), ", Cin=", weight.size(1));
 }
 
-// Rows a thread takes at least: about 4,096 kernels (too few to pay for a second thread below that).
-int64_t winograd_kernel_grain(int64_t inner) {
-  return std::max<int64_t>(1, 4096 / inner);
-}
+// Chunks a thread takes at least: 16 of kKernelChunk kernels (too few to pay for a second thread below that).
+constexpr int64_t kKernelChunkGrain = 16;
 
 // U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel as conv3x3_winograd's (n * n, Cin, Cout) operand; rotated: the
 // kernel turned 180 degrees with its channels swapped, (n * n, Cout, Cin), the operand of the input's gradient.
 at::Tensor winograd_kernel_cpu(const at::Tensor& weight, int64_t tile, bool rotated) {
   check_winograd_kernel(weight, tile, "winograd_kernel");
   const int64_t cout = weight.size(0), cin = weight.size(1), n = tile + 2;
-  const int64_t rows = rotated ? cout : cin, inner = rotated ? cin : cout;
-  at::Tensor u = at::empty({n * n, rows, inner}, weight.options());
+  at::Tensor u = rotated ? at::empty({n * n, cout, cin}, weight.options()) : at::empty({n * n, cin, cout}, weight.options());
   const float* g = weight.const_data_ptr<float>();
   float* out = u.mutable_data_ptr<float>();
-  at::parallel_for(0, rows, winograd_kernel_grain(inner), [&](int64_t begin, int64_t end) {
-    winograd_kernel_rows(g, cout, cin, tile, rotated, begin, end, out);
+  at::parallel_for(0, cin * cout / kKernelChunk, kKernelChunkGrain, [&](int64_t begin, int64_t end) {
+    winograd_kernel_chunks(g, cout, cin, tile, rotated, begin, end, out);
   });
   return u;
 }
@@ -2072,8 +2090,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(con
     grad_weight = at::empty(weight.sizes(), weight.options());
     const float* d = du.const_data_ptr<float>();
     float* gw = grad_weight.mutable_data_ptr<float>();
-    at::parallel_for(0, cin, winograd_kernel_grain(cout), [&](int64_t begin, int64_t end) {
-      winograd_kernel_grad_rows(d, cout, cin, tile, begin, end, gw);
+    at::parallel_for(0, cin * cout / kKernelChunk, kKernelChunkGrain, [&](int64_t begin, int64_t end) {
+      winograd_kernel_grad_chunks(d, cout, cin, tile, begin, end, gw);
     });
   }
   at::Tensor grad_bias = empty();
