@@ -870,7 +870,7 @@ at::Tensor group_norm_act_cpu(
 // y = silu(z) (or z): dz = dy * silu'(z), da = dz * (1 + scale); dshift = sum dz and dscale = sum dz * a over the
 // positions; dbias = sum da and dweight = sum da * xhat over positions and samples; and, per group of N elements,
 // dx = rstd * (da * weight - mean(da * weight) - xhat * mean(da * weight * xhat)). Everything in float32; the
-// group's statistics are recomputed from x (two passes, as the forward does).
+// group's statistics are recomputed from x in one pass of shifted sums (the forward's values, to rounding).
 
 // dz, da and the per-channel sums of one sample's rows (P positions of C channels), a row at a time.
 template <bool kModulate, bool kSilu>
@@ -922,31 +922,36 @@ void gn_backward_rows(const float* __restrict__ x, const float* __restrict__ dy,
   }
 }
 
-// dx = rstd * (da * weight - k1 - xhat * k2), k1 and k2 the group's means expanded to its channels; in place of da.
+// dx = rstd * (da * weight - k1 - xhat * k2), k1 and k2 the group's means expanded to its channels, into dx (which
+// may be da itself).
 DIFFUSION_KERNELS_CLONES
 void gn_backward_dx(const float* __restrict__ x, int64_t P, int64_t C, const float* __restrict__ mean,
     const float* __restrict__ rstd, const float* __restrict__ weight, const float* __restrict__ k1,
-    const float* __restrict__ k2, float* __restrict__ da) {
+    const float* __restrict__ k2, const float* da, float* dx) {
   for (int64_t p = 0; p < P; ++p) {
     const float* __restrict__ xr = x + p * C;
-    float* __restrict__ r = da + p * C;
+    const float* r = da + p * C;
+    float* out = dx + p * C;
     for (int64_t c = 0; c < C; ++c) {
       const float xhat = (xr[c] - mean[c]) * rstd[c];
-      r[c] = rstd[c] * (r[c] * weight[c] - k1[c] - xhat * k2[c]);
+      out[c] = rstd[c] * (r[c] * weight[c] - k1[c] - xhat * k2[c]);
     }
   }
 }
 
-// Per-channel sums of one sample's rows, of v or (v - mean)^2.
+// Per-channel sums of one sample's rows shifted by the first row (so that a channel's mean far from 0 loses no
+// precision): sums[c] = sum of (x - x[0][c]), squares[c] = sum of (x - x[0][c])^2, in one pass.
 DIFFUSION_KERNELS_CLONES
-void gn_channel_sums(const float* __restrict__ x, int64_t P, int64_t C, const float* __restrict__ mean,
-    float* __restrict__ sums) {
+void gn_channel_shifted_sums(const float* __restrict__ x, int64_t P, int64_t C, float* __restrict__ sums,
+    float* __restrict__ squares) {
   std::fill(sums, sums + C, 0.0f);
-  for (int64_t p = 0; p < P; ++p) {
+  std::fill(squares, squares + C, 0.0f);
+  for (int64_t p = 1; p < P; ++p) {
     const float* __restrict__ xr = x + p * C;
     for (int64_t c = 0; c < C; ++c) {
-      const float v = mean != nullptr ? xr[c] - mean[c] : xr[c];
-      sums[c] += mean != nullptr ? v * v : v;
+      const float v = xr[c] - x[c];
+      sums[c] += v;
+      squares[c] += v * v;
     }
   }
 }
@@ -963,7 +968,7 @@ void group_norm_act_backward_impl(const at::Tensor& grad, const at::Tensor& x, c
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     constexpr bool kFloat = std::is_same_v<T, float>;
     std::vector<float> xbuf(kFloat ? 0 : P * C), gbuf(kFloat ? 0 : P * C), da(P * C);
-    std::vector<float> mean(C), rstd(C), sums(4 * C), scale1(scale != nullptr ? C : 0), k1(C), k2(C), tmp(C);
+    std::vector<float> mean(C), rstd(C), sums(4 * C), scale1(scale != nullptr ? C : 0), k1(C), k2(C), tmp(C), squares(C);
     for (int64_t b = begin; b < end; ++b) {
       const float* xr;
       const float* gr;
@@ -976,17 +981,24 @@ void group_norm_act_backward_impl(const at::Tensor& grad, const at::Tensor& x, c
         xr = xbuf.data();
         gr = gbuf.data();
       }
-      // The group's mean, then 1/std from the squared deviations, each expanded to its channels.
-      for (const bool squares : {false, true}) {
-        gn_channel_sums(xr, P, C, squares ? mean.data() : nullptr, tmp.data());
-        for (int64_t g = 0; g < groups; ++g) {
-          float s = 0.0f;
-          for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
-            s += tmp[c];
-          }
-          const float v = squares ? group_rstd(s, count, eps) : s / count;
-          std::fill((squares ? rstd : mean).begin() + g * cg, (squares ? rstd : mean).begin() + (g + 1) * cg, v);
+      // The group's mean and 1/std, each expanded to its channels, from one pass of per-channel sums shifted by the
+      // channel's first value k: the group's sum of (x - mean)^2 is, over its channels, squares + 2 (k - mean) sums
+      // + P (k - mean)^2.
+      gn_channel_shifted_sums(xr, P, C, tmp.data(), squares.data());
+      for (int64_t g = 0; g < groups; ++g) {
+        float s = 0.0f;
+        for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+          s += tmp[c] + static_cast<float>(P) * xr[c];
         }
+        const float m = s / count;
+        float deviations = 0.0f;
+        for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+          const float shift = xr[c] - m;
+          deviations += squares[c] + 2.0f * shift * tmp[c] + static_cast<float>(P) * shift * shift;
+        }
+        const float r = group_rstd(std::max(deviations, 0.0f), count, eps);
+        std::fill(mean.begin() + g * cg, mean.begin() + (g + 1) * cg, m);
+        std::fill(rstd.begin() + g * cg, rstd.begin() + (g + 1) * cg, r);
       }
       const float* shift_b = shift != nullptr ? shift + b * modulation_stride : nullptr;
       if (scale != nullptr) {
@@ -1011,10 +1023,10 @@ void group_norm_act_backward_impl(const at::Tensor& grad, const at::Tensor& x, c
         std::fill(k1.begin() + g * cg, k1.begin() + (g + 1) * cg, s1 / count);
         std::fill(k2.begin() + g * cg, k2.begin() + (g + 1) * cg, s2 / count);
       }
-      gn_backward_dx(xr, P, C, mean.data(), rstd.data(), weight, k1.data(), k2.data(), da.data());
-      if constexpr (kFloat) {
-        std::copy(da.begin(), da.end(), dxs + b * P * C);
+      if constexpr (kFloat) {  // straight into dx
+        gn_backward_dx(xr, P, C, mean.data(), rstd.data(), weight, k1.data(), k2.data(), da.data(), dxs + b * P * C);
       } else {
+        gn_backward_dx(xr, P, C, mean.data(), rstd.data(), weight, k1.data(), k2.data(), da.data(), da.data());
         narrow_bf16(da.data(), P * C, reinterpret_cast<uint16_t*>(dxs + b * P * C));
       }
     }
