@@ -30,9 +30,10 @@ from ddpm.kernels import ops
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
 # every map on AVX2 and on AVX-512 (BENCHMARKS.md, "The training step against its peers").
 _MIN_SIDE = {"AVX2": 1, "AVX512": 1}
-# The capabilities whose oneDNN trains 1x1 convolutions slower than a GEMM does (its backward at every map side the
-# recipes have); AVX-512's is faster at 8x8 and up (BENCHMARKS.md, "The training step against its peers").
-_GEMM_1X1 = ("AVX2",)
+# The capabilities whose oneDNN trains 1x1 convolutions slower than a GEMM does, and the largest map side where it
+# does: every map with AVX2's kernels, 8x8 and smaller with AVX-512's (BENCHMARKS.md, "The training step against its
+# peers").
+_GEMM_1X1 = {"AVX2": None, "AVX512": 8}
 
 
 def faster_from() -> int | None:
@@ -51,18 +52,27 @@ def trained_from(*, precision: str, enabled: bool, largest: int) -> int | None:
     return side if side is not None and largest >= side else None
 
 
-def describe(side: int, *, gemm_1x1: bool = False) -> str:
-    """The run's line on where its convolutions run in Winograd's domain (and whether its 1x1 ones are GEMMs)."""
+def describe(side: int, *, gemm_1x1: bool = False, gemm_up_to: int | None = None) -> str:
+    """The run's line on where its convolutions run in Winograd's domain (and whether its 1x1 ones are GEMMs, on maps
+    up to ``gemm_up_to`` on a side where not on all)."""
     return (
         "Winograd 3x3 convolutions"
         + (f" on maps from {side}x{side}" if side > 1 else "")
         + (", 1x1 convolutions as GEMMs" if gemm_1x1 else "")
+        + (f" on maps up to {gemm_up_to}x{gemm_up_to}" if gemm_1x1 and gemm_up_to is not None else "")
     )
 
 
 def gemm_1x1() -> bool:
-    """Whether this CPU trains fp32 1x1 convolutions faster as GEMMs (:class:`GemmConv1x1`) than oneDNN does."""
+    """Whether this CPU trains fp32 1x1 convolutions faster as GEMMs (:class:`GemmConv1x1`) than oneDNN does, on
+    some maps (:func:`gemm_1x1_up_to`)."""
     return torch.backends.cpu.get_cpu_capability() in _GEMM_1X1
+
+
+def gemm_1x1_up_to() -> int | None:
+    """The largest map side whose 1x1 convolutions this CPU trains faster as GEMMs; None for every map (or where
+    :func:`gemm_1x1` is False)."""
+    return _GEMM_1X1.get(torch.backends.cpu.get_cpu_capability())
 
 
 def use_cpu_convs(model: nn.Module, *, side: int) -> str:
@@ -70,7 +80,9 @@ def use_cpu_convs(model: nn.Module, *, side: int) -> str:
     :func:`gemm_1x1`); returns the run's line on them, "" where nothing was swapped."""
     if not use_winograd_convs(model, side=side):
         return ""
-    return describe(side, gemm_1x1=gemm_1x1() and use_gemm_1x1_convs(model) > 0)
+    up_to = gemm_1x1_up_to()
+    swapped = gemm_1x1() and use_gemm_1x1_convs(model, max_side=up_to) > 0
+    return describe(side, gemm_1x1=swapped, gemm_up_to=up_to)
 
 
 def weight_grad_available() -> bool:
@@ -130,11 +142,15 @@ class WinogradConv2d(nn.Conv2d):
 
 class GemmConv1x1(nn.Conv2d):
     """An ``nn.Conv2d`` of a 1x1 kernel (stride 1, no padding, one group) computed as ``F.linear`` over the pixels
-    of a float32 CPU input (a GEMM on channels-last memory, no reorder), by ``nn.Conv2d`` otherwise; the same
-    parameters and state-dict keys."""
+    of a float32 CPU input of maps at most ``max_side`` on a side (a GEMM on channels-last memory, no reorder), by
+    ``nn.Conv2d`` otherwise; the same parameters and state-dict keys."""
+
+    max_side: int | None = None  # None: every map
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return super().forward(x)
+        if self.max_side is not None and min(x.shape[-2:]) > self.max_side:
             return super().forward(x)
         weight = self.weight.view(self.out_channels, self.in_channels)
         return F.linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
@@ -152,10 +168,17 @@ def is_plain_1x1(conv: nn.Module) -> bool:
     )
 
 
-def use_gemm_1x1_convs(model: nn.Module) -> int:
+def use_gemm_1x1_convs(model: nn.Module, *, max_side: int | None = None) -> int:
     """Replace each plain 1x1 ``nn.Conv2d`` of ``model`` (:func:`is_plain_1x1`) by a :class:`GemmConv1x1` holding its
-    parameters; returns how many. The state dict is unchanged."""
-    return ops.replace_modules(model, is_plain_1x1, lambda conv: _holding(conv, GemmConv1x1, 1))
+    parameters, a GEMM on maps up to ``max_side`` on a side (None: every map); returns how many. The state dict is
+    unchanged."""
+
+    def gemm(conv: nn.Conv2d) -> GemmConv1x1:
+        new = _holding(conv, GemmConv1x1, 1)
+        new.max_side = max_side
+        return new
+
+    return ops.replace_modules(model, is_plain_1x1, gemm)
 
 
 def _holding(conv: nn.Conv2d, cls: type[nn.Conv2d], kernel_size: int, **kwargs) -> nn.Conv2d:

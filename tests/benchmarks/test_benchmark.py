@@ -183,9 +183,9 @@ def test_peak_rss_sees_an_allocation():
         assert rss._thread is None
 
 
-# Where this CPU trains fp32's 3x3 convolutions in Winograd's domain: every map with AVX2's kernels (and its 1x1
-# ones as GEMMs) and with AVX-512's, nowhere on other CPUs.
-WINOGRAD = {"AVX2": "+Winograd+1x1 GEMMs", "AVX512": "+Winograd"}
+# Where this CPU trains fp32's 3x3 convolutions in Winograd's domain and its 1x1 ones as GEMMs: with AVX2's and
+# AVX-512's kernels, nowhere on other CPUs.
+WINOGRAD = {"AVX2": "+Winograd+1x1 GEMMs", "AVX512": "+Winograd+1x1 GEMMs"}
 WINOGRAD = WINOGRAD.get(torch.backends.cpu.get_cpu_capability(), "")
 WINOGRAD = WINOGRAD if weight_grad_available() else ""  # the extension built with the ops
 TRAINING_ROWS = [

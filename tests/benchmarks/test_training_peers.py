@@ -23,9 +23,9 @@ def _count(model: torch.nn.Module) -> int:
     "native_bf16, side, precision, capability, convs",
     [
         ("0", 28, "fp32", "AVX2", "+Winograd+1x1 GEMMs"),  # 3x3 convolutions in Winograd's domain, 1x1 as GEMMs
-        ("0", 28, "fp32", "AVX512", "+Winograd"),  # and with AVX-512's kernels, 1x1 convolutions on oneDNN's
+        ("0", 28, "fp32", "AVX512", "+Winograd+1x1 GEMMs"),  # and with AVX-512's kernels (1x1 GEMMs on small maps)
         ("1", 28, "bf16", "AVX512", ""),
-        ("1", 8, "fp32", "AVX512", "+Winograd"),  # the latent step's U-Net
+        ("1", 8, "fp32", "AVX512", "+Winograd+1x1 GEMMs"),  # the latent step's U-Net
         ("1", 8, "fp32", "AVX2", "+Winograd+1x1 GEMMs"),
         ("0", 28, "fp32", "DEFAULT", ""),
     ],

@@ -298,14 +298,33 @@ def test_each_cpu_trains_in_winograds_domain_from_the_maps_where_it_is_faster(mo
     assert winograd.faster_from() == side
 
 
-@pytest.mark.parametrize("capability, gemm", [("AVX2", True), ("AVX512", False), ("DEFAULT", False)])
-def test_the_trainer_takes_1x1_convolutions_as_gemms_on_avx2_only(tmp_path, monkeypatch, capability, gemm):
+@pytest.mark.parametrize(
+    "capability, gemm, up_to", [("AVX2", True, None), ("AVX512", True, 8), ("DEFAULT", False, None)]
+)
+def test_the_trainer_takes_1x1_convolutions_as_gemms_where_this_cpu_gains(
+    tmp_path, monkeypatch, capability, gemm, up_to
+):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(winograd, "faster_from", lambda: 1)  # Winograd's 3x3 convolutions on every CPU here
     trainer = make_trainer(tmp_path)
-    assert any(isinstance(m, GemmConv1x1) for m in trainer.model.modules()) == gemm
+    gemms = [m for m in trainer.model.modules() if isinstance(m, GemmConv1x1)]
+    assert bool(gemms) == gemm and all(m.max_side == up_to for m in gemms)
     assert ("1x1 convolutions as GEMMs" in trainer.step_layout) == gemm  # the run's line
+    assert ("on maps up to 8x8" in trainer.step_layout) == (up_to == 8)
     assert not any(isinstance(m, GemmConv1x1) for m in trainer.ema.modules())
+
+
+def test_a_1x1_gemm_keeps_onednns_above_its_side(monkeypatch):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 1)
+    use_gemm_1x1_convs(holder := nn.Sequential(conv), max_side=8)
+    gemm, calls = holder[0], []
+    real = F.linear
+    monkeypatch.setattr(F, "linear", lambda *a: calls.append(a[0].shape[2]) or real(*a))
+    for side in (4, 8, 9, 14):
+        x = torch.randn(2, 16, side, side).contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(gemm(x), F.conv2d(x, conv.weight, conv.bias), rtol=1e-4, atol=1e-5)
+    assert calls == [4, 8]  # 9x9 and 14x14 maps by nn.Conv2d
 
 
 def test_a_swapped_convolution_keeps_onednns_below_its_side(monkeypatch):
