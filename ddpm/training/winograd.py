@@ -31,8 +31,8 @@ from ddpm.kernels import ops
 # every map on AVX2 and on AVX-512 (BENCHMARKS.md, "The training step against its peers").
 _MIN_SIDE = {"AVX2": 1, "AVX512": 1}
 # The capabilities whose oneDNN trains 1x1 convolutions slower than a GEMM does, and the largest map side where it
-# does: every map with AVX2's kernels, 8x8 and smaller with AVX-512's (BENCHMARKS.md, "The training step against its
-# peers").
+# does: every map with AVX2's kernels, 8x8 and smaller with AVX-512's
+# (BENCHMARKS.md, "The training step against its peers").
 _GEMM_1X1 = {"AVX2": None, "AVX512": 8}
 
 
