@@ -103,7 +103,7 @@ class _WinogradConv3x3(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
-        x = _channels_last(x)
+        x, weight = _channels_last(x), weight.contiguous()  # the ops' layouts (the trainer's kernels already are)
         ctx.save_for_backward(x, weight)
         ctx.has_bias, ctx.tile = bias is not None, tile
         return ops.conv3x3_winograd(x, ops.winograd_kernel(weight, tile=tile), bias)

@@ -185,9 +185,13 @@ def test_a_swapped_kernel_is_nchw_contiguous_the_layout_its_gradient_comes_out_i
     use_winograd_convs(model)
     kernels = [m.weight for m in model.modules() if isinstance(m, WinogradConv2d)]
     assert kernels and all(kernel.is_contiguous() for kernel in kernels)  # read as (Cout * Cin, 9) with no copy
-    kernel = kernels[0]
-    (grad,) = torch.autograd.grad(conv3x3(torch.randn(2, kernel.shape[1], 6, 6), kernel).sum(), kernel)
+    kernel, x = kernels[0], torch.randn(2, kernels[0].shape[1], 6, 6)
+    (grad,) = torch.autograd.grad(conv3x3(x, kernel).sum(), kernel)
     assert grad.is_contiguous()  # AccumulateGrad keeps it as it is
+    # A kernel re-laid channels-last afterwards (as .to(memory_format=...) does) still trains, to the same gradient.
+    relaid = kernel.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    (again,) = torch.autograd.grad(conv3x3(x, relaid).sum(), relaid)
+    torch.testing.assert_close(again, grad)
 
 
 @pytest.mark.parametrize("shape", [(3, 96, 32, 8, 8), (2, 64, 192, 2, 2), (1, 16, 48, 5, 7)], ids=str)
