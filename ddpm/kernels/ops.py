@@ -134,17 +134,12 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("diffusion_kernels::conv3x3_winograd_backward")
     def _conv3x3_winograd_backward_fake(grad_out, x, weight, tile, output_mask):
-        shapes = (x.shape, weight.shape, weight.shape[:1])
-        return tuple(
-            (
-                torch.empty(shape, dtype=weight.dtype, memory_format=torch.channels_last)
-                if i == 0
-                else weight.new_empty(shape)
-            )
-            if wanted
-            else weight.new_empty((0,))
-            for i, (shape, wanted) in enumerate(zip(shapes, output_mask))
+        grads = (  # dL/dx channels-last, dL/dweight, dL/dbias; empty where output_mask does not ask
+            torch.empty(x.shape, dtype=weight.dtype, memory_format=torch.channels_last),
+            weight.new_empty(weight.shape),
+            weight.new_empty(weight.shape[:1]),
         )
+        return tuple(g if wanted else weight.new_empty((0,)) for g, wanted in zip(grads, output_mask))
 
 
 def _register_norm_training() -> None:
@@ -399,8 +394,8 @@ def conv3x3_winograd(
 def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, *, tile: int = 2) -> torch.Tensor:
     """The gradient of the loss with respect to conv3x3_winograd's ``weight`` (float32 (16, Cin, Cout); ``tile=4``:
     F(4x4, 3x3)'s (36, Cin, Cout)), given the gradient ``grad_out`` (B, Cout, H, W) of its output for the input x
-    (B, Cin, H, W), both channels-last float32: what training needs (ddpm/training/winograd.py turns it into the 3x3
-    kernel's gradient)."""
+    (B, Cin, H, W), both channels-last float32. Training takes it inside :func:`conv3x3_winograd_backward`, which also
+    turns it into the 3x3 kernel's gradient."""
     if _loaded_from is None:
         load_extension()
     extra = {"tile": tile} if tile != 2 else {}

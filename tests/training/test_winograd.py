@@ -31,7 +31,7 @@ from ddpm.training.winograd import (
 def extension() -> None:
     ops.load_extension()
     if not weight_grad_available():
-        pytest.skip("the built extension predates conv3x3_winograd_weight_grad: rebuild it (make install)")
+        pytest.skip("the built extension predates conv3x3_winograd_backward: rebuild it (make install)")
 
 
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
