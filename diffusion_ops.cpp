@@ -1115,6 +1115,24 @@ int64_t winograd_block_tiles(int64_t products, int64_t cin, int64_t cout, int64_
   return std::max(in_cache, std::min<int64_t>(48, share / 6 * 6));
 }
 
+// The blocks a convolution's tiles go by: at least tiles / per_block of them, their number a multiple of the
+// threads' so that at::parallel_for gives every thread the same count, each of whole register rows of 6 tiles (but
+// the last) and as even as that allows: a thread with one block more than the other would leave that one idle.
+struct TileBlocks {
+  int64_t tiles = 0, count = 0, rows = 0;  // rows: register rows of 6 tiles, the last one partial
+  int64_t begin(int64_t block) const { return std::min(tiles, 6 * (block * rows / count)); }
+  int64_t largest() const { return count == 0 ? 0 : 6 * ((rows + count - 1) / count); }
+};
+
+TileBlocks tile_blocks(int64_t tiles, int64_t per_block) {
+  const int64_t rows = (tiles + 5) / 6, threads = std::max(1, at::get_num_threads());
+  int64_t count = (tiles + per_block - 1) / per_block;
+  if (count > 1 && count % threads != 0) {
+    count += threads - count % threads;
+  }
+  return {tiles, std::min(count, rows), rows};
+}
+
 // M[r][0, L * Q) (+)= sum over c < K of V[r][c] * U[c][0, L * Q) for R rows, L the lanes of Vec (16 floats for
 // AVX-512, 8 for AVX2): R * Q accumulators in registers. kTransposedV: V[r][c] lies at V[c * ldv + r] (the weight
 // gradient's tiles-by-channels V read down its columns); kAccumulate: the sums start from M instead of zero.
@@ -1738,14 +1756,15 @@ at::Tensor conv3x3_winograd_cpu(
   const WinogradConv a{x.data_ptr(), weight.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
       out.data_ptr(), H, W, cin, cout, (H + m - 1) / m, (W + m - 1) / m, upsample, products, m};
   const int64_t tiles = B * a.tiles_h * a.tiles_w;
-  const int64_t per_block = winograd_block_tiles(products, cin, cout, tiles, bf16 ? 2 : 4);
+  const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, bf16 ? 2 : 4));
+  const int64_t per_block = blocks.largest();
   const bool native = bf16 && cpu_has_avx512_bf16(), avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
-  at::parallel_for(0, (tiles + per_block - 1) / per_block, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, blocks.count, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> M(new float[products * per_block * cout]);
     std::unique_ptr<float[]> V(new float[bf16 ? 0 : products * per_block * cin]);
     std::unique_ptr<uint16_t[]> V16(new uint16_t[bf16 ? products * per_block * cin : 0]);
     for (int64_t block = begin; block < end; ++block) {
-      const int64_t t0 = block * per_block, n = std::min(per_block, tiles - t0);
+      const int64_t t0 = blocks.begin(block), n = blocks.begin(block + 1) - t0;
       if (!bf16) {
 #if defined(DIFFUSION_KERNELS_AVX2_GEMM)
         if (avx2_gemm) {
@@ -1841,8 +1860,12 @@ inline __attribute__((always_inline)) void winograd_grad_tiles_float(const Winog
         // its columns, the sums continued from dU.
         winograd_gemm_rows<6, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
       }
-      for (; ci < cin; ++ci) {
-        winograd_gemm_rows<1, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
+      // Channel counts are multiples of 16, so what 6 leaves is 4 or 2 rows: one register block, not single rows.
+      for (; ci + 4 <= cin; ci += 4) {
+        winograd_gemm_rows<4, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
+      }
+      for (; ci + 2 <= cin; ci += 2) {
+        winograd_gemm_rows<2, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
       }
     }
   }
@@ -1865,7 +1888,9 @@ void winograd_grad_tiles_avx2(const WinogradConv& a, const float* __restrict__ g
 }
 #endif
 
-at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile) {
+// dL/dU as partial sums (parts, products, Cin, Cout) whose sum in order is conv3x3_winograd_weight_grad: the blocks
+// of tiles go to at most one part a thread, each part zeroed and summed by its own thread (one part: nothing to add).
+at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile) {
   TORCH_CHECK(tile == 2 || tile == 4, "conv3x3_winograd_weight_grad: tile must be 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)), got ", tile);
   TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(at::MemoryFormat::ChannelsLast),
       "conv3x3_winograd_weight_grad: x must be a channels-last float32 (B, Cin, H, W) tensor, got ", x.scalar_type(),
@@ -1879,36 +1904,61 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
   TORCH_CHECK(cin % 16 == 0 && cout % 16 == 0 && cin > 0 && cout > 0,
       "conv3x3_winograd_weight_grad: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
   const int64_t products = (tile + 2) * (tile + 2);  // 16 or 36
-  at::Tensor out = at::zeros({products, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
   const WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + tile - 1) / tile,
       (W + tile - 1) / tile, false, products, tile};
-  const int64_t tiles = B * a.tiles_h * a.tiles_w, per_block = winograd_block_tiles(products, cin, cout, tiles, 4);
-  const int64_t blocks = (tiles + per_block - 1) / per_block, threads = at::get_num_threads(), size = products * cin * cout;
-  std::vector<float> partials(threads * size, 0.0f);  // one (products, Cin, Cout) sum per thread
+  const int64_t tiles = B * a.tiles_h * a.tiles_w, size = products * cin * cout;
+  const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, 4));
+  const int64_t per_block = blocks.largest();
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks.count));
+  at::Tensor sums = at::empty({parts, products, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
   const float* gy = grad_out.data_ptr<float>();
   const bool avx2_gemm = winograd_uses_avx2_gemm();
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> V(new float[products * per_block * cin]);
     std::unique_ptr<float[]> dM(new float[products * per_block * cout]);
-    float* dU = partials.data() + std::min<int64_t>(at::get_thread_num(), threads - 1) * size;
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t t0 = block * per_block, n = std::min(per_block, tiles - t0);
+    for (int64_t part = begin; part < end; ++part) {
+      float* dU = sums.data_ptr<float>() + part * size;
+      std::fill_n(dU, size, 0.0f);
+      for (int64_t block = part * blocks.count / parts; block < (part + 1) * blocks.count / parts; ++block) {
+        const int64_t t0 = blocks.begin(block), n = blocks.begin(block + 1) - t0;
 #if defined(DIFFUSION_KERNELS_AVX2_GEMM)
-      if (avx2_gemm) {
-        winograd_grad_tiles_avx2(a, gy, t0, n, V.get(), dM.get(), dU);
-        continue;
-      }
+        if (avx2_gemm) {
+          winograd_grad_tiles_avx2(a, gy, t0, n, V.get(), dM.get(), dU);
+          continue;
+        }
 #endif
-      winograd_grad_tiles(a, gy, t0, n, V.get(), dM.get(), dU);
+        winograd_grad_tiles(a, gy, t0, n, V.get(), dM.get(), dU);
+      }
     }
   });
-  float* sum = out.data_ptr<float>();
-  for (int64_t t = 0; t < threads; ++t) {
-    const float* p = partials.data() + t * size;
-    for (int64_t i = 0; i < size; ++i) {
-      sum[i] += p[i];
+  return sums;
+}
+
+// out[i] = parts[0][i] + parts[1][i] + ..., in that order.
+DIFFUSION_KERNELS_CLONES
+void add_parts(const float* __restrict__ parts, int64_t count, int64_t stride, int64_t begin, int64_t end,
+    float* __restrict__ out) {
+  for (int64_t i = begin; i < end; ++i) {
+    float sum = parts[i];
+    for (int64_t p = 1; p < count; ++p) {
+      sum += parts[p * stride + i];
     }
+    out[i] = sum;
   }
+}
+
+at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile) {
+  const at::Tensor sums = winograd_weight_grad_parts(x, grad_out, tile);
+  if (sums.size(0) == 1) {
+    return sums[0];
+  }
+  at::Tensor out = at::empty(sums.sizes().slice(1), sums.options());
+  const int64_t size = out.numel();
+  const float* parts = sums.const_data_ptr<float>();
+  float* o = out.mutable_data_ptr<float>();
+  at::parallel_for(0, size, 16384, [&](int64_t begin, int64_t end) {
+    add_parts(parts, sums.size(0), size, begin, end, o);
+  });
   return out;
 }
 
@@ -1964,10 +2014,18 @@ inline __attribute__((always_inline)) void winograd_kernel_chunk(
   }
 }
 
-// dL/dg = G^T dU G for one chunk: d[(a * n + b) * ld + c] into taps[t][c], tap t = 3i + j.
+// dL/dg = G^T dU G for one chunk: dU[(a * n + b) * ld + c] the sum of `parts` partial sums `stride` apart (in
+// order), into taps[t][c], tap t = 3i + j.
 template <int64_t kN>
-inline __attribute__((always_inline)) void winograd_kernel_grad_chunk(
-    const float* __restrict__ d, int64_t ld, const float (&G)[kN][3], float (&taps)[9][kKernelChunk]) {
+inline __attribute__((always_inline)) void winograd_kernel_grad_chunk(const float* __restrict__ d, int64_t ld,
+    int64_t parts, int64_t stride, const float (&G)[kN][3], float (&taps)[9][kKernelChunk]) {
+  const auto du = [&](const float* p) {
+    Vec16 sum = load16(p);
+    for (int64_t part = 1; part < parts; ++part) {
+      sum += load16(p + part * stride);
+    }
+    return sum;
+  };
   alignas(64) float gd[3][kN][kKernelChunk];  // (G^T dU)[i][b]
   for (int64_t i = 0; i < 3; ++i) {
     for (int64_t b = 0; b < kN; ++b) {
@@ -1975,7 +2033,7 @@ inline __attribute__((always_inline)) void winograd_kernel_grad_chunk(
         Vec16 sum = {};
         for (int64_t a = 0; a < kN; ++a) {
           if (G[a][i] != 0.0f) {
-            sum += G[a][i] * load16(d + (a * kN + b) * ld + c);
+            sum += G[a][i] * du(d + (a * kN + b) * ld + c);
           }
         }
         store16(gd[i][b] + c, sum);
@@ -2024,14 +2082,15 @@ void winograd_kernel_chunks(const float* __restrict__ g, int64_t cout, int64_t c
             : winograd_kernel_chunks_impl<4>(g, cout, cin, rotated, kWinogradG2, k0, k1, u);
 }
 
-// Chunks [k0, k1) of dL/dg from dU (n * n, Cin, Cout) (column ci * Cout + co) into the (Cout, Cin, 3, 3) gradient.
+// Chunks [k0, k1) of dL/dg from dU (n * n, Cin, Cout) (column ci * Cout + co), given as `parts` partial sums, into
+// the (Cout, Cin, 3, 3) gradient.
 template <int64_t kN>
 inline __attribute__((always_inline)) void winograd_kernel_grad_chunks_impl(const float* __restrict__ du,
-    int64_t cout, int64_t cin, const float (&G)[kN][3], int64_t k0, int64_t k1, float* __restrict__ dg) {
+    int64_t parts, int64_t cout, int64_t cin, const float (&G)[kN][3], int64_t k0, int64_t k1, float* __restrict__ dg) {
   alignas(64) float taps[9][kKernelChunk];
   for (int64_t chunk = k0; chunk < k1; ++chunk) {
     const int64_t c0 = chunk * kKernelChunk;
-    winograd_kernel_grad_chunk<kN>(du + c0, cin * cout, G, taps);
+    winograd_kernel_grad_chunk<kN>(du + c0, cin * cout, parts, kN * kN * cin * cout, G, taps);
     for (int64_t c = 0; c < kKernelChunk; ++c) {
       const int64_t ci = (c0 + c) / cout, co = (c0 + c) % cout;
       float* k = dg + (co * cin + ci) * 9;
@@ -2043,10 +2102,10 @@ inline __attribute__((always_inline)) void winograd_kernel_grad_chunks_impl(cons
 }
 
 DIFFUSION_KERNELS_FMA_CLONES
-void winograd_kernel_grad_chunks(const float* __restrict__ du, int64_t cout, int64_t cin, int64_t tile, int64_t k0,
-    int64_t k1, float* __restrict__ dg) {
-  tile == 4 ? winograd_kernel_grad_chunks_impl<6>(du, cout, cin, kWinogradG4, k0, k1, dg)
-            : winograd_kernel_grad_chunks_impl<4>(du, cout, cin, kWinogradG2, k0, k1, dg);
+void winograd_kernel_grad_chunks(const float* __restrict__ du, int64_t parts, int64_t cout, int64_t cin, int64_t tile,
+    int64_t k0, int64_t k1, float* __restrict__ dg) {
+  tile == 4 ? winograd_kernel_grad_chunks_impl<6>(du, parts, cout, cin, kWinogradG4, k0, k1, dg)
+            : winograd_kernel_grad_chunks_impl<4>(du, parts, cout, cin, kWinogradG2, k0, k1, dg);
 }
 
 void check_winograd_kernel(const at::Tensor& weight, int64_t tile, const char* op) {
@@ -2060,7 +2119,7 @@ void check_winograd_kernel(const at::Tensor& weight, int64_t tile, const char* o
 }
 
 // Chunks a thread takes at least: 16 of kKernelChunk kernels (too few to pay for a second thread below that).
-constexpr int64_t kKernelChunkGrain = 16;
+constexpr int64_t kKernelChunkGrain = 4;
 
 // U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel as conv3x3_winograd's (n * n, Cin, Cout) operand; rotated: the
 // kernel turned 180 degrees with its channels swapped, (n * n, Cout, Cin), the operand of the input's gradient.
@@ -2097,13 +2156,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(con
       : empty();
   at::Tensor grad_weight = empty();
   if (output_mask[1]) {
-    const at::Tensor du = conv3x3_winograd_weight_grad_cpu(x, grad_out, tile);  // (n * n, Cin, Cout)
+    const at::Tensor du = winograd_weight_grad_parts(x, grad_out, tile);  // (parts, n * n, Cin, Cout)
     const int64_t cin = weight.size(1), cout = weight.size(0);
     grad_weight = at::empty(weight.sizes(), weight.options());
     const float* d = du.const_data_ptr<float>();
     float* gw = grad_weight.mutable_data_ptr<float>();
     at::parallel_for(0, cin * cout / kKernelChunk, kKernelChunkGrain, [&](int64_t begin, int64_t end) {
-      winograd_kernel_grad_chunks(d, cout, cin, tile, begin, end, gw);
+      winograd_kernel_grad_chunks(d, du.size(0), cout, cin, tile, begin, end, gw);
     });
   }
   at::Tensor grad_bias = empty();

@@ -990,10 +990,20 @@ def winograd_case(batch, cin, cout, h, w, *, seed=0):
 WINOGRAD_ERROR = {2: (2e-6, 2), 4: (2e-5, 10)}
 
 
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    """The ops run on this many threads: with two, their blocks of tiles split between the threads and the weight
+    gradient comes in two partial sums (the suite's workers run one thread otherwise)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("case", WINOGRAD_CASES)
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("tile", [2, 4])
-def test_conv3x3_winograd_is_conv2d_with_padding_1_in_float64_cpu(case, with_bias, tile):
+def test_conv3x3_winograd_is_conv2d_with_padding_1_in_float64_cpu(case, with_bias, tile, threads):
     x, weight, bias = winograd_case(*WINOGRAD_CASES[case])
     bias = bias if with_bias else None
     out = ops.conv3x3_winograd(x, ops.winograd_weight(weight, tile=tile), bias)
@@ -1014,7 +1024,7 @@ def test_conv3x3_winograd_is_conv2d_with_padding_1_in_float64_cpu(case, with_bia
 
 @pytest.mark.parametrize("case", WINOGRAD_CASES)
 @pytest.mark.parametrize("tile", [2, 4])
-def test_conv3x3_winograd_weight_grad_gives_the_kernels_gradient_in_float64_cpu(case, tile):
+def test_conv3x3_winograd_weight_grad_gives_the_kernels_gradient_in_float64_cpu(case, tile, threads):
     x, weight, _ = winograd_case(*WINOGRAD_CASES[case])
     dy = weight_grad_dy(x, weight)
     dU = ops.conv3x3_winograd_weight_grad(x, dy, tile=tile)  # (products, Cin, Cout)

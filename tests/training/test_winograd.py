@@ -125,6 +125,25 @@ def test_the_backward_op_returns_only_the_gradients_asked_for(wanted):
             assert mine.shape == leaf.shape and relative_error(mine, leaf.grad) < 1e-5
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_backward_op_on_two_threads_sums_every_threads_share(threads):
+    """150 tiles in several blocks: on two threads each thread sums its share of the kernel's gradient and the op
+    adds the shares; every tile counts once either way."""
+    x, grad = channels_last(5, 16, 9, 11), channels_last(5, 32, 9, 11)
+    weight = torch.randn(32, 16, 3, 3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours = ops.conv3x3_winograd_backward(grad, x, weight, tile=4, wanted=(True, True, True))
+    finally:
+        torch.set_num_threads(before)
+    leaves = [x.double().requires_grad_(), weight.double().requires_grad_(), torch.zeros(32, dtype=torch.float64)]
+    leaves[2].requires_grad_()
+    F.conv2d(*leaves, padding=1).backward(grad.double())
+    for mine, leaf in zip(ours, leaves):
+        assert relative_error(mine, leaf.grad) < 1e-5
+
+
 def test_the_transform_and_backward_ops_pass_opcheck():
     x, grad = channels_last(2, 16, 6, 5), channels_last(2, 32, 6, 5)
     weight = torch.randn(32, 16, 3, 3)

@@ -1,0 +1,63 @@
+"""The CPU recipes' training step (the trainer's default CPU step, 32 base channels, one block a level, batch 128),
+median milliseconds a step over --steps after warm-up: run alternately against another build of the extension
+(PYTHONPATH naming the folder of its .so first) to compare the two.
+
+    PYTHONPATH=. python results/cpu-2026-11-30-training-28/step_time.py --side 8 --channels 4 [--batch 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import tempfile
+import time
+
+import torch
+
+from basic_diffusion import unet_preset
+from ddpm.data.datasets import ImageSet
+from ddpm.training.trainer import TrainConfig, Trainer
+from noise_schedule import ScheduleConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--side", type=int, default=8)
+    parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--label", default="")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    images = ImageSet("images", torch.randn(1024, args.channels, args.side, args.side).clamp(-1, 1))
+    model = unet_preset(
+        "small", image_size=args.side, in_channels=args.channels, model_channels=32, num_res_blocks=1, dropout=0.0
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        config = TrainConfig(
+            dataset="mnist_5k",
+            total_steps=1000,
+            batch_size=args.batch,
+            lr=3e-3,
+            min_snr_gamma=5.0,
+            timestep_sampling="importance",
+            checkpoint=f"{folder}/m.pt",
+            save_every=0,
+            sample_every=0,
+        )
+        trainer = Trainer(config, model, ScheduleConfig(), images=images, device="cpu")
+        for _ in range(3):
+            trainer.train_step()
+        times = []
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            trainer.train_step()
+            times.append(time.perf_counter() - start)
+    times.sort()
+    where = importlib.import_module("_diffusion_kernels").__file__
+    print(f"{args.label} {args.side}x{args.side}x{args.channels} batch {args.batch}: "
+          f"{1e3 * times[len(times) // 2]:.1f} ms/step (median of {args.steps}) {where}")
+
+
+if __name__ == "__main__":
+    main()
