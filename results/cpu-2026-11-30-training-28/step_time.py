@@ -55,8 +55,10 @@ def main() -> None:
             times.append(time.perf_counter() - start)
     times.sort()
     where = importlib.import_module("_diffusion_kernels").__file__
-    print(f"{args.label} {args.side}x{args.side}x{args.channels} batch {args.batch}: "
-          f"{1e3 * times[len(times) // 2]:.1f} ms/step (median of {args.steps}) {where}")
+    print(
+        f"{args.label} {args.side}x{args.side}x{args.channels} batch {args.batch}: "
+        f"{1e3 * times[len(times) // 2]:.1f} ms/step (median of {args.steps}) {where}"
+    )
 
 
 if __name__ == "__main__":
