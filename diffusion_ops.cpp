@@ -1156,7 +1156,9 @@ inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __res
       std::memcpy(&u[q], U + c * ldu + L * q, sizeof(Vec));
     }
     for (int r = 0; r < R; ++r) {
-      const Vec v = Vec{} + V[kTransposedV ? c * ldv + r : r * ldv + c];
+      // A scalar times a vector: one broadcast load (Vec{} + v would add 0.0 first, kept since -0.0 + 0.0 is +0.0:
+      // one more instruction per broadcast on the ports the multiply-adds need).
+      const float v = V[kTransposedV ? c * ldv + r : r * ldv + c];
       for (int q = 0; q < Q; ++q) {
         acc[r][q] += v * u[q];
       }
