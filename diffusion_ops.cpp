@@ -1083,9 +1083,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
 // instead of 36. The 16 products of a tile, summed over input channels, are 16 GEMMs
 // (tiles x Cin) @ (Cin x Cout); F(4x4, 3x3) (further below) is the same with 6x6 input tiles and 36 products.
 // Work goes by blocks of tiles (winograd_block_tiles), each block's three stages in one thread's cache: the input
-// transform (V[k][t][:], k = 4 * row + column of B^T d B), the GEMMs (M[k] = V[k] @ U[k], a register-blocked
-// kernel of 6 tiles x 64 output channels) and the output transform
-// (plus the bias) into the NHWC output. oneDNN has Winograd kernels of its own, but PyTorch always asks
+// transform (V[t][k][:], k = 4 * row + column of B^T d B), the GEMMs (M[:][k] = V[:][k] @ U[k], a register-blocked
+// kernel of 6 tiles x 64 output channels) and the output transform (plus the bias) into the NHWC output. V and M
+// hold a tile's products side by side, (tiles, products, channels), so each transform writes or reads one
+// contiguous run per tile where a (products, tiles, channels) layout had it scatter over 16 or 36 rows. oneDNN has Winograd kernels of its own, but PyTorch always asks
 // it for direct convolution and does not export it to extensions; NNPACK's (F(6x6, 3x3), NCHW) is slower here
 // and further from float64 (BENCHMARKS.md, "Where the runner's time goes"). Not a twin of anything on the GPU (cuDNN
 // picks its own algorithms there).
@@ -1248,7 +1249,7 @@ inline __attribute__((always_inline)) Vec load_padded(
   return (y >= 0 && y < a.H && x >= 0 && x < a.W) ? loadv<Vec>(data + ((b * a.H + y) * a.W + x) * channels + c) : Vec{};
 }
 
-// 1. V[k][t] = B^T d B for each tile's 4x4 window (upsample: each phase's 3x3 part of it), 16 channels at a
+// 1. V[t][k] = B^T d B for each tile's 4x4 window (upsample: each phase's 3x3 part of it), 16 channels at a
 //    time; positions outside the image are the zero padding. In: x's element type; VT: V's (float32, or bf16 for
 //    the bf16 GEMM).
 template <typename In, typename VT, typename Vec = Vec16>
@@ -1268,7 +1269,7 @@ inline __attribute__((always_inline)) void winograd_input_transform(
           d[i][j] = load_padded<Vec>(x_in, a, cin, b, y, x, c);
         }
       }
-      VT* v = V + t * cin + c;  // product k at v + k * n * cin
+      VT* v = V + t * a.products * cin + c;  // product k at v + k * cin
       if (!a.upsample) {
         Vec s[4][4];
         for (int j = 0; j < 4; ++j) {  // B^T d
@@ -1278,10 +1279,10 @@ inline __attribute__((always_inline)) void winograd_input_transform(
           s[3][j] = d[1][j] - d[3][j];
         }
         for (int i = 0; i < 4; ++i) {  // (B^T d) B
-          storev(v + (4 * i) * n * cin, s[i][0] - s[i][2]);
-          storev(v + (4 * i + 1) * n * cin, s[i][1] + s[i][2]);
-          storev(v + (4 * i + 2) * n * cin, s[i][2] - s[i][1]);
-          storev(v + (4 * i + 3) * n * cin, s[i][1] - s[i][3]);
+          storev(v + (4 * i) * cin, s[i][0] - s[i][2]);
+          storev(v + (4 * i + 1) * cin, s[i][1] + s[i][2]);
+          storev(v + (4 * i + 2) * cin, s[i][2] - s[i][1]);
+          storev(v + (4 * i + 3) * cin, s[i][1] - s[i][3]);
         }
         continue;
       }
@@ -1294,10 +1295,10 @@ inline __attribute__((always_inline)) void winograd_input_transform(
           s[2][j] = d[pa + 2][pb + j] - d[pa + 1][pb + j];
         }
         for (int i = 0; i < 3; ++i) {  // (B2^T d) B2
-          VT* w = v + (9 * phase + 3 * i) * n * cin;
+          VT* w = v + (9 * phase + 3 * i) * cin;
           storev(w, s[i][0] - s[i][1]);
-          storev(w + n * cin, s[i][1]);
-          storev(w + 2 * n * cin, s[i][2] - s[i][1]);
+          storev(w + cin, s[i][1]);
+          storev(w + 2 * cin, s[i][2] - s[i][1]);
         }
       }
     }
@@ -1317,7 +1318,7 @@ inline __attribute__((always_inline)) void winograd_output_transform(
     const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cout; c += L) {
       const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
-      const float* m = M + t * cout + c;  // product k at m + k * n * cout
+      const float* m = M + t * a.products * cout + c;  // product k at m + k * cout
       auto put = [&](int64_t y, int64_t x, Vec value) {  // y, x: x's positions (upsample: each phase's own)
         if (y < H && x < W) {
           storev(out + ((b * out_h + y) * out_w + x) * cout + c, value + bias);
@@ -1326,8 +1327,8 @@ inline __attribute__((always_inline)) void winograd_output_transform(
       if (!a.upsample) {
         Vec s[2][4];
         for (int j = 0; j < 4; ++j) {  // A^T m
-          const Vec m0 = loadv<Vec>(m + j * n * cout), m1 = loadv<Vec>(m + (4 + j) * n * cout);
-          const Vec m2 = loadv<Vec>(m + (8 + j) * n * cout), m3 = loadv<Vec>(m + (12 + j) * n * cout);
+          const Vec m0 = loadv<Vec>(m + j * cout), m1 = loadv<Vec>(m + (4 + j) * cout);
+          const Vec m2 = loadv<Vec>(m + (8 + j) * cout), m3 = loadv<Vec>(m + (12 + j) * cout);
           s[0][j] = m0 + m1 + m2;
           s[1][j] = m1 - m2 - m3;
         }
@@ -1339,11 +1340,11 @@ inline __attribute__((always_inline)) void winograd_output_transform(
       }
       for (int phase = 0; phase < 4; ++phase) {
         const int pa = phase / 2, pb = phase % 2;
-        const float* mp = m + 9 * phase * n * cout;
+        const float* mp = m + 9 * phase * cout;
         Vec s[2][3];
         for (int j = 0; j < 3; ++j) {  // A2^T m
-          const Vec m0 = loadv<Vec>(mp + j * n * cout), m1 = loadv<Vec>(mp + (3 + j) * n * cout),
-              m2 = loadv<Vec>(mp + (6 + j) * n * cout);
+          const Vec m0 = loadv<Vec>(mp + j * cout), m1 = loadv<Vec>(mp + (3 + j) * cout),
+              m2 = loadv<Vec>(mp + (6 + j) * cout);
           s[0][j] = m0 + m1;
           s[1][j] = m1 + m2;
         }
@@ -1381,7 +1382,7 @@ inline __attribute__((always_inline)) void winograd4_bt(const Vec (&d)[6], Vec (
   r[5] = four * d[1] - five * d[3] + d[5];
 }
 
-// 1. V[k][t] = B^T d B of each tile's 6x6 window (rows 4ty - 1 .., columns 4tx - 1 ..), zero outside the image.
+// 1. V[t][k] = B^T d B of each tile's 6x6 window (rows 4ty - 1 .., columns 4tx - 1 ..), zero outside the image.
 template <typename Vec>
 inline __attribute__((always_inline)) void winograd4_input_transform(
     const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V) {
@@ -1405,12 +1406,12 @@ inline __attribute__((always_inline)) void winograd4_input_transform(
           s[i][j] = r[i];
         }
       }
-      float* v = V + t * cin + c;  // product k at v + k * n * cin
+      float* v = V + t * a.products * cin + c;  // product k at v + k * cin
       for (int i = 0; i < 6; ++i) {  // (B^T d) B, a row at a time
         Vec r[6];
         winograd4_bt(s[i], r);
         for (int j = 0; j < 6; ++j) {
-          storev(v + (6 * i + j) * n * cin, r[j]);
+          storev(v + (6 * i + j) * cin, r[j]);
         }
       }
     }
@@ -1440,12 +1441,12 @@ inline __attribute__((always_inline)) void winograd4_output_transform(
     const auto [b, ty, tx] = tile_at(a, t0 + t);
     for (int64_t c = 0; c < cout; c += L) {
       const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
-      const float* m = M + t * cout + c;  // product k at m + k * n * cout
+      const float* m = M + t * a.products * cout + c;  // product k at m + k * cout
       Vec s[4][6];
       for (int j = 0; j < 6; ++j) {  // A^T m, a column at a time
         Vec col[6], o[4];
         for (int i = 0; i < 6; ++i) {
-          col[i] = loadv<Vec>(m + (6 * i + j) * n * cout);
+          col[i] = loadv<Vec>(m + (6 * i + j) * cout);
         }
         winograd4_at(col, o);
         for (int i = 0; i < 4; ++i) {
@@ -1480,7 +1481,7 @@ inline __attribute__((always_inline)) void winograd4_a(const Vec (&g)[4], Vec (&
   e[5] = g[3];
 }
 
-// dM[k][t] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 4x4 outputs of each tile (zero past the image's edge).
+// dM[t][k] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 4x4 outputs of each tile (zero past the image's edge).
 template <typename Vec>
 inline __attribute__((always_inline)) void winograd4_output_adjoint(
     const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
@@ -1499,7 +1500,7 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
         }
         winograd4_a(row, s[i]);
       }
-      float* m = dM + t * cout + c;  // product k at m + k * n * cout
+      float* m = dM + t * a.products * cout + c;  // product k at m + k * cout
       for (int j = 0; j < 6; ++j) {  // A (dy A^T), a column at a time
         Vec col[4], e[6];
         for (int i = 0; i < 4; ++i) {
@@ -1507,7 +1508,7 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
         }
         winograd4_a(col, e);
         for (int i = 0; i < 6; ++i) {
-          storev(m + (6 * i + j) * n * cout, e[i]);
+          storev(m + (6 * i + j) * cout, e[i]);
         }
       }
     }
@@ -1528,7 +1529,7 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
 #endif
 
 // Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..), float32: all three stages,
-// on vectors Vec, the GEMM in register blocks of 6 tiles x QMAX vectors. V: (products, n, Cin) and M: (products, n,
+// on vectors Vec, the GEMM in register blocks of 6 tiles x QMAX vectors. V: (n, products, Cin) and M: (n, products,
 // Cout) scratch.
 template <typename Vec, int QMAX>
 inline __attribute__((always_inline)) void winograd_tiles_float(
@@ -1537,25 +1538,25 @@ inline __attribute__((always_inline)) void winograd_tiles_float(
 #pragma clang fp contract(fast)
 #endif
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
-  const int64_t cin = a.cin, cout = a.cout, P = a.products;
+  const int64_t cin = a.cin, cout = a.cout, P = a.products, ldv = P * cin, ldm = P * cout;
   if (a.m == 4) {
     winograd4_input_transform<Vec>(a, t0, n, V);
   } else {
     winograd_input_transform<float, float, Vec>(a, t0, n, V);
   }
-  for (int64_t k = 0; k < P; ++k) {  // 2. M[k] (n, Cout) = V[k] (n, Cin) @ U[k] (Cin, Cout)
-    const float* Vk = V + k * n * cin;
+  for (int64_t k = 0; k < P; ++k) {  // 2. M[:][k] (n, Cout) = V[:][k] (n, Cin) @ U[k] (Cin, Cout)
+    const float* Vk = V + k * cin;
     const float* Uk = static_cast<const float*>(a.weight) + k * cin * cout;
-    float* Mk = M + k * n * cout;
+    float* Mk = M + k * cout;
     for (int64_t co = 0; co < cout; co += QMAX * L) {
       // Channel counts are multiples of 16: a block of 16 channels is always whole.
       const int64_t q = QMAX * L == 16 ? QMAX : std::min<int64_t>(QMAX, (cout - co) / L);
       int64_t t = 0;
       for (; t + 6 <= n; t += 6) {
-        winograd_gemm_rows<6, Vec, QMAX>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+        winograd_gemm_rows<6, Vec, QMAX>(q, Vk + t * ldv, ldv, Uk + co, cout, cin, Mk + t * ldm + co, ldm);
       }
       for (; t < n; ++t) {
-        winograd_gemm_rows<1, Vec, QMAX>(q, Vk + t * cin, cin, Uk + co, cout, cin, Mk + t * cout + co, cout);
+        winograd_gemm_rows<1, Vec, QMAX>(q, Vk + t * ldv, ldv, Uk + co, cout, cin, Mk + t * ldm + co, ldm);
       }
     }
   }
@@ -1612,7 +1613,7 @@ bool winograd_uses_avx2_gemm() {
 // the same arithmetic in plain C++ (the twin the tests read on any CPU; slow, and never chosen by the runner, which
 // keeps bf16 Winograd to CPUs with the instruction: optimized_diffusion.winograd_is_fast).
 
-// M[k] (n, Cout) = V[k] (n, Cin) @ U[k], V and U bf16 (U in pairs: (Cin / 2, Cout, 2)), sums in float32.
+// M[:][k] (n, Cout) = V[:][k] (n, Cin) @ U[k], V and U bf16 (U in pairs: (Cin / 2, Cout, 2)), sums in float32.
 inline __attribute__((always_inline)) void winograd_gemm_bf16_emulated(const WinogradConv& a, int64_t n,
     const uint16_t* __restrict__ V, float* __restrict__ M) {
   auto widen = [](uint16_t h) { return static_cast<float>(c10::bit_cast<c10::BFloat16>(h)); };
@@ -1620,8 +1621,8 @@ inline __attribute__((always_inline)) void winograd_gemm_bf16_emulated(const Win
   const uint16_t* U = static_cast<const uint16_t*>(a.weight);
   for (int64_t k = 0; k < a.products; ++k) {
     for (int64_t t = 0; t < n; ++t) {
-      const uint16_t* v = V + (k * n + t) * cin;
-      float* m = M + (k * n + t) * cout;
+      const uint16_t* v = V + (t * a.products + k) * cin;
+      float* m = M + (t * a.products + k) * cout;
       for (int64_t co = 0; co < cout; ++co) {
         float acc = 0.0f;
         for (int64_t c2 = 0; c2 < cin / 2; ++c2) {
@@ -1690,20 +1691,20 @@ DIFFUSION_KERNELS_BF16_TARGET inline __attribute__((always_inline)) void winogra
 // All three stages on the AVX512-BF16 dot product; the GEMMs blocked as the float32 path's (6 tiles x 64 channels).
 DIFFUSION_KERNELS_BF16_TARGET
 void winograd_tiles_bf16_native(const WinogradConv& a, int64_t t0, int64_t n, uint16_t* __restrict__ V, float* __restrict__ M) {
-  const int64_t cin = a.cin, cout = a.cout;
+  const int64_t cin = a.cin, cout = a.cout, ldv = a.products * cin, ldm = a.products * cout;
   winograd_input_transform<uint16_t, uint16_t>(a, t0, n, V);
   for (int64_t k = 0; k < a.products; ++k) {
-    const uint16_t* Vk = V + k * n * cin;
+    const uint16_t* Vk = V + k * cin;
     const uint16_t* Uk = static_cast<const uint16_t*>(a.weight) + k * cin * cout;
-    float* Mk = M + k * n * cout;
+    float* Mk = M + k * cout;
     for (int64_t co = 0; co < cout; co += 64) {
       const int64_t q = std::min<int64_t>(4, (cout - co) / 16);
       int64_t t = 0;
       for (; t + 6 <= n; t += 6) {
-        winograd_gemm_rows_bf16<6>(q, Vk + t * cin, cin, Uk + 2 * co, cout, cin / 2, Mk + t * cout + co, cout);
+        winograd_gemm_rows_bf16<6>(q, Vk + t * ldv, ldv, Uk + 2 * co, cout, cin / 2, Mk + t * ldm + co, ldm);
       }
       for (; t < n; ++t) {
-        winograd_gemm_rows_bf16<1>(q, Vk + t * cin, cin, Uk + 2 * co, cout, cin / 2, Mk + t * cout + co, cout);
+        winograd_gemm_rows_bf16<1>(q, Vk + t * ldv, ldv, Uk + 2 * co, cout, cin / 2, Mk + t * ldm + co, ldm);
       }
     }
   }
@@ -1795,7 +1796,7 @@ at::Tensor conv3x3_winograd_cpu(
 // (products, Cin, Cout) partial, added up at the end. The input's gradient is conv3x3_winograd itself, of dy with
 // the kernel rotated 180 degrees and its channels swapped.
 
-// dM[k][t] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
+// dM[t][k] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
 // A = [1 0; 1 1; 1 -1; 0 -1] (A^T of the forward transform, transposed).
 template <typename Vec>
 inline __attribute__((always_inline)) void winograd_output_adjoint(
@@ -1819,20 +1820,20 @@ inline __attribute__((always_inline)) void winograd_output_adjoint(
         s[i][2] = dy[i][0] - dy[i][1];
         s[i][3] = Vec{} - dy[i][1];
       }
-      float* m = dM + t * cout + c;  // product k at m + k * n * cout
+      float* m = dM + t * a.products * cout + c;  // product k at m + k * cout
       for (int j = 0; j < 4; ++j) {  // A (dy A^T)
-        storev(m + j * n * cout, s[0][j]);
-        storev(m + (4 + j) * n * cout, s[0][j] + s[1][j]);
-        storev(m + (8 + j) * n * cout, s[0][j] - s[1][j]);
-        storev(m + (12 + j) * n * cout, Vec{} - s[1][j]);
+        storev(m + j * cout, s[0][j]);
+        storev(m + (4 + j) * cout, s[0][j] + s[1][j]);
+        storev(m + (8 + j) * cout, s[0][j] - s[1][j]);
+        storev(m + (12 + j) * cout, Vec{} - s[1][j]);
       }
     }
   }
 }
 
-// Tiles [t0, t0 + n): V and dM of the block, then dU (products, Cin, Cout) += V[k]^T dM[k] for each product k, on
-// vectors Vec in register blocks of 6 input channels x QMAX vectors (the forward's GEMM tile and blocking for that
-// Vec).
+// Tiles [t0, t0 + n): V and dM of the block, then dU (products, Cin, Cout) += V[:][k]^T dM[:][k] for each product
+// k, on vectors Vec in register blocks of 6 input channels x QMAX vectors (the forward's GEMM tile and blocking for
+// that Vec).
 template <typename Vec, int QMAX>
 inline __attribute__((always_inline)) void winograd_grad_tiles_float(const WinogradConv& a,
     const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ dM,
@@ -1841,7 +1842,7 @@ inline __attribute__((always_inline)) void winograd_grad_tiles_float(const Winog
 #pragma clang fp contract(fast)
 #endif
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
-  const int64_t cin = a.cin, cout = a.cout;
+  const int64_t cin = a.cin, cout = a.cout, ldv = a.products * cin, ldm = a.products * cout;
   if (a.m == 4) {
     winograd4_input_transform<Vec>(a, t0, n, V);
     winograd4_output_adjoint<Vec>(a, gy, t0, n, dM);
@@ -1850,8 +1851,8 @@ inline __attribute__((always_inline)) void winograd_grad_tiles_float(const Winog
     winograd_output_adjoint<Vec>(a, gy, t0, n, dM);
   }
   for (int64_t k = 0; k < a.products; ++k) {
-    const float* Vk = V + k * n * cin;
-    const float* Mk = dM + k * n * cout;
+    const float* Vk = V + k * cin;
+    const float* Mk = dM + k * cout;
     float* Uk = dU + k * cin * cout;
     for (int64_t co = 0; co < cout; co += QMAX * L) {
       // Channel counts are multiples of 16: a block of 16 channels is always whole.
@@ -1860,14 +1861,14 @@ inline __attribute__((always_inline)) void winograd_grad_tiles_float(const Winog
       for (; ci + 6 <= cin; ci += 6) {
         // dU[ci + r][co..] += sum over tiles t of V[t][ci + r] * dM[t][co..]: the forward's GEMM tile, V read down
         // its columns, the sums continued from dU.
-        winograd_gemm_rows<6, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
+        winograd_gemm_rows<6, Vec, QMAX, true, true>(q, Vk + ci, ldv, Mk + co, ldm, n, Uk + ci * cout + co, cout);
       }
       // Channel counts are multiples of 16, so what 6 leaves is 4 or 2 rows: one register block, not single rows.
       for (; ci + 4 <= cin; ci += 4) {
-        winograd_gemm_rows<4, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
+        winograd_gemm_rows<4, Vec, QMAX, true, true>(q, Vk + ci, ldv, Mk + co, ldm, n, Uk + ci * cout + co, cout);
       }
       for (; ci + 2 <= cin; ci += 2) {
-        winograd_gemm_rows<2, Vec, QMAX, true, true>(q, Vk + ci, cin, Mk + co, cout, n, Uk + ci * cout + co, cout);
+        winograd_gemm_rows<2, Vec, QMAX, true, true>(q, Vk + ci, ldv, Mk + co, ldm, n, Uk + ci * cout + co, cout);
       }
     }
   }
