@@ -162,13 +162,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_MMAP_MAX = -4
 _MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Tell glibc's malloc to keep freed memory (no heap trimming; blocks up to 32 MiB from the heap).
-    True when applied (now or by an earlier call), False where there is no glibc mallopt."""
+    """Tell glibc's malloc to keep freed memory: no heap trimming, and every block from the heap, since a block
+    mapped afresh (glibc's way past 32 MiB, the most its threshold takes) faults in every page each time it is
+    allocated. True when applied (now or by an earlier call), False where there is no glibc mallopt."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -179,7 +181,8 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     trimmed = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # glibc returns 1 on success, 0 on failure
     mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
-    return bool(trimmed and mapped)
+    unmapped = mallopt(_M_MMAP_MAX, 0)
+    return bool(trimmed and mapped and unmapped)
 
 
 def allocator_description() -> str:

@@ -8,6 +8,8 @@ median milliseconds a step over --steps after warm-up: run alternately against a
 from __future__ import annotations
 
 import argparse
+import resource
+import ctypes
 import importlib
 import tempfile
 import time
@@ -27,7 +29,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--label", default="")
+    parser.add_argument("--no-mmap", action="store_true", help="glibc serves every block from the heap (M_MMAP_MAX 0)")
     args = parser.parse_args()
+    if args.no_mmap:
+        ctypes.CDLL("libc.so.6").mallopt(-4, 0)  # M_MMAP_MAX
     torch.manual_seed(0)
     images = ImageSet("images", torch.randn(1024, args.channels, args.side, args.side).clamp(-1, 1))
     model = unet_preset(
@@ -49,15 +54,17 @@ def main() -> None:
         for _ in range(3):
             trainer.train_step()
         times = []
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(args.steps):
             start = time.perf_counter()
             trainer.train_step()
             times.append(time.perf_counter() - start)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
     times.sort()
     where = importlib.import_module("_diffusion_kernels").__file__
     print(
         f"{args.label} {args.side}x{args.side}x{args.channels} batch {args.batch}: "
-        f"{1e3 * times[len(times) // 2]:.1f} ms/step (median of {args.steps}) {where}"
+        f"{1e3 * times[len(times) // 2]:.1f} ms/step (median of {args.steps}), {faults:.0f} page faults a step {where}"
     )
 
 
