@@ -2,15 +2,15 @@
 median milliseconds a step over --steps after warm-up: run alternately against another build of the extension
 (PYTHONPATH naming the folder of its .so first) to compare the two.
 
-    PYTHONPATH=. python results/cpu-2026-11-30-training-28/step_time.py --side 8 --channels 4 [--batch 128]
+    PYTHONPATH=. python results/cpu-2026-11-30-training-28/step_time.py --side 8 --channels 4 [--batch 128] [--no-mmap]
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import ctypes
 import importlib
+import resource
 import tempfile
 import time
 
