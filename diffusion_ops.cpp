@@ -1086,10 +1086,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
 // transform (V[t][k][:], k = 4 * row + column of B^T d B), the GEMMs (M[:][k] = V[:][k] @ U[k], a register-blocked
 // kernel of 6 tiles x 64 output channels) and the output transform (plus the bias) into the NHWC output. V and M
 // hold a tile's products side by side, (tiles, products, channels), so each transform writes or reads one
-// contiguous run per tile where a (products, tiles, channels) layout had it scatter over 16 or 36 rows. oneDNN has Winograd kernels of its own, but PyTorch always asks
-// it for direct convolution and does not export it to extensions; NNPACK's (F(6x6, 3x3), NCHW) is slower here
-// and further from float64 (BENCHMARKS.md, "Where the runner's time goes"). Not a twin of anything on the GPU (cuDNN
-// picks its own algorithms there).
+// contiguous run per tile where a (products, tiles, channels) layout had it scatter over 16 or 36 rows. oneDNN has
+// Winograd kernels of its own, but PyTorch always asks it for direct convolution and does not export it to
+// extensions; NNPACK's (F(6x6, 3x3), NCHW) is slower here and further from float64
+// (BENCHMARKS.md, "Where the runner's time goes"). Not a twin of anything on the GPU (cuDNN picks its own algorithms
+// there).
 //
 // B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0; 0 1 -1 -1]: additions only, so F(2x2, 3x3)'s
 // rounding comes from the GEMMs, whose fused multiply-adds are allowed here (fp-contract=fast, unlike the twins):
