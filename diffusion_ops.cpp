@@ -1938,19 +1938,6 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
   return sums;
 }
 
-// out[i] = parts[0][i] + parts[1][i] + ..., in that order.
-DIFFUSION_KERNELS_CLONES
-void add_parts(const float* __restrict__ parts, int64_t count, int64_t stride, int64_t begin, int64_t end,
-    float* __restrict__ out) {
-  for (int64_t i = begin; i < end; ++i) {
-    float sum = parts[i];
-    for (int64_t p = 1; p < count; ++p) {
-      sum += parts[p * stride + i];
-    }
-    out[i] = sum;
-  }
-}
-
 at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile) {
   const at::Tensor sums = winograd_weight_grad_parts(x, grad_out, tile);
   if (sums.size(0) == 1) {
@@ -1960,8 +1947,11 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
   const int64_t size = out.numel();
   const float* parts = sums.const_data_ptr<float>();
   float* o = out.mutable_data_ptr<float>();
-  at::parallel_for(0, size, 16384, [&](int64_t begin, int64_t end) {
-    add_parts(parts, sums.size(0), size, begin, end, o);
+  at::parallel_for(0, size, 16384, [&](int64_t begin, int64_t end) {  // the parts added in order
+    std::copy(parts + begin, parts + end, o + begin);
+    for (int64_t part = 1; part < sums.size(0); ++part) {
+      add_row(parts + part * size + begin, end - begin, o + begin);
+    }
   });
   return out;
 }
@@ -2122,7 +2112,7 @@ void check_winograd_kernel(const at::Tensor& weight, int64_t tile, const char* o
       op, ": channel counts must be positive multiples of 16, got Cout=", weight.size(0), ", Cin=", weight.size(1));
 }
 
-// Chunks a thread takes at least: 16 of kKernelChunk kernels (too few to pay for a second thread below that).
+// Chunks a thread takes at least: 4 of kKernelChunk kernels (too few to pay for a second thread below that).
 constexpr int64_t kKernelChunkGrain = 4;
 
 // U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel as conv3x3_winograd's (n * n, Cin, Cout) operand; rotated: the
