@@ -95,17 +95,14 @@ def test_keep_freed_memory_keeps_blocks_past_glibcs_mmap_threshold():
     import subprocess
 
     script = """
-import resource, torch
+import sys
+sys.path[:0] = ["tests", "tests/util"]
+from test_memory import _faults_of_one_step
 from ddpm.util.memory import keep_freed_memory
 assert keep_freed_memory()
-def step():  # three 40 MB tensors, every page written, then freed
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    tensors = [torch.ones(40 * 2**20 // 4) for _ in range(3)]
-    del tensors
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 for _ in range(4):
-    step()
-print(sorted(step() for _ in range(3))[1])
+    _faults_of_one_step(120)  # three 40 MB tensors
+print(sorted(_faults_of_one_step(120) for _ in range(3))[1])
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
