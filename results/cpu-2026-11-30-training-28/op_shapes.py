@@ -1,22 +1,21 @@
-"""The 28x28 pixel recipe's training step under torch.profiler, each operator's self time per step grouped by its
-input shapes: which convolutions, norms and copies the step's time goes to.
+"""The CPU recipes' training step (28x28 pixels by default; --side 8 --channels 4: the latent one) under
+torch.profiler, each operator's self time per step grouped by its input shapes: which convolutions, norms and copies
+the step's time goes to.
 
-    PYTHONPATH=. python results/cpu-2026-11-30-training-28/op_shapes.py [--steps 5] [--top 40] [--no-mmap]
+    PYTHONPATH=. python results/cpu-2026-11-30-training-28/op_shapes.py [--side 8 --channels 4] [--steps 5] [--top 40]
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
+import sys
 import tempfile
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from basic_diffusion import unet_preset
-from ddpm.data.datasets import ImageSet
-from ddpm.training.trainer import TrainConfig, Trainer
-from noise_schedule import ScheduleConfig
+sys.path.insert(0, "results/cpu-2026-11-30-training-28")
+from step_time import heap_only, recipe_trainer  # noqa: E402
 
 
 def main() -> None:
@@ -28,26 +27,10 @@ def main() -> None:
     parser.add_argument("--no-mmap", action="store_true", help="glibc serves every block from the heap (M_MMAP_MAX 0)")
     args = parser.parse_args()
     if args.no_mmap:
-        ctypes.CDLL("libc.so.6").mallopt(-4, 0)  # M_MMAP_MAX
-    torch.manual_seed(0)
+        heap_only()
     side, channels = args.side, args.channels
-    images = ImageSet("images", torch.randn(1024, channels, side, side).clamp(-1, 1))
-    model = unet_preset(
-        "small", image_size=side, in_channels=channels, model_channels=32, num_res_blocks=1, dropout=0.0
-    )
     with tempfile.TemporaryDirectory() as folder:
-        config = TrainConfig(
-            dataset="mnist_5k",
-            total_steps=100,
-            batch_size=128,
-            lr=3e-3,
-            min_snr_gamma=5.0,
-            timestep_sampling="importance",
-            checkpoint=f"{folder}/m.pt",
-            save_every=0,
-            sample_every=0,
-        )
-        trainer = Trainer(config, model, ScheduleConfig(), images=images, device="cpu")
+        trainer = recipe_trainer(side=side, channels=channels, batch=128, folder=folder)
         for _ in range(3):
             trainer.train_step()
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:

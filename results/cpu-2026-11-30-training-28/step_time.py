@@ -22,6 +22,33 @@ from ddpm.training.trainer import TrainConfig, Trainer
 from noise_schedule import ScheduleConfig
 
 
+def heap_only() -> None:
+    """glibc serves every block from the heap (M_MMAP_MAX 0), as keep_freed_memory does since this folder's change."""
+    ctypes.CDLL("libc.so.6").mallopt(-4, 0)  # M_MMAP_MAX
+
+
+def recipe_trainer(*, side: int, channels: int, batch: int, folder: str) -> Trainer:
+    """The trainer's default CPU step on the CPU recipes' U-Net (the small preset at 32 base channels, one block a
+    level, no dropout) over random images of side x side x channels, its checkpoint in ``folder``."""
+    torch.manual_seed(0)
+    images = ImageSet("images", torch.randn(1024, channels, side, side).clamp(-1, 1))
+    model = unet_preset(
+        "small", image_size=side, in_channels=channels, model_channels=32, num_res_blocks=1, dropout=0.0
+    )
+    config = TrainConfig(
+        dataset="mnist_5k",
+        total_steps=1000,
+        batch_size=batch,
+        lr=3e-3,
+        min_snr_gamma=5.0,
+        timestep_sampling="importance",
+        checkpoint=f"{folder}/m.pt",
+        save_every=0,
+        sample_every=0,
+    )
+    return Trainer(config, model, ScheduleConfig(), images=images, device="cpu")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--side", type=int, default=8)
@@ -32,25 +59,9 @@ def main() -> None:
     parser.add_argument("--no-mmap", action="store_true", help="glibc serves every block from the heap (M_MMAP_MAX 0)")
     args = parser.parse_args()
     if args.no_mmap:
-        ctypes.CDLL("libc.so.6").mallopt(-4, 0)  # M_MMAP_MAX
-    torch.manual_seed(0)
-    images = ImageSet("images", torch.randn(1024, args.channels, args.side, args.side).clamp(-1, 1))
-    model = unet_preset(
-        "small", image_size=args.side, in_channels=args.channels, model_channels=32, num_res_blocks=1, dropout=0.0
-    )
+        heap_only()
     with tempfile.TemporaryDirectory() as folder:
-        config = TrainConfig(
-            dataset="mnist_5k",
-            total_steps=1000,
-            batch_size=args.batch,
-            lr=3e-3,
-            min_snr_gamma=5.0,
-            timestep_sampling="importance",
-            checkpoint=f"{folder}/m.pt",
-            save_every=0,
-            sample_every=0,
-        )
-        trainer = Trainer(config, model, ScheduleConfig(), images=images, device="cpu")
+        trainer = recipe_trainer(side=args.side, channels=args.channels, batch=args.batch, folder=folder)
         for _ in range(3):
             trainer.train_step()
         times = []
