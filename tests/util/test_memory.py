@@ -4,6 +4,7 @@ freed CPU memory in the process."""
 from __future__ import annotations
 
 import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -92,8 +93,6 @@ def test_keep_freed_memory_keeps_blocks_past_glibcs_mmap_threshold():
     """Activations of 40 MB (a 96-channel 28x28 batch of 128 is 38.5 MB) come from the heap too: glibc maps any
     block past 32 MiB afresh otherwise, every page faulting on every step. In a fresh process: a failed allocation
     (another test's) moves this one's thread to a malloc arena of its own, whose heaps are unmapped when free."""
-    import subprocess
-
     script = """
 import sys
 sys.path[:0] = ["tests", "tests/util"]
