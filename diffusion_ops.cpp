@@ -1166,7 +1166,11 @@ inline __attribute__((always_inline)) void winograd_gemm_tile(const float* __res
       }
     }
   }
+  // Unrolled, so each accumulator is stored from its register (as a loop, GCC copied them through the stack in
+  // halves).
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
     for (int q = 0; q < Q; ++q) {
       std::memcpy(M + r * ldm + L * q, &acc[r][q], sizeof(Vec));
     }
@@ -1390,16 +1394,20 @@ inline __attribute__((always_inline)) void winograd4_input_transform(
   const float* x_in = static_cast<const float*>(a.x);
   const int64_t cin = a.cin;
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
+  const int64_t row = a.W * cin;
   for (int64_t t = 0; t < n; ++t) {
     const auto [b, ty, tx] = tile_at(a, t0 + t);
+    // A window wholly inside the image is read without the padding's checks.
+    const int64_t y0 = 4 * ty - 1, x0 = 4 * tx - 1;
+    const bool inside = y0 >= 0 && y0 + 6 <= a.H && x0 >= 0 && x0 + 6 <= a.W;
+    const float* window = inside ? x_in + ((b * a.H + y0) * a.W + x0) * cin : x_in;
     for (int64_t c = 0; c < cin; c += L) {
       Vec s[6][6];
       for (int j = 0; j < 6; ++j) {  // B^T d, a column at a time
-        const int64_t x = 4 * tx - 1 + j;
         Vec col[6];
         for (int i = 0; i < 6; ++i) {
-          const int64_t y = 4 * ty - 1 + i;
-          col[i] = load_padded<Vec>(x_in, a, cin, b, y, x, c);
+          col[i] = inside ? loadv<Vec>(window + i * row + j * cin + c)
+                          : load_padded<Vec>(x_in, a, cin, b, y0 + i, x0 + j, c);
         }
         Vec r[6];
         winograd4_bt(col, r);
@@ -1440,6 +1448,8 @@ inline __attribute__((always_inline)) void winograd4_output_transform(
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   for (int64_t t = 0; t < n; ++t) {
     const auto [b, ty, tx] = tile_at(a, t0 + t);
+    const int64_t rows = std::min<int64_t>(4, H - 4 * ty), cols = std::min<int64_t>(4, W - 4 * tx);
+    float* tile = out + ((b * H + 4 * ty) * W + 4 * tx) * cout;
     for (int64_t c = 0; c < cout; c += L) {
       const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
       const float* m = M + t * a.products * cout + c;  // product k at m + k * cout
@@ -1455,14 +1465,19 @@ inline __attribute__((always_inline)) void winograd4_output_transform(
         }
       }
       for (int i = 0; i < 4; ++i) {  // (A^T m) A
-        const int64_t y = 4 * ty + i;
-        if (y >= H) {
+        if (i >= rows) {
           break;
         }
         Vec o[4];
         winograd4_at(s[i], o);
-        for (int j = 0; j < 4 && 4 * tx + j < W; ++j) {
-          storev(out + ((b * H + y) * W + 4 * tx + j) * cout + c, o[j] + bias);
+        if (cols == 4) {  // a tile wholly inside: four stores without checks
+          for (int j = 0; j < 4; ++j) {
+            storev(tile + (i * W + j) * cout + c, o[j] + bias);
+          }
+          continue;
+        }
+        for (int j = 0; j < cols; ++j) {
+          storev(tile + (i * W + j) * cout + c, o[j] + bias);
         }
       }
     }
@@ -1488,16 +1503,18 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
     const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cout = a.cout;
+  const int64_t stride = a.W * cout;
   for (int64_t t = 0; t < n; ++t) {
     const auto [b, ty, tx] = tile_at(a, t0 + t);
+    const bool inside = 4 * ty + 4 <= a.H && 4 * tx + 4 <= a.W;  // read without the padding's checks
+    const float* tile = inside ? gy + ((b * a.H + 4 * ty) * a.W + 4 * tx) * cout : gy;
     for (int64_t c = 0; c < cout; c += L) {
       Vec s[4][6];
       for (int i = 0; i < 4; ++i) {  // dy A^T, a row at a time
-        const int64_t y = 4 * ty + i;
         Vec row[4];
         for (int j = 0; j < 4; ++j) {
-          const int64_t x = 4 * tx + j;
-          row[j] = load_padded<Vec>(gy, a, cout, b, y, x, c);
+          row[j] = inside ? loadv<Vec>(tile + i * stride + j * cout + c)
+                          : load_padded<Vec>(gy, a, cout, b, 4 * ty + i, 4 * tx + j, c);
         }
         winograd4_a(row, s[i]);
       }
