@@ -1464,18 +1464,9 @@ inline __attribute__((always_inline)) void winograd4_output_transform(
           s[i][j] = o[i];
         }
       }
-      for (int i = 0; i < 4; ++i) {  // (A^T m) A
-        if (i >= rows) {
-          break;
-        }
+      for (int i = 0; i < rows; ++i) {  // (A^T m) A, the rows and columns inside the image
         Vec o[4];
         winograd4_at(s[i], o);
-        if (cols == 4) {  // a tile wholly inside: four stores without checks
-          for (int j = 0; j < 4; ++j) {
-            storev(tile + (i * W + j) * cout + c, o[j] + bias);
-          }
-          continue;
-        }
         for (int j = 0; j < cols; ++j) {
           storev(tile + (i * W + j) * cout + c, o[j] + bias);
         }
