@@ -19,7 +19,7 @@ install: $(STAMP)
 # it installs one file at a time; compileall does it on every core (BENCHMARKS.md, "make demo from a fresh clone"). A file no Python 3.11 compiles
 # (torch's Python 3.12 test helper) fails there as it does, silently, under pip: its status is not the install's.
 # The packages' own test suites (tests/, test/ folders) are never imported here, so they are left uncompiled.
-$(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_kernels.cu diffusion_kernels.h
+$(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_winograd.cpp diffusion_cpu.h diffusion_kernels.cu diffusion_kernels.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements-lock.txt

@@ -9,12 +9,12 @@ sources when no build is found). Both builds take their compiler flags from ddpm
 
 CUDA or not
 -----------
-A ``CUDAExtension`` (diffusion_ops.cpp + diffusion_kernels.cu) is built when a CUDA toolkit is found, torch
+A ``CUDAExtension`` (the CPU sources + diffusion_kernels.cu) is built when a CUDA toolkit is found, torch
 is a CUDA build and there is a GPU to run it on, or the environment asks for it (``DIFFUSION_KERNELS_CUDA=1``, or
 ``TORCH_CUDA_ARCH_LIST`` naming the targets: CI compiles the CUDA kernels so, on a machine with no GPU); otherwise
-a CPU-only ``CppExtension`` (diffusion_ops.cpp alone), which builds sooner. The toolkit is
-``$CUDA_HOME`` (or ``$CUDA_PATH``) when set, else the directory holding the ``nvcc`` on ``PATH`` or
-``/usr/local/cuda``; it must contain ``bin/nvcc`` and ``include/cuda_runtime.h``.
+a CPU-only ``CppExtension`` (diffusion_ops.cpp and diffusion_winograd.cpp, compiled side by side), which builds
+sooner. The toolkit is ``$CUDA_HOME`` (or ``$CUDA_PATH``) when set, else the directory holding the ``nvcc`` on
+``PATH`` or ``/usr/local/cuda``; it must contain ``bin/nvcc`` and ``include/cuda_runtime.h``.
 ``DIFFUSION_KERNELS_CPU_ONLY=1`` forces the CPU-only build.
 
 Without a GPU and without ``TORCH_CUDA_ARCH_LIST``, the CUDA build targets ``8.0;9.0+PTX``: machine code
@@ -38,7 +38,7 @@ DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
 # The compiler flags live in ddpm/kernels/build.py, shared with its JIT build
 # (bit-exactness depends on them: no fast math, no FP contraction). That module imports no torch.
 sys.path.insert(0, str(ROOT))
-from ddpm.kernels.build import CXX_FLAGS, EXTENSION_NAME, LINK_FLAGS, NVCC_FLAGS  # noqa: E402
+from ddpm.kernels.build import CPU_SOURCES, CUDA_SOURCES, CXX_FLAGS, EXTENSION_NAME, LINK_FLAGS, NVCC_FLAGS  # noqa: E402
 
 
 def _is_cuda_toolkit(path: str | None) -> bool:
@@ -69,7 +69,6 @@ def _extensions() -> list:
     import torch
     from torch.utils import cpp_extension
 
-    sources = ["diffusion_ops.cpp"]  # relative paths: setuptools refuses absolute ones
     use_cuda = cuda_home is not None and torch.version.cuda is not None
     asked = os.environ.get("DIFFUSION_KERNELS_CUDA", "") not in ("", "0") or bool(
         os.environ.get("TORCH_CUDA_ARCH_LIST")
@@ -87,7 +86,10 @@ def _extensions() -> list:
     if not use_cuda:
         return [
             cpp_extension.CppExtension(
-                EXTENSION_NAME, sources, extra_compile_args={"cxx": list(CXX_FLAGS)}, extra_link_args=list(LINK_FLAGS)
+                EXTENSION_NAME,
+                list(CPU_SOURCES),
+                extra_compile_args={"cxx": list(CXX_FLAGS)},
+                extra_link_args=list(LINK_FLAGS),
             )
         ]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
@@ -99,7 +101,7 @@ def _extensions() -> list:
     return [
         cpp_extension.CUDAExtension(
             EXTENSION_NAME,
-            sources + ["diffusion_kernels.cu"],
+            list(CUDA_SOURCES),  # relative paths: setuptools refuses absolute ones
             extra_compile_args={"cxx": list(CXX_FLAGS), "nvcc": list(NVCC_FLAGS)},
             extra_link_args=list(LINK_FLAGS),
         )

@@ -231,12 +231,23 @@ def test_only_the_core_modules_may_grow_past_700_lines():
     assert too_long == []
 
 
+# setup.py and the kernels' sources: code of the tool's own outside its modules.
+KERNEL_FILES = (
+    "setup.py",
+    "diffusion_kernels.cu",
+    "diffusion_kernels.h",
+    "diffusion_ops.cpp",
+    "diffusion_winograd.cpp",
+    "diffusion_cpu.h",
+)
+
+
 def code_files() -> list[Path]:
     """The project's code: its modules, the kernels, setup.py, the scripts and the tests."""
     return sorted(
         {
             *module_files().values(),
-            *(ROOT / name for name in ("setup.py", "diffusion_kernels.cu", "diffusion_kernels.h", "diffusion_ops.cpp")),
+            *(ROOT / name for name in KERNEL_FILES),
             *ROOT.glob("scripts/*.py"),
         }
         | set((ROOT / "tests").rglob("*.py"))
@@ -245,8 +256,7 @@ def code_files() -> list[Path]:
 
 def library_files() -> list[Path]:
     """The tool's own code: its modules (the root's and the package's), setup.py and the kernels' sources."""
-    kernels = ("setup.py", "diffusion_kernels.cu", "diffusion_kernels.h", "diffusion_ops.cpp")
-    return sorted({*module_files().values(), *(ROOT / name for name in kernels)})
+    return sorted({*module_files().values(), *(ROOT / name for name in KERNEL_FILES)})
 
 
 def test_scripts_and_tests_carry_no_bare_date():

@@ -330,7 +330,7 @@ def bias_add_(
 
 
 # Winograd's kernel transforms G (Lavin and Gray 2016): U = G g G^T is the kernel that multiplies the transformed
-# input tile elementwise (the input and output transforms are in diffusion_ops.cpp). F(2x2, 3x3) and F(4x4, 3x3)
+# input tile elementwise (the input and output transforms are in diffusion_winograd.cpp). F(2x2, 3x3) and F(4x4, 3x3)
 # for a 3x3 kernel, by the output tile's side; F(2x2, 2x2) for the 2x2 phase kernels of an upsampling's convolution
 # (upsample_phase_weights).
 WINOGRAD_G = {

@@ -55,7 +55,8 @@ def test_setup_py_builds_with_the_shared_flags_and_cuda_kernels_only_where_they_
     toolkit = bool(os.environ.get("CUDA_HOME")) and torch.version.cuda is not None  # setup.py sets it when found
     wanted = "DIFFUSION_KERNELS_CUDA" in asked or torch.cuda.is_available()
     cuda = toolkit and wanted and "DIFFUSION_KERNELS_CPU_ONLY" not in asked
-    expected = ["diffusion_ops.cpp", "diffusion_kernels.cu"] if cuda else ["diffusion_ops.cpp"]
+    cpu = ["diffusion_ops.cpp", "diffusion_winograd.cpp"]
+    expected = [*cpu, "diffusion_kernels.cu"] if cuda else cpu
     assert extension.sources == expected
     if cuda:
         assert extension.extra_compile_args["nvcc"] == list(build.NVCC_FLAGS)

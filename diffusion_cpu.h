@@ -1,0 +1,60 @@
+// The vector types and helpers that the CPU kernels of diffusion_ops.cpp and diffusion_winograd.cpp share, and the
+// Winograd ops' CPU entry points that diffusion_ops.cpp registers. CPU only: diffusion_kernels.cu never includes it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
+
+namespace diffusion_kernels {
+
+typedef float Vec16 __attribute__((vector_size(64)));  // 16 channels; one AVX-512 register (two AVX2 ones)
+
+inline __attribute__((always_inline)) Vec16 load16(const float* p) {
+  Vec16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline __attribute__((always_inline)) void store16(float* p, Vec16 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+typedef float Vec8 __attribute__((vector_size(32)));  // 8 channels; one AVX2 register
+
+// bfloat16 <-> float32, 16 channels at a time. bf16 is float32's upper half: widening is a shift; narrowing rounds
+// to nearest even (as torch's and oneDNN's conversions do), NaN kept a quiet NaN.
+typedef uint16_t Bf16x16 __attribute__((vector_size(32)));
+typedef uint32_t U32x16 __attribute__((vector_size(64)));
+typedef int32_t I32x16 __attribute__((vector_size(64)));
+
+inline __attribute__((always_inline)) Vec16 load16(const uint16_t* p) {
+  Bf16x16 h;
+  std::memcpy(&h, p, sizeof(h));
+  return (Vec16)(__builtin_convertvector(h, U32x16) << 16);
+}
+
+inline __attribute__((always_inline)) void store16(uint16_t* p, Vec16 v) {
+  U32x16 u = (U32x16)v;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  const I32x16 nan = v != v;  // all ones where v is NaN
+  const Bf16x16 h = __builtin_convertvector((u >> 16) | ((U32x16)nan & 0x7FC0u), Bf16x16);
+  std::memcpy(p, &h, sizeof(h));
+}
+
+// sums[c] += v[c] for c = 0, 1, ..., n - 1, rounding each sum to float (diffusion_ops.cpp).
+void add_row(const float* __restrict__ v, int64_t n, float* __restrict__ sums);
+
+// The conv3x3_winograd ops' CPU kernels (diffusion_winograd.cpp; their schemas: diffusion_ops.cpp).
+at::Tensor conv3x3_winograd_cpu(
+    const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool upsample);
+at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile);
+at::Tensor winograd_kernel_cpu(const at::Tensor& weight, int64_t tile, bool rotated);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(const at::Tensor& grad_out,
+    const at::Tensor& x, const at::Tensor& weight, int64_t tile, std::array<bool, 3> output_mask);
+
+}  // namespace diffusion_kernels
