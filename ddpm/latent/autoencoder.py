@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from basic_diffusion import Downsample, Upsample, _norm
+from basic_diffusion import Downsample, Upsample, _norm, norm_act
 from ddpm.choices import AUTOENCODER_DEFAULTS
 from ddpm.formats.torch_files import check_dense, load_pt, load_weights
 from ddpm.util.messages import first_line
@@ -129,7 +129,9 @@ class AutoencoderConfig:
 
 
 class ResnetBlock(nn.Module):
-    """GroupNorm -> SiLU -> conv, GroupNorm -> SiLU -> conv, plus the (1x1-projected) input."""
+    """GroupNorm -> SiLU -> conv, GroupNorm -> SiLU -> conv, plus the (1x1-projected) input. ``norm_act`` holds the
+    function its norms call, as the U-Net's blocks do: a trainer may swap in a fused kernel of the same arithmetic
+    (kernels/ops.use_fused_norms)."""
 
     def __init__(self, in_ch: int, out_ch: int) -> None:
         super().__init__()
@@ -138,10 +140,11 @@ class ResnetBlock(nn.Module):
         self.norm2 = _norm(out_ch, NORM_GROUPS)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1)
         self.skip = nn.Conv2d(in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
+        self.norm_act = norm_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
+        h = self.conv1(self.norm_act(self.norm1, x))
+        h = self.conv2(self.norm_act(self.norm2, h))
         return self.skip(x) + h
 
 

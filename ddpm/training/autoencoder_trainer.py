@@ -30,6 +30,7 @@ from ddpm.data.catalog import TEST_SPLITS
 from ddpm.data.datasets import ImageSet, load_images
 from ddpm.data.image_files import save_grid, to_uint8
 from ddpm.evaluation.voxels import skimage_metrics
+from ddpm.kernels.ops import use_fused_norms
 from ddpm.latent.autoencoder import (
     Autoencoder,
     autoencoder_loss,
@@ -156,11 +157,13 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     total = total_steps(n_epochs=request.n_epochs, max_steps=request.max_steps, steps_per_epoch=per_epoch)
     device = request.device
     torch.manual_seed(request.seed)  # the weights
-    # On a CPU, as the U-Net's trainer: channels-last activations (oneDNN's convolutions train faster on them), fused
-    # AdamW, and freed activations kept for the next step (BENCHMARKS.md, "The training step against its peers").
+    # On a CPU, as the U-Net's trainer: channels-last activations (oneDNN's convolutions train faster on them), the
+    # blocks' GroupNorm and SiLU through the extension's fused op and its backward where it is built, fused AdamW,
+    # and freed activations kept for the next step (BENCHMARKS.md, "The training step against its peers").
     cpu = device.type == "cpu"
     layout = torch.channels_last if cpu else torch.contiguous_format
     model = Autoencoder(config).to(device, memory_format=layout)
+    fused = cpu and use_fused_norms(model) > 0
     if cpu:
         keep_freed_memory()
     optimizer = torch.optim.AdamW(model.parameters(), lr=request.lr, weight_decay=0.0, fused=cpu or None)
@@ -171,6 +174,7 @@ def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True
     print(
         f"training a {n_params / 1e3:.0f}k-parameter autoencoder on {len(train)} {request.dataset} images "
         f"({shape} -> latent {latent}, kl_weight {config.kl_weight:g}) for {total} steps on {device.type}"
+        + (" (fused norms)" if fused else "")
     )
     start = window = time.perf_counter()
     stop, done = None, 0  # Ctrl-C / SIGTERM take effect between steps; the model so far is then saved

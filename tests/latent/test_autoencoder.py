@@ -10,6 +10,7 @@ load_autoencoder refuses anything but a valid autoencoder checkpoint in one line
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -20,10 +21,12 @@ from PIL import Image
 
 from ddpm.cli import resolve
 from ddpm.data.datasets import load_images
+from ddpm.kernels import ops
 from ddpm.latent.autoencoder import (
     Autoencoder,
     AutoencoderConfig,
     LatentDecoder,
+    ResnetBlock,
     autoencoder_loss,
     encode_images,
     load_autoencoder,
@@ -61,6 +64,32 @@ def test_the_encoder_pads_to_an_even_latent_and_the_decoder_crops_back(size, cha
         mean, logvar = model.encode(x)
         assert mean.shape == logvar.shape == (2, *latent)
         assert model.decode(mean).shape == x.shape
+
+
+@pytest.mark.skipif(not ops.norm_training_available(), reason="the extension is not built with the norms' backward")
+def test_the_fused_norms_the_cpu_trainer_swaps_in_give_pytorchs_outputs_and_gradients():
+    torch.manual_seed(0)
+    config = AutoencoderConfig(image_size=12, in_channels=1, base_channels=8, latent_channels=2)
+    plain = Autoencoder(config).to(memory_format=torch.channels_last)
+    fused = copy.deepcopy(plain)
+    blocks = sum(1 for m in fused.modules() if isinstance(m, ResnetBlock))
+    assert ops.use_fused_norms(fused) == blocks > 0  # every residual block's two norms
+    calls = []
+    for block in (m for m in fused.modules() if isinstance(m, ResnetBlock)):
+        block.norm_act = lambda norm, h, swapped=block.norm_act: calls.append(norm) or swapped(norm, h)
+    x = torch.rand(4, 1, 12, 12).mul(2).sub(1).contiguous(memory_format=torch.channels_last)
+    results = []
+    for model in (plain, fused):
+        mean, logvar = model.encode(x)
+        out = model.decode(mean + 0.1 * logvar)
+        (out.square().sum() + mean.sum()).backward()
+        results.append((out, [p.grad for p in model.parameters()]))
+    (out_plain, grads_plain), (out_fused, grads_fused) = results
+    torch.testing.assert_close(out_fused, out_plain, rtol=1e-4, atol=1e-5)
+    for g_fused, g_plain in zip(grads_fused, grads_plain):
+        torch.testing.assert_close(g_fused, g_plain, rtol=1e-3, atol=1e-4)
+    assert len(calls) == 2 * blocks  # the blocks' forward went through the swapped function
+    assert fused.state_dict().keys() == plain.state_dict().keys()
 
 
 def test_the_28_pixel_autoencoder_is_small():
