@@ -992,17 +992,19 @@ inline __attribute__((always_inline)) void winograd_kernel_grad_chunk(const floa
     }
     return sum;
   };
-  alignas(64) float gd[3][kN][kKernelChunk];  // (G^T dU)[i][b]
-  for (int64_t i = 0; i < 3; ++i) {
+  // (G^T dU)[i][b], summed over a in increasing order as a row of dU at a time: dU's rows lie ld floats apart (a
+  // power of two for most channel counts), so reading the kN rows of a column together would map them all onto the
+  // same few sets of the L1 cache.
+  alignas(64) float gd[3][kN][kKernelChunk] = {};
+  for (int64_t a = 0; a < kN; ++a) {
     for (int64_t b = 0; b < kN; ++b) {
       for (int64_t c = 0; c < kKernelChunk; c += 16) {
-        Vec16 sum = {};
-        for (int64_t a = 0; a < kN; ++a) {
+        const Vec16 v = du(d + (a * kN + b) * ld + c);
+        for (int64_t i = 0; i < 3; ++i) {
           if (G[a][i] != 0.0f) {
-            sum += G[a][i] * du(d + (a * kN + b) * ld + c);
+            store16(gd[i][b] + c, load16(gd[i][b] + c) + G[a][i] * v);
           }
         }
-        store16(gd[i][b] + c, sum);
       }
     }
   }
