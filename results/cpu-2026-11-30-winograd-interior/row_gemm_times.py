@@ -6,25 +6,13 @@ median milliseconds and the relative error against float64. Needs a build with t
 
 from __future__ import annotations
 
-import time
-
 import torch
+from op_times import median_ms  # this folder's timing helper (the script's folder is on sys.path)
 
 from ddpm.kernels import ops
 from ddpm.util.memory import keep_freed_memory
 
 SHAPES = [(100352, 96, 32), (100352, 32, 96), (100352, 64, 32), (100352, 32, 64), (25088, 128, 64), (25088, 64, 128)]
-
-
-def median_ms(call, repeats: int = 10) -> float:
-    call()
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[repeats // 2]
 
 
 def error(mine: torch.Tensor, exact: torch.Tensor) -> float:
