@@ -275,6 +275,18 @@ def norm_act(
     return F.silu(h) if silu else h
 
 
+def norm_and_skip(
+    block: ResBlock, x: torch.Tensor, x2: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a residual block computes from its input before its first convolution: the first norm (with SiLU) and
+    the skip connection, both of x, or of x and x2's channels concatenated when x2 is given (the U-Net's up path).
+    A block's ``norm_and_skip`` attribute holds the function it calls; a trainer may swap in one that computes both
+    without building the concatenation (training/winograd.py)."""
+    if x2 is not None:
+        x = torch.cat([x, x2], dim=1)
+    return block.norm_act(block.norm1, x), block.skip(x)
+
+
 def conv_nd(dims: int, *args, **kwargs) -> nn.Module:
     """nn.Conv2d for images, nn.Conv3d for volumes: every block is written once for both."""
     return (nn.Conv2d if dims == 2 else nn.Conv3d)(*args, **kwargs)
@@ -311,9 +323,12 @@ class ResBlock(nn.Module):
         nn.init.zeros_(self.conv2.bias)
         self.skip = conv_nd(dims, in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
         self.norm_act = norm_act
+        self.norm_and_skip = norm_and_skip
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(self.norm_act(self.norm1, x))  # (B, out, H, W) or (B, out, D, H, W)
+    def forward(self, x: torch.Tensor, emb: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, in, ...), or x and x2 whose channels together are ``in`` (the up path's skip connection)."""
+        h, skipped = self.norm_and_skip(self, x, x2)
+        h = self.conv1(h)  # (B, out, H, W) or (B, out, D, H, W)
         e = self.emb_proj(F.silu(emb))  # (B, 2*out) or (B, out)
         if self.scale_shift:
             scale, shift = e.chunk(2, dim=1)
@@ -321,7 +336,7 @@ class ResBlock(nn.Module):
         else:
             h = self.norm_act(self.norm2, h + e.view(*e.shape, *[1] * (h.ndim - 2)))
         h = self.conv2(self.dropout(h))
-        return self.skip(x) + h
+        return skipped + h
 
 
 class AttentionBlock(nn.Module):
@@ -498,20 +513,22 @@ class UNet(nn.Module):
         h = run(self.mid_block2, self.mid_attention(run(self.mid_block1, h, emb)), emb)
         for level, up in zip(self.up, self.upsample):
             for blk, attn in zip(level.blocks, level.attentions):
-                h = attn(run(blk, torch.cat([h, skips.pop()], dim=1), emb))
+                h = attn(run(blk, h, emb, skips.pop()))
             h = up(h)
         out = self.conv_out(self.norm_act(self.norm_out, h))
         return depth_to_space(out, p) if p > 1 else out  # x's shape
 
     @staticmethod
-    def _checkpointed(block: nn.Module, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    def _checkpointed(
+        block: nn.Module, h: torch.Tensor, emb: torch.Tensor, skip: torch.Tensor | None = None
+    ) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(block, h, emb, use_reentrant=False)
+        return checkpoint(block, h, emb, skip, use_reentrant=False)
 
 
-def _call(block: nn.Module, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-    return block(h, emb)
+def _call(block: nn.Module, h: torch.Tensor, emb: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+    return block(h, emb, skip)
 
 
 def space_to_depth(x: torch.Tensor, p: int) -> torch.Tensor:

@@ -312,7 +312,8 @@ struct GroupNormAct {
 };
 
 // Checks the arguments (shared by the CPU and CUDA kernels; reads no device memory), allocates the
-// output in x's dtype and memory format into *out, and returns the kernels' view of it all.
+// output in x's dtype and memory format into *out (none when out is null: the backward's outputs are x's and
+// x2's shapes), and returns the kernels' view of it all.
 GroupNormAct prepare_group_norm_act(
     const at::Tensor& x,
     const std::optional<at::Tensor>& x2,

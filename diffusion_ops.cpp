@@ -257,15 +257,19 @@ GroupNormAct prepare_group_norm_act(
   for (int64_t d = 2; d < x.dim(); ++d) {
     positions *= x.size(d);
   }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape[1] = channels;
-  *out = at::empty(shape, x.options().memory_format(x.suggest_memory_format()));
-  return GroupNormAct{
-      s, out->mutable_data_ptr(), out->stride(0), out->stride(1), position_stride(*out, "the output"),
-      weight.const_data_ptr<float>(), bias.const_data_ptr<float>(),
+  GroupNormAct a{s, nullptr, 0, 0, 0, weight.const_data_ptr<float>(), bias.const_data_ptr<float>(),
       scale.has_value() ? scale->const_data_ptr<float>() : nullptr, shift.has_value() ? shift->const_data_ptr<float>() : nullptr,
-      modulation_stride,
-      x.size(0), channels, groups, channels / groups, positions, static_cast<float>(eps), silu};
+      modulation_stride, x.size(0), channels, groups, channels / groups, positions, static_cast<float>(eps), silu};
+  if (out != nullptr) {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape[1] = channels;
+    *out = at::empty(shape, x.options().memory_format(x.suggest_memory_format()));
+    a.out = out->mutable_data_ptr();
+    a.out_stride_b = out->stride(0);
+    a.out_stride_c = out->stride(1);
+    a.out_stride_p = position_stride(*out, "the output");
+  }
+  return a;
 }
 
 namespace {
@@ -925,29 +929,76 @@ void gn_channel_shifted_sums(const float* __restrict__ x, int64_t P, int64_t C, 
   }
 }
 
+// Rows of P positions: c1 channels of x1 then c2 of x2 (x2 null: c2 = 0) into dst's rows of c1 + c2 floats, and back
+// from src's rows into dx1 and dx2; bf16 widened and narrowed on the way.
 template <typename T>
-void group_norm_act_backward_impl(const at::Tensor& grad, const at::Tensor& x, const float* weight, const float* bias,
-    const float* scale, const float* shift, int64_t modulation_stride, int64_t groups, float eps, bool silu,
-    at::Tensor& dx, float* dscale, float* dshift, float* per_sample) {
-  const int64_t B = x.size(0), C = x.size(1), P = x.numel() / (B * C), cg = C / groups;
+void gather_rows(const T* x1, int64_t c1, const T* x2, int64_t c2, int64_t P, float* dst) {
+  for (int64_t p = 0; p < P; ++p) {
+    float* row = dst + p * (c1 + c2);
+    if constexpr (std::is_same_v<T, float>) {
+      std::copy(x1 + p * c1, x1 + (p + 1) * c1, row);
+      if (c2 > 0) {
+        std::copy(x2 + p * c2, x2 + (p + 1) * c2, row + c1);
+      }
+    } else {
+      widen_bf16(reinterpret_cast<const uint16_t*>(x1 + p * c1), c1, row);
+      if (c2 > 0) {
+        widen_bf16(reinterpret_cast<const uint16_t*>(x2 + p * c2), c2, row + c1);
+      }
+    }
+  }
+}
+
+template <typename T>
+void scatter_rows(const float* src, int64_t c1, int64_t c2, int64_t P, T* dx1, T* dx2) {
+  for (int64_t p = 0; p < P; ++p) {
+    const float* row = src + p * (c1 + c2);
+    if constexpr (std::is_same_v<T, float>) {
+      std::copy(row, row + c1, dx1 + p * c1);
+      if (c2 > 0) {
+        std::copy(row + c1, row + c1 + c2, dx2 + p * c2);
+      }
+    } else {
+      narrow_bf16(row, c1, reinterpret_cast<uint16_t*>(dx1 + p * c1));
+      if (c2 > 0) {
+        narrow_bf16(row + c1, c2, reinterpret_cast<uint16_t*>(dx2 + p * c2));
+      }
+    }
+  }
+}
+
+// x: the norm's input, x2's channels (when given) after x's; dx and dx2 their gradients.
+template <typename T>
+void group_norm_act_backward_impl(const at::Tensor& grad, const at::Tensor& x, const at::Tensor* x2, const float* weight,
+    const float* bias, const float* scale, const float* shift, int64_t modulation_stride, int64_t groups, float eps,
+    bool silu, at::Tensor& dx, at::Tensor* dx2, float* dscale, float* dshift, float* per_sample) {
+  const int64_t B = x.size(0), c1 = x.size(1), c2 = x2 != nullptr ? x2->size(1) : 0, C = c1 + c2;
+  const int64_t P = x.numel() / (B * c1), cg = C / groups;
   const float count = static_cast<float>(P * cg);
   const T* xs = x.const_data_ptr<T>();
+  const T* x2s = x2 != nullptr ? x2->const_data_ptr<T>() : nullptr;
   const T* gs = grad.const_data_ptr<T>();
   T* dxs = dx.mutable_data_ptr<T>();
+  T* dx2s = dx2 != nullptr ? dx2->mutable_data_ptr<T>() : nullptr;
+  // float32 of one source is read and written in place; the others go through a sample's rows in a buffer.
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  const bool direct = kFloat && x2 == nullptr;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    constexpr bool kFloat = std::is_same_v<T, float>;
-    std::vector<float> xbuf(kFloat ? 0 : P * C), gbuf(kFloat ? 0 : P * C), da(P * C);
+    std::vector<float> xbuf(direct ? 0 : P * C), gbuf(kFloat ? 0 : P * C), da(P * C);
     std::vector<float> mean(C), rstd(C), sums(4 * C), scale1(scale != nullptr ? C : 0), k1(C), k2(C), tmp(C), squares(C);
     for (int64_t b = begin; b < end; ++b) {
       const float* xr;
       const float* gr;
+      if (direct) {
+        xr = reinterpret_cast<const float*>(xs + b * P * C);
+      } else {
+        gather_rows(xs + b * P * c1, c1, x2s != nullptr ? x2s + b * P * c2 : nullptr, c2, P, xbuf.data());
+        xr = xbuf.data();
+      }
       if constexpr (kFloat) {
-        xr = xs + b * P * C;
         gr = gs + b * P * C;
       } else {
-        widen_bf16(reinterpret_cast<const uint16_t*>(xs + b * P * C), P * C, xbuf.data());
         widen_bf16(reinterpret_cast<const uint16_t*>(gs + b * P * C), P * C, gbuf.data());
-        xr = xbuf.data();
         gr = gbuf.data();
       }
       // The group's mean and 1/std, each expanded to its channels, from one pass of per-channel sums shifted by the
@@ -992,19 +1043,21 @@ void group_norm_act_backward_impl(const at::Tensor& grad, const at::Tensor& x, c
         std::fill(k1.begin() + g * cg, k1.begin() + (g + 1) * cg, s1 / count);
         std::fill(k2.begin() + g * cg, k2.begin() + (g + 1) * cg, s2 / count);
       }
-      if constexpr (kFloat) {  // straight into dx
-        gn_backward_dx(xr, P, C, mean.data(), rstd.data(), weight, k1.data(), k2.data(), da.data(), dxs + b * P * C);
+      if (direct) {
+        gn_backward_dx(xr, P, C, mean.data(), rstd.data(), weight, k1.data(), k2.data(), da.data(),
+            reinterpret_cast<float*>(dxs + b * P * C));
       } else {
         gn_backward_dx(xr, P, C, mean.data(), rstd.data(), weight, k1.data(), k2.data(), da.data(), da.data());
-        narrow_bf16(da.data(), P * C, reinterpret_cast<uint16_t*>(dxs + b * P * C));
+        scatter_rows(da.data(), c1, c2, P, dxs + b * P * c1, dx2s != nullptr ? dx2s + b * P * c2 : nullptr);
       }
     }
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_norm_act_backward_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_norm_act_backward_cpu(
     const at::Tensor& grad,
     const at::Tensor& x,
+    const std::optional<at::Tensor>& x2,
     const at::Tensor& weight,
     const at::Tensor& bias,
     const std::optional<at::Tensor>& scale,
@@ -1016,20 +1069,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
   TORCH_CHECK(x.dim() == 4 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && x.is_contiguous(cl),
       "group_norm_act_backward: x must be a channels-last float32 or bfloat16 (B, C, H, W) tensor, got ", x.scalar_type(),
       " ", x.sizes(), " with strides ", x.strides());
-  TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type() && grad.is_contiguous(cl),
-      "group_norm_act_backward: grad must be a channels-last tensor of x's size and dtype, got ", grad.scalar_type(), " ",
-      grad.sizes(), " with strides ", grad.strides());
-  // The forward's checks of weight, bias, scale and shift (the same arguments); its output, x's shape, dtype and
-  // layout, is dx.
-  at::Tensor dx;
-  const GroupNormAct a = prepare_group_norm_act(x, std::nullopt, weight, bias, std::nullopt, scale, shift, groups, eps, silu, &dx);
-  const int64_t B = x.size(0), C = x.size(1);
+  TORCH_CHECK(!x2.has_value() || x2->is_contiguous(cl),
+      "group_norm_act_backward: x2 must be a channels-last tensor, got strides ", x2->strides());
+  // The forward's checks of x2, weight, bias, scale and shift (the same arguments); dx has x's shape, dtype and
+  // layout, dx2 x2's.
+  const GroupNormAct a = prepare_group_norm_act(x, x2, weight, bias, std::nullopt, scale, shift, groups, eps, silu, nullptr);
+  const int64_t B = x.size(0), C = a.channels;
+  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == B && grad.size(1) == C && grad.sizes().slice(2) == x.sizes().slice(2) &&
+      grad.scalar_type() == x.scalar_type() && grad.is_contiguous(cl),
+      "group_norm_act_backward: grad must be a channels-last (", B, ", ", C, ", H, W) tensor of x's sizes and dtype, got ",
+      grad.scalar_type(), " ", grad.sizes(), " with strides ", grad.strides());
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(cl));
+  at::Tensor dx2 = x2.has_value() ? at::empty(x2->sizes(), x.options().memory_format(cl)) : at::empty({0}, x.options());
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor dscale = at::empty({scale.has_value() ? B : 0, C}, f32), dshift = at::empty({scale.has_value() ? B : 0, C}, f32);
   std::vector<float> per_sample(B * 2 * C);
   auto run = [&](auto tag) {
-    group_norm_act_backward_impl<decltype(tag)>(grad, x, a.weight, a.bias, a.scale, a.shift, a.modulation_stride, groups,
-        a.eps, silu, dx, dscale.mutable_data_ptr<float>(), dshift.mutable_data_ptr<float>(), per_sample.data());
+    group_norm_act_backward_impl<decltype(tag)>(grad, x, x2.has_value() ? &*x2 : nullptr, a.weight, a.bias, a.scale,
+        a.shift, a.modulation_stride, groups, a.eps, silu, dx, x2.has_value() ? &dx2 : nullptr,
+        dscale.mutable_data_ptr<float>(), dshift.mutable_data_ptr<float>(), per_sample.data());
   };
   x.scalar_type() == at::kFloat ? run(float{}) : run(c10::BFloat16{});
   // dbias and dweight: the samples' terms summed in order (the same bits whatever the threads).
@@ -1042,7 +1100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_nor
       dw[c] += per_sample[b * 2 * C + C + c];
     }
   }
-  return {dx, dweight, dbias, dscale, dshift};
+  return {dx, dx2, dweight, dbias, dscale, dshift};
 }
 
 
@@ -1200,8 +1258,8 @@ TORCH_LIBRARY(diffusion_kernels, m) {
       "group_norm_act(Tensor x, Tensor? x2, Tensor weight, Tensor bias, Tensor? x_bias, Tensor? scale, "
       "Tensor? shift, *, int groups, float eps, bool silu) -> Tensor");
   m.def(
-      "group_norm_act_backward(Tensor grad, Tensor x, Tensor weight, Tensor bias, Tensor? scale, Tensor? shift, *, "
-      "int groups, float eps, bool silu) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "group_norm_act_backward(Tensor grad, Tensor x, Tensor? x2, Tensor weight, Tensor bias, Tensor? scale, "
+      "Tensor? shift, *, int groups, float eps, bool silu) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("conv3x3_winograd(Tensor x, Tensor weight, Tensor? bias, *, bool upsample=False) -> Tensor");
   m.def("conv3x3_winograd_weight_grad(Tensor x, Tensor grad_out, int tile=2) -> Tensor");
   m.def("winograd_kernel(Tensor weight, int tile, bool rotated=False) -> Tensor");

@@ -148,14 +148,15 @@ def _register_norm_training() -> None:
         return
 
     @torch.library.register_fake("diffusion_kernels::group_norm_act_backward")
-    def _fake(grad, x, weight, bias, scale, shift, *, groups, eps, silu):
+    def _fake(grad, x, x2, weight, bias, scale, shift, *, groups, eps, silu):
         rows = x.shape[0] if scale is not None else 0
         return (
             torch.empty_like(x, memory_format=torch.channels_last),
+            torch.empty_like(x2, memory_format=torch.channels_last) if x2 is not None else x.new_empty((0,)),
             weight.new_empty(weight.shape),
             bias.new_empty(bias.shape),
-            weight.new_empty((rows, x.shape[1])),
-            weight.new_empty((rows, x.shape[1])),
+            weight.new_empty((rows, weight.shape[0])),  # x's channels and x2's
+            weight.new_empty((rows, weight.shape[0])),
         )
 
 
@@ -174,8 +175,8 @@ class _GroupNormAct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight, bias, scale, shift = ctx.saved_tensors
-        dx, dweight, dbias, dscale, dshift = torch.ops.diffusion_kernels.group_norm_act_backward(
-            grad.contiguous(memory_format=torch.channels_last), x, weight, bias, scale, shift, **ctx.options
+        dx, _, dweight, dbias, dscale, dshift = torch.ops.diffusion_kernels.group_norm_act_backward(
+            grad.contiguous(memory_format=torch.channels_last), x, None, weight, bias, scale, shift, **ctx.options
         )
         if scale is None:
             dscale = dshift = None

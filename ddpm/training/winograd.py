@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from basic_diffusion import norm_and_skip
 from ddpm.kernels import ops
 
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
@@ -77,11 +78,14 @@ def gemm_1x1_up_to() -> int | None:
 
 def use_cpu_convs(model: nn.Module, *, side: int) -> str:
     """Swap in this CPU's faster convolutions (Winograd's from maps of ``side``, and 1x1 GEMMs where
-    :func:`gemm_1x1`); returns the run's line on them, "" where nothing was swapped."""
+    :func:`gemm_1x1`, fused with the blocks' first norms where those are the extension's); returns the run's line
+    on them, "" where nothing was swapped."""
     if not use_winograd_convs(model, side=side):
         return ""
     up_to = gemm_1x1_up_to()
     swapped = gemm_1x1() and use_gemm_1x1_convs(model, max_side=up_to) > 0
+    if swapped:
+        use_fused_skips(model)
     return describe(side, gemm_1x1=swapped, gemm_up_to=up_to)
 
 
@@ -154,6 +158,91 @@ class GemmConv1x1(nn.Conv2d):
             return super().forward(x)
         weight = self.weight.view(self.out_channels, self.in_channels)
         return F.linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A channels-last (B, C, H, W) tensor as its (B * H * W, C) rows, a view of the same memory."""
+    return t.permute(0, 2, 3, 1).view(-1, t.shape[1])
+
+
+class _NormActSkip(torch.autograd.Function):
+    """A residual block's first GroupNorm + SiLU and its 1x1 skip, both of x, or of x and x2's channels side by
+    side without their concatenation (the U-Net's up path); the skip's input gradient is added into the norm's by
+    the GEMM itself rather than summed by autograd afterwards."""
+
+    @staticmethod
+    def forward(ctx, x, x2, norm_weight, norm_bias, weight, bias, groups: int, eps: float):
+        # x (B, C1, H, W), x2 (B, C2, H, W) or None: channels-last float32; weight (out, C1 + C2, 1, 1).
+        h = torch.ops.diffusion_kernels.group_norm_act(
+            x, x2, norm_weight, norm_bias, None, None, None, groups=groups, eps=eps, silu=True
+        )
+        w, c1 = weight.view(weight.shape[0], -1), x.shape[1]
+        skipped = _rows(x) @ w[:, :c1].t() if bias is None else torch.addmm(bias, _rows(x), w[:, :c1].t())
+        if x2 is not None:
+            skipped.addmm_(_rows(x2), w[:, c1:].t())
+        ctx.save_for_backward(x, x2, norm_weight, norm_bias, w)
+        ctx.options, ctx.has_bias = dict(groups=groups, eps=eps, silu=True), bias is not None
+        B, _, H, W = x.shape
+        return h, skipped.view(B, H, W, -1).permute(0, 3, 1, 2)  # (B, out, H, W), channels-last
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_skipped):
+        x, x2, norm_weight, norm_bias, w = ctx.saved_tensors
+        dx, dx2, dnorm_weight, dnorm_bias, _, _ = torch.ops.diffusion_kernels.group_norm_act_backward(
+            _channels_last(grad_h), x, x2, norm_weight, norm_bias, None, None, **ctx.options
+        )
+        g, c1 = _rows(_channels_last(grad_skipped)), x.shape[1]  # (B * H * W, out)
+        _rows(dx).addmm_(g, w[:, :c1])
+        dweight = g.t() @ _rows(x)  # (out, C1)
+        if x2 is not None:
+            _rows(dx2).addmm_(g, w[:, c1:])
+            dweight = torch.cat([dweight, g.t() @ _rows(x2)], dim=1)
+        dbias = g.sum(0) if ctx.has_bias else None
+        dx2 = dx2 if x2 is not None else None
+        return dx, dx2, dnorm_weight, dnorm_bias, dweight.view(*w.shape, 1, 1), dbias, None, None
+
+
+def fused_norm_and_skip(block: nn.Module, x: torch.Tensor, x2: torch.Tensor | None = None):
+    """:func:`basic_diffusion.norm_and_skip` by :class:`_NormActSkip` for float32 CPU inputs whose skip is a
+    :class:`GemmConv1x1` GEMM at their size and whose norms are the extension's; by norm_and_skip otherwise."""
+    skip = block.skip
+    if (
+        not isinstance(skip, GemmConv1x1)
+        or block.norm_act is not ops.fused_norm_act
+        or x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or x.dim() != 4
+        or torch.is_autocast_enabled("cpu")
+        or (skip.max_side is not None and min(x.shape[-2:]) > skip.max_side)
+    ):
+        return norm_and_skip(block, x, x2)
+    norm = block.norm1
+    return _NormActSkip.apply(
+        _channels_last(x),
+        None if x2 is None else _channels_last(x2),
+        norm.weight,
+        norm.bias,
+        skip.weight,
+        skip.bias,
+        norm.num_groups,
+        norm.eps,
+    )
+
+
+def use_fused_skips(model: nn.Module) -> int:
+    """Route the first norm and the 1x1 skip of each residual block whose skip is a :class:`GemmConv1x1` and whose
+    norms are the extension's (ddpm.kernels.ops.use_fused_norms) through :func:`fused_norm_and_skip`; returns how
+    many blocks. The state dict is unchanged."""
+    blocks = [
+        module
+        for module in model.modules()
+        if hasattr(module, "norm_and_skip")
+        and isinstance(module.skip, GemmConv1x1)
+        and module.norm_act is ops.fused_norm_act
+    ]
+    for block in blocks:
+        block.norm_and_skip = fused_norm_and_skip
+    return len(blocks)
 
 
 def is_plain_1x1(conv: nn.Module) -> bool:

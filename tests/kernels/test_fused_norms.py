@@ -90,12 +90,36 @@ def test_backward_op_passes_opcheck():
     x = torch.randn(2, 16, 3, 5).contiguous(memory_format=torch.channels_last)
     grad = torch.randn(2, 16, 3, 5).contiguous(memory_format=torch.channels_last)
     table = torch.randn(2, 32)
+    halves = tuple(part.contiguous(memory_format=torch.channels_last) for part in (x[:, :4], x[:, 4:]))
     for scale, shift in ((table[:, :16], table[:, 16:]), (None, None)):
-        torch.library.opcheck(
-            torch.ops.diffusion_kernels.group_norm_act_backward,
-            (grad, x, torch.randn(16), torch.randn(16), scale, shift),
-            dict(groups=4, eps=1e-5, silu=True),
-        )
+        for x1, x2 in ((x, None), halves):
+            torch.library.opcheck(
+                torch.ops.diffusion_kernels.group_norm_act_backward,
+                (grad, x1, x2, torch.randn(16), torch.randn(16), scale, shift),
+                dict(groups=4, eps=1e-5, silu=True),
+            )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("modulate", [True, False])
+def test_backward_of_two_inputs_is_the_backward_of_their_concatenation_bit_for_bit(dtype, modulate):
+    """The U-Net's up path hands the norm its input and the skip connection apart (x, x2): the gradients must be
+    those of torch.cat([x, x2]), split at x's channels."""
+    torch.manual_seed(2)
+    cl = torch.channels_last
+    x = (torch.randn(3, 48, 5, 7) + 0.3).to(dtype).contiguous(memory_format=cl)
+    grad = torch.randn(3, 48, 5, 7).to(dtype).contiguous(memory_format=cl)
+    weight, bias, table = torch.randn(48), torch.randn(48), torch.randn(3, 96)
+    scale, shift = (table[:, :48], table[:, 48:]) if modulate else (None, None)
+    options = dict(groups=8, eps=1e-5, silu=True)
+    whole = torch.ops.diffusion_kernels.group_norm_act_backward(grad, x, None, weight, bias, scale, shift, **options)
+    x1, x2 = (part.contiguous(memory_format=cl) for part in (x[:, :32], x[:, 32:]))  # a group across the seam
+    split = torch.ops.diffusion_kernels.group_norm_act_backward(grad, x1, x2, weight, bias, scale, shift, **options)
+    assert split[0].is_contiguous(memory_format=cl) and split[1].is_contiguous(memory_format=cl)
+    assert torch.equal(split[0], whole[0][:, :32]) and torch.equal(split[1], whole[0][:, 32:])
+    assert whole[1].numel() == 0  # no x2, no dx2
+    for mine, theirs in zip(split[2:], whole[2:]):
+        assert torch.equal(mine, theirs)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +127,7 @@ def test_backward_op_passes_opcheck():
     [
         (torch.randn(2, 8, 3, 3), None, "x must be a channels-last float32 or bfloat16"),
         (torch.randn(2, 8, 3, 3, dtype=torch.float64), None, "x must be a channels-last float32 or bfloat16"),
-        (None, torch.randn(2, 8, 3, 3), "grad must be a channels-last tensor of x's size and dtype"),
+        (None, torch.randn(2, 8, 3, 3), "grad must be a channels-last"),
     ],
     ids=["NCHW x", "float64 x", "NCHW grad"],
 )
@@ -113,7 +137,33 @@ def test_backward_op_refuses_what_it_cannot_compute(x, grad, message):
     grad = grad if grad is not None else torch.randn(2, 8, 3, 3).contiguous(memory_format=cl)
     with pytest.raises(RuntimeError, match=message):
         torch.ops.diffusion_kernels.group_norm_act_backward(
-            grad, x, torch.ones(8), torch.zeros(8), None, None, groups=2, eps=1e-5, silu=True
+            grad, x, None, torch.ones(8), torch.zeros(8), None, None, groups=2, eps=1e-5, silu=True
+        )
+
+
+@pytest.mark.parametrize(
+    ("x2", "grad_channels", "message"),
+    [
+        (torch.randn(2, 4, 3, 3), 8, "x2 must be a channels-last tensor"),
+        (
+            torch.randn(2, 4, 3, 3).contiguous(memory_format=torch.channels_last),
+            4,
+            r"grad must be a channels-last \(2, 8,",
+        ),
+        (
+            torch.randn(2, 4, 3, 3, dtype=torch.float64).contiguous(memory_format=torch.channels_last),
+            8,
+            "x2 must have x's dtype",
+        ),
+    ],
+    ids=["NCHW x2", "grad of x's channels alone", "float64 x2"],
+)
+def test_backward_op_refuses_a_second_input_it_cannot_compute(x2, grad_channels, message):
+    cl = torch.channels_last
+    x, grad = (torch.randn(2, c, 3, 3).contiguous(memory_format=cl) for c in (4, grad_channels))
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.diffusion_kernels.group_norm_act_backward(
+            grad, x, x2, torch.ones(8), torch.zeros(8), None, None, groups=2, eps=1e-5, silu=True
         )
 
 
