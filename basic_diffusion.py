@@ -359,16 +359,24 @@ class AttentionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, *spatial = x.shape
-        qkv = self.qkv(self.norm_act(self.norm, x, silu=False)).reshape(
-            B, 3, self.num_heads, C // self.num_heads, math.prod(spatial)
-        )
-        q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, HW, C/heads)
+        heads, n = self.num_heads, math.prod(spatial)
+        qkv = self.qkv(self.norm_act(self.norm, x, silu=False))  # (B, 3C, *spatial)
+        # A channels-last qkv is (B, HW, 3, heads, C/heads) in memory: its heads are views, not a copy of it.
+        channels_last = qkv.dim() == 4 and qkv.is_contiguous(memory_format=torch.channels_last)
+        if channels_last:
+            q, k, v = (t.transpose(1, 2) for t in qkv.permute(0, 2, 3, 1).reshape(B, n, 3, heads, C // heads).unbind(2))
+        else:
+            q, k, v = qkv.reshape(B, 3, heads, C // heads, n).transpose(-1, -2).unbind(1)
+        # q, k, v: each (B, heads, HW, C/heads)
         if self.float32_softmax:
             scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, heads, HW, HW)
             h = scores.softmax(dim=-1).to(v.dtype) @ v
         else:
             h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, C/heads)
-        h = h.transpose(-1, -2).reshape(B, C, *spatial)
+        if channels_last:
+            h = h.transpose(1, 2).reshape(B, *spatial, C).permute(0, 3, 1, 2)  # channels-last, as x
+        else:
+            h = h.transpose(-1, -2).reshape(B, C, *spatial)
         return x + self.proj(h)
 
 

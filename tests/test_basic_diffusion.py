@@ -41,6 +41,30 @@ def test_attention_is_placed_at_the_requested_resolution():
     assert attn_levels == [8]
 
 
+def test_attention_reads_a_channels_last_input_as_views_with_the_same_result():
+    """Channels-last activations (the CPU trainer's) give the heads as views of qkv's memory: the same outputs and
+    gradients as NCHW's, and a channels-last output."""
+    from basic_diffusion import AttentionBlock
+
+    torch.manual_seed(0)
+    block = AttentionBlock(32, num_heads=4, groups=8)
+    torch.nn.init.normal_(block.proj.weight, std=0.2)  # past the zero initialization
+    x, grad = torch.randn(3, 32, 5, 6), torch.randn(3, 32, 5, 6)
+
+    def run(memory_format):
+        leaf = x.clone(memory_format=memory_format).requires_grad_()
+        block.zero_grad()
+        out = block(leaf)
+        out.backward(grad)
+        return out, [leaf.grad] + [p.grad.clone() for p in block.parameters()]
+
+    (nchw, nchw_grads), (nhwc, nhwc_grads) = run(torch.contiguous_format), run(torch.channels_last)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(nhwc, nchw, rtol=1e-6, atol=1e-6)
+    for mine, theirs in zip(nhwc_grads, nchw_grads):  # float32 rounding: the weights' GEMMs sum in other orders
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("scale_shift, reaches_output", [(False, False), (True, True)])
 def test_the_time_embedding_reaches_the_output_through_groups_of_one_channel(scale_shift, reaches_output):
     # GroupNorm over groups of one channel removes any per-channel constant: the older "add" conditioning
