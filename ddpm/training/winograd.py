@@ -1,7 +1,8 @@
 """3x3 convolutions trained in Winograd's domain on a CPU: F(4x4, 3x3) on maps of 4x4 and up, F(2x2, 3x3) on
 smaller ones; the sampling runner's kernel for the forward pass, the extension's ``conv3x3_winograd_backward`` for
 all three gradients in one call. Beside them, on CPUs where oneDNN's are slower (AVX2), 1x1 convolutions as one GEMM
-over the channels-last pixels.
+over the channels-last pixels, and each residual block's first norm and 1x1 skip as one function of the block's input
+and the up path's skip connection side by side (no concatenation either way).
 
 For y = conv2d(x, g, b, padding=1) with U = G g G^T (the kernel in Winograd's domain):
 - forward: ``conv3x3_winograd(x, U, b)``;
