@@ -11,3 +11,5 @@ if [ "$1" = latent ]; then
 else
   python main.py $COMMON --train_steps 3 --rows fp32,default,diffusers,fp32_compile --json $OUT/mnist28$2.json > $OUT/mnist28$2.log 2>&1
 fi
+# The default against fp32 eager alone, more steps a round:
+#   python main.py $COMMON --train_steps 8 --rows fp32,default --json $OUT/mnist28_long.json
