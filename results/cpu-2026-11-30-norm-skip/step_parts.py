@@ -14,12 +14,10 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from basic_diffusion import unet_preset
-from ddpm.data.datasets import ImageSet
-from ddpm.training.trainer import TrainConfig, Trainer
-from noise_schedule import ScheduleConfig
+sys.path.insert(0, "results/cpu-2026-11-30-training-28")
+from step_time import recipe_trainer  # noqa: E402
 
-EAGER = dict(compile=False, cuda_fast_path=False, cpu_channels_last=False, winograd_convs=False)
+EAGER = dict(precision="fp32", compile=False, cuda_fast_path=False, cpu_channels_last=False, winograd_convs=False)
 # (part, operator names' prefixes or exact names), matched in order.
 PARTS = [
     ("3x3 convolutions, Winograd forward", ("diffusion_kernels::conv3x3_winograd",)),
@@ -54,25 +52,6 @@ PARTS = [
 ]
 
 
-def trainer_for(row: str, folder: str) -> Trainer:
-    torch.manual_seed(0)
-    images = ImageSet("images", torch.randn(1024, 1, 28, 28).clamp(-1, 1))
-    model = unet_preset("small", image_size=28, in_channels=1, model_channels=32, num_res_blocks=1, dropout=0.0)
-    fields = dict(
-        dataset="mnist_5k",
-        total_steps=1000,
-        batch_size=128,
-        lr=3e-3,
-        min_snr_gamma=5.0,
-        timestep_sampling="importance",
-        checkpoint=f"{folder}/m.pt",
-        save_every=0,
-        sample_every=0,
-    )
-    config = TrainConfig(precision="fp32", **fields, **(EAGER if row == "fp32" else {}))
-    return Trainer(config, model, ScheduleConfig(), images=images, device="cpu")
-
-
 def part_of(name: str) -> str:
     for part, names in PARTS:
         if name in names:
@@ -87,7 +66,7 @@ def main() -> None:
     table: dict[str, dict[str, float]] = {}
     for row in ("fp32", "default"):
         with tempfile.TemporaryDirectory() as folder:
-            trainer = trainer_for(row, folder)
+            trainer = recipe_trainer(side=28, channels=1, batch=128, folder=folder, **(EAGER if row == "fp32" else {}))
             for _ in range(3):
                 trainer.train_step()
             with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -27,9 +27,10 @@ def heap_only() -> None:
     ctypes.CDLL("libc.so.6").mallopt(-4, 0)  # M_MMAP_MAX
 
 
-def recipe_trainer(*, side: int, channels: int, batch: int, folder: str) -> Trainer:
+def recipe_trainer(*, side: int, channels: int, batch: int, folder: str, **overrides) -> Trainer:
     """The trainer's default CPU step on the CPU recipes' U-Net (the small preset at 32 base channels, one block a
-    level, no dropout) over random images of side x side x channels, its checkpoint in ``folder``."""
+    level, no dropout) over random images of side x side x channels, its checkpoint in ``folder``; ``overrides`` go to
+    TrainConfig (another row's step)."""
     torch.manual_seed(0)
     images = ImageSet("images", torch.randn(1024, channels, side, side).clamp(-1, 1))
     model = unet_preset(
@@ -45,6 +46,7 @@ def recipe_trainer(*, side: int, channels: int, batch: int, folder: str) -> Trai
         checkpoint=f"{folder}/m.pt",
         save_every=0,
         sample_every=0,
+        **overrides,
     )
     return Trainer(config, model, ScheduleConfig(), images=images, device="cpu")
 
