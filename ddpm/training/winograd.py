@@ -152,10 +152,17 @@ class GemmConv1x1(nn.Conv2d):
 
     max_side: int | None = None  # None: every map
 
+    def computes(self, x: torch.Tensor) -> bool:
+        """Whether this input goes through the GEMM (the fused norm and skip ask it too)."""
+        return (
+            x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu")
+            and (self.max_side is None or min(x.shape[-2:]) <= self.max_side)
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
-            return super().forward(x)
-        if self.max_side is not None and min(x.shape[-2:]) > self.max_side:
+        if not self.computes(x):
             return super().forward(x)
         weight = self.weight.view(self.out_channels, self.in_channels)
         return F.linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
@@ -207,15 +214,7 @@ def fused_norm_and_skip(block: nn.Module, x: torch.Tensor, x2: torch.Tensor | No
     """:func:`basic_diffusion.norm_and_skip` by :class:`_NormActSkip` for float32 CPU inputs whose skip is a
     :class:`GemmConv1x1` GEMM at their size and whose norms are the extension's; by norm_and_skip otherwise."""
     skip = block.skip
-    if (
-        not isinstance(skip, GemmConv1x1)
-        or block.norm_act is not ops.fused_norm_act
-        or x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or x.dim() != 4
-        or torch.is_autocast_enabled("cpu")
-        or (skip.max_side is not None and min(x.shape[-2:]) > skip.max_side)
-    ):
+    if not isinstance(skip, GemmConv1x1) or block.norm_act is not ops.fused_norm_act or not skip.computes(x):
         return norm_and_skip(block, x, x2)
     norm = block.norm1
     return _NormActSkip.apply(
