@@ -3,7 +3,7 @@
 # the AVX2-only AMD EPYC, one command at a time with nothing else running.
 #   PATH=.venv/bin:$PATH sh results/cpu-2026-11-30-norm-skip/run_rows.sh [latent] [suffix]
 set -e
-OUT=results/cpu-2026-11-30-norm-skip
+OUT=${OUT:-results/cpu-2026-11-30-norm-skip}  # a later folder may name itself
 COMMON="--mode benchmark --bench training --model_channels 32 --num_res_blocks 1 --batch_size 128 --dropout 0 --dataset mnist_5k --interleave"
 rm -rf /tmp/torchinductor_root
 if [ "$1" = latent ]; then
