@@ -193,16 +193,18 @@ inline __attribute__((always_inline)) TileAt tile_at(const WinogradConv& a, int6
   return {tile / (a.tiles_w * a.tiles_h), tile / a.tiles_w % a.tiles_h, tile % a.tiles_w};
 }
 
-// How many tiles ahead of the one it computes a transform asks the cache for the tile's rows.
+// How many tiles ahead of the one it computes an F(4x4, 3x3) transform asks the cache for the tile's rows.
 constexpr int64_t kPrefetchTiles = 2;
 
-// Asks the cache for the in-image part of an S x S window (rows y0.., columns x0..) of sample b of an NHWC (B, H, W,
-// channels) float32 tensor, kPrefetchTiles tiles before a transform reads it (kWrite 1: before the output transform
-// writes it): a window's rows lie a row of the image apart, and the hardware's prefetchers do not bring them in time:
-// the transform would wait on each of their cache lines.
+// Asks the cache for the in-image part of F(4x4, 3x3) tile `tile`'s S x S window (rows 4 ty + shift.., columns
+// 4 tx + shift..) of an NHWC (B, H, W, channels) float32 tensor, kPrefetchTiles tiles before a transform reads it
+// (kWrite 1: before the output transform writes it): a window's rows lie a row of the image apart, and the hardware's
+// prefetchers do not bring them in time: the transform would wait on each of their cache lines.
 template <int kWrite = 0>
-inline __attribute__((always_inline)) void prefetch_window(const float* data, const WinogradConv& a, int64_t channels,
-    int64_t b, int64_t y0, int64_t x0, int64_t S) {
+inline __attribute__((always_inline)) void prefetch_tile(const float* data, const WinogradConv& a, int64_t channels,
+    int64_t tile, int64_t shift, int64_t S) {
+  const auto [b, ty, tx] = tile_at(a, tile);
+  const int64_t y0 = 4 * ty + shift, x0 = 4 * tx + shift;
   const int64_t ya = std::max<int64_t>(0, y0), yb = std::min<int64_t>(a.H, y0 + S);
   const int64_t xa = std::max<int64_t>(0, x0), xb = std::min<int64_t>(a.W, x0 + S);
   const int64_t bytes = (xb - xa) * channels * static_cast<int64_t>(sizeof(float));
@@ -365,8 +367,7 @@ inline __attribute__((always_inline)) void winograd4_input_transform(
   const int64_t row = a.W * cin;
   for (int64_t t = 0; t < n; ++t) {
     if (t + kPrefetchTiles < n) {
-      const auto [pb, pty, ptx] = tile_at(a, t0 + t + kPrefetchTiles);
-      prefetch_window(x_in, a, cin, pb, 4 * pty - 1, 4 * ptx - 1, 6);
+      prefetch_tile(x_in, a, cin, t0 + t + kPrefetchTiles, -1, 6);  // its 6x6 input window
     }
     const auto [b, ty, tx] = tile_at(a, t0 + t);
     // A window wholly inside the image is read without the padding's checks.
@@ -420,8 +421,7 @@ inline __attribute__((always_inline)) void winograd4_output_transform(
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   for (int64_t t = 0; t < n; ++t) {
     if (t + kPrefetchTiles < n) {
-      const auto [pb, pty, ptx] = tile_at(a, t0 + t + kPrefetchTiles);
-      prefetch_window<1>(out, a, cout, pb, 4 * pty, 4 * ptx, 4);
+      prefetch_tile<1>(out, a, cout, t0 + t + kPrefetchTiles, 0, 4);  // its 4x4 outputs
     }
     const auto [b, ty, tx] = tile_at(a, t0 + t);
     const int64_t rows = std::min<int64_t>(4, H - 4 * ty), cols = std::min<int64_t>(4, W - 4 * tx);
@@ -473,8 +473,7 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
   const int64_t stride = a.W * cout;
   for (int64_t t = 0; t < n; ++t) {
     if (t + kPrefetchTiles < n) {
-      const auto [pb, pty, ptx] = tile_at(a, t0 + t + kPrefetchTiles);
-      prefetch_window(gy, a, cout, pb, 4 * pty, 4 * ptx, 4);
+      prefetch_tile(gy, a, cout, t0 + t + kPrefetchTiles, 0, 4);  // its 4x4 output gradients
     }
     const auto [b, ty, tx] = tile_at(a, t0 + t);
     const bool inside = 4 * ty + 4 <= a.H && 4 * tx + 4 <= a.W;  // read without the padding's checks
