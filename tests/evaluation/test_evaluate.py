@@ -267,8 +267,8 @@ def teachers(tmp_path_factory):
     from helpers import tiny_student, tiny_teacher
 
     folder = tmp_path_factory.mktemp("teachers")
-    a = tiny_teacher(folder, "a.pt")
-    tiny_teacher(folder, "b.pt", "--seed", "1")
+    a = tiny_teacher(folder, "a.pt", "--timesteps", "10")  # its end-of-run preview costs a step each
+    tiny_teacher(folder, "b.pt", "--seed", "1", "--timesteps", "10")
     for name, seed in (("sa.pt", "3"), ("sa2.pt", "4")):
         tiny_student(folder, a, name, "--sampling_steps", "2", "--seed", seed)
     return folder

@@ -326,7 +326,7 @@ def test_the_decoder_graph_follows_its_spec_and_onnxruntime_runs_the_fp16_one_li
     with torch.no_grad():
         reference, mixed = stage.decoder(z), mixed_precision_decoder(stage.decoder, "fp16")(z)
     protos = {}
-    for precision in ("fp32", "fp16", "bf16"):  # each at its default opset (bf16 needs 22)
+    for precision in ("fp16", "bf16"):  # each at its default opset (bf16 needs 22); fp32's: latent_export's
         proto = export_decoder_onnx(stage.decoder, io=stage.io, opset=default_opset(precision), precision=precision)
         assert onnx_io_mismatches(proto, stage.io) == []  # latents (batch, 2, 4, 4) in, images (batch, 1, 8, 8) out
         weights = {init.name: init.data_type for init in proto.graph.initializer}

@@ -19,8 +19,8 @@ from noise_schedule import ScheduleConfig, consistency_timesteps
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    """A tiny digits checkpoint (16x16, 50 timesteps) as the teacher."""
-    return tiny_teacher(tmp_path_factory.mktemp("teacher"), "teacher.pt")
+    """A tiny digits checkpoint (16x16, 10 timesteps: its end-of-run preview costs a step each) as the teacher."""
+    return tiny_teacher(tmp_path_factory.mktemp("teacher"), "teacher.pt", "--timesteps", "10")
 
 
 # ----- the student's timesteps ---------------------------------------------------------------------------------
@@ -145,6 +145,7 @@ def folder_teacher(tmp_path_factory):
     flags = list(TINY_TRAIN)
     flags[flags.index("digits")] = "folder"
     flags += ["--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--model_path", "f.pt"]
+    flags += ["--timesteps", "10"]  # the end-of-run preview costs a step each
     trained = run_here(*flags, cwd=root)
     assert trained.returncode == 0, trained.stderr
     return root / "f.pt", images
@@ -222,6 +223,7 @@ def class_teacher(tmp_path_factory):
     flags = list(TINY_TRAIN)
     flags[flags.index("digits")] = "folder"
     flags += ["--data_dir", str(images), "--channels", "1", "--batch_size", "4", "--class_cond", "--model_path", "c.pt"]
+    flags += ["--timesteps", "10"]
     trained = run_here(*flags, cwd=root)
     assert trained.returncode == 0, trained.stderr
     return root / "c.pt", images
