@@ -173,6 +173,20 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 2, 3, 1).view(-1, t.shape[1])
 
 
+# Row chunks of a 1x1 weight gradient's product: MKL runs 8 batched products over chunks of the pixels and their sum
+# faster than one product whose inner dimension is every pixel of the batch.
+_TN_CHUNKS, _TN_MIN_ROWS = 8, 16384
+
+
+def _tn(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """g^T x for rows g (N, a) and x (N, b) (a 1x1 convolution's weight gradient over a batch's pixels): (a, b)."""
+    n = g.shape[0]
+    if n % _TN_CHUNKS or n < _TN_MIN_ROWS:
+        return g.t() @ x
+    chunks = (_TN_CHUNKS, n // _TN_CHUNKS)
+    return torch.bmm(g.view(*chunks, -1).transpose(1, 2), x.view(*chunks, -1)).sum(0)
+
+
 class _NormActSkip(torch.autograd.Function):
     """A residual block's first GroupNorm + SiLU and its 1x1 skip, both of x, or of x and x2's channels side by
     side without their concatenation (the U-Net's up path); the skip's input gradient is added into the norm's by

@@ -248,17 +248,19 @@ def test_a_1x1_gemm_convolution_matches_float64_as_closely_as_onednn(shape):
         assert relative_error(mine, exact) <= 2 * relative_error(theirs, exact) + 1e-7, name
 
 
+@pytest.mark.parametrize("side", [(6, 5), (96, 64)], ids=["a few pixels", "pixels enough for the chunked product"])
 @pytest.mark.parametrize("split", [None, 20], ids=["one input", "the skip connection apart"])
-def test_a_fused_norm_and_skip_matches_float64_as_closely_as_pytorchs(split):
+def test_a_fused_norm_and_skip_matches_float64_as_closely_as_pytorchs(split, side):
     """A block's first norm and 1x1 skip (basic_diffusion.norm_and_skip) through _NormActSkip: both outputs and every
     gradient as close to float64 as PyTorch's float32 GroupNorm, SiLU and 1x1 convolution; with x2, a norm group
-    straddling the seam between x's channels and x2's."""
+    straddling the seam between x's channels and x2's; with a batch of more pixels than winograd._TN_MIN_ROWS, the
+    skip's weight gradient summed over chunks of them."""
     gen = torch.Generator().manual_seed(3)
     block = ResBlock(48, 32, emb_dim=16, dropout=0.0, groups=8).double()
     for parameter in block.parameters():
         parameter.data.normal_(0, 0.3, generator=gen)
-    x = torch.randn(3, 48, 6, 5, generator=gen, dtype=torch.float64) + 0.4
-    grads = [torch.randn(3, c, 6, 5, generator=gen, dtype=torch.float64) for c in (48, 32)]
+    x = torch.randn(3, 48, *side, generator=gen, dtype=torch.float64) + 0.4
+    grads = [torch.randn(3, c, *side, generator=gen, dtype=torch.float64) for c in (48, 32)]
 
     def run(module, dtype, fused):
         module.zero_grad()
