@@ -4,23 +4,14 @@ torch.mm against torch.bmm over k chunks of the rows then a sum, medians of 30 c
     PYTHONPATH=. python results/cpu-2026-11-30-small-ops/tn_chunks.py
 """
 
-import statistics
-import time
+import sys
 
 import torch
 
 from ddpm.util.memory import keep_freed_memory
 
-
-def median_ms(f, n: int = 30) -> float:
-    for _ in range(3):
-        f()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+sys.path.insert(0, "results/cpu-2026-11-30-small-ops")
+from thin_convs import median_ms  # noqa: E402
 
 
 def main() -> None:
