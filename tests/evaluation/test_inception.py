@@ -9,6 +9,7 @@ offline, named in one line with the place to put them; the CLI sweeps a folder m
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import urllib.error
 
@@ -19,8 +20,11 @@ import torch
 import main
 from ddpm.evaluation import inception
 
-pytest.importorskip("torch_fidelity")
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+# Found, not imported: importing torch-fidelity takes seconds, which every xdist worker would pay while collecting.
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("torch_fidelity") is None, reason="needs torch-fidelity"),
+    pytest.mark.usefixtures("one_thread"),  # tests/conftest.py
+]
 
 
 def with_flag(args: list[str], flag: str, value: str) -> list[str]:
