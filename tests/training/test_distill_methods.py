@@ -47,8 +47,9 @@ STATE_KEY = {"adversarial": "discriminator", "dmd": "fake_score", "consistency":
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    """A tiny digits checkpoint (3 training steps, 50 timesteps) as the teacher."""
-    return tiny_teacher(tmp_path_factory.mktemp("teacher"), "teacher.pt")
+    """A tiny digits checkpoint (3 training steps, 10 timesteps: its end-of-run preview costs a step each) as the
+    teacher."""
+    return tiny_teacher(tmp_path_factory.mktemp("teacher"), "teacher.pt", "--timesteps", "10")
 
 
 # ----- the discriminator ---------------------------------------------------------------------------------------
@@ -431,7 +432,7 @@ def test_each_method_distills_a_student_that_samples_as_a_normal_model_file(tmp_
 
 
 def test_each_method_distills_a_class_conditional_teacher(tmp_path):
-    trained = run_here(*TINY_TRAIN, "--timesteps", "20", "--class_cond", "--model_path", "cond.pt", cwd=tmp_path)
+    trained = run_here(*TINY_TRAIN, "--timesteps", "10", "--class_cond", "--model_path", "cond.pt", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     for method in METHODS:  # the discriminator's projection; DMD's real score guided at 2.5
         result = distill(
