@@ -15,15 +15,17 @@ install: $(STAMP)
 	$(BIN)/python -m compileall -qq -j 0 $(wildcard *.py) ddpm tests
 
 # The packages, then the C++/CUDA extension (CUDA kernels when a CUDA toolkit and a GPU are found, or
-# DIFFUSION_KERNELS_CUDA=1 asks, as CI does; CPU kernels only otherwise, which build sooner). pip byte-compiles what
-# it installs one file at a time; compileall does it on every core (BENCHMARKS.md, "make demo from a fresh clone"). A file no Python 3.11 compiles
-# (torch's Python 3.12 test helper) fails there as it does, silently, under pip: its status is not the install's.
-# The packages' own test suites (tests/, test/ folders) are never imported here, so they are left uncompiled.
+# DIFFUSION_KERNELS_CUDA=1 asks, as CI does; CPU kernels only otherwise, which build sooner). pip would byte-compile
+# what it installs one file at a time. Where Python writes bytecode as it imports (the default), the first run writes
+# it for the modules it uses, a fraction of the packages' files; where PYTHONDONTWRITEBYTECODE forbids that (as on
+# CI's machines), every process would compile them again, so compileall does them all once, on every core. A file no
+# Python 3.11 compiles (torch's Python 3.12 test helper) fails there as it does, silently, under pip: its status is
+# not the install's. The packages' own test suites (tests/, test/ folders) are never imported here: left uncompiled.
 $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_winograd.cpp diffusion_cpu.h diffusion_kernels.cu diffusion_kernels.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements-lock.txt
-	$(BIN)/python -m compileall -qq -j 0 -x '/tests?/' $(VENV)/lib || true
+	$(if $(PYTHONDONTWRITEBYTECODE),$(BIN)/python -m compileall -qq -j 0 -x '/tests?/' $(VENV)/lib || true)
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e .
 	touch $(STAMP)
 
