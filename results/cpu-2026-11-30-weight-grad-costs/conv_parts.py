@@ -5,9 +5,13 @@ from $B, default 128), channels-last float32, medians of $N calls after 3 warm-u
 """
 
 import os
-import time
+import sys
 
 import torch
+
+sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-costs")
+
+from timing import median_seconds  # noqa: E402
 
 from ddpm.kernels import ops
 from ddpm.util.memory import keep_freed_memory
@@ -29,14 +33,7 @@ for cin, cout, side in [(32, 32, 28), (64, 64, 14), (64, 64, 7), (128, 64, 7), (
     }
     ms = {}
     for name, call in calls.items():
-        for _ in range(3):
-            call()
-        times = []
-        for _ in range(N):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        ms[name] = sorted(times)[N // 2] * 1e3
+        ms[name] = median_seconds(call, n=N, warmups=3) * 1e3
     print(
         f"{cin:3d}->{cout:3d} {side:2d}x{side:2d} batch {B} tile {tile}: fwd {ms['fwd']:6.2f} dx {ms['dx']:6.2f} "
         f"dw {ms['dw']:6.2f} ms, dw/fwd {ms['dw'] / ms['fwd']:.2f}",

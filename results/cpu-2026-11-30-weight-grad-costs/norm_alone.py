@@ -5,23 +5,20 @@ PyTorch's GroupNorm then SiLU of the same (already concatenated) input.
     OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-costs/norm_alone.py
 """
 
-import time
+import sys
 
 import torch
+
+sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-costs")
+
+from timing import median_seconds  # noqa: E402
 
 from ddpm.kernels import ops
 from ddpm.util.memory import keep_freed_memory
 
 
 def median_ms(call, n=31):
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[n // 2] * 1e3
+    return median_seconds(call, n=n, warmups=3) * 1e3
 
 
 def channels_last(*shape):

@@ -6,9 +6,13 @@ rotated transform alone, the op asked for dL/dx only, the weight gradient's part
     OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-costs/op_parts.py
 """
 
-import time
+import sys
 
 import torch
+
+sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-costs")
+
+from timing import median_seconds  # noqa: E402
 
 from ddpm.kernels import ops
 from ddpm.util.memory import keep_freed_memory
@@ -19,14 +23,7 @@ K = torch.ops.diffusion_kernels
 
 
 def median_us(call, n=300):
-    for _ in range(20):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[n // 2] * 1e6
+    return median_seconds(call, n=n, warmups=20) * 1e6
 
 
 for B in (2, 128):

@@ -7,9 +7,13 @@ are rough), beside the forward convolution of the same shape; ms a call, medians
 """
 
 import os
-import time
+import sys
 
 import torch
+
+sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-costs")
+
+from timing import median_seconds  # noqa: E402
 
 from ddpm.kernels import ops
 from ddpm.util.memory import keep_freed_memory
@@ -19,14 +23,7 @@ STAGES += [("input transform only", 6), ("adjoint only", 5)]
 
 
 def median_ms(call, n=21):
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[n // 2] * 1e3
+    return median_seconds(call, n=n, warmups=3) * 1e3
 
 
 def main() -> None:
