@@ -21,20 +21,31 @@ def median_ms(call, n=31):
     return median_seconds(call, n=n, warmups=3) * 1e3
 
 
+# The recipe's fused norms: (x's channels, the skip connection's, side, modulated by the time embedding).
+SHAPES = ((32, 0, 28, True), (64, 32, 28, False), (64, 0, 14, True), (64, 0, 7, True))
+
+
 def channels_last(*shape):
     return torch.randn(*shape).contiguous(memory_format=torch.channels_last)
+
+
+def norm_inputs(c1, c2, side, modulated):
+    """Random x, x2 (or None), weight, bias, scale and shift (or None) of one of SHAPES, batch 128."""
+    x = channels_last(128, c1, side, side)
+    x2 = channels_last(128, c2, side, side) if c2 else None
+    channels = c1 + c2
+    weight, bias = torch.randn(channels), torch.randn(channels)
+    scale = torch.randn(128, channels) * 0.1 if modulated else None
+    shift = torch.randn(128, channels) * 0.1 if modulated else None
+    return x, x2, weight, bias, scale, shift
 
 
 def main() -> None:
     keep_freed_memory()
     torch.manual_seed(0)
-    for c1, c2, side, modulated in ((32, 0, 28, True), (64, 32, 28, False), (64, 0, 14, True), (64, 0, 7, True)):
-        x = channels_last(128, c1, side, side)
-        x2 = channels_last(128, c2, side, side) if c2 else None
+    for c1, c2, side, modulated in SHAPES:
+        x, x2, weight, bias, scale, shift = norm_inputs(c1, c2, side, modulated)
         channels = c1 + c2
-        weight, bias = torch.randn(channels), torch.randn(channels)
-        scale = torch.randn(128, channels) * 0.1 if modulated else None
-        shift = torch.randn(128, channels) * 0.1 if modulated else None
         ours = median_ms(
             lambda: ops.group_norm_act(x, weight, bias, groups=32, x2=x2, scale=scale, shift=shift)  # noqa: B023
         )

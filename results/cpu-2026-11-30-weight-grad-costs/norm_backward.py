@@ -6,9 +6,14 @@ computes are wrong, only its time counts), the two backwards alternating call by
 """
 
 import os
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-costs")
+
+from norm_alone import SHAPES, channels_last, norm_inputs  # noqa: E402
 
 from ddpm.kernels import ops
 from ddpm.util.memory import keep_freed_memory
@@ -16,23 +21,14 @@ from ddpm.util.memory import keep_freed_memory
 ROUNDS = 21
 
 
-def channels_last(*shape):
-    return torch.randn(*shape).contiguous(memory_format=torch.channels_last)
-
-
 def main() -> None:
     keep_freed_memory()
     ops.load_extension()
     kernels = torch.ops.diffusion_kernels
     torch.manual_seed(0)
-    for c1, c2, side, modulated in ((32, 0, 28, True), (64, 32, 28, False), (64, 0, 14, True), (64, 0, 7, True)):
-        x = channels_last(128, c1, side, side)
-        x2 = channels_last(128, c2, side, side) if c2 else None
-        channels = c1 + c2
-        w, b = torch.randn(channels), torch.randn(channels)
-        scale = torch.randn(128, channels) * 0.1 if modulated else None
-        shift = torch.randn(128, channels) * 0.1 if modulated else None
-        grad = channels_last(128, channels, side, side)
+    for c1, c2, side, modulated in SHAPES:
+        x, x2, w, b, scale, shift = norm_inputs(c1, c2, side, modulated)
+        grad = channels_last(128, c1 + c2, side, side)
         options = dict(groups=32, eps=1e-5, silu=True)
 
         def forward():
