@@ -1,0 +1,52 @@
+"""The weight gradient at the 28x28 recipe's shapes (batch 128, F(4x4, 3x3)) with its products in 1, 2, 3 or 6
+groups (a scratch build reading DDPM_WGRAD_GROUPS per call) and with the build's own choice: microseconds, medians
+of rounds that alternate the settings call by call, and whether every setting gives the same bits.
+
+    OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-groups/groups_ab.py
+"""
+
+import os
+import statistics
+import time
+
+import torch
+
+from ddpm.kernels import ops
+from ddpm.util.memory import keep_freed_memory
+
+keep_freed_memory()
+ops.load_extension()
+K = torch.ops.diffusion_kernels
+SETTINGS = ("auto", "1", "2", "3", "6")
+# (Cin, Cout, side): the 3x3 convolutions of the recipe's step whose weight gradient runs in Winograd's domain.
+SHAPES = ((32, 32, 28), (64, 32, 28), (96, 32, 28), (64, 64, 28), (32, 64, 14), (64, 64, 14), (96, 64, 14),
+          (128, 64, 14), (64, 64, 7), (128, 64, 7))
+
+
+def run(setting, x, g):
+    if setting == "auto":
+        os.environ.pop("DDPM_WGRAD_GROUPS", None)
+    else:
+        os.environ["DDPM_WGRAD_GROUPS"] = setting
+    start = time.perf_counter()
+    out = K.conv3x3_winograd_weight_grad(x, g, 4)
+    return time.perf_counter() - start, out
+
+
+torch.manual_seed(0)
+for cin, cout, side in SHAPES:
+    x = torch.randn(128, cin, side, side).contiguous(memory_format=torch.channels_last)
+    g = torch.randn(128, cout, side, side).contiguous(memory_format=torch.channels_last)
+    reference = run("1", x, g)[1]
+    same = all(torch.equal(run(s, x, g)[1], reference) for s in SETTINGS)
+    times = {s: [] for s in SETTINGS}
+    for _ in range(5):
+        for s in SETTINGS:
+            run(s, x, g)
+    for _ in range(40):
+        for s in SETTINGS:
+            times[s].append(run(s, x, g)[0])
+    med = {s: statistics.median(t) * 1e6 for s, t in times.items()}
+    line = " ".join(f"{s} {med[s]:.0f}" for s in SETTINGS)
+    ratio = med["1"] / med["auto"]
+    print(f"{cin}->{cout} {side}x{side}: {line}  (1/auto {ratio:.3f}, same bits {same})", flush=True)
