@@ -158,7 +158,13 @@ struct WinogradConv {
   bool upsample;
   int64_t products;  // 16, F(4x4, 3x3): 36, upsample: 4 phases x 9
   int64_t m = 2;     // the output tile's side: 2 (F(2x2, 3x3) and upsample) or 4 (F(4x4, 3x3))
+  // Elements from one tile's products to the next in V and in dM (the weight gradient's); 0: products * Cin and
+  // products * Cout, as the forward pass's V and M are laid out.
+  int64_t v_stride = 0, m_stride = 0;
 };
+
+inline int64_t tile_stride_v(const WinogradConv& a) { return a.v_stride != 0 ? a.v_stride : a.products * a.cin; }
+inline int64_t tile_stride_m(const WinogradConv& a) { return a.m_stride != 0 ? a.m_stride : a.products * a.cout; }
 
 // A vector of lanes from p (float32, or bf16 widened), and back: the transforms' loads and stores, 16 lanes at a time
 // (AVX-512, and the bf16 path) or 8 (AVX2).
@@ -244,7 +250,7 @@ inline __attribute__((always_inline)) void winograd_input_transform(
           d[i][j] = load_padded<Vec>(x_in, a, cin, b, y, x, c);
         }
       }
-      VT* v = V + t * a.products * cin + c;  // product k at v + k * cin
+      VT* v = V + t * tile_stride_v(a) + c;  // product k at v + k * cin
       if (!a.upsample) {
         Vec s[4][4];
         for (int j = 0; j < 4; ++j) {  // B^T d
@@ -388,7 +394,7 @@ inline __attribute__((always_inline)) void winograd4_input_transform(
           s[i][j] = r[i];
         }
       }
-      float* v = V + t * a.products * cin + c;  // product k at v + k * cin
+      float* v = V + t * tile_stride_v(a) + c;  // product k at v + k * cin
       for (int i = 0; i < 6; ++i) {  // (B^T d) B, a row at a time
         Vec r[6];
         winograd4_bt(s[i], r);
@@ -488,7 +494,7 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
         }
         winograd4_a(row, s[i]);
       }
-      float* m = dM + t * a.products * cout + c;  // product k at m + k * cout
+      float* m = dM + t * tile_stride_m(a) + c;  // product k at m + k * cout
       for (int j = 0; j < 6; ++j) {  // A (dy A^T), a column at a time
         Vec col[4], e[6];
         for (int i = 0; i < 4; ++i) {
@@ -821,7 +827,7 @@ inline __attribute__((always_inline)) void winograd_output_adjoint(
         s[i][2] = dy[i][0] - dy[i][1];
         s[i][3] = Vec{} - dy[i][1];
       }
-      float* m = dM + t * a.products * cout + c;  // product k at m + k * cout
+      float* m = dM + t * tile_stride_m(a) + c;  // product k at m + k * cout
       for (int j = 0; j < 4; ++j) {  // A (dy A^T)
         storev(m + j * cout, s[0][j]);
         storev(m + (4 + j) * cout, s[0][j] + s[1][j]);
@@ -843,7 +849,7 @@ inline __attribute__((always_inline)) void winograd_grad_tiles_float(const Winog
 #pragma clang fp contract(fast)
 #endif
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
-  const int64_t cin = a.cin, cout = a.cout, ldv = a.products * cin, ldm = a.products * cout;
+  const int64_t cin = a.cin, cout = a.cout, ldv = tile_stride_v(a), ldm = tile_stride_m(a);
   if (a.m == 4) {
     winograd4_input_transform<Vec>(a, t0, n, V);
     winograd4_output_adjoint<Vec>(a, gy, t0, n, dM);
@@ -908,8 +914,13 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
   TORCH_CHECK(cin % 16 == 0 && cout % 16 == 0 && cin > 0 && cout > 0,
       "conv3x3_winograd_weight_grad: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
   const int64_t products = (tile + 2) * (tile + 2);  // 16 or 36
-  const WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + tile - 1) / tile,
+  // V and dM are read down their columns, one cache line from each of a block's tiles: tiles an even number of lines
+  // apart would share a few of L1's sets and evict each other, so each tile's row is padded to an odd number of them.
+  auto odd_lines = [](int64_t floats) { return (floats / 16) % 2 == 0 ? floats + 16 : floats; };
+  WinogradConv a{x.data_ptr(), nullptr, nullptr, nullptr, H, W, cin, cout, (H + tile - 1) / tile,
       (W + tile - 1) / tile, false, products, tile};
+  a.v_stride = odd_lines(products * cin);
+  a.m_stride = odd_lines(products * cout);
   const int64_t tiles = B * a.tiles_h * a.tiles_w, size = products * cin * cout;
   const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, 4));
   const int64_t per_block = blocks.largest();
@@ -918,8 +929,8 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
   const float* gy = grad_out.data_ptr<float>();
   const bool avx2_gemm = winograd_uses_avx2_gemm();
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-    std::unique_ptr<float[]> V(new float[products * per_block * cin]);
-    std::unique_ptr<float[]> dM(new float[products * per_block * cout]);
+    std::unique_ptr<float[]> V(new float[tile_stride_v(a) * per_block]);
+    std::unique_ptr<float[]> dM(new float[tile_stride_m(a) * per_block]);
     for (int64_t part = begin; part < end; ++part) {
       float* dU = sums.data_ptr<float>() + part * size;
       std::fill_n(dU, size, 0.0f);

@@ -7,9 +7,14 @@ of rounds that alternate the settings call by call, and whether every setting gi
 
 import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
+
+from shapes import SHAPES  # noqa: E402
 
 from ddpm.kernels import ops
 from ddpm.util.memory import keep_freed_memory
@@ -18,9 +23,6 @@ keep_freed_memory()
 ops.load_extension()
 K = torch.ops.diffusion_kernels
 SETTINGS = ("auto", "1", "2", "3", "6")
-# (Cin, Cout, side): the 3x3 convolutions of the recipe's step whose weight gradient runs in Winograd's domain.
-SHAPES = ((32, 32, 28), (64, 32, 28), (96, 32, 28), (64, 64, 28), (32, 64, 14), (64, 64, 14), (96, 64, 14),
-          (128, 64, 14), (64, 64, 7), (128, 64, 7))
 
 
 def run(setting, x, g):
