@@ -898,6 +898,17 @@ void winograd_grad_tiles_avx2(const WinogradConv& a, const float* __restrict__ g
 }
 #endif
 
+// Tiles per block of the weight gradient: the forward pass's, but on AVX2 up to 48 (a thread still getting two blocks
+// at least), since each block's GEMMs read and write all of dU again for only as many tiles' worth of sums.
+int64_t winograd_grad_block_tiles(int64_t products, int64_t cin, int64_t cout, int64_t tiles, bool avx2_gemm) {
+  const int64_t forward = winograd_block_tiles(products, cin, cout, tiles, 4);
+  if (!avx2_gemm) {
+    return forward;
+  }
+  const int64_t share = tiles / (2 * std::max(1, at::get_num_threads()));
+  return std::max(forward, std::min<int64_t>(48, share / 6 * 6));
+}
+
 // dL/dU as partial sums (parts, products, Cin, Cout) whose sum in order is conv3x3_winograd_weight_grad: the blocks
 // of tiles go to at most one part a thread, each part zeroed and summed by its own thread (one part: nothing to add).
 at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile) {
@@ -922,12 +933,12 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
   a.v_stride = odd_lines(products * cin);
   a.m_stride = odd_lines(products * cout);
   const int64_t tiles = B * a.tiles_h * a.tiles_w, size = products * cin * cout;
-  const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, 4));
+  const bool avx2_gemm = winograd_uses_avx2_gemm();
+  const TileBlocks blocks = tile_blocks(tiles, winograd_grad_block_tiles(products, cin, cout, tiles, avx2_gemm));
   const int64_t per_block = blocks.largest();
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks.count));
   at::Tensor sums = at::empty({parts, products, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
   const float* gy = grad_out.data_ptr<float>();
-  const bool avx2_gemm = winograd_uses_avx2_gemm();
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> V(new float[tile_stride_v(a) * per_block]);
     std::unique_ptr<float[]> dM(new float[tile_stride_m(a) * per_block]);
