@@ -1,7 +1,6 @@
 """The weight gradient at the 28x28 recipe's shapes (batch 128, F(4x4, 3x3)) with blocks of 12, 24 (the build's
-choice at these shapes), 36, 48, 72 or 96 tiles, on the padded V and dM (a scratch build reading DDPM_WGRAD_BLOCK per call):
-microseconds, medians of rounds alternating the settings call by call, and whether every setting gives the same bits
-as the build's choice (it need not: the blocks' partial sums are added in another grouping).
+choice at these shapes), 36, 48, 72 or 96 tiles, on the padded V and dM (a scratch build reading DDPM_WGRAD_BLOCK per
+call): microseconds, medians of rounds alternating the settings call by call.
 
     OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-groups/block_ab.py
 """
