@@ -799,8 +799,8 @@ namespace {
 // y = A^T [U (.) V] A per tile and product k, so dL/dU[k] = sum over tiles V[k]^T (A dy A^T)[k]: the same input
 // transform V as the forward pass, the adjoint of the output transform on the gradient of y (dM), and per product
 // k a GEMM (Cin x tiles) @ (tiles x Cout) that sums over the tiles. The kernel's gradient is then G^T dU G
-// (ddpm/training/winograd.py). Blocks of tiles as in the forward pass, each thread summing into its own
-// (products, Cin, Cout) partial, added up at the end. The input's gradient is conv3x3_winograd itself, of dy with
+// (ddpm/training/winograd.py). Blocks of tiles as in the forward pass (larger on AVX2: winograd_grad_block_tiles),
+// each thread summing into its own (products, Cin, Cout) partial, added up at the end. The input's gradient is conv3x3_winograd itself, of dy with
 // the kernel rotated 180 degrees and its channels swapped.
 
 // dM[t][k] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
