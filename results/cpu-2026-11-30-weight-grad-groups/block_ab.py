@@ -5,15 +5,13 @@ call): microseconds, medians of rounds alternating the settings call by call.
     OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-groups/block_ab.py
 """
 
-import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
 
+from alternate import Arm, medians  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 from ddpm.kernels import ops
@@ -22,31 +20,17 @@ from ddpm.util.memory import keep_freed_memory
 keep_freed_memory()
 ops.load_extension()
 K = torch.ops.diffusion_kernels
-SETTINGS = ("build", "12", "36", "48", "72", "96")
-
-
-def run(setting, x, g):
-    if setting == "build":
-        os.environ.pop("DDPM_WGRAD_BLOCK", None)
-    else:
-        os.environ["DDPM_WGRAD_BLOCK"] = setting
-    start = time.perf_counter()
-    out = K.conv3x3_winograd_weight_grad(x, g, 4)
-    return time.perf_counter() - start, out
-
+SETTINGS = {"build": None, "12": "12", "36": "36", "48": "48", "72": "72", "96": "96"}
 
 torch.manual_seed(0)
 for cin, cout, side in SHAPES:
     x = torch.randn(128, cin, side, side).contiguous(memory_format=torch.channels_last)
     g = torch.randn(128, cout, side, side).contiguous(memory_format=torch.channels_last)
-    times = {s: [] for s in SETTINGS}
-    for _ in range(5):
-        for s in SETTINGS:
-            run(s, x, g)
-    for _ in range(40):
-        for s in SETTINGS:
-            times[s].append(run(s, x, g)[0])
-    med = {s: statistics.median(t) * 1e6 for s, t in times.items()}
-    line = " ".join(f"{s} {med[s]:.0f}" for s in SETTINGS)
-    best = min(SETTINGS[1:], key=med.get)
+    arms = [
+        Arm(label, "DDPM_WGRAD_BLOCK", value, lambda: K.conv3x3_winograd_weight_grad(x, g, 4))
+        for label, value in SETTINGS.items()
+    ]
+    med = medians(arms)
+    line = " ".join(f"{label} {med[label]:.0f}" for label in SETTINGS)
+    best = min(list(SETTINGS)[1:], key=med.get)
     print(f"{cin}->{cout} {side}x{side}: {line}  (build/{best} {med['build'] / med[best]:.3f})", flush=True)

@@ -5,15 +5,13 @@ of rounds that alternate the settings call by call, and whether every setting gi
     OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-groups/groups_ab.py
 """
 
-import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
 
+from alternate import Arm, medians  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 from ddpm.kernels import ops
@@ -22,33 +20,18 @@ from ddpm.util.memory import keep_freed_memory
 keep_freed_memory()
 ops.load_extension()
 K = torch.ops.diffusion_kernels
-SETTINGS = ("auto", "1", "2", "3", "6")
-
-
-def run(setting, x, g):
-    if setting == "auto":
-        os.environ.pop("DDPM_WGRAD_GROUPS", None)
-    else:
-        os.environ["DDPM_WGRAD_GROUPS"] = setting
-    start = time.perf_counter()
-    out = K.conv3x3_winograd_weight_grad(x, g, 4)
-    return time.perf_counter() - start, out
-
+SETTINGS = {"auto": None, "1": "1", "2": "2", "3": "3", "6": "6"}
 
 torch.manual_seed(0)
 for cin, cout, side in SHAPES:
     x = torch.randn(128, cin, side, side).contiguous(memory_format=torch.channels_last)
     g = torch.randn(128, cout, side, side).contiguous(memory_format=torch.channels_last)
-    reference = run("1", x, g)[1]
-    same = all(torch.equal(run(s, x, g)[1], reference) for s in SETTINGS)
-    times = {s: [] for s in SETTINGS}
-    for _ in range(5):
-        for s in SETTINGS:
-            run(s, x, g)
-    for _ in range(40):
-        for s in SETTINGS:
-            times[s].append(run(s, x, g)[0])
-    med = {s: statistics.median(t) * 1e6 for s, t in times.items()}
-    line = " ".join(f"{s} {med[s]:.0f}" for s in SETTINGS)
-    ratio = med["1"] / med["auto"]
-    print(f"{cin}->{cout} {side}x{side}: {line}  (1/auto {ratio:.3f}, same bits {same})", flush=True)
+    arms = [
+        Arm(label, "DDPM_WGRAD_GROUPS", value, lambda: K.conv3x3_winograd_weight_grad(x, g, 4))
+        for label, value in SETTINGS.items()
+    ]
+    reference = arms[1].run()[1]
+    same = all(torch.equal(arm.run()[1], reference) for arm in arms)
+    med = medians(arms)
+    line = " ".join(f"{label} {med[label]:.0f}" for label in SETTINGS)
+    print(f"{cin}->{cout} {side}x{side}: {line}  (1/auto {med['1'] / med['auto']:.3f}, same bits {same})", flush=True)

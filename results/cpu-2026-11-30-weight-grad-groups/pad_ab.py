@@ -1,19 +1,18 @@
 """The weight gradient at the 28x28 recipe's shapes (batch 128, F(4x4, 3x3)) with V's and dM's tiles at a padded
-stride (an odd number of cache lines apart; a scratch build reading DDPM_WGRAD_PAD per call) against today's:
-microseconds, medians of rounds alternating the two call by call, and whether both give the same bits.
+stride (an odd number of cache lines apart; a scratch build reading DDPM_WGRAD_PAD per call) against today's, and
+the forward pass beside them: microseconds, medians of rounds alternating the three call by call, and whether both
+weight gradients give the same bits.
 
     OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-groups/pad_ab.py
 """
 
-import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
 
+from alternate import Arm, medians  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 from ddpm.kernels import ops
@@ -23,37 +22,20 @@ keep_freed_memory()
 ops.load_extension()
 K = torch.ops.diffusion_kernels
 
-
-def run(pad, x, g):
-    if pad:
-        os.environ["DDPM_WGRAD_PAD"] = "1"
-    else:
-        os.environ.pop("DDPM_WGRAD_PAD", None)
-    start = time.perf_counter()
-    out = K.conv3x3_winograd_weight_grad(x, g, 4)
-    return time.perf_counter() - start, out
-
-
 torch.manual_seed(0)
 for cin, cout, side in SHAPES:
     x = torch.randn(128, cin, side, side).contiguous(memory_format=torch.channels_last)
     g = torch.randn(128, cout, side, side).contiguous(memory_format=torch.channels_last)
     u = K.winograd_kernel(torch.randn(cout, cin, 3, 3), 4, False)
-    same = torch.equal(run(True, x, g)[1], run(False, x, g)[1])
-    times = {False: [], True: []}
-    fwd = []
-    for _ in range(5):
-        run(False, x, g), run(True, x, g)
-    for _ in range(40):
-        for pad in (False, True):
-            times[pad].append(run(pad, x, g)[0])
-        start = time.perf_counter()
-        K.conv3x3_winograd(x, u, None)
-        fwd.append(time.perf_counter() - start)
-    plain, padded = (statistics.median(times[p]) * 1e6 for p in (False, True))
-    forward = statistics.median(fwd) * 1e6
+    arms = [
+        Arm("plain", "DDPM_WGRAD_PAD", None, lambda: K.conv3x3_winograd_weight_grad(x, g, 4)),
+        Arm("padded", "DDPM_WGRAD_PAD", "1", lambda: K.conv3x3_winograd_weight_grad(x, g, 4)),
+        Arm("forward", "DDPM_WGRAD_PAD", None, lambda: K.conv3x3_winograd(x, u, None)),
+    ]
+    same = torch.equal(arms[0].run()[1], arms[1].run()[1])
+    med = medians(arms)
     print(
-        f"{cin}->{cout} {side}x{side}: forward {forward:.0f} weight grad {plain:.0f} padded {padded:.0f} "
-        f"(plain/padded {plain / padded:.3f}, same bits {same})",
+        f"{cin}->{cout} {side}x{side}: forward {med['forward']:.0f} weight grad {med['plain']:.0f} "
+        f"padded {med['padded']:.0f} (plain/padded {med['plain'] / med['padded']:.3f}, same bits {same})",
         flush=True,
     )

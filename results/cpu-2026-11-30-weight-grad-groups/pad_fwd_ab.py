@@ -5,15 +5,13 @@ today's: microseconds, medians of rounds alternating the two call by call, and w
     OMP_NUM_THREADS=2 PYTHONPATH=. python results/cpu-2026-11-30-weight-grad-groups/pad_fwd_ab.py
 """
 
-import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
 
+from alternate import Arm, medians  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 from ddpm.kernels import ops
@@ -23,31 +21,18 @@ keep_freed_memory()
 ops.load_extension()
 K = torch.ops.diffusion_kernels
 
-
-def run(pad, x, u):
-    if pad:
-        os.environ["DDPM_FWD_PAD"] = "1"
-    else:
-        os.environ.pop("DDPM_FWD_PAD", None)
-    start = time.perf_counter()
-    out = K.conv3x3_winograd(x, u, None)
-    return time.perf_counter() - start, out
-
-
 torch.manual_seed(0)
 for cin, cout, side in SHAPES:
     x = torch.randn(128, cin, side, side).contiguous(memory_format=torch.channels_last)
     u = K.winograd_kernel(torch.randn(cout, cin, 3, 3), 4, False)
-    same = torch.equal(run(True, x, u)[1], run(False, x, u)[1])
-    times = {False: [], True: []}
-    for _ in range(5):
-        run(False, x, u), run(True, x, u)
-    for _ in range(40):
-        for pad in (False, True):
-            times[pad].append(run(pad, x, u)[0])
-    plain, padded = (statistics.median(times[p]) * 1e6 for p in (False, True))
+    arms = [
+        Arm("plain", "DDPM_FWD_PAD", None, lambda: K.conv3x3_winograd(x, u, None)),
+        Arm("padded", "DDPM_FWD_PAD", "1", lambda: K.conv3x3_winograd(x, u, None)),
+    ]
+    same = torch.equal(arms[0].run()[1], arms[1].run()[1])
+    med = medians(arms)
     print(
-        f"{cin}->{cout} {side}x{side}: forward {plain:.0f} padded {padded:.0f} "
-        f"(plain/padded {plain / padded:.3f}, same bits {same})",
+        f"{cin}->{cout} {side}x{side}: forward {med['plain']:.0f} padded {med['padded']:.0f} "
+        f"(plain/padded {med['plain'] / med['padded']:.3f}, same bits {same})",
         flush=True,
     )
