@@ -49,7 +49,13 @@ namespace {
 // V = B2^T d B2 (9 products), U = G2 k G2^T, each output 2x2 A2^T (U (.) V) A2, written where the phase
 // lands: 9 multiply-adds per tile and channel pair instead of 16, 36 products for the 4 phases.
 // B2^T = [1 -1 0; 0 1 0; 0 -1 1], A2^T = [1 1 0; 0 1 1] (G2 = [1 0; 1 1; 0 1]).
-//
+
+// Blocks of up to 48 tiles where every thread still gets two of them, never fewer tiles than `at_least`.
+int64_t larger_block_tiles(int64_t at_least, int64_t tiles) {
+  const int64_t share = tiles / (2 * std::max(1, at::get_num_threads()));
+  return std::max(at_least, std::min<int64_t>(48, share / 6 * 6));
+}
+
 // Tiles per block: 24 (four register blocks of 6), fewer for wide layers so that a block's V and M (products *
 // tiles * (Cin + Cout) floats) stay within about 512 KiB of the core's L2 cache. But where U itself (products * Cin *
 // Cout elements of u_bytes) is 2 MiB or more, it no longer stays in L2 and every block streams it again: there
@@ -60,8 +66,7 @@ int64_t winograd_block_tiles(int64_t products, int64_t cin, int64_t cout, int64_
   if (products * cin * cout * u_bytes < (int64_t{2} << 20)) {
     return in_cache;
   }
-  const int64_t share = tiles / (2 * std::max(1, at::get_num_threads()));
-  return std::max(in_cache, std::min<int64_t>(48, share / 6 * 6));
+  return larger_block_tiles(in_cache, tiles);
 }
 
 // The blocks a convolution's tiles go by: at least tiles / per_block of them, their number a multiple of the
@@ -800,8 +805,8 @@ namespace {
 // transform V as the forward pass, the adjoint of the output transform on the gradient of y (dM), and per product
 // k a GEMM (Cin x tiles) @ (tiles x Cout) that sums over the tiles. The kernel's gradient is then G^T dU G
 // (ddpm/training/winograd.py). Blocks of tiles as in the forward pass (larger on AVX2: winograd_grad_block_tiles),
-// each thread summing into its own (products, Cin, Cout) partial, added up at the end. The input's gradient is conv3x3_winograd itself, of dy with
-// the kernel rotated 180 degrees and its channels swapped.
+// each thread summing into its own (products, Cin, Cout) partial, added up at the end. The input's gradient is
+// conv3x3_winograd itself, of dy with the kernel rotated 180 degrees and its channels swapped.
 
 // dM[t][k] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
 // A = [1 0; 1 1; 1 -1; 0 -1] (A^T of the forward transform, transposed).
@@ -898,15 +903,11 @@ void winograd_grad_tiles_avx2(const WinogradConv& a, const float* __restrict__ g
 }
 #endif
 
-// Tiles per block of the weight gradient: the forward pass's, but on AVX2 up to 48 (a thread still getting two blocks
-// at least), since each block's GEMMs read and write all of dU again for only as many tiles' worth of sums.
+// Tiles per block of the weight gradient: the forward pass's, but on AVX2 up to 48 (larger_block_tiles), since each
+// block's GEMMs read and write all of dU again for only as many tiles' worth of sums.
 int64_t winograd_grad_block_tiles(int64_t products, int64_t cin, int64_t cout, int64_t tiles, bool avx2_gemm) {
   const int64_t forward = winograd_block_tiles(products, cin, cout, tiles, 4);
-  if (!avx2_gemm) {
-    return forward;
-  }
-  const int64_t share = tiles / (2 * std::max(1, at::get_num_threads()));
-  return std::max(forward, std::min<int64_t>(48, share / 6 * 6));
+  return avx2_gemm ? larger_block_tiles(forward, tiles) : forward;
 }
 
 // dL/dU as partial sums (parts, products, Cin, Cout) whose sum in order is conv3x3_winograd_weight_grad: the blocks
