@@ -11,21 +11,15 @@ import torch
 
 sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
 
-from alternate import Arm, medians  # noqa: E402
-from shapes import SHAPES  # noqa: E402
+from alternate import Arm, kernels, medians  # noqa: E402
+from shapes import SHAPES, inputs  # noqa: E402
 
-from ddpm.kernels import ops
-from ddpm.util.memory import keep_freed_memory
-
-keep_freed_memory()
-ops.load_extension()
-K = torch.ops.diffusion_kernels
+K = kernels()
 SETTINGS = {"build": None, "12": "12", "36": "36", "48": "48", "72": "72", "96": "96"}
 
 torch.manual_seed(0)
 for cin, cout, side in SHAPES:
-    x = torch.randn(128, cin, side, side).contiguous(memory_format=torch.channels_last)
-    g = torch.randn(128, cout, side, side).contiguous(memory_format=torch.channels_last)
+    x, g = inputs(cin, cout, side)
     arms = [
         Arm(label, "DDPM_WGRAD_BLOCK", value, lambda: K.conv3x3_winograd_weight_grad(x, g, 4))
         for label, value in SETTINGS.items()

@@ -12,20 +12,14 @@ import torch
 
 sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
 
-from alternate import Arm, medians  # noqa: E402
-from shapes import SHAPES  # noqa: E402
+from alternate import Arm, kernels, medians  # noqa: E402
+from shapes import SHAPES, inputs  # noqa: E402
 
-from ddpm.kernels import ops
-from ddpm.util.memory import keep_freed_memory
-
-keep_freed_memory()
-ops.load_extension()
-K = torch.ops.diffusion_kernels
+K = kernels()
 
 torch.manual_seed(0)
 for cin, cout, side in SHAPES:
-    x = torch.randn(128, cin, side, side).contiguous(memory_format=torch.channels_last)
-    g = torch.randn(128, cout, side, side).contiguous(memory_format=torch.channels_last)
+    x, g = inputs(cin, cout, side)
     u = K.winograd_kernel(torch.randn(cout, cin, 3, 3), 4, False)
     arms = [
         Arm("plain", "DDPM_WGRAD_PAD", None, lambda: K.conv3x3_winograd_weight_grad(x, g, 4)),

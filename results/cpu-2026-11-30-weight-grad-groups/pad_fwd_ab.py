@@ -11,15 +11,10 @@ import torch
 
 sys.path.insert(0, "results/cpu-2026-11-30-weight-grad-groups")
 
-from alternate import Arm, medians  # noqa: E402
+from alternate import Arm, kernels, medians  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
-from ddpm.kernels import ops
-from ddpm.util.memory import keep_freed_memory
-
-keep_freed_memory()
-ops.load_extension()
-K = torch.ops.diffusion_kernels
+K = kernels()
 
 torch.manual_seed(0)
 for cin, cout, side in SHAPES:
