@@ -21,7 +21,7 @@ install: $(STAMP)
 # CI's machines), every process would compile them again, so compileall does them all once, on every core. A file no
 # Python 3.11 compiles (torch's Python 3.12 test helper) fails there as it does, silently, under pip: its status is
 # not the install's. The packages' own test suites (tests/, test/ folders) are never imported here: left uncompiled.
-$(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_winograd.cpp diffusion_cpu.h diffusion_kernels.cu diffusion_kernels.h
+$(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_winograd.cpp diffusion_thin_conv.cpp diffusion_cpu.h diffusion_kernels.cu diffusion_kernels.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements-lock.txt

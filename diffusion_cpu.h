@@ -26,6 +26,19 @@ inline __attribute__((always_inline)) void store16(float* p, Vec16 v) {
 
 typedef float Vec8 __attribute__((vector_size(32)));  // 8 channels; one AVX2 register
 
+// The same clones as the twins' loops, but with a * b + c contracted into fused multiply-adds (GCC: the optimize
+// attribute; clang: the pragma in the body), which the GEMMs are made of.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_FMA_CLONES \
+  __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
+#elif defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
+#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((target_clones("avx512f", "default")))
+#elif defined(__GNUC__) && !defined(__clang__)
+#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((optimize("fp-contract=fast")))
+#else
+#define DIFFUSION_KERNELS_FMA_CLONES
+#endif
+
 // bfloat16 <-> float32, 16 channels at a time. bf16 is float32's upper half: widening is a shift; narrowing rounds
 // to nearest even (as torch's and oneDNN's conversions do), NaN kept a quiet NaN.
 typedef uint16_t Bf16x16 __attribute__((vector_size(32)));
@@ -49,6 +62,10 @@ inline __attribute__((always_inline)) void store16(uint16_t* p, Vec16 v) {
 // sums[c] += v[c] for c = 0, 1, ..., n - 1, rounding each sum to float (diffusion_ops.cpp).
 void add_row(const float* __restrict__ v, int64_t n, float* __restrict__ sums);
 
+// dL/db of a convolution from its channels-last float32 grad_out (B, Cout, H, W), in a fixed order
+// (diffusion_winograd.cpp).
+at::Tensor bias_grad_cpu(const at::Tensor& grad_out);
+
 // The conv3x3_winograd ops' CPU kernels (diffusion_winograd.cpp; their schemas: diffusion_ops.cpp).
 at::Tensor conv3x3_winograd_cpu(
     const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool upsample);
@@ -56,5 +73,13 @@ at::Tensor conv3x3_winograd_weight_grad_cpu(const at::Tensor& x, const at::Tenso
 at::Tensor winograd_kernel_cpu(const at::Tensor& weight, int64_t tile, bool rotated);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(const at::Tensor& grad_out,
     const at::Tensor& x, const at::Tensor& weight, int64_t tile, std::array<bool, 3> output_mask);
+
+
+// The conv3x3_thin ops' CPU kernels (diffusion_thin_conv.cpp): one side of at most kThinChannels channels, the other a
+// multiple of 8.
+constexpr int64_t kThinChannels = 4;
+at::Tensor conv3x3_thin_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_thin_backward_cpu(const at::Tensor& grad_out,
+    const at::Tensor& x, const at::Tensor& weight, std::array<bool, 3> output_mask);
 
 }  // namespace diffusion_kernels

@@ -1,5 +1,6 @@
 // The diffusion_kernels custom ops: schemas, argument checks and CPU kernels (the Winograd convolutions' kernels are in
-// diffusion_winograd.cpp, compiled beside this file; diffusion_cpu.h holds what the two share).
+// diffusion_winograd.cpp, the thin convolutions' in diffusion_thin_conv.cpp, compiled beside this file;
+// diffusion_cpu.h holds what they share).
 // (Named diffusion_ops.cpp, not diffusion_kernels.cpp: torch's ninja build names object files
 // after the source's stem, so a .cpp and a .cu of the same stem would collide.)
 //
@@ -68,6 +69,12 @@
 //   conv3x3_winograd_backward(grad_out, x, weight, tile, output_mask) -> (Tensor, Tensor, Tensor)
 //       The backward of conv2d(x, weight, bias, padding=1) computed in Winograd's domain, for training: dL/dx,
 //       dL/dweight in weight's layout and dL/dbias, each where output_mask says (empty otherwise).
+//
+//   conv3x3_thin(x, weight, bias) -> Tensor
+//   conv3x3_thin_backward(grad_out, x, weight, output_mask) -> (Tensor, Tensor, Tensor)
+//       A 3x3 convolution (stride 1, padding 1) of a channels-last float32 x, CPU only, whose weight (Cout, Cin,
+//       3, 3) has 1 to 4 channels on one side and a multiple of 8 on the other (the U-Net's first and last
+//       convolutions), computed directly (diffusion_thin_conv.cpp); its backward as conv3x3_winograd_backward's.
 #include <Python.h>
 
 #include <ATen/MemoryOverlap.h>
@@ -1266,6 +1273,8 @@ TORCH_LIBRARY(diffusion_kernels, m) {
   m.def(
       "conv3x3_winograd_backward(Tensor grad_out, Tensor x, Tensor weight, int tile, bool[3] output_mask) -> "
       "(Tensor, Tensor, Tensor)");
+  m.def("conv3x3_thin(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("conv3x3_thin_backward(Tensor grad_out, Tensor x, Tensor weight, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
   m.def("bias_add_(Tensor(a!) h, Tensor bias, Tensor? residual, Tensor? residual2) -> ()");
   m.def("seeded_dropout(Tensor x, int seed, float p) -> Tensor");
 }
@@ -1279,6 +1288,8 @@ TORCH_LIBRARY_IMPL(diffusion_kernels, CPU, m) {
   m.impl("conv3x3_winograd_weight_grad", &conv3x3_winograd_weight_grad_cpu);
   m.impl("winograd_kernel", &winograd_kernel_cpu);
   m.impl("conv3x3_winograd_backward", &conv3x3_winograd_backward_cpu);
+  m.impl("conv3x3_thin", &conv3x3_thin_cpu);
+  m.impl("conv3x3_thin_backward", &conv3x3_thin_backward_cpu);
   m.impl("bias_add_", &bias_add_cpu);
   m.impl("seeded_dropout", &seeded_dropout_cpu);
 }

@@ -514,19 +514,6 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
   }
 }
 
-// The same clones as the twins' loops, but with a * b + c contracted into fused multiply-adds (GCC: the optimize
-// attribute; clang: the pragma in the body), which the GEMMs are made of.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
-#define DIFFUSION_KERNELS_FMA_CLONES \
-  __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
-#elif defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
-#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((target_clones("avx512f", "default")))
-#elif defined(__GNUC__) && !defined(__clang__)
-#define DIFFUSION_KERNELS_FMA_CLONES __attribute__((optimize("fp-contract=fast")))
-#else
-#define DIFFUSION_KERNELS_FMA_CLONES
-#endif
-
 // The GEMM tiles' clones: the same, but without x86-64-v3's where GCC builds a kernel of their own for AVX2
 // (winograd_tiles_avx2, winograd_grad_tiles_avx2), which such CPUs run instead: a clone nothing calls.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)
@@ -1144,10 +1131,10 @@ void check_winograd_kernel(const at::Tensor& weight, int64_t tile, const char* o
 // Chunks a thread takes at least: 4 of kKernelChunk kernels (too few to pay for a second thread below that).
 constexpr int64_t kKernelChunkGrain = 4;
 
-// U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel as conv3x3_winograd's (n * n, Cin, Cout) operand; rotated: the
-// kernel turned 180 degrees with its channels swapped, (n * n, Cout, Cin), the operand of the input's gradient.
 }  // namespace
 
+// U = G g G^T of a (Cout, Cin, 3, 3) float32 kernel as conv3x3_winograd's (n * n, Cin, Cout) operand; rotated: the
+// kernel turned 180 degrees with its channels swapped, (n * n, Cout, Cin), the operand of the input's gradient.
 at::Tensor winograd_kernel_cpu(const at::Tensor& weight, int64_t tile, bool rotated) {
   check_winograd_kernel(weight, tile, "winograd_kernel");
   const int64_t cout = weight.size(0), cin = weight.size(1), n = tile + 2;
@@ -1160,14 +1147,34 @@ at::Tensor winograd_kernel_cpu(const at::Tensor& weight, int64_t tile, bool rota
   return u;
 }
 
-namespace {
+// dL/db of a convolution: grad_out's rows of Cout channels summed in chunks of a fixed size, then the chunks in
+// order: the same bits whatever the threads.
+at::Tensor bias_grad_cpu(const at::Tensor& grad_out) {
+  const int64_t cout = grad_out.size(1), rows = grad_out.numel() / std::max<int64_t>(cout, 1);
+  constexpr int64_t kRows = 256;
+  const int64_t chunks = (rows + kRows - 1) / kRows;
+  std::vector<float> partial(chunks * cout, 0.0f);
+  const float* gy = grad_out.const_data_ptr<float>();
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t r1 = std::min(rows, (chunk + 1) * kRows);
+      for (int64_t r = chunk * kRows; r < r1; ++r) {
+        add_row(gy + r * cout, cout, partial.data() + chunk * cout);
+      }
+    }
+  });
+  at::Tensor grad_bias = at::zeros({cout}, grad_out.options());
+  float* gb = grad_bias.mutable_data_ptr<float>();
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    add_row(partial.data() + chunk * cout, cout, gb);
+  }
+  return grad_bias;
+}
 
 // One training step's backward of y = conv2d(x, g, b, padding=1) computed in Winograd's domain, each output only
 // where asked (output_mask: dL/dx, dL/dg, dL/db; the others come back empty):
 // dL/dx = conv3x3_winograd(dL/dy, the rotated kernel's transform); dL/dg = G^T conv3x3_winograd_weight_grad G, in
 // g's (Cout, Cin, 3, 3) layout; dL/db = dL/dy summed over the batch and the positions, in a fixed order.
-}  // namespace
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(const at::Tensor& grad_out,
     const at::Tensor& x, const at::Tensor& weight, int64_t tile, std::array<bool, 3> output_mask) {
   check_winograd_kernel(weight, tile, "conv3x3_winograd_backward");
@@ -1194,29 +1201,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(con
       winograd_kernel_grad_chunks(d, du.size(0), cout, cin, tile, begin, end, gw);
     });
   }
-  at::Tensor grad_bias = empty();
-  if (output_mask[2]) {
-    // Rows of Cout channels summed in chunks of a fixed size, then the chunks in order: the same bits whatever the
-    // threads.
-    const int64_t cout = grad_out.size(1), rows = grad_out.numel() / std::max<int64_t>(cout, 1);
-    constexpr int64_t kRows = 256;
-    const int64_t chunks = (rows + kRows - 1) / kRows;
-    std::vector<float> partial(chunks * cout, 0.0f);
-    const float* gy = grad_out.const_data_ptr<float>();
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        const int64_t r1 = std::min(rows, (chunk + 1) * kRows);
-        for (int64_t r = chunk * kRows; r < r1; ++r) {
-          add_row(gy + r * cout, cout, partial.data() + chunk * cout);
-        }
-      }
-    });
-    grad_bias = at::zeros({cout}, weight.options());
-    float* gb = grad_bias.mutable_data_ptr<float>();
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      add_row(partial.data() + chunk * cout, cout, gb);
-    }
-  }
+  at::Tensor grad_bias = output_mask[2] ? bias_grad_cpu(grad_out) : empty();
   return {grad_x, grad_weight, grad_bias};
 }
 

@@ -162,6 +162,13 @@ class FusedUNet(nn.Module):
             for conv in self.winograd
             if dtype == torch.float32 and ops.has_winograd_tile4()
         }
+        # The first and last convolutions, a few image or latent channels against the model's width, by the direct
+        # kernels where they are faster (ops.thin_is_fast), their weights (Cout, Cin, 3, 3)-contiguous.
+        self.thin = {
+            conv: conv.weight.detach().float().contiguous()
+            for conv in (unet.conv_in, unet.conv_out)
+            if use_winograd and dtype == torch.float32 and ops.thin_applies(conv) and ops.thin_is_fast()
+        }
         # Any other upsampling's convolution on the CPU as its phase kernels on the low-resolution input
         # (upsample_phase_weights; where the packed weights live; see _upsample_conv).
         self.upsample_phases = {
@@ -199,6 +206,8 @@ class FusedUNet(nn.Module):
             if conv in self.winograd4 and ops.winograd_tile(min(x.shape[-2:])) == 4:
                 u = self.winograd4[conv]
             out = ops.conv3x3_winograd(x.contiguous(memory_format=torch.channels_last), u, bias)
+        elif conv in self.thin:
+            out = ops.conv3x3_thin(x.contiguous(memory_format=torch.channels_last), self.thin[conv], bias)
         else:
             op = torch.nn.functional.conv2d if self.config.dims == 2 else torch.nn.functional.conv3d
             out = op(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)

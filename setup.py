@@ -12,9 +12,10 @@ CUDA or not
 A ``CUDAExtension`` (the CPU sources + diffusion_kernels.cu) is built when a CUDA toolkit is found, torch
 is a CUDA build and there is a GPU to run it on, or the environment asks for it (``DIFFUSION_KERNELS_CUDA=1``, or
 ``TORCH_CUDA_ARCH_LIST`` naming the targets: CI compiles the CUDA kernels so, on a machine with no GPU); otherwise
-a CPU-only ``CppExtension`` (diffusion_ops.cpp and diffusion_winograd.cpp, compiled side by side), which builds
-sooner. The toolkit is ``$CUDA_HOME`` (or ``$CUDA_PATH``) when set, else the directory holding the ``nvcc`` on
-``PATH`` or ``/usr/local/cuda``; it must contain ``bin/nvcc`` and ``include/cuda_runtime.h``.
+a CPU-only ``CppExtension`` (diffusion_ops.cpp, diffusion_winograd.cpp and diffusion_thin_conv.cpp, compiled side
+by side), which builds sooner. The toolkit is ``$CUDA_HOME`` (or ``$CUDA_PATH``) when set, else the directory
+holding the ``nvcc`` on ``PATH`` or ``/usr/local/cuda``; it must contain ``bin/nvcc`` and
+``include/cuda_runtime.h``.
 ``DIFFUSION_KERNELS_CPU_ONLY=1`` forces the CPU-only build.
 
 Without a GPU and without ``TORCH_CUDA_ARCH_LIST``, the CUDA build targets ``8.0;9.0+PTX``: machine code

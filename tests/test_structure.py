@@ -238,6 +238,7 @@ KERNEL_FILES = (
     "diffusion_kernels.h",
     "diffusion_ops.cpp",
     "diffusion_winograd.cpp",
+    "diffusion_thin_conv.cpp",
     "diffusion_cpu.h",
 )
 

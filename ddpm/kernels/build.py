@@ -13,7 +13,7 @@ from pathlib import Path
 EXTENSION_NAME = "_diffusion_kernels"
 BUILD_COMMAND = "pip install -e . --no-build-isolation (or: python setup.py build_ext --inplace)"
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, where the kernels' sources are
-CPU_SOURCES = ("diffusion_ops.cpp", "diffusion_winograd.cpp")
+CPU_SOURCES = ("diffusion_ops.cpp", "diffusion_winograd.cpp", "diffusion_thin_conv.cpp")
 CUDA_SOURCES = (*CPU_SOURCES, "diffusion_kernels.cu")
 
 # GCC's OpenMP: at::parallel_for is a header template, so without -fopenmp the CPU kernels run on one thread.

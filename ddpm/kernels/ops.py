@@ -141,6 +141,18 @@ def _register_fakes() -> None:
         )
         return tuple(g if wanted else weight.new_empty((0,)) for g, wanted in zip(grads, output_mask))
 
+    if not hasattr(torch.ops.diffusion_kernels, "conv3x3_thin"):
+        return
+
+    @torch.library.register_fake("diffusion_kernels::conv3x3_thin")
+    def _conv3x3_thin_fake(x, weight, bias):
+        shape = (x.shape[0], weight.shape[0], *x.shape[2:])
+        return x.new_empty(shape).contiguous(memory_format=torch.channels_last)
+
+    @torch.library.register_fake("diffusion_kernels::conv3x3_thin_backward")
+    def _conv3x3_thin_backward_fake(grad_out, x, weight, output_mask):
+        return _conv3x3_winograd_backward_fake(grad_out, x, weight, 0, output_mask)
+
 
 def _register_norm_training() -> None:
     """The fake kernel of group_norm_act's backward op (for torch.compile), registered as the extension loads."""
@@ -423,6 +435,54 @@ def conv3x3_winograd_backward(
         load_extension()
     grads = torch.ops.diffusion_kernels.conv3x3_winograd_backward(grad_out, x, weight, tile, list(wanted))
     return tuple(g if w else None for g, w in zip(grads, wanted))
+
+
+def conv3x3_thin(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """conv2d(x, weight, bias, padding=1) for a channels-last float32 CPU x and a contiguous float32 weight (Cout,
+    Cin, 3, 3) with 1 to THIN_MAX_CHANNELS channels on one side and a multiple of 8 on the other
+    (:func:`thin_applies`), computed directly with the wide side along the vectors; channels-last out."""
+    if _loaded_from is None:
+        load_extension()
+    return torch.ops.diffusion_kernels.conv3x3_thin(x, weight, bias)
+
+
+def conv3x3_thin_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, *, wanted: tuple[bool, bool, bool]
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`conv3x3_winograd_backward`'s three gradients for :func:`conv3x3_thin`, None where ``wanted`` says not."""
+    if _loaded_from is None:
+        load_extension()
+    grads = torch.ops.diffusion_kernels.conv3x3_thin_backward(grad_out, x, weight, list(wanted))
+    return tuple(g if w else None for g, w in zip(grads, wanted))
+
+
+# More channels on the thin side are as fast on oneDNN (BENCHMARKS.md, "The training step against its peers").
+THIN_MAX_CHANNELS = 4  # diffusion_cpu.h's kThinChannels
+# The capabilities whose oneDNN computes such convolutions slower than conv3x3_thin (AVX-512's not measured yet).
+_THIN_FASTER_ON = ("AVX2",)
+
+
+def thin_is_fast() -> bool:
+    """Whether this CPU computes the thin convolutions (:func:`thin_applies`) faster by :func:`conv3x3_thin` than by
+    oneDNN, training and sampling alike, and the loaded extension has the ops."""
+    return torch.backends.cpu.get_cpu_capability() in _THIN_FASTER_ON and has_op("conv3x3_thin_backward")
+
+
+def thin_applies(conv: nn.Module) -> bool:
+    """Whether :func:`conv3x3_thin` computes this module: a 2-D 3x3 convolution, stride 1, padding 1, no dilation or
+    groups, zero padding, 1 to THIN_MAX_CHANNELS channels on one side and a multiple of 8 on the other."""
+    thin, wide = sorted((conv.in_channels, conv.out_channels)) if isinstance(conv, nn.Conv2d) else (0, 0)
+    return (
+        isinstance(conv, nn.Conv2d)
+        and tuple(conv.kernel_size) == (3, 3)
+        and tuple(conv.stride) == (1, 1)
+        and tuple(conv.padding) == (1, 1)
+        and tuple(conv.dilation) == (1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+        and 1 <= thin <= THIN_MAX_CHANNELS
+        and wide % 8 == 0
+    )
 
 
 @functools.cache

@@ -2,7 +2,8 @@
 smaller ones; the sampling runner's kernel for the forward pass, the extension's ``conv3x3_winograd_backward`` for
 all three gradients in one call. Beside them, on CPUs where oneDNN's are slower (AVX2), 1x1 convolutions as one GEMM
 over the channels-last pixels, and each residual block's first norm and 1x1 skip as one function of the block's input
-and the up path's skip connection side by side (no concatenation either way).
+and the up path's skip connection side by side (no concatenation either way), and the U-Net's first and last 3x3
+convolutions (a few image or latent channels against the model's width) by the extension's direct kernels.
 
 For y = conv2d(x, g, b, padding=1) with U = G g G^T (the kernel in Winograd's domain):
 - forward: ``conv3x3_winograd(x, U, b)``;
@@ -54,14 +55,15 @@ def trained_from(*, precision: str, enabled: bool, largest: int) -> int | None:
     return side if side is not None and largest >= side else None
 
 
-def describe(side: int, *, gemm_1x1: bool = False, gemm_up_to: int | None = None) -> str:
+def describe(side: int, *, gemm_1x1: bool = False, gemm_up_to: int | None = None, thin: bool = False) -> str:
     """The run's line on where its convolutions run in Winograd's domain (and whether its 1x1 ones are GEMMs, on maps
-    up to ``gemm_up_to`` on a side where not on all)."""
+    up to ``gemm_up_to`` on a side where not on all, and its thin first and last ones direct)."""
     return (
         "Winograd 3x3 convolutions"
         + (f" on maps from {side}x{side}" if side > 1 else "")
         + (", 1x1 convolutions as GEMMs" if gemm_1x1 else "")
         + (f" on maps up to {gemm_up_to}x{gemm_up_to}" if gemm_1x1 and gemm_up_to is not None else "")
+        + (", the first and last convolutions direct" if thin else "")
     )
 
 
@@ -78,16 +80,17 @@ def gemm_1x1_up_to() -> int | None:
 
 
 def use_cpu_convs(model: nn.Module, *, side: int) -> str:
-    """Swap in this CPU's faster convolutions (Winograd's from maps of ``side``, and 1x1 GEMMs where
-    :func:`gemm_1x1`, fused with the blocks' first norms where those are the extension's); returns the run's line
-    on them, "" where nothing was swapped."""
+    """Swap in this CPU's faster convolutions (Winograd's from maps of ``side``, 1x1 GEMMs where :func:`gemm_1x1`,
+    fused with the blocks' first norms where those are the extension's, and the thin first and last ones direct where
+    ddpm.kernels.ops.thin_is_fast); returns the run's line on them, "" where nothing was swapped."""
     if not use_winograd_convs(model, side=side):
         return ""
     up_to = gemm_1x1_up_to()
     swapped = gemm_1x1() and use_gemm_1x1_convs(model, max_side=up_to) > 0
     if swapped:
         use_fused_skips(model)
-    return describe(side, gemm_1x1=swapped, gemm_up_to=up_to)
+    thin = use_thin_convs(model) > 0
+    return describe(side, gemm_1x1=swapped, gemm_up_to=up_to, thin=thin)
 
 
 def weight_grad_available() -> bool:
@@ -143,6 +146,35 @@ class WinogradConv2d(nn.Conv2d):
         if min(x.shape[-2:]) < self.min_side:
             return super().forward(x)
         return conv3x3(x, self.weight, self.bias)
+
+
+class _ThinConv3x3(torch.autograd.Function):
+    """conv2d(x, weight, bias, padding=1) for a 3x3 kernel with few channels on one side, forward and backward by the
+    extension's direct kernels."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x, weight = _channels_last(x), weight.contiguous()
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return ops.conv3x3_thin(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        wanted = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        return ops.conv3x3_thin_backward(_channels_last(grad), x, weight, wanted=wanted)
+
+
+class ThinConv2d(nn.Conv2d):
+    """An ``nn.Conv2d`` (3x3, stride 1, padding 1, few channels on one side: ddpm.kernels.ops.thin_applies) computed
+    by the extension's direct kernels for float32 CPU inputs, by ``nn.Conv2d`` otherwise; the same parameters and
+    state-dict keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return super().forward(x)
+        return _ThinConv3x3.apply(x, self.weight, self.bias)
 
 
 class GemmConv1x1(nn.Conv2d):
@@ -301,6 +333,24 @@ def _as_winograd(conv: nn.Conv2d, *, side: int) -> WinogradConv2d:
     new = _holding(conv, WinogradConv2d, 3, padding=1)
     new.min_side = side
     return new
+
+
+def use_thin_convs(model: nn.Module) -> int:
+    """Replace each 3x3 convolution of ``model`` with few channels on one side (ddpm.kernels.ops.thin_applies: the
+    U-Net's first and last) by a :class:`ThinConv2d` holding its parameters, on a CPU where
+    ddpm.kernels.ops.thin_is_fast (with an extension that has the ops); returns how many. The state dict is
+    unchanged."""
+
+    def thin(conv: nn.Conv2d) -> ThinConv2d:
+        conv.weight.data = conv.weight.data.contiguous()  # the kernels' layout, as for Winograd's
+        return _holding(conv, ThinConv2d, 3, padding=1)
+
+    return ops.replace_modules(
+        model,
+        lambda child: type(child) is nn.Conv2d and ops.thin_applies(child),
+        thin,
+        available=lambda: weight_grad_available() and ops.thin_is_fast(),
+    )
 
 
 def use_winograd_convs(model: nn.Module, *, side: int = 1) -> int:

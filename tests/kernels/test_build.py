@@ -55,7 +55,7 @@ def test_setup_py_builds_with_the_shared_flags_and_cuda_kernels_only_where_they_
     toolkit = bool(os.environ.get("CUDA_HOME")) and torch.version.cuda is not None  # setup.py sets it when found
     wanted = "DIFFUSION_KERNELS_CUDA" in asked or torch.cuda.is_available()
     cuda = toolkit and wanted and "DIFFUSION_KERNELS_CPU_ONLY" not in asked
-    cpu = ["diffusion_ops.cpp", "diffusion_winograd.cpp"]
+    cpu = ["diffusion_ops.cpp", "diffusion_winograd.cpp", "diffusion_thin_conv.cpp"]
     expected = [*cpu, "diffusion_kernels.cu"] if cuda else cpu
     assert extension.sources == expected
     if cuda:

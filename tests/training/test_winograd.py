@@ -2,7 +2,7 @@
 their output and all three gradients against float64 autograd, the weight-gradient op under opcheck and with wrong
 arguments, a U-Net whose convolutions are swapped keeping its parameters and training the same steps as oneDNN's, the
 maps each CPU trains in Winograd's domain and the trainer swapping them in for fp32 only; 1x1 convolutions as GEMMs
-(AVX2's) against float64 too. And the trainer's
+(AVX2's) against float64 too (the thin first and last convolutions: tests/kernels/test_thin_conv.py). And the trainer's
 channels-last activations (bf16's only with the fused norms), with the same gradients as NCHW's."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ddpm.training.winograd import (
     fused_norm_and_skip,
     use_fused_skips,
     use_gemm_1x1_convs,
+    use_thin_convs,
     use_winograd_convs,
     weight_grad_available,
 )
@@ -303,8 +304,10 @@ def test_only_plain_1x1_convolutions_become_gemms():
         assert layers[0](x).dtype == torch.bfloat16
 
 
-def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path):
+def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path, monkeypatch):
     from ddpm.benchmarks.sampling_bench import perturb_zero_init
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # the thin convolutions too
 
     def trained(folder, *, winograd: bool) -> tuple[list[dict], dict]:
         # seeds torch: the same weights, dropout, noise; oneDNN's convolutions unless swapped below
@@ -312,6 +315,7 @@ def test_training_with_swapped_convolutions_takes_the_same_steps(tmp_path):
         perturb_zero_init(trainer.model, seed=0, std=0.05)  # gradients through every layer from the first step
         assert not winograd or (use_winograd_convs(trainer.model) > 0 and use_gemm_1x1_convs(trainer.model) > 0)
         assert not winograd or use_fused_skips(trainer.model) > 0  # the norms are the extension's in both runs
+        assert not winograd or use_thin_convs(trainer.model) == 2  # the first and last
         grads = []
         for _ in range(4):
             trainer.train_step()
