@@ -39,6 +39,7 @@ def training_variants(device: torch.device, *, pixels: int = 0, side: int = 0) -
     UNet2DModel of the same widths and blocks trained by a loop like its train_unconditional.py example. ``side``:
     the side of a 2-D U-Net's largest feature maps (0 for none), where the names say whether Winograd's run."""
     amp = "bf16" if device.type != "cuda" or torch.cuda.is_bf16_supported() else "fp16"
+    from ddpm.kernels import ops
     from ddpm.training import winograd
     from ddpm.training.trainer import TrainConfig, trains_channels_last, trains_fused_norms
 
@@ -54,6 +55,7 @@ def training_variants(device: torch.device, *, pixels: int = 0, side: int = 0) -
         start = winograd.trained_from(precision=precision, enabled=config.winograd_convs, largest=side)
         convs = "" if start is None else "+Winograd" + (f" from {start}x{start}" if start > 1 else "")
         convs += "+1x1 GEMMs" if convs and winograd.gemm_1x1() else ""
+        convs += "+thin convs direct" if convs and ops.thin_is_fast() else ""
         return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "") + convs
 
     return [

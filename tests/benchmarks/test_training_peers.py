@@ -22,11 +22,12 @@ def _count(model: torch.nn.Module) -> int:
 @pytest.mark.parametrize(
     "native_bf16, side, precision, capability, convs",
     [
-        ("0", 28, "fp32", "AVX2", "+Winograd+1x1 GEMMs"),  # 3x3 convolutions in Winograd's domain, 1x1 as GEMMs
+        # 3x3 convolutions in Winograd's domain, 1x1 as GEMMs, the thin first and last directly
+        ("0", 28, "fp32", "AVX2", "+Winograd+1x1 GEMMs+thin convs direct"),
         ("0", 28, "fp32", "AVX512", "+Winograd+1x1 GEMMs"),  # and with AVX-512's kernels (1x1 GEMMs on small maps)
         ("1", 28, "bf16", "AVX512", ""),
         ("1", 8, "fp32", "AVX512", "+Winograd+1x1 GEMMs"),  # the latent step's U-Net
-        ("1", 8, "fp32", "AVX2", "+Winograd+1x1 GEMMs"),
+        ("1", 8, "fp32", "AVX2", "+Winograd+1x1 GEMMs+thin convs direct"),
         ("0", 28, "fp32", "DEFAULT", ""),
     ],
 )
