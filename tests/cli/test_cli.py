@@ -245,7 +245,8 @@ def test_profile_writes_a_trace_where_tensorboard_looks(trained):
         "ProfilerStep#4",
     } <= names and "ProfilerStep#1" not in names  # wait, warm-up
     assert {"data", "forward", "backward", "optimizer"} <= names  # the phases of a training step
-    assert "aten::convolution" in (traces[0].parent / "summary.txt").read_text()
+    summary = (traces[0].parent / "summary.txt").read_text()
+    assert "aten::convolution" in summary or "diffusion_kernels::conv3x3" in summary  # whichever kernels run them
     sampled = run_here(
         "--mode",
         "sample",
