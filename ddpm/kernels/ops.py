@@ -471,18 +471,10 @@ def thin_is_fast() -> bool:
 def thin_applies(conv: nn.Module) -> bool:
     """Whether :func:`conv3x3_thin` computes this module: a 2-D 3x3 convolution, stride 1, padding 1, no dilation or
     groups, zero padding, 1 to THIN_MAX_CHANNELS channels on one side and a multiple of 8 on the other."""
-    thin, wide = sorted((conv.in_channels, conv.out_channels)) if isinstance(conv, nn.Conv2d) else (0, 0)
-    return (
-        isinstance(conv, nn.Conv2d)
-        and tuple(conv.kernel_size) == (3, 3)
-        and tuple(conv.stride) == (1, 1)
-        and tuple(conv.padding) == (1, 1)
-        and tuple(conv.dilation) == (1, 1)
-        and conv.groups == 1
-        and conv.padding_mode == "zeros"
-        and 1 <= thin <= THIN_MAX_CHANNELS
-        and wide % 8 == 0
-    )
+    if not _plain_3x3(conv):
+        return False
+    thin, wide = sorted((conv.in_channels, conv.out_channels))
+    return 1 <= thin <= THIN_MAX_CHANNELS and wide % 8 == 0
 
 
 @functools.cache
@@ -506,9 +498,8 @@ def winograd_tile(side: int) -> int:
 WINOGRAD_MAX_CHANNELS = 256
 
 
-def winograd_applies(conv: nn.Module) -> bool:
-    """Whether :func:`conv3x3_winograd` computes this module: a 2-D 3x3 convolution, stride 1, padding 1, no
-    dilation or groups, zero padding, channel counts multiples of 16 up to WINOGRAD_MAX_CHANNELS."""
+def _plain_3x3(conv: nn.Module) -> bool:
+    """A 2-D 3x3 convolution, stride 1, padding 1, no dilation or groups, zero padding: the extension's 3x3 kernels'."""
     return (
         isinstance(conv, nn.Conv2d)
         and tuple(conv.kernel_size) == (3, 3)
@@ -517,6 +508,14 @@ def winograd_applies(conv: nn.Module) -> bool:
         and tuple(conv.dilation) == (1, 1)
         and conv.groups == 1
         and conv.padding_mode == "zeros"
+    )
+
+
+def winograd_applies(conv: nn.Module) -> bool:
+    """Whether :func:`conv3x3_winograd` computes this module: a 2-D 3x3 convolution, stride 1, padding 1, no
+    dilation or groups, zero padding, channel counts multiples of 16 up to WINOGRAD_MAX_CHANNELS."""
+    return (
+        _plain_3x3(conv)
         and conv.in_channels % 16 == 0
         and conv.out_channels % 16 == 0
         and max(conv.in_channels, conv.out_channels) <= WINOGRAD_MAX_CHANNELS

@@ -102,6 +102,12 @@ def weight_grad_available() -> bool:
     return ops.has_op("conv3x3_winograd_backward")  # False for a build older than the op
 
 
+def _computes(x: torch.Tensor) -> bool:
+    """Whether the extension's kernels take this input: float32 on a CPU, outside autocast (whose convolutions stay
+    ``nn.Conv2d``'s)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+
+
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
@@ -141,9 +147,7 @@ class WinogradConv2d(nn.Conv2d):
     min_side: int = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
-            return super().forward(x)
-        if min(x.shape[-2:]) < self.min_side:
+        if not _computes(x) or min(x.shape[-2:]) < self.min_side:
             return super().forward(x)
         return conv3x3(x, self.weight, self.bias)
 
@@ -172,9 +176,7 @@ class ThinConv2d(nn.Conv2d):
     state-dict keys."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
-            return super().forward(x)
-        return _ThinConv3x3.apply(x, self.weight, self.bias)
+        return _ThinConv3x3.apply(x, self.weight, self.bias) if _computes(x) else super().forward(x)
 
 
 class GemmConv1x1(nn.Conv2d):
@@ -186,12 +188,7 @@ class GemmConv1x1(nn.Conv2d):
 
     def computes(self, x: torch.Tensor) -> bool:
         """Whether this input goes through the GEMM (the fused norm and skip ask it too)."""
-        return (
-            x.device.type == "cpu"
-            and x.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu")
-            and (self.max_side is None or min(x.shape[-2:]) <= self.max_side)
-        )
+        return _computes(x) and (self.max_side is None or min(x.shape[-2:]) <= self.max_side)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.computes(x):
