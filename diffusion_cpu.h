@@ -26,6 +26,16 @@ inline __attribute__((always_inline)) void store16(float* p, Vec16 v) {
 
 typedef float Vec8 __attribute__((vector_size(32)));  // 8 channels; one AVX2 register
 
+inline __attribute__((always_inline)) Vec8 load8(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline __attribute__((always_inline)) void store8(float* p, Vec8 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
 // The same clones as the twins' loops, but with a * b + c contracted into fused multiply-adds (GCC: the optimize
 // attribute; clang: the pragma in the body), which the GEMMs are made of.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__APPLE__)

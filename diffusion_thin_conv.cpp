@@ -24,16 +24,6 @@
 namespace diffusion_kernels {
 namespace {
 
-inline __attribute__((always_inline)) Vec8 load8(const float* p) {
-  Vec8 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline __attribute__((always_inline)) void store8(float* p, Vec8 v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-
 // The taps of output row y (of H) or column x (of W) that fall inside the map: [first, last).
 inline int first_tap(int64_t i) {
   return i == 0 ? 1 : 0;

@@ -180,3 +180,13 @@ def assert_user_error(result: subprocess.CompletedProcess, match: str) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("main.py: error:"), result.stderr
     assert match in lines[0], lines[0]
+
+
+# ----- references ------------------------------------------------------------------------------------
+def outputs_and_grads(function, dtype: torch.dtype, inputs, grad: torch.Tensor) -> list:
+    """function(*inputs) on copies of ``inputs`` in ``dtype`` (a None input stays None) and their gradients for the
+    output's gradient ``grad``: [output, *gradients] (None for a None input)."""
+    leaves = [None if t is None else t.to(dtype, copy=True).requires_grad_() for t in inputs]
+    output = function(*leaves)
+    output.backward(grad.to(dtype))
+    return [output.detach(), *(None if leaf is None else leaf.grad for leaf in leaves)]

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_trainer
+from helpers import make_trainer, outputs_and_grads
 from torch import nn
 
 import optimized_diffusion as od
@@ -59,14 +59,11 @@ def test_output_and_gradients_match_float64_as_closely_as_onednn(shape, with_bia
     )
     grad = torch.randn(B, cout, H, W, generator=gen, dtype=torch.float64)
 
-    def run(conv, dtype):
-        leaves = [None if t is None else t.to(dtype, copy=True).requires_grad_() for t in (x, w, b)]
-        y = conv(*leaves)
-        y.backward(grad.to(dtype))
-        return [y.detach(), *(None if leaf is None else leaf.grad for leaf in leaves)]
+    def conv2d(*a):
+        return F.conv2d(*a, padding=1)
 
-    reference = run(lambda *a: F.conv2d(*a, padding=1), torch.float64)
-    onednn = run(lambda *a: F.conv2d(*a, padding=1), torch.float32)
+    reference = outputs_and_grads(conv2d, torch.float64, (x, w, b), grad)
+    onednn = outputs_and_grads(conv2d, torch.float32, (x, w, b), grad)
     x32, g32 = (t.float().contiguous(memory_format=torch.channels_last) for t in (x, grad))
     y = ops.conv3x3_thin(x32, w.float(), None if b is None else b.float())
     assert y.is_contiguous(memory_format=torch.channels_last) and y.dtype == torch.float32

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_trainer, tiny_unet_config
+from helpers import make_trainer, outputs_and_grads, tiny_unet_config
 from torch import nn
 
 from basic_diffusion import ResBlock, UNet
@@ -59,15 +59,13 @@ def test_output_and_gradients_match_float64_as_closely_as_onednn(shape, tile):
     )
     grad = torch.randn(B, cout, H, W, generator=gen, dtype=torch.float64)
 
-    def run(conv, dtype, memory_format=torch.contiguous_format):
-        leaves = [t.to(dtype, copy=True).requires_grad_() for t in (x.contiguous(memory_format=memory_format), w, b)]
-        y = conv(*leaves)
-        y.backward(grad.to(dtype))
-        return [y.detach(), *(leaf.grad for leaf in leaves)]
+    def conv2d(*a):
+        return F.conv2d(*a, padding=1)
 
-    reference = run(lambda *a: F.conv2d(*a, padding=1), torch.float64)
-    onednn = run(lambda *a: F.conv2d(*a, padding=1), torch.float32)
-    ours = run(lambda *a: conv3x3(*a, tile=tile), torch.float32, torch.channels_last)
+    reference = outputs_and_grads(conv2d, torch.float64, (x, w, b), grad)
+    onednn = outputs_and_grads(conv2d, torch.float32, (x, w, b), grad)
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    ours = outputs_and_grads(lambda *a: conv3x3(*a, tile=tile), torch.float32, (nhwc, w, b), grad)
     for name, mine, theirs, exact in zip(("y", "dx", "dw", "db"), ours, onednn, reference):
         assert mine.shape == exact.shape, name
         # F(4x4, 3x3)'s transforms scale by up to 8: a looser bound than F(2x2, 3x3)'s additions (the kernel's tests).
