@@ -26,13 +26,16 @@ inline __attribute__((always_inline)) void store16(float* p, Vec16 v) {
 
 typedef float Vec8 __attribute__((vector_size(32)));  // 8 channels; one AVX2 register
 
-inline __attribute__((always_inline)) Vec8 load8(const float* p) {
-  Vec8 v;
+// A vector of floats (Vec8, Vec16) from memory and back, at any alignment.
+template <typename V>
+inline __attribute__((always_inline)) V loadv(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline __attribute__((always_inline)) void store8(float* p, Vec8 v) {
+template <typename V>
+inline __attribute__((always_inline)) void storev(float* p, V v) {
   std::memcpy(p, &v, sizeof(v));
 }
 

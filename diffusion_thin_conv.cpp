@@ -49,16 +49,16 @@ inline __attribute__((always_inline)) void reduce_pixels(const float* __restrict
         const float* k = K + ((t * 3 + ky) * 3 + kx) * C;
         int64_t c = 0;
         for (; c + 16 <= C; c += 16) {
-          const Vec8 k0 = load8(k + c), k1 = load8(k + c + 8);
+          const Vec8 k0 = loadv<Vec8>(k + c), k1 = loadv<Vec8>(k + c + 8);
           for (int p = 0; p < NP; ++p) {
-            acc[p][0] += load8(in + p * C + c) * k0;
-            acc[p][1] += load8(in + p * C + c + 8) * k1;
+            acc[p][0] += loadv<Vec8>(in + p * C + c) * k0;
+            acc[p][1] += loadv<Vec8>(in + p * C + c + 8) * k1;
           }
         }
         if (c < C) {  // C % 16 == 8
-          const Vec8 k0 = load8(k + c);
+          const Vec8 k0 = loadv<Vec8>(k + c);
           for (int p = 0; p < NP; ++p) {
-            acc[p][0] += load8(in + p * C + c) * k0;
+            acc[p][0] += loadv<Vec8>(in + p * C + c) * k0;
           }
         }
       }
@@ -98,7 +98,7 @@ inline __attribute__((always_inline)) void broadcast_pixels(const float* __restr
   Vec8 acc[NP][NV];
   for (int p = 0; p < NP; ++p) {
     for (int j = 0; j < NV; ++j) {
-      acc[p][j] = bias != nullptr ? load8(bias + c0 + 8 * j) : Vec8{};
+      acc[p][j] = bias != nullptr ? loadv<Vec8>(bias + c0 + 8 * j) : Vec8{};
     }
   }
   for (int ky = first_tap(y); ky < last_tap(y, H); ++ky) {
@@ -108,7 +108,7 @@ inline __attribute__((always_inline)) void broadcast_pixels(const float* __restr
         const float* k = K + ((ky * 3 + kx) * T + t) * C + c0;
         Vec8 kv[NV];
         for (int j = 0; j < NV; ++j) {
-          kv[j] = load8(k + 8 * j);
+          kv[j] = loadv<Vec8>(k + 8 * j);
         }
         for (int p = 0; p < NP; ++p) {
           const float s = in[p * T + t];
@@ -122,7 +122,7 @@ inline __attribute__((always_inline)) void broadcast_pixels(const float* __restr
   for (int p = 0; p < NP; ++p) {
     float* o = out + ((b * H + y) * W + x0 + p) * C + c0;
     for (int j = 0; j < NV; ++j) {
-      store8(o + 8 * j, acc[p][j]);
+      storev(o + 8 * j, acc[p][j]);
     }
   }
 }
@@ -185,11 +185,11 @@ inline __attribute__((always_inline)) void weight_grad_run(const float* __restri
   for (int64_t i = 0; i < n; ++i) {
     const float s = thin[i * thin_stride];
     for (int j = 0; j < NV; ++j) {
-      acc[j] += s * load8(wide + i * wide_stride + 8 * j);
+      acc[j] += s * loadv<Vec8>(wide + i * wide_stride + 8 * j);
     }
   }
   for (int j = 0; j < NV; ++j) {
-    store8(d + 8 * j, load8(d + 8 * j) + acc[j]);
+    storev(d + 8 * j, loadv<Vec8>(d + 8 * j) + acc[j]);
   }
 }
 

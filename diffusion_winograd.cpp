@@ -171,24 +171,15 @@ struct WinogradConv {
 inline int64_t tile_stride_v(const WinogradConv& a) { return a.v_stride != 0 ? a.v_stride : a.products * a.cin; }
 inline int64_t tile_stride_m(const WinogradConv& a) { return a.m_stride != 0 ? a.m_stride : a.products * a.cout; }
 
-// A vector of lanes from p (float32, or bf16 widened), and back: the transforms' loads and stores, 16 lanes at a time
-// (AVX-512, and the bf16 path) or 8 (AVX2).
-template <typename V>
-inline __attribute__((always_inline)) V loadv(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+// A vector of lanes from bf16 p, widened, and back, beside the float32 ones (diffusion_cpu.h, brought into this
+// scope): the transforms' loads and stores, 16 lanes at a time (AVX-512, and the bf16 path) or 8 (AVX2).
+using diffusion_kernels::loadv;
+using diffusion_kernels::storev;
 
 template <typename V>
 inline __attribute__((always_inline)) V loadv(const uint16_t* p) {
   static_assert(sizeof(V) == sizeof(Vec16), "bf16 rows are widened 16 at a time");
   return load16(p);
-}
-
-template <typename V>
-inline __attribute__((always_inline)) void storev(float* p, V v) {
-  std::memcpy(p, &v, sizeof(v));
 }
 
 inline __attribute__((always_inline)) void storev(uint16_t* p, Vec16 v) {
