@@ -190,3 +190,14 @@ def outputs_and_grads(function, dtype: torch.dtype, inputs, grad: torch.Tensor) 
     output = function(*leaves)
     output.backward(grad.to(dtype))
     return [output.detach(), *(None if leaf is None else leaf.grad for leaf in leaves)]
+
+
+def conv3x3_case(shape: tuple[int, int, int, int, int], *, bias: bool = True) -> tuple:
+    """(x, weight, bias, grad) in float64 for a 3x3 convolution of shape (B, Cin, Cout, H, W), seeded by the shape,
+    the kernel scaled to keep the output near x's size; bias None where not asked."""
+    B, cin, cout, H, W = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(B, cin, H, W, generator=gen, dtype=torch.float64)
+    w = torch.randn(cout, cin, 3, 3, generator=gen, dtype=torch.float64) / (3 * cin**0.5)
+    b = torch.randn(cout, generator=gen, dtype=torch.float64) if bias else None
+    return x, w, b, torch.randn(B, cout, H, W, generator=gen, dtype=torch.float64)

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_trainer, outputs_and_grads
+from helpers import conv3x3_case, make_trainer, outputs_and_grads
 from torch import nn
 
 import optimized_diffusion as od
@@ -50,14 +50,7 @@ SHAPES = [
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_output_and_gradients_match_float64_as_closely_as_onednn(shape, with_bias):
-    B, cin, cout, H, W = shape
-    gen = torch.Generator().manual_seed(sum(shape))
-    x, w, b = (
-        torch.randn(B, cin, H, W, generator=gen, dtype=torch.float64),
-        torch.randn(cout, cin, 3, 3, generator=gen, dtype=torch.float64) / (3 * cin**0.5),
-        torch.randn(cout, generator=gen, dtype=torch.float64) if with_bias else None,
-    )
-    grad = torch.randn(B, cout, H, W, generator=gen, dtype=torch.float64)
+    x, w, b, grad = conv3x3_case(shape, bias=with_bias)
 
     def conv2d(*a):
         return F.conv2d(*a, padding=1)

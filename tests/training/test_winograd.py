@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_trainer, outputs_and_grads, tiny_unet_config
+from helpers import conv3x3_case, make_trainer, outputs_and_grads, tiny_unet_config
 from torch import nn
 
 from basic_diffusion import ResBlock, UNet
@@ -50,14 +50,7 @@ SHAPES = [(3, 16, 32, 8, 8), (2, 32, 16, 5, 7), (4, 64, 64, 2, 2), (2, 16, 16, 1
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("tile", [2, 4])
 def test_output_and_gradients_match_float64_as_closely_as_onednn(shape, tile):
-    B, cin, cout, H, W = shape
-    gen = torch.Generator().manual_seed(sum(shape))
-    x, w, b = (
-        torch.randn(B, cin, H, W, generator=gen, dtype=torch.float64),
-        torch.randn(cout, cin, 3, 3, generator=gen, dtype=torch.float64) / (3 * cin**0.5),
-        torch.randn(cout, generator=gen, dtype=torch.float64),
-    )
-    grad = torch.randn(B, cout, H, W, generator=gen, dtype=torch.float64)
+    x, w, b, grad = conv3x3_case(shape)
 
     def conv2d(*a):
         return F.conv2d(*a, padding=1)
