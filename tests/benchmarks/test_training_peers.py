@@ -24,9 +24,9 @@ def _count(model: torch.nn.Module) -> int:
     [
         # 3x3 convolutions in Winograd's domain, 1x1 as GEMMs, the thin first and last directly
         ("0", 28, "fp32", "AVX2", "+Winograd+1x1 GEMMs+thin convs direct"),
-        ("0", 28, "fp32", "AVX512", "+Winograd+1x1 GEMMs"),  # and with AVX-512's kernels (1x1 GEMMs on small maps)
+        ("0", 28, "fp32", "AVX512", "+Winograd+1x1 GEMMs+thin convs direct"),  # AVX-512's (1x1 GEMMs on small maps)
         ("1", 28, "bf16", "AVX512", ""),
-        ("1", 8, "fp32", "AVX512", "+Winograd+1x1 GEMMs"),  # the latent step's U-Net
+        ("1", 8, "fp32", "AVX512", "+Winograd+1x1 GEMMs+thin convs direct"),  # the latent step's U-Net
         ("1", 8, "fp32", "AVX2", "+Winograd+1x1 GEMMs+thin convs direct"),
         ("0", 28, "fp32", "DEFAULT", ""),
     ],

@@ -130,7 +130,7 @@ def test_thin_convolutions_are_the_3x3_ones_with_a_few_channels_on_one_side(conv
     assert ops.thin_applies(conv) == applies
 
 
-@pytest.mark.parametrize("capability, direct", [("AVX2", True), ("AVX512", False), ("DEFAULT", False)])
+@pytest.mark.parametrize("capability, direct", [("AVX2", True), ("AVX512", True), ("DEFAULT", False)])
 def test_the_trainer_takes_the_first_and_last_convolutions_direct_where_this_cpu_gains(
     tmp_path, monkeypatch, capability, direct
 ):
@@ -162,7 +162,7 @@ def test_a_swapped_thin_convolution_keeps_its_parameters_and_trains_to_onednns_g
         assert model(x).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("capability, direct", [("AVX2", True), ("AVX512", False)])
+@pytest.mark.parametrize("capability, direct", [("AVX2", True), ("AVX512", True), ("DEFAULT", False)])
 def test_the_sampling_runner_takes_the_thin_convolutions_where_training_does(monkeypatch, capability, direct):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     config = UNetConfig(image_size=8, in_channels=4, model_channels=32, channel_mult=(1, 2), num_res_blocks=1)
