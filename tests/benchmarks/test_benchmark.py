@@ -189,7 +189,9 @@ def test_peak_rss_sees_an_allocation():
 
 # Where this CPU trains fp32's 3x3 convolutions in Winograd's domain and its 1x1 ones as GEMMs: with AVX2's and
 # AVX-512's kernels with the thin first and last convolutions direct, nowhere on other CPUs.
-WINOGRAD = "+Winograd+1x1 GEMMs+thin convs direct" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else ""
+WINOGRAD = (
+    "+Winograd+1x1 GEMMs+thin convs direct" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else ""
+)
 WINOGRAD = WINOGRAD if weight_grad_available() else ""  # the extension built with the ops
 TRAINING_ROWS = [
     "fp32 eager",
