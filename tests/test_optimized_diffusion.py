@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import perturbed_unet
+from helpers import TRAJECTORY_TOL, perturbed_unet
 from torch import nn
 
 import optimized_diffusion as od
@@ -387,12 +387,6 @@ def test_the_runners_upsampling_convolution_is_conv_of_the_upsampled_input_in_fl
         x = x.contiguous(memory_format=runner.memory_format)
         with torch.no_grad():
             torch.testing.assert_close(runner._upsample_conv(up, x), up(x), rtol=1e-12, atol=1e-12)
-
-
-# A trajectory's images from the runner against the original's: every step's rounding carried on, and with AVX2's
-# kernels the runner's F(4x4, 3x3) rounds more than oneDNN's direct sums (3.3e-4 seen there; backends'
-# test_selection bounds the same comparison so).
-TRAJECTORY_TOL = 5e-4
 
 
 @pytest.mark.parametrize("case", ["ddim_eta0", "dpm_solver_sde"])

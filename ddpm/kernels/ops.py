@@ -458,8 +458,8 @@ def conv3x3_thin_backward(
 
 # More channels on the thin side are as fast on oneDNN (BENCHMARKS.md, "The training step against its peers").
 THIN_MAX_CHANNELS = 4  # diffusion_cpu.h's kThinChannels
-# The capabilities whose oneDNN computes such convolutions slower than conv3x3_thin (BENCHMARKS.md, "The training
-# step against its peers").
+# The capabilities whose oneDNN computes such convolutions slower than conv3x3_thin
+# (BENCHMARKS.md, "The training step against its peers").
 _THIN_FASTER_ON = ("AVX2", "AVX512")
 
 

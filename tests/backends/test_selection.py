@@ -25,6 +25,7 @@ import torch
 from helpers import (
     ROOT,
     TINY_SCHEDULE,
+    TRAJECTORY_TOL,
     assert_user_error,
     perturbed_unet,
     run_here,
@@ -258,9 +259,7 @@ def test_cuda_draws_the_originals_images_to_float_tolerance_and_cuda_steps_bit_f
     assert runner.unet_runner is not None  # cuda on a CPU in fp32 is the runner
     cuda = fused((2, 1, 16, 16), torch.Generator().manual_seed(3), False)
     assert torch.equal(steps, original)
-    # Six steps of float rounding apart (oneDNN's convolution order differs from the runner's): 2.2e-4 seen on an
-    # AVX2 CPU, so the bound is 5e-4 (README).
-    torch.testing.assert_close(cuda, original, rtol=5e-4, atol=5e-4)
+    torch.testing.assert_close(cuda, original, rtol=TRAJECTORY_TOL, atol=TRAJECTORY_TOL)
     assert not torch.equal(cuda, original)  # a different computation, not the same one twice
 
 
