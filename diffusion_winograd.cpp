@@ -199,17 +199,17 @@ inline __attribute__((always_inline)) TileAt tile_at(const WinogradConv& a, int6
 constexpr int64_t kPrefetchTiles = 2;
 
 // Asks the cache for the in-image part of F(4x4, 3x3) tile `tile`'s S x S window (rows 4 ty + shift.., columns
-// 4 tx + shift..) of an NHWC (B, H, W, channels) float32 tensor, kPrefetchTiles tiles before a transform reads it
+// 4 tx + shift..) of an NHWC (B, H, W, channels) tensor, kPrefetchTiles tiles before a transform reads it
 // (kWrite 1: before the output transform writes it): a window's rows lie a row of the image apart, and the hardware's
 // prefetchers do not bring them in time: the transform would wait on each of their cache lines.
-template <int kWrite = 0>
-inline __attribute__((always_inline)) void prefetch_tile(const float* data, const WinogradConv& a, int64_t channels,
+template <int kWrite = 0, typename T>
+inline __attribute__((always_inline)) void prefetch_tile(const T* data, const WinogradConv& a, int64_t channels,
     int64_t tile, int64_t shift, int64_t S) {
   const auto [b, ty, tx] = tile_at(a, tile);
   const int64_t y0 = 4 * ty + shift, x0 = 4 * tx + shift;
   const int64_t ya = std::max<int64_t>(0, y0), yb = std::min<int64_t>(a.H, y0 + S);
   const int64_t xa = std::max<int64_t>(0, x0), xb = std::min<int64_t>(a.W, x0 + S);
-  const int64_t bytes = (xb - xa) * channels * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = (xb - xa) * channels * static_cast<int64_t>(sizeof(T));
   for (int64_t y = ya; y < yb; ++y) {
     const char* run = reinterpret_cast<const char*>(data + ((b * a.H + y) * a.W + xa) * channels);
     for (int64_t offset = 0; offset < bytes; offset += 64) {
@@ -360,10 +360,11 @@ inline __attribute__((always_inline)) void winograd4_bt(const Vec (&d)[6], Vec (
 }
 
 // 1. V[t][k] = B^T d B of each tile's 6x6 window (rows 4ty - 1 .., columns 4tx - 1 ..), zero outside the image.
-template <typename Vec>
+//    In: x's element type (float32, or bf16 widened as it is read).
+template <typename Vec, typename In = float>
 inline __attribute__((always_inline)) void winograd4_input_transform(
     const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V) {
-  const float* x_in = static_cast<const float*>(a.x);
+  const In* x_in = static_cast<const In*>(a.x);
   const int64_t cin = a.cin;
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t row = a.W * cin;
@@ -375,7 +376,7 @@ inline __attribute__((always_inline)) void winograd4_input_transform(
     // A window wholly inside the image is read without the padding's checks.
     const int64_t y0 = 4 * ty - 1, x0 = 4 * tx - 1;
     const bool inside = y0 >= 0 && y0 + 6 <= a.H && x0 >= 0 && x0 + 6 <= a.W;
-    const float* window = inside ? x_in + ((b * a.H + y0) * a.W + x0) * cin : x_in;
+    const In* window = inside ? x_in + ((b * a.H + y0) * a.W + x0) * cin : x_in;
     for (int64_t c = 0; c < cin; c += L) {
       Vec s[6][6];
       for (int j = 0; j < 6; ++j) {  // B^T d, a column at a time
@@ -413,12 +414,12 @@ inline __attribute__((always_inline)) void winograd4_at(const Vec (&m)[6], Vec (
   o[3] = q + eight * w + m[5];
 }
 
-// 3. The 4x4 outputs A^T m A (+ bias) of each tile into the NHWC float32 output; positions past the image's edge
-//    are not written.
-template <typename Vec>
+// 3. The 4x4 outputs A^T m A (+ bias) of each tile into the NHWC output of element type Out (float32, or bf16
+//    rounded once as it is written); positions past the image's edge are not written.
+template <typename Vec, typename Out = float>
 inline __attribute__((always_inline)) void winograd4_output_transform(
     const WinogradConv& a, int64_t t0, int64_t n, const float* __restrict__ M) {
-  float* out = static_cast<float*>(a.out);
+  Out* out = static_cast<Out*>(a.out);
   const int64_t H = a.H, W = a.W, cout = a.cout;
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   for (int64_t t = 0; t < n; ++t) {
@@ -427,7 +428,7 @@ inline __attribute__((always_inline)) void winograd4_output_transform(
     }
     const auto [b, ty, tx] = tile_at(a, t0 + t);
     const int64_t rows = std::min<int64_t>(4, H - 4 * ty), cols = std::min<int64_t>(4, W - 4 * tx);
-    float* tile = out + ((b * H + 4 * ty) * W + 4 * tx) * cout;
+    Out* tile = out + ((b * H + 4 * ty) * W + 4 * tx) * cout;
     for (int64_t c = 0; c < cout; c += L) {
       const Vec bias = a.bias != nullptr ? loadv<Vec>(a.bias + c) : Vec{};
       const float* m = M + t * a.products * cout + c;  // product k at m + k * cout
@@ -467,9 +468,9 @@ inline __attribute__((always_inline)) void winograd4_a(const Vec (&g)[4], Vec (&
 }
 
 // dM[t][k] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 4x4 outputs of each tile (zero past the image's edge).
-template <typename Vec>
+template <typename Vec, typename T = float>
 inline __attribute__((always_inline)) void winograd4_output_adjoint(
-    const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
+    const WinogradConv& a, const T* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cout = a.cout;
   const int64_t stride = a.W * cout;
@@ -479,7 +480,7 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
     }
     const auto [b, ty, tx] = tile_at(a, t0 + t);
     const bool inside = 4 * ty + 4 <= a.H && 4 * tx + 4 <= a.W;  // read without the padding's checks
-    const float* tile = inside ? gy + ((b * a.H + 4 * ty) * a.W + 4 * tx) * cout : gy;
+    const T* tile = inside ? gy + ((b * a.H + 4 * ty) * a.W + 4 * tx) * cout : gy;
     for (int64_t c = 0; c < cout; c += L) {
       Vec s[4][6];
       for (int i = 0; i < 4; ++i) {  // dy A^T, a row at a time
@@ -514,10 +515,10 @@ inline __attribute__((always_inline)) void winograd4_output_adjoint(
 #define DIFFUSION_KERNELS_GEMM_CLONES DIFFUSION_KERNELS_FMA_CLONES
 #endif
 
-// Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..), float32: all three stages,
-// on vectors Vec, the GEMM in register blocks of 6 tiles x QMAX vectors. V: (n, products, Cin) and M: (n, products,
-// Cout) scratch.
-template <typename Vec, int QMAX>
+// Tiles [t0, t0 + n) (tile = (b * tiles_h + ty) * tiles_w + tx, outputs 2ty.., 2tx..), float32 transforms, U and
+// GEMM: all three stages, on vectors Vec, the GEMM in register blocks of 6 tiles x QMAX vectors; activations (x and
+// out) of element type T: float32, or bf16 (the mixed path). V: (n, products, Cin) and M: (n, products, Cout) scratch.
+template <typename Vec, int QMAX, typename T = float>
 inline __attribute__((always_inline)) void winograd_tiles_float(
     const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
 #if defined(__clang__)
@@ -526,9 +527,9 @@ inline __attribute__((always_inline)) void winograd_tiles_float(
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cin = a.cin, cout = a.cout, P = a.products, ldv = P * cin, ldm = P * cout;
   if (a.m == 4) {
-    winograd4_input_transform<Vec>(a, t0, n, V);
+    winograd4_input_transform<Vec, T>(a, t0, n, V);
   } else {
-    winograd_input_transform<float, float, Vec>(a, t0, n, V);
+    winograd_input_transform<T, float, Vec>(a, t0, n, V);
   }
   for (int64_t k = 0; k < P; ++k) {  // 2. M[:][k] (n, Cout) = V[:][k] (n, Cin) @ U[k] (Cin, Cout)
     const float* Vk = V + k * cin;
@@ -547,9 +548,9 @@ inline __attribute__((always_inline)) void winograd_tiles_float(
     }
   }
   if (a.m == 4) {
-    winograd4_output_transform<Vec>(a, t0, n, M);
+    winograd4_output_transform<Vec, T>(a, t0, n, M);
   } else {
-    winograd_output_transform<float, Vec>(a, t0, n, M);
+    winograd_output_transform<T, Vec>(a, t0, n, M);
   }
 }
 
@@ -557,6 +558,12 @@ inline __attribute__((always_inline)) void winograd_tiles_float(
 DIFFUSION_KERNELS_GEMM_CLONES
 void winograd_tiles(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
   winograd_tiles_float<Vec16, 4>(a, t0, n, V, M);
+}
+
+// The mixed path: bf16 x and out, everything between them float32 as winograd_tiles computes it (the same blocking).
+DIFFUSION_KERNELS_GEMM_CLONES
+void winograd_tiles_mixed(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
+  winograd_tiles_float<Vec16, 4, uint16_t>(a, t0, n, V, M);
 }
 
 // A CPU with AVX2 and FMA but not AVX-512. Its 16 vector registers hold 8 floats each, so the AVX-512 block of
@@ -713,20 +720,23 @@ bool cpu_has_avx512_bf16() {
 
 at::Tensor conv3x3_winograd_cpu(
     const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool upsample) {
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  // A bfloat16 x with a float32 weight is the mixed path: bf16 activations in and out, float32 between them.
+  const bool bf16 = x.scalar_type() == at::kBFloat16, mixed = bf16 && weight.scalar_type() == at::kFloat;
+  const bool bf16_gemm = bf16 && !mixed;
   TORCH_CHECK(x.dim() == 4 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(at::MemoryFormat::ChannelsLast),
       "conv3x3_winograd: x must be a channels-last float32 or bfloat16 (B, Cin, H, W) tensor, got ", x.scalar_type(), " ",
       x.sizes(), " with strides ", x.strides());
   // A float32 weight of 36 products without upsample is F(4x4, 3x3)'s transform (winograd_weight(..., tile=4)).
-  const bool tile4 = !bf16 && !upsample && weight.dim() == 3 && weight.size(0) == 36;
+  const bool tile4 = !bf16_gemm && !upsample && weight.dim() == 3 && weight.size(0) == 36;
   const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), products = upsample || tile4 ? 36 : 16;
   const char* transform =
       upsample ? "winograd_weight(..., upsample=True" : tile4 ? "winograd_weight(..., tile=4" : "winograd_weight(...";
-  if (bf16) {
+  if (bf16_gemm) {
     TORCH_CHECK(weight.dim() == 4 && weight.size(0) == products && weight.size(1) * 2 == cin && weight.size(3) == 2 &&
         weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() && weight.device() == x.device(),
         "conv3x3_winograd: for a bfloat16 x, weight must be the contiguous bfloat16 (", products, ", Cin/2=", cin / 2,
-        ", Cout, 2) transform of ", transform, ", dtype=torch.bfloat16), got ", weight.scalar_type(), " ", weight.sizes());
+        ", Cout, 2) transform of ", transform, ", dtype=torch.bfloat16), or its float32 (", products, ", Cin=", cin,
+        ", Cout) one (the mixed path), got ", weight.scalar_type(), " ", weight.sizes());
   } else {
     TORCH_CHECK(weight.dim() == 3 && weight.size(0) == products && weight.size(1) == cin && weight.scalar_type() == at::kFloat &&
         weight.is_contiguous() && weight.device() == x.device(),
@@ -747,16 +757,18 @@ at::Tensor conv3x3_winograd_cpu(
   const WinogradConv a{x.data_ptr(), weight.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
       out.data_ptr(), H, W, cin, cout, (H + m - 1) / m, (W + m - 1) / m, upsample, products, m};
   const int64_t tiles = B * a.tiles_h * a.tiles_w;
-  const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, bf16 ? 2 : 4));
+  const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, bf16_gemm ? 2 : 4));
   const int64_t per_block = blocks.largest();
-  const bool native = bf16 && cpu_has_avx512_bf16(), avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
+  const bool native = bf16_gemm && cpu_has_avx512_bf16(), avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
   at::parallel_for(0, blocks.count, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> M(new float[products * per_block * cout]);
-    std::unique_ptr<float[]> V(new float[bf16 ? 0 : products * per_block * cin]);
-    std::unique_ptr<uint16_t[]> V16(new uint16_t[bf16 ? products * per_block * cin : 0]);
+    std::unique_ptr<float[]> V(new float[bf16_gemm ? 0 : products * per_block * cin]);
+    std::unique_ptr<uint16_t[]> V16(new uint16_t[bf16_gemm ? products * per_block * cin : 0]);
     for (int64_t block = begin; block < end; ++block) {
       const int64_t t0 = blocks.begin(block), n = blocks.begin(block + 1) - t0;
-      if (!bf16) {
+      if (mixed) {
+        winograd_tiles_mixed(a, t0, n, V.get(), M.get());
+      } else if (!bf16) {
 #if defined(DIFFUSION_KERNELS_AVX2_GEMM)
         if (avx2_gemm) {
           winograd_tiles_avx2(a, t0, n, V.get(), M.get());
@@ -788,9 +800,9 @@ namespace {
 
 // dM[t][k] = (A dy A^T)[k] for tiles [t0, t0 + n): dy's 2x2 outputs of each tile (zero past the image's edge).
 // A = [1 0; 1 1; 1 -1; 0 -1] (A^T of the forward transform, transposed).
-template <typename Vec>
+template <typename Vec, typename T = float>
 inline __attribute__((always_inline)) void winograd_output_adjoint(
-    const WinogradConv& a, const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
+    const WinogradConv& a, const T* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ dM) {
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cout = a.cout;
   for (int64_t t = 0; t < n; ++t) {
@@ -823,10 +835,10 @@ inline __attribute__((always_inline)) void winograd_output_adjoint(
 
 // Tiles [t0, t0 + n): V and dM of the block, then dU (products, Cin, Cout) += V[:][k]^T dM[:][k] for each product
 // k, on vectors Vec in register blocks of 6 input channels x QMAX vectors (the forward's GEMM tile and blocking for
-// that Vec).
-template <typename Vec, int QMAX>
+// that Vec); x and gy of element type T (float32, or bf16: the mixed path), V, dM and dU float32.
+template <typename Vec, int QMAX, typename T = float>
 inline __attribute__((always_inline)) void winograd_grad_tiles_float(const WinogradConv& a,
-    const float* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ dM,
+    const T* __restrict__ gy, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ dM,
     float* __restrict__ dU) {
 #if defined(__clang__)
 #pragma clang fp contract(fast)
@@ -834,11 +846,11 @@ inline __attribute__((always_inline)) void winograd_grad_tiles_float(const Winog
   constexpr int64_t L = sizeof(Vec) / sizeof(float);
   const int64_t cin = a.cin, cout = a.cout, ldv = tile_stride_v(a), ldm = tile_stride_m(a);
   if (a.m == 4) {
-    winograd4_input_transform<Vec>(a, t0, n, V);
-    winograd4_output_adjoint<Vec>(a, gy, t0, n, dM);
+    winograd4_input_transform<Vec, T>(a, t0, n, V);
+    winograd4_output_adjoint<Vec, T>(a, gy, t0, n, dM);
   } else {
-    winograd_input_transform<float, float, Vec>(a, t0, n, V);
-    winograd_output_adjoint<Vec>(a, gy, t0, n, dM);
+    winograd_input_transform<T, float, Vec>(a, t0, n, V);
+    winograd_output_adjoint<Vec, T>(a, gy, t0, n, dM);
   }
   for (int64_t k = 0; k < a.products; ++k) {
     const float* Vk = V + k * cin;
@@ -871,6 +883,13 @@ void winograd_grad_tiles(const WinogradConv& a, const float* __restrict__ gy, in
   winograd_grad_tiles_float<Vec16, 4>(a, gy, t0, n, V, dM, dU);
 }
 
+// The mixed path's: bf16 x and gy, the same blocking and sums.
+DIFFUSION_KERNELS_GEMM_CLONES
+void winograd_grad_tiles_mixed(const WinogradConv& a, const uint16_t* __restrict__ gy, int64_t t0, int64_t n,
+    float* __restrict__ V, float* __restrict__ dM, float* __restrict__ dU) {
+  winograd_grad_tiles_float<Vec16, 4, uint16_t>(a, gy, t0, n, V, dM, dU);
+}
+
 #if defined(DIFFUSION_KERNELS_AVX2_GEMM)
 // AVX2 without AVX-512 (winograd_uses_avx2_gemm): 6 x 16 channels in 12 of the 16 registers, as the forward's; the
 // same sums in the same order, so the same bits as the AVX-512 clone's.
@@ -892,14 +911,16 @@ int64_t winograd_grad_block_tiles(int64_t products, int64_t cin, int64_t cout, i
 // of tiles go to at most one part a thread, each part zeroed and summed by its own thread (one part: nothing to add).
 at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& grad_out, int64_t tile) {
   TORCH_CHECK(tile == 2 || tile == 4, "conv3x3_winograd_weight_grad: tile must be 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)), got ", tile);
-  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(at::MemoryFormat::ChannelsLast),
-      "conv3x3_winograd_weight_grad: x must be a channels-last float32 (B, Cin, H, W) tensor, got ", x.scalar_type(),
-      " ", x.sizes(), " with strides ", x.strides());
-  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == at::kFloat &&
+  const bool bf16 = x.scalar_type() == at::kBFloat16;  // the mixed path: bf16 x and grad_out, float32 sums
+  TORCH_CHECK(x.dim() == 4 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(at::MemoryFormat::ChannelsLast),
+      "conv3x3_winograd_weight_grad: x must be a channels-last float32 or bfloat16 (B, Cin, H, W) tensor, got ",
+      x.scalar_type(), " ", x.sizes(), " with strides ", x.strides());
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == x.scalar_type() &&
       grad_out.is_contiguous(at::MemoryFormat::ChannelsLast) && grad_out.size(0) == x.size(0) &&
       grad_out.size(2) == x.size(2) && grad_out.size(3) == x.size(3) && grad_out.device() == x.device(),
-      "conv3x3_winograd_weight_grad: grad_out must be a channels-last float32 (B, Cout, H, W) tensor of x's batch and "
-      "size ", x.sizes(), ", got ", grad_out.scalar_type(), " ", grad_out.sizes(), " with strides ", grad_out.strides());
+      "conv3x3_winograd_weight_grad: grad_out must be a channels-last (B, Cout, H, W) tensor of x's dtype ",
+      x.scalar_type(), ", batch and size ", x.sizes(), ", got ", grad_out.scalar_type(), " ", grad_out.sizes(),
+      " with strides ", grad_out.strides());
   const int64_t B = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3), cout = grad_out.size(1);
   TORCH_CHECK(cin % 16 == 0 && cout % 16 == 0 && cin > 0 && cout > 0,
       "conv3x3_winograd_weight_grad: channel counts must be positive multiples of 16, got Cin=", cin, ", Cout=", cout);
@@ -912,12 +933,13 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
   a.v_stride = odd_lines(products * cin);
   a.m_stride = odd_lines(products * cout);
   const int64_t tiles = B * a.tiles_h * a.tiles_w, size = products * cin * cout;
-  const bool avx2_gemm = winograd_uses_avx2_gemm();
+  const bool avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
   const TileBlocks blocks = tile_blocks(tiles, winograd_grad_block_tiles(products, cin, cout, tiles, avx2_gemm));
   const int64_t per_block = blocks.largest();
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks.count));
-  at::Tensor sums = at::empty({parts, products, cin, cout}, x.options().memory_format(at::MemoryFormat::Contiguous));
-  const float* gy = grad_out.data_ptr<float>();
+  at::Tensor sums = at::empty(
+      {parts, products, cin, cout}, x.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous));
+  const void* gy = grad_out.data_ptr();
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> V(new float[tile_stride_v(a) * per_block]);
     std::unique_ptr<float[]> dM(new float[tile_stride_m(a) * per_block]);
@@ -926,13 +948,17 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
       std::fill_n(dU, size, 0.0f);
       for (int64_t block = part * blocks.count / parts; block < (part + 1) * blocks.count / parts; ++block) {
         const int64_t t0 = blocks.begin(block), n = blocks.begin(block + 1) - t0;
+        if (bf16) {
+          winograd_grad_tiles_mixed(a, static_cast<const uint16_t*>(gy), t0, n, V.get(), dM.get(), dU);
+          continue;
+        }
 #if defined(DIFFUSION_KERNELS_AVX2_GEMM)
         if (avx2_gemm) {
-          winograd_grad_tiles_avx2(a, gy, t0, n, V.get(), dM.get(), dU);
+          winograd_grad_tiles_avx2(a, static_cast<const float*>(gy), t0, n, V.get(), dM.get(), dU);
           continue;
         }
 #endif
-        winograd_grad_tiles(a, gy, t0, n, V.get(), dM.get(), dU);
+        winograd_grad_tiles(a, static_cast<const float*>(gy), t0, n, V.get(), dM.get(), dU);
       }
     }
   });
@@ -1138,23 +1164,35 @@ at::Tensor winograd_kernel_cpu(const at::Tensor& weight, int64_t tile, bool rota
   return u;
 }
 
-// dL/db of a convolution: grad_out's rows of Cout channels summed in chunks of a fixed size, then the chunks in
-// order: the same bits whatever the threads.
+// dL/db of a convolution: grad_out's rows of Cout channels (float32, or bf16 widened) summed in chunks of a fixed
+// size, then the chunks in order: the same bits whatever the threads; float32.
 at::Tensor bias_grad_cpu(const at::Tensor& grad_out) {
   const int64_t cout = grad_out.size(1), rows = grad_out.numel() / std::max<int64_t>(cout, 1);
   constexpr int64_t kRows = 256;
   const int64_t chunks = (rows + kRows - 1) / kRows;
   std::vector<float> partial(chunks * cout, 0.0f);
-  const float* gy = grad_out.const_data_ptr<float>();
+  const bool bf16 = grad_out.scalar_type() == at::kBFloat16;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> widened(bf16 ? cout : 0);
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       const int64_t r1 = std::min(rows, (chunk + 1) * kRows);
       for (int64_t r = chunk * kRows; r < r1; ++r) {
-        add_row(gy + r * cout, cout, partial.data() + chunk * cout);
+        const float* row;
+        if (bf16) {
+          const uint16_t* h = reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>()) + r * cout;
+          for (int64_t c = 0; c < cout; ++c) {
+            const uint32_t bits = static_cast<uint32_t>(h[c]) << 16;
+            std::memcpy(&widened[c], &bits, sizeof(float));
+          }
+          row = widened.data();
+        } else {
+          row = grad_out.const_data_ptr<float>() + r * cout;
+        }
+        add_row(row, cout, partial.data() + chunk * cout);
       }
     }
   });
-  at::Tensor grad_bias = at::zeros({cout}, grad_out.options());
+  at::Tensor grad_bias = at::zeros({cout}, grad_out.options().dtype(at::kFloat));
   float* gb = grad_bias.mutable_data_ptr<float>();
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     add_row(partial.data() + chunk * cout, cout, gb);
@@ -1169,10 +1207,14 @@ at::Tensor bias_grad_cpu(const at::Tensor& grad_out) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv3x3_winograd_backward_cpu(const at::Tensor& grad_out,
     const at::Tensor& x, const at::Tensor& weight, int64_t tile, std::array<bool, 3> output_mask) {
   check_winograd_kernel(weight, tile, "conv3x3_winograd_backward");
-  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == at::kFloat &&
-      grad_out.is_contiguous(at::MemoryFormat::ChannelsLast) && grad_out.size(1) == weight.size(0),
-      "conv3x3_winograd_backward: grad_out must be a channels-last float32 (B, Cout=", weight.size(0),
-      ", H, W) tensor, got ", grad_out.scalar_type(), " ", grad_out.sizes(), " with strides ", grad_out.strides());
+  // bf16 grad_out and x: the mixed path's backward (bf16 dL/dx, float32 dL/dg and dL/db).
+  TORCH_CHECK(grad_out.dim() == 4 &&
+      (grad_out.scalar_type() == at::kFloat || grad_out.scalar_type() == at::kBFloat16) &&
+      grad_out.scalar_type() == x.scalar_type() && grad_out.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+      grad_out.size(1) == weight.size(0),
+      "conv3x3_winograd_backward: grad_out must be a channels-last float32 or bfloat16 (B, Cout=", weight.size(0),
+      ", H, W) tensor of x's dtype ", x.scalar_type(), ", got ", grad_out.scalar_type(), " ", grad_out.sizes(),
+      " with strides ", grad_out.strides());
   TORCH_CHECK(x.dim() == 4 && x.size(1) == weight.size(1) && x.size(0) == grad_out.size(0) &&
       x.size(2) == grad_out.size(2) && x.size(3) == grad_out.size(3),
       "conv3x3_winograd_backward: x must be (B, Cin=", weight.size(1), ", H, W) of grad_out's ", grad_out.sizes(),

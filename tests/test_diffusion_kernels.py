@@ -1102,15 +1102,18 @@ def test_winograd_weight_in_bf16_pairs_input_channels():
         (
             dict(
                 x=torch.zeros(2, 16, 4, 4, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last),
-                weight=torch.zeros(36, 16, 16),
+                weight=torch.zeros(36, 16, 16, dtype=torch.float64),
             ),
             "for a bfloat16 x, weight must be the contiguous bfloat16 (16, Cin/2=8, Cout, 2)",
         ),
         (dict(bias=torch.zeros(8)), "bias must be a contiguous float32 (16,) tensor"),
         (
-            dict(x=torch.zeros(2, 16, 4, 4, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)),
+            dict(
+                x=torch.zeros(2, 16, 4, 4, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last),
+                weight=torch.zeros(16, 16, 16, dtype=torch.bfloat16),
+            ),
             "for a bfloat16 x, weight must be the contiguous bfloat16 (16, Cin/2=8, Cout, 2) transform of "
-            "winograd_weight(..., dtype=torch.bfloat16)",
+            "winograd_weight(..., dtype=torch.bfloat16), or its float32 (16, Cin=16, Cout) one (the mixed path)",
         ),
     ],
 )

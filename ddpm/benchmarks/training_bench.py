@@ -54,8 +54,9 @@ def training_variants(device: torch.device, *, pixels: int = 0, side: int = 0) -
             return ""
         start = winograd.trained_from(precision=precision, enabled=config.winograd_convs, largest=side)
         convs = "" if start is None else "+Winograd" + (f" from {start}x{start}" if start > 1 else "")
-        convs += "+1x1 GEMMs" if convs and winograd.gemm_1x1() else ""
-        convs += "+thin convs direct" if convs and ops.thin_is_fast() else ""
+        fp32 = convs and precision == "fp32"  # a bf16 step's Winograd convolutions are the mixed path's alone
+        convs += "+1x1 GEMMs" if fp32 and winograd.gemm_1x1() else ""
+        convs += "+thin convs direct" if fp32 and ops.thin_is_fast() else ""
         return "+channels-last" + ("+fused norms" if trains_fused_norms(device, config) else "") + convs
 
     return [

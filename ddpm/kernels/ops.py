@@ -122,7 +122,7 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("diffusion_kernels::conv3x3_winograd_weight_grad")
     def _conv3x3_winograd_weight_grad_fake(x, grad_out, tile=2):
-        return x.new_empty(((tile + 2) ** 2, x.shape[1], grad_out.shape[1]))
+        return x.new_empty(((tile + 2) ** 2, x.shape[1], grad_out.shape[1]), dtype=torch.float32)
 
     if not hasattr(torch.ops.diffusion_kernels, "conv3x3_winograd_backward"):
         return
@@ -135,7 +135,7 @@ def _register_fakes() -> None:
     @torch.library.register_fake("diffusion_kernels::conv3x3_winograd_backward")
     def _conv3x3_winograd_backward_fake(grad_out, x, weight, tile, output_mask):
         grads = (  # dL/dx channels-last, dL/dweight, dL/dbias; empty where output_mask does not ask
-            torch.empty(x.shape, dtype=weight.dtype, memory_format=torch.channels_last),
+            torch.empty(x.shape, dtype=x.dtype, memory_format=torch.channels_last),
             weight.new_empty(weight.shape),
             weight.new_empty(weight.shape[:1]),
         )
@@ -394,21 +394,36 @@ def conv3x3_winograd(
 ) -> torch.Tensor:
     """conv2d(x, g, bias, padding=1) for a 3x3 kernel g given as ``weight = winograd_weight(g)``, on the CPU in
     Winograd's F(2x2, 3x3) (``winograd_weight(g, tile=4)``: F(4x4, 3x3)) (BENCHMARKS.md, "Where the runner's time
-    goes"). x: (B, Cin, H, W) float32
-    channels-last; Cin and Cout multiples of 16. Returns (B, Cout, H, W) channels-last. With ``upsample`` (weight from
-    ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias, padding=1), (B, Cout, 2H, 2W),
-    each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
+    goes"). x: (B, Cin, H, W) channels-last, Cin and Cout multiples of 16: float32; or bfloat16 with the bfloat16
+    transform (``dtype=torch.bfloat16``: bf16 GEMMs); or bfloat16 with a float32 transform (the mixed path: bf16 read
+    and written, everything between in float32). Returns (B, Cout, H, W) channels-last in x's dtype. With
+    ``upsample`` (weight from ``winograd_weight(g, upsample=True)``): conv2d(nearest-2x-upsample(x), g, bias,
+    padding=1), (B, Cout, 2H, 2W), each output phase's 2x2 kernel in F(2x2, 2x2) and no upsampled tensor."""
     if _loaded_from is None:
         load_extension()
     extra = {"upsample": True} if upsample else {}
     return torch.ops.diffusion_kernels.conv3x3_winograd(x, weight, bias, **extra)
 
 
+@functools.cache  # the loaded extension does not change under a running process
+def winograd_mixed_available() -> bool:
+    """Whether the extension (built, not compiled now) takes a bfloat16 x with a float32 transform in
+    :func:`conv3x3_winograd` and its gradients (the mixed path): a build older than the path refuses it."""
+    try:
+        load_extension(allow_jit=False)
+        x = torch.zeros(1, 16, 2, 2, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        conv3x3_winograd_weight_grad(x, x, tile=2)
+        conv3x3_winograd(x, torch.zeros(16, 16, 16))
+    except (ExtensionUnavailableError, RuntimeError):
+        return False
+    return True
+
+
 def conv3x3_winograd_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, *, tile: int = 2) -> torch.Tensor:
     """The gradient of the loss with respect to conv3x3_winograd's ``weight`` (float32 (16, Cin, Cout); ``tile=4``:
     F(4x4, 3x3)'s (36, Cin, Cout)), given the gradient ``grad_out`` (B, Cout, H, W) of its output for the input x
-    (B, Cin, H, W), both channels-last float32. Training takes it inside :func:`conv3x3_winograd_backward`, which also
-    turns it into the 3x3 kernel's gradient."""
+    (B, Cin, H, W), both channels-last float32 or both bfloat16 (the mixed path's; the sums in float32). Training
+    takes it inside :func:`conv3x3_winograd_backward`, which also turns it into the 3x3 kernel's gradient."""
     if _loaded_from is None:
         load_extension()
     extra = {"tile": tile} if tile != 2 else {}
@@ -430,7 +445,8 @@ def conv3x3_winograd_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The gradients of conv2d(x, weight, bias, padding=1) computed in F(tile x tile, 3x3), given grad_out (B, Cout,
     H, W): (dL/dx channels-last, dL/dweight in weight's layout, dL/dbias), None where ``wanted`` says not. x and
-    grad_out channels-last float32, weight a contiguous float32 (Cout, Cin, 3, 3)."""
+    grad_out channels-last float32, or both bfloat16 (the mixed path's: dL/dx bfloat16, the others float32), weight a
+    contiguous float32 (Cout, Cin, 3, 3)."""
     if _loaded_from is None:
         load_extension()
     grads = torch.ops.diffusion_kernels.conv3x3_winograd_backward(grad_out, x, weight, tile, list(wanted))

@@ -103,7 +103,8 @@ class TrainConfig:
     # A CPU's faster step, each off only to measure its effect (BENCHMARKS.md, "The training step against its peers"):
     # channels-last activations (fp32's, and bf16's with the fused norms); every block's GroupNorm, scale-shift and
     # SiLU through the extension's fused op and its backward (kernels/ops.fused_norm_act); fp32's 3x3 convolutions
-    # in Winograd's domain on the maps where this CPU computes them faster (training/winograd.faster_from).
+    # in Winograd's domain on the maps where this CPU computes them faster (training/winograd.faster_from), and bf16's
+    # where fp32 Winograd on bf16 activations beats oneDNN's bf16 (training/winograd.mixed_is_fast).
     cpu_channels_last: bool = True
     cpu_fused_norms: bool = True
     winograd_convs: bool = True
@@ -364,15 +365,15 @@ class Trainer:
 
     def _use_cpu_kernels(self, *, nhwc: bool) -> None:
         """An eager channels-last CPU step's norms through the extension (GroupNorm, scale-shift and SiLU in one pass
-        each way) and, in fp32, its 3x3 convolutions in Winograd's domain on the maps where this CPU computes them
-        faster: the model's only, after the EMA's copy, which exports and previews read as the plain U-Net."""
+        each way) and its 3x3 convolutions in Winograd's domain where this CPU computes them faster (in fp32, and bf16
+        where winograd.mixed_is_fast): the model's only, after the EMA's copy, which exports and previews read plain."""
         eager = replace(self.config, compile=False)  # after a failed --compile too
         if nhwc and trains_fused_norms(self.device, eager):
             self.fused_norms = use_fused_norms(self.model, float32_softmax=eager.precision == "bf16") > 0
         largest = self.model_config.image_size // self.model_config.patch_size  # the first level's maps
         side = winograd.trained_from(precision=eager.precision, enabled=eager.winograd_convs, largest=largest)
         if nhwc and self.device.type == "cpu" and side is not None:
-            self.winograd = winograd.use_cpu_convs(self.model, side=side)
+            self.winograd = winograd.use_cpu_convs(self.model, side=side, precision=eager.precision)
 
     def _eager_fallback(self, *, nhwc: bool) -> None:
         """What a failed --compile's eager step trains through on a CPU: as an eager run's."""

@@ -18,7 +18,8 @@ memory without reorders.
     # or, what the trainer calls: Winograd's from maps of ``side`` and, where this CPU gains, 1x1 GEMMs
     use_cpu_convs(model, side=1)   # -> the run's line on them ("" where nothing was swapped)
 
-The trainer swaps them in for fp32 channels-last CPU runs wherever :func:`faster_from` says this CPU trains them faster.
+The trainer swaps them in for fp32 channels-last CPU runs wherever :func:`faster_from` says this CPU trains them faster,
+and the 3x3 ones for bf16 runs where :func:`mixed_is_fast` (bf16 activations in and out, float32 between).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import nn
 
 from basic_diffusion import norm_and_skip
 from ddpm.kernels import ops
+from ddpm.util.precision import bf16_forced, cpu_has_amx, cpu_has_native_bf16
 
 # The smallest feature map whose convolutions train faster in Winograd's domain than in oneDNN's, by the CPU's kernels:
 # every map on AVX2 and on AVX-512 (BENCHMARKS.md, "The training step against its peers").
@@ -47,19 +49,40 @@ def faster_from() -> int | None:
     return side if side is not None and weight_grad_available() else None
 
 
+def mixed_is_fast() -> bool:
+    """Whether this CPU trains a bf16 step's 3x3 convolutions faster in fp32 Winograd on the bf16 activations (the
+    extension's mixed path: bf16 read and written, float32 between) than oneDNN's bf16 convolutions: AVX-512 with
+    AVX512-BF16's dot products but no AMX tiles, where oneDNN's bf16 has no tiles to run on (BENCHMARKS.md, "The
+    training step against its peers"); and the built extension has the path."""
+    return (
+        faster_from() is not None
+        and torch.backends.cpu.get_cpu_capability() == "AVX512"
+        and cpu_has_native_bf16()
+        and not bf16_forced()
+        and not cpu_has_amx()
+        and ops.winograd_mixed_available()
+    )
+
+
 def trained_from(*, precision: str, enabled: bool, largest: int) -> int | None:
     """The side from which a channels-last CPU run trains its 3x3 convolutions in Winograd's domain: this CPU's
-    :func:`faster_from` for fp32 runs with ``enabled`` (TrainConfig.winograd_convs) whose U-Net has maps that large
-    (``largest``: its first level's side); None for the others."""
-    side = faster_from() if enabled and precision == "fp32" else None
+    :func:`faster_from` for fp32 runs (and bf16 runs where :func:`mixed_is_fast`) with ``enabled``
+    (TrainConfig.winograd_convs) whose U-Net has maps that large (``largest``: its first level's side); None for the
+    others."""
+    taken = precision == "fp32" or precision == "bf16" and mixed_is_fast()
+    side = faster_from() if enabled and taken else None
     return side if side is not None and largest >= side else None
 
 
-def describe(side: int, *, gemm_1x1: bool = False, gemm_up_to: int | None = None, thin: bool = False) -> str:
-    """The run's line on where its convolutions run in Winograd's domain (and whether its 1x1 ones are GEMMs, on maps
-    up to ``gemm_up_to`` on a side where not on all, and its thin first and last ones direct)."""
+def describe(
+    side: int, *, gemm_1x1: bool = False, gemm_up_to: int | None = None, thin: bool = False, mixed: bool = False
+) -> str:
+    """The run's line on where its convolutions run in Winograd's domain (in fp32 on bf16 activations where
+    ``mixed``; and whether its 1x1 ones are GEMMs, on maps up to ``gemm_up_to`` on a side where not on all, and its
+    thin first and last ones direct)."""
     return (
         "Winograd 3x3 convolutions"
+        + (" in fp32 on bf16 activations" if mixed else "")
         + (f" on maps from {side}x{side}" if side > 1 else "")
         + (", 1x1 convolutions as GEMMs" if gemm_1x1 else "")
         + (f" on maps up to {gemm_up_to}x{gemm_up_to}" if gemm_1x1 and gemm_up_to is not None else "")
@@ -79,12 +102,14 @@ def gemm_1x1_up_to() -> int | None:
     return _GEMM_1X1.get(torch.backends.cpu.get_cpu_capability())
 
 
-def use_cpu_convs(model: nn.Module, *, side: int) -> str:
-    """Swap in this CPU's faster convolutions (Winograd's from maps of ``side``, 1x1 GEMMs where :func:`gemm_1x1`,
-    fused with the blocks' first norms where those are the extension's, and the thin first and last ones direct where
-    ddpm.kernels.ops.thin_is_fast); returns the run's line on them, "" where nothing was swapped."""
+def use_cpu_convs(model: nn.Module, *, side: int, precision: str = "fp32") -> str:
+    """Swap in this CPU's faster convolutions (Winograd's from maps of ``side``; in an fp32 run also 1x1 GEMMs where
+    :func:`gemm_1x1`, fused with the blocks' first norms where those are the extension's, and the thin first and last
+    ones direct where ddpm.kernels.ops.thin_is_fast); returns the run's line on them, "" where nothing was swapped."""
     if not use_winograd_convs(model, side=side):
         return ""
+    if precision == "bf16":  # the mixed path: the 3x3 convolutions only (the others' kernels are float32's)
+        return describe(side, mixed=True)
     up_to = gemm_1x1_up_to()
     swapped = gemm_1x1() and use_gemm_1x1_convs(model, max_side=up_to) > 0
     if swapped:
@@ -106,6 +131,12 @@ def _computes(x: torch.Tensor) -> bool:
     """Whether the extension's kernels take this input: float32 on a CPU, outside autocast (whose convolutions stay
     ``nn.Conv2d``'s)."""
     return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+
+
+def _mixed(x: torch.Tensor) -> bool:
+    """Whether the extension's mixed path takes this input to a 3x3 convolution: a bf16 step's activations on a CPU
+    (bfloat16, read and written so, the convolution computed in float32 on the float32 weights)."""
+    return x.device.type == "cpu" and x.dtype == torch.bfloat16
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -142,12 +173,13 @@ def conv3x3(
 
 class WinogradConv2d(nn.Conv2d):
     """An ``nn.Conv2d`` (3x3, stride 1, padding 1) computed by :func:`conv3x3` for float32 CPU inputs of maps at
-    least ``min_side`` on a side, by ``nn.Conv2d`` otherwise; the same parameters and state-dict keys."""
+    least ``min_side`` on a side, and for bfloat16 ones (the mixed path: a bf16 step's, output in bfloat16), by
+    ``nn.Conv2d`` otherwise; the same parameters and state-dict keys."""
 
     min_side: int = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _computes(x) or min(x.shape[-2:]) < self.min_side:
+        if not (_computes(x) or _mixed(x)) or min(x.shape[-2:]) < self.min_side:
             return super().forward(x)
         return conv3x3(x, self.weight, self.bias)
 

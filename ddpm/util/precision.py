@@ -58,6 +58,17 @@ def bf16_forced() -> bool:
     return os.environ.get("DDPM_NATIVE_BF16", "").strip() == "1" and not _hardware_bf16()
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later), whose bf16 convolutions oneDNN runs on
+    them; False where torch cannot say."""
+    import torch.cpu
+
+    try:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except AttributeError:
+        return "amx_tile" in _cpuinfo_flags()
+
+
 @functools.cache  # the CPU does not change under a running process; the choice and the runner ask several times
 def _hardware_bf16() -> bool:
     import torch.cpu

@@ -11,6 +11,7 @@ from helpers import run_here, tiny_unet_config
 from basic_diffusion import UNet
 from ddpm.benchmarks import training_bench
 from ddpm.kernels import ops
+from ddpm.training import winograd
 from ddpm.training.winograd import weight_grad_available
 from noise_schedule import ScheduleConfig
 
@@ -20,22 +21,31 @@ def _count(model: torch.nn.Module) -> int:
 
 
 @pytest.mark.parametrize(
-    "native_bf16, side, precision, capability, convs",
+    "native_bf16, side, precision, capability, mixed, convs",
     [
         # 3x3 convolutions in Winograd's domain, 1x1 as GEMMs, the thin first and last directly
-        ("0", 28, "fp32", "AVX2", "+Winograd+1x1 GEMMs+thin convs direct"),
-        ("0", 28, "fp32", "AVX512", "+Winograd+1x1 GEMMs+thin convs direct"),  # AVX-512's (1x1 GEMMs on small maps)
-        ("1", 28, "bf16", "AVX512", ""),
-        ("1", 8, "fp32", "AVX512", "+Winograd+1x1 GEMMs+thin convs direct"),  # the latent step's U-Net
-        ("1", 8, "fp32", "AVX2", "+Winograd+1x1 GEMMs+thin convs direct"),
-        ("0", 28, "fp32", "DEFAULT", ""),
+        ("0", 28, "fp32", "AVX2", False, "+Winograd+1x1 GEMMs+thin convs direct"),
+        (
+            "0",
+            28,
+            "fp32",
+            "AVX512",
+            False,
+            "+Winograd+1x1 GEMMs+thin convs direct",
+        ),  # AVX-512's (1x1 GEMMs on small maps)
+        ("1", 28, "bf16", "AVX512", False, ""),  # AMX: oneDNN's bf16 convolutions
+        ("1", 28, "bf16", "AVX512", True, "+Winograd"),  # AVX512-BF16 alone: fp32 Winograd on bf16 activations
+        ("1", 8, "fp32", "AVX512", True, "+Winograd+1x1 GEMMs+thin convs direct"),  # the latent step's U-Net
+        ("1", 8, "fp32", "AVX2", False, "+Winograd+1x1 GEMMs+thin convs direct"),
+        ("0", 28, "fp32", "DEFAULT", False, ""),
     ],
 )
 def test_the_default_row_trains_in_the_precision_and_kernels_train_would_pick(
-    monkeypatch, native_bf16, side, precision, capability, convs
+    monkeypatch, native_bf16, side, precision, capability, mixed, convs
 ):
     monkeypatch.setenv("DDPM_NATIVE_BF16", native_bf16)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(winograd, "mixed_is_fast", lambda: mixed)
     variants = training_bench.training_variants(torch.device("cpu"), pixels=side * side, side=side)
     rows = {key: (name, fields) for key, name, fields in variants}
     name, fields = rows["default"]
