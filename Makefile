@@ -34,7 +34,7 @@ $(STAMP): requirements-lock.txt setup.py diffusion_ops.cpp diffusion_winograd.cp
 # 28x28", has the search that chose it and its cost per CPU).
 demo: install
 	@echo "make demo: an autoencoder (800 steps), then a 1.2M-parameter U-Net on its latents (1000 steps of 128)," \
-		"then 64 samples: about 2.5 to 5 minutes on 2 CPU cores after the install"
+		"then 64 samples: about 1.5 to 5 minutes on 2 CPU cores after the install"
 	$(BIN)/python main.py --mode train --dataset mnist_5k --max_steps 1000 --sample_every 0 --overwrite
 	$(BIN)/python main.py --mode sample --model_path checkpoints/mnist_5k.pt --n_samples 64 --output mnist_samples.png
 
