@@ -178,12 +178,20 @@ using diffusion_kernels::storev;
 
 template <typename V>
 inline __attribute__((always_inline)) V loadv(const uint16_t* p) {
-  static_assert(sizeof(V) == sizeof(Vec16), "bf16 rows are widened 16 at a time");
-  return load16(p);
+  if constexpr (sizeof(V) == sizeof(Vec16)) {
+    return load16(p);
+  } else {
+    static_assert(sizeof(V) == sizeof(Vec8), "bf16 rows are widened 16 or 8 at a time");
+    return load8(p);
+  }
 }
 
 inline __attribute__((always_inline)) void storev(uint16_t* p, Vec16 v) {
   store16(p, v);
+}
+
+inline __attribute__((always_inline)) void storev(uint16_t* p, Vec8 v) {
+  store8(p, v);
 }
 
 // Tile number `tile` (tile = (b * tiles_h + ty) * tiles_w + tx) as its sample and tile row and column.
@@ -578,6 +586,13 @@ __attribute__((target("avx2,fma"), optimize("fp-contract=fast")))
 void winograd_tiles_avx2(const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
   winograd_tiles_float<Vec8, 2>(a, t0, n, V, M);
 }
+
+// The mixed path's, for the same CPUs (bf16 rows widened and narrowed 8 at a time): the float32 kernel's bits.
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast")))
+void winograd_tiles_mixed_avx2(
+    const WinogradConv& a, int64_t t0, int64_t n, float* __restrict__ V, float* __restrict__ M) {
+  winograd_tiles_float<Vec8, 2, uint16_t>(a, t0, n, V, M);
+}
 #endif
 
 // Whether the float32 Winograd convolution runs winograd_tiles_avx2: on a CPU with AVX2 and FMA but no AVX-512, or on
@@ -759,7 +774,7 @@ at::Tensor conv3x3_winograd_cpu(
   const int64_t tiles = B * a.tiles_h * a.tiles_w;
   const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, bf16_gemm ? 2 : 4));
   const int64_t per_block = blocks.largest();
-  const bool native = bf16_gemm && cpu_has_avx512_bf16(), avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
+  const bool native = bf16_gemm && cpu_has_avx512_bf16(), avx2_gemm = !bf16_gemm && winograd_uses_avx2_gemm();
   at::parallel_for(0, blocks.count, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> M(new float[products * per_block * cout]);
     std::unique_ptr<float[]> V(new float[bf16_gemm ? 0 : products * per_block * cin]);
@@ -767,6 +782,12 @@ at::Tensor conv3x3_winograd_cpu(
     for (int64_t block = begin; block < end; ++block) {
       const int64_t t0 = blocks.begin(block), n = blocks.begin(block + 1) - t0;
       if (mixed) {
+#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
+        if (avx2_gemm) {
+          winograd_tiles_mixed_avx2(a, t0, n, V.get(), M.get());
+          continue;
+        }
+#endif
         winograd_tiles_mixed(a, t0, n, V.get(), M.get());
       } else if (!bf16) {
 #if defined(DIFFUSION_KERNELS_AVX2_GEMM)
@@ -898,6 +919,12 @@ void winograd_grad_tiles_avx2(const WinogradConv& a, const float* __restrict__ g
     float* __restrict__ V, float* __restrict__ dM, float* __restrict__ dU) {
   winograd_grad_tiles_float<Vec8, 2>(a, gy, t0, n, V, dM, dU);
 }
+
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast")))
+void winograd_grad_tiles_mixed_avx2(const WinogradConv& a, const uint16_t* __restrict__ gy, int64_t t0, int64_t n,
+    float* __restrict__ V, float* __restrict__ dM, float* __restrict__ dU) {
+  winograd_grad_tiles_float<Vec8, 2, uint16_t>(a, gy, t0, n, V, dM, dU);
+}
 #endif
 
 // Tiles per block of the weight gradient: the forward pass's, but on AVX2 up to 48 (larger_block_tiles), since each
@@ -933,7 +960,7 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
   a.v_stride = odd_lines(products * cin);
   a.m_stride = odd_lines(products * cout);
   const int64_t tiles = B * a.tiles_h * a.tiles_w, size = products * cin * cout;
-  const bool avx2_gemm = !bf16 && winograd_uses_avx2_gemm();
+  const bool avx2_gemm = winograd_uses_avx2_gemm();
   const TileBlocks blocks = tile_blocks(tiles, winograd_grad_block_tiles(products, cin, cout, tiles, avx2_gemm));
   const int64_t per_block = blocks.largest();
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks.count));
@@ -948,17 +975,15 @@ at::Tensor winograd_weight_grad_parts(const at::Tensor& x, const at::Tensor& gra
       std::fill_n(dU, size, 0.0f);
       for (int64_t block = part * blocks.count / parts; block < (part + 1) * blocks.count / parts; ++block) {
         const int64_t t0 = blocks.begin(block), n = blocks.begin(block + 1) - t0;
-        if (bf16) {
-          winograd_grad_tiles_mixed(a, static_cast<const uint16_t*>(gy), t0, n, V.get(), dM.get(), dU);
-          continue;
-        }
 #if defined(DIFFUSION_KERNELS_AVX2_GEMM)
         if (avx2_gemm) {
-          winograd_grad_tiles_avx2(a, static_cast<const float*>(gy), t0, n, V.get(), dM.get(), dU);
+          bf16 ? winograd_grad_tiles_mixed_avx2(a, static_cast<const uint16_t*>(gy), t0, n, V.get(), dM.get(), dU)
+               : winograd_grad_tiles_avx2(a, static_cast<const float*>(gy), t0, n, V.get(), dM.get(), dU);
           continue;
         }
 #endif
-        winograd_grad_tiles(a, static_cast<const float*>(gy), t0, n, V.get(), dM.get(), dU);
+        bf16 ? winograd_grad_tiles_mixed(a, static_cast<const uint16_t*>(gy), t0, n, V.get(), dM.get(), dU)
+             : winograd_grad_tiles(a, static_cast<const float*>(gy), t0, n, V.get(), dM.get(), dU);
       }
     }
   });

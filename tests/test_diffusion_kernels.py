@@ -1168,6 +1168,9 @@ for case, sizes in WINOGRAD_CASES.items():
     dy = weight_grad_dy(x, weight)
     for tile in (2, 4):
         outputs[case, "weight grad", tile] = ops.conv3x3_winograd_weight_grad(x, dy, tile=tile)
+        xb, dyb = x.bfloat16(), dy.bfloat16()  # the mixed path: bf16 activations, float32 between
+        outputs[case, "mixed", tile] = ops.conv3x3_winograd(xb, ops.winograd_weight(weight, tile=tile), bias)
+        outputs[case, "mixed weight grad", tile] = ops.conv3x3_winograd_weight_grad(xb, dyb, tile=tile)
 torch.save(outputs, {out!r})
 """
 
@@ -1186,7 +1189,7 @@ def test_conv3x3_winograd_blocked_for_avx2_registers_gives_the_avx512_kernels_bi
     """A CPU with AVX2 but no AVX-512 runs its own GEMMs, blocked for 16 registers of 8 floats (DDPM_KERNELS_ISA=avx2
     runs them on any AVX2 CPU): the same sums in the same order with the same fused multiply-adds, and the same
     transforms, so its outputs are this process's kernels' bit for bit, plain, upsampling and in F(4x4, 3x3), and the
-    weight gradient's too."""
+    weight gradient's too, on float32 and on the mixed path's bf16 activations."""
     import os
     import subprocess
     import sys
@@ -1208,6 +1211,11 @@ def test_conv3x3_winograd_blocked_for_avx2_registers_gives_the_avx512_kernels_bi
         for tile in (2, 4):
             mine = ops.conv3x3_winograd_weight_grad(x, weight_grad_dy(x, weight), tile=tile)
             assert torch.equal(avx2[case, "weight grad", tile], mine), (case, "weight grad", tile)
+            xb, dyb = x.bfloat16(), weight_grad_dy(x, weight).bfloat16()
+            mine = ops.conv3x3_winograd(xb, ops.winograd_weight(weight, tile=tile), bias)
+            assert torch.equal(avx2[case, "mixed", tile], mine), (case, "mixed", tile)
+            mine = ops.conv3x3_winograd_weight_grad(xb, dyb, tile=tile)
+            assert torch.equal(avx2[case, "mixed weight grad", tile], mine), (case, "mixed weight grad", tile)
 
 
 def test_conv3x3_winograd_handles_an_empty_batch_cpu():
