@@ -52,41 +52,49 @@ inline __attribute__((always_inline)) void storev(float* p, V v) {
 #define DIFFUSION_KERNELS_FMA_CLONES
 #endif
 
-// bfloat16 <-> float32, 16 channels at a time (8: AVX2's). bf16 is float32's upper half: widening is a shift;
-// narrowing rounds to nearest even (as torch's and oneDNN's conversions do), NaN kept a quiet NaN.
-typedef uint16_t Bf16x16 __attribute__((vector_size(32)));
-typedef uint32_t U32x16 __attribute__((vector_size(64)));
-typedef int32_t I32x16 __attribute__((vector_size(64)));
-typedef uint16_t Bf16x8 __attribute__((vector_size(16)));
-typedef uint32_t U32x8 __attribute__((vector_size(32)));
-typedef int32_t I32x8 __attribute__((vector_size(32)));
+// bfloat16 <-> float32, a vector of lanes at a time (Vec16, or Vec8: AVX2's). bf16 is float32's upper half: widening
+// is a shift; narrowing rounds to nearest even (as torch's and oneDNN's conversions do), NaN kept a quiet NaN.
+template <typename V>
+struct Bf16Lanes;  // V's lanes as bf16 halves (H), words (U) and signed words (I)
+
+template <>
+struct Bf16Lanes<Vec16> {
+  typedef uint16_t H __attribute__((vector_size(32)));
+  typedef uint32_t U __attribute__((vector_size(64)));
+  typedef int32_t I __attribute__((vector_size(64)));
+};
+
+template <>
+struct Bf16Lanes<Vec8> {
+  typedef uint16_t H __attribute__((vector_size(16)));
+  typedef uint32_t U __attribute__((vector_size(32)));
+  typedef int32_t I __attribute__((vector_size(32)));
+};
+
+template <typename V>
+inline __attribute__((always_inline)) V load_bf16(const uint16_t* p) {
+  using L = Bf16Lanes<V>;
+  typename L::H h;
+  std::memcpy(&h, p, sizeof(h));
+  return (V)(__builtin_convertvector(h, typename L::U) << 16);
+}
+
+template <typename V>
+inline __attribute__((always_inline)) void store_bf16(uint16_t* p, V v) {
+  using L = Bf16Lanes<V>;
+  typename L::U u = (typename L::U)v;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  const typename L::I nan = v != v;  // all ones where v is NaN
+  const typename L::H h = __builtin_convertvector((u >> 16) | ((typename L::U)nan & 0x7FC0u), typename L::H);
+  std::memcpy(p, &h, sizeof(h));
+}
 
 inline __attribute__((always_inline)) Vec16 load16(const uint16_t* p) {
-  Bf16x16 h;
-  std::memcpy(&h, p, sizeof(h));
-  return (Vec16)(__builtin_convertvector(h, U32x16) << 16);
+  return load_bf16<Vec16>(p);
 }
 
 inline __attribute__((always_inline)) void store16(uint16_t* p, Vec16 v) {
-  U32x16 u = (U32x16)v;
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  const I32x16 nan = v != v;  // all ones where v is NaN
-  const Bf16x16 h = __builtin_convertvector((u >> 16) | ((U32x16)nan & 0x7FC0u), Bf16x16);
-  std::memcpy(p, &h, sizeof(h));
-}
-
-inline __attribute__((always_inline)) Vec8 load8(const uint16_t* p) {
-  Bf16x8 h;
-  std::memcpy(&h, p, sizeof(h));
-  return (Vec8)(__builtin_convertvector(h, U32x8) << 16);
-}
-
-inline __attribute__((always_inline)) void store8(uint16_t* p, Vec8 v) {
-  U32x8 u = (U32x8)v;
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  const I32x8 nan = v != v;
-  const Bf16x8 h = __builtin_convertvector((u >> 16) | ((U32x8)nan & 0x7FC0u), Bf16x8);
-  std::memcpy(p, &h, sizeof(h));
+  store_bf16(p, v);
 }
 
 // sums[c] += v[c] for c = 0, 1, ..., n - 1, rounding each sum to float (diffusion_ops.cpp).

@@ -178,20 +178,12 @@ using diffusion_kernels::storev;
 
 template <typename V>
 inline __attribute__((always_inline)) V loadv(const uint16_t* p) {
-  if constexpr (sizeof(V) == sizeof(Vec16)) {
-    return load16(p);
-  } else {
-    static_assert(sizeof(V) == sizeof(Vec8), "bf16 rows are widened 16 or 8 at a time");
-    return load8(p);
-  }
+  return load_bf16<V>(p);
 }
 
-inline __attribute__((always_inline)) void storev(uint16_t* p, Vec16 v) {
-  store16(p, v);
-}
-
-inline __attribute__((always_inline)) void storev(uint16_t* p, Vec8 v) {
-  store8(p, v);
+template <typename V>
+inline __attribute__((always_inline)) void storev(uint16_t* p, V v) {
+  store_bf16(p, v);
 }
 
 // Tile number `tile` (tile = (b * tiles_h + ty) * tiles_w + tx) as its sample and tile row and column.
@@ -775,28 +767,21 @@ at::Tensor conv3x3_winograd_cpu(
   const TileBlocks blocks = tile_blocks(tiles, winograd_block_tiles(products, cin, cout, tiles, bf16_gemm ? 2 : 4));
   const int64_t per_block = blocks.largest();
   const bool native = bf16_gemm && cpu_has_avx512_bf16(), avx2_gemm = !bf16_gemm && winograd_uses_avx2_gemm();
+  // The float32 GEMMs' kernel: on bf16 activations (mixed) or float32 ones, in AVX2's blocking or AVX-512's.
+  auto float_tiles = mixed ? winograd_tiles_mixed : winograd_tiles;
+#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
+  if (avx2_gemm) {
+    float_tiles = mixed ? winograd_tiles_mixed_avx2 : winograd_tiles_avx2;
+  }
+#endif
   at::parallel_for(0, blocks.count, 1, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> M(new float[products * per_block * cout]);
     std::unique_ptr<float[]> V(new float[bf16_gemm ? 0 : products * per_block * cin]);
     std::unique_ptr<uint16_t[]> V16(new uint16_t[bf16_gemm ? products * per_block * cin : 0]);
     for (int64_t block = begin; block < end; ++block) {
       const int64_t t0 = blocks.begin(block), n = blocks.begin(block + 1) - t0;
-      if (mixed) {
-#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
-        if (avx2_gemm) {
-          winograd_tiles_mixed_avx2(a, t0, n, V.get(), M.get());
-          continue;
-        }
-#endif
-        winograd_tiles_mixed(a, t0, n, V.get(), M.get());
-      } else if (!bf16) {
-#if defined(DIFFUSION_KERNELS_AVX2_GEMM)
-        if (avx2_gemm) {
-          winograd_tiles_avx2(a, t0, n, V.get(), M.get());
-          continue;
-        }
-#endif
-        winograd_tiles(a, t0, n, V.get(), M.get());
+      if (!bf16_gemm) {
+        float_tiles(a, t0, n, V.get(), M.get());
       } else if (native) {
 #if defined(DIFFUSION_KERNELS_AVX512_BF16)
         winograd_tiles_bf16_native(a, t0, n, V16.get(), M.get());
