@@ -100,6 +100,9 @@ inline __attribute__((always_inline)) void store16(uint16_t* p, Vec16 v) {
 // sums[c] += v[c] for c = 0, 1, ..., n - 1, rounding each sum to float (diffusion_ops.cpp).
 void add_row(const float* __restrict__ v, int64_t n, float* __restrict__ sums);
 
+// dst[0, n) = the bf16 bits src[0, n) widened to float32 (diffusion_ops.cpp).
+void widen_bf16(const uint16_t* __restrict__ src, int64_t n, float* __restrict__ dst);
+
 // dL/db of a convolution from its channels-last float32 grad_out (B, Cout, H, W), in a fixed order
 // (diffusion_winograd.cpp).
 at::Tensor bias_grad_cpu(const at::Tensor& grad_out);

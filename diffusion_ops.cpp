@@ -427,19 +427,8 @@ void gather_timestep_cpu(const at::Tensor& t, const at::Tensor& timesteps, const
 #define DIFFUSION_KERNELS_CLONES
 #endif
 
-// Rows of bf16 widened to float32 and back, 16 elements at a time (vectorized; torch's scalar conversions are not):
-// the group norm's bf16 input and output.
-DIFFUSION_KERNELS_CLONES
-void widen_bf16(const uint16_t* __restrict__ src, int64_t n, float* __restrict__ dst) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    store16(dst + i, load16(src + i));
-  }
-  for (; i < n; ++i) {
-    dst[i] = static_cast<float>(c10::bit_cast<c10::BFloat16>(src[i]));
-  }
-}
-
+// Rows of float32 narrowed to bf16, 16 elements at a time (vectorized; torch's scalar conversions are not): the group
+// norm's bf16 output (widen_bf16, below, its input).
 DIFFUSION_KERNELS_CLONES
 void narrow_bf16(const float* __restrict__ src, int64_t n, uint16_t* __restrict__ dst) {
   int64_t i = 0;
@@ -471,6 +460,19 @@ void add_to_partials(const float* __restrict__ v, int64_t n, int64_t period, flo
 }
 
 }  // namespace
+
+// Rows of bf16 widened to float32, 16 elements at a time (vectorized; torch's scalar conversions are not): the group
+// norm's bf16 input, and a bf16 gradient's rows summed for a bias (diffusion_winograd.cpp).
+DIFFUSION_KERNELS_CLONES
+void widen_bf16(const uint16_t* __restrict__ src, int64_t n, float* __restrict__ dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    store16(dst + i, load16(src + i));
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<float>(c10::bit_cast<c10::BFloat16>(src[i]));
+  }
+}
 
 // sums[c] += v[c] for c = 0, 1, ..., n - 1 (one level of the channels-last loop's row tree; the Winograd gradients'
 // sums too).

@@ -1182,23 +1182,17 @@ at::Tensor bias_grad_cpu(const at::Tensor& grad_out) {
   const int64_t chunks = (rows + kRows - 1) / kRows;
   std::vector<float> partial(chunks * cout, 0.0f);
   const bool bf16 = grad_out.scalar_type() == at::kBFloat16;
+  const float* gy = bf16 ? nullptr : grad_out.const_data_ptr<float>();
+  const uint16_t* gh = bf16 ? reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>()) : nullptr;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> widened(bf16 ? cout : 0);
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       const int64_t r1 = std::min(rows, (chunk + 1) * kRows);
       for (int64_t r = chunk * kRows; r < r1; ++r) {
-        const float* row;
         if (bf16) {
-          const uint16_t* h = reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>()) + r * cout;
-          for (int64_t c = 0; c < cout; ++c) {
-            const uint32_t bits = static_cast<uint32_t>(h[c]) << 16;
-            std::memcpy(&widened[c], &bits, sizeof(float));
-          }
-          row = widened.data();
-        } else {
-          row = grad_out.const_data_ptr<float>() + r * cout;
+          widen_bf16(gh + r * cout, cout, widened.data());
         }
-        add_row(row, cout, partial.data() + chunk * cout);
+        add_row(bf16 ? widened.data() : gy + r * cout, cout, partial.data() + chunk * cout);
       }
     }
   });
