@@ -35,8 +35,7 @@ from ddpm.batch_memory import check_batch_fits
 from ddpm.conditioning import Guidance, guidance_for, unet_batch
 from ddpm.formats.torch_files import KIND_NAMES
 from ddpm.latent.autoencoder import clips_x0
-from ddpm.outputs import check_mode_outputs
-from ddpm.requests import DrawRequest, SampleRequest
+from ddpm.requests import DrawRequest, SampleRequest, check_mode_outputs
 from ddpm.util.precision import FORCED_BF16
 from noise_schedule import NoiseSchedule, SamplingPlan
 from optimized_diffusion import DeviceKind, FusedUNet, runner_verified, uses_runner

@@ -54,8 +54,7 @@ def first_stage_request(args: argparse.Namespace, device: torch.device, *, check
     written beside ``checkpoint``: checkpoints/mnist.pt -> checkpoints/mnist_autoencoder.pt."""
     from ddpm.choices import FIRST_STAGE_RECIPE
     from ddpm.data.catalog import default_shape
-    from ddpm.outputs import reconstructions_path
-    from ddpm.requests import AutoencoderTrainRequest
+    from ddpm.requests import AutoencoderTrainRequest, reconstructions_path
 
     path = Path(checkpoint)
     autoencoder = str(path.with_name(f"{path.stem}_autoencoder.pt"))

@@ -37,14 +37,12 @@ from ddpm.cli.reads import (
 from ddpm.cli.recipes import distill_defaults, first_stage_request, new_model, training_recipe
 from ddpm.conditioning import check_scale
 from ddpm.formats.checkpoints import MAX_STEP
-from ddpm.outputs import (  # every output checked, by its kind, before any work
+from ddpm.latent.autoencoder import requested_config
+from ddpm.requests import (  # every output checked, by its kind, before any work
     CURVES,
     EXPORT_METADATA,
     FIRST_STAGE,
     RECONSTRUCTIONS,
-    check_mode_outputs,
-)
-from ddpm.requests import (
     AutoencoderTrainRequest,
     BenchmarkRequest,
     BenchmarkRun,
@@ -56,6 +54,7 @@ from ddpm.requests import (
     SampleRequest,
     SamplingChoice,
     TrainRequest,
+    check_mode_outputs,
 )
 from ddpm.util.safe_files import as_input, check_output_folder
 
@@ -302,7 +301,7 @@ def train_request(args: argparse.Namespace, device: torch.device) -> TrainReques
         dataset_channels(args)
     model = new_model(args)
     if first_stage is not None:  # a latent model: its U-Net's shape is the autoencoder's latent's
-        autoencoder = first_stage.config()
+        autoencoder = requested_config(first_stage)
         replace(model, image_size=autoencoder.latent_side, channels=autoencoder.latent_shape[0]).model_config()
         model = replace(model, image_size=0, channels=0)
     elif not (args.resume or args.init_from or args.autoencoder):
@@ -542,7 +541,7 @@ def benchmark_request(args: argparse.Namespace, device: torch.device) -> Benchma
 
 def train_autoencoder_request(args: argparse.Namespace, device: torch.device) -> AutoencoderTrainRequest:
     from ddpm.data.catalog import VOLUME_DATASETS, default_shape
-    from ddpm.outputs import reconstructions_path
+    from ddpm.requests import reconstructions_path
 
     if args.dataset in VOLUME_DATASETS:
         raise ValueError(f"--mode train_autoencoder is for images; {args.dataset} holds 3-D volumes")
@@ -579,7 +578,9 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
         base_channels=args.ae_channels,
         kl_weight=args.kl_weight,
     )
-    side = request.config().latent_side  # the image size, channels and shape flags checked before any data is read
+    side = requested_config(
+        request
+    ).latent_side  # the image size, channels and shape flags checked before any data is read
     if side >= 8 and side % 4:
         raise ValueError(
             f"a {side}x{side} latent cannot be halved twice by the latent U-Net; pick --downsample so the latent side "

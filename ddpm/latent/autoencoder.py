@@ -31,6 +31,7 @@ import hashlib
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,9 @@ from ddpm.formats.torch_files import check_dense, load_pt, load_weights
 from ddpm.util.messages import first_line
 from ddpm.util.safe_files import read_limited
 from noise_schedule import config_fields, short_repr
+
+if TYPE_CHECKING:
+    from ddpm.requests import AutoencoderTrainRequest
 
 KIND, FORMAT = "autoencoder", 1  # a checkpoint's "kind" and "format"
 DOWNSAMPLE_FACTORS = (2, 4, 8)
@@ -126,6 +130,20 @@ class AutoencoderConfig:
         """Channels at each resolution, finest first: base_channels, and twice that at the latent's."""
         levels = int(math.log2(self.downsample))
         return (self.base_channels,) * levels + (2 * self.base_channels,)
+
+
+def requested_config(request: AutoencoderTrainRequest) -> AutoencoderConfig:
+    """The autoencoder's config a --mode train_autoencoder request asks for (validated); flags left unset take
+    AutoencoderConfig's defaults."""
+    given = dict(
+        latent_channels=request.latent_channels,
+        downsample=request.downsample,
+        base_channels=request.base_channels,
+        kl_weight=request.kl_weight,
+    )
+    return AutoencoderConfig(
+        image_size=request.image_size, in_channels=request.channels, **{k: v for k, v in given.items() if v is not None}
+    )
 
 
 class ResnetBlock(nn.Module):

@@ -25,8 +25,7 @@ from ddpm.benchmarks import sampling_bench, training_bench
 from ddpm.benchmarks.plan import choose_plan
 from ddpm.conditioning import guidance_for, unet_batch
 from ddpm.latent.autoencoder import clips_x0, linked_first_stage
-from ddpm.outputs import check_mode_outputs
-from ddpm.requests import BenchmarkRun
+from ddpm.requests import BenchmarkRun, check_mode_outputs
 from ddpm.util import distributed
 from noise_schedule import NoiseSchedule
 from optimized_diffusion import DeviceKind

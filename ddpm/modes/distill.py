@@ -232,7 +232,7 @@ def check_resumed_data(request: DistillRequest, stored, images) -> None:
 
 def run_distill(request: DistillRequest) -> None:
     from ddpm.modes.train import train, training_run
-    from ddpm.outputs import check_mode_outputs
+    from ddpm.requests import check_mode_outputs
 
     checkpoint = request.checkpoint
     check_mode_outputs("distill", {"--output": checkpoint}, inputs=request.teacher.inputs())  # the teacher is only read
@@ -253,7 +253,7 @@ def run_distill(request: DistillRequest) -> None:
 def load_teacher(request: DistillRequest, path: str):
     """The teacher as an Artifact (backends/artifacts.py): PyTorch weights the student can start from."""
     from ddpm.backends.artifacts import load_artifact
-    from ddpm.outputs import check_mode_outputs
+    from ddpm.requests import check_mode_outputs
     from ddpm.training.distill import TEACHER_KINDS
 
     artifact = load_artifact(
@@ -319,7 +319,7 @@ def check_before_trajectories(request: DistillRequest, config, artifact, *, star
     before the trajectories: the preview grid's folder and its curves (modes/train.py checks them again once the
     trainer exists). ``data``: the discriminator's training data (:func:`data_inputs`), read too."""
     from ddpm.modes.train import check_preview_outputs
-    from ddpm.outputs import CURVES, check_mode_outputs
+    from ddpm.requests import CURVES, check_mode_outputs
     from ddpm.training.curves import CSV_NAME
     from ddpm.util.safe_files import check_output_folder
 

@@ -24,8 +24,7 @@ from ddpm.data.catalog import VOLUME_DATASETS
 from ddpm.data.datasets import data_input
 from ddpm.evaluation import quality
 from ddpm.evaluation.judges import judge_for
-from ddpm.outputs import check_mode_outputs
-from ddpm.requests import EvaluateRequest, own_sampling
+from ddpm.requests import EvaluateRequest, check_mode_outputs, own_sampling
 from ddpm.util import distributed
 from ddpm.util.memory import check_held_in_host_memory
 from optimized_diffusion import DeviceKind

@@ -42,8 +42,7 @@ from ddpm.formats.exporters import (
 from ddpm.formats.torch_files import FORMAT_SUFFIXES, artifact_kind
 from ddpm.formats.unet_io import UNetIO, artifact_metadata, default_opset, max_abs_diff
 from ddpm.latent.autoencoder import FirstStage
-from ddpm.outputs import DECODER_KINDS, EXPORT_DECODER, EXPORT_METADATA, check_mode_outputs
-from ddpm.requests import Calibration, ExportRequest
+from ddpm.requests import DECODER_KINDS, EXPORT_DECODER, EXPORT_METADATA, Calibration, ExportRequest, check_mode_outputs
 from ddpm.util.memory import is_out_of_memory
 from ddpm.util.model_folders import check_folder_output, replaced_files
 from ddpm.util.precision import QUANTIZED

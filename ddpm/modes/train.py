@@ -34,8 +34,15 @@ from ddpm.choices import DIGITS_RECIPE, LATENT_RECIPE, TRAIN_EPOCHS
 from ddpm.data.datasets import data_input, load_images
 from ddpm.formats.checkpoints import check_pixel_unet, load_checkpoint, read_configs, read_link
 from ddpm.latent.autoencoder import encode_dataset, linked_first_stage, load_first_stage
-from ddpm.outputs import FIRST_STAGE, PREVIEW, check_mode_outputs, check_previews_folder
-from ddpm.requests import AutoencoderTrainRequest, NewModel, TrainRequest
+from ddpm.requests import (
+    FIRST_STAGE,
+    PREVIEW,
+    AutoencoderTrainRequest,
+    NewModel,
+    TrainRequest,
+    check_mode_outputs,
+    check_previews_folder,
+)
 from ddpm.training.autoencoder_trainer import train_autoencoder
 from ddpm.training.curves import TrainingLog, refuse_previous_curves
 from ddpm.training.trainer import TrainConfig, Trainer, check_warmup
@@ -396,7 +403,7 @@ def check_previews(trainer, *, inputs: dict, flag: str = "--model_path") -> None
     """The preview grids this run will write (<model_path stem>_samples/step_NNNNNNN.png, every
     --sample_every steps and at the end) are outputs too: checked before the first step against the
     run's ``inputs`` (:func:`run_inputs`), like every other output (their folder was checked with the flags:
-    outputs.check_previews_folder; again here, against the inputs the model file named). Only names that
+    requests.check_previews_folder; again here, against the inputs the model file named). Only names that
     already exist can be an input (through a symlink or a hard link)."""
     check_preview_outputs(trainer.config, start=trainer.step, inputs=inputs, flag=flag)
 

@@ -36,6 +36,7 @@ from ddpm.latent.autoencoder import (
     autoencoder_loss,
     checkpoint_state,
     posterior_means,
+    requested_config,
     to_unit_range,
 )
 from ddpm.requests import AutoencoderTrainRequest
@@ -147,7 +148,7 @@ def format_scores(metrics: dict) -> str:
 # ----- the run -----------------------------------------------------------------------------------
 def train_autoencoder(request: AutoencoderTrainRequest, *, progress: bool = True) -> dict:
     """Train, scale, score, and write the PNG and the checkpoint; returns the metrics stored in it."""
-    config = request.config()  # validated before any data is read
+    config = requested_config(request)  # validated before any data is read
     skimage_metrics("the autoencoder's PSNR and SSIM")  # a missing package is reported now, not after training
     images = load_images(
         request.dataset, data_dir=request.data_dir, image_size=config.image_size, channels=config.in_channels

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ddpm.outputs import CURVES, check_mode_outputs
+from ddpm.requests import CURVES, check_mode_outputs
 from ddpm.util.safe_files import Input, atomic_write, missing_folders, remove_created
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "images_per_s", "skipped_steps", "wall_time")

@@ -37,8 +37,7 @@ from ddpm.data.image_files import save_grid
 from ddpm.formats.checkpoints import FORMAT_VERSION, LINK_KEY, save_checkpoint
 from ddpm.kernels.ops import norm_training_available, use_fused_norms, use_seeded_dropout
 from ddpm.latent.autoencoder import FirstStage, clips_x0
-from ddpm.outputs import previews_folder
-from ddpm.requests import own_sampling
+from ddpm.requests import own_sampling, previews_folder
 from ddpm.training import winograd
 from ddpm.training.compiled import CompileTrial
 from ddpm.training.timestep_sampling import TIMESTEP_SAMPLERS, lr_factor, make_timestep_sampler

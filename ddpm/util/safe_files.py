@@ -145,7 +145,7 @@ def check_outputs(
 
     ``outputs`` and ``inputs`` map a flag (``"--output"``) or a description (``"its autoencoder"``) to
     its path (an input may be an :class:`InputFolder`); None entries are skipped. ``kinds`` maps an output's
-    flag to the kind of file it writes (check_kind; a mode's table is ddpm/outputs.py): its name must
+    flag to the kind of file it writes (check_kind; a mode's table is ddpm/requests.py's OUTPUTS): its name must
     end as that kind's do. Whatever the kind (else the one its ending names), an existing file of another kind
     is refused. Stale temporaries of each output (from a killed save) are removed.
     """

@@ -30,6 +30,7 @@ from ddpm.latent.autoencoder import (
     autoencoder_loss,
     encode_images,
     load_autoencoder,
+    requested_config,
     to_unit_range,
 )
 from ddpm.requests import AutoencoderTrainRequest
@@ -268,7 +269,7 @@ def test_the_cli_trains_and_refuses_to_replace_a_checkpoint_without_overwrite(tm
         "checkpoints/digits_autoencoder.pt",
         "checkpoints/digits_autoencoder_reconstructions.png",
     )
-    assert (request.batch_size, request.lr, request.image_size, request.config().latent_shape) == (
+    assert (request.batch_size, request.lr, request.image_size, requested_config(request).latent_shape) == (
         64,
         1e-3,
         8,

@@ -1,5 +1,5 @@
-"""ddpm/outputs.py: every output of every mode, in one table, is held to its kind: a name that does not end as
-its kind's files do is refused, and an existing file of another kind is refused and left byte for byte, before
+"""ddpm/requests.py's OUTPUTS: every output of every mode, in one table, is held to its kind: a name that does not
+end as its kind's files do is refused, and an existing file of another kind is refused and left byte for byte, before
 any work (a flag's refusal comes while the request is built, before any model file is read)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from PIL import Image
 
 from ddpm.cli import parser, resolve
 from ddpm.cli.flags import FLAGS
-from ddpm.outputs import OUTPUTS, check_mode_outputs, kinds_of
+from ddpm.requests import OUTPUTS, check_mode_outputs, kinds_of
 from ddpm.util.safe_files import KINDS
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
