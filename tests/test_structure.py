@@ -21,8 +21,8 @@ from ddpm.util.precision import resolve as resolve_precision
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("main", "noise_schedule", "basic_diffusion", "optimized_diffusion", "tensorrt_integration")
 # The longest chain of imports, every import counted (lazy and annotation-only ones too), is 8 modules, e.g.
-# main -> cli/resolve -> backends/auto -> the registry -> tensorrt_integration -> formats/engine_cache ->
-# formats/unet_io -> ddpm/choices: the floors.
+# main -> cli/resolve -> backends/selection -> backends/artifacts -> backends/runtimes -> batch_memory ->
+# basic_diffusion -> ddpm/choices: the floors.
 MAX_FLOORS = 8
 # Folders below the modes and the command line: none of them imports ddpm.modes or ddpm.cli.
 LOWER = (
