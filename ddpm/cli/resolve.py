@@ -578,9 +578,7 @@ def train_autoencoder_request(args: argparse.Namespace, device: torch.device) ->
         base_channels=args.ae_channels,
         kl_weight=args.kl_weight,
     )
-    side = requested_config(
-        request
-    ).latent_side  # the image size, channels and shape flags checked before any data is read
+    side = requested_config(request).latent_side  # the size and shape flags checked before any data is read
     if side >= 8 and side % 4:
         raise ValueError(
             f"a {side}x{side} latent cannot be halved twice by the latent U-Net; pick --downsample so the latent side "
