@@ -14,9 +14,7 @@ part plus a per-sample part times the batch, so one trace gives the peak at any 
     check_batch_fits(config, batch_size=64, device=torch.device("cpu"), training=True)   # ValueError if not
     estimate_peak_bytes(config, batch_size=64, training=True)                          # -> bytes
 
-It sits above basic_diffusion.py (it knows the U-Net's shape: its levels, widths and attention) and below
-the modes, the training loop and the runtimes that check a batch before they run one; what memory there is
-comes from ddpm/util/memory.py.
+What memory there is comes from ddpm/util/memory.py.
 """
 
 from __future__ import annotations

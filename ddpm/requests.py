@@ -9,9 +9,6 @@ registry name of the implementation, the sampler's parameters, outputs that dest
 mode reads fields, never the parsed flags. The sampler's ranges are checked here, once, for every
 mode that samples (sample, evaluate, benchmark, an INT8 export's calibration). Small helpers turn a
 request's parts into what the libraries take (a UNetConfig, a SamplingPlan, TensorRTOptions).
-
-This module sits below the modes (which import it) and above the libraries it names; the command
-line imports it too, never the other way round.
 """
 
 from __future__ import annotations

@@ -12,9 +12,7 @@ model's export also needs the decoder file it names beside it (``X.decoder.onnx`
 checkpoint kind, every mode gets the same parts, validated the same way (formats/checkpoints.model_parts); a
 safetensors export's or diffusers folder's state has step 0, the same tensors as model and EMA weights, and
 ``source_format`` saying which it was (formats/diffusers_io.py maps diffusers' configs and weight names,
-formats/safetensors_io.py reads and writes the files). This module sits above formats/exporters.py,
-backends/runtimes.py and tensorrt_integration.py (imported only for engines), so none of them imports another's
-caller."""
+formats/safetensors_io.py reads and writes the files); tensorrt_integration.py is imported only for engines."""
 
 from __future__ import annotations
 
